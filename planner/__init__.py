@@ -1,0 +1,1 @@
+"""planner stage (see ../shared/DESIGN.md)."""

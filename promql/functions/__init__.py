@@ -1,0 +1,58 @@
+"""PromQL function table: one entry per function name, each a small function found by its name.
+
+An implementation receives a ``FunctionContext`` and the already evaluated arguments (in the
+order of the call) and returns a ``Value`` (see ``promql/types.py``). It never loops over samples
+or steps in Python: it works on whole (S, T) matrices / CSR windows with numpy.
+
+Conventions shared with the evaluator:
+* A function that removes the metric name in Prometheus keeps ``__name__`` in ``labels`` and sets
+  ``drop_name[s] = True`` (Prometheus 3 delayed name removal); the evaluator strips marked names
+  where Prometheus does (end of evaluation, before label matching in aggregations/binary ops).
+* Steps where a series has no output are ``present == False`` (value ignored).
+* Annotations (warnings/infos) go to ``ctx.annotations`` worded exactly as Prometheus words them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from promql.types import Annotations, Value
+
+
+@dataclass
+class FunctionContext:
+    step_times: np.ndarray  # int64 (T,) evaluation timestamps (ms) of this (sub)evaluation
+    annotations: Annotations
+    node: Any  # the promql_parser.Call node (args' AST: e.g. absent() reads the selector's matchers)
+    lookback_delta_ms: int = 300_000
+    # Query-level bounds, for start()/end()/step()/range() style helpers.
+    query_start_ms: int = 0
+    query_end_ms: int = 0
+    query_step_ms: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+FunctionImpl = Callable[[FunctionContext, list[Value]], Value]
+
+FUNCTIONS: dict[str, FunctionImpl] = {}
+
+
+def register(*names: str) -> Callable[[FunctionImpl], FunctionImpl]:
+    def deco(fn: FunctionImpl) -> FunctionImpl:
+        for n in names:
+            FUNCTIONS[n] = fn
+        return fn
+
+    return deco
+
+
+def load_all() -> dict[str, FunctionImpl]:
+    """Import every module of this package so their @register entries fill FUNCTIONS."""
+    import importlib
+    import pkgutil
+
+    for mod in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{mod.name}")
+    return FUNCTIONS

@@ -1,0 +1,1 @@
+"""scheduler_metrics stage (see ../shared/DESIGN.md)."""

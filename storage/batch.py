@@ -1,0 +1,59 @@
+"""The columnar batch every ingest path produces and every sink consumes."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from storage.labels import Labels
+
+
+@dataclass
+class MetricMetadata:
+    metric_family: str
+    type: str = "unknown"  # counter, gauge, histogram, summary, untyped/unknown, ...
+    help: str = ""
+    unit: str = ""
+
+
+@dataclass
+class SampleBatch:
+    """N samples over K distinct series.
+
+    ``series`` lists the K canonical label sets; ``series_index[i]`` says which of them sample i
+    belongs to. ``timestamps`` are int64 ms, ``values`` float64 (stale NaN kept bit-exact).
+    """
+
+    series: list[Labels]
+    series_index: np.ndarray  # int32/int64, shape (N,)
+    timestamps: np.ndarray  # int64, shape (N,)
+    values: np.ndarray  # float64, shape (N,)
+    metadata: list[MetricMetadata] = field(default_factory=list)
+    tenant: str = "default"
+
+    def __post_init__(self) -> None:
+        self.series_index = np.asarray(self.series_index, dtype=np.int64)
+        self.timestamps = np.asarray(self.timestamps, dtype=np.int64)
+        self.values = np.asarray(self.values, dtype=np.float64)
+        n = len(self.timestamps)
+        if len(self.series_index) != n or len(self.values) != n:
+            raise ValueError("SampleBatch columns must have equal length")
+
+    def __len__(self) -> int:
+        return len(self.timestamps)
+
+    @classmethod
+    def empty(cls) -> "SampleBatch":
+        return cls([], np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.float64))
+
+    @classmethod
+    def from_series(cls, items: list[tuple[Labels, np.ndarray, np.ndarray]], tenant: str = "default") -> "SampleBatch":
+        """Build from (labels, timestamps, values) per series (tests, simulators, rule outputs)."""
+        if not items:
+            return cls.empty()
+        series = [lbl for lbl, _, _ in items]
+        lens = np.array([len(ts) for _, ts, _ in items], dtype=np.int64)
+        idx = np.repeat(np.arange(len(items), dtype=np.int64), lens)
+        ts = np.concatenate([np.asarray(t, dtype=np.int64) for _, t, _ in items])
+        vs = np.concatenate([np.asarray(v, dtype=np.float64) for _, _, v in items])
+        return cls(series, idx, ts, vs, tenant=tenant)

@@ -1,0 +1,44 @@
+"""What the rest of the system may ask of storage. ``storage.tsdb.TSDB`` implements it."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+from storage.batch import SampleBatch
+from storage.labels import Labels
+from storage.matchers import Matcher
+from storage.series_set import SeriesSet
+
+
+@dataclass
+class AppendResult:
+    """Outcome of one append. ``accepted`` samples are durable (WAL written) when returned."""
+
+    accepted: int = 0
+    duplicates: int = 0  # same series+timestamp+value: idempotent, counted but not an error
+    rejected: dict[str, int] = field(default_factory=dict)  # reason -> count
+    errors: list[str] = field(default_factory=list)  # first few human-readable reasons
+
+    @property
+    def rejected_total(self) -> int:
+        return sum(self.rejected.values())
+
+
+class Storage(Protocol):
+    def append(self, batch: SampleBatch) -> AppendResult: ...
+
+    def select(self, matchers: Sequence[Matcher], mint: int, maxt: int) -> SeriesSet:
+        """Samples with mint <= t <= maxt (ms, inclusive) of series matching all matchers."""
+        ...
+
+    def series(self, matcher_sets: Sequence[Sequence[Matcher]], mint: int, maxt: int) -> list[Labels]:
+        """Label sets of series (matching any of the sets) with samples in [mint, maxt]."""
+        ...
+
+    def label_names(self, mint: int, maxt: int, matcher_sets: Sequence[Sequence[Matcher]] = ()) -> list[str]: ...
+
+    def label_values(self, name: str, mint: int, maxt: int, matcher_sets: Sequence[Sequence[Matcher]] = ()) -> list[str]: ...
+
+    def delete_series(self, matcher_sets: Sequence[Sequence[Matcher]], mint: int, maxt: int) -> int: ...
+
+    def close(self) -> None: ...

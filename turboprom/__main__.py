@@ -1,0 +1,5 @@
+import sys
+
+from turboprom.cli import main
+
+sys.exit(main())

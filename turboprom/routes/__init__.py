@@ -1,0 +1,1 @@
+"""HTTP route modules. Each exposes ``setup(app, ctx)``; ``turboprom.server`` calls them all."""

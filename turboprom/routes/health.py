@@ -1,0 +1,26 @@
+"""/-/healthy, /-/ready and /metrics (our own metrics through prometheus-client)."""
+from __future__ import annotations
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+
+from turboprom.context import ServerContext
+
+
+def setup(app: web.Application, ctx: ServerContext) -> None:
+    async def healthy(_: web.Request) -> web.Response:
+        return web.Response(text="TurboProm is Healthy.\n")
+
+    async def ready(_: web.Request) -> web.Response:
+        if not ctx.ready:
+            return web.Response(status=503, text="Service Unavailable")
+        return web.Response(text="TurboProm is Ready.\n")
+
+    async def metrics(_: web.Request) -> web.Response:
+        body = generate_latest(REGISTRY)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    for method in ("GET", "HEAD"):
+        app.router.add_route(method, "/-/healthy", healthy)
+        app.router.add_route(method, "/-/ready", ready)
+    app.router.add_get("/metrics", metrics)

@@ -1,0 +1,44 @@
+"""Builds the server's components from config. The only place stages meet.
+
+Each stage adds its own block below the storage block (ingest pipeline, engine, scraper,
+congestion tracker, planner, ...), storing it in ``ctx.components[<name>]``. Keep each block
+small: construction and connection only; behaviour lives in the stages.
+"""
+from __future__ import annotations
+
+import logging
+
+from storage.tsdb import TSDB
+from turboprom.config import ServerConfig
+from turboprom.context import ServerContext
+
+log = logging.getLogger("turboprom")
+
+
+def build_context(config: ServerConfig) -> ServerContext:
+    storage = TSDB(config.data_dir, config.storage)
+    ctx = ServerContext(config=config, storage=storage)
+    # --- stage wiring: add components below this line ---
+    return ctx
+
+
+async def start_background(ctx: ServerContext) -> None:
+    """Start background tasks (scraper, rule evaluation, compaction, ...). Called once the app runs."""
+    for comp in list(ctx.components.values()):
+        start = getattr(comp, "start", None)
+        if start is not None:
+            res = start()
+            if hasattr(res, "__await__"):
+                await res
+
+
+async def stop_background(ctx: ServerContext) -> None:
+    for comp in reversed(list(ctx.components.values())):
+        stop = getattr(comp, "stop", None)
+        if stop is not None:
+            try:
+                res = stop()
+                if hasattr(res, "__await__"):
+                    await res
+            except Exception:  # noqa: BLE001 - shutdown must go on
+                log.exception("error stopping %r", comp)

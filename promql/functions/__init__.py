@@ -32,6 +32,20 @@ class FunctionContext:
     query_end_ms: int = 0
     query_step_ms: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    # Source positions (1-based line, 1-based column) of the call itself and of each argument's
+    # first character, so annotations can end in " (line:col)" like Prometheus's API renders them
+    # (e.g. rate()'s "metric might not be a counter" names args[0]'s position, sort()'s range-query
+    # warning the call's). None when the evaluator does not know them: the suffix is then omitted.
+    position: tuple[int, int] | None = None
+    arg_positions: list[tuple[int, int]] | None = None
+
+    def pos(self, arg: int | None = None) -> str:
+        """The " (line:col)" suffix for argument ``arg`` (or for the call when None); "" if unknown."""
+        if arg is None:
+            p = self.position
+        else:
+            p = self.arg_positions[arg] if self.arg_positions and arg < len(self.arg_positions) else None
+        return f" ({p[0]}:{p[1]})" if p else ""
 
 
 FunctionImpl = Callable[[FunctionContext, list[Value]], Value]

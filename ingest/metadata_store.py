@@ -1,0 +1,63 @@
+"""Metric metadata (TYPE/HELP/UNIT) seen by ingest, for /api/v1/metadata.
+
+API (read by turboprom/routes/metadata_api.py):
+    store = ctx.components["metadata"]          # MetadataStore
+    store.get(metric=None, limit=None, limit_per_metric=None) -> dict[str, list[dict]]
+        {"http_requests_total": [{"type": "counter", "help": "...", "unit": ""}], ...}
+        ``limit`` caps the number of metrics, ``limit_per_metric`` the entries per metric
+        (both None/negative = no limit), matching Prometheus's /api/v1/metadata parameters.
+    store.update(list[storage.batch.MetricMetadata]) records entries (distinct per metric).
+Memory: in-memory only (rebuilt as scrapes and remote writes arrive, as in Prometheus).
+"""
+from __future__ import annotations
+
+import threading
+from typing import Iterable
+
+from storage.batch import MetricMetadata
+
+_MAX_PER_METRIC = 16
+
+
+class MetadataStore:
+    def __init__(self, max_metrics: int = 200_000):
+        self._lock = threading.Lock()
+        self._data: dict[str, dict[tuple[str, str, str], None]] = {}
+        self.max_metrics = max_metrics
+
+    def update(self, items: Iterable[MetricMetadata]) -> None:
+        with self._lock:
+            for m in items:
+                if not m.metric_family:
+                    continue
+                entry = ((m.type or "unknown").lower(), m.help or "", m.unit or "")
+                d = self._data.get(m.metric_family)
+                if d is None:
+                    if len(self._data) >= self.max_metrics:
+                        continue
+                    d = self._data[m.metric_family] = {}
+                if entry in d:
+                    continue
+                if len(d) >= _MAX_PER_METRIC:
+                    d.pop(next(iter(d)))
+                d[entry] = None
+
+    def get(self, metric: str | None = None, limit: int | None = None,
+            limit_per_metric: int | None = None) -> dict[str, list[dict]]:
+        with self._lock:
+            names = [metric] if metric else sorted(self._data)
+            out: dict[str, list[dict]] = {}
+            for name in names:
+                if limit is not None and limit >= 0 and len(out) >= limit:
+                    break
+                d = self._data.get(name)
+                if not d:
+                    continue
+                entries = [{"type": t, "help": h, "unit": u} for t, h, u in d]
+                if limit_per_metric is not None and limit_per_metric > 0:
+                    entries = entries[:limit_per_metric]
+                out[name] = entries
+            return out
+
+    def __len__(self) -> int:
+        return len(self._data)

@@ -1,0 +1,114 @@
+"""Ingest pipeline: every ingest path hands its SampleBatch here.
+
+``submit`` appends to storage in a worker thread (never on the event loop), with a bounded
+number of batches in flight: when full it raises ``Overloaded`` (routes answer 429 with
+Retry-After). After storage answers, each sink's ``consume(batch)`` receives the samples storage
+accepted (sinks: summarizer, congestion tracker, ...; ingest does not know them).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from concurrent.futures import Executor
+from typing import Any, Protocol
+
+import numpy as np
+
+from ingest import metrics
+from ingest.errors import Overloaded
+from storage.batch import SampleBatch
+from storage.interface import AppendResult
+
+log = logging.getLogger("turboprom.ingest")
+
+
+class Sink(Protocol):
+    def consume(self, batch: SampleBatch) -> None: ...
+
+
+def accepted_part(batch: SampleBatch, result: AppendResult) -> SampleBatch | None:
+    """The samples storage took. Needs ``result.accepted_mask`` (bool per sample) when some were
+    rejected; without it a partially rejected batch cannot be split and sinks skip it."""
+    if result.rejected_total == 0 and not result.duplicates:
+        return batch
+    mask = getattr(result, "accepted_mask", None)
+    if mask is None:
+        return batch if result.rejected_total == 0 else None
+    mask = np.asarray(mask, bool)
+    if mask.all():
+        return batch
+    if not mask.any():
+        return None
+    return SampleBatch(batch.series, batch.series_index[mask], batch.timestamps[mask], batch.values[mask],
+                       metadata=batch.metadata, tenant=batch.tenant)
+
+
+class IngestPipeline:
+    def __init__(self, storage: Any, *, max_queue: int = 64, tenant_default: str = "default",
+                 executor: Executor | None = None, metadata: Any = None):
+        self.storage = storage
+        self.max_queue = max_queue
+        self.tenant_default = tenant_default
+        self.executor = executor
+        self.metadata = metadata  # ingest.metadata_store.MetadataStore or None
+        self.sinks: list[Sink] = []
+        self._in_flight = 0
+        self._lock = threading.Lock()
+
+    def add_sink(self, sink: Sink) -> None:
+        self.sinks.append(sink)
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    def overloaded(self) -> bool:
+        return self._in_flight >= self.max_queue
+
+    def _reserve(self) -> None:
+        with self._lock:
+            if self._in_flight >= self.max_queue:
+                raise Overloaded(f"ingest queue full ({self.max_queue} batches in flight); retry later")
+            self._in_flight += 1
+            metrics.IN_FLIGHT.set(self._in_flight)
+
+    def _release(self) -> None:
+        with self._lock:
+            self._in_flight -= 1
+            metrics.IN_FLIGHT.set(self._in_flight)
+
+    async def submit(self, batch: SampleBatch) -> AppendResult:
+        self._reserve()
+        try:
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self.executor, self.append_sync, batch)
+        finally:
+            self._release()
+
+    def submit_sync(self, batch: SampleBatch) -> AppendResult:
+        """For callers already in a worker thread (scraper parse threads)."""
+        self._reserve()
+        try:
+            return self.append_sync(batch)
+        finally:
+            self._release()
+
+    def append_sync(self, batch: SampleBatch) -> AppendResult:
+        if not batch.tenant:
+            batch.tenant = self.tenant_default
+        if batch.metadata and self.metadata is not None:
+            self.metadata.update(batch.metadata)
+        if len(batch) == 0:
+            return AppendResult()
+        result = self.storage.append(batch)
+        if self.sinks:
+            part = accepted_part(batch, result)
+            if part is not None and len(part):
+                for sink in self.sinks:
+                    try:
+                        sink.consume(part)
+                    except Exception:  # noqa: BLE001 - a sink must not fail ingestion
+                        metrics.SINK_ERRORS.labels(sink=type(sink).__name__).inc()
+                        log.exception("ingest sink %r failed", sink)
+        return result

@@ -1,0 +1,1 @@
+"""Remote-write protobuf messages (see remote.proto; descriptors built in messages.py)."""

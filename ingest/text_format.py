@@ -1,0 +1,199 @@
+"""Prometheus text exposition format 0.0.4 and OpenMetrics 1.0 text, parsed column-wise.
+
+Why hand-written: prometheus_client.parser builds one Python object per sample (measured in
+bench/ingest_text_parser.py, ~10x slower than this). Here the whole body is one Arrow string
+array; RE2 (pyarrow.compute.extract_regex) splits every sample line into series / value /
+timestamp columns in C++, values are cast column-wise, series are dictionary-encoded, and only
+*distinct* series keys are turned into label sets (and cached across calls by the caller).
+A line that does not match falls to a slow path that names it with its line number.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ingest.errors import IngestError
+from ingest.validation import LABEL_NAME_RE, METRIC_NAME_RE
+from storage.batch import MetricMetadata
+
+_SAMPLE_RE = (r'^[ \t]*(?P<series>[a-zA-Z_:][a-zA-Z0-9_:]*(?:[ \t]*\{(?:[^"}]|"(?:[^"\\]|\\.)*")*\})?)'
+              r'[ \t]+(?P<value>[^ \t#]+)(?:[ \t]+(?P<ts>[^ \t#]+))?(?P<exemplar>[ \t]+#.*)?[ \t\r]*$')
+_META_RE = r'^#[ \t]+(?P<kind>TYPE|HELP|UNIT)[ \t]+(?P<name>[^ \t]+)(?:[ \t](?P<rest>.*))?$'
+_LABEL_PAIR = re.compile(r'[ \t]*([^ \t=,{}"]+)[ \t]*=[ \t]*"((?:[^"\\]|\\.)*)"[ \t]*(?:,|$)')
+_UNESCAPE = re.compile(r'\\(.)')
+_TYPES = {"counter", "gauge", "histogram", "gaugehistogram", "summary", "untyped", "unknown", "info", "stateset"}
+
+SeriesPairs = tuple[tuple[str, str], ...]  # as in the exposition (not yet validated/relabelled)
+
+
+@dataclass
+class ParsedText:
+    keys: list[str]  # distinct raw series texts, e.g. 'http_requests_total{code="200"}'
+    series_index: np.ndarray  # int64 per sample, into keys
+    values: np.ndarray  # float64
+    timestamps: np.ndarray  # int64 ms; valid only where has_ts
+    has_ts: np.ndarray  # bool
+    lines: np.ndarray  # 1-based line number per sample (messages)
+    metadata: list[MetricMetadata] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+
+def _unescape_value(v: str) -> str:
+    if "\\" not in v:
+        return v
+    return _UNESCAPE.sub(lambda m: {"n": "\n", "\\": "\\", '"': '"'}.get(m.group(1), "\\" + m.group(1)), v)
+
+
+def parse_series_key(key: str, line: int | None = None) -> SeriesPairs:
+    """'name{a="b"}' -> (('__name__','name'), ('a','b')), validating names. Per distinct series."""
+    where = f"line {line}: " if line is not None else ""
+    brace = key.find("{")
+    if brace < 0:
+        name, body = key.strip(), ""
+    else:
+        name, body = key[:brace].strip(), key[brace + 1:key.rfind("}")]
+    if not METRIC_NAME_RE.match(name):
+        raise IngestError("invalid_metric_name", f"{where}invalid metric name {name!r}")
+    pairs = [("__name__", name)]
+    pos, n = 0, len(body)
+    seen = {"__name__"}
+    while pos < n:
+        if body[pos:].strip() == "":
+            break
+        m = _LABEL_PAIR.match(body, pos)
+        if not m:
+            raise IngestError("bad_text", f"{where}cannot parse labels of {key[:200]!r} at {body[pos:pos + 40]!r}")
+        lname = m.group(1)
+        if not LABEL_NAME_RE.match(lname):
+            raise IngestError("invalid_label_name", f"{where}invalid label name {lname!r} in {key[:200]!r}")
+        if lname in seen:
+            raise IngestError("duplicate_label", f"{where}duplicate label name {lname!r} in {key[:200]!r}")
+        seen.add(lname)
+        pairs.append((lname, _unescape_value(m.group(2))))
+        pos = m.end()
+    return tuple(pairs)
+
+
+def _bad_line(lines: list[str], i: int, what: str) -> IngestError:
+    text = lines[i]
+    return IngestError("bad_text", f"line {i + 1}: {what}: {text[:200]!r}")
+
+
+def _parse_float_slow(s: str) -> float:
+    t = s.strip()
+    low = t.lower()
+    if low in ("+inf", "inf", "+infinity", "infinity"):
+        return float("inf")
+    if low in ("-inf", "-infinity"):
+        return float("-inf")
+    if low == "nan":
+        return float("nan")
+    return float(t.replace("_", "") if "_" not in t[:1] else t)
+
+
+def parse_text(body: bytes | str, *, openmetrics: bool | None = None) -> ParsedText:
+    """Parse a whole exposition. Raises IngestError('bad_text', 'line N: ...') on the first bad line."""
+    if isinstance(body, (bytes, bytearray, memoryview)):
+        try:
+            text = bytes(body).decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise IngestError("bad_text", f"body is not valid UTF-8 (byte offset {e.start})") from None
+    else:
+        text = body
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    if openmetrics is None:
+        openmetrics = any(ln.rstrip("\r") == "# EOF" for ln in lines[-3:])
+    if openmetrics:
+        eof = next((i for i in range(len(lines) - 1, -1, -1) if lines[i].rstrip("\r") == "# EOF"), None)
+        if eof is None:
+            raise IngestError("bad_text", "OpenMetrics body without the '# EOF' terminator")
+        if any(ln.strip() for ln in lines[eof + 1:]):
+            raise _bad_line(lines, eof + 1, "content after '# EOF'")
+        lines = lines[:eof]
+    arr = pa.array(lines, pa.string())
+    stripped = pc.utf8_trim_whitespace(arr)
+    is_comment = pc.starts_with(stripped, "#")
+    is_blank = pc.equal(pc.utf8_length(stripped), 0)
+    skip = pc.or_(is_comment, is_blank)
+    meta = _metadata(arr.filter(is_comment), np.nonzero(is_comment.to_numpy(zero_copy_only=False))[0], lines)
+
+    sample_pos = np.nonzero(~skip.to_numpy(zero_copy_only=False))[0]
+    sample_lines = arr.take(pa.array(sample_pos))
+    ex = pc.extract_regex(sample_lines, _SAMPLE_RE)
+    if ex.null_count:
+        bad = np.nonzero(~ex.is_valid().to_numpy(zero_copy_only=False))[0][0]
+        raise _bad_line(lines, int(sample_pos[bad]), "invalid sample line (expected 'name{labels} value [timestamp]')")
+    series = ex.field("series")
+    vals_s = ex.field("value")
+    try:
+        values = pc.cast(vals_s, pa.float64()).to_numpy(zero_copy_only=False)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        vl = vals_s.to_pylist()
+        values = np.empty(len(vl), np.float64)
+        for i, s in enumerate(vl):  # error/odd-spelling path only (e.g. '+Infinity', '1_000')
+            try:
+                values[i] = _parse_float_slow(s)
+            except ValueError:
+                raise _bad_line(lines, int(sample_pos[i]), f"invalid value {s!r}") from None
+    ts_s = ex.field("ts")
+    has_ts = pc.not_equal(pc.utf8_length(ts_s), 0).to_numpy(zero_copy_only=False)
+    timestamps = np.zeros(len(values), np.int64)
+    if has_ts.any():
+        sel = ts_s.filter(pa.array(has_ts))
+        try:
+            if openmetrics:
+                f = pc.cast(sel, pa.float64()).to_numpy(zero_copy_only=False)
+                if not np.isfinite(f).all():
+                    raise pa.ArrowInvalid("non-finite timestamp")
+                timestamps[has_ts] = np.round(f * 1000.0).astype(np.int64)
+            else:
+                timestamps[has_ts] = pc.cast(sel, pa.int64()).to_numpy(zero_copy_only=False)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            tl = sel.to_pylist()
+            rows = np.nonzero(has_ts)[0]
+            for j, s in enumerate(tl):
+                try:
+                    float(s) if openmetrics else int(s)
+                except ValueError:
+                    raise _bad_line(lines, int(sample_pos[rows[j]]), f"invalid timestamp {s!r}") from None
+            raise _bad_line(lines, int(sample_pos[rows[0]]), "invalid timestamp")
+    enc = series.dictionary_encode()
+    keys = enc.dictionary.to_pylist()
+    sidx = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    return ParsedText(keys, sidx, values, timestamps, has_ts, sample_pos + 1, meta)
+
+
+def _metadata(comments: pa.Array, pos: np.ndarray, lines: list[str]) -> list[MetricMetadata]:
+    if len(comments) == 0:
+        return []
+    ex = pc.extract_regex(comments, _META_RE)
+    valid = ex.is_valid().to_numpy(zero_copy_only=False)
+    if not valid.any():
+        return []
+    ex = ex.filter(pa.array(valid))
+    lines_no = pos[valid]
+    fam: dict[str, MetricMetadata] = {}
+    for (kind, name, rest), ln in zip(zip(ex.field("kind").to_pylist(), ex.field("name").to_pylist(),
+                                          ex.field("rest").to_pylist()), lines_no.tolist()):
+        m = fam.get(name)
+        if m is None:
+            m = fam[name] = MetricMetadata(name)
+        rest = rest or ""
+        if kind == "TYPE":
+            t = rest.strip().lower()
+            if t not in _TYPES:
+                raise _bad_line(lines, ln, f"unknown metric type {t!r}")
+            m.type = "unknown" if t == "untyped" else t
+        elif kind == "HELP":
+            m.help = rest.replace("\\n", "\n").replace("\\\\", "\\")
+        else:
+            m.unit = rest.strip()
+    return list(fam.values())

@@ -1,0 +1,61 @@
+"""Text exposition / OpenMetrics body -> validated SampleBatch (POST /api/v1/import/prometheus)."""
+from __future__ import annotations
+
+import numpy as np
+
+from ingest.errors import IngestError
+from ingest.text_format import ParsedText, parse_series_key, parse_text
+from ingest.validation import LABEL_NAME_RE, check_future, now_ms, validate_pairs
+from storage.batch import SampleBatch
+from storage.labels import Labels
+
+
+def parse_extra_labels(values: list[str]) -> list[tuple[str, str]]:
+    """``extra_label=name=value`` query parameters (VictoriaMetrics convention)."""
+    out = []
+    for item in values:
+        name, sep, value = item.partition("=")
+        if not sep or not LABEL_NAME_RE.match(name):
+            raise IngestError("bad_param", f"invalid extra_label {item!r}: expected name=value with a valid label name")
+        out.append((name, value))
+    return out
+
+
+class TextImporter:
+    def __init__(self, *, future_tolerance_ms: int = 10 * 60_000, max_cached_series: int = 1_000_000):
+        self.future_tolerance_ms = future_tolerance_ms
+        self.max_cached_series = max_cached_series
+        self._cache: dict[tuple[str, tuple], Labels] = {}
+
+    def labels_for(self, parsed: ParsedText, extra: tuple[tuple[str, str], ...]) -> list[Labels]:
+        cache = self._cache
+        out: list[Labels] = []
+        first_line = None
+        for k_i, key in enumerate(parsed.keys):  # per distinct series
+            ck = (key, extra)
+            lbl = cache.get(ck)
+            if lbl is None:
+                if first_line is None:
+                    first_line = np.full(len(parsed.keys), -1, np.int64)
+                    first_line[parsed.series_index[::-1]] = parsed.lines[::-1]
+                ln = int(first_line[k_i])
+                pairs = dict(parse_series_key(key, ln))
+                pairs.update(extra)
+                try:
+                    lbl = validate_pairs(list(pairs.items()))
+                except IngestError as e:
+                    raise IngestError(e.reason, f"line {ln}: {e.message}") from None
+                if len(cache) >= self.max_cached_series:
+                    cache.clear()
+                cache[ck] = lbl
+            out.append(lbl)
+        return out
+
+    def to_batch(self, body: bytes, *, default_ts_ms: int | None = None, extra_labels: list[tuple[str, str]] = (),
+                 openmetrics: bool | None = None, tenant: str = "default") -> SampleBatch:
+        parsed = parse_text(body, openmetrics=openmetrics)
+        series = self.labels_for(parsed, tuple(extra_labels))
+        ts = parsed.timestamps.copy()
+        ts[~parsed.has_ts] = now_ms() if default_ts_ms is None else default_ts_ms
+        check_future(ts, parsed.series_index, series, self.future_tolerance_ms)
+        return SampleBatch(series, parsed.series_index, ts, parsed.values, metadata=parsed.metadata, tenant=tenant)

@@ -1,0 +1,200 @@
+"""Ingest endpoints: POST /api/v1/write (remote write 1.0 and 2.0), POST /api/v1/import/prometheus.
+
+Decoding, validation and storage appends run in worker threads; this module only maps HTTP to
+ingest/ and ingest errors to Prometheus-style answers:
+  400 bad_data (malformed snappy/protobuf/text, invalid labels, samples too far in the future,
+      storage rejections such as out-of-order: Prometheus's sender drops such batches instead of
+      retrying), 413 (body or decoded body too large), 415 (unknown remote-write protobuf message),
+  429 + Retry-After (ingest queue full: the sender backs off and retries), 204 on success.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+
+from aiohttp import web
+
+from ingest import metrics
+from ingest.errors import IngestError, Overloaded
+from ingest.metadata_store import MetadataStore
+from ingest.pipeline import IngestPipeline
+from ingest.remote_write import V1, V2, RemoteWriteDecoder
+from ingest.snappy_block import decompress
+from ingest.text_import import TextImporter, parse_extra_labels
+from turboprom.context import ServerContext
+
+V2_HEADERS = ("X-Prometheus-Remote-Write-Samples-Written", "X-Prometheus-Remote-Write-Histograms-Written",
+              "X-Prometheus-Remote-Write-Exemplars-Written")
+
+
+def _error(status: int, message: str, error_type: str = "bad_data", headers: dict | None = None) -> web.Response:
+    return web.json_response({"status": "error", "errorType": error_type, "error": message}, status=status, headers=headers)
+
+
+def _remote_write_proto(content_type: str) -> str | None:
+    """Negotiated message from Content-Type; None when unsupported."""
+    if not content_type:
+        return V1
+    parts = [p.strip() for p in content_type.split(";")]
+    if parts[0].lower() not in ("application/x-protobuf", ""):
+        return None
+    proto = V1
+    for p in parts[1:]:
+        k, _, v = p.partition("=")
+        if k.strip().lower() == "proto":
+            proto = v.strip().strip('"')
+    return proto if proto in (V1, V2) else None
+
+
+def _parse_time_ms(text: str) -> int:
+    """Unix seconds (float), unix milliseconds (integer > 1e11) or RFC 3339."""
+    try:
+        f = float(text)
+    except ValueError:
+        from datetime import datetime
+
+        try:
+            return int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
+        except ValueError:
+            raise IngestError("bad_param", f"invalid timestamp parameter {text!r}") from None
+    if abs(f) > 1e11 and float(text).is_integer():
+        return int(f)
+    return int(round(f * 1000))
+
+
+def setup(app: web.Application, ctx: ServerContext) -> None:
+    opts = ctx.config.storage
+    ingest_cfg = ctx.config.raw.get("ingest", {}) if isinstance(ctx.config.raw.get("ingest"), dict) else {}
+    max_body = ctx.config.max_body_bytes
+    max_decoded = int(ingest_cfg.get("max_decompressed_bytes", 64 * 1024 * 1024))
+    pipeline: IngestPipeline | None = ctx.components.get("ingest")
+    if pipeline is None:  # wiring not present (e.g. a minimal app in a test): build one here
+        pipeline = ctx.components["ingest"] = IngestPipeline(ctx.storage, executor=ctx.executor,
+                                                             metadata=ctx.components.setdefault("metadata", MetadataStore()))
+    decoder = RemoteWriteDecoder(future_tolerance_ms=opts.future_tolerance_ms)
+    importer = TextImporter(future_tolerance_ms=opts.future_tolerance_ms)
+
+    async def read_body(request: web.Request) -> bytes:
+        if request.content_length is not None and request.content_length > max_body:
+            raise IngestError("too_large", f"request body of {request.content_length} bytes exceeds the limit of {max_body} bytes", status=413)
+        try:
+            return await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise IngestError("too_large", f"request body exceeds the limit of {max_body} bytes", status=413) from None
+
+    def answer_error(protocol: str, e: IngestError) -> web.Response:
+        metrics.REQUESTS.labels(protocol=protocol, code=str(e.status)).inc()
+        metrics.reject(protocol, e.reason, e.samples)
+        metrics.REJECTED_REQUESTS.labels(reason=e.reason, protocol=protocol).inc()
+        if isinstance(e, Overloaded):
+            return _error(429, e.message, "unavailable", headers={"Retry-After": str(e.retry_after_s)})
+        return _error(e.status, e.message)
+
+    async def write(request: web.Request) -> web.Response:
+        t0 = time.perf_counter()
+        proto = _remote_write_proto(request.headers.get("Content-Type", ""))
+        protocol = "remote_write_v2" if proto == V2 else "remote_write"
+        if proto is None:
+            metrics.REQUESTS.labels(protocol="remote_write", code="415").inc()
+            return _error(415, f"unsupported remote write Content-Type {request.headers.get('Content-Type')!r}: "
+                               f"expected application/x-protobuf with proto={V1} or proto={V2}")
+        enc = request.headers.get("Content-Encoding", "snappy").strip().lower()
+        if enc not in ("snappy", ""):
+            metrics.REQUESTS.labels(protocol=protocol, code="415").inc()
+            return _error(415, f"unsupported Content-Encoding {enc!r}: remote write bodies must be snappy block-compressed")
+        try:
+            if pipeline.overloaded():
+                raise Overloaded(f"ingest queue full ({pipeline.max_queue} batches in flight); retry later")
+            body = await read_body(request)
+            loop = asyncio.get_running_loop()
+
+            def decode():
+                raw = decompress(body, max_decoded)
+                return decoder.decode_v2(raw) if proto == V2 else decoder.decode_v1(raw)
+
+            decoded = await loop.run_in_executor(ctx.executor, decode)
+            result = await pipeline.submit(decoded.batch)
+        except IngestError as e:
+            return answer_error(protocol, e)
+        finally:
+            metrics.REQUEST_SECONDS.labels(protocol=protocol).observe(time.perf_counter() - t0)
+        metrics.SAMPLES.labels(protocol=protocol).inc(result.accepted)
+        for reason, n in result.rejected.items():
+            metrics.reject(protocol, reason, n)
+        metrics.reject(protocol, "native_histogram_unsupported", decoded.histograms)
+        if decoded.exemplars:
+            metrics.EXEMPLARS_DROPPED.labels(protocol=protocol).inc(decoded.exemplars)
+        headers = {}
+        if proto == V2:
+            headers = dict(zip(V2_HEADERS, (str(result.accepted + result.duplicates), "0", "0")))
+        problems = []
+        if result.rejected_total:
+            detail = ", ".join(f"{n} {r.replace('_', ' ')}" for r, n in sorted(result.rejected.items()))
+            problems.append(f"{result.rejected_total} of {len(decoded.batch)} samples rejected by storage ({detail})"
+                            + (f"; first: {'; '.join(result.errors[:3])}" if result.errors else ""))
+        if decoded.histograms:
+            problems.append(f"{decoded.histograms} native histogram samples refused: native histograms are not supported")
+        if problems:
+            metrics.REQUESTS.labels(protocol=protocol, code="400").inc()
+            msg = f"partial write: {result.accepted} samples written; " + "; ".join(problems)
+            return _error(400, msg, headers=headers)
+        metrics.REQUESTS.labels(protocol=protocol, code="204").inc()
+        return web.Response(status=204, headers=headers)
+
+    async def import_prometheus(request: web.Request) -> web.Response:
+        protocol = "import_prometheus"
+        t0 = time.perf_counter()
+        try:
+            extra = parse_extra_labels(request.query.getall("extra_label", []))
+            ts_param = request.query.get("timestamp")
+            default_ts = _parse_time_ms(ts_param) if ts_param else None
+            ctype = request.headers.get("Content-Type", "").lower()
+            openmetrics = True if "openmetrics" in ctype else None
+            if pipeline.overloaded():
+                raise Overloaded(f"ingest queue full ({pipeline.max_queue} batches in flight); retry later")
+            body = await read_body(request)
+            enc = request.headers.get("Content-Encoding", "").strip().lower()
+            loop = asyncio.get_running_loop()
+
+            def decode():
+                data = body
+                if enc == "gzip":
+                    data = _gunzip(data, max_decoded)
+                elif enc == "snappy":
+                    data = bytes(decompress(data, max_decoded))
+                elif enc not in ("", "identity"):
+                    raise IngestError("bad_encoding", f"unsupported Content-Encoding {enc!r}", status=415)
+                return importer.to_batch(data, default_ts_ms=default_ts, extra_labels=extra, openmetrics=openmetrics)
+
+            batch = await loop.run_in_executor(ctx.executor, decode)
+            result = await pipeline.submit(batch)
+        except IngestError as e:
+            return answer_error(protocol, e)
+        finally:
+            metrics.REQUEST_SECONDS.labels(protocol=protocol).observe(time.perf_counter() - t0)
+        metrics.SAMPLES.labels(protocol=protocol).inc(result.accepted)
+        for reason, n in result.rejected.items():
+            metrics.reject(protocol, reason, n)
+        if result.rejected_total:
+            metrics.REQUESTS.labels(protocol=protocol, code="400").inc()
+            detail = ", ".join(f"{n} {r.replace('_', ' ')}" for r, n in sorted(result.rejected.items()))
+            return _error(400, f"partial import: {result.accepted} samples written; {result.rejected_total} of {len(batch)} "
+                               f"rejected by storage ({detail})" + (f"; first: {'; '.join(result.errors[:3])}" if result.errors else ""))
+        metrics.REQUESTS.labels(protocol=protocol, code="204").inc()
+        return web.Response(status=204)
+
+    app.router.add_post("/api/v1/write", write)
+    app.router.add_post("/api/v1/import/prometheus", import_prometheus)
+
+
+def _gunzip(data: bytes, max_bytes: int) -> bytes:
+    import zlib
+
+    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        out = d.decompress(data, max_bytes + 1)
+    except zlib.error as e:
+        raise IngestError("bad_gzip", f"gzip: corrupt input: {e}") from None
+    if len(out) > max_bytes:
+        raise IngestError("too_large", f"gzip: decoded body exceeds the limit of {max_bytes} bytes", status=413)
+    return out

@@ -1,0 +1,174 @@
+"""Classify conformance evals as plain (stable PromQL over floats), exp (experimental construct)
+or nh (needs native histograms), per ../shared/promqltest/INVENTORY.md.
+
+nh wins over exp: an experimental eval over native-histogram data is skipped as nh.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import promql_parser as pp
+
+from storage.labels import Labels
+from storage.matchers import Matcher
+
+from promql.promqltest_script import EvalCmd, Hist, LoadCmd
+
+PLAIN, EXP, NH = "plain", "exp", "nh"
+
+# promql/parser/functions.go (snapshot in FORMAT.md): Experimental: true
+EXPERIMENTAL_FUNCTIONS = frozenset({
+    "double_exponential_smoothing", "end", "histogram_quantiles", "info", "mad_over_time", "max_of",
+    "min_of", "range", "sort_by_label", "sort_by_label_desc", "start", "start_timestamp", "step",
+    "ts_of_first_over_time", "ts_of_last_over_time", "ts_of_max_over_time", "ts_of_min_over_time",
+})
+EXPERIMENTAL_AGGREGATORS = frozenset({"limitk", "limit_ratio"})
+TYPE_UNIT_LABELS = ("__type__", "__unit__")
+
+_TOKEN = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]*")
+_MATCH_OPS = {"Equal": "=", "NotEqual": "!=", "Re": "=~", "NotRe": "!~"}
+
+
+def children(e: Any) -> list[Any]:
+    if isinstance(e, pp.MatrixSelector):
+        return [e.vector_selector]
+    if isinstance(e, (pp.SubqueryExpr, pp.ParenExpr, pp.UnaryExpr)):
+        return [e.expr]
+    if isinstance(e, pp.Call):
+        return list(e.args)
+    if isinstance(e, pp.AggregateExpr):
+        return ([e.param] if e.param is not None else []) + [e.expr]
+    if isinstance(e, pp.BinaryExpr):
+        return [e.lhs, e.rhs]
+    return []
+
+
+def walk(e: Any) -> Iterator[Any]:
+    stack = [e]
+    while stack:
+        n = stack.pop()
+        yield n
+        stack.extend(reversed(children(n)))
+
+
+def selector_matchers(vs: Any) -> list[Matcher]:
+    ms = []
+    for m in vs.matchers.matchers:
+        try:
+            ms.append(Matcher(m.name, _MATCH_OPS[str(m.op).rsplit(".", 1)[-1]], m.value))
+        except ValueError:  # a regex Python's re cannot compile: treat as "matches anything"
+            pass
+    if vs.name:
+        ms.append(Matcher("__name__", "=", vs.name))
+    return ms
+
+
+@dataclass
+class LoadedState:
+    """What the classifier knows about currently loaded data (reset by ``clear``)."""
+
+    hist_series: set[Labels] = field(default_factory=set)
+    has_start_timestamps: bool = False
+    has_type_unit: bool = False
+
+    def clear(self) -> None:
+        self.hist_series.clear()
+        self.has_start_timestamps = False
+        self.has_type_unit = False
+
+    def add_load(self, cmd: LoadCmd) -> None:
+        if cmd.has_start_timestamps:
+            self.has_start_timestamps = True
+        for lbl, vals in cmd.series.items():
+            if any(n in TYPE_UNIT_LABELS for n, _ in lbl):
+                self.has_type_unit = True
+            if any(isinstance(v, Hist) for v in vals):
+                self.hist_series.add(lbl)
+        if cmd.with_nhcb:
+            for lbl, vals in cmd.series.items():
+                name = dict(lbl).get("__name__", "")
+                for suffix in ("_bucket", "_count", "_sum"):
+                    if name.endswith(suffix) and any(v is not None and not isinstance(v, Hist) for v in vals):
+                        base = tuple(sorted(
+                            [("__name__", name[: -len(suffix)])] + [(n, v) for n, v in lbl if n not in ("__name__", "le")]))
+                        self.hist_series.add(base)
+                        break
+
+
+@dataclass
+class Classification:
+    kind: str  # plain | exp | nh
+    reason: str = ""
+    parse_error: str | None = None  # set when promql_parser rejects the query
+    ast: Any = None
+
+
+def classify(cmd: EvalCmd, state: LoadedState) -> Classification:
+    try:
+        ast = pp.parse(cmd.expr)
+        perr = None
+    except Exception as e:  # noqa: BLE001 - the parser raises ValueError/others
+        ast, perr = None, str(e)
+
+    # -- native histograms ----------------------------------------------------------------
+    if cmd.uses_histogram_expectation():
+        return Classification(NH, "expected result contains native histograms", perr, ast)
+    # An eval is nh when its query text names a metric that has native-histogram samples in the
+    # loaded data (directly or via load_with_nhcb). This is the rule INVENTORY.md's counts follow
+    # (a selector-matching rule would also catch e.g. `max({job="x"})` over mixed data, which the
+    # inventory counts as plain: the float part of such evals is still checked).
+    if state.hist_series:
+        tokens = set(_TOKEN.findall(cmd.expr))
+        for lbl in sorted(state.hist_series):
+            if dict(lbl).get("__name__", "") in tokens:
+                return Classification(NH, f"uses native-histogram series {_fmt(lbl)}", perr, ast)
+
+    # -- experimental ---------------------------------------------------------------------
+    if perr is not None:
+        return Classification(EXP, f"parser rejects (experimental syntax): {perr}", perr, None)
+    if state.has_start_timestamps:
+        return Classification(EXP, "data uses start timestamps (@st)", None, ast)
+    if state.has_type_unit or any(t in cmd.expr for t in TYPE_UNIT_LABELS):
+        return Classification(EXP, "__type__/__unit__ labels", None, ast)
+    if _duration_as_number(cmd.expr):
+        return Classification(EXP, "duration literal used as a number (duration expressions)", None, ast)
+    if _SIGNED_OFFSET_ARITH.search(cmd.expr):
+        # `x offset -2 * 2`: with duration expressions enabled the operator's binding is decided by
+        # the experimental grammar (heuristic; matches INVENTORY.md's two cases)
+        return Classification(EXP, "signed numeric offset followed by an operator (duration expressions)", None, ast)
+    for n in walk(ast):
+        if isinstance(n, pp.Call) and n.func.name in EXPERIMENTAL_FUNCTIONS:
+            return Classification(EXP, f"experimental function {n.func.name}()", None, ast)
+        if isinstance(n, pp.AggregateExpr) and str(n.op) in EXPERIMENTAL_AGGREGATORS:
+            return Classification(EXP, f"experimental aggregator {n.op}", None, ast)
+        if isinstance(n, pp.BinaryExpr) and n.modifier is not None:
+            fv = getattr(n.modifier, "fill_values", None)
+            if fv is not None and (fv.lhs is not None or fv.rhs is not None):
+                return Classification(EXP, "binary-operator fill modifier", None, ast)
+    return Classification(PLAIN, "", None, ast)
+
+
+_STRING = re.compile(r"""\"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|`[^`]*`""")
+_DURATION_TOKEN = re.compile(r"(?<![\w.])\d+(?:ms|[smhdwy])(?:\d+(?:ms|[smhdwy]))*(?![\w.])")
+_SIGNED_OFFSET_ARITH = re.compile(r"offset\s+-\s*\d[\d.]*\s*[-+*/%^]")
+
+
+def _duration_as_number(expr: str) -> bool:
+    """A duration literal (``1h``) outside ``[...]`` and not after ``offset``: ExperimentalDurationExpr."""
+    text = _STRING.sub('""', expr)
+    for m in _DURATION_TOKEN.finditer(text):
+        before = text[: m.start()]
+        if before.count("[") > before.count("]"):
+            continue
+        if re.search(r"offset\s*-?\s*$", before):
+            continue
+        return True
+    return False
+
+
+def _fmt(lbl: Labels) -> str:
+    from storage.labels import format_labels
+
+    return format_labels(lbl)

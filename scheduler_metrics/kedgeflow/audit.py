@@ -1,0 +1,192 @@
+"""Tamper-evident audit log: an append-only hash chain with periodically signed heads.
+
+Each entry carries its sequence number and the previous entry's hash; its own hash is
+``SHA-256(0x00 || canonical JSON of the entry)`` (the leaf-hash domain prefix of Certificate
+Transparency). Every ``head_every`` entries (and on close) the chain head ``(seq, hash)`` is signed
+with the server's Ed25519 key and appended to a separate heads file. Verification recomputes the
+chain and checks every signed head against it, which detects modification, deletion, insertion and
+reordering of entries, and truncation of the tail behind a signed head.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from scheduler_metrics.kedgeflow.action import canonical_json
+
+GENESIS = "0" * 64
+HEAD_DOMAIN = b"kedgeflow.audit.head.v1\n"
+KINDS = ("proposal", "decision", "grant", "consume_attempt", "consume_result", "dispatch", "outcome", "refused", "revoke")
+
+
+def entry_hash(entry: dict[str, Any]) -> str:
+    body = {k: v for k, v in entry.items() if k != "hash"}
+    return hashlib.sha256(b"\x00" + canonical_json(body)).hexdigest()
+
+
+def head_bytes(seq: int, h: str, ts_ms: int) -> bytes:
+    return HEAD_DOMAIN + canonical_json({"seq": seq, "hash": h, "ts_ms": ts_ms})
+
+
+@dataclass
+class VerifyReport:
+    entries: int = 0
+    heads: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+class AuditLog:
+    def __init__(self, directory: str | Path, signing_key: Ed25519PrivateKey, *, head_every: int = 64, fsync: bool = True):
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.dir / "audit.jsonl"
+        self.heads_path = self.dir / "audit-heads.jsonl"
+        self._key = signing_key
+        self.public_key = signing_key.public_key()
+        self.head_every = head_every
+        self.fsync = fsync
+        self._lock = threading.Lock()
+        self._seq, self._last = self._recover()
+        self._unsigned = 0
+
+    def _recover(self) -> tuple[int, str]:
+        if not self.path.exists():
+            return 0, GENESIS
+        seq, last = 0, GENESIS
+        with open(self.path, "rb") as f:
+            for raw in f:
+                try:
+                    e = json.loads(raw)
+                except json.JSONDecodeError:
+                    break  # torn final line from a crash: later appends start after the last whole entry
+                seq, last = e["seq"] + 1, e["hash"]
+        return seq, last
+
+    def append(self, kind: str, data: dict[str, Any], *, tenant: str = "default", ts_ms: int | None = None) -> dict[str, Any]:
+        if kind not in KINDS:
+            raise ValueError(f"unknown audit entry kind {kind!r}")
+        with self._lock:
+            entry = {"seq": self._seq, "ts_ms": int(time.time() * 1000) if ts_ms is None else ts_ms, "kind": kind,
+                     "tenant": tenant, "data": data, "prev": self._last}
+            entry["hash"] = entry_hash(entry)
+            with open(self.path, "ab") as f:
+                f.write(canonical_json(entry) + b"\n")
+                f.flush()
+                if self.fsync:
+                    os.fsync(f.fileno())
+            self._seq += 1
+            self._last = entry["hash"]
+            self._unsigned += 1
+            if self._unsigned >= self.head_every:
+                self._sign_head_locked()
+            return entry
+
+    def sign_head(self) -> dict[str, Any] | None:
+        with self._lock:
+            return self._sign_head_locked()
+
+    def _sign_head_locked(self) -> dict[str, Any] | None:
+        if self._seq == 0:
+            return None
+        ts = int(time.time() * 1000)
+        seq = self._seq - 1
+        sig = self._key.sign(head_bytes(seq, self._last, ts))
+        head = {"seq": seq, "hash": self._last, "ts_ms": ts, "sig": base64.b64encode(sig).decode()}
+        with open(self.heads_path, "ab") as f:
+            f.write(canonical_json(head) + b"\n")
+            f.flush()
+            if self.fsync:
+                os.fsync(f.fileno())
+        self._unsigned = 0
+        return head
+
+    def read(self, *, kind: str | None = None, tenant: str | None = None, since_ms: int | None = None,
+             until_ms: int | None = None, grant: str | None = None, limit: int = 1000) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for e in iter_entries(self.path):
+            if kind and e.get("kind") != kind:
+                continue
+            if tenant and e.get("tenant") != tenant:
+                continue
+            if since_ms is not None and e.get("ts_ms", 0) < since_ms:
+                continue
+            if until_ms is not None and e.get("ts_ms", 0) > until_ms:
+                continue
+            if grant and e.get("data", {}).get("allowance_id") != grant:
+                continue
+            out.append(e)
+        return out[-limit:] if limit else out
+
+    def close(self) -> None:
+        with self._lock:
+            if self._unsigned:
+                self._sign_head_locked()
+
+
+def iter_entries(path: Path) -> Iterable[dict[str, Any]]:
+    if not path.exists():
+        return
+    with open(path, "rb") as f:
+        for raw in f:
+            if raw.strip():
+                yield json.loads(raw)
+
+
+def verify(directory: str | Path, public_key: Ed25519PublicKey) -> VerifyReport:
+    """Recompute the chain and check every signed head. Problems name the sequence numbers."""
+    d = Path(directory)
+    rep = VerifyReport()
+    hashes: list[str] = []
+    prev = GENESIS
+    path = d / "audit.jsonl"
+    lines = path.read_bytes().splitlines() if path.exists() else []
+    for i, raw in enumerate(lines):
+        if not raw.strip():
+            rep.problems.append(f"line {i + 1}: empty line inside the log")
+            continue
+        try:
+            e = json.loads(raw)
+        except json.JSONDecodeError:
+            rep.problems.append(f"line {i + 1}: not valid JSON (torn or edited)")
+            hashes.append("")
+            continue
+        seq = e.get("seq")
+        if seq != len(hashes):
+            rep.problems.append(f"line {i + 1}: sequence number {seq} where {len(hashes)} was expected (entry deleted, inserted or reordered)")
+        if e.get("prev") != prev:
+            rep.problems.append(f"entry seq {seq}: prev hash does not match the previous entry (chain broken: deletion, insertion or reordering)")
+        if entry_hash(e) != e.get("hash"):
+            rep.problems.append(f"entry seq {seq}: content does not match its hash (entry modified)")
+        prev = e.get("hash", "")
+        hashes.append(prev)
+    rep.entries = len(hashes)
+    hpath = d / "audit-heads.jsonl"
+    for raw in (hpath.read_bytes().splitlines() if hpath.exists() else []):
+        if not raw.strip():
+            continue
+        rep.heads += 1
+        try:
+            h = json.loads(raw)
+            public_key.verify(base64.b64decode(h["sig"]), head_bytes(h["seq"], h["hash"], h["ts_ms"]))
+        except (InvalidSignature, KeyError, ValueError, json.JSONDecodeError):
+            rep.problems.append(f"signed head {raw[:80]!r}: signature invalid")
+            continue
+        if h["seq"] >= len(hashes):
+            rep.problems.append(f"signed head at seq {h['seq']} but the log ends at seq {len(hashes) - 1} (entries deleted from the tail)")
+        elif hashes[h["seq"]] != h["hash"]:
+            rep.problems.append(f"signed head at seq {h['seq']} does not match the log's hash there (history rewritten)")
+    return rep

@@ -1,0 +1,85 @@
+"""Shared plumbing of the Prometheus API route modules: responses, errors, off-loop execution."""
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from typing import Any, Awaitable, Callable
+
+from aiohttp import web
+
+from turboprom import api_json
+from turboprom.api_params import Params, ParamError
+from turboprom.context import ServerContext
+
+log = logging.getLogger("turboprom.api")
+
+JSON = "application/json"
+
+# Prometheus's status code for each errorType.
+STATUS_BY_ERROR_TYPE = {
+    "bad_data": 400,
+    "execution": 422,
+    "canceled": 503,
+    "timeout": 503,
+    "internal": 500,
+    "unavailable": 503,
+    "not_found": 404,
+}
+
+
+class APIError(Exception):
+    def __init__(self, error_type: str, message: str, status: int | None = None):
+        super().__init__(message)
+        self.error_type = error_type
+        self.message = message
+        self.status = status or STATUS_BY_ERROR_TYPE.get(error_type, 500)
+
+
+def json_response(body: bytes, status: int = 200) -> web.Response:
+    return web.Response(body=body, status=status, content_type=JSON)
+
+
+def error_response(error_type: str, message: str, status: int | None = None) -> web.Response:
+    code = status or STATUS_BY_ERROR_TYPE.get(error_type, 500)
+    return json_response(api_json.error(error_type, message), code)
+
+
+def ok(data: Any, warnings: list[str] | None = None) -> web.Response:
+    return json_response(api_json.success(data, warnings or ()))
+
+
+Handler = Callable[[web.Request, Params], Awaitable[web.StreamResponse]]
+
+
+def api_handler(fn: Handler) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """Parse form params, map our error types onto Prometheus error responses."""
+
+    @functools.wraps(fn)
+    async def wrapper(request: web.Request) -> web.StreamResponse:
+        try:
+            params = await Params.from_request(request)
+            return await fn(request, params)
+        except ParamError as e:
+            return error_response("bad_data", str(e))
+        except APIError as e:
+            return error_response(e.error_type, e.message, e.status)
+        except web.HTTPException:
+            raise
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - our fault: answer 500 like Prometheus's "internal"
+            log.exception("internal error serving %s", request.path)
+            return error_response("internal", f"{type(e).__name__}: {e}")
+
+    return wrapper
+
+
+async def run_off_loop(ctx: ServerContext, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(ctx.executor, functools.partial(fn, *args, **kwargs))
+
+
+def add_get_post(app: web.Application, path: str, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> None:
+    app.router.add_get(path, handler)
+    app.router.add_post(path, handler)

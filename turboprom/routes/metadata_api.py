@@ -1,0 +1,155 @@
+"""/api/v1/series, /api/v1/labels, /api/v1/label/<name>/values, /api/v1/metadata.
+
+Storage lookups run on ``ctx.executor``. ``limit`` truncates like Prometheus 3 (with the warning
+"results truncated due to limit"); Grafana's ``U__`` escaped label names are unescaped.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from aiohttp import web
+
+from storage.labels import Labels
+from turboprom import api_json
+from turboprom.api_common import APIError, add_get_post, api_handler, json_response, ok, run_off_loop
+from turboprom.api_params import MAX_TIME_MS, MIN_TIME_MS, Params, invalid_param, parse_matchers_param, unescape_label_name
+from turboprom.context import ServerContext
+
+TRUNCATED = "results truncated due to limit"
+
+
+def _series_json(series: list[Labels]) -> str:
+    return "[" + ",".join(api_json.labels_json(s) for s in series) + "]"
+
+
+def metadata_snapshot(store: Any) -> dict[str, list[dict[str, str]]]:
+    """Normalize the ingest metadata store (``ctx.components["metadata"]``) to
+    ``{metric: [{"type", "help", "unit"}, ...]}``. Accepts a mapping or an object exposing
+    ``snapshot()``/``all()``; entries may be ``MetricMetadata`` objects or dicts."""
+    if store is None:
+        return {}
+    raw: Any = store
+    for name in ("snapshot", "all", "as_dict"):
+        fn = getattr(store, name, None)
+        if callable(fn):
+            raw = fn()
+            break
+    if not isinstance(raw, Mapping):
+        # an iterable of MetricMetadata
+        grouped: dict[str, list[Any]] = {}
+        for md in raw or ():
+            grouped.setdefault(getattr(md, "metric_family", ""), []).append(md)
+        raw = grouped
+    out: dict[str, list[dict[str, str]]] = {}
+    for metric, entries in raw.items():
+        if not isinstance(entries, (list, tuple, set)):
+            entries = [entries]
+        items: list[dict[str, str]] = []
+        for e in entries:
+            if isinstance(e, Mapping):
+                d = {"type": str(e.get("type", "unknown")), "help": str(e.get("help", "")), "unit": str(e.get("unit", ""))}
+            else:
+                d = {"type": str(getattr(e, "type", "unknown")), "help": str(getattr(e, "help", "")), "unit": str(getattr(e, "unit", ""))}
+            if d not in items:
+                items.append(d)
+        out[str(metric)] = items
+    return out
+
+
+def setup(app: web.Application, ctx: ServerContext) -> None:
+    storage = ctx.storage
+
+    @api_handler
+    async def series(request: web.Request, params: Params) -> web.Response:
+        matches = params.getall("match[]")
+        if not matches:
+            raise APIError("bad_data", "no match[] parameter provided")
+        limit = params.limit("limit")
+        start = params.time("start", MIN_TIME_MS)
+        end = params.time("end", MAX_TIME_MS)
+        try:
+            sets = parse_matchers_param(matches)
+        except ValueError as e:
+            raise invalid_param("match[]", str(e)) from None
+
+        def job() -> bytes:
+            found = list(storage.series(sets, start, end))
+            warnings = []
+            if limit and len(found) > limit:
+                found = found[:limit]
+                warnings.append(TRUNCATED)
+            return api_json.envelope_raw(_series_json(found), warnings)
+
+        return json_response(await run_off_loop(ctx, job))
+
+    @api_handler
+    async def labels(request: web.Request, params: Params) -> web.Response:
+        limit = params.limit("limit")
+        start = params.time("start", MIN_TIME_MS)
+        end = params.time("end", MAX_TIME_MS)
+        try:
+            sets = parse_matchers_param(params.getall("match[]"))
+        except ValueError as e:
+            raise APIError("bad_data", str(e)) from None
+        names = sorted(set(await run_off_loop(ctx, storage.label_names, start, end, sets)))
+        warnings = []
+        if limit and len(names) > limit:
+            names = names[:limit]
+            warnings.append(TRUNCATED)
+        return ok(names, warnings)
+
+    @api_handler
+    async def label_values(request: web.Request, params: Params) -> web.Response:
+        name = unescape_label_name(request.match_info["name"])
+        if name == "":
+            raise APIError("bad_data", 'invalid label name: ""')
+        limit = params.limit("limit")
+        start = params.time("start", MIN_TIME_MS)
+        end = params.time("end", MAX_TIME_MS)
+        try:
+            sets = parse_matchers_param(params.getall("match[]"))
+        except ValueError as e:
+            raise APIError("bad_data", str(e)) from None
+        values = sorted(set(await run_off_loop(ctx, storage.label_values, name, start, end, sets)))
+        warnings = []
+        if limit and len(values) > limit:
+            values = values[:limit]
+            warnings.append(TRUNCATED)
+        return ok(values, warnings)
+
+    @api_handler
+    async def metadata(request: web.Request, params: Params) -> web.Response:
+        limit = _int_or_error(params, "limit")
+        per_metric = _int_or_error(params, "limit_per_metric")
+        metric = params.get("metric")
+        store = ctx.components.get("metadata")
+        if store is not None and hasattr(store, "get") and not isinstance(store, Mapping):
+            return ok(store.get(metric or None, limit if limit >= 0 else None, per_metric if per_metric > 0 else None))
+        snap = metadata_snapshot(store)
+        out: dict[str, list[dict[str, str]]] = {}
+        for name in sorted(snap):
+            if metric and name != metric:
+                continue
+            if limit >= 0 and len(out) >= limit:
+                break
+            entries = snap[name]
+            if per_metric > 0:
+                entries = entries[:per_metric]
+            out[name] = entries
+        return ok(out)
+
+    add_get_post(app, "/api/v1/series", series)
+    add_get_post(app, "/api/v1/labels", labels)
+    app.router.add_get("/api/v1/label/{name}/values", label_values)
+    app.router.add_get("/api/v1/metadata", metadata)
+
+
+def _int_or_error(params: Params, name: str) -> int:
+    s = params.get(name)
+    if s == "":
+        return -1
+    try:
+        return int(s)
+    except ValueError:
+        raise APIError("bad_data", f"{name} must be a number") from None

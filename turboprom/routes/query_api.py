@@ -1,0 +1,197 @@
+"""/api/v1/query, /api/v1/query_range, /api/v1/format_query, /api/v1/parse_query,
+/api/v1/query_exemplars.
+
+Evaluation and JSON encoding run on ``ctx.executor``; the event loop only parses parameters.
+The engine is ``ctx.components["engine"]`` (``promql.engine.Engine``). When the planner registers
+``ctx.components["planned_engine"]`` (same interface, rewrites onto summaries), queries go there
+unless the caller passes ``exact=true``, which forces the raw path.
+"""
+from __future__ import annotations
+
+import inspect
+import threading
+import time
+from typing import Any
+
+import promql_parser
+from aiohttp import web
+
+from promql.errors import PromQLError
+from promql.types import QueryResult
+from turboprom import api_json
+from turboprom.api_ast import translate_ast
+from turboprom.api_common import APIError, add_get_post, api_handler, json_response, ok, run_off_loop
+from turboprom.api_params import MAX_RANGE_POINTS, MAX_TIME_MS, MIN_TIME_MS, Params, invalid_param
+from turboprom.context import ServerContext
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _check_query_syntax(q: str) -> None:
+    """Parse errors are the caller's fault: bad_data, named after the ``query`` parameter."""
+    try:
+        promql_parser.parse(q)
+    except ValueError as e:
+        raise invalid_param("query", f"1:1: parse error: {e}") from None
+
+
+def _pick_engine(ctx: ServerContext, exact: bool) -> Any:
+    engine = None if exact else ctx.components.get("planned_engine")
+    engine = engine or ctx.components.get("engine")
+    if engine is None:
+        raise APIError("unavailable", "query engine is not available")
+    return engine
+
+
+def _call(method: Any, *args: Any, exact: bool, **kwargs: Any) -> QueryResult:
+    try:
+        params = inspect.signature(method).parameters
+    except (TypeError, ValueError):
+        params = {}
+    if "exact" in params:
+        kwargs["exact"] = exact
+    kwargs = {k: v for k, v in kwargs.items() if k in params or any(p.kind == p.VAR_KEYWORD for p in params.values())}
+    return method(*args, **kwargs)
+
+
+def _effective_timeout(ctx: ServerContext, param_ms: int | None) -> float:
+    t = ctx.config.query_timeout_s
+    if param_ms is not None and param_ms > 0:
+        t = min(t, param_ms / 1000.0)
+    return t
+
+
+async def _evaluate(request: web.Request, ctx: ServerContext, params: Params, run: Any) -> web.Response:
+    """Run ``run(cancel_event)`` -> QueryResult off the loop, encode off the loop too."""
+    limit = params.limit("limit")
+    stats = params.get("stats")
+    cancel = threading.Event()
+    submitted = time.perf_counter()
+
+    def job() -> bytes:
+        started = time.perf_counter()
+        try:
+            res = run(cancel)
+        except PromQLError as e:
+            raise APIError(e.error_type, str(e), e.http_status) from None
+        total = time.perf_counter() - submitted
+        return api_json.encode_query_result(
+            res, limit=limit, stats=stats, queue_seconds=started - submitted, total_seconds=total
+        )
+
+    try:
+        body = await run_off_loop(ctx, job)
+    except BaseException:
+        cancel.set()  # client went away or the server is stopping: let the engine stop early
+        raise
+    return json_response(body)
+
+
+def setup(app: web.Application, ctx: ServerContext) -> None:
+    @api_handler
+    async def query(request: web.Request, params: Params) -> web.Response:
+        params.limit("limit")
+        t = params.time("time", _now_ms())
+        timeout = params.duration("timeout")
+        lookback = _lookback(params)
+        q = params.get("query")
+        _check_query_syntax(q)
+        exact = params.flag("exact")
+        engine = _pick_engine(ctx, exact)
+        timeout_s = _effective_timeout(ctx, timeout)
+
+        def run(cancel: threading.Event) -> QueryResult:
+            return _call(engine.instant_query, q, t, exact=exact, lookback_delta_ms=lookback, timeout_s=timeout_s, cancel=cancel)
+
+        return await _evaluate(request, ctx, params, run)
+
+    @api_handler
+    async def query_range(request: web.Request, params: Params) -> web.Response:
+        params.limit("limit")
+        start = params.required_time("start")
+        end = params.required_time("end")
+        if end < start:
+            raise invalid_param("end", "end timestamp must not be before start time")
+        step = params.duration("step")
+        if step is None:
+            step = _required_duration_error()
+        if step <= 0:
+            raise invalid_param("step", "zero or negative query resolution step widths are not accepted. Try a positive integer")
+        if (end - start) // step > MAX_RANGE_POINTS:
+            raise APIError(
+                "bad_data",
+                "exceeded maximum resolution of 11,000 points per timeseries. Try decreasing the query resolution (?step=XX)",
+            )
+        timeout = params.duration("timeout")
+        lookback = _lookback(params)
+        q = params.get("query")
+        try:
+            promql_parser.parse(q)
+        except ValueError as e:  # Prometheus 2.42 does not name the parameter here
+            raise APIError("bad_data", f"1:1: parse error: {e}") from None
+        exact = params.flag("exact")
+        engine = _pick_engine(ctx, exact)
+        timeout_s = _effective_timeout(ctx, timeout)
+
+        def run(cancel: threading.Event) -> QueryResult:
+            return _call(engine.range_query, q, start, end, step, exact=exact, lookback_delta_ms=lookback, timeout_s=timeout_s, cancel=cancel)
+
+        return await _evaluate(request, ctx, params, run)
+
+    @api_handler
+    async def format_query(request: web.Request, params: Params) -> web.Response:
+        q = params.get("query")
+        try:
+            expr = promql_parser.parse(q)
+        except ValueError as e:
+            raise invalid_param("query", f"1:1: parse error: {e}") from None
+        from promql.printer import to_promql  # Prometheus's String() rendering (engineer C)
+
+        return ok(to_promql(expr))
+
+    @api_handler
+    async def parse_query(request: web.Request, params: Params) -> web.Response:
+        q = params.get("query")
+        try:
+            expr = promql_parser.parse(q)
+        except ValueError as e:
+            raise invalid_param("query", f"1:1: parse error: {e}") from None
+        return ok(translate_ast(expr))
+
+    @api_handler
+    async def query_exemplars(request: web.Request, params: Params) -> web.Response:
+        start = params.time("start", MIN_TIME_MS)
+        end = params.time("end", MAX_TIME_MS)
+        if end < start:
+            raise APIError("bad_data", "end timestamp must not be before start timestamp")
+        q = params.get("query")
+        try:
+            promql_parser.parse(q)
+        except ValueError as e:
+            raise APIError("bad_data", f"1:1: parse error: {e}") from None
+        # No exemplar storage: every selector has no exemplars (a well-formed empty answer).
+        return ok([])
+
+    add_get_post(app, "/api/v1/query", query)
+    add_get_post(app, "/api/v1/query_range", query_range)
+    add_get_post(app, "/api/v1/format_query", format_query)
+    add_get_post(app, "/api/v1/parse_query", parse_query)
+    add_get_post(app, "/api/v1/query_exemplars", query_exemplars)
+
+
+def _lookback(params: Params) -> int | None:
+    val = params.get("lookback_delta")
+    if val == "":
+        return None
+    try:
+        return params.duration("lookback_delta")
+    except Exception as e:  # noqa: BLE001
+        # Prometheus: "error parsing lookback delta duration: ..."
+        msg = str(e).split(": ", 1)[-1]
+        raise APIError("bad_data", f"error parsing lookback delta duration: {msg}") from None
+
+
+def _required_duration_error() -> int:
+    raise invalid_param("step", 'cannot parse "" to a valid duration')

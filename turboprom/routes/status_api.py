@@ -1,0 +1,340 @@
+"""/api/v1/status/{buildinfo,runtimeinfo,flags,config,tsdb}, /api/v1/rules, /api/v1/alerts,
+/api/v1/targets, /api/v1/alertmanagers and the admin endpoints (/api/v1/admin/tsdb/*).
+
+Admin endpoints answer "admin APIs disabled" (errorType unavailable, HTTP 500 like Prometheus)
+unless enabled, like Prometheus's ``--web.enable-admin-api``: ``ctx.config.enable_admin_api`` or
+``web: {enable_admin_api: true}`` in the YAML config file.
+
+Hooks other stages may provide (all optional):
+* ``ctx.components["rules"]``: ``api_groups() -> list[dict]`` (Prometheus RuleGroup JSON shape)
+  and ``api_alerts() -> list[dict]``.
+* ``ctx.components["scraper"]``: ``targets_snapshot()`` -> list of target dicts/dataclasses.
+* ``ctx.storage.stats()``: head/cardinality statistics (dict or object; see ``tsdb_status``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform
+import sys
+import threading
+from collections import Counter
+from collections.abc import Mapping
+from datetime import datetime, timezone
+from typing import Any
+
+import yaml
+from aiohttp import web
+
+import turboprom
+from storage.matchers import Matcher
+from turboprom.api_common import APIError, api_handler, error_response, ok, run_off_loop
+from turboprom.api_params import MAX_TIME_MS, MIN_TIME_MS, Params, invalid_param, parse_metric_selector
+from turboprom.context import ServerContext
+
+# The Prometheus API level we implement; Grafana reads it to pick features.
+PROMETHEUS_COMPAT_VERSION = "2.42.0"
+
+
+def go_time(ts: float | None) -> str:
+    """Go's time.Time JSON (RFC 3339 with nanoseconds, trailing zeros trimmed)."""
+    if not ts:
+        return "0001-01-01T00:00:00Z"
+    dt = datetime.fromtimestamp(ts, tz=timezone.utc)
+    base = dt.strftime("%Y-%m-%dT%H:%M:%S")
+    frac = f"{dt.microsecond:06d}".rstrip("0")
+    return base + ("." + frac if frac else "") + "Z"
+
+
+def _duration_text(ms: int) -> str:
+    """Prometheus model.Duration String(): largest units, e.g. 15d, 1h30m, 0s."""
+    if ms == 0:
+        return "0s"
+    out = []
+    for unit, size in (("y", 31_536_000_000), ("w", 604_800_000), ("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000), ("ms", 1)):
+        if unit in ("y", "w") and ms % size:
+            continue  # years and weeks only when exact (90d, not 12w6d)
+        if ms >= size:
+            out.append(f"{ms // size}{unit}")
+            ms %= size
+    return "".join(out)
+
+
+def admin_enabled(ctx: ServerContext) -> bool:
+    if getattr(ctx.config, "enable_admin_api", False):
+        return True
+    web_cfg = ctx.config.raw.get("web") if isinstance(ctx.config.raw, dict) else None
+    return bool(isinstance(web_cfg, dict) and web_cfg.get("enable_admin_api"))
+
+
+def _as_dict(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.asdict(obj)
+    return obj
+
+
+def _get(obj: Any, *names: str, default: Any = None) -> Any:
+    for n in names:
+        if isinstance(obj, Mapping) and n in obj:
+            return obj[n]
+        if not isinstance(obj, Mapping) and hasattr(obj, n):
+            return getattr(obj, n)
+    return default
+
+
+def _top(counter: Mapping[str, int], limit: int) -> list[dict[str, Any]]:
+    items = sorted(counter.items(), key=lambda kv: (-kv[1], kv[0]))[:limit]
+    return [{"name": k, "value": int(v)} for k, v in items]
+
+
+def _stat_list(raw: Any, limit: int) -> list[dict[str, Any]] | None:
+    if raw is None:
+        return None
+    if isinstance(raw, Mapping):
+        return _top(raw, limit)
+    out = []
+    for item in raw:
+        if isinstance(item, Mapping):
+            out.append({"name": str(item.get("name")), "value": int(item.get("value", item.get("count", 0)))})
+        else:
+            name, value = item
+            out.append({"name": str(name), "value": int(value)})
+    out.sort(key=lambda d: (-d["value"], d["name"]))
+    return out[:limit]
+
+
+def tsdb_status(storage: Any, limit: int) -> dict[str, Any]:
+    """Prometheus's TSDBStatus. Uses ``storage.stats()`` where it has the figures and computes
+    the cardinality lists from the series index otherwise."""
+    st: Any = {}
+    fn = getattr(storage, "stats", None)
+    if callable(fn):
+        try:
+            st = fn() or {}
+        except TypeError:
+            st = fn(limit) or {}
+    st = _as_dict(st)
+    head = _as_dict(_get(st, "head", "head_stats", "headStats", default={})) or {}
+
+    lists = {
+        "seriesCountByMetricName": _stat_list(_get(st, "series_count_by_metric_name", "seriesCountByMetricName"), limit),
+        "labelValueCountByLabelName": _stat_list(_get(st, "label_value_count_by_label_name", "labelValueCountByLabelName"), limit),
+        "memoryInBytesByLabelName": _stat_list(_get(st, "memory_in_bytes_by_label_name", "memoryInBytesByLabelName"), limit),
+        "seriesCountByLabelValuePair": _stat_list(_get(st, "series_count_by_label_value_pair", "seriesCountByLabelValuePair"), limit),
+    }
+    num_series = _get(head, "num_series", "numSeries", default=_get(st, "num_series", "numSeries"))
+    num_pairs = _get(head, "num_label_pairs", "numLabelPairs", default=_get(st, "num_label_pairs", "numLabelPairs"))
+    if any(v is None for v in lists.values()) or num_series is None or num_pairs is None:
+        all_series = storage.series([[Matcher("__name__", "=~", ".+")]], MIN_TIME_MS, MAX_TIME_MS)
+        by_metric: Counter[str] = Counter()
+        values_by_name: dict[str, set[str]] = {}
+        pairs: Counter[str] = Counter()
+        for lbls in all_series:
+            for n, v in lbls:
+                if n == "__name__":
+                    by_metric[v] += 1
+                values_by_name.setdefault(n, set()).add(v)
+                pairs[f"{n}={v}"] += 1
+        computed = {
+            "seriesCountByMetricName": _top(by_metric, limit),
+            "labelValueCountByLabelName": _top({n: len(vs) for n, vs in values_by_name.items()}, limit),
+            "memoryInBytesByLabelName": _top({n: sum(len(v.encode()) for v in vs) for n, vs in values_by_name.items()}, limit),
+            "seriesCountByLabelValuePair": _top(pairs, limit),
+        }
+        for k, v in lists.items():
+            if v is None:
+                lists[k] = computed[k]
+        if num_series is None:
+            num_series = len(all_series)
+        if num_pairs is None:
+            num_pairs = len(pairs)
+    head_stats = {
+        "numSeries": int(num_series),
+        "numLabelPairs": int(num_pairs),
+        "chunkCount": int(_get(head, "chunk_count", "chunkCount", default=_get(st, "chunk_count", "chunkCount", default=0)) or 0),
+        "minTime": int(_get(head, "min_time", "minTime", default=_get(st, "min_time", "minTime", default=0)) or 0),
+        "maxTime": int(_get(head, "max_time", "maxTime", default=_get(st, "max_time", "maxTime", default=0)) or 0),
+    }
+    return {"headStats": head_stats, **lists}
+
+
+def _flags(ctx: ServerContext) -> dict[str, str]:
+    c = ctx.config
+    flags = {
+        "config.file": c.config_file or "",
+        "query.lookback-delta": _duration_text(c.lookback_delta_ms),
+        "query.max-samples": str(c.query_max_samples),
+        "query.timeout": _duration_text(int(c.query_timeout_s * 1000)),
+        "storage.tsdb.path": c.data_dir,
+        "storage.tsdb.retention.time": _duration_text(c.storage.retention_ms),
+        "storage.tsdb.retention.size": str(c.storage.retention_bytes),
+        "storage.tsdb.out-of-order-window": _duration_text(c.storage.out_of_order_window_ms),
+        "storage.tsdb.wal-fsync": c.storage.wal_fsync,
+        "web.enable-admin-api": "true" if admin_enabled(ctx) else "false",
+        "web.listen-address": c.listen,
+        "web.max-request-body-bytes": str(c.max_body_bytes),
+    }
+    return dict(sorted(flags.items()))
+
+
+def _target_entry(t: Any) -> dict[str, Any]:
+    d = _as_dict(t)
+    if not isinstance(d, Mapping):
+        d = {k: getattr(t, k) for k in dir(t) if not k.startswith("_") and not callable(getattr(t, k))}
+    last = d.get("lastScrape", d.get("last_scrape"))
+    if isinstance(last, (int, float)):
+        last = go_time(last)
+    labels = d.get("labels", {})
+    if isinstance(labels, tuple):
+        labels = dict(labels)
+    disc = d.get("discoveredLabels", d.get("discovered_labels", labels))
+    if isinstance(disc, tuple):
+        disc = dict(disc)
+    return {
+        "discoveredLabels": disc,
+        "labels": labels,
+        "scrapePool": d.get("scrapePool", d.get("scrape_pool", d.get("job", ""))),
+        "scrapeUrl": d.get("scrapeUrl", d.get("scrape_url", d.get("url", ""))),
+        "globalUrl": d.get("globalUrl", d.get("global_url", d.get("scrapeUrl", d.get("scrape_url", d.get("url", ""))))),
+        "lastError": d.get("lastError", d.get("last_error", "")) or "",
+        "lastScrape": last or "0001-01-01T00:00:00Z",
+        "lastScrapeDuration": float(d.get("lastScrapeDuration", d.get("last_scrape_duration", 0.0)) or 0.0),
+        "health": d.get("health", "unknown"),
+        "scrapeInterval": d.get("scrapeInterval", d.get("scrape_interval", "")),
+        "scrapeTimeout": d.get("scrapeTimeout", d.get("scrape_timeout", "")),
+    }
+
+
+def setup(app: web.Application, ctx: ServerContext) -> None:
+    @api_handler
+    async def buildinfo(request: web.Request, params: Params) -> web.Response:
+        return ok({
+            "version": PROMETHEUS_COMPAT_VERSION,
+            "revision": f"turboprom-{turboprom.__version__}",
+            "branch": "turboprom",
+            "buildUser": "turboprom",
+            "buildDate": "",
+            "goVersion": f"python{platform.python_version()}",
+        })
+
+    @api_handler
+    async def runtimeinfo(request: web.Request, params: Params) -> web.Response:
+        return ok({
+            "startTime": go_time(ctx.started_at),
+            "CWD": os.getcwd(),
+            "reloadConfigSuccess": True,
+            "lastConfigTime": go_time(ctx.started_at),
+            "corruptionCount": 0,
+            "goroutineCount": threading.active_count(),
+            "GOMAXPROCS": os.cpu_count() or 1,
+            "GOMEMLIMIT": sys.maxsize,
+            "GOGC": "",
+            "GODEBUG": "",
+            "storageRetention": _duration_text(ctx.config.storage.retention_ms),
+        })
+
+    @api_handler
+    async def flags(request: web.Request, params: Params) -> web.Response:
+        return ok(_flags(ctx))
+
+    @api_handler
+    async def config(request: web.Request, params: Params) -> web.Response:
+        raw = ctx.config.raw or {"global": {"scrape_interval": "1m", "scrape_timeout": "10s", "evaluation_interval": "1m"}}
+        return ok({"yaml": yaml.safe_dump(raw, sort_keys=False)})
+
+    @api_handler
+    async def tsdb(request: web.Request, params: Params) -> web.Response:
+        limit = params.limit("limit") or 10
+        return ok(await run_off_loop(ctx, tsdb_status, ctx.storage, limit))
+
+    @api_handler
+    async def walreplay(request: web.Request, params: Params) -> web.Response:
+        return ok({"min": 0, "max": 0, "current": 0})
+
+    @api_handler
+    async def rules(request: web.Request, params: Params) -> web.Response:
+        typ = params.get("type").lower()
+        if typ not in ("", "alert", "record"):
+            raise invalid_param("type", f'not supported value "{typ}"')
+        mgr = ctx.components.get("rules")
+        groups: list[dict[str, Any]] = []
+        if mgr is not None and hasattr(mgr, "api_groups"):
+            groups = [dict(g) for g in await run_off_loop(ctx, mgr.api_groups)]
+        want = {"alert": "alerting", "record": "recording"}.get(typ)
+        if want:
+            for g in groups:
+                g["rules"] = [r for r in g.get("rules", []) if r.get("type") == want]
+        return ok({"groups": groups})
+
+    @api_handler
+    async def alerts(request: web.Request, params: Params) -> web.Response:
+        mgr = ctx.components.get("rules")
+        items: list[Any] = []
+        if mgr is not None and hasattr(mgr, "api_alerts"):
+            items = list(await run_off_loop(ctx, mgr.api_alerts))
+        return ok({"alerts": items})
+
+    @api_handler
+    async def targets(request: web.Request, params: Params) -> web.Response:
+        state = params.get("state").lower()
+        pool = params.get("scrapePool")
+        scraper = ctx.components.get("scraper")
+        active: list[dict[str, Any]] = []
+        if scraper is not None and hasattr(scraper, "targets_snapshot"):
+            snap = await run_off_loop(ctx, scraper.targets_snapshot)
+            if isinstance(snap, Mapping) and "activeTargets" in snap:
+                snap = snap["activeTargets"]
+            active = [_target_entry(t) for t in snap]
+        if pool:
+            active = [t for t in active if t["scrapePool"] == pool]
+        show_active = state in ("", "any", "active")
+        show_dropped = state in ("", "any", "dropped")
+        return ok({
+            "activeTargets": active if show_active else [],
+            "droppedTargets": [] if show_dropped else [],
+        })
+
+    @api_handler
+    async def alertmanagers(request: web.Request, params: Params) -> web.Response:
+        return ok({"activeAlertmanagers": [], "droppedAlertmanagers": []})
+
+    @api_handler
+    async def delete_series(request: web.Request, params: Params) -> web.StreamResponse:
+        if not admin_enabled(ctx):
+            return error_response("unavailable", "admin APIs disabled", 500)
+        matches = params.getall("match[]")
+        if not matches:
+            raise APIError("bad_data", "no match[] parameter provided")
+        start = params.time("start", MIN_TIME_MS)
+        end = params.time("end", MAX_TIME_MS)
+        sets = []
+        for m in matches:
+            try:
+                sets.extend(parse_metric_selector(m))
+            except ValueError as e:
+                raise invalid_param("match[]", str(e)) from None
+        await run_off_loop(ctx, ctx.storage.delete_series, sets, start, end)
+        return web.Response(status=204)
+
+    @api_handler
+    async def clean_tombstones(request: web.Request, params: Params) -> web.StreamResponse:
+        if not admin_enabled(ctx):
+            return error_response("unavailable", "admin APIs disabled", 500)
+        fn = getattr(ctx.storage, "clean_tombstones", None)
+        if callable(fn):
+            await run_off_loop(ctx, fn)
+        return web.Response(status=204)
+
+    app.router.add_get("/api/v1/status/buildinfo", buildinfo)
+    app.router.add_get("/api/v1/status/runtimeinfo", runtimeinfo)
+    app.router.add_get("/api/v1/status/flags", flags)
+    app.router.add_get("/api/v1/status/config", config)
+    app.router.add_get("/api/v1/status/tsdb", tsdb)
+    app.router.add_get("/api/v1/status/walreplay", walreplay)
+    app.router.add_get("/api/v1/rules", rules)
+    app.router.add_get("/api/v1/alerts", alerts)
+    app.router.add_get("/api/v1/targets", targets)
+    app.router.add_get("/api/v1/alertmanagers", alertmanagers)
+    for method in ("POST", "PUT"):
+        app.router.add_route(method, "/api/v1/admin/tsdb/delete_series", delete_series)
+        app.router.add_route(method, "/api/v1/admin/tsdb/clean_tombstones", clean_tombstones)

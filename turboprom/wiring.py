@@ -19,6 +19,12 @@ def build_context(config: ServerConfig) -> ServerContext:
     storage = TSDB(config.data_dir, config.storage)
     ctx = ServerContext(config=config, storage=storage)
     # --- stage wiring: add components below this line ---
+    # --- G: congestion tracker (ingest sink; writes turboprom_congestion_* back through ingest) ---
+    from scheduler_metrics.congestion import CongestionConfig, CongestionTracker
+
+    congestion = CongestionTracker(CongestionConfig.from_mapping(config.raw.get("congestion")))
+    congestion.attach(ctx.components.get("ingest"), storage)
+    ctx.components["congestion"] = congestion
     return ctx
 
 

@@ -1,0 +1,639 @@
+"""CongestionTracker: an ingest sink turning worker metrics into live backlog/congestion signals.
+
+Data path (``consume``, called from ingest worker threads with the samples storage accepted):
+
+1. Each series of the batch is resolved once to a *slot* (a row of the state arrays) through a
+   label-set cache: metric name -> schema signal (``schema.SIGNAL_BY_SAMPLE_NAME``), identity
+   labels -> instance. Irrelevant series are cached as -1. That is the only per-series Python.
+2. Everything per sample is numpy: gather slots, drop irrelevant/old samples, sort by
+   (slot, time), per-slot increments (counter resets handled), one EWMA rate update per slot,
+   newest value per slot, newest sample time per instance. O(1) work per relevant sample.
+3. A refresher thread rebuilds a ready-to-serve snapshot (instances, cluster aggregates and the
+   pre-encoded JSON body) shortly after new data (``rebuild_min_interval_s``) and at least every
+   ``rebuild_period_s`` (ages, staleness); polls only read that snapshot, never storage.
+
+Per instance (key: ``cluster``, ``model_name``/``model``, ``instance`` labels) it keeps: queue
+length, running, backlog tokens (reported, else queue x tokens/request) and seconds, KV usage,
+throughput and service rate, arrival rate (throughput + backlog growth), utilization, queueing
+delay and congestion price from the surrogate in ``queueing.py``, freshness. Instances whose
+newest sample is older than ``stale_after_s`` (or whose series all ended with stale markers) are
+marked stale and left out of cluster aggregates; after ``drop_after_s`` they are forgotten.
+
+Service rate ``mu`` (tokens/s), in order of preference: the worker's offline-calibrated capacity
+gauge; an EWMA of measured prefill throughput taken only while the instance was busy (backlog or
+queue non-empty, so throughput equals service rate); twice the peak throughput seen (a stated
+guess: the instance has never been seen busy). ``service_rate_source`` says which.
+
+The same signals are written back as ``turboprom_congestion_*`` series every ``resolution_s``
+through a ``write`` callable (the ingest pipeline's ``submit_sync`` or ``storage.append``).
+"""
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+import numpy as np
+import orjson
+
+from scheduler_metrics.congestion.config import CongestionConfig
+from scheduler_metrics.congestion.queueing import (SurrogateParams, congestion_price, ewma_alpha, kingman_wait,
+                                                   utilization)
+from scheduler_metrics.schema import (CONGESTION_FAMILIES, COUNTER_SIGNALS, MODEL_LABELS, SIGNAL_BY_SAMPLE_NAME,
+                                      SIGNAL_COMBINE, Signal)
+from storage.batch import SampleBatch
+from storage.labels import METRIC_NAME, Labels
+from storage.stale import STALE_NAN, is_stale
+
+log = logging.getLogger("turboprom.congestion")
+
+SIGNALS: tuple[Signal, ...] = tuple(Signal)
+SIG_INDEX: dict[Signal, int] = {s: i for i, s in enumerate(SIGNALS)}
+NSIG = len(SIGNALS)
+_IS_COUNTER = np.array([s in COUNTER_SIGNALS for s in SIGNALS])
+_IS_MEAN = np.array([SIGNAL_COMBINE.get(s) == "mean" for s in SIGNALS])
+_MISS = -2  # cache sentinel: not resolved yet
+
+InstanceKey = tuple[str, str, str]  # (cluster, model, instance)
+
+
+def _instance_key(labels: Labels) -> InstanceKey:
+    d = dict(labels)
+    model = ""
+    for name in MODEL_LABELS:
+        if d.get(name):
+            model = d[name]
+            break
+    return (d.get("cluster", ""), model, d.get("instance", ""))
+
+
+@dataclass
+class CongestionSnapshot:
+    version: int
+    generated_at: float  # unix seconds
+    instances: list[dict[str, Any]]
+    clusters: list[dict[str, Any]]
+    model: dict[str, Any]
+    body: bytes = b""  # the unfiltered success JSON, pre-encoded
+
+    def filtered(self, clusters: Iterable[str] = (), models: Iterable[str] = (), instances: Iterable[str] = (),
+                 include_stale: bool = True) -> dict[str, Any]:
+        cs, ms, ins = set(clusters), set(models), set(instances)
+
+        def keep(d: dict[str, Any], use_instance: bool) -> bool:
+            return ((not cs or d["cluster"] in cs) and (not ms or d["model"] in ms)
+                    and (not use_instance or not ins or d["instance"] in ins))
+
+        return {
+            "generated_at": self.generated_at,
+            "version": self.version,
+            "model": self.model,
+            "instances": [d for d in self.instances if keep(d, True) and (include_stale or not d["stale"])],
+            "clusters": [d for d in self.clusters if keep(d, False)],
+        }
+
+
+def _num(x: float) -> float | None:
+    """JSON-safe float: NaN/inf become null."""
+    return None if not math.isfinite(x) else float(x)
+
+
+class CongestionTracker:
+    def __init__(self, config: CongestionConfig | None = None, *, write: Callable[[SampleBatch], Any] | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.config = config or CongestionConfig()
+        self.params = SurrogateParams(self.config.ca2, self.config.cs2, self.config.rho_max)
+        self.write = write
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._cache: dict[Labels, int] = {}
+        # slot state
+        cap = 64
+        self._slot_sig = np.full(cap, -1, np.int16)
+        self._slot_inst = np.full(cap, -1, np.int32)
+        self._slot_scale = np.ones(cap, np.float64)
+        self._last_ts = np.full(cap, -1, np.int64)
+        self._last_val = np.full(cap, np.nan, np.float64)
+        self._rate = np.zeros(cap, np.float64)
+        self._rate_ok = np.zeros(cap, bool)
+        self._valid = np.zeros(cap, bool)
+        self._slot_labels: list[Labels | None] = [None] * cap
+        self._free_slots: list[int] = []
+        self._nslots = 0
+        # instance state
+        icap = 16
+        self._inst_ids: dict[InstanceKey, int] = {}
+        self._inst_keys: list[InstanceKey | None] = [None] * icap
+        self._inst_stack: list[str] = [""] * icap
+        self._inst_newest = np.full(icap, -1, np.int64)
+        self._inst_slots: list[set[int]] = [set() for _ in range(icap)]
+        self._mu_busy = np.full(icap, np.nan, np.float64)
+        self._peak_tps = np.zeros(icap, np.float64)
+        self._free_insts: list[int] = []
+        self._ninst = 0
+        # snapshot
+        self._dirty = threading.Event()
+        self._version = 0
+        self._last_build = 0.0
+        self._snapshot = CongestionSnapshot(0, self.clock(), [], [], self._model_info())
+        self._snapshot.body = self._encode(self._snapshot)
+        self._subscribers: list[Callable[[CongestionSnapshot], None]] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._last_write = 0.0
+        self._written_keys: set[tuple[str, InstanceKey]] = set()
+        self.samples_consumed = 0
+        self.samples_relevant = 0
+
+    # ------------------------------------------------------------------ ingest side
+    def consume(self, batch: SampleBatch) -> None:
+        n = len(batch)
+        if n == 0:
+            return
+        now = self.clock()
+        with self._lock:
+            cache = self._cache
+            smap = np.fromiter((cache.get(lbl, _MISS) for lbl in batch.series), np.int64, len(batch.series))
+            misses = np.flatnonzero(smap == _MISS)
+            for i in misses:
+                smap[i] = self._resolve(batch.series[i])
+            self.samples_consumed += n
+            if not (smap >= 0).any():
+                return
+            sl = smap[batch.series_index]
+            m = sl >= 0
+            sl = sl[m]
+            ts = batch.timestamps[m]
+            vs = batch.values[m]
+            self.samples_relevant += len(sl)
+            self._update_slots(sl, ts, vs, now)
+        self._dirty.set()
+
+    def _resolve(self, labels: Labels) -> int:
+        """Slot for a series seen for the first time (-1: not a congestion signal). Lock held."""
+        if len(self._cache) >= self.config.max_cache_entries:
+            # Bound memory: forget irrelevant entries; relevant ones stay (they own slots).
+            self._cache = {k: v for k, v in self._cache.items() if v >= 0}
+        name = ""
+        for k, v in labels:
+            if k == METRIC_NAME:
+                name = v
+                break
+        src = SIGNAL_BY_SAMPLE_NAME.get(name)
+        if src is None:
+            self._cache[labels] = -1
+            return -1
+        key = _instance_key(labels)
+        inst = self._inst_ids.get(key)
+        if inst is None:
+            inst = self._new_instance(key)
+        if src.stack != "turboprom" and not self._inst_stack[inst]:
+            self._inst_stack[inst] = src.stack
+        slot = self._new_slot()
+        self._slot_sig[slot] = SIG_INDEX[src.signal]
+        self._slot_inst[slot] = inst
+        self._slot_scale[slot] = src.scale
+        self._slot_labels[slot] = labels
+        self._inst_slots[inst].add(slot)
+        self._cache[labels] = slot
+        return slot
+
+    def _new_slot(self) -> int:
+        if self._free_slots:
+            s = self._free_slots.pop()
+        else:
+            s = self._nslots
+            self._nslots += 1
+            if s >= len(self._slot_sig):
+                grow = len(self._slot_sig)
+                self._slot_sig = np.concatenate([self._slot_sig, np.full(grow, -1, np.int16)])
+                self._slot_inst = np.concatenate([self._slot_inst, np.full(grow, -1, np.int32)])
+                self._slot_scale = np.concatenate([self._slot_scale, np.ones(grow)])
+                self._last_ts = np.concatenate([self._last_ts, np.full(grow, -1, np.int64)])
+                self._last_val = np.concatenate([self._last_val, np.full(grow, np.nan)])
+                self._rate = np.concatenate([self._rate, np.zeros(grow)])
+                self._rate_ok = np.concatenate([self._rate_ok, np.zeros(grow, bool)])
+                self._valid = np.concatenate([self._valid, np.zeros(grow, bool)])
+                self._slot_labels.extend([None] * grow)
+        self._last_ts[s] = -1
+        self._last_val[s] = np.nan
+        self._rate[s] = 0.0
+        self._rate_ok[s] = False
+        self._valid[s] = False
+        return s
+
+    def _new_instance(self, key: InstanceKey) -> int:
+        if self._free_insts:
+            i = self._free_insts.pop()
+        else:
+            i = self._ninst
+            self._ninst += 1
+            if i >= len(self._inst_newest):
+                grow = len(self._inst_newest)
+                self._inst_keys.extend([None] * grow)
+                self._inst_stack.extend([""] * grow)
+                self._inst_newest = np.concatenate([self._inst_newest, np.full(grow, -1, np.int64)])
+                self._inst_slots.extend(set() for _ in range(grow))
+                self._mu_busy = np.concatenate([self._mu_busy, np.full(grow, np.nan)])
+                self._peak_tps = np.concatenate([self._peak_tps, np.zeros(grow)])
+        self._inst_ids[key] = i
+        self._inst_keys[i] = key
+        self._inst_stack[i] = ""
+        self._inst_newest[i] = -1
+        self._inst_slots[i] = set()
+        self._mu_busy[i] = np.nan
+        self._peak_tps[i] = 0.0
+        return i
+
+    def _update_slots(self, sl: np.ndarray, ts: np.ndarray, vs: np.ndarray, now: float) -> None:
+        """Columnar state update for relevant samples (lock held)."""
+        stale = is_stale(vs)
+        # Order by (slot, time); keep only samples newer than what the slot already has.
+        order = np.lexsort((ts, sl))
+        sl, ts, vs, stale = sl[order], ts[order], vs[order], stale[order]
+        newer = ts > self._last_ts[sl]
+        if not newer.all():
+            sl, ts, vs, stale = sl[newer], ts[newer], vs[newer], stale[newer]
+        if len(sl) == 0:
+            return
+        last_of_group = np.r_[sl[1:] != sl[:-1], True]
+        # Stale marker as a slot's newest sample: the series ended (e.g. target down).
+        lsl = sl[last_of_group]
+        lts = ts[last_of_group]
+        ended = stale[last_of_group]
+        self._valid[lsl] = ~ended
+        # Rates from finite samples only.
+        ok = np.isfinite(vs)
+        if not ok.all():
+            sl, ts, vs = sl[ok], ts[ok], vs[ok]
+        if len(sl):
+            starts = np.flatnonzero(np.r_[True, sl[1:] != sl[:-1]])
+            gsl = sl[starts]
+            prev_v = np.r_[np.nan, vs[:-1]]
+            prev_t = np.r_[-1, ts[:-1]]
+            prev_v[starts] = self._last_val[gsl]
+            prev_t[starts] = self._last_ts[gsl]
+            has_prev = np.isfinite(prev_v) & (prev_t >= 0)
+            inc = vs - prev_v
+            counter = _IS_COUNTER[self._slot_sig[sl]]
+            reset = counter & (vs < prev_v)
+            inc = np.where(reset, vs, inc)
+            inc = np.where(has_prev, inc, 0.0)
+            inc_sum = np.add.reduceat(inc, starts)
+            ends = np.r_[starts[1:], len(sl)] - 1
+            span_start = np.where(has_prev[starts], prev_t[starts], ts[starts])
+            dt_ms = ts[ends] - span_start
+            got = dt_ms > 0
+            if got.any():
+                g = gsl[got]
+                inst_rate = inc_sum[got] / (dt_ms[got] / 1000.0)
+                alpha = ewma_alpha(dt_ms[got] / 1000.0, self.config.rate_window_s)
+                old = self._rate[g]
+                self._rate[g] = np.where(self._rate_ok[g], old + alpha * (inst_rate - old), inst_rate)
+                self._rate_ok[g] = True
+            self._last_val[gsl] = vs[ends]
+        self._last_ts[lsl] = lts
+        np.maximum.at(self._inst_newest, self._slot_inst[lsl], lts)
+
+    # ------------------------------------------------------------------ snapshot side
+    def _model_info(self) -> dict[str, Any]:
+        p = self.params
+        return {"surrogate": p.name, "ca2": p.ca2, "cs2": p.cs2, "rho_max": p.rho_max,
+                "price_unit": "seconds of delay imposed on later requests per added prefill token",
+                "stale_after_seconds": self.config.stale_after_s, "drop_after_seconds": self.config.drop_after_s,
+                "resolution_seconds": self.config.resolution_s}
+
+    @staticmethod
+    def _encode(s: CongestionSnapshot) -> bytes:
+        return orjson.dumps({"status": "success", "data": s.filtered()})
+
+    def snapshot(self) -> CongestionSnapshot:
+        """The latest ready-to-serve snapshot (rebuilt here only when no refresher thread runs)."""
+        if self._thread is None and self._dirty.is_set():
+            self.refresh()
+        return self._snapshot
+
+    def subscribe(self, fn: Callable[[CongestionSnapshot], None]) -> Callable[[], None]:
+        """Call ``fn(snapshot)`` after every rebuild (from the refresher thread). Returns an unsubscribe."""
+        self._subscribers.append(fn)
+
+        def unsubscribe() -> None:
+            try:
+                self._subscribers.remove(fn)
+            except ValueError:
+                pass
+
+        return unsubscribe
+
+    def refresh(self, now: float | None = None) -> CongestionSnapshot:
+        """Rebuild the snapshot now (also drops long-silent instances)."""
+        now = self.clock() if now is None else now
+        self._dirty.clear()
+        with self._lock:
+            self._drop_silent(now)
+            n = self._ninst
+            used = self._slot_sig[: self._nslots] >= 0
+            sig = self._slot_sig[: self._nslots][used].astype(np.int64)
+            inst = self._slot_inst[: self._nslots][used].astype(np.int64)
+            scale = self._slot_scale[: self._nslots][used]
+            val = self._last_val[: self._nslots][used]
+            rate = self._rate[: self._nslots][used]
+            rate_ok = self._rate_ok[: self._nslots][used]
+            valid = self._valid[: self._nslots][used] & np.isfinite(val)
+            newest = self._inst_newest[:n].copy()
+            keys = list(self._inst_keys[:n])
+            stacks = list(self._inst_stack[:n])
+            mu_busy = self._mu_busy[:n]
+            peak = self._peak_tps[:n]
+            last_build = self._last_build
+            self._last_build = now
+            snap = self._build(now, n, sig, inst, scale, val, rate, rate_ok, valid, newest, keys, stacks,
+                               mu_busy, peak, now - last_build if last_build else 0.0)
+        self._snapshot = snap
+        for fn in list(self._subscribers):
+            try:
+                fn(snap)
+            except Exception:  # noqa: BLE001 - a subscriber must not stop the refresher
+                log.exception("congestion subscriber failed")
+        return snap
+
+    def _drop_silent(self, now: float) -> None:
+        limit_ms = (now - self.config.drop_after_s) * 1000.0
+        for i in range(self._ninst):
+            key = self._inst_keys[i]
+            if key is None or self._inst_newest[i] < 0 or self._inst_newest[i] >= limit_ms:
+                continue
+            for s in self._inst_slots[i]:
+                lbl = self._slot_labels[s]
+                if lbl is not None:
+                    self._cache.pop(lbl, None)
+                self._slot_labels[s] = None
+                self._slot_sig[s] = -1
+                self._slot_inst[s] = -1
+                self._valid[s] = False
+                self._free_slots.append(s)
+            self._inst_slots[i] = set()
+            del self._inst_ids[key]
+            self._inst_keys[i] = None
+            self._inst_newest[i] = -1
+            self._free_insts.append(i)
+            log.info("congestion: dropped instance %s (silent for > %.0fs)", key, self.config.drop_after_s)
+
+    def _build(self, now: float, n: int, sig: np.ndarray, inst: np.ndarray, scale: np.ndarray, val: np.ndarray,
+               rate: np.ndarray, rate_ok: np.ndarray, valid: np.ndarray, newest: np.ndarray,
+               keys: list[InstanceKey | None], stacks: list[str], mu_busy: np.ndarray, peak: np.ndarray,
+               dt_build: float) -> CongestionSnapshot:
+        cfg, p = self.config, self.params
+        flat = inst * NSIG + sig
+        size = max(n, 1) * NSIG
+        lvl_sum = np.bincount(flat[valid], weights=(val * scale)[valid], minlength=size)[:size].reshape(-1, NSIG)
+        lvl_cnt = np.bincount(flat[valid], minlength=size)[:size].reshape(-1, NSIG)
+        rv = rate_ok & valid
+        rate_sum = np.bincount(flat[rv], weights=(rate * scale)[rv], minlength=size)[:size].reshape(-1, NSIG)
+        rate_cnt = np.bincount(flat[rv], minlength=size)[:size].reshape(-1, NSIG)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            level = np.where(_IS_MEAN, lvl_sum / np.maximum(lvl_cnt, 1), lvl_sum)
+        level = np.where(lvl_cnt > 0, level, np.nan)[:n]
+        drate = np.where(rate_cnt > 0, rate_sum, np.nan)[:n]
+        lvl_cnt = lvl_cnt[:n]
+
+        def L(s: Signal) -> np.ndarray:
+            return level[:, SIG_INDEX[s]]
+
+        def R(s: Signal) -> np.ndarray:
+            return drate[:, SIG_INDEX[s]]
+
+        queue, running, kv = L(Signal.QUEUE_LENGTH), L(Signal.RUNNING), L(Signal.KV_USAGE)
+        # Throughput of computed prefill tokens (departures), best source first.
+        thr = R(Signal.PREFILL_COMPUTED)
+        derived = np.maximum(R(Signal.PROMPT_TOKENS) - np.nan_to_num(R(Signal.PREFIX_HITS)), 0.0)
+        thr = np.where(np.isnan(thr), derived, thr)
+        thr = np.where(np.isnan(thr), L(Signal.PREFILL_TPS_GAUGE), thr)
+        thr = np.maximum(thr, 0.0)
+        req_done = R(Signal.REQUESTS_DONE)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            tpr = np.where((req_done > 0) & (thr > 0), thr / req_done, np.nan)
+        tpr = np.where(np.isfinite(tpr), tpr, cfg.default_tokens_per_request)
+        # Backlog: reported, else queued requests x tokens per request.
+        backlog_rep = L(Signal.BACKLOG_TOKENS)
+        has_backlog = ~np.isnan(backlog_rep)
+        backlog = np.where(has_backlog, backlog_rep, queue * tpr)
+        growth = np.where(has_backlog, R(Signal.BACKLOG_TOKENS), R(Signal.QUEUE_LENGTH) * tpr)
+        lam = np.maximum(np.nan_to_num(thr) + np.nan_to_num(growth), 0.0)
+        lam = np.where(np.isnan(thr) & np.isnan(growth), np.nan, lam)
+        # Service rate mu.
+        cap = L(Signal.CAPACITY_TPS)
+        busy = (np.nan_to_num(backlog) > 0) | (np.nan_to_num(queue) > 0)
+        thr0 = np.nan_to_num(thr)
+        a = ewma_alpha(dt_build, cfg.rate_window_s)
+        upd = busy & (thr0 > 0)
+        mu_busy[upd] = np.where(np.isnan(mu_busy[upd]), thr0[upd], mu_busy[upd] + a * (thr0[upd] - mu_busy[upd]))
+        np.maximum(peak, thr0, out=peak)
+        mu = np.where(cap > 0, cap, np.nan)
+        src = np.where(cap > 0, 1, 0)
+        mb = np.maximum(mu_busy, thr0)
+        use_busy = np.isnan(mu) & (mb > 0)
+        mu = np.where(use_busy, mb, mu)
+        src = np.where(use_busy, 2, src)
+        use_peak = np.isnan(mu) & (peak > 0)
+        mu = np.where(use_peak, 2.0 * peak, mu)
+        src = np.where(use_peak, 3, src)
+        rho = utilization(lam, mu)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            backlog_s = np.where(mu > 0, backlog / mu, np.nan)
+            mean_service = np.where(mu > 0, tpr / mu, np.nan)
+            req_rate = lam / tpr
+        wq = kingman_wait(rho, mean_service, p)
+        unfinished = np.where(np.isnan(backlog_s), wq, backlog_s)
+        price = congestion_price(req_rate, mu, rho, unfinished, mean_service, p)
+        price = np.where(np.isnan(rho), np.nan, price)
+        age = np.where(newest >= 0, now - newest / 1000.0, np.inf)
+        stale = (age > cfg.stale_after_s) | (lvl_cnt.sum(axis=1) == 0)
+
+        src_names = ("none", "capacity", "busy_throughput", "peak_bound")
+        # Plain lists: per-instance dict building reads Python floats, not numpy scalars.
+        cols = {name: arr.tolist() for name, arr in (
+            ("queue_length", queue), ("running", running), ("backlog_tokens", backlog),
+            ("backlog_seconds", backlog_s), ("kv_usage", kv), ("throughput_tokens_per_second", thr),
+            ("service_rate_tokens_per_second", mu), ("arrival_rate_tokens_per_second", lam),
+            ("request_rate_per_second", req_rate), ("tokens_per_request", tpr), ("utilization", rho),
+            ("queueing_delay_seconds", wq), ("congestion_price_seconds_per_token", price), ("age_seconds", age))}
+        has_b, src_l, stale_l, newest_l = has_backlog.tolist(), src.tolist(), stale.tolist(), newest.tolist()
+        instances: list[dict[str, Any]] = []
+        for i in range(n):
+            key = keys[i]
+            if key is None:
+                continue
+            c, mdl, ins = key
+            d: dict[str, Any] = {"cluster": c, "model": mdl, "instance": ins, "stack": stacks[i] or "turboprom"}
+            for name, col in cols.items():
+                d[name] = _num(col[i])
+            d["backlog_reported"] = bool(has_b[i])
+            d["service_rate_source"] = src_names[int(src_l[i])]
+            d["saturated"] = bool(d["utilization"] is not None and d["utilization"] >= 1.0)
+            d["newest_sample_ms"] = int(newest_l[i]) if newest_l[i] >= 0 else None
+            d["stale"] = bool(stale_l[i])
+            instances.append(d)
+        instances.sort(key=lambda d: (d["cluster"], d["model"], d["instance"]))
+        clusters = self._clusters(instances)
+        self._version += 1
+        snap = CongestionSnapshot(self._version, now, instances, clusters, self._model_info())
+        snap.body = self._encode(snap)
+        return snap
+
+    def _clusters(self, instances: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for d in instances:
+            groups.setdefault((d["cluster"], d["model"]), []).append(d)
+        out = []
+        p = self.params
+        for (c, mdl), ds in sorted(groups.items()):
+            fresh = [d for d in ds if not d["stale"]]
+
+            def tot(field_: str) -> float:
+                return float(sum(d[field_] for d in fresh if d[field_] is not None))
+
+            mu, lam, backlog = tot("service_rate_tokens_per_second"), tot("arrival_rate_tokens_per_second"), tot("backlog_tokens")
+            req = tot("request_rate_per_second")
+            kvs = [d["kv_usage"] for d in fresh if d["kv_usage"] is not None]
+            prices = [d["congestion_price_seconds_per_token"] for d in fresh if d["congestion_price_seconds_per_token"] is not None]
+            rho = float(utilization(lam, mu)) if mu > 0 else math.nan
+            tpr = (lam / req) if req > 0 else self.config.default_tokens_per_request
+            # Pooled surrogate: the cluster as one server of rate sum(mu) (a lower bound on an M/G/c's delay).
+            backlog_s = backlog / mu if mu > 0 else math.nan
+            mean_s = tpr / mu if mu > 0 else math.nan
+            price = float(congestion_price(req, mu, rho, backlog_s, mean_s, p)) if mu > 0 else math.nan
+            out.append({
+                "cluster": c, "model": mdl, "instances": len(fresh), "stale_instances": len(ds) - len(fresh),
+                "queue_length": tot("queue_length"), "running": tot("running"), "backlog_tokens": backlog,
+                "backlog_seconds": _num(backlog_s), "kv_usage_mean": _num(sum(kvs) / len(kvs)) if kvs else None,
+                "service_rate_tokens_per_second": mu, "arrival_rate_tokens_per_second": lam,
+                "spare_capacity_tokens_per_second": _num(mu - lam) if mu > 0 else None,
+                "utilization": _num(rho), "congestion_price_seconds_per_token": _num(price),
+                "min_instance_price": min(prices) if prices else None, "max_instance_price": max(prices) if prices else None,
+            })
+        return out
+
+    # ------------------------------------------------------------------ write-back
+    _INSTANCE_FIELDS = {
+        "turboprom_congestion_queue_length": "queue_length",
+        "turboprom_congestion_running": "running",
+        "turboprom_congestion_backlog_tokens": "backlog_tokens",
+        "turboprom_congestion_backlog_seconds": "backlog_seconds",
+        "turboprom_congestion_kv_usage_ratio": "kv_usage",
+        "turboprom_congestion_service_rate_tokens_per_second": "service_rate_tokens_per_second",
+        "turboprom_congestion_arrival_rate_tokens_per_second": "arrival_rate_tokens_per_second",
+        "turboprom_congestion_utilization_ratio": "utilization",
+        "turboprom_congestion_queueing_delay_seconds": "queueing_delay_seconds",
+        "turboprom_congestion_price_seconds_per_token": "congestion_price_seconds_per_token",
+        "turboprom_congestion_age_seconds": "age_seconds",
+        "turboprom_congestion_stale": "stale",
+    }
+    _CLUSTER_FIELDS = {
+        "turboprom_congestion_cluster_instances": "instances",
+        "turboprom_congestion_cluster_queue_length": "queue_length",
+        "turboprom_congestion_cluster_backlog_tokens": "backlog_tokens",
+        "turboprom_congestion_cluster_utilization_ratio": "utilization",
+        "turboprom_congestion_cluster_price_seconds_per_token": "congestion_price_seconds_per_token",
+    }
+
+    def signal_batch(self, snap: CongestionSnapshot, ts_ms: int) -> SampleBatch:
+        """The snapshot as ``turboprom_congestion_*`` samples at ``ts_ms``; series that vanished get stale markers."""
+        series: list[Labels] = []
+        values: list[float] = []
+        seen: set[tuple[str, InstanceKey]] = set()
+
+        def add(name: str, ident: InstanceKey, v: Any) -> None:
+            if v is None:
+                return
+            c, mdl, ins = ident
+            lbl = [("__name__", name), ("cluster", c), ("model", mdl), ("instance", ins)]
+            series.append(tuple(sorted((k, x) for k, x in lbl if x != "")))
+            values.append(float(v))
+            seen.add((name, ident))
+
+        for d in snap.instances:
+            ident = (d["cluster"], d["model"], d["instance"])
+            for name, f in self._INSTANCE_FIELDS.items():
+                add(name, ident, d[f])
+        for d in snap.clusters:
+            ident = (d["cluster"], d["model"], "")
+            for name, f in self._CLUSTER_FIELDS.items():
+                add(name, ident, d[f])
+        for name, ident in self._written_keys - seen:
+            c, mdl, ins = ident
+            lbl = [("__name__", name), ("cluster", c), ("model", mdl), ("instance", ins)]
+            series.append(tuple(sorted((k, x) for k, x in lbl if x != "")))
+            values.append(STALE_NAN)
+        self._written_keys = seen
+        k = len(series)
+        return SampleBatch(series, np.arange(k, dtype=np.int64), np.full(k, ts_ms, np.int64),
+                           np.array(values, dtype=np.float64))
+
+    def write_back(self, now: float | None = None) -> int:
+        """Write the current snapshot as series at the resolution-aligned timestamp; returns samples written."""
+        if self.write is None:
+            return 0
+        now = self.clock() if now is None else now
+        res_ms = max(int(self.config.resolution_s * 1000), 1)
+        ts_ms = int(now * 1000) // res_ms * res_ms
+        batch = self.signal_batch(self._snapshot, ts_ms)
+        if len(batch) == 0:
+            return 0
+        try:
+            self.write(batch)
+        except Exception as e:  # noqa: BLE001 - overload or shutdown: the next tick writes again
+            log.warning("congestion write-back of %d samples failed: %s", len(batch), e)
+            return 0
+        return len(batch)
+
+    # ------------------------------------------------------------------ lifecycle
+    def attach(self, ingest: Any, storage: Any) -> None:
+        """Become a sink of the ingest pipeline (if there is one) and write signals back through it,
+        else straight to storage. Idempotent: wiring and the route setup both call it."""
+        if ingest is not None:
+            if self not in getattr(ingest, "sinks", []):
+                ingest.add_sink(self)
+            self.write = ingest.submit_sync
+        elif storage is not None and self.write is None:
+            self.write = storage.append
+
+    def _run(self) -> None:
+        cfg = self.config
+        while not self._stop.is_set():
+            self._dirty.wait(timeout=cfg.rebuild_period_s)
+            if self._stop.is_set():
+                break
+            now = self.clock()
+            wait = cfg.rebuild_min_interval_s - (now - self._last_build)
+            if wait > 0:
+                self._stop.wait(wait)
+            try:
+                self.refresh()
+            except Exception:  # noqa: BLE001 - keep serving the last snapshot
+                log.exception("congestion snapshot rebuild failed")
+            if cfg.resolution_s > 0 and self.write is not None:
+                now = self.clock()
+                if now - self._last_write >= cfg.resolution_s:
+                    self._last_write = now
+                    self.write_back(now)
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="congestion-refresher", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._dirty.set()
+        t, self._thread = self._thread, None
+        if t is not None:
+            t.join(timeout=5)
+
+
+__all__ = ["CongestionSnapshot", "CongestionTracker"]

@@ -1,0 +1,410 @@
+"""Runner for Prometheus's promqltest conformance scripts (../shared/promqltest/FORMAT.md).
+
+    python -m promql.promqltest FILE... [--storage memory|tsdb] [-v] [--write-known-failures PATH]
+
+Runs every ``eval`` in-process against our storage and ``promql.engine.Engine``, including the two
+cross-checks upstream performs for instant evals (FORMAT.md 4.4): the re-run with ``@ t`` attached
+at other evaluation times, and the re-run as a range query around t. Prints one line per failure
+(``file:line: query: diff``), per-file counts, and closes with ``N passed, N failed, N skipped``
+(stable float evals only; experimental and native-histogram evals are reported separately and
+counted as skipped). Exit status 1 when a stable eval failed.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import numpy as np
+
+from storage.batch import SampleBatch
+from storage.labels import Labels
+
+from promql.errors import PromQLError
+from promql.memory_source import MemorySource
+from promql.printer import to_promql
+from promql.promqltest_classify import EXP, NH, PLAIN, LoadedState, classify, walk
+from promql.promqltest_compare import Actual, check_annotations, check_expected_failure, compare, from_query_result
+from promql.promqltest_script import ClearCmd, EvalCmd, Hist, LoadCmd, ScriptError, parse_script
+
+import promql_parser as pp
+
+MAX_SAMPLES = 10_000  # upstream NewTestEngine(t, false, 0, 10000)
+TIMEOUT_S = 100.0
+LOOKBACK_MS = 300_000
+SUBQUERY_STEP_MS = 60_000
+
+# FORMAT.md 4.4.1: functions whose value depends on the evaluation time even with @-pinned args
+AT_MODIFIER_UNSAFE = frozenset({
+    "days_in_month", "day_of_month", "day_of_week", "day_of_year", "end", "hour", "minute", "month",
+    "year", "predict_linear", "range", "start", "step", "time", "timestamp",
+})
+_QUERY_CONTEXT_FUNCS = re.compile(r"(start|end|range|step)\(\)")
+
+
+@dataclass
+class Outcome:
+    file: str
+    line: int
+    expr: str
+    kind: str  # plain | exp | nh
+    status: str  # pass | fail | skip
+    message: str = ""
+
+    @property
+    def case_id(self) -> str:
+        return f"{self.file}:{self.line}"
+
+
+# ---------------------------------------------------------------------------------------------
+# storage backends
+
+
+class _Store:
+    """The storage the evals read: MemorySource, or the real TSDB (storage.tsdb) in a temp dir."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self.tmp: str | None = None
+        self.source: Any = None
+        self.reset()
+
+    def reset(self) -> None:
+        self.close()
+        if self.kind == "memory":
+            self.source = MemorySource()
+        elif self.kind == "tsdb":
+            from storage.options import StorageOptions
+            from storage.tsdb import TSDB
+
+            self.tmp = tempfile.mkdtemp(prefix="promqltest-")
+            opts = StorageOptions(out_of_order_window_ms=1 << 50, retention_ms=1 << 55, wal_fsync="never",
+                                  future_tolerance_ms=1 << 55)
+            try:
+                self.source = TSDB(self.tmp, opts, background=False)
+            except TypeError:
+                self.source = TSDB(self.tmp, opts)
+        else:
+            raise ValueError(f"unknown storage {self.kind!r} (memory|tsdb)")
+
+    def load(self, cmd: LoadCmd) -> None:
+        items: list[tuple[Labels, np.ndarray, np.ndarray]] = []
+        for lbl, vals in cmd.series.items():
+            idx = [i for i, v in enumerate(vals) if v is not None and not isinstance(v, Hist)]
+            if not idx:
+                continue
+            ts = np.asarray(idx, np.int64) * cmd.interval_ms
+            vs = np.asarray([vals[i] for i in idx], np.float64)
+            items.append((lbl, ts, vs))
+        if not items:
+            return
+        batch = SampleBatch.from_series(items)
+        res = self.source.append(batch)
+        rejected = getattr(res, "rejected_total", 0)
+        if rejected:
+            raise RuntimeError(f"storage rejected {rejected} samples of load at line {cmd.line}: {getattr(res, 'errors', '')}")
+
+    def close(self) -> None:
+        if self.source is not None and hasattr(self.source, "close"):
+            try:
+                self.source.close()
+            except Exception:  # noqa: BLE001 - best effort on teardown
+                pass
+        self.source = None
+        if self.tmp:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            self.tmp = None
+
+
+def default_storage() -> str:
+    """``tsdb`` when the real storage imports (the issue: the runner runs against our storage)."""
+    env = os.environ.get("PROMQLTEST_STORAGE")
+    if env:
+        return env
+    try:
+        import storage.tsdb  # noqa: F401
+    except Exception:  # noqa: BLE001
+        return "memory"
+    return "tsdb"
+
+
+EngineFactory = Callable[[Any], Any]
+
+
+def default_engine_factory(source: Any) -> Any:
+    from promql.engine import Engine
+
+    return Engine(source, lookback_delta_ms=LOOKBACK_MS, max_samples=MAX_SAMPLES, timeout_s=TIMEOUT_S,
+                  default_subquery_step_ms=SUBQUERY_STEP_MS)
+
+
+# ---------------------------------------------------------------------------------------------
+# one eval
+
+
+class _Fail(Exception):
+    pass
+
+
+def _annotations(res: Any) -> tuple[list[str], list[str]]:
+    ann = getattr(res, "annotations", None)
+    if ann is None:
+        return [], []
+    return list(ann.warnings), list(ann.infos)
+
+
+def at_modifier_cases(expr: str, eval_ms: int, ast: Any) -> list[tuple[str, int]]:
+    """FORMAT.md 4.4.1: the expression with ``@ t`` attached, and the times to evaluate it at."""
+    for n in walk(ast):
+        if isinstance(n, pp.Call) and n.func.name in AT_MODIFIER_UNSAFE:
+            return []
+    new_expr = to_promql(ast, inject_at_ms=eval_ms)
+    times = [-10 * eval_ms, 0, eval_ms // 5 if eval_ms >= 0 else -((-eval_ms) // 5), eval_ms, 10 * eval_ms]
+    if eval_ms == 0:
+        times = [-1000, 0, 1000]
+    return [(new_expr, t) for t in times]
+
+
+class EvalRunner:
+    def __init__(self, engine: Any):
+        self.engine = engine
+
+    def run(self, cmd: EvalCmd, ast: Any) -> None:
+        """Raise _Fail(message) when the eval does not hold."""
+        if cmd.is_range:
+            self._run_range(cmd)
+            return
+        queries = [(cmd.expr, cmd.eval_ms)]
+        if ast is not None:
+            try:
+                queries += at_modifier_cases(cmd.expr, cmd.eval_ms, ast)
+            except TypeError as e:
+                raise _Fail(f"printer cannot render the query for the @ re-run: {e}") from None
+        for expr, t in queries:
+            self._run_instant(cmd, expr, t, rerun=(expr, t) != (cmd.expr, cmd.eval_ms))
+
+    def _run_range(self, cmd: EvalCmd) -> None:
+        try:
+            res = self.engine.range_query(cmd.expr, cmd.start_ms, cmd.end_ms, cmd.step_ms)
+        except PromQLError as e:
+            if cmd.is_fail:
+                msg = check_expected_failure(cmd, str(e))
+                if msg:
+                    raise _Fail(msg) from None
+                return
+            raise _Fail(f"error evaluating query {cmd.expr!r}: {e}") from None
+        if cmd.is_fail:
+            raise _Fail(f"expected error evaluating query {cmd.expr!r} but got none")
+        w, i = _annotations(res)
+        msg = check_annotations(cmd, cmd.expr, w, i)
+        if msg:
+            raise _Fail(msg)
+        msg = compare(cmd, from_query_result(res))
+        if msg:
+            raise _Fail(f"range query: {msg}")
+
+    def _run_instant(self, cmd: EvalCmd, expr: str, t: int, rerun: bool) -> None:
+        where = f" [@ re-run at t={t}ms: {expr}]" if rerun else ""
+        try:
+            res = self.engine.instant_query(expr, t)
+        except PromQLError as e:
+            if cmd.is_fail:
+                msg = check_expected_failure(cmd, str(e))
+                if msg:
+                    raise _Fail(msg + where) from None
+                return
+            raise _Fail(f"error evaluating query {expr!r} at t={t}ms: {e}") from None
+        if cmd.is_fail:
+            raise _Fail(f"expected error evaluating query {expr!r} but got none{where}")
+        w, i = _annotations(res)
+        msg = check_annotations(cmd, expr, w, i)
+        if msg:
+            raise _Fail(msg + where)
+        act = from_query_result(res)
+        msg = compare(cmd, act)
+        if msg:
+            raise _Fail(msg + where)
+        if cmd.exclude_from_range_query or _QUERY_CONTEXT_FUNCS.search(expr):
+            return
+        # FORMAT.md 4.4.2: the same expression as a range query around t; the middle step must match
+        try:
+            rres = self.engine.range_query(expr, t - 60_000, t + 60_000, 60_000)
+        except PromQLError as e:
+            raise _Fail(f"error evaluating query {expr!r} in range mode (t={t}ms): {e}") from None
+        if cmd.is_ordered:
+            return
+        ract = from_query_result(rres)
+        if ract.kind != "matrix" or ract.matrix is None:
+            raise _Fail(f"range mode returned {ract.kind}, not a matrix{where}")
+        from promql.promqltest_compare import assert_matrix_sorted
+
+        err = assert_matrix_sorted(ract.matrix)
+        if err:
+            raise _Fail(f"range mode: {err}{where}")
+        vec: list[tuple[Labels, float]] = []
+        for s in ract.matrix:
+            hit = np.flatnonzero(s.ts == t)
+            if len(hit):
+                vec.append((s.labels, float(s.vals[hit[0]])))
+        if act.kind == "scalar":
+            if not vec:
+                raise _Fail(f"range mode (t={t}ms): scalar query returned no point at t{where}")
+            ract2 = Actual("scalar", scalar=vec[0][1])
+        else:
+            ract2 = Actual("vector", vector=vec)
+        msg = compare(cmd, ract2)
+        if msg:
+            raise _Fail(f"range mode (query_range {t - 60_000}..{t + 60_000} step 60000): {msg}{where}")
+
+
+# ---------------------------------------------------------------------------------------------
+# files
+
+
+@dataclass
+class FileRunner:
+    storage: str = "memory"
+    engine_factory: EngineFactory = default_engine_factory
+    run_experimental: bool = True
+    only_lines: set[int] | None = None  # run just these eval lines (loads/clears always run)
+
+    def run_text(self, name: str, text: str) -> list[Outcome]:
+        try:
+            cmds = parse_script(text)
+        except ScriptError as e:
+            return [Outcome(name, e.line, "", PLAIN, "fail", f"script error: {e}")]
+        out: list[Outcome] = []
+        store = _Store(self.storage)
+        state = LoadedState()
+        engine = None
+        engine_error: str | None = None
+        try:
+            for cmd in cmds:
+                if isinstance(cmd, ClearCmd):
+                    store.reset()
+                    state.clear()
+                    engine = None
+                elif isinstance(cmd, LoadCmd):
+                    store.load(cmd)
+                    state.add_load(cmd)
+                    engine = None
+                else:
+                    if self.only_lines is not None and cmd.line not in self.only_lines:
+                        continue
+                    cl = classify(cmd, state)
+                    if cl.kind == NH:
+                        out.append(Outcome(name, cmd.line, cmd.expr, NH, "skip", f"native histograms: {cl.reason}"))
+                        continue
+                    if cl.kind == EXP and (cl.parse_error is not None or not self.run_experimental):
+                        out.append(Outcome(name, cmd.line, cmd.expr, EXP, "skip", f"experimental: {cl.reason}"))
+                        continue
+                    if engine is None and engine_error is None:
+                        try:
+                            engine = self.engine_factory(store.source)
+                        except Exception as e:  # noqa: BLE001 - reported per eval
+                            engine_error = f"engine unavailable: {type(e).__name__}: {e}"
+                    if engine is None:
+                        out.append(Outcome(name, cmd.line, cmd.expr, cl.kind, "fail", engine_error or "no engine"))
+                        continue
+                    try:
+                        EvalRunner(engine).run(cmd, cl.ast)
+                        out.append(Outcome(name, cmd.line, cmd.expr, cl.kind, "pass"))
+                    except _Fail as f:
+                        out.append(Outcome(name, cmd.line, cmd.expr, cl.kind, "fail", str(f)))
+                    except Exception as e:  # noqa: BLE001 - an engine crash is a failure of that eval
+                        out.append(Outcome(name, cmd.line, cmd.expr, cl.kind, "fail", f"crash: {type(e).__name__}: {e}"))
+        finally:
+            store.close()
+        return out
+
+    def run_file(self, path: str | Path) -> list[Outcome]:
+        p = Path(path)
+        return self.run_text(p.name, p.read_text())
+
+
+@dataclass
+class Summary:
+    outcomes: list[Outcome] = field(default_factory=list)
+
+    def count(self, kind: str | None, status: str) -> int:
+        return sum(1 for o in self.outcomes if (kind is None or o.kind == kind) and o.status == status)
+
+    @property
+    def passed(self) -> int:
+        return self.count(PLAIN, "pass")
+
+    @property
+    def failed(self) -> int:
+        return self.count(PLAIN, "fail")
+
+    @property
+    def skipped(self) -> int:
+        return sum(1 for o in self.outcomes if o.kind != PLAIN or o.status == "skip")
+
+
+def run_files(paths: Iterable[str | Path], storage: str = "memory", engine_factory: EngineFactory = default_engine_factory,
+              out=sys.stdout, verbose: bool = False) -> Summary:
+    summary = Summary()
+    runner = FileRunner(storage=storage, engine_factory=engine_factory)
+    for path in paths:
+        t0 = time.monotonic()
+        outs = runner.run_file(path)
+        summary.outcomes.extend(outs)
+        for o in outs:
+            if o.status == "fail" and (o.kind == PLAIN or verbose):
+                tag = "" if o.kind == PLAIN else f" [{o.kind}]"
+                print(f"FAIL{tag} {o.case_id}: {o.expr}: {o.message}", file=out)
+            elif verbose and o.status == "skip":
+                print(f"SKIP {o.case_id}: {o.expr}: {o.message}", file=out)
+        fs = Summary(outs)
+        print(f"{Path(path).name}: plain {fs.count(PLAIN, 'pass')} passed, {fs.count(PLAIN, 'fail')} failed; "
+              f"experimental {fs.count(EXP, 'pass')} passed, {fs.count(EXP, 'fail')} failed, {fs.count(EXP, 'skip')} not parseable; "
+              f"native-histogram {fs.count(NH, 'skip')} skipped ({time.monotonic() - t0:.1f}s)", file=out)
+    print(f"experimental (counted as skipped below): {summary.count(EXP, 'pass')} passed, {summary.count(EXP, 'fail')} failed, "
+          f"{summary.count(EXP, 'skip')} not parseable; native-histogram skipped: {summary.count(NH, 'skip')}", file=out)
+    print(f"{summary.passed} passed, {summary.failed} failed, {summary.skipped} skipped", file=out)
+    return summary
+
+
+def default_files() -> list[Path]:
+    shared = Path(__file__).resolve().parent.parent.parent / "shared" / "promqltest"
+    return sorted(shared.glob("*.test"))
+
+
+def write_known_failures(summary: Summary, path: Path) -> None:
+    ids = sorted((o.case_id for o in summary.outcomes if o.kind == PLAIN and o.status == "fail"),
+                 key=lambda s: (s.split(":")[0], int(s.split(":")[1])))
+    header = ("# Stable float promqltest evals that currently fail (file:line). Applied as xfail(strict=True)\n"
+              "# by tests/test_promqltest.py: a case that starts passing must be removed from this list.\n"
+              "# Regenerate: python -m promql.promqltest --write-known-failures tests/promqltest_known_failures.txt\n")
+    path.write_text(header + "".join(i + "\n" for i in ids))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m promql.promqltest", description=__doc__.splitlines()[0])
+    ap.add_argument("files", nargs="*", help="promqltest files (default: every ../shared/promqltest/*.test)")
+    ap.add_argument("--storage", choices=("memory", "tsdb"), default=None,
+                    help="data source: in-memory arrays or the real TSDB (default: tsdb when it imports)")
+    ap.add_argument("-v", "--verbose", action="store_true", help="also print experimental failures and skips")
+    ap.add_argument("--write-known-failures", metavar="PATH", nargs="?",
+                    const=str(Path(__file__).resolve().parent.parent / "tests" / "promqltest_known_failures.txt"),
+                    help="write the failing stable evals (file:line) to PATH (default tests/promqltest_known_failures.txt)")
+    args = ap.parse_args(argv)
+    files = [Path(f) for f in args.files] or default_files()
+    summary = run_files(files, storage=args.storage or default_storage(), verbose=args.verbose)
+    if args.write_known_failures:
+        write_known_failures(summary, Path(args.write_known_failures))
+        print(f"wrote {summary.failed} known failures to {args.write_known_failures}")
+        return 0
+    return 1 if summary.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

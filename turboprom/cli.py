@@ -43,7 +43,43 @@ def build_parser() -> argparse.ArgumentParser:
     q = sub.add_parser("sql", help="run SQL against the DuckDB catalog and blocks")
     q.add_argument("query")
     q.add_argument("--data-dir", default="./data")
+    au = sub.add_parser("audit", help="KedgeFlow audit log tools")
+    ausub = au.add_subparsers(dest="audit_command", required=True)
+    av = ausub.add_parser("verify", help="recompute the hash chain and check every signed head")
+    av.add_argument("--data-dir", default="./data")
+    av.add_argument("--public-key", default=None, help="PEM public key to verify heads with (default: the data dir's signing key)")
+    ak = ausub.add_parser("export-key", help="print the audit signing public key (PEM), to keep outside the data dir")
+    ak.add_argument("--data-dir", default="./data")
     return p
+
+
+def _audit(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from cryptography.hazmat.primitives import serialization
+
+    from scheduler_metrics.kedgeflow.audit import verify
+    from scheduler_metrics.kedgeflow.grant import load_or_create_key
+
+    base = Path(args.data_dir) / "kedgeflow"
+    key_path = base / "signing-key.pem"
+    if args.audit_command == "export-key":
+        pub = load_or_create_key(key_path).public_key()
+        print(pub.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode(), end="")
+        return 0
+    if args.public_key:
+        pub = serialization.load_pem_public_key(Path(args.public_key).read_bytes())
+    elif key_path.exists():
+        pub = load_or_create_key(key_path).public_key()
+    else:
+        print(f"no audit signing key at {key_path}", file=sys.stderr)
+        return 2
+    rep = verify(base / "audit", pub)  # type: ignore[arg-type]
+    print(f"audit log: {rep.entries} entries, {rep.heads} signed heads")
+    for p in rep.problems:
+        print(f"PROBLEM: {p}")
+    print("OK: no tampering detected" if rep.ok else f"FAILED: {len(rep.problems)} problem(s)")
+    return 0 if rep.ok else 1
 
 
 def _config_from_args(a: argparse.Namespace) -> ServerConfig:
@@ -65,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
 
         asyncio.run(serve(_config_from_args(args)))
         return 0
+    if args.command == "audit":
+        return _audit(args)
     if args.command == "sql":
         from storage.catalog import run_sql
 

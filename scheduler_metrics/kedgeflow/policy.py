@@ -45,7 +45,7 @@ class Decision:
 
 DEFAULT_RULES = [
     Rule(verbs=["tsdb.delete_series", "tsdb.retention", "planner.adopt"], roles={"admin"}),
-    Rule(verbs=["scheduler.kv_migrate", "scheduler.drain_instance"], roles={"admin", "scheduler"}, max_congestion_price=5.0, grant_ttl_ms=30_000),
+    Rule(verbs=["scheduler.kv_migrate", "scheduler.drain_instance"], roles={"admin", "scheduler"}, max_congestion_price=0.05, grant_ttl_ms=30_000),
 ]
 
 

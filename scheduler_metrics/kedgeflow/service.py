@@ -1,0 +1,64 @@
+"""Assembles the KedgeFlow parts for a server: key, ledger (embedded or etcd), policy, audit, targets."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from scheduler_metrics.kedgeflow.action import Action
+from scheduler_metrics.kedgeflow.audit import AuditLog, VerifyReport, verify
+from scheduler_metrics.kedgeflow.gateway import ControlPlane, Gateway, Outcome
+from scheduler_metrics.kedgeflow.grant import Grant, GrantSigner, GrantVerifier, load_or_create_key
+from scheduler_metrics.kedgeflow.ledger import Ledger, SQLiteLedger
+from scheduler_metrics.kedgeflow.ledger_etcd import EtcdLedger
+from scheduler_metrics.kedgeflow.policy import Decision, Policy, Principal, SignalsFn
+from scheduler_metrics.kedgeflow.targets import Target
+
+
+@dataclass
+class KedgeFlowService:
+    control: ControlPlane
+    gateway: Gateway
+    audit: AuditLog
+    ledger: Ledger
+    signer: GrantSigner
+
+    @classmethod
+    def open(cls, data_dir: str | Path, config: dict[str, Any] | None = None, *, signals: SignalsFn | None = None,
+             targets: dict[str, Target] | None = None) -> "KedgeFlowService":
+        """``config`` is the ``kedgeflow:`` section of the server config:
+        ``ledger: embedded`` (default) or ``ledger: {etcd: {endpoints: [http://127.0.0.1:2379, ...]}}``,
+        ``policy: [{verbs: [...], roles: [...], max_congestion_price: 5.0, grant_ttl_ms: 30000}, ...]``,
+        ``dispatch_timeout_s: 10``."""
+        cfg = config or {}
+        base = Path(data_dir) / "kedgeflow"
+        key = load_or_create_key(base / "signing-key.pem")
+        signer = GrantSigner(key)
+        led_cfg = cfg.get("ledger", "embedded")
+        ledger: Ledger
+        if isinstance(led_cfg, dict) and "etcd" in led_cfg:
+            ledger = EtcdLedger(list(led_cfg["etcd"]["endpoints"]), timeout_s=float(led_cfg["etcd"].get("timeout_s", 5.0)))
+        else:
+            ledger = SQLiteLedger(base / "ledger.sqlite")
+        audit = AuditLog(base / "audit", key, head_every=int(cfg.get("audit_head_every", 64)))
+        policy = Policy.from_config(cfg.get("policy"), signals)
+        control = ControlPlane(policy, signer, ledger, audit)
+        gateway = Gateway(GrantVerifier.for_signer(signer), ledger, policy, audit, dict(targets or {}),
+                          dispatch_timeout_s=float(cfg.get("dispatch_timeout_s", 10.0)))
+        return cls(control, gateway, audit, ledger, signer)
+
+    def add_target(self, verb: str, target: Target) -> None:
+        self.gateway.targets[verb] = target
+
+    async def propose(self, action: Action, who: Principal) -> tuple[Decision, Grant | None]:
+        return await self.control.propose(action, who)
+
+    async def execute(self, action: Action, grant: Grant, who: Principal) -> Outcome:
+        return await self.gateway.execute(action, grant, who)
+
+    def verify_audit(self) -> VerifyReport:
+        return verify(self.audit.dir, self.signer.public_key)
+
+    async def stop(self) -> None:
+        self.audit.close()
+        await self.ledger.close()

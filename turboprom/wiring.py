@@ -25,6 +25,10 @@ def build_context(config: ServerConfig) -> ServerContext:
     congestion = CongestionTracker(CongestionConfig.from_mapping(config.raw.get("congestion")))
     congestion.attach(ctx.components.get("ingest"), storage)
     ctx.components["congestion"] = congestion
+    # --- lead: KedgeFlow control plane (grants, ledger, gateway, audit) ---
+    from turboprom.kedgeflow_wiring import build_kedgeflow
+
+    ctx.components["kedgeflow"] = build_kedgeflow(ctx)
     return ctx
 
 

@@ -1,0 +1,235 @@
+"""Immutable time-partitioned blocks on disk.
+
+``blocks/<id>/`` holds
+  data.parquet    series_id int64 (block-local, series ordered by labels), timestamp int64 ms,
+                  value float64 - sorted by series then time; DELTA_BINARY_PACKED for ids and
+                  timestamps, BYTE_STREAM_SPLIT for values, zstd; row groups of ROW_GROUP rows
+  series.parquet  series_id, metric, labels (JSON), row_start, row_end, min_time, max_time
+  meta.json       id, minTime, maxTime (inclusive sample bounds), numSamples, numSeries, level,
+                  parents (blocks a compaction replaced), bytes
+A block is written to ``<id>.tmp`` and renamed into place, so a visible block is complete.
+
+Reads gather the row ranges of the requested series from cached, decoded row groups (timestamp and
+value columns only; ids follow from the ranges), all with numpy index arithmetic.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from storage.columns import EMPTY_F64, EMPTY_I64, group_bounds, ranges_index
+from storage.labels import Labels, metric_name
+
+ROW_GROUP = 1 << 17
+DATA_FILE, SERIES_FILE, META_FILE = "data.parquet", "series.parquet", "meta.json"
+
+
+def new_block_id(mint: int) -> str:
+    # Sortable by time like a ULID: zero-padded min time, creation time, random suffix.
+    return f"b{max(mint, 0):015d}-{int(time.time() * 1000):013d}-{uuid.uuid4().hex[:6]}"
+
+
+class _RowGroupCache:
+    """LRU of decoded (timestamp, value) row groups, bounded by bytes, shared by all blocks."""
+
+    def __init__(self, max_bytes: int = 256 << 20) -> None:
+        self.max_bytes = max_bytes
+        self._d: OrderedDict[tuple[str, int], tuple[np.ndarray, np.ndarray]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[str, int]):
+        with self._lock:
+            v = self._d.get(key)
+            if v is not None:
+                self._d.move_to_end(key)
+            return v
+
+    def put(self, key: tuple[str, int], v: tuple[np.ndarray, np.ndarray]) -> None:
+        size = v[0].nbytes + v[1].nbytes
+        with self._lock:
+            if key in self._d:
+                return
+            self._d[key] = v
+            self._bytes += size
+            while self._bytes > self.max_bytes and len(self._d) > 1:
+                _, old = self._d.popitem(last=False)
+                self._bytes -= old[0].nbytes + old[1].nbytes
+
+    def drop_block(self, block_id: str) -> None:
+        with self._lock:
+            for k in [k for k in self._d if k[0] == block_id]:
+                old = self._d.pop(k)
+                self._bytes -= old[0].nbytes + old[1].nbytes
+
+
+CACHE = _RowGroupCache()
+
+
+def write_block(blocks_dir: Path, labels: list[Labels], sid: np.ndarray, ts: np.ndarray, val: np.ndarray, *,
+                level: int = 1, parents: list[str] | None = None) -> Path:
+    """Write rows (``sid`` indexes ``labels``; rows sorted by sid then ts) as a new block."""
+    u, starts, ends = group_bounds(sid)
+    lbls = [labels[i] for i in u.tolist()]
+    perm = sorted(range(len(u)), key=lbls.__getitem__)
+    p = np.asarray(perm, dtype=np.int64)
+    idx = ranges_index(starts[p], ends[p])
+    ts, val = np.ascontiguousarray(ts[idx]), np.ascontiguousarray(val[idx])
+    lens = (ends - starts)[p]
+    lbls = [lbls[i] for i in perm]
+    local = np.repeat(np.arange(len(lbls), dtype=np.int64), lens)
+    row_end = np.cumsum(lens)
+    row_start = row_end - lens
+    mint, maxt = int(ts.min()), int(ts.max())
+    bid = new_block_id(mint)
+    tmp = blocks_dir / f"{bid}.tmp"
+    tmp.mkdir(parents=True)
+    table = pa.table({"series_id": pa.array(local, pa.int64()), "timestamp": pa.array(ts, pa.int64()),
+                      "value": pa.array(val, pa.float64())})
+    pq.write_table(table, tmp / DATA_FILE, row_group_size=ROW_GROUP, compression="zstd", compression_level=6,
+                   use_dictionary=False, write_statistics=["series_id", "timestamp"],
+                   column_encoding={"series_id": "DELTA_BINARY_PACKED", "timestamp": "DELTA_BINARY_PACKED",
+                                    "value": "BYTE_STREAM_SPLIT"})
+    ser_min = ts[row_start] if len(ts) else EMPTY_I64
+    ser_max = ts[row_end - 1] if len(ts) else EMPTY_I64
+    series_table = pa.table({
+        "series_id": pa.array(np.arange(len(lbls), dtype=np.int64)),
+        "metric": pa.array([metric_name(lb) for lb in lbls], pa.string()),
+        "labels": pa.array([orjson.dumps(dict(lb)).decode() for lb in lbls], pa.string()),
+        "row_start": pa.array(row_start, pa.int64()), "row_end": pa.array(row_end, pa.int64()),
+        "min_time": pa.array(ser_min, pa.int64()), "max_time": pa.array(ser_max, pa.int64()),
+    })
+    pq.write_table(series_table, tmp / SERIES_FILE, compression="zstd")
+    data_bytes = (tmp / DATA_FILE).stat().st_size + (tmp / SERIES_FILE).stat().st_size
+    meta = {"id": bid, "minTime": mint, "maxTime": maxt, "numSamples": int(len(ts)), "numSeries": len(lbls),
+            "level": level, "parents": parents or [], "bytes": data_bytes, "createdMs": int(time.time() * 1000)}
+    (tmp / META_FILE).write_bytes(orjson.dumps(meta, option=orjson.OPT_INDENT_2))
+    for name in (DATA_FILE, SERIES_FILE, META_FILE):
+        fd = os.open(tmp / name, os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+    final = blocks_dir / bid
+    os.replace(tmp, final)
+    fd = os.open(blocks_dir, os.O_RDONLY)
+    os.fsync(fd)
+    os.close(fd)
+    return final
+
+
+class Block:
+    """An opened block: series mapped to global ids, data read lazily by row group."""
+
+    def __init__(self, path: Path, global_id_of) -> None:  # global_id_of: callable(Labels) -> int
+        self.path = Path(path)
+        meta = orjson.loads((self.path / META_FILE).read_bytes())
+        self.meta = meta
+        self.id: str = meta["id"]
+        self.mint: int = int(meta["minTime"])
+        self.maxt: int = int(meta["maxTime"])
+        self.num_samples: int = int(meta["numSamples"])
+        self.level: int = int(meta.get("level", 1))
+        self.parents: list[str] = list(meta.get("parents", []))
+        st = pq.read_table(self.path / SERIES_FILE)
+        self.labels: list[Labels] = [tuple(sorted(orjson.loads(s).items())) for s in st.column("labels").to_pylist()]
+        self.row_start = st.column("row_start").to_numpy().astype(np.int64)
+        self.row_end = st.column("row_end").to_numpy().astype(np.int64)
+        self.ser_min = st.column("min_time").to_numpy().astype(np.int64)
+        self.ser_max = st.column("max_time").to_numpy().astype(np.int64)
+        self.local_to_global = np.array([global_id_of(lb) for lb in self.labels], dtype=np.int64)
+        self._g_order = np.argsort(self.local_to_global, kind="stable")
+        self._g_sorted = self.local_to_global[self._g_order]
+        self._pf: pq.ParquetFile | None = None
+        self._pf_lock = threading.Lock()
+        self.size_bytes = sum(p.stat().st_size for p in self.path.iterdir() if p.is_file())
+
+    @property
+    def num_series(self) -> int:
+        return len(self.labels)
+
+    def _file(self) -> pq.ParquetFile:
+        with self._pf_lock:
+            if self._pf is None:
+                self._pf = pq.ParquetFile(self.path / DATA_FILE)
+                md = self._pf.metadata
+                sizes = np.array([md.row_group(i).num_rows for i in range(md.num_row_groups)], dtype=np.int64)
+                self._rg_start = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
+            return self._pf
+
+    def _row_group(self, g: int) -> tuple[np.ndarray, np.ndarray]:
+        key = (self.id, g)
+        v = CACHE.get(key)
+        if v is None:
+            pf = self._file()
+            with self._pf_lock:
+                t = pf.read_row_group(g, columns=["timestamp", "value"])
+            v = (t.column("timestamp").to_numpy(), t.column("value").to_numpy())
+            CACHE.put(key, v)
+        return v
+
+    def local_ids(self, sids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(global ids present in this block, their local ids), in ascending global id order."""
+        if len(self._g_sorted) == 0 or len(sids) == 0:
+            return EMPTY_I64, EMPTY_I64
+        pos = np.searchsorted(self._g_sorted, sids)
+        pos_c = np.minimum(pos, len(self._g_sorted) - 1)
+        present = (pos < len(self._g_sorted)) & (self._g_sorted[pos_c] == sids)
+        return sids[present], self._g_order[pos_c[present]]
+
+    def gather(self, sids: np.ndarray, mint: int, maxt: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Rows of sorted unique global ids within [mint, maxt], sorted by (global id, ts)."""
+        g, loc = self.local_ids(sids)
+        if len(g):
+            overlap = (self.ser_min[loc] <= maxt) & (self.ser_max[loc] >= mint)
+            g, loc = g[overlap], loc[overlap]
+        if not len(g):
+            return EMPTY_I64, EMPTY_I64, EMPTY_F64
+        self._file()
+        starts, ends = self.row_start[loc], self.row_end[loc]
+        rows = ranges_index(starts, ends)
+        rg = np.searchsorted(self._rg_start, rows, "right") - 1
+        need = np.unique(rg)
+        parts = [self._row_group(int(i)) for i in need]
+        if len(need) == 1:
+            ts_all, val_all = parts[0]
+        else:
+            ts_all = np.concatenate([p[0] for p in parts])
+            val_all = np.concatenate([p[1] for p in parts])
+        part_len = np.array([len(p[0]) for p in parts], dtype=np.int64)
+        part_off = np.zeros(len(self._rg_start), dtype=np.int64)
+        part_off[need] = np.cumsum(part_len) - part_len
+        idx = rows - self._rg_start[rg] + part_off[rg]
+        s = np.repeat(g, ends - starts)
+        t, v = ts_all[idx], val_all[idx]
+        if mint > self.mint or maxt < self.maxt:
+            m = (t >= mint) & (t <= maxt)
+            s, t, v = s[m], t[m], v[m]
+        return s, t, v
+
+    def read_all(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """All rows as (local id, ts, value)."""
+        t = pq.read_table(self.path / DATA_FILE)
+        return (t.column("series_id").to_numpy().astype(np.int64), t.column("timestamp").to_numpy().astype(np.int64),
+                t.column("value").to_numpy().astype(np.float64))
+
+    def series_mask(self, n: int, mint: int, maxt: int) -> np.ndarray:
+        mask = np.zeros(n, dtype=bool)
+        sel = (self.ser_min <= maxt) & (self.ser_max >= mint)
+        g = self.local_to_global[sel]
+        mask[g[g < n]] = True
+        return mask
+
+    def remove(self) -> None:
+        CACHE.drop_block(self.id)
+        with self._pf_lock:
+            self._pf = None
+        shutil.rmtree(self.path, ignore_errors=True)

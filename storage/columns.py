@@ -1,0 +1,85 @@
+"""Columnar helpers shared by head, blocks and the read path (all vectorized numpy)."""
+from __future__ import annotations
+
+import numpy as np
+
+INT64_MIN = np.iinfo(np.int64).min
+INT64_MAX = np.iinfo(np.int64).max
+EMPTY_I64 = np.empty(0, dtype=np.int64)
+EMPTY_F64 = np.empty(0, dtype=np.float64)
+
+
+def ranges_index(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Concatenation of arange(starts[i], ends[i]) for all i, without a Python loop."""
+    starts = np.asarray(starts, dtype=np.int64)
+    lens = np.asarray(ends, dtype=np.int64) - starts
+    lens = np.maximum(lens, 0)
+    total = int(lens.sum())
+    if total == 0:
+        return EMPTY_I64
+    nz = lens > 0
+    starts, lens = starts[nz], lens[nz]
+    # Each output position = its range's start + position within the range.
+    run_begin = np.cumsum(lens) - lens
+    out = np.arange(total, dtype=np.int64)
+    out += np.repeat(starts - run_begin, lens)
+    return out
+
+
+def sort_by_series_time(sid: np.ndarray, ts: np.ndarray, val: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    if len(sid) <= 1:
+        return sid, ts, val
+    order = np.lexsort((ts, sid))
+    return sid[order], ts[order], val[order]
+
+
+def dedupe_sorted(sid: np.ndarray, ts: np.ndarray, val: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Drop rows repeating the previous row's (sid, ts); keeps the first of each key."""
+    if len(sid) <= 1:
+        return sid, ts, val
+    rep = (sid[1:] == sid[:-1]) & (ts[1:] == ts[:-1])
+    if not rep.any():
+        return sid, ts, val
+    keep = np.concatenate(([True], ~rep))
+    return sid[keep], ts[keep], val[keep]
+
+
+def find_keys(a_sid: np.ndarray, a_ts: np.ndarray, b_sid: np.ndarray, b_ts: np.ndarray) -> np.ndarray:
+    """For each (a_sid, a_ts) (unique keys), the index of the equal key in b (unique keys), or -1."""
+    na, nb = len(a_sid), len(b_sid)
+    out = np.full(na, -1, dtype=np.int64)
+    if na == 0 or nb == 0:
+        return out
+    sid = np.concatenate((b_sid, a_sid))
+    ts = np.concatenate((b_ts, a_ts))
+    tag = np.concatenate((np.zeros(nb, np.int8), np.ones(na, np.int8)))
+    order = np.lexsort((tag, ts, sid))  # b before a on equal keys
+    pos = np.empty(na + nb, dtype=np.int64)
+    pos[order] = np.arange(na + nb)
+    a_pos = pos[nb:]
+    prev = a_pos - 1
+    ok = prev >= 0
+    prev_c = np.where(ok, prev, 0)
+    prev_row = order[prev_c]
+    hit = ok & (prev_row < nb) & (sid[prev_row] == a_sid) & (ts[prev_row] == a_ts)
+    out[hit] = prev_row[hit]
+    return out
+
+
+def group_bounds(sorted_keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Unique keys of a sorted array and the [start, end) of each key's rows."""
+    if len(sorted_keys) == 0:
+        return EMPTY_I64, EMPTY_I64, EMPTY_I64
+    change = np.flatnonzero(sorted_keys[1:] != sorted_keys[:-1]) + 1
+    starts = np.concatenate(([0], change)).astype(np.int64)
+    ends = np.concatenate((change, [len(sorted_keys)])).astype(np.int64)
+    return sorted_keys[starts], starts, ends
+
+
+def grow(arr: np.ndarray, n: int, fill: int | float) -> np.ndarray:
+    if len(arr) >= n:
+        return arr
+    cap = max(n, 2 * len(arr), 1024)
+    out = np.full(cap, fill, dtype=arr.dtype)
+    out[: len(arr)] = arr
+    return out

@@ -1,0 +1,307 @@
+"""The in-memory head: recent samples as columnar runs.
+
+Accepted batches are appended as (sid, ts, value) column triples to a pending list (O(1) per batch,
+no sort on the ingest path). A read or a block cut seals pending data into a *run*: the same columns
+sorted by (sid, ts). Runs are merged LSM-style (a run is merged into its predecessor while that one is
+at most twice its size), so a read touches a few sorted runs and finds a series by binary search.
+Runs are immutable once built; readers take a snapshot of the run list under the lock and work
+outside it.
+
+Validation (``prepare``) is vectorized over the batch: future timestamps, in-batch duplicates,
+out-of-order against each series' last timestamp, exact duplicates (idempotent) and conflicting
+values at an existing timestamp (looked up in the head), and the out-of-order window.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from storage.columns import (EMPTY_F64, EMPTY_I64, INT64_MAX, INT64_MIN, find_keys, group_bounds, grow,
+                             ranges_index, sort_by_series_time)
+
+R_FUTURE = "too_far_in_future"
+R_OOO = "out_of_order"
+R_TOO_OLD = "too_old"
+R_DUP_TS = "duplicate_timestamp"
+
+
+@dataclass(frozen=True)
+class Run:
+    sid: np.ndarray
+    ts: np.ndarray
+    val: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.sid)
+
+
+@dataclass
+class Prepared:
+    """Outcome of validating one batch: the accepted rows (sorted by sid, ts) plus counts."""
+
+    sid: np.ndarray
+    ts: np.ndarray
+    val: np.ndarray
+    duplicates: int = 0
+    rejected: dict[str, int] = field(default_factory=dict)
+    # (reason, batch sample position) of the first few rejections, for messages
+    examples: list[tuple[str, int, int]] = field(default_factory=list)
+
+
+def _merge(a: Run, b: Run) -> Run:
+    s, t, v = sort_by_series_time(np.concatenate((a.sid, b.sid)), np.concatenate((a.ts, b.ts)), np.concatenate((a.val, b.val)))
+    return Run(s, t, v)
+
+
+class Head:
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self._runs: list[Run] = []
+        self._pending: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self._pending_n = 0
+        self.num_samples = 0
+        self.mint = INT64_MAX
+        self.maxt = INT64_MIN
+        # Per series id: newest accepted timestamp (and its value bits), and the head's time range.
+        self.last_ts = np.full(0, INT64_MIN, dtype=np.int64)
+        self.last_bits = np.zeros(0, dtype=np.uint64)
+        self.series_min = np.full(0, INT64_MAX, dtype=np.int64)
+        self.series_max = np.full(0, INT64_MIN, dtype=np.int64)
+
+    def ensure(self, n: int) -> None:
+        if len(self.last_ts) < n:
+            self.last_ts = grow(self.last_ts, n, INT64_MIN)
+            self.last_bits = grow(self.last_bits, n, 0)
+            self.series_min = grow(self.series_min, n, INT64_MAX)
+            self.series_max = grow(self.series_max, n, INT64_MIN)
+
+    # --- write path ---------------------------------------------------------------------------
+
+    def prepare(self, sid: np.ndarray, ts: np.ndarray, val: np.ndarray, *, now_ms: int, future_tolerance_ms: int,
+                ooo_window_ms: int, min_valid_time: int) -> Prepared:
+        """Validate a batch (caller holds the write lock). Does not modify the head."""
+        n = len(ts)
+        rejected: dict[str, int] = {}
+        examples: list[tuple[str, int, int]] = []
+
+        def reject(reason: str, rows: np.ndarray, positions: np.ndarray) -> None:
+            c = int(rows.sum()) if rows.dtype == bool else len(rows)
+            if c:
+                rejected[reason] = rejected.get(reason, 0) + c
+                if len(examples) < 5:
+                    pos = positions[rows] if rows.dtype == bool else positions[rows]
+                    for p in pos[: 5 - len(examples)]:
+                        examples.append((reason, int(p), 0))
+
+        positions = np.arange(n, dtype=np.int64)
+        if future_tolerance_ms > 0:
+            fut = ts > now_ms + future_tolerance_ms
+            if fut.any():
+                reject(R_FUTURE, fut, positions)
+                positions = positions[~fut]
+        order = positions[np.lexsort((ts[positions], sid[positions]))]
+        s, t, v = sid[order], ts[order], val[order]
+        bits = v.view(np.uint64)
+        duplicates = 0
+        # In-batch repeats of a key: identical value -> duplicate, different -> conflict.
+        if len(s) > 1:
+            same = np.concatenate(([False], (s[1:] == s[:-1]) & (t[1:] == t[:-1])))
+            if same.any():
+                first = np.maximum.accumulate(np.where(~same, np.arange(len(s)), 0))
+                dup = same & (bits == bits[first])
+                duplicates += int(dup.sum())
+                reject(R_DUP_TS, same & ~dup, order)
+                keep = ~same
+                s, t, v, bits, order = s[keep], t[keep], v[keep], bits[keep], order[keep]
+        prev = self.last_ts[s]
+        accept = t > prev
+        eq = t == prev
+        if eq.any():
+            dup = eq & (bits == self.last_bits[s])
+            duplicates += int(dup.sum())
+            reject(R_DUP_TS, eq & ~dup, order)
+        # Like Prometheus, the out-of-order window is measured back from the newest sample in the head.
+        ooo_min = (self.maxt - ooo_window_ms) if self.maxt != INT64_MIN else INT64_MIN
+        # In-order for the series but older than what the head may still take (already in blocks).
+        old = accept & (t < min_valid_time)
+        if old.any():
+            ok_ooo = old & (t >= ooo_min) if ooo_window_ms > 0 else np.zeros_like(old)
+            reject(R_TOO_OLD, old & ~ok_ooo, order)
+            accept &= ~(old & ~ok_ooo)
+        lt = t < prev
+        if lt.any():
+            cand = np.flatnonzero(lt)
+            found, found_bits = self._lookup(s[cand], t[cand])
+            hit = found >= 0
+            if hit.any():
+                same_bits = np.zeros(len(cand), dtype=bool)
+                same_bits[hit] = found_bits[found[hit]] == bits[cand[hit]]
+                duplicates += int((hit & same_bits).sum())
+                reject(R_DUP_TS, cand[hit & ~same_bits], order)
+            miss = cand[~hit]
+            if len(miss):
+                if ooo_window_ms > 0:
+                    ok = t[miss] >= ooo_min
+                    accept[miss[ok]] = True
+                    reject(R_TOO_OLD, miss[~ok], order)
+                else:
+                    reject(R_OOO, miss, order)
+        return Prepared(s[accept], t[accept], v[accept], duplicates, rejected, examples)
+
+    def _lookup(self, sid: np.ndarray, ts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Index of each (sid, ts) among the head rows of those series (or -1), and those rows' value bits."""
+        rs, rt, rv = self.gather(np.unique(sid))
+        return find_keys(sid, ts, rs, rt), rv.view(np.uint64)
+
+    def commit(self, sid: np.ndarray, ts: np.ndarray, val: np.ndarray) -> None:
+        """Add accepted rows (sorted by sid, ts). Caller holds the write lock."""
+        if len(sid) == 0:
+            return
+        self.ensure(int(sid.max()) + 1)
+        u, starts, ends = group_bounds(sid)
+        last = ends - 1
+        newer = ts[last] > self.last_ts[u]
+        self.last_ts[u[newer]] = ts[last[newer]]
+        self.last_bits[u[newer]] = val[last[newer]].view(np.uint64)
+        self.series_min[u] = np.minimum(self.series_min[u], ts[starts])
+        self.series_max[u] = np.maximum(self.series_max[u], ts[last])
+        with self.lock:
+            self._pending.append((sid, ts, val))
+            self._pending_n += len(sid)
+            self.num_samples += len(sid)
+            self.mint = min(self.mint, int(ts.min()))
+            self.maxt = max(self.maxt, int(ts.max()))
+            if len(self._pending) > 4096:
+                self._pending = [self._concat_pending()]
+
+    def _concat_pending(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        p = self._pending
+        if len(p) == 1:
+            return p[0]
+        return (np.concatenate([x[0] for x in p]), np.concatenate([x[1] for x in p]), np.concatenate([x[2] for x in p]))
+
+    def _seal(self) -> list[Run]:
+        with self.lock:
+            if self._pending:
+                s, t, v = self._concat_pending()
+                s, t, v = sort_by_series_time(s, t, v)
+                self._pending = []
+                self._pending_n = 0
+                runs = self._runs + [Run(s, t, v)]
+                while len(runs) >= 2 and len(runs[-2]) <= 2 * len(runs[-1]):
+                    b = runs.pop()
+                    a = runs.pop()
+                    runs.append(_merge(a, b))
+                self._runs = runs
+            return list(self._runs)
+
+    # --- read path ----------------------------------------------------------------------------
+
+    def gather(self, sids: np.ndarray, mint: int = INT64_MIN, maxt: int = INT64_MAX) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Rows of the given sorted unique series ids within [mint, maxt], sorted by (sid, ts)."""
+        runs = self._seal()
+        parts = []
+        for r in runs:
+            lo = np.searchsorted(r.sid, sids, "left")
+            hi = np.searchsorted(r.sid, sids, "right")
+            idx = ranges_index(lo, hi)
+            if len(idx) == 0:
+                continue
+            t = r.ts[idx]
+            if mint != INT64_MIN or maxt != INT64_MAX:
+                m = (t >= mint) & (t <= maxt)
+                idx, t = idx[m], t[m]
+            parts.append((r.sid[idx], t, r.val[idx]))
+        if not parts:
+            return EMPTY_I64, EMPTY_I64, EMPTY_F64
+        if len(parts) == 1:
+            return parts[0]
+        return sort_by_series_time(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
+                                   np.concatenate([p[2] for p in parts]))
+
+    def rows_in_range(self, mint: int, maxt: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """All rows with mint <= ts <= maxt, sorted by (sid, ts)."""
+        runs = self._seal()
+        parts = []
+        for r in runs:
+            m = (r.ts >= mint) & (r.ts <= maxt)
+            if m.any():
+                parts.append((r.sid[m], r.ts[m], r.val[m]))
+        if not parts:
+            return EMPTY_I64, EMPTY_I64, EMPTY_F64
+        if len(parts) == 1:
+            return parts[0]
+        return sort_by_series_time(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
+                                   np.concatenate([p[2] for p in parts]))
+
+    def all_rows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return self.rows_in_range(INT64_MIN, INT64_MAX)
+
+    def series_in_range(self, n: int, mint: int, maxt: int) -> np.ndarray:
+        """Mask over ids [0, n) of series whose head time range overlaps [mint, maxt]."""
+        with self.lock:
+            m = min(n, len(self.series_min))
+            out = np.zeros(n, dtype=bool)
+            out[:m] = (self.series_min[:m] <= maxt) & (self.series_max[:m] >= mint)
+            return out
+
+    # --- truncation and deletion --------------------------------------------------------------
+
+    def drop_rows(self, drop) -> None:  # drop: callable(Run) -> bool mask of rows to remove
+        """Rebuild runs without the rows ``drop`` selects. Caller holds the write lock."""
+        runs = self._seal()
+        with self.lock:
+            new_runs = []
+            for r in runs:
+                m = drop(r)
+                if m.any():
+                    keep = ~m
+                    if keep.any():
+                        new_runs.append(Run(r.sid[keep], r.ts[keep], r.val[keep]))
+                else:
+                    new_runs.append(r)
+            self._runs = new_runs
+            self._recompute_ranges()
+
+    def truncate_before(self, t: int) -> None:
+        self.drop_rows(lambda r: r.ts < t)
+
+    def _recompute_ranges(self) -> None:
+        self.series_min[:] = INT64_MAX
+        self.series_max[:] = INT64_MIN
+        total, mint, maxt = 0, INT64_MAX, INT64_MIN
+        for r in self._runs:
+            if not len(r):
+                continue
+            u, starts, ends = group_bounds(r.sid)
+            self.series_min[u] = np.minimum(self.series_min[u], r.ts[starts])
+            self.series_max[u] = np.maximum(self.series_max[u], r.ts[ends - 1])
+            total += len(r)
+            mint = min(mint, int(r.ts.min()))
+            maxt = max(maxt, int(r.ts.max()))
+        self.num_samples = total
+        self.mint = mint
+        # maxt keeps its high-water mark when rows remain (out-of-order window is relative to it).
+        if total == 0:
+            self.mint = INT64_MAX
+        else:
+            self.maxt = max(self.maxt, maxt)
+
+    def rebuild_last(self) -> None:
+        """After WAL replay: per-series newest timestamp and value from the head's rows."""
+        s, t, v = self.all_rows()
+        if not len(s):
+            return
+        self.ensure(int(s.max()) + 1)
+        u, _, ends = group_bounds(s)
+        last = ends - 1
+        self.last_ts[u] = t[last]
+        self.last_bits[u] = v[last].view(np.uint64)
+        with self.lock:
+            self._recompute_ranges()
+
+    def series_count(self) -> int:
+        with self.lock:
+            return int(np.count_nonzero(self.series_max != INT64_MIN))

@@ -1,0 +1,567 @@
+"""TSDB: the embedded time-series store behind ``storage.interface.Storage``.
+
+Write path: append(batch) -> ids for the batch's label sets -> vectorized validation (head.prepare)
+-> WAL record (series + samples, columnar) -> head. Background maintenance cuts the head into
+Parquet blocks, compacts blocks, applies retention and truncates the WAL behind a checkpoint.
+
+Read path: matchers -> ids (inverted index) -> rows from the head's sorted runs and from the blocks
+overlapping the time range -> one (sid, ts) sort + dedupe -> series ordered by labels, CSR.
+
+Threading: one write lock serialises appends, head cuts and deletions; readers never take it (they
+snapshot immutable arrays under short locks), so queries run in worker threads while ingest appends.
+"""
+from __future__ import annotations
+
+import logging
+import shutil
+import threading
+import time
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import orjson
+
+from storage import metrics as M
+from storage.batch import SampleBatch
+from storage.block import Block, write_block
+from storage.catalog import write_catalog
+from storage.columns import INT64_MAX, INT64_MIN, dedupe_sorted, find_keys, group_bounds, grow, ranges_index, sort_by_series_time
+from storage.head import Head
+from storage.index import SeriesIndex
+from storage.interface import AppendResult
+from storage.labels import Labels, format_labels
+from storage.matchers import Matcher
+from storage.options import StorageOptions
+from storage.series_set import SeriesSet
+from storage.wal import WAL, Handler, replay_wal
+
+log = logging.getLogger("turboprom.storage")
+
+
+class TSDB:
+    def __init__(self, path: str, options: StorageOptions | None = None, *, background: bool = True,
+                 maintenance_interval_s: float = 5.0) -> None:
+        self.path = Path(path)
+        self.options = options or StorageOptions()
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.index = SeriesIndex()
+        self.head = Head()
+        self._wlock = threading.RLock()  # appends, cuts, deletions, block list changes
+        self._blocks_lock = threading.Lock()
+        self._blocks: list[Block] = []
+        self._closed = False
+        self.min_valid_time = INT64_MIN
+        self._maint_lock = threading.Lock()  # one maintenance pass at a time
+        self._load_blocks()
+        self.wal = WAL(self.path / "wal", segment_bytes=self.options.wal_segment_bytes, fsync=self.options.wal_fsync)
+        self._replay()
+        self.wal.open_for_append()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._maintenance_interval_s = maintenance_interval_s
+        self._update_gauges()
+        if background:
+            self._thread = threading.Thread(target=self._maintenance_loop, name="tsdb-maintenance", daemon=True)
+            self._thread.start()
+
+    # ------------------------------------------------------------------------------------------
+    # write path
+    # ------------------------------------------------------------------------------------------
+
+    def append(self, batch: SampleBatch) -> AppendResult:
+        if self._closed:
+            raise RuntimeError("storage is closed")
+        res = AppendResult()
+        if len(batch) == 0:
+            return res
+        opts = self.options
+        with self._wlock:
+            ids, created = self.index.ids_for(batch.series)
+            self.head.ensure(len(self.index))
+            sid = ids[batch.series_index]
+            prep = self.head.prepare(sid, batch.timestamps, batch.values, now_ms=int(time.time() * 1000),
+                                     future_tolerance_ms=opts.future_tolerance_ms, ooo_window_ms=opts.out_of_order_window_ms,
+                                     min_valid_time=self.min_valid_time)
+            if created:
+                M.SERIES_CREATED.inc(len(created))
+            seq = 0
+            if len(prep.sid):
+                seq = self.wal.log_samples(prep.sid, prep.ts, prep.val, self.index.labels)
+                self.head.commit(prep.sid, prep.ts, prep.val)
+        if seq:
+            self.wal.sync(seq)  # group commit: concurrent appenders share one fsync
+        res.accepted = len(prep.sid)
+        res.duplicates = prep.duplicates
+        res.rejected = prep.rejected
+        for reason, pos, _ in prep.examples:
+            lbl = batch.series[int(batch.series_index[pos])]
+            res.errors.append(f"{reason.replace('_', ' ')}: {format_labels(lbl)} @ {int(batch.timestamps[pos])}")
+        if res.accepted:
+            M.APPENDED.inc(res.accepted)
+        if res.duplicates:
+            M.DUPLICATES.inc(res.duplicates)
+        for reason, c in prep.rejected.items():
+            M.REJECTED.labels(reason).inc(c)
+        return res
+
+    # ------------------------------------------------------------------------------------------
+    # read path
+    # ------------------------------------------------------------------------------------------
+
+    def _blocks_snapshot(self) -> list[Block]:
+        with self._blocks_lock:
+            return list(self._blocks)
+
+    def select(self, matchers: Sequence[Matcher], mint: int, maxt: int) -> SeriesSet:
+        n = len(self.index)
+        sids = self.index.match_ids(matchers, n)
+        if len(sids) == 0 or mint > maxt:
+            return SeriesSet.empty()
+        parts = []
+        for b in self._blocks_snapshot():
+            if b.maxt >= mint and b.mint <= maxt:
+                s, t, v = b.gather(sids, mint, maxt)
+                if len(s):
+                    parts.append((s, t, v))
+        s, t, v = self.head.gather(sids, mint, maxt)
+        if len(s):
+            parts.append((s, t, v))
+        if not parts:
+            return SeriesSet.empty()
+        if len(parts) == 1:
+            s, t, v = parts[0]
+        else:
+            s, t, v = sort_by_series_time(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
+                                          np.concatenate([p[2] for p in parts]))
+            s, t, v = dedupe_sorted(s, t, v)
+        return self._to_series_set(s, t, v)
+
+    def _to_series_set(self, s: np.ndarray, t: np.ndarray, v: np.ndarray) -> SeriesSet:
+        u, starts, ends = group_bounds(s)
+        labels_all = self.index.labels
+        lbls = [labels_all[i] for i in u.tolist()]
+        perm = sorted(range(len(u)), key=lbls.__getitem__)
+        if perm != list(range(len(u))):
+            p = np.asarray(perm, dtype=np.int64)
+            idx = ranges_index(starts[p], ends[p])
+            t, v = t[idx], v[idx]
+            lens = (ends - starts)[p]
+            lbls = [lbls[i] for i in perm]
+        else:
+            lens = ends - starts
+        offsets = np.zeros(len(u) + 1, dtype=np.int64)
+        np.cumsum(lens, out=offsets[1:])
+        return SeriesSet(lbls, offsets, np.ascontiguousarray(t), np.ascontiguousarray(v))
+
+    def _in_range_mask(self, n: int, mint: int, maxt: int) -> np.ndarray:
+        mask = self.head.series_in_range(n, mint, maxt)
+        for b in self._blocks_snapshot():
+            if b.maxt >= mint and b.mint <= maxt:
+                mask |= b.series_mask(n, mint, maxt)
+        return mask
+
+    def _selected(self, matcher_sets: Sequence[Sequence[Matcher]], mint: int, maxt: int) -> np.ndarray:
+        n = len(self.index)
+        mask = self.index.match_any_mask([ms for ms in matcher_sets], n) if matcher_sets else np.ones(n, dtype=bool)
+        if mask.any():
+            mask &= self._in_range_mask(n, mint, maxt)
+        return mask
+
+    def series(self, matcher_sets: Sequence[Sequence[Matcher]], mint: int, maxt: int) -> list[Labels]:
+        mask = self._selected(matcher_sets, mint, maxt)
+        labels_all = self.index.labels
+        return sorted(labels_all[i] for i in np.flatnonzero(mask).tolist())
+
+    def label_names(self, mint: int, maxt: int, matcher_sets: Sequence[Sequence[Matcher]] = ()) -> list[str]:
+        return self.index.names_in(self._selected(matcher_sets, mint, maxt))
+
+    def label_values(self, name: str, mint: int, maxt: int, matcher_sets: Sequence[Sequence[Matcher]] = ()) -> list[str]:
+        return self.index.values_in(name, self._selected(matcher_sets, mint, maxt))
+
+    # ------------------------------------------------------------------------------------------
+    # deletion
+    # ------------------------------------------------------------------------------------------
+
+    def delete_series(self, matcher_sets: Sequence[Sequence[Matcher]], mint: int, maxt: int) -> int:
+        """Delete samples in [mint, maxt] of matching series from head and blocks; returns series affected."""
+        with self._wlock:
+            n = len(self.index)
+            mask = self.index.match_any_mask(matcher_sets, n) if matcher_sets else np.zeros(n, dtype=bool)
+            mask &= self._in_range_mask(n, mint, maxt)
+            sids = np.flatnonzero(mask).astype(np.int64)
+            if not len(sids):
+                return 0
+            labels = [self.index.labels[i] for i in sids.tolist()]
+            seq = self.wal.log_tombstone(labels, mint, maxt)
+            self.wal.sync(seq)
+            sel = np.zeros(n, dtype=bool)
+            sel[sids] = True
+            self.head.drop_rows(lambda r: sel[r.sid] & (r.ts >= mint) & (r.ts <= maxt))
+            for b in self._blocks_snapshot():
+                if b.maxt >= mint and b.mint <= maxt and b.series_mask(n, mint, maxt).any():
+                    self._rewrite_block_without(b, sel, mint, maxt)
+            self._update_gauges()
+            return len(sids)
+
+    # ------------------------------------------------------------------------------------------
+    # startup: blocks, then WAL replay
+    # ------------------------------------------------------------------------------------------
+
+    @property
+    def blocks_dir(self) -> Path:
+        return self.path / "blocks"
+
+    def _global_id(self, labels: Labels) -> int:
+        return self.index.get_or_create(labels)[0]
+
+    def _load_blocks(self) -> None:
+        bdir = self.blocks_dir
+        bdir.mkdir(parents=True, exist_ok=True)
+        metas = {}
+        for p in sorted(bdir.iterdir()):
+            if p.name.endswith(".tmp"):
+                shutil.rmtree(p, ignore_errors=True)  # unfinished write or compaction
+                continue
+            try:
+                metas[p.name] = orjson.loads((p / "meta.json").read_bytes())
+            except (OSError, ValueError) as e:
+                log.warning("ignoring unreadable block %s: %s", p.name, e)
+        replaced = {par for m in metas.values() for par in m.get("parents", [])}
+        blocks = []
+        for name in sorted(metas):
+            if name in replaced:
+                log.info("removing block %s: replaced by a finished compaction", name)
+                shutil.rmtree(bdir / name, ignore_errors=True)
+                continue
+            blocks.append(Block(bdir / name, self._global_id))
+        blocks.sort(key=lambda b: (b.mint, b.maxt))
+        self._blocks = blocks
+        if blocks:
+            self.min_valid_time = max(b.maxt for b in blocks) + 1
+
+    def _replay(self) -> None:
+        t0 = time.perf_counter()
+        remap = np.full(0, -1, dtype=np.int64)
+        pend: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+
+        def on_series(items: list) -> None:
+            nonlocal remap
+            hi = max((it[0] for it in items), default=-1)
+            remap = grow(remap, hi + 1, -1)
+            for sid, pairs in items:
+                remap[sid] = self.index.get_or_create(tuple((a, b) for a, b in pairs))[0]
+
+        def on_samples(sid: np.ndarray, ts: np.ndarray, val: np.ndarray) -> None:
+            g = remap[sid]
+            if (g < 0).any():  # a record referencing an undefined id: skip those rows
+                ok = g >= 0
+                log.warning("WAL samples record references %d undefined series ids; skipped", int((~ok).sum()))
+                g, ts, val = g[ok], ts[ok], val[ok]
+            pend.append((g, ts.copy(), val.copy()))
+
+        def flush() -> None:
+            if not pend:
+                return
+            s, t, v = sort_by_series_time(np.concatenate([p[0] for p in pend]), np.concatenate([p[1] for p in pend]),
+                                          np.concatenate([p[2] for p in pend]))
+            pend.clear()
+            s, t, v = dedupe_sorted(s, t, v)
+            self.head.ensure(len(self.index))
+            self.head.commit(s, t, v)
+
+        def on_tombstone(series: list, mint: int, maxt: int) -> None:
+            flush()
+            ids = [self.index.get(tuple((a, b) for a, b in lb)) for lb in series]
+            ids = np.array([i for i in ids if i is not None], dtype=np.int64)
+            if len(ids):
+                sel = np.zeros(len(self.index), dtype=bool)
+                sel[ids] = True
+                self.head.drop_rows(lambda r: sel[r.sid] & (r.ts >= mint) & (r.ts <= maxt))
+
+        stats = replay_wal(self.path / "wal", Handler(on_series, on_samples, on_tombstone))
+        flush()
+        self.head.ensure(len(self.index))
+        self.head.rebuild_last()
+        dt = time.perf_counter() - t0
+        M.WAL_REPLAY_SECONDS.set(dt)
+        if self.head.num_samples or stats["segments"]:
+            log.info("WAL replay: %d samples, %d series in head, %d segment(s)%s in %.2fs", self.head.num_samples,
+                     self.head.series_count(), stats["segments"], " + checkpoint" if stats["checkpoint"] is not None else "", dt)
+
+    # ------------------------------------------------------------------------------------------
+    # maintenance: head -> blocks, WAL checkpoint, compaction, retention
+    # ------------------------------------------------------------------------------------------
+
+    def _maintenance_loop(self) -> None:
+        while not self._stop.wait(self._maintenance_interval_s):
+            try:
+                self.maintain()
+            except Exception:  # noqa: BLE001 - keep the loop alive; counted and logged
+                M.COMPACTION_FAILURES.inc()
+                log.exception("storage maintenance failed")
+
+    def maintain(self) -> None:
+        """One pass: cut head ranges that are due, compact, apply retention."""
+        with self._maint_lock:
+            if self._closed:
+                return
+            changed = False
+            for _ in range(64):
+                if not self._cut_due():
+                    break
+                changed |= self._cut_oldest_range(force=False)
+            changed |= self._compact()
+            changed |= self._apply_retention()
+            if changed:
+                self._catalog_changed()
+            self._update_gauges()
+
+    def flush_head(self) -> None:
+        """Persist everything in the head as blocks now (tests, benchmarks, operators)."""
+        with self._maint_lock:
+            for _ in range(100_000):
+                if self.head.num_samples == 0:
+                    break
+                self._cut_oldest_range(force=True)
+            self._catalog_changed()
+            self._update_gauges()
+
+    def compact(self) -> bool:
+        with self._maint_lock:
+            changed = False
+            while self._compact():
+                changed = True
+            changed |= self._apply_retention()
+            if changed:
+                self._catalog_changed()
+            self._update_gauges()
+            return changed
+
+    def _cut_due(self) -> bool:
+        h = self.head
+        return h.num_samples > 0 and h.maxt - h.mint > self.options.block_duration_ms * 3 // 2
+
+    def _cut_oldest_range(self, force: bool) -> bool:
+        bd = self.options.block_duration_ms
+        with self._wlock:
+            if self.head.num_samples == 0:
+                return False
+            a = (self.head.mint // bd) * bd
+            b = a + bd
+            if force:
+                b = min(b, self.head.maxt + 1)
+            s, t, v = self.head.rows_in_range(INT64_MIN, b - 1)
+            self.min_valid_time = max(self.min_valid_time, b)
+        if len(s) == 0:
+            return False
+        bpath = write_block(self.blocks_dir, self.index.labels, s, t, v, level=1)
+        block = Block(bpath, self._global_id)
+        M.BLOCKS_WRITTEN.inc()
+        with self._wlock:
+            # Rows that arrived (out-of-order) after the snapshot stay in the head.
+            s2, t2, v2 = self.head.rows_in_range(INT64_MIN, b - 1)
+            extra = find_keys(s2, t2, s, t) < 0 if len(s2) != len(s) else None
+            with self._blocks_lock:
+                self._blocks = sorted(self._blocks + [block], key=lambda x: (x.mint, x.maxt))
+            self.head.truncate_before(b)
+            if extra is not None and extra.any():
+                self.head.commit(s2[extra], t2[extra], v2[extra])
+            upto = self.wal.cut_segment()
+            hs, ht, hv = self.head.all_rows()
+            keep = np.unique(hs)
+            self.wal.forget_series(keep)
+            series = [(i, self.index.labels[i]) for i in keep.tolist()]
+        self.wal.write_checkpoint(upto, series, hs, ht, hv)
+        log.info("persisted head block %s [%d, %d]: %d samples, %d series", block.id, block.mint, block.maxt,
+                 block.num_samples, block.num_series)
+        return True
+
+    def _newest_time(self) -> int:
+        newest = self.head.maxt
+        for b in self._blocks_snapshot():
+            newest = max(newest, b.maxt)
+        return newest
+
+    def _compaction_ranges(self) -> list[int]:
+        bd = self.options.block_duration_ms
+        out, r = [], bd * 3
+        limit = self.options.retention_ms // 10 if self.options.retention_ms > 0 else 31 * 86_400_000
+        while r <= max(limit, bd * 3) and len(out) < 4:
+            out.append(r)
+            r *= 3
+        return out
+
+    def _compact(self) -> bool:
+        blocks = self._blocks_snapshot()
+        if len(blocks) < 2:
+            return False
+        # 1) overlapping blocks (out-of-order data, interrupted cuts) are merged first
+        blocks.sort(key=lambda b: (b.mint, b.maxt))
+        group = [blocks[0]]
+        hi = blocks[0].maxt
+        for b in blocks[1:]:
+            if b.mint <= hi:
+                group.append(b)
+                hi = max(hi, b.maxt)
+                continue
+            if len(group) > 1:
+                break
+            group, hi = [b], b.maxt
+        if len(group) > 1:
+            self._merge_blocks(group)
+            return True
+        # 2) complete aligned windows of the next level
+        newest = self._newest_time()
+        bd = self.options.block_duration_ms
+        for r in self._compaction_ranges():
+            windows: dict[int, list[Block]] = {}
+            for b in blocks:
+                w = b.mint // r
+                if b.maxt // r == w:
+                    windows.setdefault(w, []).append(b)
+            for w, members in sorted(windows.items()):
+                if len(members) >= 2 and (w + 1) * r <= newest - bd:
+                    self._merge_blocks(members)
+                    return True
+        return False
+
+    def _merge_blocks(self, group: list[Block]) -> None:
+        parts = []
+        for b in group:
+            ls, t, v = b.read_all()
+            parts.append((b.local_to_global[ls], t, v))
+        s, t, v = sort_by_series_time(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
+                                      np.concatenate([p[2] for p in parts]))
+        s, t, v = dedupe_sorted(s, t, v)
+        ids = [b.id for b in group]
+        if len(s):
+            bpath = write_block(self.blocks_dir, self.index.labels, s, t, v, level=max(b.level for b in group) + 1, parents=ids)
+            new = [Block(bpath, self._global_id)]
+        else:
+            new = []
+        self._replace_blocks(group, new)
+        M.COMPACTIONS.inc()
+        log.info("compacted %d blocks into %s", len(group), new[0].id if new else "nothing")
+
+    def _replace_blocks(self, old: list[Block], new: list[Block]) -> None:
+        gone = {b.id for b in old}
+        with self._blocks_lock:
+            self._blocks = sorted([b for b in self._blocks if b.id not in gone] + new, key=lambda x: (x.mint, x.maxt))
+        for b in old:
+            b.remove()
+
+    def _apply_retention(self) -> bool:
+        blocks = self._blocks_snapshot()
+        if not blocks:
+            return False
+        drop: dict[str, str] = {}
+        if self.options.retention_ms > 0:
+            cutoff = self._newest_time() - self.options.retention_ms
+            for b in blocks:
+                if b.maxt < cutoff:
+                    drop[b.id] = "time"
+        if self.options.retention_bytes > 0:
+            total = sum(b.size_bytes for b in blocks if b.id not in drop) + self.wal.size_bytes()
+            for b in sorted(blocks, key=lambda x: (x.maxt, x.mint)):
+                if total <= self.options.retention_bytes:
+                    break
+                if b.id not in drop:
+                    drop[b.id] = "size"
+                    total -= b.size_bytes
+        if not drop:
+            return False
+        old = [b for b in blocks if b.id in drop]
+        for b in old:
+            M.RETENTION_DELETED.labels(drop[b.id]).inc()
+            log.info("retention (%s): deleting block %s [%d, %d]", drop[b.id], b.id, b.mint, b.maxt)
+        self._replace_blocks(old, [])
+        return True
+
+    def _rewrite_block_without(self, b: Block, sel: np.ndarray, mint: int, maxt: int) -> None:
+        ls, t, v = b.read_all()
+        g = b.local_to_global[ls]
+        keep = ~(sel[g] & (t >= mint) & (t <= maxt))
+        new = []
+        if keep.any():
+            bpath = write_block(self.blocks_dir, self.index.labels, g[keep], t[keep], v[keep], level=b.level, parents=[b.id])
+            new = [Block(bpath, self._global_id)]
+        self._replace_blocks([b], new)
+
+    def _catalog_changed(self) -> None:
+        try:
+            write_catalog(self.path, self._blocks_snapshot(), self.index.labels)
+        except Exception:  # noqa: BLE001 - the catalog is derived data; never fail ingest for it
+            log.exception("updating the DuckDB catalog failed")
+
+    # ------------------------------------------------------------------------------------------
+    # status
+    # ------------------------------------------------------------------------------------------
+
+    def stats(self, limit: int = 10) -> dict:
+        """Head and block statistics, shaped like Prometheus's /api/v1/status/tsdb data (plus extras)."""
+        n = len(self.index)
+        head_mask = self.head.series_in_range(n, INT64_MIN, INT64_MAX)
+        head_ids = np.flatnonzero(head_mask)
+        labels_all = self.index.labels
+        by_metric: dict[str, int] = {}
+        by_pair: dict[str, int] = {}
+        values_by_name: dict[str, set] = {}
+        mem_by_name: dict[str, int] = {}
+        for i in head_ids.tolist():  # per-series Python: status endpoint only, not a hot path
+            for name, value in labels_all[i]:
+                if name == "__name__":
+                    by_metric[value] = by_metric.get(value, 0) + 1
+                key = f"{name}={value}"
+                by_pair[key] = by_pair.get(key, 0) + 1
+                values_by_name.setdefault(name, set()).add(value)
+        for name, vals in values_by_name.items():
+            mem_by_name[name] = sum(len(v) for v in vals)
+
+        def top(d: dict) -> list[dict]:
+            return [{"name": k, "value": v} for k, v in sorted(d.items(), key=lambda kv: (-kv[1], kv[0]))[:limit]]
+
+        blocks = self._blocks_snapshot()
+        h = self.head
+        return {
+            "headStats": {"numSeries": len(head_ids), "numSamples": int(h.num_samples),
+                          "numLabelPairs": len(by_pair), "chunkCount": 0,
+                          "minTime": int(h.mint) if h.num_samples else 0, "maxTime": int(h.maxt) if h.num_samples else 0},
+            "seriesCountByMetricName": top(by_metric),
+            "labelValueCountByLabelName": top({k: len(v) for k, v in values_by_name.items()}),
+            "memoryInBytesByLabelName": top(mem_by_name),
+            "seriesCountByLabelValuePair": top(by_pair),
+            "numSeriesTotal": n,
+            "blocks": [{"id": b.id, "minTime": b.mint, "maxTime": b.maxt, "numSamples": b.num_samples,
+                        "numSeries": b.num_series, "level": b.level, "bytes": b.size_bytes} for b in blocks],
+            "blockBytes": sum(b.size_bytes for b in blocks),
+            "walBytes": self.wal.size_bytes(),
+            "minValidTime": int(self.min_valid_time),
+        }
+
+    # ------------------------------------------------------------------------------------------
+    # lifecycle
+    # ------------------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=60)
+        with self._wlock:
+            self._closed = True
+            self.wal.close()
+
+    def __enter__(self) -> "TSDB":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _update_gauges(self) -> None:
+        M.HEAD_SAMPLES.set(self.head.num_samples)
+        M.HEAD_SERIES.set(self.head.series_count())
+        blocks = self._blocks_snapshot()
+        M.BLOCKS.set(len(blocks))
+        M.BLOCK_BYTES.set(sum(b.size_bytes for b in blocks))

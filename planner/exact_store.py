@@ -1,0 +1,204 @@
+"""Pane payloads of the exact algorithms (moments + counter) for one SDS: dense (series x pane) arrays.
+
+Samples arrive per series in time order (storage refuses out-of-order samples by default, and this
+store drops anything not newer than the series' last sample, mirroring it). A batch is folded in with
+numpy only: group by (series, pane), reduce each group, then merge groups into existing panes with
+``combine`` (the boundary pair between an open pane and its continuation is accounted exactly).
+
+Each pane also keeps its *entry* pair (previous sample of the series -> first sample of the pane):
+``entry_corr`` / ``entry_resets`` / ``entry_changes``. A pane range subtracts the entry of its first
+non-empty pane, so ranges that start anywhere stay exact.
+"""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from planner.algorithms.exact import FIELDS, INT_FIELDS, SegStats, boundary, combine, segments_from_sorted
+
+ENTRY_FIELDS = ("entry_corr", "entry_resets", "entry_changes")
+ALL_FIELDS = FIELDS + ENTRY_FIELDS
+
+
+def _blank(field: str, shape: tuple[int, int]) -> np.ndarray:
+    if field in INT_FIELDS or field in ("entry_resets", "entry_changes"):
+        return np.zeros(shape, np.int64)
+    if field in ("vmin", "vmax"):
+        return np.full(shape, np.nan)
+    return np.zeros(shape, np.float64)
+
+
+class ExactPaneStore:
+    def __init__(self, pane_ms: int):
+        self.pane_ms = int(pane_ms)
+        self.lock = threading.RLock()
+        self.k0 = 0  # pane index of column 0
+        self.nk = 0  # columns in use
+        self.ns = 0  # series in use
+        self.cols: dict[str, np.ndarray] = {f: _blank(f, (0, 0)) for f in ALL_FIELDS}
+        self.shift = np.zeros(0)  # per-series shift constant c (NaN = not chosen yet)
+        self.last_t = np.zeros(0, np.int64)  # chain state for live ingest
+        self.last_v = np.zeros(0)
+
+    # --- capacity --------------------------------------------------------------------------
+    def ensure_series(self, n: int) -> None:
+        if n <= self.shift.shape[0]:
+            self.ns = max(self.ns, n)
+            return
+        cap = max(n, 2 * self.shift.shape[0], 16)
+        for f, a in self.cols.items():
+            b = _blank(f, (cap, a.shape[1]))
+            b[: a.shape[0]] = a
+            self.cols[f] = b
+        grow = cap - self.shift.shape[0]
+        self.shift = np.concatenate([self.shift, np.full(grow, np.nan)])
+        self.last_t = np.concatenate([self.last_t, np.full(grow, np.iinfo(np.int64).min)])
+        self.last_v = np.concatenate([self.last_v, np.full(grow, np.nan)])
+        self.ns = n
+
+    def ensure_panes(self, kmin: int, kmax: int) -> None:
+        """Make columns exist for panes kmin..kmax inclusive."""
+        if self.nk == 0:
+            self.k0 = kmin
+        lo = min(self.k0, kmin)
+        hi = max(self.k0 + self.nk - 1, kmax)
+        cap = self.cols["count"].shape[1]
+        if lo == self.k0 and hi - lo + 1 <= cap:
+            self.nk = hi - lo + 1
+            return
+        need = hi - lo + 1
+        newcap = max(need, 2 * cap, 64)
+        shift = self.k0 - lo
+        rows = self.cols["count"].shape[0]
+        for f, a in self.cols.items():
+            b = _blank(f, (rows, newcap))
+            b[:, shift : shift + self.nk] = a[:, : self.nk]
+            self.cols[f] = b
+        self.k0 = lo
+        self.nk = need
+
+    def nbytes(self) -> int:
+        return int(sum(a[: self.ns, : self.nk].nbytes for a in self.cols.values()))
+
+    # --- ingest ----------------------------------------------------------------------------
+    def _choose_shift(self, sid: np.ndarray, vals: np.ndarray) -> None:
+        fin = np.isfinite(vals)
+        if not fin.any():
+            return
+        u, first = np.unique(sid[fin], return_index=True)
+        unset = np.isnan(self.shift[u])
+        self.shift[u[unset]] = vals[fin][first[unset]]
+
+    def ingest_sorted(self, sid: np.ndarray, ts: np.ndarray, vals: np.ndarray, *, live: bool = True) -> None:
+        """Fold samples sorted by (sid, ts), strictly increasing per sid, stale markers removed.
+
+        ``live``: continue each series' chain (last_t/last_v); otherwise (backfill of an older range)
+        the chain starts fresh and the caller fixes the entry of the following pane afterwards.
+        """
+        n = len(ts)
+        if n == 0:
+            return
+        with self.lock:
+            self._choose_shift(sid, vals)
+            k = ts // self.pane_ms
+            new = np.ones(n, bool)
+            new[1:] = (sid[1:] != sid[:-1]) | (k[1:] != k[:-1])
+            gs = np.nonzero(new)[0]
+            g_sid = sid[gs]
+            g_k = k[gs]
+            shift = np.nan_to_num(self.shift[sid], nan=0.0)
+            seg = segments_from_sorted(gs, vals, ts, shift)
+            prev_same = np.zeros(len(gs), bool)
+            prev_same[1:] = g_sid[1:] == g_sid[:-1]
+            prev_v = np.where(prev_same, vals[np.maximum(gs - 1, 0)], self.last_v[g_sid] if live else np.nan)
+            bc, br, bch = boundary(prev_v, seg.first_v)
+            self.ensure_panes(int(g_k.min()), int(g_k.max()))
+            c = g_k - self.k0
+            existing = self.cols["count"][g_sid, c] > 0
+            if existing.any():
+                ei = np.nonzero(existing)[0]
+                old = SegStats(**{f: self.cols[f][g_sid[ei], c[ei]] for f in FIELDS})
+                if live:  # continuation of an open pane
+                    merged = combine(old, seg.take(ei))
+                else:  # backfill of the samples that precede the live part of the pane
+                    merged = combine(seg.take(ei), old)
+                    self.cols["entry_corr"][g_sid[ei], c[ei]] = bc[ei]
+                    self.cols["entry_resets"][g_sid[ei], c[ei]] = br[ei]
+                    self.cols["entry_changes"][g_sid[ei], c[ei]] = bch[ei]
+                for f in FIELDS:
+                    self.cols[f][g_sid[ei], c[ei]] = getattr(merged, f)
+            fresh = np.nonzero(~existing)[0]
+            for f in FIELDS:
+                self.cols[f][g_sid[fresh], c[fresh]] = getattr(seg, f)[fresh]
+            self.cols["entry_corr"][g_sid[fresh], c[fresh]] = bc[fresh]
+            self.cols["entry_resets"][g_sid[fresh], c[fresh]] = br[fresh]
+            self.cols["entry_changes"][g_sid[fresh], c[fresh]] = bch[fresh]
+            if live:
+                last = np.ones(n, bool)
+                last[:-1] = sid[1:] != sid[:-1]
+                self.last_t[sid[last]] = ts[last]
+                self.last_v[sid[last]] = vals[last]
+
+    def fix_entries(self, sid: np.ndarray, prev_v: np.ndarray, from_pane: int) -> None:
+        """After filling panes before ``from_pane``: set the entry pair of each series' first non-empty
+        pane >= from_pane from its previous sample ``prev_v`` (the last sample before that pane)."""
+        with self.lock:
+            c0 = from_pane - self.k0
+            if c0 >= self.nk or len(sid) == 0:
+                return
+            c0 = max(c0, 0)
+            cnt = self.cols["count"][sid, c0 : self.nk] > 0
+            has = cnt.any(axis=1)
+            first = np.argmax(cnt, axis=1) + c0
+            s, col = sid[has], first[has]
+            bc, br, bch = boundary(prev_v[has], self.cols["first_v"][s, col])
+            self.cols["entry_corr"][s, col] = bc
+            self.cols["entry_resets"][s, col] = br
+            self.cols["entry_changes"][s, col] = bch
+
+    def has_data(self, sids: np.ndarray, pane: int) -> np.ndarray:
+        with self.lock:
+            c = pane - self.k0
+            if c < 0 or c >= self.nk:
+                return np.zeros(len(sids), bool)
+            return self.cols["count"][sids, c] > 0
+
+    def pane_arrays(self, sids: np.ndarray, k_lo: int, k_hi: int) -> dict[str, np.ndarray]:
+        """Copies of the (len(sids), k_hi - k_lo) pane arrays for panes [k_lo, k_hi)."""
+        with self.lock:
+            out = {}
+            a = max(k_lo - self.k0, 0)
+            b = max(min(k_hi - self.k0, self.nk), a)
+            pad_l = max(self.k0 - k_lo, 0)
+            width = max(k_hi - k_lo, 0)
+            for f, arr in self.cols.items():
+                res = _blank(f, (len(sids), width))
+                if b > a:
+                    res[:, pad_l : pad_l + (b - a)] = arr[sids, a:b]
+                out[f] = res
+            return out
+
+    # --- persistence ------------------------------------------------------------------------
+    def export_rows(self, k_lo: int, k_hi: int) -> dict[str, np.ndarray]:
+        """Non-empty panes in [k_lo, k_hi) as flat columns (series, pane, fields...)."""
+        with self.lock:
+            a = max(k_lo - self.k0, 0)
+            b = max(min(k_hi - self.k0, self.nk), a)
+            cnt = self.cols["count"][: self.ns, a:b]
+            s, c = np.nonzero(cnt > 0)
+            out = {"series": s.astype(np.int64), "pane": (c + a + self.k0).astype(np.int64)}
+            for f, arr in self.cols.items():
+                out[f] = arr[s, c + a]
+            return out
+
+    def import_rows(self, rows: dict[str, np.ndarray]) -> None:
+        if len(rows["pane"]) == 0:
+            return
+        with self.lock:
+            s = rows["series"].astype(np.int64)
+            self.ensure_series(int(s.max()) + 1)
+            self.ensure_panes(int(rows["pane"].min()), int(rows["pane"].max()))
+            c = rows["pane"] - self.k0
+            for f in ALL_FIELDS:
+                self.cols[f][s, c] = rows[f]

@@ -1,0 +1,142 @@
+"""KLL pane payloads (datasketches ``kll_doubles_sketch``) for one SDS, plus a dyadic merge cache.
+
+A window's whole-pane part is answered by merging O(log K) cached dyadic nodes (node (l, j) = panes
+[j*2^l, (j+1)*2^l)) instead of every pane, and the merged result for a given (series, klo, khi) is
+kept in a small LRU: steps finer than the pane share it, and dashboard refreshes reuse it. KLL merge
+costs a few microseconds, so this is what keeps long ranges cheap.
+"""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+import numpy as np
+from datasketches import kll_doubles_sketch
+
+DEFAULT_K = 200
+
+
+def rank_error(k: int) -> float:
+    """Normalized single-quantile rank error (99% confidence) of a KLL sketch with parameter k."""
+    return float(kll_doubles_sketch.get_normalized_rank_error(k, False))
+
+
+class KLLPaneStore:
+    def __init__(self, pane_ms: int, k: int = DEFAULT_K, cache_entries: int = 50_000):
+        self.pane_ms = int(pane_ms)
+        self.k = int(k)
+        self.lock = threading.RLock()
+        self.panes: dict[tuple[int, int], kll_doubles_sketch] = {}
+        self.last_t = np.zeros(0, np.int64)
+        self._nodes: dict[tuple[int, int, int], kll_doubles_sketch | None] = {}
+        self._windows: OrderedDict[tuple[int, int, int], kll_doubles_sketch | None] = OrderedDict()
+        self._cache_entries = cache_entries
+        self.ns = 0
+
+    def ensure_series(self, n: int) -> None:
+        if n > len(self.last_t):
+            grow = max(n, 2 * len(self.last_t), 16) - len(self.last_t)
+            self.last_t = np.concatenate([self.last_t, np.full(grow, np.iinfo(np.int64).min)])
+        self.ns = max(self.ns, n)
+
+    def nbytes(self) -> int:
+        with self.lock:
+            # serialized size is what persistence stores; ~8 bytes per retained item in memory
+            return int(sum(s.get_serialized_size_bytes() for s in self.panes.values()))
+
+    def _invalidate(self, keys: set[tuple[int, int]]) -> None:
+        if not self._nodes and not self._windows:
+            return
+        touched = {s for s, _ in keys}
+        self._nodes = {k: v for k, v in self._nodes.items() if k[0] not in touched}
+        for key in [k for k in self._windows if k[0] in touched]:
+            del self._windows[key]
+
+    def ingest_sorted(self, sid: np.ndarray, ts: np.ndarray, vals: np.ndarray, *, live: bool = True) -> None:
+        """Samples sorted by (sid, ts). One bulk ``update(array)`` per (series, pane) group."""
+        n = len(ts)
+        if n == 0:
+            return
+        k = ts // self.pane_ms
+        new = np.ones(n, bool)
+        new[1:] = (sid[1:] != sid[:-1]) | (k[1:] != k[:-1])
+        gs = np.nonzero(new)[0]
+        ge = np.append(gs[1:], n)
+        keys = list(zip(sid[gs].tolist(), k[gs].tolist()))
+        with self.lock:
+            # per (series, pane) group, not per sample: the sketch takes the whole array at once
+            for key, a, b in zip(keys, gs.tolist(), ge.tolist()):
+                sk = self.panes.get(key)
+                if sk is None:
+                    sk = self.panes[key] = kll_doubles_sketch(self.k)
+                sk.update(vals[a:b])
+            self._invalidate(set(keys))
+            if live:
+                last = np.ones(n, bool)
+                last[:-1] = sid[1:] != sid[:-1]
+                self.last_t[sid[last]] = ts[last]
+
+    def _node(self, s: int, level: int, j: int) -> kll_doubles_sketch | None:
+        key = (s, level, j)
+        if key in self._nodes:
+            return self._nodes[key]
+        if level == 0:
+            res = self.panes.get((s, j))
+        else:
+            a = self._node(s, level - 1, 2 * j)
+            b = self._node(s, level - 1, 2 * j + 1)
+            if a is None or b is None:
+                res = a if b is None else b
+            else:
+                res = kll_doubles_sketch(self.k)
+                res.merge(a)
+                res.merge(b)
+        self._nodes[key] = res
+        return res
+
+    def range_sketch(self, s: int, klo: int, khi: int) -> kll_doubles_sketch | None:
+        """Merged sketch of panes [klo, khi) of series s (None when empty). Do not mutate it."""
+        key = (s, klo, khi)
+        with self.lock:
+            if key in self._windows:
+                self._windows.move_to_end(key)
+                return self._windows[key]
+            parts = []
+            lo, hi = klo, khi
+            level = 0
+            while lo < hi:  # dyadic decomposition: O(log(khi - klo)) nodes
+                if lo & 1:
+                    parts.append((level, lo))
+                    lo += 1
+                if hi & 1:
+                    hi -= 1
+                    parts.append((level, hi))
+                lo >>= 1
+                hi >>= 1
+                level += 1
+            nodes = [n for n in (self._node(s, lv, j) for lv, j in parts) if n is not None]
+            if not nodes:
+                res = None
+            elif len(nodes) == 1:
+                res = nodes[0]
+            else:
+                res = kll_doubles_sketch(self.k)
+                for n in nodes:
+                    res.merge(n)
+            self._windows[key] = res
+            if len(self._windows) > self._cache_entries:
+                self._windows.popitem(last=False)
+            return res
+
+    # --- persistence -------------------------------------------------------------------------
+    def export_rows(self, k_lo: int, k_hi: int) -> dict[str, list]:
+        with self.lock:
+            items = [(s, k, sk.serialize()) for (s, k), sk in self.panes.items() if k_lo <= k < k_hi]
+        return {"series": [i[0] for i in items], "pane": [i[1] for i in items], "sketch": [i[2] for i in items]}
+
+    def import_rows(self, rows: dict[str, list]) -> None:
+        with self.lock:
+            for s, k, blob in zip(rows["series"], rows["pane"], rows["sketch"]):
+                self.panes[(int(s), int(k))] = kll_doubles_sketch.deserialize(bytes(blob))
+            if rows["series"]:
+                self.ensure_series(int(max(rows["series"])) + 1)

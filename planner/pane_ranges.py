@@ -1,0 +1,90 @@
+"""Merged exact stats of pane ranges [klo_j, khi_j) for every series and step, without a per-step loop.
+
+Additive fields come from prefix sums over panes (int64 exact; float sums in extended precision so a
+difference of two long prefixes keeps the digits Prometheus's compensated sum keeps). Min/max come
+from a sparse table (O(1) per window), first/last from next/previous non-empty pane indexes, and the
+counter corrections from prefix sums of (inner + entry) corrections minus the entry of the first pane.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from planner.algorithms.exact import SegStats
+
+_ADD_INT = ("count", "nnan", "npinf", "nninf")
+_ADD_FLOAT = ("s1", "s2")
+
+
+def _prefix(a: np.ndarray, dtype: type) -> np.ndarray:
+    out = np.zeros((a.shape[0], a.shape[1] + 1), dtype=dtype)
+    np.cumsum(a.astype(dtype, copy=False), axis=1, out=out[:, 1:])
+    return out
+
+
+def _sparse_query(a: np.ndarray, klo: np.ndarray, khi: np.ndarray, fn: np.ufunc) -> np.ndarray:
+    """fn-reduction of a[:, klo_j:khi_j] for every j (empty ranges give NaN)."""
+    S, K = a.shape
+    T = len(klo)
+    out = np.full((S, T), np.nan)
+    length = khi - klo
+    ok = length > 0
+    if not ok.any() or K == 0:
+        return out
+    lev = np.zeros(T, np.int64)
+    lev[ok] = np.floor(np.log2(length[ok])).astype(np.int64)
+    tables = [a]
+    maxlev = int(lev.max())
+    for lv in range(1, maxlev + 1):
+        prev = tables[-1]
+        half = 1 << (lv - 1)
+        tables.append(fn(prev[:, :-half], prev[:, half:]))
+    for lv in np.unique(lev[ok]):
+        cols = np.nonzero(ok & (lev == lv))[0]
+        tab = tables[int(lv)]
+        left = tab[:, klo[cols]]
+        right = tab[:, khi[cols] - (1 << int(lv))]
+        out[:, cols] = fn(left, right)
+    return out
+
+
+def range_stats(p: dict[str, np.ndarray], klo: np.ndarray, khi: np.ndarray) -> SegStats:
+    """Stats of panes [klo_j, khi_j) (column indexes into the (S, K) pane arrays ``p``)."""
+    count = p["count"]
+    S, K = count.shape
+    T = len(klo)
+    klo = np.clip(klo, 0, K)
+    khi = np.clip(np.maximum(khi, klo), 0, K)
+    out = SegStats.empty((S, T))
+    for f in _ADD_INT:
+        pre = _prefix(p[f], np.int64)
+        setattr(out, f, pre[:, khi] - pre[:, klo])
+    for f in _ADD_FLOAT:
+        pre = _prefix(p[f], np.longdouble)
+        setattr(out, f, (pre[:, khi] - pre[:, klo]).astype(np.float64))
+    with np.errstate(invalid="ignore"):
+        out.vmin = _sparse_query(p["vmin"], klo, khi, np.fmin)
+        out.vmax = _sparse_query(p["vmax"], klo, khi, np.fmax)
+    nonempty = count > 0
+    idx = np.arange(K, dtype=np.int64)
+    # nxt[:, k] = first non-empty pane >= k (K if none); prv[:, k] = last non-empty pane < k (-1).
+    nxt = np.full((S, K + 1), K, np.int64)
+    nxt[:, :K] = np.minimum.accumulate(np.where(nonempty, idx, K)[:, ::-1], axis=1)[:, ::-1]
+    prv = np.full((S, K + 1), -1, np.int64)
+    prv[:, 1:] = np.maximum.accumulate(np.where(nonempty, idx, -1), axis=1)
+    f = nxt[:, klo]
+    l = prv[:, khi]
+    has = f < khi[None, :]
+    fc = np.clip(f, 0, max(K - 1, 0))
+    lc = np.clip(l, 0, max(K - 1, 0))
+    if K:
+        out.first_t = np.where(has, np.take_along_axis(p["first_t"], fc, axis=1), 0)
+        out.first_v = np.where(has, np.take_along_axis(p["first_v"], fc, axis=1), 0.0)
+        out.last_t = np.where(has, np.take_along_axis(p["last_t"], lc, axis=1), 0)
+        out.last_v = np.where(has, np.take_along_axis(p["last_v"], lc, axis=1), 0.0)
+        for fld, entry, dtype in (("corr", "entry_corr", np.longdouble), ("resets", "entry_resets", np.int64),
+                                  ("changes", "entry_changes", np.int64)):
+            pre = _prefix(p[fld] + p[entry], dtype)
+            tot = pre[:, khi] - pre[:, klo]
+            tot = tot - np.where(has, np.take_along_axis(p[entry], fc, axis=1), 0)
+            setattr(out, fld, tot.astype(np.float64 if fld == "corr" else np.int64))
+    return out

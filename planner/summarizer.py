@@ -1,0 +1,193 @@
+"""The summarizer: an ingest sink that folds every batch into the panes of the adopted SDSs.
+
+``consume(batch)`` maps the batch's K series to each SDS's local ids once (per-series Python, cached
+by label set), then hands the in-scope samples to the SDS's store in bulk (numpy). Samples are split
+between the live path and backfill by time: live takes ``t >= live_from_ts`` (and only newer than the
+series' last sample, like storage's in-order rule), backfill reads everything older from raw storage,
+so no sample is counted twice. ``backfill`` runs newest chunk first and widens coverage as it goes.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+from planner.sds import SDS
+from storage.batch import SampleBatch
+from storage.labels import metric_name
+from storage.stale import is_stale
+
+log = logging.getLogger("turboprom.planner")
+
+BACKFILL_CHUNK_PANES = 240
+
+
+class Summarizer:
+    def __init__(self, storage: Any = None):
+        self.storage = storage
+        self.sds: dict[str, SDS] = {}
+        self.by_metric: dict[str, list[SDS]] = {}
+        self.max_ts: int | None = None
+        self.lock = threading.RLock()
+        self.cpu_seconds = 0.0
+        self.samples = 0
+        self._name_cache: dict[tuple, str] = {}
+
+    # --- registry of SDSs ------------------------------------------------------------------
+    def add(self, sds: SDS) -> None:
+        with self.lock:
+            self.sds[sds.id] = sds
+            self.by_metric.setdefault(sds.metric, []).append(sds)
+            if self.max_ts is not None:
+                sds.max_ts = self.max_ts
+
+    def remove(self, sds_id: str) -> SDS | None:
+        with self.lock:
+            sds = self.sds.pop(sds_id, None)
+            if sds is not None:
+                self.by_metric[sds.metric] = [s for s in self.by_metric.get(sds.metric, []) if s.id != sds_id]
+            return sds
+
+    def note_time(self, ts: int) -> None:
+        with self.lock:
+            self.max_ts = ts if self.max_ts is None else max(self.max_ts, ts)
+            for s in self.sds.values():
+                s.max_ts = max(s.max_ts, self.max_ts)
+
+    # --- ingest sink -----------------------------------------------------------------------
+    def consume(self, batch: SampleBatch) -> None:
+        if len(batch) == 0:
+            return
+        t0 = time.thread_time()
+        self.note_time(int(batch.timestamps.max()))
+        with self.lock:
+            targets = [s for lst in self.by_metric.values() for s in lst]
+        if targets:
+            names = [metric_name(l) for l in batch.series]
+            stale = is_stale(batch.values)
+            for sds in targets:
+                self._fold(sds, batch, names, stale)
+        self.cpu_seconds += time.thread_time() - t0
+        self.samples += len(batch)
+
+    def _fold(self, sds: SDS, batch: SampleBatch, names: list[str], stale: np.ndarray) -> None:
+        if sds.live_from is None:
+            return
+        t0 = time.thread_time()
+        metric = sds.metric
+        pos = [i for i, n in enumerate(names) if n == metric]
+        if not pos:
+            return
+        pos = [i for i in pos if sds.registry.in_scope(batch.series[i])]
+        if not pos:
+            return
+        ids = sds.register([batch.series[i] for i in pos])
+        m = np.full(len(batch.series), -1, np.int64)
+        m[np.asarray(pos, np.int64)] = ids
+        sid = m[batch.series_index]
+        ts = batch.timestamps
+        keep = (sid >= 0) & ~stale & (ts >= sds.live_from)
+        if not keep.any():
+            return
+        sid, ts, vals = sid[keep], ts[keep], batch.values[keep]
+        order = np.lexsort((ts, sid))
+        sid, ts, vals = sid[order], ts[order], vals[order]
+        with sds.store.lock:
+            ok = ts > sds.store.last_t[sid]
+            ok[1:] &= ~((sid[1:] == sid[:-1]) & (ts[1:] == ts[:-1]))
+            sds.store.ingest_sorted(sid[ok], ts[ok], vals[ok], live=True)
+        sds.stats.ingest_cpu_s += time.thread_time() - t0
+        sds.stats.ingested_samples += int(ok.sum())
+
+    # --- adoption & backfill -----------------------------------------------------------------
+    def start_live(self, sds: SDS, live_from_ts: int | None = None) -> None:
+        """Live ingestion for ``sds`` starts at ``live_from_ts`` (default: just after the newest sample seen)."""
+        if live_from_ts is None:
+            live_from_ts = (self.max_ts + 1) if self.max_ts is not None else int(time.time() * 1000)
+        sds.live_from = int(live_from_ts)
+        self.add(sds)
+
+    def backfill(self, sds: SDS, history_ms: int, stop: threading.Event | None = None) -> None:
+        """Fill panes [live_from - history, live_from) from raw storage, newest chunk first.
+
+        Coverage (``cov_lo``) widens after each chunk, so the SDS serves recent windows early.
+        """
+        if self.storage is None or sds.live_from is None:
+            sds.backfill_state = "done"
+            sds.cov_lo = (sds.live_from // sds.spec.pane_ms + 1) if sds.live_from is not None else None
+            return
+        P = sds.spec.pane_ms
+        live_pane = sds.live_from // P
+        lo_pane = (sds.live_from - history_ms) // P
+        sds.backfill_total = live_pane + 1 - lo_pane
+        sds.backfill_done = 0
+        sds.backfill_state = "running"
+        hi = live_pane + 1  # chunk [c_lo, hi); the first chunk ends with the pane holding live_from
+        scope = sds.spec.scope_matchers()
+        while hi > lo_pane:
+            if stop is not None and stop.is_set():
+                sds.backfill_state = "stopped"
+                return
+            c_lo = max(lo_pane, hi - BACKFILL_CHUNK_PANES)
+            mint = c_lo * P
+            maxt = min(hi * P, sds.live_from) - 1
+            ss = self.storage.select(scope, mint, maxt)
+            self._fold_history(sds, ss, hi)
+            sds.backfill_done += hi - c_lo
+            sds.cov_lo = c_lo
+            hi = c_lo
+        sds.backfill_state = "done"
+
+    def _fold_history(self, sds: SDS, ss: Any, next_pane: int) -> None:
+        t0 = time.thread_time()
+        if len(ss) == 0:
+            return
+        ids = sds.register(ss.labels)
+        sid = np.repeat(ids, np.diff(ss.offsets))
+        ts, vals = ss.timestamps, ss.values
+        keep = ~is_stale(vals)
+        sid, ts, vals = sid[keep], ts[keep], vals[keep]
+        order = np.lexsort((ts, sid))
+        sid, ts, vals = sid[order], ts[order], vals[order]
+        store = sds.store
+        with store.lock:
+            last = np.ones(len(sid), bool)
+            last[:-1] = sid[1:] != sid[:-1]
+            lsid = sid[last]
+            # A series whose boundary pane (next_pane - 1) already holds live samples gets this chunk
+            # prepended to that pane (combine accounts for the pair); the others' next pane needs its
+            # entry pair fixed from this chunk's last sample.
+            live_there = store.has_data(lsid, next_pane - 1) if hasattr(store, "has_data") else None
+            store.ingest_sorted(sid, ts, vals, live=False)
+            if live_there is not None and len(sid):
+                fix = ~live_there
+                store.fix_entries(lsid[fix], vals[last][fix], next_pane)
+        sds.stats.ingest_cpu_s += time.thread_time() - t0
+        sds.stats.ingested_samples += len(ts)
+
+    def adopt(self, sds: SDS, history_ms: int, background: bool = True) -> threading.Thread | None:
+        self.start_live(sds)
+        if not background:
+            self.backfill(sds, history_ms)
+            return None
+        th = threading.Thread(target=self._safe_backfill, args=(sds, history_ms), name=f"backfill-{sds.id}", daemon=True)
+        th.start()
+        return th
+
+    def _safe_backfill(self, sds: SDS, history_ms: int) -> None:
+        try:
+            self.backfill(sds, history_ms)
+        except Exception:  # noqa: BLE001 - keep the server up; the SDS simply never covers
+            log.exception("backfill of %s failed", sds.id)
+            sds.backfill_state = "failed"
+
+    def describe(self) -> dict[str, Any]:
+        return {"cpu_seconds": self.cpu_seconds, "samples": self.samples, "max_ts": self.max_ts,
+                "sds": sorted(self.sds)}
+
+
+def names_of(series: Sequence) -> list[str]:
+    return [metric_name(l) for l in series]

@@ -13,6 +13,7 @@ Python and Go disagree on notation fixed up), and the result text is assembled w
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Iterable, Sequence
 
 import numpy as np
@@ -55,7 +56,7 @@ def format_values(values: np.ndarray) -> list[str]:
     # repr() already matches Go for 1e-4 <= |v| < 1e16 (positional) and for |v| < 1e-6 or
     # |v| >= 1e21 (exponent, at least two exponent digits, explicit sign).
     with np.errstate(invalid="ignore"):
-        positional_fix = rest & finite & (((a >= 1e-6) & (a < 1e-4)) | ((a >= 1e16) & (a < 1e21)))
+        positional_fix = rest & finite & (((a >= 1e-6) & (a < 1e-4)) | ((a >= _TWO53) & (a < 1e21)))
     plain = rest & finite & ~positional_fix
     if plain.any():
         out[plain] = list(map(float.__repr__, v[plain].tolist()))
@@ -70,6 +71,18 @@ def format_values(values: np.ndarray) -> list[str]:
         out[special & (v == np.inf)] = "+Inf"
         out[special & (v == -np.inf)] = "-Inf"
     return out.tolist()
+
+
+def format_value_f(v: float) -> str:
+    """Go ``FormatFloat(v, 'f', -1, 64)``: always positional (Prometheus writes scalar results
+    this way, while vector/matrix points switch to exponent form at the extremes)."""
+    if math.isnan(v):
+        return "NaN"
+    if math.isinf(v):
+        return "+Inf" if v > 0 else "-Inf"
+    if v == 0:
+        return "-0" if math.copysign(1.0, v) < 0 else "0"
+    return np.format_float_positional(v, unique=True, trim="-")
 
 
 def format_timestamps(ts_ms: np.ndarray) -> list[str]:
@@ -214,10 +227,12 @@ def result_data_json(res: QueryResult, limit: int = 0) -> tuple[str, bool]:
     """The ``data.result`` JSON of a query result and whether it was truncated to ``limit``."""
     rt = res.result_type
     truncated = False
+    # Prometheus marshals scalars and strings as [float64(t)/1000, v] with encoding/json, so
+    # their timestamp is a Go float (1435781451.78), unlike vector/matrix points (…451.780).
     if rt == "scalar":
-        return f'[{format_timestamp(res.timestamp)},"{format_value(res.scalar)}"]', False
+        return f'[{format_value(res.timestamp / 1000)},"{format_value_f(res.scalar)}"]', False
     if rt == "string":
-        return f"[{format_timestamp(res.timestamp)},{json_str(res.string)}]", False
+        return f"[{format_value(res.timestamp / 1000)},{json_str(res.string)}]", False
     labels = res.labels
     if rt == "vector":
         vals = np.asarray(res.values if res.values is not None else np.empty(0), dtype=np.float64).ravel()

@@ -215,12 +215,28 @@ def _matchers_of(node: object) -> list[list[Matcher]]:
     return out
 
 
+def parse_error_text(query: str, err: Exception) -> str:
+    """Prometheus-style ``<line>:<col>: parse error: <msg>``. promql-parser reports no position;
+    errors at the end of the input get the end position (as Prometheus's do), others 1:1."""
+    msg = str(err)
+    line, col = 1, 1
+    if "end of input" in msg or "unclosed" in msg or "no expression" in msg:
+        lines = query.split("\n")
+        line, col = len(lines), len(lines[-1]) + 1 if query else 1
+    return f"{line}:{col}: parse error: {msg}"
+
+
+def parse_query(query: str) -> object:
+    """Parse PromQL; ValueError carries the Prometheus-style message."""
+    try:
+        return promql_parser.parse(query)
+    except ValueError as e:
+        raise ValueError(parse_error_text(query, e)) from None
+
+
 def parse_metric_selector(text: str) -> list[list[Matcher]]:
     """A series selector (``foo{a="b"}``) -> its matcher set(s). Raises ValueError."""
-    try:
-        node = promql_parser.parse(text)
-    except ValueError as e:
-        raise ValueError(f"1:1: parse error: {e}") from None
+    node = parse_query(text)
     if type(node).__name__ != "VectorSelector" or getattr(node, "offset", None) is not None or getattr(node, "at", None) is not None:
         raise ValueError(f"1:1: parse error: expected a series selector, got {text!r}")
     try:

@@ -13,7 +13,6 @@ import threading
 import time
 from typing import Any
 
-import promql_parser
 from aiohttp import web
 
 from promql.errors import PromQLError
@@ -22,6 +21,7 @@ from turboprom import api_json
 from turboprom.api_ast import translate_ast
 from turboprom.api_common import APIError, add_get_post, api_handler, json_response, ok, run_off_loop
 from turboprom.api_params import MAX_RANGE_POINTS, MAX_TIME_MS, MIN_TIME_MS, Params, invalid_param
+from turboprom.api_params import parse_query as parse_promql
 from turboprom.context import ServerContext
 
 
@@ -32,9 +32,9 @@ def _now_ms() -> int:
 def _check_query_syntax(q: str) -> None:
     """Parse errors are the caller's fault: bad_data, named after the ``query`` parameter."""
     try:
-        promql_parser.parse(q)
+        parse_promql(q)
     except ValueError as e:
-        raise invalid_param("query", f"1:1: parse error: {e}") from None
+        raise invalid_param("query", str(e)) from None
 
 
 def _pick_engine(ctx: ServerContext, exact: bool) -> Any:
@@ -128,9 +128,9 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
         lookback = _lookback(params)
         q = params.get("query")
         try:
-            promql_parser.parse(q)
+            parse_promql(q)
         except ValueError as e:  # Prometheus 2.42 does not name the parameter here
-            raise APIError("bad_data", f"1:1: parse error: {e}") from None
+            raise APIError("bad_data", str(e)) from None
         exact = params.flag("exact")
         engine = _pick_engine(ctx, exact)
         timeout_s = _effective_timeout(ctx, timeout)
@@ -144,9 +144,9 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
     async def format_query(request: web.Request, params: Params) -> web.Response:
         q = params.get("query")
         try:
-            expr = promql_parser.parse(q)
+            expr = parse_promql(q)
         except ValueError as e:
-            raise invalid_param("query", f"1:1: parse error: {e}") from None
+            raise invalid_param("query", str(e)) from None
         from promql.printer import to_promql  # Prometheus's String() rendering (engineer C)
 
         return ok(to_promql(expr))
@@ -155,9 +155,9 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
     async def parse_query(request: web.Request, params: Params) -> web.Response:
         q = params.get("query")
         try:
-            expr = promql_parser.parse(q)
+            expr = parse_promql(q)
         except ValueError as e:
-            raise invalid_param("query", f"1:1: parse error: {e}") from None
+            raise invalid_param("query", str(e)) from None
         return ok(translate_ast(expr))
 
     @api_handler
@@ -168,9 +168,9 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
             raise APIError("bad_data", "end timestamp must not be before start timestamp")
         q = params.get("query")
         try:
-            promql_parser.parse(q)
+            parse_promql(q)
         except ValueError as e:
-            raise APIError("bad_data", f"1:1: parse error: {e}") from None
+            raise APIError("bad_data", str(e)) from None
         # No exemplar storage: every selector has no exemplars (a well-formed empty answer).
         return ok([])
 

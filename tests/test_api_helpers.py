@@ -1,0 +1,113 @@
+"""Helpers for the HTTP API tests: a real Prometheus 2.42 peer, HTTP calls, data loading.
+
+(Named test_api_*.py so it sits with the API tests; it defines no tests itself.)
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from tests.helpers import free_port, require_binary, wait_http
+
+
+class PrometheusPeer:
+    """A real ``prometheus`` on a loopback port with its own data dir (optionally backfilled)."""
+
+    def __init__(self, workdir: Path, openmetrics: str | None = None, extra_args: list[str] | None = None):
+        self.workdir = Path(workdir)
+        self.port = free_port()
+        self.openmetrics = openmetrics
+        self.extra_args = extra_args or []
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> "PrometheusPeer":
+        binary = require_binary("prometheus")
+        data = self.workdir / "prom-data"
+        data.mkdir(parents=True, exist_ok=True)
+        if self.openmetrics is not None:
+            promtool = require_binary("promtool")
+            src = self.workdir / "backfill.om"
+            src.write_text(self.openmetrics)
+            subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", str(src), str(data)],
+                           check=True, capture_output=True, timeout=300)
+        cfg = self.workdir / "prometheus.yml"
+        cfg.write_text("global:\n  scrape_interval: 15s\n")
+        self._log = open(self.workdir / "prometheus.log", "ab")
+        self.proc = subprocess.Popen(
+            [binary, f"--config.file={cfg}", f"--storage.tsdb.path={data}",
+             f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=100y",
+             *self.extra_args],
+            stdout=self._log, stderr=subprocess.STDOUT,
+        )
+        wait_http(self.url + "/-/ready", timeout=60, proc=self.proc)
+        return self
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        if getattr(self, "_log", None):
+            self._log.close()
+
+    def __enter__(self) -> "PrometheusPeer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def http(method: str, url: str, params: dict[str, Any] | list[tuple[str, str]] | None = None,
+         body: bytes | None = None, headers: dict[str, str] | None = None, timeout: float = 60) -> tuple[int, dict[str, str], bytes]:
+    """One HTTP call; params go in the query string for GET and in a form body for POST."""
+    qs = urllib.parse.urlencode(params or {}, doseq=True)
+    hdrs = dict(headers or {})
+    if method == "POST" and body is None:
+        body = qs.encode()
+        hdrs.setdefault("Content-Type", "application/x-www-form-urlencoded")
+    elif qs:
+        url = url + ("&" if "?" in url else "?") + qs
+    req = urllib.request.Request(url, data=body, method=method, headers=hdrs)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, dict(r.headers), r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), e.read()
+
+
+def get_json(url: str, params: Any = None, method: str = "GET") -> tuple[int, Any]:
+    status, _, body = http(method, url, params)
+    return status, json.loads(body)
+
+
+def import_text(base_url: str, text: str) -> None:
+    """Load Prometheus text-format samples (with timestamps) through our import endpoint."""
+    status, _, body = http("POST", base_url + "/api/v1/import/prometheus", body=text.encode(),
+                           headers={"Content-Type": "text/plain"})
+    assert status == 204, (status, body[:500])
+
+
+def openmetrics_from_text(text: str) -> str:
+    """Prometheus text with ms timestamps -> OpenMetrics (seconds) for promtool backfill."""
+    out = []
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            if line.startswith("# TYPE") or line.startswith("# HELP"):
+                out.append(line)
+            continue
+        head, value, ts = line.rsplit(" ", 2)
+        out.append(f"{head} {value} {int(ts) / 1000:.3f}")
+    out.append("# EOF")
+    return "\n".join(out) + "\n"

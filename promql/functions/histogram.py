@@ -1,0 +1,362 @@
+"""histogram_quantile / histogram_fraction on classic (``le``-labelled) bucket series.
+
+Series are grouped once per query by their labels without ``le`` (Python per series); the bucket
+arithmetic then runs on a padded (groups, buckets, steps) array with a loop over bucket positions
+only, reproducing Prometheus's per-step rules: buckets sorted by upper bound and coalesced when
+equal, result NaN unless the highest present bucket is +Inf, small relative deltas (< 1e-12)
+ignored, monotonicity forced (reported as an info), linear interpolation inside the bucket and the
+special cases for the lowest and highest bucket.
+
+Native histograms are out of scope: this engine stores float samples only, so the native-only
+functions (histogram_count/sum/avg/stddev/stdvar) see no histogram samples and return nothing,
+exactly what Prometheus returns for float input.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import math
+
+import numpy as np
+
+from promql.functions import FunctionContext, register
+from promql.functions.common import scalar_arg, vector_arg
+from promql.functions.formatting import format_go_g
+from promql.types import Value, VectorSteps
+from storage.labels import Labels, get, metric_name
+
+_SMALL_DELTA = 1e-12
+_MIN_NORMAL = 2.2250738585072014e-308
+_MONOTONICITY_INFO = (
+    "PromQL info: input to histogram_quantile needed to be fixed for monotonicity "
+    "(see https://prometheus.io/docs/prometheus/latest/querying/functions/#histogram_quantile)"
+)
+
+
+def go_parse_float(s: str) -> float | None:
+    """strconv.ParseFloat(s, 64): None where Go would fail."""
+    t = s
+    if not t or t != t.strip() or "_" in t:
+        # Go only allows underscores in base-prefixed literals; the le label never uses them.
+        if "_" in t and t.lower().startswith(("0x", "+0x", "-0x")):
+            t = t.replace("_", "")
+        else:
+            return None
+    low = t.lower()
+    try:
+        if low.lstrip("+-").startswith("0x"):
+            return float.fromhex(t)
+        if low.lstrip("+-") in ("inf", "infinity", "nan"):
+            return float(low)
+        # Python accepts forms Go does not ("1_0" handled above); both accept "1e3", ".5", "5.".
+        return float(t)
+    except ValueError:
+        return None
+
+
+def _almost_equal(a: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
+    with np.errstate(all="ignore"):
+        both_nan = np.isnan(a) & np.isnan(b)
+        eq = a == b
+        abs_sum = np.abs(a) + np.abs(b)
+        diff = np.abs(a - b)
+        tiny = (a == 0) | (b == 0) | (abs_sum < _MIN_NORMAL)
+        rel = diff / np.minimum(abs_sum, np.finfo(np.float64).max) < eps
+        return both_nan | eq | np.where(tiny, diff < eps * _MIN_NORMAL, rel)
+
+
+class _Buckets:
+    """Classic histogram buckets of a vector, grouped: counts (G, B, T), present (G, B, T),
+    upper bounds (G, B) ascending (padding +Inf, never present)."""
+
+    def __init__(self, ctx: FunctionContext, vec: VectorSteps, arg_index: int) -> None:
+        groups: dict[Labels, int] = {}
+        g_of: list[int] = []
+        ub_of: list[float] = []
+        keep: list[int] = []
+        for i, lb in enumerate(vec.labels):
+            le = get(lb, "le")
+            ub = go_parse_float(le)
+            if ub is None:
+                if vec.present[i].any():
+                    name = metric_name(lb)
+                    suffix = f' for metric name "{name}"' if name else ""
+                    ctx.annotations.warn(
+                        f'PromQL warning: bucket label "le" is missing or has a malformed value of '
+                        f'"{le}"{suffix}{ctx.pos(arg_index)}'
+                    )
+                continue
+            key = tuple(p for p in lb if p[0] != "le")
+            g = groups.setdefault(key, len(groups))
+            g_of.append(g)
+            ub_of.append(ub)
+            keep.append(i)
+        self.labels: list[Labels] = list(groups.keys())
+        G = len(self.labels)
+        T = vec.num_steps
+        self.T = T
+        if G == 0:
+            self.counts = np.zeros((0, 0, T))
+            self.present = np.zeros((0, 0, T), dtype=bool)
+            self.ub = np.zeros((0, 0))
+            return
+        g_arr = np.asarray(g_of, dtype=np.int64)
+        ub_arr = np.asarray(ub_of, dtype=np.float64)
+        # Slot of each series inside its group: rank of its (deduplicated) upper bound.
+        order = np.lexsort((ub_arr, g_arr))
+        gs, us = g_arr[order], ub_arr[order]
+        new_slot = np.ones(len(order), dtype=bool)
+        new_slot[1:] = (gs[1:] != gs[:-1]) | (us[1:] != us[:-1])
+        group_start = np.ones(len(order), dtype=bool)
+        group_start[1:] = gs[1:] != gs[:-1]
+        slot_running = np.cumsum(new_slot) - 1
+        first_slot_of_group = slot_running[group_start]
+        grp_index = np.cumsum(group_start) - 1
+        slot_sorted = slot_running - first_slot_of_group[grp_index]
+        slot = np.empty(len(order), dtype=np.int64)
+        slot[order] = slot_sorted
+        B = int(slot.max()) + 1
+        self.ub = np.full((G, B), np.inf)
+        self.ub[g_arr, slot] = ub_arr
+        src = np.asarray(keep, dtype=np.int64)
+        vals = vec.values[src]
+        pres = vec.present[src]
+        self.counts = np.zeros((G, B, T))
+        self.present = np.zeros((G, B, T), dtype=bool)
+        np.add.at(self.counts, (g_arr, slot), np.where(pres, vals, 0.0))
+        np.logical_or.at(self.present, (g_arr, slot), pres)
+
+    def output_present(self) -> np.ndarray:
+        return self.present.any(axis=1)
+
+    def last_present_is_inf(self) -> np.ndarray:
+        G, B, T = self.counts.shape
+        if B == 0:
+            return np.zeros((G, T), dtype=bool)
+        rev = self.present[:, ::-1, :]
+        last = B - 1 - np.argmax(rev, axis=1)  # (G, T)
+        ubl = np.take_along_axis(np.broadcast_to(self.ub[:, :, None], (G, B, T)), last[:, None, :], axis=1)[:, 0, :]
+        return np.isposinf(ubl)
+
+
+def _quantile_warning(ctx: FunctionContext, qs: np.ndarray, arg_index: int) -> None:
+    bad = np.isnan(qs) | (qs < 0) | (qs > 1)
+    for q in qs[bad]:
+        ctx.annotations.warn(f"PromQL warning: quantile value should be between 0 and 1, got {format_go_g(float(q))}{ctx.pos(arg_index)}")
+
+
+def bucket_quantiles(bk: _Buckets, qs: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Per (group, step) quantile and the monotonicity-fix report arrays."""
+    G, B, T = bk.counts.shape
+    c = bk.counts.copy()
+    p = bk.present
+    q = np.broadcast_to(qs[None, :], (G, T))
+    forced = np.zeros((G, T), dtype=bool)
+    min_b = np.full((G, T), np.inf)
+    max_b = np.full((G, T), -np.inf)
+    max_diff = np.zeros((G, T))
+    started = np.zeros((G, T), dtype=bool)
+    prev = np.zeros((G, T))
+    npres = np.zeros((G, T), dtype=np.int64)
+    with np.errstate(all="ignore"):
+        for j in range(B):
+            pj = p[:, j, :]
+            cur = c[:, j, :]
+            ubj = bk.ub[:, j][:, None]
+            first = pj & ~started
+            later = pj & started
+            same = later & (cur == prev)
+            small = later & ~same & _almost_equal(prev, cur, _SMALL_DELTA)
+            dec = later & ~same & ~small & (cur < prev)
+            inc = later & ~same & ~small & ~dec
+            c[:, j, :] = np.where(small | dec, prev, cur)
+            forced |= dec
+            min_b = np.where(dec & (ubj < min_b), ubj, min_b)
+            max_b = np.where(dec & (ubj > max_b), ubj, max_b)
+            d = prev - cur
+            max_diff = np.where(dec & (d > max_diff), d, max_diff)
+            prev = np.where(first | inc, cur, prev)
+            started |= pj
+            npres += pj
+        # Observations = (fixed) count of the highest present bucket.
+        last_idx = B - 1 - np.argmax(p[:, ::-1, :], axis=1) if B else np.zeros((G, T), np.int64)
+        obs = np.take_along_axis(c, last_idx[:, None, :], axis=1)[:, 0, :] if B else np.zeros((G, T))
+        rank = q * obs
+        found = np.zeros((G, T), dtype=bool)
+        seen = np.zeros((G, T), dtype=bool)
+        prev_ub = np.zeros((G, T))
+        prev_c = np.zeros((G, T))
+        b_end = np.zeros((G, T))
+        b_cnt = np.zeros((G, T))
+        b_start = np.zeros((G, T))
+        b_prevc = np.zeros((G, T))
+        b_first = np.zeros((G, T), dtype=bool)
+        second_last_ub = np.full((G, T), np.nan)
+        for j in range(B):
+            pj = p[:, j, :]
+            cur = c[:, j, :]
+            ubj = np.broadcast_to(bk.ub[:, j][:, None], (G, T))
+            is_last = pj & (last_idx == j)
+            cand = pj & ~is_last & ~found & (cur >= rank)
+            b_end = np.where(cand, ubj, b_end)
+            b_cnt = np.where(cand, cur, b_cnt)
+            b_start = np.where(cand & seen, prev_ub, np.where(cand, 0.0, b_start))
+            b_prevc = np.where(cand & seen, prev_c, np.where(cand, 0.0, b_prevc))
+            b_first = np.where(cand, ~seen, b_first)
+            found |= cand
+            second_last_ub = np.where(is_last & seen, prev_ub, second_last_ub)
+            prev_ub = np.where(pj, ubj, prev_ub)
+            prev_c = np.where(pj, cur, prev_c)
+            seen |= pj
+        interp = b_start + (b_end - b_start) * ((rank - b_prevc) / (b_cnt - b_prevc))
+        res = np.where(~found, second_last_ub, np.where(b_first & (b_end <= 0), b_end, interp))
+        res = np.where((npres < 2) | (obs == 0), np.nan, res)
+        res = np.where(bk.last_present_is_inf(), res, np.nan)
+        # Early returns for the quantile itself come first in Prometheus.
+        res = np.where(q > 1, np.inf, res)
+        res = np.where(q < 0, -np.inf, res)
+        res = np.where(np.isnan(q), np.nan, res)
+        valid_q = ~(np.isnan(q) | (q < 0) | (q > 1))
+        forced &= valid_q & bk.last_present_is_inf()
+    return res, {"forced": forced, "min_b": min_b, "max_b": max_b, "max_diff": max_diff}
+
+
+def _rfc3339(ms: int) -> str:
+    return _dt.datetime.fromtimestamp(ms // 1000, tz=_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _report_monotonicity(ctx: FunctionContext, bk: _Buckets, rep: dict[str, np.ndarray], present: np.ndarray, arg_index: int) -> None:
+    forced = rep["forced"] & present
+    if not forced.any():
+        return
+    steps = np.asarray(ctx.step_times, dtype=np.int64)
+    by_name: dict[str, list[int]] = {}
+    for g, lb in enumerate(bk.labels):
+        if forced[g].any():
+            by_name.setdefault(metric_name(lb), []).append(g)
+    for name, gs in by_name.items():
+        f = forced[gs]
+        ts = np.broadcast_to(steps[None, :], f.shape)[f]
+        min_b = rep["min_b"][gs][f].min()
+        max_b = rep["max_b"][gs][f].max()
+        max_diff = rep["max_diff"][gs][f].max()
+        count = int(f.sum())
+        head = _MONOTONICITY_INFO + (f' for metric name "{name}"' if name else "")
+        pos = ctx.pos(arg_index)
+        ctx.annotations.info(
+            f"{head}, from buckets {format_go_g(float(min_b))} to {format_go_g(float(max_b))}, with a max diff of "
+            f"{_go_2g(float(max_diff))}, over {count} samples from {_rfc3339(int(ts.min()))} to {_rfc3339(int(ts.max()))}{pos}"
+        )
+
+
+def _go_2g(v: float) -> str:
+    s = "%.2g" % v
+    if "e" in s:
+        mant, exp = s.split("e")
+        sign = exp[0]
+        digits = exp[1:].lstrip("0").rjust(2, "0")
+        s = f"{mant}e{sign}{digits}"
+    if math.isinf(v):
+        return "+Inf" if v > 0 else "-Inf"
+    if math.isnan(v):
+        return "NaN"
+    return s
+
+
+@register("histogram_quantile")
+def histogram_quantile(ctx: FunctionContext, args: list[Value]) -> Value:
+    vec = vector_arg(args[1])
+    T = vec.num_steps
+    qs = scalar_arg(args[0], T)
+    _quantile_warning(ctx, qs, 0)
+    bk = _Buckets(ctx, vec, 1)
+    G = len(bk.labels)
+    if G == 0:
+        return VectorSteps.empty(T)
+    res, rep = bucket_quantiles(bk, qs)
+    present = bk.output_present()
+    _report_monotonicity(ctx, bk, rep, present, 1)
+    return VectorSteps(bk.labels, np.where(present, res, 0.0), present, np.ones(G, dtype=bool))
+
+
+def bucket_fractions(bk: _Buckets, lower_t: np.ndarray, upper_t: np.ndarray) -> np.ndarray:
+    G, B, T = bk.counts.shape
+    c = bk.counts
+    p = bk.present
+    lower = np.broadcast_to(lower_t[None, :], (G, T))
+    upper = np.broadcast_to(upper_t[None, :], (G, T))
+    with np.errstate(all="ignore"):
+        first_idx = np.argmax(p, axis=1)
+        first_ub = np.take_along_axis(np.broadcast_to(bk.ub[:, :, None], (G, B, T)), first_idx[:, None, :], axis=1)[:, 0, :]
+        last_idx = B - 1 - np.argmax(p[:, ::-1, :], axis=1)
+        count = np.take_along_axis(c, last_idx[:, None, :], axis=1)[:, 0, :]
+        lower_bound = np.where(first_ub <= 0, -np.inf, 0.0)
+        rank = np.zeros((G, T))
+        lower_rank = np.zeros((G, T))
+        upper_rank = np.zeros((G, T))
+        lower_set = np.zeros((G, T), dtype=bool)
+        upper_set = np.zeros((G, T), dtype=bool)
+        done = np.zeros((G, T), dtype=bool)
+        seen = np.zeros((G, T), dtype=bool)
+        prev_ub = np.zeros((G, T))
+        for j in range(B):
+            pj = p[:, j, :] & ~done
+            cj = c[:, j, :]
+            ubj = np.broadcast_to(bk.ub[:, j][:, None], (G, T))
+            lb = np.where(seen, prev_ub, lower_bound)
+
+            def interp(v: np.ndarray) -> np.ndarray:
+                return np.where(np.isneginf(lb), cj, rank + (cj - rank) * (v - lb) / (ubj - lb))
+
+            hit_l = pj & ~lower_set & (lb >= lower)
+            lower_rank = np.where(hit_l, rank, lower_rank)
+            lower_set |= hit_l
+            hit_u = pj & ~upper_set & (lb >= upper)
+            upper_rank = np.where(hit_u, rank, upper_rank)
+            upper_set |= hit_u
+            stop = pj & lower_set & upper_set
+            done |= stop
+            go = pj & ~stop
+            in_l = go & ~lower_set & (lb < lower) & (ubj > lower)
+            lower_rank = np.where(in_l, interp(lower), lower_rank)
+            lower_set |= in_l
+            in_u = go & ~upper_set & (lb < upper) & (ubj > upper)
+            upper_rank = np.where(in_u, interp(upper), upper_rank)
+            upper_set |= in_u
+            stop2 = go & lower_set & upper_set
+            done |= stop2
+            cont = go & ~stop2
+            rank = np.where(cont, cj, rank)
+            prev_ub = np.where(p[:, j, :], ubj, prev_ub)
+            seen |= p[:, j, :]
+        lower_rank = np.where(~lower_set | (lower_rank > count), count, lower_rank)
+        upper_rank = np.where(~upper_set | (upper_rank > count), count, upper_rank)
+        res = (upper_rank - lower_rank) / count
+        res = np.where(lower >= upper, 0.0, res)
+        res = np.where((count == 0) | np.isnan(lower) | np.isnan(upper), np.nan, res)
+        res = np.where(bk.last_present_is_inf(), res, np.nan)
+    return res
+
+
+@register("histogram_fraction")
+def histogram_fraction(ctx: FunctionContext, args: list[Value]) -> Value:
+    vec = vector_arg(args[2])
+    T = vec.num_steps
+    lower = scalar_arg(args[0], T)
+    upper = scalar_arg(args[1], T)
+    bk = _Buckets(ctx, vec, 2)
+    G = len(bk.labels)
+    if G == 0:
+        return VectorSteps.empty(T)
+    res = bucket_fractions(bk, lower, upper)
+    present = bk.output_present()
+    return VectorSteps(bk.labels, np.where(present, res, 0.0), present, np.ones(G, dtype=bool))
+
+
+def _native_only(ctx: FunctionContext, args: list[Value]) -> Value:
+    """Functions defined on native histogram samples only: float samples give no output."""
+    vec = vector_arg(args[0])
+    return VectorSteps.empty(vec.num_steps)
+
+
+for _name in ("histogram_count", "histogram_sum", "histogram_avg", "histogram_stddev", "histogram_stdvar"):
+    register(_name)(_native_only)

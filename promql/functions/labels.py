@@ -1,0 +1,162 @@
+"""label_replace and label_join: per-series label rewriting (Python per series, not per sample),
+followed by Prometheus's merge of series that end up with the same label set."""
+from __future__ import annotations
+
+import re
+import unicodedata
+
+import numpy as np
+
+from promql.errors import ExecutionError
+from promql.functions import FunctionContext, register
+from promql.functions.common import string_arg, vector_arg
+from promql.types import Value, VectorSteps
+from storage.labels import METRIC_NAME, Labels, get, set_label
+
+
+def _valid_label_name(name: str) -> bool:
+    # Prometheus 3 accepts any non-empty valid UTF-8 label name.
+    if not name:
+        return False
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return "\ufffd" not in name
+
+
+def _is_name_char(ch: str) -> bool:
+    return ch == "_" or ch.isalpha() or unicodedata.category(ch) == "Nd"
+
+
+def _extract(template: str) -> tuple[str, int, str] | None:
+    """Parse "$name" / "${name}" after the "$" as Go's regexp.Expand does: (name, num, rest)."""
+    if not template:
+        return None
+    brace = template[0] == "{"
+    s = template[1:] if brace else template
+    i = 0
+    while i < len(s) and _is_name_char(s[i]):
+        i += 1
+    if i == 0:
+        return None
+    name = s[:i]
+    if brace:
+        if i >= len(s) or s[i] != "}":
+            return None
+        i += 1
+    num = -1
+    if name.isascii() and name.isdigit() and not (name[0] == "0" and len(name) > 1) and len(name) <= 8:
+        num = int(name)
+    return name, num, s[i:]
+
+
+def expand_template(template: str, m: re.Match) -> str:
+    """Go's Regexp.ExpandString for a Python match: $1, ${1}, $name, ${name}, $$."""
+    out: list[str] = []
+    groupindex = m.re.groupindex
+    while template:
+        k = template.find("$")
+        if k < 0:
+            break
+        out.append(template[:k])
+        template = template[k + 1 :]
+        if template.startswith("$"):
+            out.append("$")
+            template = template[1:]
+            continue
+        ext = _extract(template)
+        if ext is None:
+            out.append("$")
+            continue
+        name, num, template = ext
+        if num >= 0:
+            if num <= m.re.groups and m.group(num) is not None:
+                out.append(m.group(num))
+        elif name in groupindex and m.group(name) is not None:
+            out.append(m.group(name))
+    out.append(template)
+    return "".join(out)
+
+
+def _go_regex(pattern: str) -> re.Pattern:
+    # Go RE2 syntax is close to Python's for what label_replace uses; \z and (?<name>) are mapped.
+    py = pattern.replace("(?<", "(?P<").replace("(?P<=", "(?<=").replace("(?P<!", "(?<!")
+    return re.compile("(?s:" + py + ")")
+
+
+def merge_same_labelsets(labels: list[Labels], values: np.ndarray, present: np.ndarray,
+                         drop_name: np.ndarray, sample_ts: np.ndarray | None = None) -> VectorSteps:
+    """Merge series with identical label sets; an overlap at any step is Prometheus's error."""
+    groups: dict[Labels, list[int]] = {}
+    for i, lb in enumerate(labels):
+        groups.setdefault(lb, []).append(i)
+    if len(groups) == len(labels):
+        return VectorSteps(labels, values, present, drop_name, sample_ts)
+    out_l: list[Labels] = []
+    rows: list[np.ndarray] = []
+    pres: list[np.ndarray] = []
+    dns: list[bool] = []
+    tss: list[np.ndarray] = []
+    for lb, idx in groups.items():
+        p = present[idx]
+        if (p.sum(axis=0) > 1).any():
+            raise ExecutionError("vector cannot contain metrics with the same labelset")
+        pick = np.argmax(p, axis=0)  # which member is present at each step
+        cols = np.arange(values.shape[1])
+        out_l.append(lb)
+        rows.append(values[np.asarray(idx)[pick], cols])
+        pres.append(p.any(axis=0))
+        dns.append(bool(drop_name[idx[0]]))
+        if sample_ts is not None:
+            tss.append(sample_ts[np.asarray(idx)[pick], cols])
+    T = values.shape[1]
+    return VectorSteps(
+        out_l,
+        np.array(rows).reshape(len(out_l), T),
+        np.array(pres, dtype=bool).reshape(len(out_l), T),
+        np.array(dns, dtype=bool),
+        np.array(tss).reshape(len(out_l), T) if sample_ts is not None else None,
+    )
+
+
+@register("label_replace")
+def label_replace(ctx: FunctionContext, args: list[Value]) -> Value:
+    vec = vector_arg(args[0])
+    dst, repl, src, regex_s = (string_arg(a) for a in args[1:5])
+    try:
+        regex = _go_regex(regex_s)
+    except re.error:
+        raise ExecutionError(f"invalid regular expression in label_replace(): {regex_s}") from None
+    if not _valid_label_name(dst):
+        raise ExecutionError(f"invalid destination label name in label_replace(): {dst}")
+    labels = list(vec.labels)
+    dn = vec.drop_name_mask().copy()
+    for i, lb in enumerate(labels):
+        m = regex.fullmatch(get(lb, src))
+        if m is None:
+            continue
+        labels[i] = set_label(lb, dst, expand_template(repl, m))
+        if dst == METRIC_NAME:
+            dn[i] = False
+    return merge_same_labelsets(labels, vec.values, vec.present, dn, vec.sample_ts)
+
+
+@register("label_join")
+def label_join(ctx: FunctionContext, args: list[Value]) -> Value:
+    vec = vector_arg(args[0])
+    dst = string_arg(args[1])
+    sep = string_arg(args[2])
+    srcs = [string_arg(a) for a in args[3:]]
+    for s in srcs:
+        if not _valid_label_name(s):
+            raise ExecutionError(f"invalid source label name in label_join(): {s}")
+    if not _valid_label_name(dst):
+        raise ExecutionError(f"invalid destination label name in label_join(): {dst}")
+    labels = list(vec.labels)
+    dn = vec.drop_name_mask().copy()
+    for i, lb in enumerate(labels):
+        labels[i] = set_label(lb, dst, sep.join(get(lb, s) for s in srcs))
+        if dst == METRIC_NAME:
+            dn[i] = False
+    return merge_same_labelsets(labels, vec.values, vec.present, dn, vec.sample_ts)

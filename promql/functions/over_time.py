@@ -1,0 +1,363 @@
+"""The *_over_time family, vectorized over every (series, step) window.
+
+* count/first/last/present/ts_of_first/ts_of_last: straight from the window bounds.
+* min/max: ``np.fmin/fmax.reduceat`` over the windows (NaN only when every sample is NaN, as
+  Prometheus's "replace while the current max is NaN" loop gives).
+* sum/avg: exact integer prefix sums when every value is an integer and no partial sum can exceed
+  2^53 (then Prometheus's compensated sum is that exact number too); otherwise the sequential
+  kernel replicating Prometheus's Kahan-Neumaier sum / overflow-safe incremental mean bit for bit.
+* stddev/stdvar: kernel replicating Prometheus's compensated Welford recurrence.
+* quantile/mad: per-window sorts in chunks of a padded matrix.
+* ts_of_min/ts_of_max: the kernel (last occurrence of the extreme, NaN rules as Prometheus).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from promql.functions import FunctionContext, register
+from promql.functions.common import (
+    iterate_window_positions,
+    kahan_inc,
+    scalar_arg,
+    scatter_back,
+    window_first_last,
+    window_vector,
+    windows_arg,
+)
+from promql.types import RangeWindows, Value, VectorSteps
+
+_EXACT_LIMIT = float(2**53)
+
+
+def _nonempty(rw: RangeWindows) -> np.ndarray:
+    return (rw.hi - rw.lo) > 0
+
+
+@register("count_over_time")
+def count_over_time(ctx: FunctionContext, args: list[Value]) -> Value:
+    rw = windows_arg(args[0])
+    n = (rw.hi - rw.lo).astype(np.float64)
+    return window_vector(rw, n, n > 0)
+
+
+@register("present_over_time")
+def present_over_time(ctx: FunctionContext, args: list[Value]) -> Value:
+    rw = windows_arg(args[0])
+    p = _nonempty(rw)
+    return window_vector(rw, np.ones(p.shape), p)
+
+
+@register("last_over_time")
+def last_over_time(ctx: FunctionContext, args: list[Value]) -> Value:
+    rw = windows_arg(args[0])
+    _, last, n = window_first_last(rw)
+    vals = rw.vals[last] if len(rw.vals) else np.zeros(n.shape)
+    return window_vector(rw, vals, n > 0, keep_name=True)
+
+
+@register("first_over_time")
+def first_over_time(ctx: FunctionContext, args: list[Value]) -> Value:
+    rw = windows_arg(args[0])
+    first, _, n = window_first_last(rw)
+    vals = rw.vals[first] if len(rw.vals) else np.zeros(n.shape)
+    return window_vector(rw, vals, n > 0, keep_name=True)
+
+
+@register("ts_of_last_over_time")
+def ts_of_last_over_time(ctx: FunctionContext, args: list[Value]) -> Value:
+    rw = windows_arg(args[0])
+    _, last, n = window_first_last(rw)
+    vals = rw.ts[last] / 1000.0 if len(rw.ts) else np.zeros(n.shape)
+    return window_vector(rw, vals, n > 0)
+
+
+@register("ts_of_first_over_time")
+def ts_of_first_over_time(ctx: FunctionContext, args: list[Value]) -> Value:
+    rw = windows_arg(args[0])
+    first, _, n = window_first_last(rw)
+    vals = rw.ts[first] / 1000.0 if len(rw.ts) else np.zeros(n.shape)
+    return window_vector(rw, vals, n > 0)
+
+
+def _reduce_windows(ufunc: np.ufunc, vals: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """ufunc.reduceat over arbitrary [lo, hi) windows (all non-empty)."""
+    if lo.size == 0:
+        return np.empty(0)
+    ext = np.append(vals, vals[-1:] if len(vals) else [0.0])
+    bounds = np.empty(2 * lo.size, dtype=np.int64)
+    bounds[0::2] = lo
+    bounds[1::2] = hi
+    return ufunc.reduceat(ext, bounds)[0::2]
+
+
+def _minmax(rw: RangeWindows, ufunc: np.ufunc) -> VectorSteps:
+    n = rw.hi - rw.lo
+    p = n > 0
+    out = np.zeros(n.shape)
+    sel = np.flatnonzero(p.reshape(-1))
+    if sel.size:
+        res = _reduce_windows(ufunc, np.asarray(rw.vals, dtype=np.float64), rw.lo.reshape(-1)[sel], rw.hi.reshape(-1)[sel])
+        flat = out.reshape(-1)
+        flat[sel] = res
+    return window_vector(rw, out, p)
+
+
+@register("max_over_time")
+def max_over_time(ctx: FunctionContext, args: list[Value]) -> Value:
+    return _minmax(windows_arg(args[0]), np.fmax)
+
+
+@register("min_over_time")
+def min_over_time(ctx: FunctionContext, args: list[Value]) -> Value:
+    return _minmax(windows_arg(args[0]), np.fmin)
+
+
+def _ts_of_extreme(rw: RangeWindows, want_max: bool) -> VectorSteps:
+    lo, n = rw.lo, rw.hi - rw.lo
+    order, it = iterate_window_positions(lo, n)
+    W = order.size
+    best = np.full(W, np.nan)
+    best_t = np.zeros(W)
+    vals = np.asarray(rw.vals, dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        for k, m, idx in it:
+            v = vals[idx]
+            t = rw.ts[idx] / 1000.0
+            cur = best[:m]
+            take = (v >= cur) if want_max else (v <= cur)
+            take |= np.isnan(cur)
+            if k == 0:
+                take[:] = True
+            best[:m] = np.where(take, v, cur)
+            best_t[:m] = np.where(take, t, best_t[:m])
+    out = scatter_back(order, best_t, n.shape)
+    return window_vector(rw, out, n > 0)
+
+
+@register("ts_of_max_over_time")
+def ts_of_max_over_time(ctx: FunctionContext, args: list[Value]) -> Value:
+    return _ts_of_extreme(windows_arg(args[0]), True)
+
+
+@register("ts_of_min_over_time")
+def ts_of_min_over_time(ctx: FunctionContext, args: list[Value]) -> Value:
+    return _ts_of_extreme(windows_arg(args[0]), False)
+
+
+def _exact_prefix(vals: np.ndarray) -> np.ndarray | None:
+    """Prefix sums that are exact (integers, every partial sum below 2^53), else None."""
+    if not len(vals):
+        return np.zeros(1)
+    if not np.isfinite(vals).all():
+        return None
+    if not np.array_equal(vals, np.floor(vals)):
+        return None
+    if float(np.abs(vals).sum()) >= _EXACT_LIMIT:
+        return None
+    return np.concatenate(([0.0], np.cumsum(vals)))
+
+
+def _kahan_sum_kernel(rw: RangeWindows) -> np.ndarray:
+    lo, n = rw.lo, rw.hi - rw.lo
+    order, it = iterate_window_positions(lo, n)
+    W = order.size
+    s = np.zeros(W)
+    c = np.zeros(W)
+    vals = np.asarray(rw.vals, dtype=np.float64)
+    with np.errstate(all="ignore"):
+        for _, m, idx in it:
+            s[:m], c[:m] = kahan_inc(vals[idx], s[:m], c[:m])
+        res = np.where(np.isinf(s), s, s + c)
+    return scatter_back(order, res, n.shape)
+
+
+def _avg_kernel(rw: RangeWindows) -> np.ndarray:
+    """Prometheus's avg_over_time: compensated direct mean, switching to a compensated incremental
+    mean once the running sum would overflow."""
+    lo, n = rw.lo, rw.hi - rw.lo
+    order, it = iterate_window_positions(lo, n)
+    W = order.size
+    total = np.zeros(W)
+    comp = np.zeros(W)
+    mean = np.zeros(W)
+    incr = np.zeros(W, dtype=bool)
+    vals = np.asarray(rw.vals, dtype=np.float64)
+    with np.errstate(all="ignore"):
+        for k, m, idx in it:
+            f = vals[idx]
+            if k == 0:
+                total[:m] = f
+                continue
+            count = float(k + 1)
+            s, c, mu, inc = total[:m], comp[:m], mean[:m], incr[:m]
+            new_s, new_c = kahan_inc(f, s, c)
+            direct = ~inc & ~np.isinf(new_s)
+            switch = ~inc & np.isinf(new_s)
+            # Windows switching to incremental mean now.
+            mu = np.where(switch, s / (count - 1), mu)
+            c = np.where(switch, c / (count - 1), c)
+            inc = inc | switch
+            q = (count - 1) / count
+            inc_mean, inc_c = kahan_inc(f / count, q * mu, q * c)
+            total[:m] = np.where(direct, new_s, s)
+            comp[:m] = np.where(direct, new_c, np.where(inc, inc_c, c))
+            mean[:m] = np.where(inc, inc_mean, mu)
+            incr[:m] = inc
+        cnt = n.reshape(-1)[order].astype(np.float64)
+        cnt = np.where(cnt == 0, 1.0, cnt)
+        res = np.where(incr, mean + comp, total / cnt + comp / cnt)
+    return scatter_back(order, res, n.shape)
+
+
+@register("sum_over_time")
+def sum_over_time(ctx: FunctionContext, args: list[Value]) -> Value:
+    rw = windows_arg(args[0])
+    n = rw.hi - rw.lo
+    cs = _exact_prefix(np.asarray(rw.vals, dtype=np.float64))
+    if cs is not None:
+        out = cs[rw.hi] - cs[rw.lo]
+    else:
+        out = _kahan_sum_kernel(rw)
+    return window_vector(rw, out, n > 0)
+
+
+@register("avg_over_time")
+def avg_over_time(ctx: FunctionContext, args: list[Value]) -> Value:
+    rw = windows_arg(args[0])
+    n = rw.hi - rw.lo
+    cs = _exact_prefix(np.asarray(rw.vals, dtype=np.float64))
+    if cs is not None:
+        with np.errstate(all="ignore"):
+            out = (cs[rw.hi] - cs[rw.lo]) / np.where(n == 0, 1, n)
+    else:
+        out = _avg_kernel(rw)
+    return window_vector(rw, out, n > 0)
+
+
+def _variance(rw: RangeWindows) -> np.ndarray:
+    lo, n = rw.lo, rw.hi - rw.lo
+    order, it = iterate_window_positions(lo, n)
+    W = order.size
+    count = np.zeros(W)
+    mean = np.zeros(W)
+    c_mean = np.zeros(W)
+    aux = np.zeros(W)
+    c_aux = np.zeros(W)
+    vals = np.asarray(rw.vals, dtype=np.float64)
+    with np.errstate(all="ignore"):
+        for _, m, idx in it:
+            f = vals[idx]
+            count[:m] += 1
+            d = f - (mean[:m] + c_mean[:m])
+            mean[:m], c_mean[:m] = kahan_inc(d / count[:m], mean[:m], c_mean[:m])
+            aux[:m], c_aux[:m] = kahan_inc(d * (f - (mean[:m] + c_mean[:m])), aux[:m], c_aux[:m])
+        var = (aux + c_aux) / np.where(count == 0, 1, count)
+    return scatter_back(order, var, n.shape)
+
+
+@register("stdvar_over_time")
+def stdvar_over_time(ctx: FunctionContext, args: list[Value]) -> Value:
+    rw = windows_arg(args[0])
+    return window_vector(rw, _variance(rw), (rw.hi - rw.lo) > 0)
+
+
+@register("stddev_over_time")
+def stddev_over_time(ctx: FunctionContext, args: list[Value]) -> Value:
+    rw = windows_arg(args[0])
+    with np.errstate(invalid="ignore"):
+        out = np.sqrt(_variance(rw))
+    return window_vector(rw, out, (rw.hi - rw.lo) > 0)
+
+
+def _sorted_windows(rw: RangeWindows, sel: np.ndarray, chunk_elems: int = 4_000_000):
+    """Yield (positions, sorted matrix, counts, nan_counts) for chunks of the selected flat windows.
+
+    Rows are the window's values sorted ascending with NaN moved *before* every number (Prometheus's
+    sort order for quantiles); padding (+Inf) sits after the ``counts`` real values.
+    """
+    lo_f = rw.lo.reshape(-1)[sel]
+    n_f = (rw.hi - rw.lo).reshape(-1)[sel]
+    vals = np.asarray(rw.vals, dtype=np.float64)
+    order = np.argsort(n_f, kind="stable")
+    start = 0
+    while start < order.size:
+        maxn = int(n_f[order[min(order.size - 1, start)]])
+        rows = max(1, chunk_elems // max(maxn, 1))
+        stop = start + rows
+        part = order[start:stop]
+        width = int(n_f[part].max())
+        k = np.arange(width)
+        valid = k[None, :] < n_f[part][:, None]
+        idx = np.where(valid, lo_f[part][:, None] + k[None, :], 0)
+        mat = np.where(valid, vals[idx] if len(vals) else 0.0, np.inf)
+        nan = np.isnan(mat)
+        nan_cnt = nan.sum(axis=1)
+        # np.sort puts NaN last (after the +Inf padding); Prometheus's order puts NaN first.
+        mat = np.sort(np.where(nan, -np.inf, mat), axis=1)
+        # The leading -Inf block holds the NaNs and the real -Infs: the first nan_cnt are NaN.
+        if nan_cnt.any():
+            mat = np.where(np.arange(width)[None, :] < nan_cnt[:, None], np.nan, mat)
+        yield sel[part], mat, n_f[part], nan_cnt
+        start = stop
+
+
+def _quantile_rows(q: np.ndarray, mat: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Prometheus's quantile() on each row's first ``counts`` values (already sorted)."""
+    n = counts.astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        rank = q * (n - 1)
+        lower = np.maximum(0, np.floor(rank))
+        upper = np.minimum(n - 1, lower + 1)
+        weight = rank - np.floor(rank)
+        li = np.clip(np.nan_to_num(lower, nan=0), 0, mat.shape[1] - 1).astype(np.int64)
+        ui = np.clip(np.nan_to_num(upper, nan=0), 0, mat.shape[1] - 1).astype(np.int64)
+        rows = np.arange(mat.shape[0])
+        res = mat[rows, li] * (1 - weight) + mat[rows, ui] * weight
+    res = np.where(np.isnan(q), np.nan, res)
+    res = np.where(q < 0, -np.inf, res)
+    res = np.where(q > 1, np.inf, res)
+    return np.where(n == 0, np.nan, res)
+
+
+@register("quantile_over_time")
+def quantile_over_time(ctx: FunctionContext, args: list[Value]) -> Value:
+    rw = windows_arg(args[1])
+    qs = scalar_arg(args[0], rw.num_steps)
+    n = rw.hi - rw.lo
+    p = n > 0
+    bad = (np.isnan(qs) | (qs < 0) | (qs > 1)) & p.any(axis=0)
+    for q in qs[bad]:
+        ctx.annotations.warn(f"PromQL warning: quantile value should be between 0 and 1, got {_fmt_g(q)}{ctx.pos(0)}")
+    out = np.zeros(n.size)
+    sel = np.flatnonzero(p.reshape(-1))
+    T = rw.num_steps
+    for pos, mat, counts, _ in _sorted_windows(rw, sel):
+        out[pos] = _quantile_rows(qs[pos % T], mat, counts)
+    return window_vector(rw, out.reshape(n.shape), p)
+
+
+@register("mad_over_time")
+def mad_over_time(ctx: FunctionContext, args: list[Value]) -> Value:
+    rw = windows_arg(args[0])
+    n = rw.hi - rw.lo
+    p = n > 0
+    out = np.zeros(n.size)
+    sel = np.flatnonzero(p.reshape(-1))
+    for pos, mat, counts, nan_cnt in _sorted_windows(rw, sel):
+        half = np.full(len(pos), 0.5)
+        med = _quantile_rows(half, mat, counts)
+        width = mat.shape[1]
+        valid = np.arange(width)[None, :] < counts[:, None]
+        with np.errstate(invalid="ignore"):
+            dev = np.where(valid, np.abs(mat - med[:, None]), np.inf)
+        dev = np.sort(dev, axis=1)
+        res = _quantile_rows(half, dev, counts)
+        out[pos] = np.where(nan_cnt > 0, np.nan, res)
+    return window_vector(rw, out.reshape(n.shape), p)
+
+
+def _fmt_g(v: float) -> str:
+    """Go's %g for a float64 (shortest representation, exponent when < 1e-4 or >= 1e21)."""
+    from promql.functions.formatting import format_go_g
+
+    return format_go_g(float(v))

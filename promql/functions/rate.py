@@ -1,0 +1,225 @@
+"""Counter and gauge rate family: rate, increase, delta, irate, idelta, deriv, predict_linear,
+resets, changes. All vectorized over every (series, step) window of a ``RangeWindows``."""
+from __future__ import annotations
+
+import numpy as np
+
+from promql.functions import FunctionContext, register
+from promql.functions.common import (
+    iterate_window_positions,
+    kahan_inc,
+    pairwise_prev,
+    scalar_arg,
+    scatter_back,
+    window_count_of,
+    window_first_last,
+    window_vector,
+    windows_arg,
+)
+from promql.types import RangeWindows, Value, VectorSteps
+from storage.labels import metric_name
+
+_COUNTER_SUFFIXES = ("_total", "_sum", "_count", "_bucket")
+
+
+def _extrapolated(ctx: FunctionContext, rw: RangeWindows, is_counter: bool, is_rate: bool) -> VectorSteps:
+    first, last, n = window_first_last(rw)
+    ts = np.asarray(rw.ts, dtype=np.int64)
+    vals = np.asarray(rw.vals, dtype=np.float64)
+    present = n >= 2
+    if not len(vals):
+        return window_vector(rw, np.zeros(n.shape), np.zeros(n.shape, dtype=bool))
+    with np.errstate(all="ignore"):
+        v_first = vals[first]
+        v_last = vals[last]
+        result = v_last - v_first
+        if is_counter:
+            # Counter resets inside the window: each drop adds the value before it (the counter
+            # is assumed to have restarted from zero).
+            prev, same = pairwise_prev(rw)
+            is_reset = same & (vals < prev)
+            has_reset = (window_count_of(is_reset, rw.lo, rw.hi) > 0) & present
+            if has_reset.any():
+                # Exact per-window sums (reduceat) only for the windows that contain a reset.
+                reset_add = np.append(np.where(is_reset, prev, 0.0), 0.0)
+                sel = np.flatnonzero(has_reset.reshape(-1))
+                a = first.reshape(-1)[sel] + 1
+                b = last.reshape(-1)[sel] + 1
+                bounds = np.empty(2 * len(sel), dtype=np.int64)
+                bounds[0::2] = a
+                bounds[1::2] = b
+                sums = np.add.reduceat(reset_add, bounds)[0::2]
+                corr = np.zeros(n.size)
+                corr[sel] = sums
+                result = result + corr.reshape(n.shape)
+        t_first = ts[first]
+        t_last = ts[last]
+        range_end = np.asarray(rw.window_end, dtype=np.int64)[None, :]
+        range_start = range_end - rw.range_ms
+        dur_start = (t_first - range_start) / 1000.0
+        dur_end = (range_end - t_last) / 1000.0
+        sampled = (t_last - t_first) / 1000.0
+        nm1 = np.maximum(n - 1, 1).astype(np.float64)
+        avg = sampled / nm1
+        threshold = avg * 1.1
+        dur_start = np.where(dur_start >= threshold, avg / 2, dur_start)
+        if is_counter:
+            ok = (result > 0) & (v_first >= 0)
+            dur_zero = np.where(ok, sampled * (v_first / np.where(result == 0, 1.0, result)), dur_start)
+            dur_start = np.where(dur_zero < dur_start, dur_zero, dur_start)
+        dur_end = np.where(dur_end >= threshold, avg / 2, dur_end)
+        factor = np.where(sampled != 0, (sampled + dur_start + dur_end) / np.where(sampled == 0, 1.0, sampled), 1.0)
+        if is_rate:
+            factor = factor / (rw.range_ms / 1000.0)
+        result = result * factor
+    out = window_vector(rw, result, present)
+    if is_counter:
+        _possible_non_counter(ctx, out)
+    return out
+
+
+def _possible_non_counter(ctx: FunctionContext, out: VectorSteps) -> None:
+    """Prometheus's info for rate()/increase() over a metric whose name does not look like a counter."""
+    for lbls in out.labels:
+        name = metric_name(lbls)
+        if name and not name.endswith(_COUNTER_SUFFIXES):
+            ctx.annotations.info(
+                f'PromQL info: metric might not be a counter, name does not end in '
+                f'_total/_sum/_count/_bucket: "{name}"{ctx.pos(0)}'
+            )
+
+
+@register("rate")
+def rate(ctx: FunctionContext, args: list[Value]) -> Value:
+    return _extrapolated(ctx, windows_arg(args[0]), True, True)
+
+
+@register("increase")
+def increase(ctx: FunctionContext, args: list[Value]) -> Value:
+    return _extrapolated(ctx, windows_arg(args[0]), True, False)
+
+
+@register("delta")
+def delta(ctx: FunctionContext, args: list[Value]) -> Value:
+    return _extrapolated(ctx, windows_arg(args[0]), False, False)
+
+
+def _instant(rw: RangeWindows, is_rate: bool) -> VectorSteps:
+    _, last, n = window_first_last(rw)
+    ts = np.asarray(rw.ts, dtype=np.int64)
+    vals = np.asarray(rw.vals, dtype=np.float64)
+    if not len(vals):
+        return window_vector(rw, np.zeros(n.shape), np.zeros(n.shape, dtype=bool))
+    prev_i = np.maximum(last - 1, 0)
+    dt = ts[last] - ts[prev_i]
+    present = (n >= 2) & (dt != 0)
+    with np.errstate(all="ignore"):
+        v1 = vals[last]
+        v0 = vals[prev_i]
+        if is_rate:
+            res = np.where(v1 < v0, v1, v1 - v0)
+            res = res / (np.where(dt == 0, 1, dt) / 1000.0)
+        else:
+            res = v1 - v0
+    return window_vector(rw, res, present)
+
+
+@register("irate")
+def irate(ctx: FunctionContext, args: list[Value]) -> Value:
+    return _instant(windows_arg(args[0]), True)
+
+
+@register("idelta")
+def idelta(ctx: FunctionContext, args: list[Value]) -> Value:
+    return _instant(windows_arg(args[0]), False)
+
+
+def _linear_regression(rw: RangeWindows, intercept_ms: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Least-squares slope and intercept per window, replicating Prometheus's compensated sums.
+
+    intercept_ms: (T,) intercept time per step, or None for "the window's first sample".
+    Returns (slope, intercept, present).
+    """
+    S, T = rw.lo.shape
+    lo = np.asarray(rw.lo, dtype=np.int64)
+    n = np.asarray(rw.hi, dtype=np.int64) - lo
+    ts = np.asarray(rw.ts, dtype=np.int64)
+    vals = np.asarray(rw.vals, dtype=np.float64)
+    present = n >= 2
+    order, it = iterate_window_positions(lo, n)
+    W = order.size
+    if intercept_ms is None:
+        t0 = ts[np.clip(lo, 0, max(len(ts) - 1, 0))].reshape(-1)[order] if len(ts) else np.zeros(W, np.int64)
+    else:
+        t0 = np.broadcast_to(np.asarray(intercept_ms, dtype=np.int64)[None, :], (S, T)).reshape(-1)[order]
+    cnt = np.zeros(W)
+    sx = np.zeros(W); cx = np.zeros(W)
+    sy = np.zeros(W); cy = np.zeros(W)
+    sxy = np.zeros(W); cxy = np.zeros(W)
+    sx2 = np.zeros(W); cx2 = np.zeros(W)
+    init_y = np.zeros(W)
+    const_y = np.ones(W, dtype=bool)
+    with np.errstate(all="ignore"):
+        for k, m, idx in it:
+            y = vals[idx]
+            x = (ts[idx] - t0[:m]) / 1e3
+            if k == 0:
+                init_y[:m] = y
+            else:
+                const_y[:m] &= ~(y != init_y[:m])
+            cnt[:m] += 1.0
+            sx[:m], cx[:m] = kahan_inc(x, sx[:m], cx[:m])
+            sy[:m], cy[:m] = kahan_inc(y, sy[:m], cy[:m])
+            sxy[:m], cxy[:m] = kahan_inc(x * y, sxy[:m], cxy[:m])
+            sx2[:m], cx2[:m] = kahan_inc(x * x, sx2[:m], cx2[:m])
+        sx = sx + cx
+        sy = sy + cy
+        sxy = sxy + cxy
+        sx2 = sx2 + cx2
+        cnt_safe = np.where(cnt == 0, 1.0, cnt)
+        cov = sxy - sx * sy / cnt_safe
+        var = sx2 - sx * sx / cnt_safe
+        slope = cov / var
+        intercept = sy / cnt_safe - slope * sx / cnt_safe
+        inf_y = np.isinf(init_y)
+        slope = np.where(const_y, np.where(inf_y, np.nan, 0.0), slope)
+        intercept = np.where(const_y, np.where(inf_y, np.nan, init_y), intercept)
+    return scatter_back(order, slope, (S, T)), scatter_back(order, intercept, (S, T)), present
+
+
+@register("deriv")
+def deriv(ctx: FunctionContext, args: list[Value]) -> Value:
+    rw = windows_arg(args[0])
+    slope, _, present = _linear_regression(rw, None)
+    return window_vector(rw, slope, present)
+
+
+@register("predict_linear")
+def predict_linear(ctx: FunctionContext, args: list[Value]) -> Value:
+    rw = windows_arg(args[0])
+    duration = scalar_arg(args[1], rw.num_steps)
+    slope, intercept, present = _linear_regression(rw, np.asarray(ctx.step_times, dtype=np.int64))
+    with np.errstate(all="ignore"):
+        res = slope * duration[None, :] + intercept
+    return window_vector(rw, res, present)
+
+
+@register("resets")
+def resets(ctx: FunctionContext, args: list[Value]) -> Value:
+    rw = windows_arg(args[0])
+    prev, same = pairwise_prev(rw)
+    with np.errstate(invalid="ignore"):
+        flags = same & (np.asarray(rw.vals) < prev)
+    n = rw.hi - rw.lo
+    return window_vector(rw, window_count_of(flags, rw.lo, rw.hi), n >= 1)
+
+
+@register("changes")
+def changes(ctx: FunctionContext, args: list[Value]) -> Value:
+    rw = windows_arg(args[0])
+    vals = np.asarray(rw.vals, dtype=np.float64)
+    prev, same = pairwise_prev(rw)
+    with np.errstate(invalid="ignore"):
+        flags = same & (vals != prev) & ~(np.isnan(vals) & np.isnan(prev))
+    n = rw.hi - rw.lo
+    return window_vector(rw, window_count_of(flags, rw.lo, rw.hi), n >= 1)

@@ -1,0 +1,72 @@
+"""time(), timestamp() and the calendar functions (UTC), vectorized with numpy datetime math."""
+from __future__ import annotations
+
+import numpy as np
+
+from promql.functions import FunctionContext, register
+from promql.functions.common import vector_arg
+from promql.types import Scalar, Value, VectorSteps
+
+
+@register("time")
+def time_(ctx: FunctionContext, args: list[Value]) -> Value:
+    return Scalar(np.asarray(ctx.step_times, dtype=np.float64) / 1000.0)
+
+
+@register("timestamp")
+def timestamp(ctx: FunctionContext, args: list[Value]) -> Value:
+    vec = vector_arg(args[0])
+    if vec.sample_ts is not None:
+        ts = np.asarray(vec.sample_ts, dtype=np.float64)
+    else:
+        ts = np.broadcast_to(np.asarray(ctx.step_times, dtype=np.float64)[None, :], vec.values.shape)
+    return VectorSteps(list(vec.labels), ts / 1000.0, vec.present.copy(), np.ones(vec.num_series, dtype=bool))
+
+
+def _seconds(v: np.ndarray) -> np.ndarray:
+    """Go's int64(float) conversion (truncation; NaN/Inf give the minimum int64 on amd64)."""
+    with np.errstate(invalid="ignore"):
+        bad = ~np.isfinite(v) | (np.abs(v) >= 9.2e18)
+        return np.where(bad, np.iinfo(np.int64).min, np.trunc(np.where(bad, 0, v))).astype(np.int64)
+
+
+def _civil(secs: np.ndarray) -> dict[str, np.ndarray]:
+    days = np.floor_divide(secs, 86400)
+    sod = secs - days * 86400
+    d64 = days.astype("datetime64[D]")
+    years = d64.astype("datetime64[Y]")
+    months = d64.astype("datetime64[M]")
+    year = years.astype(np.int64) + 1970
+    month = (months.astype(np.int64) % 12) + 1
+    dom = (d64 - months.astype("datetime64[D]")).astype(np.int64) + 1
+    doy = (d64 - years.astype("datetime64[D]")).astype(np.int64) + 1
+    dim = ((months + 1).astype("datetime64[D]") - months.astype("datetime64[D]")).astype(np.int64)
+    return {
+        "year": year,
+        "month": month,
+        "day_of_month": dom,
+        "day_of_year": doy,
+        "days_in_month": dim,
+        "day_of_week": (days + 4) % 7,  # 1970-01-01 was a Thursday; Sunday = 0
+        "hour": sod // 3600,
+        "minute": (sod % 3600) // 60,
+    }
+
+
+def _date_fn(part: str):
+    def impl(ctx: FunctionContext, args: list[Value]) -> Value:
+        if not args:
+            secs = np.asarray(ctx.step_times, dtype=np.int64) // 1000
+            vals = _civil(secs)[part].astype(np.float64)[None, :]
+            return VectorSteps([()], vals, np.ones_like(vals, dtype=bool), np.zeros(1, dtype=bool))
+        vec = vector_arg(args[0])
+        secs = _seconds(vec.values)
+        with np.errstate(all="ignore"):
+            vals = _civil(secs)[part].astype(np.float64)
+        return VectorSteps(list(vec.labels), vals, vec.present.copy(), np.ones(vec.num_series, dtype=bool))
+
+    return impl
+
+
+for _part in ("year", "month", "day_of_month", "day_of_year", "days_in_month", "day_of_week", "hour", "minute"):
+    register(_part)(_date_fn(_part))

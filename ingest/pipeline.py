@@ -56,6 +56,12 @@ class IngestPipeline:
         self._in_flight = 0
         self._lock = threading.Lock()
 
+    @classmethod
+    def from_config(cls, storage: Any, raw: dict, *, executor: Executor | None = None, metadata: Any = None) -> "IngestPipeline":
+        """``ingest: {max_queue: N}`` in the server YAML (default 64 batches in flight)."""
+        section = raw.get("ingest") if isinstance(raw.get("ingest"), dict) else {}
+        return cls(storage, max_queue=int(section.get("max_queue", 64)), executor=executor, metadata=metadata)
+
     def add_sink(self, sink: Sink) -> None:
         self.sinks.append(sink)
 

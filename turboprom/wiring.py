@@ -19,6 +19,15 @@ def build_context(config: ServerConfig) -> ServerContext:
     storage = TSDB(config.data_dir, config.storage)
     ctx = ServerContext(config=config, storage=storage)
     # --- stage wiring: add components below this line ---
+    # --- E: ingest pipeline, metadata registry, scraper (self_scrape: true adds a job for this server) ---
+    from ingest.metadata_store import MetadataStore
+    from ingest.pipeline import IngestPipeline
+    from ingest.scrape.manager import ScrapeManager
+
+    ctx.components["metadata"] = MetadataStore()
+    ctx.components["ingest"] = IngestPipeline.from_config(storage, config.raw, executor=ctx.executor, metadata=ctx.components["metadata"])
+    ctx.components["scraper"] = ScrapeManager.from_config(config.raw, ctx.components["ingest"].append_sync, ctx.executor,
+                                                          self_url=config.listen, self_interval_s=config.self_scrape_interval_s)
     # --- G: congestion tracker (ingest sink; writes turboprom_congestion_* back through ingest) ---
     from scheduler_metrics.congestion import CongestionConfig, CongestionTracker
 

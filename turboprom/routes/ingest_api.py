@@ -65,7 +65,7 @@ def _parse_time_ms(text: str) -> int:
 def setup(app: web.Application, ctx: ServerContext) -> None:
     opts = ctx.config.storage
     ingest_cfg = ctx.config.raw.get("ingest", {}) if isinstance(ctx.config.raw.get("ingest"), dict) else {}
-    max_body = ctx.config.max_body_bytes
+    max_body = min(int(ingest_cfg.get("max_body_bytes", ctx.config.max_body_bytes)), ctx.config.max_body_bytes)
     max_decoded = int(ingest_cfg.get("max_decompressed_bytes", 64 * 1024 * 1024))
     pipeline: IngestPipeline | None = ctx.components.get("ingest")
     if pipeline is None:  # wiring not present (e.g. a minimal app in a test): build one here

@@ -1,0 +1,111 @@
+"""`scrape_configs` (and `global`) from the server's YAML config, with Prometheus defaults."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from ingest.relabel import RelabelConfig, parse_relabel_configs
+
+_DUR = re.compile(r"(\d+)(ms|y|w|d|h|m|s)")
+_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000, "y": 31_536_000_000}
+
+
+class ScrapeConfigError(ValueError):
+    pass
+
+
+def parse_duration_ms(text: Any) -> int:
+    """Prometheus duration ('15s', '1m30s', '500ms', '1d'); plain numbers are seconds."""
+    if isinstance(text, (int, float)):
+        return int(text * 1000)
+    s = str(text).strip()
+    if s == "0":
+        return 0
+    pos, total = 0, 0
+    for m in _DUR.finditer(s):
+        if m.start() != pos:
+            break
+        total += int(m.group(1)) * _UNIT_MS[m.group(2)]
+        pos = m.end()
+    if pos != len(s) or not s:
+        raise ScrapeConfigError(f"not a valid duration string: {text!r}")
+    return total
+
+
+def format_duration(ms: int) -> str:
+    if ms == 0:
+        return "0s"
+    out = ""
+    for unit in ("y", "w", "d", "h", "m", "s", "ms"):
+        u = _UNIT_MS[unit]
+        if ms >= u:
+            out += f"{ms // u}{unit}"
+            ms %= u
+    return out
+
+
+@dataclass
+class FileSDConfig:
+    files: list[str]
+    refresh_interval_ms: int = 300_000
+
+
+@dataclass
+class ScrapeConfig:
+    job_name: str
+    scrape_interval_ms: int = 60_000
+    scrape_timeout_ms: int = 10_000
+    metrics_path: str = "/metrics"
+    scheme: str = "http"
+    params: dict[str, list[str]] = field(default_factory=dict)
+    honor_labels: bool = False
+    honor_timestamps: bool = True
+    static_configs: list[dict[str, Any]] = field(default_factory=list)  # [{"targets": [...], "labels": {...}}]
+    file_sd_configs: list[FileSDConfig] = field(default_factory=list)
+    relabel_configs: list[RelabelConfig] = field(default_factory=list)
+    metric_relabel_configs: list[RelabelConfig] = field(default_factory=list)
+    body_size_limit: int = 0
+    sample_limit: int = 0
+
+
+def parse_scrape_configs(raw: dict[str, Any]) -> list[ScrapeConfig]:
+    glob = raw.get("global") or {}
+    g_interval = parse_duration_ms(glob.get("scrape_interval", "1m"))
+    g_timeout = parse_duration_ms(glob.get("scrape_timeout", "10s"))
+    out: list[ScrapeConfig] = []
+    seen: set[str] = set()
+    for i, d in enumerate(raw.get("scrape_configs") or []):
+        if not isinstance(d, dict) or not d.get("job_name"):
+            raise ScrapeConfigError(f"scrape_configs[{i}]: job_name is required")
+        job = str(d["job_name"])
+        if job in seen:
+            raise ScrapeConfigError(f"found multiple scrape configs with job name {job!r}")
+        seen.add(job)
+        interval = parse_duration_ms(d.get("scrape_interval", g_interval / 1000))
+        timeout = parse_duration_ms(d["scrape_timeout"]) if "scrape_timeout" in d else min(g_timeout, interval)
+        if timeout > interval:
+            raise ScrapeConfigError(f"job {job!r}: scrape timeout greater than scrape interval")
+        scheme = str(d.get("scheme", "http"))
+        if scheme not in ("http", "https"):
+            raise ScrapeConfigError(f"job {job!r}: unsupported scheme {scheme!r}")
+        params = {str(k): [str(x) for x in (v if isinstance(v, list) else [v])] for k, v in (d.get("params") or {}).items()}
+        static = []
+        for sc in d.get("static_configs") or []:
+            static.append({"targets": [str(t) for t in sc.get("targets") or []],
+                           "labels": {str(k): str(v) for k, v in (sc.get("labels") or {}).items()}})
+        fsd = []
+        for f in d.get("file_sd_configs") or []:
+            files = f.get("files") or []
+            if not files:
+                raise ScrapeConfigError(f"job {job!r}: file_sd_configs needs files")
+            fsd.append(FileSDConfig([str(x) for x in files], parse_duration_ms(f.get("refresh_interval", "5m"))))
+        try:
+            rc = parse_relabel_configs(d.get("relabel_configs"))
+            mrc = parse_relabel_configs(d.get("metric_relabel_configs"))
+        except ValueError as e:
+            raise ScrapeConfigError(f"job {job!r}: {e}") from None
+        out.append(ScrapeConfig(job, interval, timeout, str(d.get("metrics_path", "/metrics")), scheme, params,
+                                bool(d.get("honor_labels", False)), bool(d.get("honor_timestamps", True)),
+                                static, fsd, rc, mrc, int(d.get("body_size_limit", 0) or 0), int(d.get("sample_limit", 0) or 0)))
+    return out

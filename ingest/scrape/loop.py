@@ -1,0 +1,166 @@
+"""One target's scrape loop: fetch with aiohttp on the event loop, process and append in a worker thread."""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+import aiohttp
+
+from ingest import metrics
+from ingest.errors import IngestError
+from ingest.scrape.config import ScrapeConfig, format_duration
+from ingest.scrape.process import SeriesState, merge, process_scrape, report_batch, stale_batch
+from ingest.scrape.targets import TargetSpec
+from storage.labels import Labels
+
+log = logging.getLogger("turboprom.scrape")
+
+ACCEPT = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
+          "text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
+REPORT = ("up", "scrape_duration_seconds", "scrape_samples_scraped", "scrape_samples_post_metric_relabeling",
+          "scrape_series_added")
+
+
+class ScrapeLoop:
+    def __init__(self, cfg: ScrapeConfig, spec: TargetSpec, session: aiohttp.ClientSession, append, executor,
+                 *, max_body_bytes: int = 64 * 1024 * 1024):
+        self.cfg = cfg
+        self.spec = spec
+        self.session = session
+        self.append = append  # callable(SampleBatch) -> AppendResult, runs in a worker thread
+        self.executor = executor
+        self.max_body_bytes = cfg.body_size_limit or max_body_bytes
+        self.state = SeriesState()
+        self.task: asyncio.Task | None = None
+        self.health = "unknown"
+        self.last_error = ""
+        self.last_scrape: float = 0.0
+        self.last_duration = 0.0
+        self.last_samples = 0
+        self.scrapes = 0
+        self.missed = 0
+        self._ever_scraped = False
+
+    @property
+    def labels(self) -> Labels:
+        return self.spec.labels
+
+    def offset_s(self) -> float:
+        """Spread targets over the interval like Prometheus (stable per target)."""
+        h = int.from_bytes(hashlib.sha256(repr(self.spec.key).encode()).digest()[:8], "big")
+        return (h % max(self.spec.interval_ms, 1)) / 1000.0
+
+    def start(self) -> None:
+        self.task = asyncio.get_running_loop().create_task(self._run(), name=f"scrape {self.spec.url}")
+
+    async def stop(self, *, stale: bool) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            try:
+                await self.task
+            except asyncio.CancelledError:
+                pass
+            except Exception:  # noqa: BLE001
+                log.exception("scrape loop for %s failed", self.spec.url)
+        if stale and self._ever_scraped:
+            # target gone: stale markers for its series and its report series, like Prometheus
+            ts = int(time.time() * 1000)
+            series = list(self.state.last_series) + [tuple(sorted(self.spec.labels + (("__name__", n),))) for n in REPORT]
+            await asyncio.get_running_loop().run_in_executor(self.executor, self.append, stale_batch(series, ts))
+
+    async def _run(self) -> None:
+        interval = self.spec.interval_ms / 1000.0
+        loop = asyncio.get_running_loop()
+        now = time.time()
+        # first scrape at the next point of this target's phase within the interval
+        base = now - (now % interval) + self.offset_s()
+        next_t = base if base >= now else base + interval
+        while True:
+            delay = next_t - time.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            await self.scrape_once(loop)
+            next_t += interval
+            now = time.time()
+            if now > next_t:
+                skipped = int((now - next_t) // interval) + 1
+                self.missed += skipped
+                metrics.SCRAPE_LAG.labels(job=self.cfg.job_name).inc(skipped)
+                next_t += skipped * interval
+
+    async def scrape_once(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        loop = loop or asyncio.get_running_loop()
+        start = time.time()
+        scrape_ts = int(start * 1000)
+        timeout_s = self.spec.timeout_ms / 1000.0
+        err = ""
+        body = b""
+        ctype = ""
+        try:
+            headers = {"Accept": ACCEPT, "X-Prometheus-Scrape-Timeout-Seconds": f"{timeout_s:g}",
+                       "User-Agent": "TurboProm-scraper/0.1"}
+            async with self.session.get(self.spec.url, headers=headers,
+                                        timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+                if resp.status != 200:
+                    err = f"server returned HTTP status {resp.status} {resp.reason}"
+                else:
+                    ctype = resp.headers.get("Content-Type", "")
+                    body = await resp.content.read(self.max_body_bytes + 1)
+                    if len(body) > self.max_body_bytes:
+                        err = f"body size limit exceeded ({self.max_body_bytes} bytes)"
+        except asyncio.TimeoutError:
+            err = f'Get "{self.spec.url}": context deadline exceeded'
+        except aiohttp.ClientError as e:
+            err = f'Get "{self.spec.url}": {e}'
+        except OSError as e:
+            err = f'Get "{self.spec.url}": {e}'
+        work = self._work_ok if not err else self._work_fail
+        result_err = await loop.run_in_executor(self.executor, work, body, ctype, scrape_ts, start, err)
+        err = err or result_err
+        self.scrapes += 1
+        self._ever_scraped = True
+        self.last_scrape = start
+        self.last_duration = time.time() - start
+        self.health = "down" if err else "up"
+        self.last_error = err
+        metrics.SCRAPES.labels(job=self.cfg.job_name, outcome="error" if err else "ok").inc()
+
+    def _work_ok(self, body: bytes, ctype: str, scrape_ts: int, start: float, _err: str) -> str:
+        try:
+            out = process_scrape(body, ctype, scrape_ts, self.spec.labels, self.state,
+                                 honor_labels=self.cfg.honor_labels, honor_timestamps=self.cfg.honor_timestamps,
+                                 mrc=self.cfg.metric_relabel_configs, sample_limit=self.cfg.sample_limit)
+        except IngestError as e:
+            return self._work_fail(b"", ctype, scrape_ts, start, e.message)
+        dur = time.time() - start
+        self.last_samples = out.scraped
+        rep = report_batch(self.spec.labels, scrape_ts, 1.0, dur, out.scraped, out.post_relabel, out.added)
+        self.append(merge(out.batch, rep))
+        return ""
+
+    def _work_fail(self, _body: bytes, _ctype: str, scrape_ts: int, start: float, err: str) -> str:
+        stale = self.state.last_series
+        self.state.last_series = set()
+        dur = time.time() - start
+        self.append(report_batch(self.spec.labels, scrape_ts, 0.0, dur, 0, 0, 0, stale_from=stale))
+        return err
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "discoveredLabels": dict(self.spec.discovered),
+            "labels": dict(self.spec.labels),
+            "scrapePool": self.cfg.job_name,
+            "scrapeUrl": self.spec.url,
+            "globalUrl": self.spec.url,
+            "lastError": self.last_error,
+            "lastScrape": (datetime.fromtimestamp(self.last_scrape, timezone.utc).isoformat().replace("+00:00", "Z")
+                           if self.last_scrape else "0001-01-01T00:00:00Z"),
+            "lastScrapeDuration": round(self.last_duration, 6),
+            "health": self.health,
+            "scrapeInterval": format_duration(self.spec.interval_ms),
+            "scrapeTimeout": format_duration(self.spec.timeout_ms),
+        }

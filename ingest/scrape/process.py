@@ -1,0 +1,128 @@
+"""One scrape's body -> one SampleBatch (samples, report series, stale markers). Runs in a worker thread.
+
+Per distinct series (cached per target across scrapes): parse the label text, merge with target
+labels (honor_labels), apply metric_relabel_configs, validate. Per sample: numpy only.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ingest.errors import IngestError
+from ingest.relabel import RelabelConfig, relabel
+from ingest.text_format import parse_series_key, parse_text
+from ingest.validation import validate_pairs
+from storage.batch import MetricMetadata, SampleBatch
+from storage.labels import Labels
+from storage.stale import STALE_NAN
+
+REPORT_NAMES = ("up", "scrape_duration_seconds", "scrape_samples_scraped", "scrape_samples_post_metric_relabeling",
+                "scrape_series_added")
+_DROPPED = ()  # cache value for series dropped by metric relabeling
+
+
+@dataclass
+class SeriesState:
+    """What a target remembers between scrapes."""
+
+    cache: dict[str, Labels] = field(default_factory=dict)  # raw series text -> final labels (or _DROPPED)
+    last_series: set[Labels] = field(default_factory=set)  # for staleness
+    max_cache: int = 500_000
+
+
+@dataclass
+class ScrapeOutcome:
+    batch: SampleBatch
+    scraped: int = 0
+    post_relabel: int = 0
+    added: int = 0
+    metadata: list[MetricMetadata] = field(default_factory=list)
+
+
+def target_series_labels(pairs: tuple[tuple[str, str], ...], target: Labels, honor_labels: bool,
+                         mrc: list[RelabelConfig]) -> Labels:
+    lb = dict(pairs)
+    if honor_labels:
+        for k, v in target:
+            if k not in lb or lb[k] == "":
+                lb[k] = v
+    else:
+        for k, v in target:
+            if k in lb and lb[k] != "":
+                lb[f"exported_{k}"] = lb[k]
+            lb[k] = v
+    res = relabel(lb, mrc)
+    if res is None:
+        return _DROPPED
+    lbl = validate_pairs([(k, v) for k, v in res.items() if v != ""])
+    return lbl
+
+
+def process_scrape(body: bytes, content_type: str, scrape_ts: int, target: Labels, state: SeriesState, *,
+                   honor_labels: bool, honor_timestamps: bool, mrc: list[RelabelConfig],
+                   sample_limit: int = 0) -> ScrapeOutcome:
+    openmetrics = "openmetrics" in content_type.lower()
+    parsed = parse_text(body, openmetrics=True if openmetrics else None)
+    cache = state.cache
+    if len(cache) > state.max_cache:
+        cache.clear()
+    labels: list[Labels] = []
+    for key in parsed.keys:  # per distinct series
+        lbl = cache.get(key)
+        if lbl is None:
+            lbl = target_series_labels(parse_series_key(key), target, honor_labels, mrc)
+            cache[key] = lbl
+        labels.append(lbl)
+    n = len(parsed)
+    keep_series = np.fromiter((len(x) > 0 for x in labels), bool, count=len(labels))
+    keep = keep_series[parsed.series_index] if n else np.zeros(0, bool)
+    post = int(keep.sum())
+    if sample_limit and post > sample_limit:
+        raise IngestError("sample_limit", f"sample limit exceeded ({post} > {sample_limit})")
+    # compact the series list to the kept ones
+    new_pos = np.cumsum(keep_series) - 1
+    series = [lbl for lbl, k in zip(labels, keep_series) if k]
+    sidx = new_pos[parsed.series_index[keep]]
+    ts = np.where(parsed.has_ts[keep] & honor_timestamps, parsed.timestamps[keep], scrape_ts) if n else np.zeros(0, np.int64)
+    vals = parsed.values[keep]
+    # staleness: series without explicit timestamps seen now vs last scrape
+    explicit = np.zeros(len(series), bool)
+    if honor_timestamps and parsed.has_ts.any():
+        explicit[sidx[parsed.has_ts[keep]]] = True
+    current = {s for s, e in zip(series, explicit) if not e}
+    gone = state.last_series - current
+    added = len(current - state.last_series)
+    state.last_series = current
+    extra_series = list(gone)
+    out_series = series + extra_series
+    out_idx = np.concatenate([sidx, np.arange(len(series), len(out_series), dtype=np.int64)])
+    out_ts = np.concatenate([np.asarray(ts, np.int64), np.full(len(extra_series), scrape_ts, np.int64)])
+    out_vals = np.concatenate([vals, np.full(len(extra_series), STALE_NAN)])
+    batch = SampleBatch(out_series, out_idx, out_ts, out_vals, metadata=parsed.metadata)
+    return ScrapeOutcome(batch, n, post, added, parsed.metadata)
+
+
+def report_batch(target: Labels, scrape_ts: int, up: float, duration_s: float, scraped: int, post: int, added: int,
+                 stale_from: set[Labels] | None = None) -> SampleBatch:
+    """up/scrape_* series for one scrape, plus stale markers for ``stale_from`` (failed scrape)."""
+    series = [tuple(sorted(target + (("__name__", n),))) for n in REPORT_NAMES]
+    vals = [up, duration_s, float(scraped), float(post), float(added)]
+    if stale_from:
+        extra = list(stale_from)
+        series += extra
+        vals += [STALE_NAN] * len(extra)
+    n = len(series)
+    return SampleBatch(series, np.arange(n, dtype=np.int64), np.full(n, scrape_ts, np.int64), np.asarray(vals, np.float64))
+
+
+def stale_batch(series: list[Labels], ts: int) -> SampleBatch:
+    n = len(series)
+    return SampleBatch(list(series), np.arange(n, dtype=np.int64), np.full(n, ts, np.int64), np.full(n, STALE_NAN))
+
+
+def merge(a: SampleBatch, b: SampleBatch) -> SampleBatch:
+    off = len(a.series)
+    return SampleBatch(a.series + b.series, np.concatenate([a.series_index, b.series_index + off]),
+                       np.concatenate([a.timestamps, b.timestamps]), np.concatenate([a.values, b.values]),
+                       metadata=a.metadata + b.metadata, tenant=a.tenant)

@@ -1,0 +1,245 @@
+"""Query engine front door: parse, evaluate (instant / range), shape the result.
+
+``Engine(source)`` is what the HTTP API and the conformance runner call::
+
+    eng = Engine(source, lookback_delta_ms=300_000, max_samples=50_000_000, timeout_s=120.0)
+    res = eng.instant_query("sum by (job) (rate(x[5m]))", time_ms)
+    res = eng.range_query("...", start_ms, end_ms, step_ms)
+
+Both return ``promql.types.QueryResult`` (range queries always "matrix"; an instant query whose
+expression is a range selector or subquery returns a ragged matrix in ``QueryResult.csr``).
+Per-query options (lookback, timeout, max samples, a ``threading.Event`` to cancel, and
+``node_hooks``) override the engine defaults. ``node_hooks`` let the planner answer sub-trees
+from summaries; see promql/evaluator.py for the fields of the eval context they receive.
+
+Semantics follow Prometheus 3.x with delayed ``__name__`` removal; see docs/compatibility.md.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Sequence
+
+import numpy as np
+import promql_parser as pp
+
+from promql.errors import BadData, PromQLError
+from promql.eval_context import EvalContext, NodeHook, QueryBudget
+from promql.eval_labels import apply_name_drop, drop_metric_name, merge_same_labels
+from promql.eval_positions import locate_all
+from promql.evaluator import Evaluator
+from promql.source import SampleSource
+from promql.types import Annotations, QueryResult, QueryStats, RangeWindows, Scalar, StringValue, VectorSteps
+
+_DOC_TYPES = {"Vector": "instant vector", "Matrix": "range vector", "Scalar": "scalar", "String": "string"}
+
+
+def parse(query: str) -> Any:
+    """Parse a PromQL expression with promql-parser; errors become BadData."""
+    if not query or not query.strip():
+        raise BadData("parse error: no expression found in input")
+    try:
+        return pp.parse(query)
+    except ValueError as e:
+        raise BadData(f"parse error: {e}") from e
+    except BaseException as e:  # the Rust binding can panic on odd input
+        if isinstance(e, (KeyboardInterrupt, SystemExit)):
+            raise
+        raise BadData(f"parse error: {e}") from e
+
+
+def expr_type(node: Any) -> str:
+    """Static PromQL type: "Vector" | "Matrix" | "Scalar" | "String"."""
+    if isinstance(node, pp.NumberLiteral):
+        return "Scalar"
+    if isinstance(node, pp.StringLiteral):
+        return "String"
+    if isinstance(node, (pp.VectorSelector, pp.AggregateExpr)):
+        return "Vector"
+    if isinstance(node, (pp.MatrixSelector, pp.SubqueryExpr)):
+        return "Matrix"
+    if isinstance(node, pp.Call):
+        return str(node.func.return_type).rsplit(".", 1)[-1]
+    if isinstance(node, (pp.ParenExpr, pp.UnaryExpr)):
+        return expr_type(node.expr)
+    if isinstance(node, pp.BinaryExpr):
+        if expr_type(node.lhs) == "Scalar" and expr_type(node.rhs) == "Scalar":
+            return "Scalar"
+        return "Vector"
+    return "Vector"
+
+
+class Engine:
+    def __init__(
+        self,
+        source: SampleSource,
+        *,
+        lookback_delta_ms: int = 300_000,
+        max_samples: int = 50_000_000,
+        timeout_s: float = 120.0,
+        default_subquery_step_ms: int = 60_000,
+    ) -> None:
+        self.source = source
+        self.lookback_delta_ms = int(lookback_delta_ms)
+        self.max_samples = int(max_samples)
+        self.timeout_s = float(timeout_s)
+        self.default_subquery_step_ms = int(default_subquery_step_ms)
+
+    @staticmethod
+    def parse(query: str) -> Any:
+        return parse(query)
+
+    # -- public API -----------------------------------------------------------------------
+    def instant_query(
+        self,
+        query: str,
+        time_ms: int,
+        *,
+        lookback_delta_ms: int | None = None,
+        timeout_s: float | None = None,
+        max_samples: int | None = None,
+        cancel: threading.Event | None = None,
+        node_hooks: Sequence[NodeHook] = (),
+    ) -> QueryResult:
+        expr = parse(query)
+        steps = np.array([int(time_ms)], dtype=np.int64)
+        return self._run(query, expr, steps, int(time_ms), int(time_ms), 0, False,
+                         lookback_delta_ms, timeout_s, max_samples, cancel, node_hooks)
+
+    def range_query(
+        self,
+        query: str,
+        start_ms: int,
+        end_ms: int,
+        step_ms: int,
+        *,
+        lookback_delta_ms: int | None = None,
+        timeout_s: float | None = None,
+        max_samples: int | None = None,
+        cancel: threading.Event | None = None,
+        node_hooks: Sequence[NodeHook] = (),
+    ) -> QueryResult:
+        if step_ms <= 0:
+            raise BadData("zero or negative query resolution step widths are not accepted. Try a positive integer")
+        if end_ms < start_ms:
+            raise BadData("end timestamp must not be before start time")
+        expr = parse(query)
+        et = expr_type(expr)
+        if et not in ("Vector", "Scalar"):
+            raise BadData(f'invalid expression type "{_DOC_TYPES[et]}" for range query, must be Scalar or instant Vector')
+        n = (int(end_ms) - int(start_ms)) // int(step_ms) + 1
+        steps = int(start_ms) + np.arange(n, dtype=np.int64) * int(step_ms)
+        return self._run(query, expr, steps, int(start_ms), int(end_ms), int(step_ms), True,
+                         lookback_delta_ms, timeout_s, max_samples, cancel, node_hooks)
+
+    # -- internals ------------------------------------------------------------------------
+    def _run(self, query: str, expr: Any, steps: np.ndarray, start: int, end: int, step: int, is_range: bool,
+             lookback_delta_ms: int | None, timeout_s: float | None, max_samples: int | None,
+             cancel: threading.Event | None, node_hooks: Sequence[NodeHook]) -> QueryResult:
+        wall0 = time.perf_counter()
+        cpu0 = time.thread_time()
+        tmo = self.timeout_s if timeout_s is None else float(timeout_s)
+        lookback = self.lookback_delta_ms if not lookback_delta_ms or lookback_delta_ms <= 0 else int(lookback_delta_ms)
+        stats = QueryStats()
+        ann = Annotations()
+        budget = QueryBudget(
+            max_samples=self.max_samples if max_samples is None else int(max_samples),
+            deadline=time.monotonic() + tmo,
+            timeout_s=tmo,
+            cancel=cancel,
+        )
+        ctx = EvalContext(
+            step_times=steps,
+            query_start_ms=start,
+            query_end_ms=end,
+            query_step_ms=step,
+            lookback_delta_ms=lookback,
+            source=self.source,
+            annotations=ann,
+            stats=stats,
+            budget=budget,
+            default_subquery_step_ms=self.default_subquery_step_ms,
+            hooks=tuple(node_hooks),
+            query=query,
+        )
+        try:
+            positions = locate_all(expr, query)
+        except Exception:  # positions are best effort
+            positions = {}
+        ev = Evaluator(positions)
+        with np.errstate(all="ignore"):
+            val = ev.eval(expr, ctx)
+            budget.check()
+            res = self._shape(val, steps, is_range)
+        res.annotations = ann
+        stats.wall_seconds = time.perf_counter() - wall0
+        stats.cpu_seconds = time.thread_time() - cpu0
+        if not stats.paths:
+            stats.paths.append("raw")
+        res.stats = stats
+        return res
+
+    def _shape(self, val: Any, steps: np.ndarray, is_range: bool) -> QueryResult:
+        t0 = int(steps[0])
+        if isinstance(val, StringValue):
+            if is_range:
+                raise BadData('invalid expression type "string" for range query, must be Scalar or instant Vector')
+            return QueryResult("string", string=val.value, timestamp=t0)
+        if isinstance(val, Scalar):
+            if is_range:
+                return QueryResult("matrix", labels=[()], values=val.values[None, :].copy(),
+                                   present=np.ones((1, len(steps)), bool), timestamps=steps)
+            return QueryResult("scalar", scalar=float(val.values[0]), timestamp=t0)
+        if isinstance(val, RangeWindows):
+            if is_range:
+                raise BadData('invalid expression type "range vector" for range query, must be Scalar or instant Vector')
+            return self._shape_windows(val, t0)
+        if isinstance(val, VectorSteps):
+            vec = apply_name_drop(val)
+            if is_range:
+                keep = vec.present.any(axis=1)
+                idx = [i for i in np.flatnonzero(keep).tolist()]
+                idx.sort(key=lambda i: vec.labels[i])
+                ia = np.array(idx, dtype=np.int64)
+                return QueryResult(
+                    "matrix",
+                    labels=[vec.labels[i] for i in idx],
+                    values=vec.values[ia] if len(ia) else np.zeros((0, len(steps))),
+                    present=vec.present[ia] if len(ia) else np.zeros((0, len(steps)), bool),
+                    timestamps=steps,
+                )
+            rows = np.flatnonzero(vec.present[:, 0]) if vec.num_series else np.empty(0, np.int64)
+            return QueryResult(
+                "vector",
+                labels=[vec.labels[i] for i in rows.tolist()],
+                values=vec.values[rows, 0].copy() if len(rows) else np.zeros(0),
+                timestamp=t0,
+            )
+        raise PromQLError(f"unexpected result value {type(val).__name__}")
+
+    def _shape_windows(self, w: RangeWindows, t0: int) -> QueryResult:
+        lo, hi = w.lo[:, 0], w.hi[:, 0]
+        n = hi - lo
+        labels = list(w.labels)
+        if w.drop_name is not None:
+            labels = [drop_metric_name(l) if d else l for l, d in zip(labels, w.drop_name.tolist())]
+        idx = [i for i in np.flatnonzero(n > 0).tolist()]
+        if len(set(labels[i] for i in idx)) != len(idx):
+            from promql.errors import ExecutionError
+            from promql.eval_labels import SAME_LABELSET
+            raise ExecutionError(SAME_LABELSET)
+        idx.sort(key=lambda i: labels[i])
+        ia = np.array(idx, dtype=np.int64)
+        counts = n[ia] if len(ia) else np.zeros(0, np.int64)
+        off = np.zeros(len(idx) + 1, np.int64)
+        np.cumsum(counts, out=off[1:])
+        total = int(off[-1])
+        if total:
+            gather = np.arange(total, dtype=np.int64) - np.repeat(off[:-1] - lo[ia], counts)
+            ts, vals = w.ts[gather], w.vals[gather]
+        else:
+            ts, vals = np.empty(0, np.int64), np.empty(0)
+        return QueryResult("matrix", labels=[labels[i] for i in idx], csr=(off, ts, vals), timestamp=t0)
+
+
+__all__ = ["Engine", "parse", "expr_type", "merge_same_labels"]

@@ -1,0 +1,537 @@
+"""Aggregation operators over (S, T) matrices.
+
+Rows are grouped once per query (per-series Python for the grouping key), sorted by group, and
+every aggregation then works on whole column blocks:
+
+* count / group / min / max: ``reduceat`` over the group-sorted rows;
+* sum / avg / stddev / stdvar: Prometheus's sequential algorithms (Kahan-Neumaier summation,
+  direct mean with a switch to incremental mean on overflow, Welford variance), vectorized
+  across groups and steps by iterating over the *rank within the group* -- so results are
+  bit-identical to Prometheus for groups of up to ``RANK_LOOP_MAX`` series. Larger groups use a
+  compensated pairwise (TwoSum tree) reduction instead of a Python loop over series;
+* quantile / topk / bottomk / limitk: stable argsorts along the series axis of every column;
+* count_values: ``np.unique`` over present values.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Iterator
+
+import numpy as np
+
+from promql.errors import ExecutionError
+from promql.eval_labels import dense_ids, grouping_labels, labels_string  # noqa: F401
+from promql.types import Annotations, Scalar, StringValue, VectorSteps
+from storage.labels import METRIC_NAME, Labels
+
+RANK_LOOP_MAX = 64
+_MAX_INT64 = float(2**63)
+
+
+class Groups:
+    """Rows grouped by output label set, in order of first appearance."""
+
+    def __init__(self, labels: list[Labels], names: list[str], without: bool) -> None:
+        keys = [grouping_labels(l, names, without) for l in labels]
+        self.gid, self.labels = dense_ids(keys)
+        self.n = len(self.labels)
+        self.order = np.argsort(self.gid, kind="stable")
+        self.sizes = np.bincount(self.gid, minlength=self.n).astype(np.int64)
+        self.starts = np.zeros(self.n, np.int64)
+        if self.n:
+            np.cumsum(self.sizes[:-1], out=self.starts[1:])
+
+    def reduce(self, ufunc: Any, x: np.ndarray) -> np.ndarray:
+        """ufunc.reduceat over group-sorted rows: (G, T)."""
+        if self.n == 0:
+            return np.zeros((0, x.shape[1]), x.dtype)
+        return ufunc.reduceat(x[self.order], self.starts, axis=0)
+
+    def ranks(self, small_only: bool = True) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Yield (group ids, row ids) for rank 0, 1, ... within each (small) group."""
+        sel = self.sizes <= RANK_LOOP_MAX if small_only else np.ones(self.n, bool)
+        groups = np.flatnonzero(sel)
+        if len(groups) == 0:
+            return
+        sizes = self.sizes[groups]
+        for r in range(int(sizes.max())):
+            g = groups[sizes > r]
+            yield g, self.order[self.starts[g] + r]
+
+    def large(self) -> list[int]:
+        return np.flatnonzero(self.sizes > RANK_LOOP_MAX).tolist()
+
+    def rows_of(self, g: int) -> np.ndarray:
+        return self.order[self.starts[g]: self.starts[g] + self.sizes[g]]
+
+
+def _kahan_inc(x: np.ndarray, s: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Prometheus's kahansum.Inc (Neumaier variant), elementwise."""
+    t = s + x
+    big = np.abs(s) >= np.abs(x)
+    c2 = c + np.where(big, (s - t) + x, (x - t) + s)
+    c2 = np.where(np.isinf(t), 0.0, c2)
+    return t, c2
+
+
+def tree_sum(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Compensated pairwise sum along axis 0: (sum, compensation). Error-free TwoSum at every
+    level, so the result is as accurate as sequential Kahan summation."""
+    x = np.asarray(x, dtype=np.float64)
+    if x.shape[0] == 0:
+        z = np.zeros(x.shape[1:])
+        return z, z.copy()
+    e = np.zeros_like(x)
+    while x.shape[0] > 1:
+        if x.shape[0] % 2:
+            x = np.concatenate([x, np.zeros((1,) + x.shape[1:])], axis=0)
+            e = np.concatenate([e, np.zeros((1,) + e.shape[1:])], axis=0)
+        a, b = x[0::2], x[1::2]
+        s = a + b
+        bb = s - a
+        err = (a - (s - bb)) + (b - bb)
+        err = np.where(np.isfinite(s), err, 0.0)
+        e = e[0::2] + e[1::2] + err
+        x = s
+    return x[0], e[0]
+
+
+def _finish(s: np.ndarray, c: np.ndarray) -> np.ndarray:
+    return np.where(np.isfinite(s), s + c, s)
+
+
+def _sum(vec: VectorSteps, g: Groups) -> np.ndarray:
+    t = vec.num_steps
+    s = np.zeros((g.n, t))
+    c = np.zeros((g.n, t))
+    n = np.zeros((g.n, t), np.int64)
+    V, P = vec.values, vec.present
+    for gi, rows in g.ranks():
+        x, p = V[rows], P[rows]
+        first = p & (n[gi] == 0)
+        ts, tc = _kahan_inc(x, s[gi], c[gi])
+        s[gi] = np.where(first, x, np.where(p, ts, s[gi]))
+        c[gi] = np.where(first, 0.0, np.where(p, tc, c[gi]))
+        n[gi] += p
+    for gi in g.large():
+        rows = g.rows_of(gi)
+        ss, cc = tree_sum(np.where(P[rows], V[rows], 0.0))
+        s[gi], c[gi] = ss, cc
+    return _finish(s, c)
+
+
+def _avg(vec: VectorSteps, g: Groups) -> np.ndarray:
+    t = vec.num_steps
+    V, P = vec.values, vec.present
+    s = np.zeros((g.n, t))
+    c = np.zeros((g.n, t))
+    mean = np.zeros((g.n, t))
+    n = np.zeros((g.n, t))
+    incr = np.zeros((g.n, t), bool)
+    for gi, rows in g.ranks():
+        x, p = V[rows], P[rows]
+        sg, cg, mg, ng, ig = s[gi], c[gi], mean[gi], n[gi], incr[gi]
+        first = p & (ng == 0)
+        rest = p & ~first
+        n1 = ng + p
+        # direct mean as long as the running sum does not overflow
+        ns, nc = _kahan_inc(x, sg, cg)
+        overflow = rest & ~ig & np.isinf(ns)
+        direct_ok = rest & ~ig & ~np.isinf(ns)
+        sg2 = np.where(direct_ok, ns, sg)
+        cg2 = np.where(direct_ok, nc, cg)
+        # switch to incremental mean where the sum would overflow
+        with np.errstate(all="ignore"):
+            mg_sw = np.where(overflow, sg / np.maximum(n1 - 1, 1), mg)
+            cg_sw = np.where(overflow, cg / np.maximum(n1 - 1, 1), cg2)
+        ig2 = ig | overflow
+        use_incr = rest & ig2
+        q = (n1 - 1) / np.maximum(n1, 1)
+        im, ic = _kahan_inc(x / np.maximum(n1, 1), q * mg_sw, q * cg_sw)
+        mg3 = np.where(use_incr, im, mg_sw)
+        cg3 = np.where(use_incr, ic, cg_sw)
+        s[gi] = np.where(first, x, sg2)
+        c[gi] = np.where(first, 0.0, cg3)
+        mean[gi] = np.where(first, x, mg3)
+        n[gi] = n1
+        incr[gi] = np.where(first, False, ig2)
+    with np.errstate(all="ignore"):
+        out = np.where(incr, mean + c, s / np.maximum(n, 1) + c / np.maximum(n, 1))
+    for gi in g.large():
+        rows = g.rows_of(gi)
+        x = np.where(P[rows], V[rows], 0.0)
+        cnt = P[rows].sum(axis=0).astype(np.float64)
+        ss, cc = tree_sum(x)
+        with np.errstate(all="ignore"):
+            direct = ss / np.maximum(cnt, 1) + cc / np.maximum(cnt, 1)
+            over = np.isinf(ss) & ~np.isinf(x).any(axis=0)
+            if over.any():
+                ms, mc = tree_sum(x / np.maximum(cnt, 1))
+                direct = np.where(over, ms + mc, direct)
+        out[gi] = direct
+    return out
+
+
+def _variance(vec: VectorSteps, g: Groups) -> np.ndarray:
+    """Population variance with Prometheus's Welford recurrence."""
+    t = vec.num_steps
+    V, P = vec.values, vec.present
+    mean = np.zeros((g.n, t))
+    m2 = np.zeros((g.n, t))
+    n = np.zeros((g.n, t))
+    for gi, rows in g.ranks():
+        x, p = V[rows], P[rows]
+        ng = n[gi]
+        first = p & (ng == 0)
+        n1 = ng + p
+        with np.errstate(all="ignore"):
+            delta = x - mean[gi]
+            nm = mean[gi] + delta / np.maximum(n1, 1)
+            nv = m2[gi] + delta * (x - nm)
+        mean[gi] = np.where(first, x, np.where(p, nm, mean[gi]))
+        m2[gi] = np.where(first, np.where(np.isfinite(x), 0.0, np.nan), np.where(p, nv, m2[gi]))
+        n[gi] = n1
+    with np.errstate(all="ignore"):
+        out = m2 / np.maximum(n, 1)
+    for gi in g.large():
+        rows = g.rows_of(gi)
+        p = P[rows]
+        x = np.where(p, V[rows], 0.0)
+        cnt = np.maximum(p.sum(axis=0), 1).astype(np.float64)
+        with np.errstate(all="ignore"):
+            ms, mc = tree_sum(x)
+            mu = _finish(ms, mc) / cnt
+            d = np.where(p, V[rows] - mu[None, :], 0.0)
+            vs, vc = tree_sum(d * d)
+            var = _finish(vs, vc) / cnt
+        bad = (~np.isfinite(V[rows]) & p).any(axis=0)
+        out[gi] = np.where(bad, np.nan, var)
+    return out
+
+
+def quantile_sorted(V: np.ndarray, P: np.ndarray, g: Groups, q: np.ndarray) -> np.ndarray:
+    """Prometheus's quantile (NaN sorts first; linear interpolation between closest ranks) per
+    group and step. q: (T,)."""
+    s_, t = V.shape
+    # sort key: absent rows last (+inf), NaN marked and sorted first afterwards
+    isn = np.isnan(V) & P
+    key = np.where(P, np.where(isn, -np.inf, V), np.inf)
+    o1 = np.argsort(key, axis=0, kind="stable")
+    gsorted = g.gid[o1]
+    o2 = np.argsort(gsorted, axis=0, kind="stable")
+    o = np.take_along_axis(o1, o2, axis=0)
+    sv = np.take_along_axis(key, o, axis=0)
+    # per group/step counts
+    cnt = g.reduce(np.add, P.astype(np.int64)).astype(np.float64)  # (G, T)
+    nan_cnt = g.reduce(np.add, isn.astype(np.int64))
+    # positions: the NaNs of a group occupy its first nan_cnt slots
+    pos = np.arange(s_)[:, None] - g.starts[g.gid[o]]
+    sv = np.where(pos < nan_cnt[g.gid[o], np.arange(t)[None, :]], np.nan, sv)
+    with np.errstate(all="ignore"):
+        rank = q[None, :] * (cnt - 1)
+        lower = np.maximum(0, np.floor(rank))
+        upper = np.minimum(cnt - 1, lower + 1)
+        weight = rank - np.floor(rank)
+    lower_i = np.clip(np.nan_to_num(lower), 0, max(s_ - 1, 0)).astype(np.int64)
+    upper_i = np.clip(np.nan_to_num(upper), 0, max(s_ - 1, 0)).astype(np.int64)
+    base = g.starts[:, None]
+    cols = np.arange(t)[None, :]
+    lo_v = sv[np.minimum(base + lower_i, s_ - 1), cols]
+    hi_v = sv[np.minimum(base + upper_i, s_ - 1), cols]
+    with np.errstate(all="ignore"):
+        res = lo_v * (1 - weight) + hi_v * weight
+    qq = np.broadcast_to(q[None, :], res.shape)
+    res = np.where(np.isnan(qq), np.nan, np.where(qq < 0, -np.inf, np.where(qq > 1, np.inf, res)))
+    return res
+
+
+def _output(vec: VectorSteps, g: Groups, values: np.ndarray) -> VectorSteps:
+    present = g.reduce(np.logical_or, vec.present)
+    drop = None
+    if vec.drop_name is not None and vec.drop_name.any() and g.n:
+        dp = g.reduce(np.logical_or, vec.present & vec.drop_name[:, None])
+        t = vec.num_steps
+        last = t - 1 - np.argmax(present[:, ::-1], axis=1)
+        drop = dp[np.arange(g.n), last]
+    out = VectorSteps(list(g.labels), np.where(present, values, 0.0), present, drop)  # type: ignore[arg-type]
+    keep = present.any(axis=1)
+    if not keep.all():
+        idx = np.flatnonzero(keep)
+        out = VectorSteps([out.labels[i] for i in idx.tolist()], out.values[idx], present[idx], None if drop is None else drop[idx])
+    return out
+
+
+def aggregate(op: str, vec: VectorSteps, names: list[str], without: bool, param: Any, ann: Annotations, pos: str = "") -> VectorSteps:
+    t = vec.num_steps
+    if op == "count_values":
+        return count_values(vec, names, without, param)
+    if op in ("topk", "bottomk", "limitk", "limit_ratio"):
+        return select_k(op, vec, names, without, param, ann, pos)
+    if op == "quantile":
+        q = param.values if isinstance(param, Scalar) else np.full(t, float("nan"))
+        if np.isnan(q).any():
+            ann.warn(f"PromQL warning: quantile value should be between 0 and 1, got NaN{pos}")
+        finite = q[~np.isnan(q)]
+        if finite.size and finite.max() > 1:
+            ann.warn(f"PromQL warning: quantile value should be between 0 and 1, got {_fmt_g(float(finite.max()))}{pos}")
+        if finite.size and finite.min() < 0:
+            ann.warn(f"PromQL warning: quantile value should be between 0 and 1, got {_fmt_g(float(finite.min()))}{pos}")
+    if vec.num_series == 0:
+        return VectorSteps.empty(t)
+    g = Groups(vec.labels, names, without)
+    with np.errstate(all="ignore"):
+        if op == "sum":
+            vals = _sum(vec, g)
+        elif op == "avg":
+            vals = _avg(vec, g)
+        elif op == "count":
+            vals = g.reduce(np.add, vec.present.astype(np.int64)).astype(np.float64)
+        elif op == "group":
+            vals = np.ones((g.n, t))
+        elif op == "max":
+            vals = g.reduce(np.fmax, np.where(vec.present, vec.values, np.nan))
+        elif op == "min":
+            vals = g.reduce(np.fmin, np.where(vec.present, vec.values, np.nan))
+        elif op == "stdvar":
+            vals = _variance(vec, g)
+        elif op == "stddev":
+            vals = np.sqrt(_variance(vec, g))
+        elif op == "quantile":
+            vals = quantile_sorted(vec.values, vec.present, g, param.values)
+        else:
+            raise ExecutionError(f"unknown aggregation {op!r}")
+    return _output(vec, g, vals)
+
+
+def _fmt_g(v: float) -> str:
+    """Go's %g for a float64 (shortest digits; exponent form below 1e-4 and from 1e6 on)."""
+    if math.isinf(v):
+        return "+Inf" if v > 0 else "-Inf"
+    if math.isnan(v):
+        return "NaN"
+    if v == 0:
+        return "0"
+    sci = np.format_float_scientific(v, unique=True, trim="-")
+    mant, exp_s = sci.split("e")
+    exp = int(exp_s)
+    if exp < -4 or exp >= 6:
+        return f"{mant}e{'+' if exp >= 0 else '-'}{abs(exp):02d}"
+    return np.format_float_positional(v, unique=True, trim="-")
+
+
+def go_format_float(v: float) -> str:
+    """Go's strconv.FormatFloat(v, 'f', -1, 64): shortest digits, never an exponent."""
+    if math.isnan(v):
+        return "NaN"
+    if math.isinf(v):
+        return "+Inf" if v > 0 else "-Inf"
+    s = np.format_float_positional(v, unique=True, trim="-")
+    return s
+
+
+def count_values(vec: VectorSteps, names: list[str], without: bool, param: Any) -> VectorSteps:
+    t = vec.num_steps
+    if not isinstance(param, StringValue):
+        raise ExecutionError("count_values needs a string parameter")
+    label = param.value
+    if not _valid_label_name(label):
+        raise ExecutionError(f"invalid label name {_go_quote_label(label)}")
+    rows, cols = np.nonzero(vec.present)
+    if len(rows) == 0:
+        return VectorSteps.empty(t)
+    vals = vec.values[rows, cols]
+    # unique by bit pattern so -0 / 0 and NaN payloads are grouped like Go's formatting would
+    uv, inv = np.unique(vals, return_inverse=True)
+    strs = [go_format_float(float(x)) for x in uv.tolist()]
+    # series x value-string -> output labels
+    pair = rows.astype(np.int64) * (len(uv) + 1) + inv
+    up, pinv = np.unique(pair, return_inverse=True)
+    out_keys = []
+    for code in up.tolist():
+        r, vi = divmod(code, len(uv) + 1)
+        lb = dict(vec.labels[r])
+        lb[label] = strs[vi]
+        full = tuple(sorted((k, v) for k, v in lb.items() if v != ""))
+        if without:
+            key = grouping_labels(full, names, True)
+        else:
+            key = grouping_labels(full, list(names) + [label], False)
+        out_keys.append(key)
+    oid, olabels = dense_ids(out_keys)
+    counts = np.zeros((len(olabels), t))
+    np.add.at(counts, (oid[pinv], cols), 1.0)
+    present = counts > 0
+    return VectorSteps(list(olabels), counts, present)  # type: ignore[arg-type]
+
+
+def _valid_label_name(name: str) -> bool:
+    if not name:
+        return False
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return "\ufffd" not in name or True
+
+
+def _go_quote_label(s: str) -> str:
+    out = []
+    for ch in s:
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif ord(ch) < 0x20:
+            out.append(f"\\x{ord(ch):02x}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+def select_k(op: str, vec: VectorSteps, names: list[str], without: bool, param: Any, ann: Annotations, pos: str) -> VectorSteps:
+    t = vec.num_steps
+    pv = param.values if isinstance(param, Scalar) else np.full(t, float("nan"))
+    if op == "limit_ratio":
+        if np.all(pv == 0):
+            return VectorSteps.empty(t)
+        if np.isnan(pv).any():
+            raise ExecutionError("Ratio value is NaN")
+        if pv.max() > 1.0:
+            ann.warn(f"PromQL warning: ratio value should be between -1 and 1, got {_fmt_g(float(pv.max()))}, capping to 1{pos}")
+        if pv.min() < -1.0:
+            ann.warn(f"PromQL warning: ratio value should be between -1 and 1, got {_fmt_g(float(pv.min()))}, capping to -1{pos}")
+    else:
+        if np.isnan(pv).any():
+            raise ExecutionError("Parameter value is NaN")
+        if pv.max() < 1:
+            return VectorSteps.empty(t)
+        if pv.min() <= -_MAX_INT64:
+            raise ExecutionError(f"Scalar value {_fmt_g(float(pv.min()))} underflows int64")
+        if pv.max() >= _MAX_INT64:
+            raise ExecutionError(f"Scalar value {_fmt_g(float(pv.max()))} overflows int64")
+    if vec.num_series == 0:
+        return VectorSteps.empty(t)
+    s_ = vec.num_series
+    g = Groups(vec.labels, names, without)
+    V, P = vec.values, vec.present
+    if op == "limit_ratio":
+        r = np.clip(pv, -1.0, 1.0)
+        offs = np.array([ratio_offset(l) for l in vec.labels])[:, None]
+        sel = P & (((r[None, :] >= 0) & (offs < r[None, :])) | ((r[None, :] < 0) & (offs >= 1.0 + r[None, :])))
+        order_col0 = np.arange(s_)
+    else:
+        k = np.minimum(np.trunc(pv), s_).astype(np.int64)
+        if op in ("topk", "bottomk"):
+            isn = np.isnan(V)
+            flag = np.where(~P, 2, np.where(isn, 1, 0))
+            primary = np.where(isn | ~P, 0.0, -V if op == "topk" else V)
+            o1 = np.argsort(primary, axis=0, kind="stable")
+            f1 = np.take_along_axis(flag, o1, axis=0)
+            o2 = np.argsort(f1, axis=0, kind="stable")
+            o = np.take_along_axis(o1, o2, axis=0)
+        else:
+            flag = np.where(~P, 2, 0)
+            o = np.argsort(flag, axis=0, kind="stable")
+        o3 = np.argsort(g.gid[o], axis=0, kind="stable")
+        o = np.take_along_axis(o, o3, axis=0)
+        rank = np.arange(s_)[:, None] - g.starts[g.gid[o]]
+        fo = np.take_along_axis(flag, o, axis=0)
+        take = (rank < k[None, :]) & (fo < 2)
+        sel = np.zeros_like(P)
+        np.put_along_axis(sel, o, take, axis=0)
+        order_col0 = o[:, 0]
+    out = VectorSteps(vec.labels, V, sel, vec.drop_name)
+    if t == 1:
+        idx = np.array([i for i in order_col0.tolist() if sel[i, 0]], dtype=np.int64)
+    else:
+        idx = np.flatnonzero(sel.any(axis=1))
+    return VectorSteps(
+        [vec.labels[i] for i in idx.tolist()],
+        V[idx],
+        sel[idx],
+        None if vec.drop_name is None else vec.drop_name[idx],
+    )
+
+
+# --- limit_ratio's sampling offset: Prometheus uses labels.Hash() (xxHash64 of the label bytes) ---
+_P1 = 11400714785074694791
+_P2 = 14029467366897019727
+_P3 = 1609587929392839161
+_P4 = 9650029242287828579
+_P5 = 2870177450012600261
+_M64 = (1 << 64) - 1
+
+
+def _rotl(x: int, r: int) -> int:
+    return ((x << r) | (x >> (64 - r))) & _M64
+
+
+def _round(acc: int, inp: int) -> int:
+    acc = (acc + inp * _P2) & _M64
+    acc = _rotl(acc, 31)
+    return (acc * _P1) & _M64
+
+
+def _merge(acc: int, val: int) -> int:
+    val = _round(0, val)
+    acc ^= val
+    return (acc * _P1 + _P4) & _M64
+
+
+def xxhash64(data: bytes, seed: int = 0) -> int:
+    """xxHash64 (no library for it is among the pinned dependencies; per-series use only)."""
+    n = len(data)
+    i = 0
+    if n >= 32:
+        v1 = (seed + _P1 + _P2) & _M64
+        v2 = (seed + _P2) & _M64
+        v3 = seed & _M64
+        v4 = (seed - _P1) & _M64
+        while i + 32 <= n:
+            v1 = _round(v1, int.from_bytes(data[i:i + 8], "little"))
+            v2 = _round(v2, int.from_bytes(data[i + 8:i + 16], "little"))
+            v3 = _round(v3, int.from_bytes(data[i + 16:i + 24], "little"))
+            v4 = _round(v4, int.from_bytes(data[i + 24:i + 32], "little"))
+            i += 32
+        h = (_rotl(v1, 1) + _rotl(v2, 7) + _rotl(v3, 12) + _rotl(v4, 18)) & _M64
+        h = _merge(h, v1)
+        h = _merge(h, v2)
+        h = _merge(h, v3)
+        h = _merge(h, v4)
+    else:
+        h = (seed + _P5) & _M64
+    h = (h + n) & _M64
+    while i + 8 <= n:
+        k1 = _round(0, int.from_bytes(data[i:i + 8], "little"))
+        h ^= k1
+        h = (_rotl(h, 27) * _P1 + _P4) & _M64
+        i += 8
+    if i + 4 <= n:
+        h ^= (int.from_bytes(data[i:i + 4], "little") * _P1) & _M64
+        h = (_rotl(h, 23) * _P2 + _P3) & _M64
+        i += 4
+    while i < n:
+        h ^= (data[i] * _P5) & _M64
+        h = (_rotl(h, 11) * _P1) & _M64
+        i += 1
+    h ^= h >> 33
+    h = (h * _P2) & _M64
+    h ^= h >> 29
+    h = (h * _P3) & _M64
+    h ^= h >> 32
+    return h
+
+
+def labels_hash(labels: Labels) -> int:
+    buf = bytearray()
+    for n, v in labels:
+        buf += n.encode()
+        buf.append(0xFF)
+        buf += v.encode()
+        buf.append(0xFF)
+    return xxhash64(bytes(buf))
+
+
+def ratio_offset(labels: Labels) -> float:
+    return float(labels_hash(labels)) / float(_M64)
+
+
+__all__ = ["aggregate", "Groups", "tree_sum", "go_format_float", "METRIC_NAME"]

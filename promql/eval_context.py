@@ -1,0 +1,89 @@
+"""Per-(sub)evaluation context handed to every node evaluation and to ``node_hooks``.
+
+An ``EvalContext`` describes *where* a node is evaluated: the step timestamps of this
+(sub)evaluation, the query-level bounds (for ``@ start()`` / ``@ end()``), the lookback delta,
+the data source, and the shared per-query state (annotations, stats, sample budget, deadline and
+cancel flag). A subquery evaluates its inner expression with a child context whose
+``step_times`` are the subquery's own aligned steps; everything else is shared.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from promql.errors import QueryCanceled, QueryTimeout, TooManySamples
+from promql.source import SampleSource
+from promql.types import Annotations, QueryStats
+
+# hook(node, eval_ctx) -> Value | None
+NodeHook = Callable[[Any, "EvalContext"], Any]
+
+
+@dataclass
+class QueryBudget:
+    """Shared, mutable per-query limits and counters."""
+
+    max_samples: int
+    deadline: float  # time.monotonic() value after which the query times out
+    timeout_s: float
+    cancel: threading.Event | None = None
+    current_samples: int = 0  # samples currently held (selector outputs, windows)
+
+    def check(self) -> None:
+        if self.cancel is not None and self.cancel.is_set():
+            raise QueryCanceled("query was canceled in expression evaluation")
+        if time.monotonic() > self.deadline:
+            raise QueryTimeout(f"query timed out in expression evaluation (timeout {self.timeout_s:g}s)")
+
+    def charge(self, n: int, stats: QueryStats) -> None:
+        """Account ``n`` more samples held in memory; raise when over the limit."""
+        self.current_samples += int(n)
+        if self.current_samples > stats.peak_samples:
+            stats.peak_samples = self.current_samples
+        if self.current_samples > self.max_samples:
+            raise TooManySamples()
+
+    def release(self, n: int) -> None:
+        self.current_samples = max(0, self.current_samples - int(n))
+
+
+@dataclass
+class EvalContext:
+    """Fields a node hook may read:
+
+    * ``step_times``      int64 (T,) evaluation timestamps (ms) of this (sub)evaluation
+    * ``query_start_ms`` / ``query_end_ms`` / ``query_step_ms``: the top-level query's bounds
+      (instant query: start == end == time, step 0)
+    * ``lookback_delta_ms``: lookback for instant-vector selection
+    * ``source``          the SampleSource raw data is read from
+    * ``annotations``     warnings/infos of the query (append with .warn / .info)
+    * ``stats``           QueryStats (hooks append to ``stats.paths`` what served a sub-tree)
+    * ``query``           the query text (for annotation positions)
+    * ``subquery_depth``  0 at top level, +1 inside each subquery
+    """
+
+    step_times: np.ndarray
+    query_start_ms: int
+    query_end_ms: int
+    query_step_ms: int
+    lookback_delta_ms: int
+    source: SampleSource
+    annotations: Annotations
+    stats: QueryStats
+    budget: QueryBudget
+    default_subquery_step_ms: int = 60_000
+    hooks: Sequence[NodeHook] = ()
+    query: str = ""
+    subquery_depth: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_steps(self) -> int:
+        return int(self.step_times.shape[0])
+
+    def child(self, step_times: np.ndarray) -> "EvalContext":
+        return replace(self, step_times=step_times, subquery_depth=self.subquery_depth + 1)

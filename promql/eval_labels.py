@@ -1,0 +1,152 @@
+"""Label-set helpers of the evaluator: match signatures, grouping keys, Prometheus-style label
+rendering for error messages, delayed ``__name__`` removal and merging of rows that end up with
+the same label set.
+
+Per-series Python work only (never per sample): label sets are tuples, signatures are tuples.
+"""
+from __future__ import annotations
+
+import re
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from promql.errors import ExecutionError
+from promql.types import VectorSteps
+from storage.labels import METRIC_NAME, Labels
+
+SAME_LABELSET = "vector cannot contain metrics with the same labelset"
+
+_LEGACY_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
+
+
+def go_quote(s: str) -> str:
+    """Go's strconv.Quote for the characters label values realistically hold."""
+    out = []
+    for ch in s:
+        if ch == "\\":
+            out.append("\\\\")
+        elif ch == '"':
+            out.append('\\"')
+        elif ch == "\n":
+            out.append("\\n")
+        elif ch == "\t":
+            out.append("\\t")
+        elif ch == "\r":
+            out.append("\\r")
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\x{ord(ch):02x}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+def labels_string(labels: Labels) -> str:
+    """Prometheus's ``labels.Labels.String()``: ``{__name__="x", a="b"}``."""
+    parts = []
+    for n, v in labels:
+        name = n if _LEGACY_NAME.match(n) else go_quote(n)
+        parts.append(f"{name}={go_quote(v)}")
+    return "{" + ", ".join(parts) + "}"
+
+
+def match_signature(labels: Labels, on: bool, names: Sequence[str]) -> Labels:
+    """The label subset two sides are matched on: ``on(names)`` keeps exactly those;
+    ``ignoring(names)`` (and the default) drops them and ``__name__``."""
+    if on:
+        keep = set(names)
+        return tuple(p for p in labels if p[0] in keep)
+    drop = set(names)
+    drop.add(METRIC_NAME)
+    return tuple(p for p in labels if p[0] not in drop)
+
+
+def grouping_labels(labels: Labels, names: Iterable[str], without: bool) -> Labels:
+    """Output labels of an aggregation group (``by`` keeps names, ``without`` drops names and
+    ``__name__``)."""
+    if without:
+        drop = set(names)
+        drop.add(METRIC_NAME)
+        return tuple(p for p in labels if p[0] not in drop)
+    keep = set(names)
+    return tuple(p for p in labels if p[0] in keep)
+
+
+def drop_metric_name(labels: Labels) -> Labels:
+    if labels and labels[0][0] == METRIC_NAME:  # sorted: "__name__" sorts before lowercase names
+        return labels[1:]
+    return tuple(p for p in labels if p[0] != METRIC_NAME)
+
+
+def dense_ids(keys: Sequence[object]) -> tuple[np.ndarray, list[object]]:
+    """Map hashable keys to dense ids in order of first appearance."""
+    table: dict[object, int] = {}
+    ids = np.empty(len(keys), dtype=np.int64)
+    for i, k in enumerate(keys):
+        j = table.get(k)
+        if j is None:
+            j = len(table)
+            table[k] = j
+        ids[i] = j
+    return ids, list(table.keys())
+
+
+def merge_same_labels(vec: VectorSteps) -> VectorSteps:
+    """Rows with identical label sets become one row when they never coexist at a step;
+    coexisting rows raise Prometheus's duplicate-labelset error."""
+    n = len(vec.labels)
+    if n <= 1:
+        return vec
+    ids, uniq = dense_ids(vec.labels)
+    if len(uniq) == n:
+        return vec
+    counts = np.zeros((len(uniq), vec.num_steps), dtype=np.int64)
+    np.add.at(counts, ids, vec.present.astype(np.int64))
+    if (counts > 1).any():
+        raise ExecutionError(SAME_LABELSET)
+    values = np.zeros((len(uniq), vec.num_steps))
+    present = counts > 0
+    # later rows fill in where earlier ones are absent (no overlaps, checked above)
+    rows, cols = np.nonzero(vec.present)
+    values[ids[rows], cols] = vec.values[rows, cols]
+    drop = None
+    if vec.drop_name is not None:
+        drop = np.zeros(len(uniq), dtype=bool)
+        first = np.full(len(uniq), -1)
+        for i in range(n):  # per row
+            if first[ids[i]] < 0:
+                first[ids[i]] = i
+                drop[ids[i]] = bool(vec.drop_name[i])
+    return VectorSteps(list(uniq), values, present, drop)  # type: ignore[arg-type]
+
+
+def apply_name_drop(vec: VectorSteps) -> VectorSteps:
+    """Strip ``__name__`` from rows marked for delayed removal, then merge/check duplicates."""
+    if vec.drop_name is None or not vec.drop_name.any():
+        out = VectorSteps(vec.labels, vec.values, vec.present, None, vec.sample_ts)
+    else:
+        labels = [drop_metric_name(l) if d else l for l, d in zip(vec.labels, vec.drop_name.tolist())]
+        out = VectorSteps(labels, vec.values, vec.present, None, vec.sample_ts)
+    return merge_same_labels(out)
+
+
+def prune_absent(vec: VectorSteps) -> VectorSteps:
+    """Drop rows that are absent at every step."""
+    if vec.num_series == 0:
+        return vec
+    keep = vec.present.any(axis=1)
+    if keep.all():
+        return vec
+    idx = np.flatnonzero(keep)
+    return take_rows(vec, idx)
+
+
+def take_rows(vec: VectorSteps, idx: np.ndarray) -> VectorSteps:
+    il = idx.tolist()
+    return VectorSteps(
+        [vec.labels[i] for i in il],
+        vec.values[idx],
+        vec.present[idx],
+        None if vec.drop_name is None else vec.drop_name[idx],
+        None if vec.sample_ts is None else vec.sample_ts[idx],
+    )

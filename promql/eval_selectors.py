@@ -1,0 +1,269 @@
+"""Vector and matrix selectors, vectorized over all (series, step) pairs.
+
+A selection's samples arrive as one CSR block (``SeriesSet``). The window bounds of every
+(series, step) pair come from a single ``searchsorted`` over a composite (series, time) key, so
+there is no loop over points:
+
+* instant vector at effective time e: the last sample with ``e - lookback < t <= e``; a stale
+  marker there hides the series;
+* range vector at e: all samples with ``e - range < t <= e`` (left-open), stale markers removed.
+
+Effective time per step = (``@`` time if given, else the step time) - ``offset``.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import re
+from typing import Any
+
+import numpy as np
+import promql_parser as pp
+
+from promql.errors import BadData
+from promql.eval_context import EvalContext
+from promql.types import RangeWindows, VectorSteps
+from storage.labels import METRIC_NAME
+from storage.matchers import Matcher
+from storage.series_set import SeriesSet
+from storage.stale import is_stale
+
+_OPS = {"Equal": "=", "NotEqual": "!=", "Re": "=~", "NotRe": "!~"}
+_EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
+
+
+def duration_ms(td: Any) -> int:
+    """A parser duration (datetime.timedelta, may be negative) in integer milliseconds."""
+    if td is None:
+        return 0
+    return (td.days * 86_400_000) + (td.seconds * 1000) + (td.microseconds // 1000)
+
+
+def at_ms(node: Any, ctx: EvalContext) -> int | None:
+    """The node's ``@`` time in ms, or None. ``start()``/``end()`` are the query's bounds."""
+    at = node.at
+    if at is None:
+        return None
+    kind = str(at.type).rsplit(".", 1)[-1]
+    if kind == "Start":
+        return ctx.query_start_ms
+    if kind == "End":
+        return ctx.query_end_ms
+    try:
+        when = at.at
+    except BaseException as e:  # the parser binding panics on timestamps before 1970
+        raise BadData("negative @ timestamps are not supported") from e
+    delta = when - _EPOCH
+    return (delta.days * 86_400_000) + (delta.seconds * 1000) + (delta.microseconds // 1000)
+
+
+def effective_times(node: Any, ctx: EvalContext) -> np.ndarray:
+    """Per step: (@ time or step time) - offset, int64 (T,)."""
+    off = duration_ms(node.offset)
+    at = at_ms(node, ctx)
+    if at is not None:
+        return np.full(ctx.num_steps, at - off, dtype=np.int64)
+    return ctx.step_times - off
+
+
+_INLINE_FLAGS = re.compile(r"\(\?([imsU]*(?:-[imsU]*)?)\)")
+
+
+def re2_to_python(pattern: str) -> str:
+    """RE2 (Go) allows inline flag groups like ``(?i)`` anywhere, applying to the rest of the
+    enclosing group; Python only at the start. Rewrite them as scoped groups ``(?i:...)``
+    (closed and reopened around ``|`` so alternation keeps its structure). Hand-written: no
+    library translates RE2 syntax to Python's."""
+    if "(?" not in pattern:
+        return pattern
+    out: list[str] = []
+    stack: list[list[str]] = [[]]
+    i, n = 0, len(pattern)
+    while i < n:
+        c = pattern[i]
+        if c == "\\":
+            out.append(pattern[i:i + 2])
+            i += 2
+            continue
+        if c == "[":
+            j = i + 1
+            if j < n and pattern[j] == "^":
+                j += 1
+            if j < n and pattern[j] == "]":
+                j += 1
+            while j < n and pattern[j] != "]":
+                if pattern[j] == "\\":
+                    j += 1
+                elif pattern.startswith("[:", j):
+                    k = pattern.find(":]", j + 2)
+                    j = k + 1 if k >= 0 else j
+                j += 1
+            out.append(pattern[i:j + 1])
+            i = j + 1
+            continue
+        if c == "(":
+            m = _INLINE_FLAGS.match(pattern, i)
+            if m:
+                flags = m.group(1).replace("U", "")
+                if flags.strip("-"):
+                    out.append("(?" + flags + ":")
+                    stack[-1].append(flags)
+                i = m.end()
+                continue
+            out.append("(")
+            stack.append([])
+            i += 1
+            continue
+        if c == "|":
+            active = stack[-1]
+            out.append(")" * len(active) + "|" + "".join("(?" + f + ":" for f in active))
+            i += 1
+            continue
+        if c == ")":
+            active = stack.pop() if len(stack) > 1 else []
+            out.append(")" * len(active) + ")")
+            i += 1
+            continue
+        out.append(c)
+        i += 1
+    out.append(")" * len(stack[0]))
+    return "".join(out)
+
+
+def to_matchers(vs: Any) -> list[list[Matcher]]:
+    """The selector's matcher sets (more than one only for the parser's ``or`` extension)."""
+    base: list[Matcher] = []
+    if vs.name:
+        base.append(Matcher(METRIC_NAME, "=", vs.name))
+    sets: list[list[Matcher]] = []
+    groups = [vs.matchers.matchers] if not vs.matchers.or_matchers else list(vs.matchers.or_matchers)
+    for group in groups:
+        ms = list(base)
+        for m in group:
+            op = _OPS[str(m.op).rsplit(".", 1)[-1]]
+            try:
+                value = re2_to_python(m.value) if op in ("=~", "!~") else m.value
+                ms.append(Matcher(m.name, op, value))
+            except ValueError as e:
+                raise BadData(str(e)) from e
+        if not ms:
+            raise BadData("vector selector must contain at least one non-empty matcher")
+        if all(m.matches_empty for m in ms):
+            raise BadData("vector selector must contain at least one non-empty matcher")
+        sets.append(ms)
+    return sets
+
+
+def select(ctx: EvalContext, vs: Any, mint: int, maxt: int) -> SeriesSet:
+    sets = to_matchers(vs)
+    if len(sets) == 1:
+        ss = ctx.source.select(sets[0], mint, maxt)
+    else:
+        ss = _union([ctx.source.select(ms, mint, maxt) for ms in sets])
+    ctx.stats.series_touched += len(ss.labels)
+    ctx.stats.samples_scanned += ss.num_samples
+    return ss
+
+
+def _union(parts: list[SeriesSet]) -> SeriesSet:
+    seen: dict = {}
+    for p in parts:
+        for i, lbl in enumerate(p.labels):
+            if lbl not in seen:
+                seen[lbl] = p.series(i)
+    labels = sorted(seen)
+    lens = np.array([len(seen[l][0]) for l in labels], np.int64)
+    off = np.zeros(len(labels) + 1, np.int64)
+    np.cumsum(lens, out=off[1:])
+    if not labels:
+        return SeriesSet.empty()
+    return SeriesSet(labels, off, np.concatenate([seen[l][0] for l in labels]), np.concatenate([seen[l][1] for l in labels]))
+
+
+def window_index(offsets: np.ndarray, ts: np.ndarray, times: np.ndarray) -> np.ndarray:
+    """For every series s and time e: the index one past the last sample of s with t <= e.
+
+    Returns int64 (S, T). One searchsorted over a composite (series, time) key.
+    """
+    s = len(offsets) - 1
+    t = len(times)
+    if s == 0:
+        return np.zeros((0, t), dtype=np.int64)
+    n = len(ts)
+    if n == 0:
+        return np.repeat(offsets[:-1, None], t, axis=1)
+    tmin = int(ts.min())
+    tmax = int(ts.max())
+    k = tmax - tmin + 2
+    if k * s < (1 << 62):
+        counts = np.diff(offsets)
+        sid = np.repeat(np.arange(s, dtype=np.int64), counts)
+        keys = sid * k + (ts - tmin)
+        q = np.clip(times.astype(np.int64) - tmin, -1, k - 1)
+        qk = (np.arange(s, dtype=np.int64) * k)[:, None] + q[None, :]
+        return np.searchsorted(keys, qk, side="right").astype(np.int64)
+    out = np.empty((s, t), dtype=np.int64)  # huge key space: per-series search
+    for i in range(s):
+        a, b = int(offsets[i]), int(offsets[i + 1])
+        out[i] = a + np.searchsorted(ts[a:b], times, side="right")
+    return out
+
+
+def eval_vector_selector(ctx: EvalContext, vs: Any) -> VectorSteps:
+    e = effective_times(vs, ctx)
+    lb = ctx.lookback_delta_ms
+    t = ctx.num_steps
+    ss = select(ctx, vs, int(e.min()) - lb + 1, int(e.max()))
+    s = len(ss.labels)
+    if s == 0:
+        return VectorSteps.empty(t)
+    if ss.num_samples == 0:
+        return VectorSteps.empty(t)
+    hi = window_index(ss.offsets, ss.timestamps, e)
+    idx = hi - 1
+    starts = ss.offsets[:-1, None]
+    has = idx >= starts
+    safe = np.where(has, idx, 0)
+    sts = ss.timestamps[safe]
+    vals = ss.values[safe]
+    present = has & (sts > (e - lb)[None, :]) & ~is_stale(vals).reshape(vals.shape)
+    n_present = int(present.sum())
+    ctx.budget.charge(n_present, ctx.stats)
+    out = VectorSteps(list(ss.labels), np.where(present, vals, 0.0), present, None, sts)
+    keep = present.any(axis=1)
+    if not keep.all():
+        idxs = np.flatnonzero(keep)
+        out = VectorSteps([out.labels[i] for i in idxs.tolist()], out.values[idxs], present[idxs], None, sts[idxs])
+    return out
+
+
+def eval_matrix_selector(ctx: EvalContext, ms: Any) -> RangeWindows:
+    vs = ms.vector_selector
+    rng = duration_ms(ms.range)
+    e = effective_times(vs, ctx)
+    ss = select(ctx, vs, int(e.min()) - rng + 1, int(e.max()))
+    return windows_from_series(ctx, ss, e, rng)
+
+
+def windows_from_series(ctx: EvalContext, ss: SeriesSet, e: np.ndarray, rng: int, drop_name: np.ndarray | None = None) -> RangeWindows:
+    """RangeWindows over a CSR selection for window ends ``e`` and range ``rng`` (stale markers
+    removed)."""
+    ts, vals, off = ss.timestamps, ss.values, ss.offsets
+    stale = is_stale(vals)
+    if stale.any():
+        keep = ~stale
+        counts = np.add.reduceat(keep.astype(np.int64), off[:-1]) if len(ts) else np.zeros(len(off) - 1, np.int64)
+        # reduceat on empty segments returns the element at the start; fix those
+        counts = np.where(np.diff(off) == 0, 0, counts)
+        ts, vals = ts[keep], vals[keep]
+        off = np.zeros(len(off), np.int64)
+        np.cumsum(counts, out=off[1:])
+    hi = window_index(off, ts, e)
+    lo = window_index(off, ts, e - rng)
+    if hi.size:
+        per_step = (hi - lo).sum(axis=0)
+        held = int(per_step.max()) if per_step.size else 0
+    else:
+        held = 0
+    ctx.budget.charge(held, ctx.stats)
+    ctx.budget.release(held)
+    return RangeWindows(list(ss.labels), off, ts, vals, lo, hi, e.astype(np.int64), rng, drop_name)

@@ -1,0 +1,243 @@
+"""The PromQL evaluator: one switch on node type, every node evaluated once for all T steps.
+
+``Evaluator.eval(node, ctx)`` returns a ``promql.types`` value (Scalar (T,), StringValue,
+VectorSteps (S, T), RangeWindows). ``ctx`` is an ``EvalContext`` (promql/eval_context.py);
+its documented fields are what ``node_hooks`` see:
+
+* ``ctx.step_times`` -- int64 (T,) evaluation timestamps (ms) of this (sub)evaluation
+* ``ctx.query_start_ms`` / ``query_end_ms`` / ``query_step_ms`` -- the top-level query's bounds
+* ``ctx.lookback_delta_ms`` -- lookback for instant-vector selection
+* ``ctx.source`` -- the SampleSource raw samples come from
+* ``ctx.annotations`` / ``ctx.stats`` -- per-query warnings/infos and QueryStats
+* ``ctx.subquery_depth`` -- 0 at the top level
+
+A hook is called as ``hook(node, ctx)`` before a Call, AggregateExpr, VectorSelector,
+MatrixSelector or SubqueryExpr is evaluated; a non-None return value (a Value shaped for
+``ctx.step_times``) replaces evaluating that sub-tree.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import promql_parser as pp
+
+from promql.errors import BadData, ExecutionError
+from promql.eval_aggregate import aggregate
+from promql.eval_binary import (
+    COMPARE,
+    SET_OPS,
+    Matching,
+    scalar_scalar,
+    set_op,
+    unary_minus,
+    vector_scalar,
+    vector_vector,
+)
+from promql.eval_context import EvalContext
+from promql.eval_labels import merge_same_labels
+from promql.eval_positions import line_col
+from promql.eval_selectors import (
+    duration_ms,
+    effective_times,
+    eval_matrix_selector,
+    eval_vector_selector,
+    windows_from_series,
+)
+from promql.functions import FUNCTIONS, FunctionContext, load_all
+from promql.types import RangeWindows, Scalar, StringValue, Value, VectorSteps
+from storage.series_set import SeriesSet
+
+_HOOKED = (pp.Call, pp.AggregateExpr, pp.VectorSelector, pp.MatrixSelector, pp.SubqueryExpr)
+_SORT_FUNCS = {"sort", "sort_desc", "sort_by_label", "sort_by_label_desc"}
+_loaded = False
+
+
+def _ensure_functions() -> None:
+    global _loaded
+    if not _loaded:
+        load_all()
+        _loaded = True
+
+
+def value_size(v: Value) -> int:
+    if isinstance(v, VectorSteps):
+        return int(v.present.sum())
+    if isinstance(v, RangeWindows):
+        return int((v.hi - v.lo).sum())
+    if isinstance(v, Scalar):
+        return int(v.values.shape[0])
+    return 0
+
+
+class Evaluator:
+    def __init__(self, positions: dict[int, int] | None = None) -> None:
+        _ensure_functions()
+        self.positions = positions or {}
+
+    # -- positions ------------------------------------------------------------------------
+    def pos(self, node: Any, ctx: EvalContext) -> tuple[int, int] | None:
+        off = self.positions.get(id(node))
+        if off is None:
+            return None
+        return line_col(ctx.query, off)
+
+    def pos_suffix(self, node: Any, ctx: EvalContext) -> str:
+        p = self.pos(node, ctx)
+        return f" ({p[0]}:{p[1]})" if p else ""
+
+    # -- dispatch -------------------------------------------------------------------------
+    def eval(self, node: Any, ctx: EvalContext) -> Value:
+        ctx.budget.check()
+        if ctx.hooks and isinstance(node, _HOOKED):
+            for hook in ctx.hooks:
+                res = hook(node, ctx)
+                if res is not None:
+                    return res
+        before = ctx.budget.current_samples
+        val = self._eval(node, ctx)
+        ctx.budget.current_samples = before
+        ctx.budget.charge(value_size(val), ctx.stats)
+        return val
+
+    def _eval(self, node: Any, ctx: EvalContext) -> Value:
+        t = ctx.num_steps
+        if isinstance(node, pp.NumberLiteral):
+            return Scalar(np.full(t, float(node.val)))
+        if isinstance(node, pp.StringLiteral):
+            return StringValue(node.val)
+        if isinstance(node, pp.ParenExpr):
+            return self.eval(node.expr, ctx)
+        if isinstance(node, pp.UnaryExpr):
+            v = self.eval(node.expr, ctx)
+            if isinstance(v, Scalar):
+                return Scalar(-v.values)
+            if isinstance(v, VectorSteps):
+                return unary_minus(v)
+            raise BadData("unary expression only allowed on expressions of type scalar or instant vector")
+        if isinstance(node, pp.VectorSelector):
+            return eval_vector_selector(ctx, node)
+        if isinstance(node, pp.MatrixSelector):
+            return eval_matrix_selector(ctx, node)
+        if isinstance(node, pp.SubqueryExpr):
+            return self.eval_subquery(node, ctx)
+        if isinstance(node, pp.Call):
+            return self.eval_call(node, ctx)
+        if isinstance(node, pp.AggregateExpr):
+            return self.eval_aggregate(node, ctx)
+        if isinstance(node, pp.BinaryExpr):
+            return self.eval_binary(node, ctx)
+        raise ExecutionError(f"unhandled expression of type {type(node).__name__}")
+
+    # -- subqueries -----------------------------------------------------------------------
+    def eval_subquery(self, node: Any, ctx: EvalContext) -> RangeWindows:
+        rng = duration_ms(node.range)
+        step = duration_ms(node.step) if node.step is not None else 0
+        if step <= 0:
+            step = ctx.default_subquery_step_ms
+        e = effective_times(node, ctx)
+        inner_times = subquery_steps(e, rng, step)
+        if len(inner_times) == 0:
+            inner = VectorSteps.empty(0)
+        else:
+            inner = self.eval(node.expr, ctx.child(inner_times))
+        if isinstance(inner, Scalar):
+            raise BadData("subquery is only allowed on instant vector, got scalar")
+        if not isinstance(inner, VectorSteps):
+            raise BadData("subquery is only allowed on instant vector")
+        p = inner.present
+        counts = p.sum(axis=1).astype(np.int64)
+        off = np.zeros(inner.num_series + 1, np.int64)
+        np.cumsum(counts, out=off[1:])
+        rows, cols = np.nonzero(p)
+        ts = inner_times[cols] if len(inner_times) else np.empty(0, np.int64)
+        ss = SeriesSet(list(inner.labels), off, ts.astype(np.int64), inner.values[rows, cols])
+        return windows_from_series(ctx, ss, e, rng, inner.drop_name)
+
+    # -- function calls -------------------------------------------------------------------
+    def eval_call(self, node: Any, ctx: EvalContext) -> Value:
+        name = node.func.name
+        impl = FUNCTIONS.get(name)
+        if impl is None:
+            raise ExecutionError(f"function {name!r} is not implemented")
+        args: list[Value] = []
+        for a in node.args:
+            args.append(self.eval(a, ctx))
+        if name in _SORT_FUNCS and ctx.num_steps > 1:
+            ctx.annotations.warn(
+                "PromQL warning: sort is ineffective for range queries since results are always ordered by labels"
+                + self.pos_suffix(node, ctx)
+            )
+        fctx = FunctionContext(
+            step_times=ctx.step_times,
+            annotations=ctx.annotations,
+            node=node,
+            lookback_delta_ms=ctx.lookback_delta_ms,
+            query_start_ms=ctx.query_start_ms,
+            query_end_ms=ctx.query_end_ms,
+            query_step_ms=ctx.query_step_ms,
+            extra={"eval_ctx": ctx},
+        )
+        fctx.position = self.pos(node, ctx)
+        fctx.arg_positions = [self.pos(a, ctx) or (0, 0) for a in node.args]
+        res = impl(fctx, args)
+        if isinstance(res, VectorSteps):
+            res = merge_same_labels(res)
+        return res
+
+    # -- aggregations ---------------------------------------------------------------------
+    def eval_aggregate(self, node: Any, ctx: EvalContext) -> VectorSteps:
+        op = str(node.op).lower()
+        param = None
+        if node.param is not None:
+            param = self.eval(node.param, ctx)
+        vec = self.eval(node.expr, ctx)
+        if not isinstance(vec, VectorSteps):
+            raise BadData(f"expected type instant vector in aggregation expression, got {type(vec).__name__}")
+        names: list[str] = []
+        without = False
+        if node.modifier is not None:
+            without = str(node.modifier.type).rsplit(".", 1)[-1] == "Without"
+            names = sorted(node.modifier.labels)
+        pos = self.pos_suffix(node.param, ctx) if node.param is not None else ""
+        return aggregate(op, vec, names, without, param, ctx.annotations, pos)
+
+    # -- binary operators -----------------------------------------------------------------
+    def eval_binary(self, node: Any, ctx: EvalContext) -> Value:
+        op = str(node.op).strip().lower()
+        lhs = self.eval(node.lhs, ctx)
+        rhs = self.eval(node.rhs, ctx)
+        m = Matching(node.modifier, op)
+        if isinstance(lhs, Scalar) and isinstance(rhs, Scalar):
+            return scalar_scalar(op, lhs, rhs)
+        if isinstance(lhs, VectorSteps) and isinstance(rhs, Scalar):
+            return vector_scalar(op, lhs, rhs, False, m.return_bool)
+        if isinstance(lhs, Scalar) and isinstance(rhs, VectorSteps):
+            return vector_scalar(op, rhs, lhs, True, m.return_bool)
+        if isinstance(lhs, VectorSteps) and isinstance(rhs, VectorSteps):
+            if op in SET_OPS:
+                return set_op(op, lhs, rhs, m)
+            return vector_vector(op, lhs, rhs, m)
+        raise BadData(f"binary expression must contain only scalar and instant vector types (operator {op})")
+
+
+def subquery_steps(e: np.ndarray, rng: int, step: int) -> np.ndarray:
+    """The inner evaluation times of a subquery: absolute multiples of ``step`` inside any of
+    the windows (e - rng, e]."""
+    if len(e) == 0:
+        return np.empty(0, np.int64)
+    ue = np.unique(e)
+    first = (ue - rng) // step + 1  # first multiple strictly after e - rng
+    last = ue // step  # last multiple <= e
+    if len(ue) == 1 or (np.diff(ue).max() <= rng):
+        lo, hi = int(first.min()), int(last.max())
+        if hi < lo:
+            return np.empty(0, np.int64)
+        return np.arange(lo, hi + 1, dtype=np.int64) * step
+    parts = [np.arange(int(a), int(b) + 1, dtype=np.int64) for a, b in zip(first.tolist(), last.tolist()) if b >= a]
+    if not parts:
+        return np.empty(0, np.int64)
+    return np.unique(np.concatenate(parts)) * step
+
+
+__all__ = ["Evaluator", "subquery_steps", "COMPARE"]

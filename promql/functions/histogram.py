@@ -160,7 +160,7 @@ def bucket_quantiles(bk: _Buckets, qs: np.ndarray) -> tuple[np.ndarray, dict[str
     with np.errstate(all="ignore"):
         for j in range(B):
             pj = p[:, j, :]
-            cur = c[:, j, :]
+            cur = c[:, j, :].copy()
             ubj = bk.ub[:, j][:, None]
             first = pj & ~started
             later = pj & started

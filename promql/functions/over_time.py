@@ -152,7 +152,9 @@ def _exact_prefix(vals: np.ndarray) -> np.ndarray | None:
         return None
     if not np.array_equal(vals, np.floor(vals)):
         return None
-    if float(np.abs(vals).sum()) >= _EXACT_LIMIT:
+    with np.errstate(over="ignore"):
+        total = float(np.abs(vals).sum())
+    if total >= _EXACT_LIMIT:
         return None
     return np.concatenate(([0.0], np.cumsum(vals)))
 

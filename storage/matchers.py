@@ -12,10 +12,18 @@ from functools import lru_cache
 OPS = ("=", "!=", "=~", "!~")
 
 
+_LEADING_FLAGS = re.compile(r"^\(\?([imsx]+)\)")
+
+
 @lru_cache(maxsize=4096)
 def compile_anchored(pattern: str) -> re.Pattern[str]:
     # Prometheus (RE2) anchors the whole pattern: ^(?:pattern)$ ; DOTALL because RE2's `.`
     # in Prometheus matchers is compiled with (?s).
+    # RE2 accepts leading flags like (?i) inside the anchoring group; Python only at the very
+    # start, so turn them into a scoped group: (?i)abc -> (?i:abc).
+    m = _LEADING_FLAGS.match(pattern)
+    if m:
+        pattern = f"(?{m.group(1)}:{pattern[m.end():]})"
     return re.compile(r"(?s:" + pattern + r")\Z")
 
 

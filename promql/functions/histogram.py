@@ -360,3 +360,52 @@ def _native_only(ctx: FunctionContext, args: list[Value]) -> Value:
 
 for _name in ("histogram_count", "histogram_sum", "histogram_avg", "histogram_stddev", "histogram_stdvar"):
     register(_name)(_native_only)
+
+
+def format_openmetrics_float(v: float) -> str:
+    """labels.FormatOpenMetricsFloat: Go's %g, with ".0" appended to integral values."""
+    s = format_go_g(v)
+    if math.isnan(v) or math.isinf(v) or "e" in s or "." in s:
+        return s
+    return s + ".0"
+
+
+@register("histogram_quantiles")
+def histogram_quantiles(ctx: FunctionContext, args: list[Value]) -> Value:
+    """Experimental: several quantiles at once, each output series labelled with its quantile."""
+    from promql.functions.common import string_arg
+    from promql.functions.labels import merge_same_labelsets
+    from storage.labels import set_label
+
+    vec = vector_arg(args[0])
+    T = vec.num_steps
+    label = string_arg(args[1])
+    q_arrays = [scalar_arg(a, T) for a in args[2:]]
+    for i, qs in enumerate(q_arrays):
+        _quantile_warning(ctx, qs, 2 + i)
+    bk = _Buckets(ctx, vec, 0)
+    G = len(bk.labels)
+    if G == 0:
+        return VectorSteps.empty(T)
+    present = bk.output_present()
+    out_labels: list[Labels] = []
+    vals: list[np.ndarray] = []
+    pres: list[np.ndarray] = []
+    for qs in q_arrays:
+        res, rep = bucket_quantiles(bk, qs)
+        _report_monotonicity(ctx, bk, rep, present, 0)
+        # The quantile label value is per step in general; Prometheus computes it per step too.
+        uniq = np.unique(qs[~np.isnan(qs)]).tolist() + ([float("nan")] if np.isnan(qs).any() else [])
+        for qv in uniq:
+            at = np.isnan(qs) if math.isnan(qv) else (qs == qv)
+            qstr = format_openmetrics_float(float(qv))
+            for g in range(G):
+                p = present[g] & at
+                if not p.any():
+                    continue
+                out_labels.append(set_label(bk.labels[g], label, qstr))
+                vals.append(np.where(p, res[g], 0.0))
+                pres.append(p)
+    if not out_labels:
+        return VectorSteps.empty(T)
+    return merge_same_labelsets(out_labels, np.array(vals), np.array(pres, dtype=bool), np.ones(len(out_labels), dtype=bool))

@@ -25,6 +25,72 @@ def _valid_label_name(name: str) -> bool:
     return "\ufffd" not in name
 
 
+_SIMPLE_ESC = {"a": 7, "b": 8, "f": 12, "n": 10, "r": 13, "t": 9, "v": 11, "\\": 92, "'": 39, '"': 34}
+
+
+def _raw_literal_bytes(ctx: FunctionContext, arg_index: int) -> bytes | None:
+    """The bytes Go would decode from the string literal of argument ``arg_index``, read from the
+    query text. promql-parser decodes "\\xff" to U+00FF; Go keeps the raw byte 0xff (invalid UTF-8,
+    which Prometheus refuses as a label name), so validity must be judged on the source bytes."""
+    ec = ctx.extra.get("eval_ctx")
+    text = getattr(ec, "query", "") or ""
+    if not text or not ctx.arg_positions or arg_index >= len(ctx.arg_positions):
+        return None
+    line, col = ctx.arg_positions[arg_index]
+    if line <= 0 or col <= 0:
+        return None
+    lines = text.split("\n")
+    if line > len(lines):
+        return None
+    off = sum(len(x) + 1 for x in lines[: line - 1]) + col - 1
+    while off < len(text) and (text[off] in "( \t\r\n"):
+        off += 1
+    if off >= len(text) or text[off] not in "\"'`":
+        return None
+    quote = text[off]
+    i = off + 1
+    out = bytearray()
+    while i < len(text):
+        ch = text[i]
+        if ch == quote:
+            return bytes(out)
+        if ch == "\\" and quote != "`" and i + 1 < len(text):
+            e = text[i + 1]
+            if e in _SIMPLE_ESC:
+                out.append(_SIMPLE_ESC[e])
+                i += 2
+            elif e == "x":
+                out.append(int(text[i + 2 : i + 4], 16))
+                i += 4
+            elif e in "01234567":
+                out.append(int(text[i + 1 : i + 4], 8) & 0xFF)
+                i += 4
+            elif e in "uU":
+                n = 4 if e == "u" else 8
+                out += chr(int(text[i + 2 : i + 2 + n], 16)).encode("utf-8", "surrogatepass")
+                i += 2 + n
+            else:
+                return None
+            continue
+        out += ch.encode("utf-8", "surrogatepass")
+        i += 1
+    return None
+
+
+def _arg_valid_utf8(ctx: FunctionContext, arg_index: int) -> bool:
+    try:
+        raw = _raw_literal_bytes(ctx, arg_index)
+    except (ValueError, IndexError):
+        return True
+    if raw is None:
+        return True
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 def _is_name_char(ch: str) -> bool:
     return ch == "_" or ch.isalpha() or unicodedata.category(ch) == "Nd"
 
@@ -128,7 +194,7 @@ def label_replace(ctx: FunctionContext, args: list[Value]) -> Value:
         regex = _go_regex(regex_s)
     except re.error:
         raise ExecutionError(f"invalid regular expression in label_replace(): {regex_s}") from None
-    if not _valid_label_name(dst):
+    if not _valid_label_name(dst) or not _arg_valid_utf8(ctx, 1):
         raise ExecutionError(f"invalid destination label name in label_replace(): {dst}")
     labels = list(vec.labels)
     dn = vec.drop_name_mask().copy()
@@ -148,10 +214,10 @@ def label_join(ctx: FunctionContext, args: list[Value]) -> Value:
     dst = string_arg(args[1])
     sep = string_arg(args[2])
     srcs = [string_arg(a) for a in args[3:]]
-    for s in srcs:
-        if not _valid_label_name(s):
+    for k, s in enumerate(srcs):
+        if not _valid_label_name(s) or not _arg_valid_utf8(ctx, 3 + k):
             raise ExecutionError(f"invalid source label name in label_join(): {s}")
-    if not _valid_label_name(dst):
+    if not _valid_label_name(dst) or not _arg_valid_utf8(ctx, 1):
         raise ExecutionError(f"invalid destination label name in label_join(): {dst}")
     labels = list(vec.labels)
     dn = vec.drop_name_mask().copy()

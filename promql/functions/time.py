@@ -70,3 +70,18 @@ def _date_fn(part: str):
 
 for _part in ("year", "month", "day_of_month", "day_of_year", "days_in_month", "day_of_week", "hour", "minute"):
     register(_part)(_date_fn(_part))
+
+
+def _query_bound(which: str):
+    def impl(ctx: FunctionContext, args: list[Value]) -> Value:
+        start, end, step = ctx.query_start_ms, ctx.query_end_ms, ctx.query_step_ms
+        v = {"start": start, "end": end, "step": step, "range": end - start}[which] / 1000.0
+        return Scalar(np.full(len(ctx.step_times), v))
+
+    return impl
+
+
+# Experimental query-bound scalars: start(), end(), step() and range() of the top-level query
+# (an instant query has start == end and step 0).
+for _which in ("start", "end", "step", "range"):
+    register(_which)(_query_bound(_which))

@@ -14,6 +14,7 @@ Python and Go disagree on notation fixed up), and the result text is assembled w
 from __future__ import annotations
 
 import math
+from itertools import chain
 from typing import Any, Iterable, Sequence
 
 import numpy as np
@@ -35,42 +36,37 @@ def format_value(v: float) -> str:
 
 
 def format_values(values: np.ndarray) -> list[str]:
-    """Go ``FormatFloat`` rendering of every value (see module doc), as a list of str."""
+    """Go ``FormatFloat`` rendering of every value (see module doc), as a list of str.
+
+    Bulk path: orjson's float writer (Ryu, shortest round-trip digits) over the whole array.
+    For 1e-5 <= |v| < 2**53 (and 0) it is positional and identical to Go's 'f' -1 except that
+    integral values end in ".0", which one ``str.replace`` over the joined text removes (a
+    non-integral number never ends in ".0"). The rest (NaN/Inf, tiny and huge magnitudes) is
+    formatted one by one; those values are rare in metrics."""
     v = np.ascontiguousarray(values, dtype=np.float64).ravel()
     n = v.shape[0]
     if n == 0:
         return []
+    text = orjson.dumps(v, option=orjson.OPT_SERIALIZE_NUMPY)[1:-1].decode() + ","
+    parts = text.replace(".0,", ",")[:-1].split(",")
     a = np.abs(v)
     with np.errstate(invalid="ignore"):
-        intlike = (a < _TWO53) & (v == np.trunc(v))
-    negzero = intlike & (v == 0) & np.signbit(v)
-    if negzero.any():
-        intlike &= ~negzero
-    if intlike.all():
-        return list(map(str, v.astype(np.int64).tolist()))
-    out = np.empty(n, dtype=object)
-    if intlike.any():
-        out[intlike] = list(map(str, v[intlike].astype(np.int64).tolist()))
-    rest = ~intlike
-    finite = np.isfinite(v)
-    # repr() already matches Go for 1e-4 <= |v| < 1e16 (positional) and for |v| < 1e-6 or
-    # |v| >= 1e21 (exponent, at least two exponent digits, explicit sign).
-    with np.errstate(invalid="ignore"):
-        positional_fix = rest & finite & (((a >= 1e-6) & (a < 1e-4)) | ((a >= _TWO53) & (a < 1e21)))
-    plain = rest & finite & ~positional_fix
-    if plain.any():
-        out[plain] = list(map(float.__repr__, v[plain].tolist()))
-    if positional_fix.any():
-        idx = np.flatnonzero(positional_fix)
-        out[idx] = [np.format_float_positional(x, unique=True, trim="-") for x in v[idx].tolist()]
-    if negzero.any():
-        out[negzero] = "-0"
-    special = ~finite
-    if special.any():
-        out[special & np.isnan(v)] = "NaN"
-        out[special & (v == np.inf)] = "+Inf"
-        out[special & (v == -np.inf)] = "-Inf"
-    return out.tolist()
+        rare = ~((a < _TWO53) & ((a >= 1e-5) | (a == 0)))  # NaN compares False -> rare
+    if rare.any():
+        for i in np.flatnonzero(rare).tolist():
+            parts[i] = _format_rare(float(v[i]))
+    return parts
+
+
+def _format_rare(x: float) -> str:
+    if math.isnan(x):
+        return "NaN"
+    if math.isinf(x):
+        return "+Inf" if x > 0 else "-Inf"
+    ax = abs(x)
+    if ax < 1e-6 or ax >= 1e21:
+        return repr(x)  # Go's 'e' form: shortest digits, two-digit signed exponent, as repr
+    return np.format_float_positional(x, unique=True, trim="-")
 
 
 def format_value_f(v: float) -> str:
@@ -116,14 +112,14 @@ def format_timestamp(t_ms: int) -> str:
 
 
 def json_str(s: str) -> str:
-    return orjson.dumps(s).decode()
+    return go_html_escape(orjson.dumps(s)).decode()
 
 
 def labels_json(labels: Labels) -> str:
     """``{"name":"value",...}`` in label order (== Go's sorted map keys for canonical labels)."""
     if not labels:
         return "{}"
-    return orjson.dumps(dict(labels)).decode()
+    return go_html_escape(orjson.dumps(dict(labels))).decode()
 
 
 def go_html_escape(body: bytes) -> bytes:
@@ -147,17 +143,24 @@ def go_html_escape(body: bytes) -> bytes:
 # envelopes
 
 
-def envelope_raw(data_json: str, warnings: Sequence[str] = (), infos: Sequence[str] = ()) -> bytes:
-    """``{"status":"success","data":<data_json>[,"warnings":[..]][,"infos":[..]]}``."""
-    parts = ['{"status":"success","data":', data_json]
+def envelope_raw(data_json: str, warnings: Sequence[str] = (), infos: Sequence[str] = (), *, escaped: bool = False) -> bytes:
+    """``{"status":"success","data":<data_json>[,"warnings":[..]][,"infos":[..]]}``.
+
+    ``escaped``: data_json was built from ``labels_json``/``json_str`` (already Go-escaped),
+    so the large body need not be scanned again."""
+    body = '{"status":"success","data":' + data_json
+    if not escaped:
+        body = go_html_escape(body.encode()).decode()
+    tail = ""
     if warnings:
-        parts.append(',"warnings":')
-        parts.append(orjson.dumps(list(warnings)).decode())
+        tail += ',"warnings":' + json_str_list(warnings)
     if infos:
-        parts.append(',"infos":')
-        parts.append(orjson.dumps(list(infos)).decode())
-    parts.append("}")
-    return go_html_escape("".join(parts).encode())
+        tail += ',"infos":' + json_str_list(infos)
+    return (body + tail + "}").encode()
+
+
+def json_str_list(items: Sequence[str]) -> str:
+    return go_html_escape(orjson.dumps(list(items))).decode()
 
 
 def success(data: Any, warnings: Sequence[str] = (), infos: Sequence[str] = ()) -> bytes:
@@ -214,13 +217,47 @@ def _go_json_number(v: float) -> str:
     return format_value(float(v))
 
 
-def _series_points(tok: list[str], vstrs: list[str], counts: np.ndarray) -> Iterable[str]:
-    """Join per-series ``[t,"v"],...`` bodies. tok[i] = '[<t>,"', vstrs[i] = value text."""
-    pts = list(map(str.__add__, tok, vstrs))
+def _matrix_json(labels: list[Labels], counts: np.ndarray, ts_first: list[str], ts_next: list[str],
+                 tok_index: np.ndarray | None, vstrs: list[str]) -> str:
+    """Assemble ``[{"metric":..,"values":[[t,"v"],..]},..]``.
+
+    counts[s]: points of series s (all > 0). ts_first[k] = '[<t_k>,"' and ts_next[k] =
+    '"],[<t_k>,"'; tok_index[j] says which timestamp point j uses (None: point j of a full
+    series uses timestamp j). Each series' points are one ``"".join`` over the interleaved
+    (token, value) pairs, so there is no Python work per point."""
+    out = []
+    nxt = np.array(ts_next, dtype=object)
+    full = [ts_first[0], *ts_next[1:]] if tok_index is None or len(ts_first) else None
+    T = len(ts_first)
     off = 0
-    for c in counts.tolist():
-        yield '"],'.join(pts[off:off + c]) + '"]'
+    for i, (lbl, c) in enumerate(zip(labels, counts.tolist())):
+        vals = vstrs[off:off + c]
+        if tok_index is None:
+            toks = full if c == T else [ts_first[0], *ts_next[1:c]]
+        else:
+            idx = tok_index[off:off + c]
+            if c == T and full is not None:
+                toks = full
+            else:
+                toks = nxt[idx].tolist()
+                toks[0] = ts_first[int(idx[0])]
+        out.append(('{"metric":' if i == 0 else ',{"metric":') + labels_json(lbl) + ',"values":['
+                   + "".join(chain.from_iterable(zip(toks, vals))) + '"]]}')
         off += c
+    return "[" + "".join(out) + "]"
+
+
+def _ragged_json(labels: list[Labels], counts: np.ndarray, ts_first: list[str], ts_next: list[str], vstrs: list[str]) -> str:
+    """Like ``_matrix_json`` for CSR input, where point j has its own timestamp j."""
+    out = []
+    off = 0
+    for i, (lbl, c) in enumerate(zip(labels, counts.tolist())):
+        toks = ts_next[off:off + c]
+        toks[0] = ts_first[off]
+        out.append(('{"metric":' if i == 0 else ',{"metric":') + labels_json(lbl) + ',"values":['
+                   + "".join(chain.from_iterable(zip(toks, vstrs[off:off + c]))) + '"]]}')
+        off += c
+    return "[" + "".join(out) + "]"
 
 
 def result_data_json(res: QueryResult, limit: int = 0) -> tuple[str, bool]:
@@ -251,41 +288,38 @@ def result_data_json(res: QueryResult, limit: int = 0) -> tuple[str, bool]:
     if rt != "matrix":
         raise ValueError(f"unknown result type {rt!r}")
     if res.csr is not None:
+        # Instant query returning a range vector: ragged raw points, own timestamps per point.
         offsets, cts, cvals = res.csr
         offsets = np.asarray(offsets, dtype=np.int64)
-        counts = np.diff(offsets)
         s_count = len(labels)
         if limit and s_count > limit:
             s_count, truncated = limit, True
-            counts = counts[:limit]
-        end = int(offsets[s_count]) if s_count else 0
-        start = int(offsets[0]) if len(offsets) else 0
-        tok = ["[" + t + ',"' for t in format_timestamps(np.asarray(cts)[start:end])]
-        vstrs = format_values(np.asarray(cvals)[start:end])
-        keep = range(s_count)
-    else:
-        values = np.asarray(res.values, dtype=np.float64)
-        present = np.asarray(res.present, dtype=bool) if res.present is not None else np.ones(values.shape, bool)
-        counts_all = present.sum(axis=1)
-        nonempty = np.flatnonzero(counts_all)  # Prometheus never returns a series without points
-        if limit and len(nonempty) > limit:
-            nonempty, truncated = nonempty[:limit], True
-        keep = nonempty.tolist()
-        if not keep:
+        counts = np.diff(offsets[: s_count + 1])
+        keep = np.flatnonzero(counts)
+        if keep.shape[0] == 0:
             return "[]", truncated
-        sub_present = present[nonempty]
-        rows, cols = np.nonzero(sub_present)
-        ts_tok = np.array(["[" + t + ',"' for t in format_timestamps(np.asarray(res.timestamps))], dtype=object)
-        tok = ts_tok[cols].tolist()
-        vstrs = format_values(values[nonempty][sub_present])
-        counts = counts_all[nonempty]
-    bodies = _series_points(tok, vstrs, counts)
-    items = []
-    for s, body in zip(keep, bodies):
-        if body == '"]':  # no points (only possible for ragged input)
-            continue
-        items.append('{"metric":' + labels_json(labels[s]) + ',"values":[' + body + "]}")
-    return "[" + ",".join(items) + "]", truncated
+        lo, hi = int(offsets[0]), int(offsets[s_count])
+        tstr = format_timestamps(np.asarray(cts)[lo:hi])
+        ts_first = ["[" + t + ',"' for t in tstr]
+        ts_next = ['"],[' + t + ',"' for t in tstr]
+        tok_index = np.arange(hi - lo, dtype=np.int64)
+        vstrs = format_values(np.asarray(cvals)[lo:hi])
+        return _ragged_json([labels[i] for i in keep.tolist()], counts[keep], ts_first, ts_next, vstrs), truncated
+    values = np.asarray(res.values, dtype=np.float64)
+    present = np.asarray(res.present, dtype=bool) if res.present is not None else np.ones(values.shape, bool)
+    counts_all = present.sum(axis=1)
+    nonempty = np.flatnonzero(counts_all)  # Prometheus never returns a series without points
+    if limit and len(nonempty) > limit:
+        nonempty, truncated = nonempty[:limit], True
+    if nonempty.shape[0] == 0:
+        return "[]", truncated
+    sub_present = present[nonempty]
+    _, cols = np.nonzero(sub_present)
+    tstr = format_timestamps(np.asarray(res.timestamps))
+    ts_first = ["[" + t + ',"' for t in tstr]
+    ts_next = ['"],[' + t + ',"' for t in tstr]
+    vstrs = format_values(values[nonempty][sub_present])
+    return _matrix_json([labels[i] for i in nonempty.tolist()], counts_all[nonempty], ts_first, ts_next, cols, vstrs), truncated
 
 
 def encode_query_result(
@@ -307,4 +341,4 @@ def encode_query_result(
     if truncated:
         warnings.append("results truncated due to limit")
     warnings.extend(extra_warnings)
-    return envelope_raw(data, warnings, res.annotations.infos)
+    return envelope_raw(data, warnings, res.annotations.infos, escaped=True)

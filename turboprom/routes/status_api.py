@@ -110,9 +110,9 @@ def tsdb_status(storage: Any, limit: int) -> dict[str, Any]:
     fn = getattr(storage, "stats", None)
     if callable(fn):
         try:
-            st = fn() or {}
-        except TypeError:
             st = fn(limit) or {}
+        except TypeError:
+            st = fn() or {}
     st = _as_dict(st)
     head = _as_dict(_get(st, "head", "head_stats", "headStats", default={})) or {}
 

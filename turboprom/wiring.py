@@ -34,6 +34,11 @@ def build_context(config: ServerConfig) -> ServerContext:
     congestion = CongestionTracker(CongestionConfig.from_mapping(config.raw.get("congestion")))
     congestion.attach(ctx.components.get("ingest"), storage)
     ctx.components["congestion"] = congestion
+    # --- F: PromQL engine behind /api/v1/query and /api/v1/query_range ---
+    from promql.engine import Engine
+
+    ctx.components["engine"] = Engine(storage, lookback_delta_ms=config.lookback_delta_ms,
+                                      max_samples=config.query_max_samples, timeout_s=config.query_timeout_s)
     # --- lead: KedgeFlow control plane (grants, ledger, gateway, audit) ---
     from turboprom.kedgeflow_wiring import build_kedgeflow
 

@@ -112,7 +112,8 @@ class ExactPaneStore:
             prev_same = np.zeros(len(gs), bool)
             prev_same[1:] = g_sid[1:] == g_sid[:-1]
             prev_v = np.where(prev_same, vals[np.maximum(gs - 1, 0)], self.last_v[g_sid] if live else np.nan)
-            bc, br, bch = boundary(prev_v, seg.first_v)
+            has_prev = prev_same | ((self.last_t[g_sid] != np.iinfo(np.int64).min) if live else False)
+            bc, br, bch = boundary(prev_v, seg.first_v, has_prev)
             self.ensure_panes(int(g_k.min()), int(g_k.max()))
             c = g_k - self.k0
             existing = self.cols["count"][g_sid, c] > 0
@@ -152,7 +153,7 @@ class ExactPaneStore:
             has = cnt.any(axis=1)
             first = np.argmax(cnt, axis=1) + c0
             s, col = sid[has], first[has]
-            bc, br, bch = boundary(prev_v[has], self.cols["first_v"][s, col])
+            bc, br, bch = boundary(prev_v[has], self.cols["first_v"][s, col], np.ones(len(s), bool))
             self.cols["entry_corr"][s, col] = bc
             self.cols["entry_resets"][s, col] = br
             self.cols["entry_changes"][s, col] = bch

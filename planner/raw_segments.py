@@ -55,10 +55,11 @@ class RawPrefix:
         self.p_s1 = pre(x, np.longdouble)
         self.p_s2 = pre(x * x, np.longdouble)
         prev = np.full(n, np.nan)
+        has_prev = np.zeros(n, bool)
         if n > 1:
-            same = raw.sid[1:] == raw.sid[:-1]
-            prev[1:] = np.where(same, v[:-1], np.nan)
-        c, r, ch = boundary(prev, v)
+            has_prev[1:] = raw.sid[1:] == raw.sid[:-1]
+            prev[1:] = v[:-1]
+        c, r, ch = boundary(prev, v, has_prev)
         self.p_corr = pre(c, np.longdouble)
         self.p_res = pre(r, np.int64)
         self.p_chg = pre(ch, np.int64)

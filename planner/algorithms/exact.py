@@ -61,11 +61,15 @@ class SegStats:
         return SegStats(**{f: getattr(self, f)[idx] for f in FIELDS})
 
 
-def boundary(prev_v: np.ndarray, cur_v: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(correction, reset, change) contributed by the consecutive pair prev -> cur (NaN prev = none)."""
+def boundary(prev_v: np.ndarray, cur_v: np.ndarray, has_prev: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(correction, reset, change) contributed by the consecutive pair prev -> cur where ``has_prev``.
+
+    As Prometheus: a drop (``cur < prev``, false for NaN) adds ``prev`` and counts a reset; a change is
+    ``cur != prev`` unless both are NaN.
+    """
     with np.errstate(invalid="ignore"):
-        drop = cur_v < prev_v
-        change = (cur_v != prev_v) & ~(np.isnan(cur_v) & np.isnan(prev_v)) & ~np.isnan(prev_v)
+        drop = has_prev & (cur_v < prev_v)
+        change = has_prev & (cur_v != prev_v) & ~(np.isnan(cur_v) & np.isnan(prev_v))
     corr = np.where(drop, prev_v, 0.0)
     return corr, drop.astype(np.int64), change.astype(np.int64)
 
@@ -75,7 +79,7 @@ def combine(a: SegStats, b: SegStats) -> SegStats:
     ha = a.count > 0
     hb = b.count > 0
     both = ha & hb
-    bc, br, bch = boundary(np.where(both, a.last_v, np.nan), np.where(both, b.first_v, np.nan))
+    bc, br, bch = boundary(a.last_v, b.first_v, both)
     with np.errstate(invalid="ignore"):
         out = SegStats(
             count=a.count + b.count,
@@ -116,8 +120,9 @@ def segments_from_sorted(
     if n:
         prev[0] = np.nan
         prev[1:] = values[:-1]
-    prev[group_start] = np.nan  # first sample of a group has no in-group predecessor
-    c, r, ch = boundary(prev, values)
+    has_prev = np.ones(n, bool)
+    has_prev[group_start] = False  # first sample of a group has no in-group predecessor
+    c, r, ch = boundary(prev, values, has_prev)
     vmin = np.fmin.reduceat(values, group_start) if n else np.empty(0)
     vmax = np.fmax.reduceat(values, group_start) if n else np.empty(0)
     red = lambda arr: np.add.reduceat(arr, group_start) if n else np.empty(0, arr.dtype)  # noqa: E731

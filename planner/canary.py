@@ -1,0 +1,168 @@
+"""Accuracy canary: re-evaluates a sample of summary-served sub-trees on raw data, exports the error.
+
+Exact algorithms: maximum relative error over the served (series, step) points (a presence mismatch
+counts as an infinite error). KLL: observed normalized rank error of the returned value among the
+window's raw samples, compared with the stated bound. Runs on its own worker thread, off the query.
+"""
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+from prometheus_client import Counter, Gauge, Histogram
+
+from planner.kll_store import rank_error
+from planner.rewrite import Served
+from promql.eval_context import QueryBudget
+from promql.eval_selectors import eval_matrix_selector
+from promql.functions import FUNCTIONS, FunctionContext, load_all
+from promql.types import Annotations, QueryStats, Scalar
+
+log = logging.getLogger("turboprom.planner")
+
+CANARY_ERROR = Histogram(
+    "turboprom_planner_canary_error", "Observed error of summary-served answers re-evaluated on raw data "
+    "(relative error for exact algorithms, normalized rank error for KLL)", ["algorithm"],
+    buckets=(0, 1e-12, 1e-9, 1e-6, 1e-3, 0.005, 0.01, 0.02, 0.05, 0.1, 1.0, float("inf")),
+)
+CANARY_MAX = Gauge("turboprom_planner_canary_max_error", "Largest error seen by the canary per SDS", ["sds"])
+CANARY_CHECKS = Counter("turboprom_planner_canary_checks_total", "Canary checks by outcome", ["algorithm", "outcome"])
+
+
+def exact_error(summary: np.ndarray, summary_present: np.ndarray, raw: np.ndarray, raw_present: np.ndarray) -> float:
+    if summary.shape != raw.shape or (summary_present != raw_present).any():
+        return float("inf")
+    p = summary_present
+    if not p.any():
+        return 0.0
+    a, b = summary[p], raw[p]
+    both_nan = np.isnan(a) & np.isnan(b)
+    same = (a == b) | both_nan
+    with np.errstate(all="ignore"):
+        rel = np.abs(a - b) / np.maximum(np.abs(b), 1e-300)
+    rel = np.where(same, 0.0, rel)
+    rel = np.where(np.isnan(rel), np.inf, rel)
+    return float(rel.max())
+
+
+def kll_rank_errors(values: np.ndarray, present: np.ndarray, rw: Any, phi: float, limit: int = 400) -> list[float]:
+    """Normalized rank error of each served quantile among its window's raw samples (sampled)."""
+    out = []
+    idx = np.argwhere(present)
+    if len(idx) > limit:
+        idx = idx[np.random.default_rng(0).choice(len(idx), limit, replace=False)]
+    for s, j in idx:  # bounded by ``limit`` windows per check
+        lo, hi = int(rw.lo[s, j]), int(rw.hi[s, j])
+        w = np.sort(rw.vals[lo:hi])
+        n = len(w)
+        if n == 0:
+            continue
+        v = values[s, j]
+        r_lo = np.searchsorted(w, v, side="left") / n
+        r_hi = np.searchsorted(w, v, side="right") / n
+        out.append(0.0 if r_lo <= phi <= r_hi else float(min(abs(r_lo - phi), abs(r_hi - phi))))
+    return out
+
+
+class Canary:
+    def __init__(self, fraction: float = 0.05, seed: int | None = None):
+        self.fraction = float(fraction)
+        self.rng = random.Random(seed)
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="planner-canary")
+        self.pending = 0
+        self.lock = threading.Lock()
+        self.results: list[dict[str, Any]] = []  # recent checks, for /api/v1/planner/canary and tests
+        load_all()
+
+    def __call__(self, served: Served, ectx: Any) -> None:
+        if self.fraction <= 0 or self.rng.random() >= self.fraction:
+            return
+        with self.lock:
+            if self.pending >= 4:
+                return
+            self.pending += 1
+        self.pool.submit(self._check, served, ectx)
+
+    def check_now(self, served: Served, ectx: Any) -> dict[str, Any]:
+        return self._check(served, ectx, count_pending=False)
+
+    def _check(self, served: Served, ectx: Any, count_pending: bool = True) -> dict[str, Any]:
+        try:
+            ctx = replace(ectx, stats=QueryStats(), annotations=Annotations(), hooks=(),
+                          budget=QueryBudget(max_samples=ectx.budget.max_samples, deadline=time.monotonic() + 300,
+                                             timeout_s=300))
+            ms = served.node.args[-1]
+            rw = eval_matrix_selector(ctx, ms)
+            fctx = FunctionContext(step_times=ctx.step_times, annotations=ctx.annotations, node=served.node,
+                                   lookback_delta_ms=ctx.lookback_delta_ms, query_start_ms=ctx.query_start_ms,
+                                   query_end_ms=ctx.query_end_ms, query_step_ms=ctx.query_step_ms)
+            args = [Scalar(np.full(len(ctx.step_times), served.phi)), rw] if served.phi is not None else [rw]
+            raw = FUNCTIONS[served.func](fctx, args)
+            # align series by labels
+            pos = {l: i for i, l in enumerate(raw.labels)}
+            sv, sp = served.value.values, served.value.present
+            rv = np.zeros_like(sv)
+            rp = np.zeros_like(sp)
+            missing = False
+            for i, l in enumerate(served.value.labels):
+                k = pos.get(l)
+                if k is None:
+                    missing = missing or bool(sp[i].any())
+                    continue
+                rv[i], rp[i] = raw.values[k], raw.present[k]
+            extra = len(set(pos) - set(served.value.labels)) > 0 and any(
+                raw.present[pos[l]].any() for l in set(pos) - set(served.value.labels))
+            alg = served.sds.spec.algorithm
+            if alg == "exact":
+                err = float("inf") if (missing or extra) else exact_error(sv, sp, rv, rp)
+                bound = 1e-9
+                errs = [err]
+            else:
+                # rank errors need the raw windows of the served series, in served order
+                errs = kll_rank_errors(sv, sp & rp, _reorder_windows(rw, served.value.labels), served.phi or 0.0)
+                err = max(errs) if errs else 0.0
+                bound = rank_error(served.sds.store.k)
+            for e in errs:
+                CANARY_ERROR.labels(alg).observe(e if np.isfinite(e) else float("inf"))
+            within = sum(1 for e in errs if e <= bound)
+            CANARY_CHECKS.labels(alg, "within_bound").inc(within)
+            CANARY_CHECKS.labels(alg, "exceeded").inc(len(errs) - within)
+            prev = CANARY_MAX.labels(served.sds.id)._value.get()  # noqa: SLF001 - read back our own gauge
+            CANARY_MAX.labels(served.sds.id).set(max(prev, err))
+            rec = {"sds": served.sds.id, "algorithm": alg, "function": served.func, "max_error": err,
+                   "bound": bound, "checked": len(errs), "within_bound": within, "time": time.time()}
+            with self.lock:
+                self.results.append(rec)
+                del self.results[:-200]
+            return rec
+        except Exception:  # noqa: BLE001
+            log.exception("canary check failed")
+            return {}
+        finally:
+            if count_pending:
+                with self.lock:
+                    self.pending -= 1
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+    stop = close
+
+
+def _reorder_windows(rw: Any, labels: list) -> Any:
+    """RangeWindows rows reordered to ``labels`` order (rows of missing series are empty)."""
+    pos = {l: i for i, l in enumerate(rw.labels)}
+    S, T = len(labels), rw.lo.shape[1]
+    lo = np.zeros((S, T), np.int64)
+    hi = np.zeros((S, T), np.int64)
+    for i, l in enumerate(labels):
+        k = pos.get(l)
+        if k is not None:
+            lo[i], hi[i] = rw.lo[k], rw.hi[k]
+    return replace(rw, labels=list(labels), lo=lo, hi=hi)

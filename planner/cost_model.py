@@ -1,0 +1,70 @@
+"""Does an SDS pay? Raw CPU from the query log vs summary path + ingest-side cost + storage.
+
+All figures are per second of wall time over the observation period:
+
+* raw cost      = query rate x mean raw CPU per query (measured; the log's cpu_s of queries on the
+                  raw path that would use this SDS)
+* summary cost  = query rate x raw cost x edge fraction (the two raw edge runs, <= 2 panes per window,
+                  relative to the window) + per-window merge cost
+* ingest cost   = ingest rate of the metric x fold cost per sample (measured by the summarizer,
+                  default 2 µs until measured)
+* storage       = series x panes kept x bytes per pane; must fit the remaining budget.
+
+Adopt when raw - summary > ingest x safety; retire when hits stop or the saving turns negative.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+BYTES_PER_PANE = {"exact": 15 * 8 + 3 * 8, "kll": 600}
+DEFAULT_FOLD_COST_S = 2e-6
+KLL_WINDOW_COST_S = 25e-6
+
+
+@dataclass
+class Estimate:
+    query_rate: float  # queries/s using the SDS
+    raw_cpu_per_query: float
+    summary_cpu_per_query: float
+    ingest_cpu_per_s: float
+    storage_bytes: int
+    pays: bool
+    reason: str
+
+    @property
+    def saving_per_s(self) -> float:
+        return self.query_rate * (self.raw_cpu_per_query - self.summary_cpu_per_query) - self.ingest_cpu_per_s
+
+
+def estimate(
+    *,
+    algorithm: str,
+    queries: int,
+    period_s: float,
+    raw_cpu_per_query: float,
+    range_ms: int,
+    windows_per_query: float,
+    series: int,
+    ingest_samples_per_s: float,
+    pane_ms: int,
+    history_ms: int,
+    budget_left_bytes: int,
+    fold_cost_s: float = DEFAULT_FOLD_COST_S,
+    safety: float = 1.0,
+) -> Estimate:
+    rate = queries / max(period_s, 1e-9)
+    edge_fraction = min(1.0, 2.0 * pane_ms / max(range_ms, 1))
+    per_window = KLL_WINDOW_COST_S if algorithm == "kll" else 0.2e-6
+    summary = raw_cpu_per_query * edge_fraction + per_window * windows_per_query
+    ingest = ingest_samples_per_s * fold_cost_s
+    storage = int(max(series, 1) * (history_ms // max(pane_ms, 1) + 1) * BYTES_PER_PANE.get(algorithm, 200))
+    if storage > budget_left_bytes:
+        return Estimate(rate, raw_cpu_per_query, summary, ingest, storage, False,
+                        f"storage {storage} B exceeds the remaining budget {budget_left_bytes} B")
+    saving = rate * (raw_cpu_per_query - summary) - ingest * safety
+    if saving <= 0:
+        return Estimate(rate, raw_cpu_per_query, summary, ingest, storage, False,
+                        f"no saving: {rate:.4f} q/s x ({raw_cpu_per_query:.6f} - {summary:.6f}) s <= ingest {ingest:.6f} CPU-s/s")
+    return Estimate(rate, raw_cpu_per_query, summary, ingest, storage, True,
+                    f"saves {saving:.6f} CPU-s/s: {rate:.4f} q/s x ({raw_cpu_per_query:.6f} raw - {summary:.6f} summary)"
+                    f" - {ingest:.6f} ingest; storage {storage} B")

@@ -1,0 +1,149 @@
+"""Query -> pattern, so dashboard refreshes, rule evaluations and scheduler polls count as the same work.
+
+The pattern keeps the expression's shape, functions, operators, metric names and label matchers, and
+abstracts what one SDS serves anyway: evaluation time/range/step (never part of the text), range
+selector durations (``[$r]``), offsets (``offset $o``), ``@`` times, the quantile of
+``quantile_over_time`` / ``quantile`` / ``histogram_quantile`` (``$q``) and aggregation grouping
+(``by ($g)``). ``candidates()`` lists the SDS keys (metric + matchers + algorithm) a query could use.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import promql_parser
+
+from planner.sds import algorithm_for
+from promql.eval_selectors import duration_ms, to_matchers
+
+_QUANTILE_PARAM_FUNCS = {"quantile_over_time", "histogram_quantile"}
+
+
+def _kind(node: Any) -> str:
+    return type(node).__name__
+
+
+def _sel(vs: Any) -> str:
+    parts = []
+    for ms in to_matchers(vs):
+        inner = ",".join(sorted(str(m) for m in ms if m.name != "__name__"))
+        name = next((m.value for m in ms if m.name == "__name__" and m.op == "="), "")
+        parts.append(f"{name}{{{inner}}}")
+    s = " or ".join(parts)
+    if vs.offset is not None and duration_ms(vs.offset) != 0:
+        s += " offset $o"
+    if vs.at is not None:
+        s += " @ $t"
+    return s
+
+
+def pattern(node: Any) -> str:
+    k = _kind(node)
+    if k == "VectorSelector":
+        return _sel(node)
+    if k == "MatrixSelector":
+        return _sel(node.vector_selector) + "[$r]"
+    if k == "SubqueryExpr":
+        return f"({pattern(node.expr)})[$r:$s]" + (" offset $o" if node.offset is not None else "")
+    if k == "Call":
+        name = node.func.name
+        args = [pattern(a) for a in node.args]
+        if name in _QUANTILE_PARAM_FUNCS and args:
+            args[0] = "$q"
+        return f"{name}({', '.join(args)})"
+    if k == "AggregateExpr":
+        op = str(node.op)
+        mod = ""
+        if node.modifier is not None:
+            mod = " without ($g)" if "Without" in str(node.modifier.type) else " by ($g)"
+        param = ""
+        if node.param is not None:
+            param = "$q, " if op in ("quantile", "topk", "bottomk", "limitk", "limit_ratio") else pattern(node.param) + ", "
+        return f"{op}{mod} ({param}{pattern(node.expr)})"
+    if k == "BinaryExpr":
+        mod = f" {node.modifier}" if node.modifier is not None and str(node.modifier).strip() else ""
+        return f"({pattern(node.lhs)} {node.op}{mod} {pattern(node.rhs)})"
+    if k == "UnaryExpr":
+        return f"-({pattern(node.expr)})"
+    if k == "ParenExpr":
+        return pattern(node.expr)
+    if k == "NumberLiteral":
+        return repr(float(node.val))
+    if k == "StringLiteral":
+        return repr(node.val)
+    return k
+
+
+def normalize(query: str) -> str:
+    """Pattern of a query text (the text itself when it does not parse)."""
+    try:
+        return pattern(promql_parser.parse(query))
+    except Exception:  # noqa: BLE001 - unparsable queries are logged as they are
+        return query.strip()
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A sub-tree an SDS could serve: func(metric{matchers}[range])."""
+
+    metric: str
+    matchers: tuple[tuple[str, str, str], ...]  # non-name matchers of the selector
+    algorithm: str
+    func: str
+    range_ms: int
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """SDS sharing key: one SDS per (metric, algorithm) serves every matcher subset, range, step,
+        quantile and grouping above it."""
+        return (self.metric, self.algorithm)
+
+
+def servable_call(node: Any) -> tuple[str, Any, Any] | None:
+    """(func, matrix selector node, quantile param node or None) if ``node`` is a call an SDS can serve."""
+    if _kind(node) != "Call":
+        return None
+    func = node.func.name
+    if algorithm_for(func) is None:
+        return None
+    args = list(node.args)
+    param = None
+    if func == "quantile_over_time":
+        if len(args) != 2:
+            return None
+        param, ms = args
+    else:
+        if len(args) != 1:
+            return None
+        ms = args[0]
+    if _kind(ms) != "MatrixSelector":
+        return None
+    vs = ms.vector_selector
+    if vs.at is not None or not vs.name or vs.matchers.or_matchers:
+        return None
+    return func, ms, param
+
+
+def candidates(query_or_node: Any) -> list[Candidate]:
+    node = promql_parser.parse(query_or_node) if isinstance(query_or_node, str) else query_or_node
+    out: list[Candidate] = []
+
+    def walk(n: Any) -> None:
+        hit = servable_call(n)
+        if hit is not None:
+            func, ms, _ = hit
+            vs = ms.vector_selector
+            ms_list = to_matchers(vs)[0]
+            extra = tuple(sorted((m.name, m.op, m.value) for m in ms_list if m.name != "__name__"))
+            out.append(Candidate(vs.name, extra, algorithm_for(func) or "", func, duration_ms(ms.range)))
+            return
+        for attr in ("lhs", "rhs", "expr", "param"):
+            child = getattr(n, attr, None) if _kind(n) not in ("NumberLiteral", "StringLiteral", "VectorSelector", "MatrixSelector") else None
+            if child is not None and not isinstance(child, (str, int, float)):
+                walk(child)
+        if _kind(n) == "Call":
+            for a in n.args:
+                walk(a)
+
+    walk(node)
+    return out

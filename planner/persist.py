@@ -1,0 +1,159 @@
+"""SDS persistence: sealed panes as Parquet files per SDS, the catalog as a DuckDB table.
+
+Layout under ``<data_dir>/planner/``::
+
+    planner.duckdb                 query_log + sds_catalog tables
+    sds/<id>/series.parquet        local id -> labels (JSON), shift constant
+    sds/<id>/panes-<lo>-<hi>.parquet   one file per flush: non-empty panes [lo, hi)
+
+After a restart ``load`` restores every SDS from its files; panes after the last flush (the open panes
+at the time of the crash) are rebuilt from raw storage by ``recover`` before ingestion resumes.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from planner.sds import SDS, SDSSpec
+from storage.stale import is_stale
+
+log = logging.getLogger("turboprom.planner")
+
+CATALOG = """
+CREATE TABLE IF NOT EXISTS sds_catalog (
+    id VARCHAR PRIMARY KEY,
+    spec VARCHAR,
+    pinned BOOLEAN,
+    reason VARCHAR,
+    cov_lo BIGINT,
+    persisted_hi BIGINT,
+    series BIGINT,
+    bytes BIGINT,
+    hits BIGINT
+)
+"""
+
+
+class SDSPersistence:
+    def __init__(self, root: Path, con: Any, db_lock: threading.Lock):
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.con = con
+        self.db_lock = db_lock
+        with db_lock:
+            con.execute(CATALOG)
+        self.persisted_hi: dict[str, int] = {}
+
+    def dir(self, sds_id: str) -> Path:
+        return self.root / "sds" / sds_id
+
+    def flush(self, sds: SDS) -> int:
+        """Write panes sealed since the last flush; returns panes written."""
+        lo, hi = sds.coverage()
+        if sds.cov_lo is None or hi <= lo:
+            return 0
+        start = self.persisted_hi.get(sds.id, lo)
+        d = self.dir(sds.id)
+        d.mkdir(parents=True, exist_ok=True)
+        n = 0
+        if hi > start:
+            rows = sds.store.export_rows(start, hi)
+            if len(rows["pane"]):
+                pq.write_table(pa.table(rows), d / f"panes-{start}-{hi}.parquet")
+                n = len(rows["pane"])
+            self.persisted_hi[sds.id] = hi
+        labels = list(sds.registry.labels)
+        shift = getattr(sds.store, "shift", np.zeros(0))
+        sh = np.full(len(labels), np.nan)
+        sh[: min(len(labels), len(shift))] = shift[: len(labels)]
+        pq.write_table(pa.table({"labels": [json.dumps(l) for l in labels], "shift": sh}), d / "series.parquet")
+        self._catalog(sds)
+        return n
+
+    def _catalog(self, sds: SDS) -> None:
+        with self.db_lock:
+            self.con.execute("DELETE FROM sds_catalog WHERE id = ?", [sds.id])
+            self.con.execute(
+                "INSERT INTO sds_catalog VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [sds.id, json.dumps(sds.spec.to_json()), sds.pinned, sds.reason, sds.cov_lo,
+                 self.persisted_hi.get(sds.id), len(sds.registry.labels), sds.nbytes(), sds.stats.hits],
+            )
+
+    def drop(self, sds_id: str) -> None:
+        with self.db_lock:
+            self.con.execute("DELETE FROM sds_catalog WHERE id = ?", [sds_id])
+        shutil.rmtree(self.dir(sds_id), ignore_errors=True)
+        self.persisted_hi.pop(sds_id, None)
+
+    def load(self) -> list[SDS]:
+        with self.db_lock:
+            rows = self.con.execute("SELECT id, spec, pinned, reason, cov_lo, persisted_hi FROM sds_catalog").fetchall()
+        out = []
+        for sds_id, spec_json, pinned, reason, cov_lo, persisted_hi in rows:
+            try:
+                sds = SDS(SDSSpec.from_json(json.loads(spec_json)), pinned=bool(pinned), reason=reason or "")
+                d = self.dir(sds_id)
+                if (d / "series.parquet").exists():
+                    t = pq.read_table(d / "series.parquet").to_pydict()
+                    labels = [tuple(tuple(p) for p in json.loads(s)) for s in t["labels"]]
+                    sds.register(labels)
+                    if hasattr(sds.store, "shift"):
+                        sds.store.shift[: len(labels)] = np.asarray(t["shift"], dtype=np.float64)
+                for f in sorted(d.glob("panes-*.parquet"), key=lambda p: int(p.stem.split("-")[1])):
+                    tab = pq.read_table(f).to_pydict()
+                    if sds.spec.algorithm == "exact":
+                        sds.store.import_rows({k: np.asarray(v) for k, v in tab.items()})
+                    else:
+                        sds.store.import_rows(tab)
+                sds.cov_lo = cov_lo
+                if persisted_hi is not None:
+                    self.persisted_hi[sds.id] = int(persisted_hi)
+                sds.backfill_state = "restored"
+                out.append(sds)
+            except Exception:  # noqa: BLE001 - a damaged SDS is dropped, queries fall back to raw
+                log.exception("could not restore SDS %s; dropping it", sds_id)
+        return out
+
+    def recover(self, sds: SDS, storage: Any) -> int | None:
+        """Rebuild the panes after the last flush from raw storage (open panes at the crash).
+
+        Returns the newest sample time seen (or None). Runs before ingestion starts, so no race.
+        """
+        P = sds.spec.pane_ms
+        hi = self.persisted_hi.get(sds.id)
+        if hi is None or sds.cov_lo is None:
+            return None
+        store = sds.store
+        # chain state = each series' last sample in the persisted panes
+        if hasattr(store, "cols") and store.nk:
+            with store.lock:
+                cnt = store.cols["count"][: store.ns, : store.nk] > 0
+                has = cnt.any(axis=1)
+                last_col = store.nk - 1 - np.argmax(cnt[:, ::-1], axis=1)
+                s = np.nonzero(has)[0]
+                store.last_t[s] = store.cols["last_t"][s, last_col[s]]
+                store.last_v[s] = store.cols["last_v"][s, last_col[s]]
+        ss = storage.select(sds.spec.scope_matchers(), hi * P, np.iinfo(np.int64).max // 2)
+        newest = None
+        if len(ss):
+            ids = sds.register(ss.labels)
+            sid = np.repeat(ids, np.diff(ss.offsets))
+            keep = ~is_stale(ss.values)
+            sid, ts, vals = sid[keep], ss.timestamps[keep], ss.values[keep]
+            order = np.lexsort((ts, sid))
+            sid, ts, vals = sid[order], ts[order], vals[order]
+            ok = ts > store.last_t[sid]
+            store.ingest_sorted(sid[ok], ts[ok], vals[ok], live=True)
+            if len(ts):
+                newest = int(ts.max())
+        sds.max_ts = max(sds.max_ts, hi * P + sds.seal_delay_ms)  # restored panes stay covered
+        sds.live_from = hi * P  # per-series last_t keeps the recovered samples from being counted twice
+        return newest

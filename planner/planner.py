@@ -1,0 +1,353 @@
+"""The planner: learns recurring work from the query log, adopts / retires SDSs, explains queries.
+
+* ``observe(entry, candidates)`` is called for every evaluated query. Per SDS key (metric, algorithm)
+  it keeps arrival times, raw CPU and shape; when the key recurs ``min_count`` times within
+  ``period_s`` and the cost model says it pays, the SDS is adopted (live ingest + background backfill
+  of ``history`` from raw storage). One SDS per (metric, algorithm) serves every matcher subset,
+  range, step, quantile and grouping.
+* Operators pin plans in config (``planner: {pinned: [{metric, algorithm, pane}]}``); pinned plans
+  are never retired. Unpinned plans without hits for ``retire_after_s`` are retired, and the least
+  used are retired first when the storage budget is exceeded.
+
+Config (``ctx.config.raw["planner"]``), all optional::
+
+    planner:
+      enabled: true
+      min_count: 3            # recurrences ...
+      period: 10m             # ... within this period
+      pane: 1m
+      history: 1d             # backfill horizon (at least 2x the largest range seen)
+      max_history: 8d
+      budget: 512MB
+      retire_after: 1h
+      seal_delay: 10s         # panes seal this long after the newest sample passes them
+      canary_fraction: 0.05
+      pinned: [{metric: foo_total, algorithm: exact}, {metric: lat, algorithm: kll, params: {k: 200}}]
+"""
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import promql_parser
+
+from planner import cost_model
+from planner.normalize import Candidate, candidates, normalize
+from planner.query_log import LogEntry, QueryLog
+from planner.sds import SDS, SDSSpec
+from planner.summarizer import Summarizer
+from planner.window import plan_windows
+from storage.matchers import Matcher
+
+log = logging.getLogger("turboprom.planner")
+
+
+_UNITS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 7 * 86_400_000, "y": 365 * 86_400_000}
+_DUR_RX = re.compile(r"(\d+)(ms|s|m|h|d|w|y)")
+
+
+def parse_duration_ms(text: str) -> int:
+    """Prometheus duration (``1h30m``, ``10s``) or plain seconds, in ms."""
+    t = text.strip()
+    try:
+        return int(float(t) * 1000)
+    except ValueError:
+        pass
+    parts = _DUR_RX.findall(t)
+    if not parts or "".join(a + b for a, b in parts) != t:
+        raise ValueError(f"invalid duration {text!r}")
+    return sum(int(a) * _UNITS[b] for a, b in parts)
+
+
+def _dur(v: Any, default: int) -> int:
+    if v is None:
+        return default
+    if isinstance(v, (int, float)):
+        return int(v * 1000)
+    return parse_duration_ms(str(v))
+
+
+def _size(v: Any, default: int) -> int:
+    if v is None:
+        return default
+    if isinstance(v, (int, float)):
+        return int(v)
+    t = str(v).strip().upper()
+    for u, m in (("TB", 1 << 40), ("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10), ("B", 1)):
+        if t.endswith(u):
+            return int(float(t[: -len(u)]) * m)
+    return int(t)
+
+
+@dataclass
+class PlannerConfig:
+    enabled: bool = True
+    min_count: int = 3
+    period_ms: int = 600_000
+    pane_ms: int = 60_000
+    history_ms: int = 86_400_000
+    max_history_ms: int = 8 * 86_400_000
+    budget_bytes: int = 512 << 20
+    retire_after_ms: int = 3_600_000
+    seal_delay_ms: int = 10_000
+    canary_fraction: float = 0.05
+    background_backfill: bool = True
+    pinned: list[dict[str, Any]] = field(default_factory=list)
+
+    @classmethod
+    def from_raw(cls, d: dict[str, Any] | None) -> "PlannerConfig":
+        d = d or {}
+        c = cls()
+        c.enabled = bool(d.get("enabled", True))
+        c.min_count = int(d.get("min_count", c.min_count))
+        c.period_ms = _dur(d.get("period"), c.period_ms)
+        c.pane_ms = _dur(d.get("pane"), c.pane_ms)
+        c.history_ms = _dur(d.get("history"), c.history_ms)
+        c.max_history_ms = _dur(d.get("max_history"), c.max_history_ms)
+        c.budget_bytes = _size(d.get("budget"), c.budget_bytes)
+        c.retire_after_ms = _dur(d.get("retire_after"), c.retire_after_ms)
+        c.seal_delay_ms = _dur(d.get("seal_delay"), c.seal_delay_ms)
+        c.canary_fraction = float(d.get("canary_fraction", c.canary_fraction))
+        c.background_backfill = bool(d.get("background_backfill", True))
+        c.pinned = list(d.get("pinned", []) or [])
+        if c.pane_ms <= 0:
+            raise ValueError("planner.pane must be positive")
+        return c
+
+
+@dataclass
+class KeyStats:
+    arrivals: deque = field(default_factory=deque)  # arrival times (s)
+    raw_cpu: deque = field(default_factory=lambda: deque(maxlen=64))
+    max_range_ms: int = 0
+    windows: deque = field(default_factory=lambda: deque(maxlen=64))
+    series: int = 0
+    sample_rate: float = 0.0  # samples per second of data, estimated from raw scans
+    patterns: set = field(default_factory=set)
+    last_decision: str = ""
+
+
+class Planner:
+    def __init__(self, config: PlannerConfig, summarizer: Summarizer, query_log: QueryLog | None = None,
+                 persistence: Any = None, storage: Any = None):
+        self.config = config
+        self.summarizer = summarizer
+        self.query_log = query_log
+        self.persistence = persistence
+        self.storage = storage
+        self.keys: dict[tuple[str, str], KeyStats] = {}
+        self.lock = threading.RLock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.decisions: deque = deque(maxlen=200)
+
+    # --- catalog lookups -------------------------------------------------------------------
+    @property
+    def sds(self) -> dict[str, SDS]:
+        return self.summarizer.sds
+
+    def find_sds(self, metric: str, algorithm: str, matchers: list[Matcher]) -> SDS | None:
+        if not self.config.enabled:
+            return None
+        have = {(m.name, m.op, m.value) for m in matchers}
+        best = None
+        for s in self.summarizer.by_metric.get(metric, []):
+            if s.spec.algorithm != algorithm or not set(s.spec.matchers) <= have:
+                continue
+            lo, hi = s.coverage()
+            if hi <= lo:
+                continue
+            if best is None or (hi - lo) > (best.coverage()[1] - best.coverage()[0]):
+                best = s
+        return best
+
+    # --- adoption ----------------------------------------------------------------------------
+    def adopt(self, spec: SDSSpec, *, pinned: bool = False, reason: str = "", history_ms: int | None = None,
+              background: bool | None = None) -> SDS:
+        with self.lock:
+            existing = self.sds.get(spec.id)
+            if existing is not None:
+                existing.pinned = existing.pinned or pinned
+                return existing
+            sds = SDS(spec, pinned=pinned, reason=reason)
+            sds.seal_delay_ms = self.config.seal_delay_ms
+            hist = min(history_ms or self.config.history_ms, self.config.max_history_ms)
+            bg = self.config.background_backfill if background is None else background
+            self.decisions.append((time.time(), "adopt", spec.id, reason))
+            log.info("planner: adopting %s (%s)", spec.id, reason)
+        self.summarizer.adopt(sds, hist, background=bg)
+        return sds
+
+    def retire(self, sds_id: str, reason: str) -> None:
+        sds = self.summarizer.remove(sds_id)
+        if sds is None:
+            return
+        self.decisions.append((time.time(), "retire", sds_id, reason))
+        log.info("planner: retiring %s (%s)", sds_id, reason)
+        if self.persistence is not None:
+            self.persistence.drop(sds_id)
+
+    def pin_from_config(self) -> None:
+        for p in self.config.pinned:
+            d = dict(p)
+            d.setdefault("pane_ms", _dur(d.pop("pane", None), self.config.pane_ms))
+            spec = SDSSpec.from_json(d)
+            hist = _dur(d.get("history"), self.config.history_ms)
+            self.adopt(spec, pinned=True, reason="pinned in config", history_ms=hist)
+
+    def observe(self, entry: LogEntry, cands: list[Candidate] | None = None) -> None:
+        """Learn from one evaluated query (its log entry); may adopt an SDS."""
+        if not self.config.enabled:
+            return
+        if cands is None:
+            try:
+                cands = candidates(entry.expr)
+            except Exception:  # noqa: BLE001 - unparsable: nothing to learn
+                return
+        if not cands:
+            return
+        now = time.time()
+        raw_share = entry.cpu_s / len(cands)
+        steps = 1 if entry.kind == "instant" or entry.step_ms <= 0 else (entry.end_ms - entry.start_ms) // entry.step_ms + 1
+        to_adopt = []
+        with self.lock:
+            for c in cands:
+                ks = self.keys.setdefault(c.key, KeyStats())
+                ks.arrivals.append(now)
+                while ks.arrivals and ks.arrivals[0] < now - self.config.period_ms / 1000:
+                    ks.arrivals.popleft()
+                served_raw = not any(p.startswith("summary:") for p in entry.paths)
+                if served_raw and not entry.exact:
+                    ks.raw_cpu.append(raw_share)
+                    data_ms = c.range_ms + max(entry.end_ms - entry.start_ms, 0)
+                    if entry.samples and data_ms:
+                        ks.sample_rate = max(ks.sample_rate, entry.samples / len(cands) / (data_ms / 1000))
+                ks.max_range_ms = max(ks.max_range_ms, c.range_ms)
+                ks.windows.append(max(entry.result_series, 1) * steps)
+                ks.series = max(ks.series, entry.result_series)
+                ks.patterns.add(entry.pattern)
+                if any(s.spec.algorithm == c.algorithm and not s.spec.matchers for s in self.summarizer.by_metric.get(c.metric, [])):
+                    continue
+                if len(ks.arrivals) >= self.config.min_count and ks.raw_cpu:
+                    to_adopt.append((c, ks))
+        for c, ks in to_adopt:
+            self._consider(c, ks)
+
+    def _consider(self, c: Candidate, ks: KeyStats) -> None:
+        raw_cpu = sum(ks.raw_cpu) / len(ks.raw_cpu)
+        hist = min(max(self.config.history_ms, 2 * ks.max_range_ms), self.config.max_history_ms)
+        used = sum(s.nbytes() for s in self.sds.values())
+        fold = (self.summarizer.cpu_seconds / self.summarizer.samples) if self.summarizer.samples > 1000 else cost_model.DEFAULT_FOLD_COST_S
+        est = cost_model.estimate(
+            algorithm=c.algorithm, queries=len(ks.arrivals), period_s=self.config.period_ms / 1000,
+            raw_cpu_per_query=raw_cpu, range_ms=max(ks.max_range_ms, 1),
+            windows_per_query=sum(ks.windows) / max(len(ks.windows), 1), series=ks.series,
+            ingest_samples_per_s=ks.sample_rate, pane_ms=self.config.pane_ms, history_ms=hist,
+            budget_left_bytes=self.config.budget_bytes - used, fold_cost_s=fold,
+        )
+        ks.last_decision = est.reason
+        if est.pays:
+            params = (("k", 200),) if c.algorithm == "kll" else ()
+            spec = SDSSpec(metric=c.metric, algorithm=c.algorithm, pane_ms=self.config.pane_ms, params=params)
+            self.adopt(spec, reason=f"recurred {len(ks.arrivals)}x in {self.config.period_ms // 1000}s; {est.reason}",
+                       history_ms=hist)
+
+    # --- maintenance -------------------------------------------------------------------------
+    def maintain(self) -> None:
+        now = time.time()
+        for s in list(self.sds.values()):
+            if s.pinned:
+                continue
+            last = max(s.stats.last_hit, s.stats.created)
+            if now - last > self.config.retire_after_ms / 1000:
+                self.retire(s.id, f"no hits for {int(now - last)}s")
+        total = sum(s.nbytes() for s in self.sds.values())
+        if total > self.config.budget_bytes:
+            for s in sorted((s for s in self.sds.values() if not s.pinned), key=lambda s: s.stats.hits):
+                self.retire(s.id, f"storage budget {self.config.budget_bytes} B exceeded ({total} B)")
+                total = sum(x.nbytes() for x in self.sds.values())
+                if total <= self.config.budget_bytes:
+                    break
+        if self.persistence is not None:
+            for s in list(self.sds.values()):
+                if s.backfill_state in ("done", "restored"):
+                    try:
+                        self.persistence.flush(s)
+                    except Exception:  # noqa: BLE001
+                        log.exception("persisting %s failed", s.id)
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="planner", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(15.0):
+            try:
+                self.maintain()
+            except Exception:  # noqa: BLE001
+                log.exception("planner maintenance failed")
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        if self.persistence is not None:
+            for s in list(self.sds.values()):
+                if s.backfill_state in ("done", "restored"):
+                    try:
+                        self.persistence.flush(s)
+                    except Exception:  # noqa: BLE001
+                        log.exception("persisting %s failed", s.id)
+
+    # --- introspection -----------------------------------------------------------------------
+    def plans(self) -> list[dict[str, Any]]:
+        return [s.describe() for s in sorted(self.sds.values(), key=lambda s: s.id)]
+
+    def candidates_report(self) -> list[dict[str, Any]]:
+        with self.lock:
+            return [
+                {"metric": k[0], "algorithm": k[1], "recent_queries": len(v.arrivals),
+                 "mean_raw_cpu_s": (sum(v.raw_cpu) / len(v.raw_cpu)) if v.raw_cpu else None,
+                 "max_range_ms": v.max_range_ms, "patterns": sorted(v.patterns)[:10], "last_decision": v.last_decision}
+                for k, v in sorted(self.keys.items())
+            ]
+
+    def explain(self, query: str, start_ms: int | None = None, end_ms: int | None = None, step_ms: int = 0) -> dict[str, Any]:
+        """Which path each servable sub-tree would take, and why."""
+        expr = promql_parser.parse(query)
+        out: dict[str, Any] = {"query": query, "pattern": normalize(query), "subtrees": []}
+        for c in candidates(expr):
+            ms = [Matcher("__name__", "=", c.metric)] + [Matcher(n, o, v) for n, o, v in c.matchers]
+            sds = self.find_sds(c.metric, c.algorithm, ms)
+            item: dict[str, Any] = {"function": c.func, "metric": c.metric, "range_ms": c.range_ms,
+                                    "algorithm": c.algorithm}
+            if sds is None:
+                adopted = [s.id for s in self.summarizer.by_metric.get(c.metric, []) if s.spec.algorithm == c.algorithm]
+                item["path"] = "raw"
+                item["why"] = ("SDS " + ", ".join(adopted) + " has no complete panes yet (backfill/sealing)") if adopted else \
+                    (self.keys.get(c.key).last_decision if self.keys.get(c.key) and self.keys[c.key].last_decision
+                     else "no plan covers it")
+            else:
+                item["path"] = f"summary:{sds.id}"
+                item["error_bound"] = sds.error_bound()
+                lo, hi = sds.coverage()
+                item["coverage_ms"] = [lo * sds.spec.pane_ms, hi * sds.spec.pane_ms]
+                if start_ms is not None:
+                    import numpy as np
+
+                    e = np.arange(start_ms, (end_ms if end_ms is not None else start_ms) + 1, max(step_ms, 1)) if step_ms else np.array([start_ms])
+                    plan = plan_windows(e, c.range_ms, sds.spec.pane_ms, lo, hi)
+                    item["summary_panes"] = plan.summary_panes
+                    if plan.summary_panes == 0:
+                        item["path"] = "raw"
+                        item["why"] = "no whole covered pane inside any window"
+            out["subtrees"].append(item)
+        if not out["subtrees"]:
+            out["why"] = "no sub-tree is a function an SDS serves (func(metric{...}[range]))"
+        return out

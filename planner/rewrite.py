@@ -1,0 +1,169 @@
+"""The rewrite: a node hook for the engine that answers eligible sub-trees from summaries.
+
+The rewrite pass is a list of small rules (sqlglot style); each rule looks at one AST node and either
+returns a summary-served ``Value`` or ``None`` (not mine). The first rule that answers wins; when none
+does, the engine evaluates the node on raw data unchanged. ``exact=true`` (``eval_ctx.extra["exact"]``)
+disables every rule.
+
+Honesty: every summary-served sub-tree appends ``summary:<sds id>`` to ``stats.paths`` and an info
+annotation naming the SDS, its algorithm and error bound.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from planner.normalize import servable_call
+from planner.sds import SDS
+from planner.summary_scan import ScanResult, scan_exact, scan_kll
+from planner.window import plan_windows
+from promql.eval_selectors import duration_ms, effective_times, to_matchers
+from promql.types import VectorSteps
+from storage.labels import metric_name
+
+log = logging.getLogger("turboprom.planner")
+
+_KEEP_NAME = {"last_over_time", "first_over_time"}
+_COUNTER_SUFFIXES = ("_total", "_sum", "_count", "_bucket")
+
+
+@dataclass
+class Served:
+    sds: SDS
+    func: str
+    value: VectorSteps
+    scan: ScanResult
+    node: Any
+    ends: np.ndarray
+    range_ms: int
+    phi: float | None
+
+
+Rule = Callable[[Any, Any, "RewriteContext"], "Served | None"]
+
+
+class RewriteContext:
+    """What rules need: the catalog lookup and the canary."""
+
+    def __init__(self, find_sds: Callable[[str, str, list], SDS | None], on_served: Callable[[Served, Any], None] | None = None):
+        self.find_sds = find_sds
+        self.on_served = on_served
+
+
+def _number(node: Any) -> float | None:
+    k = type(node).__name__
+    if k == "NumberLiteral":
+        return float(node.val)
+    if k == "ParenExpr":
+        return _number(node.expr)
+    if k == "UnaryExpr":
+        v = _number(node.expr)
+        return None if v is None else -v
+    return None
+
+
+def _prepare(node: Any, ectx: Any, rctx: RewriteContext, algorithm: str) -> tuple | None:
+    hit = servable_call(node)
+    if hit is None:
+        return None
+    func, ms, param = hit
+    vs = ms.vector_selector
+    matchers = to_matchers(vs)[0]
+    sds = rctx.find_sds(vs.name, algorithm, matchers)
+    if sds is None:
+        return None
+    range_ms = duration_ms(ms.range)
+    if range_ms <= 0:
+        return None
+    ends = effective_times(vs, ectx)
+    lo, hi = sds.coverage()
+    plan = plan_windows(ends, range_ms, sds.spec.pane_ms, lo, hi)
+    if plan.summary_panes == 0:
+        return None  # no whole covered pane in any window: raw is as cheap
+    return func, ms, param, matchers, sds, range_ms, ends
+
+
+def _vector(func: str, r: ScanResult) -> VectorSteps:
+    vals = np.where(r.present, r.values, 0.0)
+    dn = np.zeros(len(r.labels), bool) if func in _KEEP_NAME else np.ones(len(r.labels), bool)
+    return VectorSteps(r.labels, vals, r.present, drop_name=dn)
+
+
+def rule_exact(node: Any, ectx: Any, rctx: RewriteContext) -> Served | None:
+    """sum/count/avg/min/max/stddev/stdvar/last/first/present_over_time, rate/increase/delta/resets/changes."""
+    prep = _prepare(node, ectx, rctx, "exact")
+    if prep is None or prep[0] == "quantile_over_time":
+        return None
+    func, ms, _, matchers, sds, range_ms, ends = prep
+    scan = scan_exact(sds, ectx.source, matchers, func, ends, range_ms)
+    return Served(sds, func, _vector(func, scan), scan, node, ends, range_ms, None)
+
+
+def rule_kll(node: Any, ectx: Any, rctx: RewriteContext) -> Served | None:
+    """quantile_over_time(φ, sel[r]) with a literal φ."""
+    prep = _prepare(node, ectx, rctx, "kll")
+    if prep is None or prep[0] != "quantile_over_time":
+        return None
+    func, ms, param, matchers, sds, range_ms, ends = prep
+    phi = _number(param)
+    if phi is None:
+        return None
+    scan = scan_kll(sds, ectx.source, matchers, phi, ends, range_ms)
+    return Served(sds, func, _vector(func, scan), scan, node, ends, range_ms, phi)
+
+
+RULES: list[Rule] = [rule_exact, rule_kll]
+
+
+class RewriteHook:
+    """``hook(node, eval_ctx) -> Value | None`` for ``Engine.*_query(node_hooks=[...])``."""
+
+    def __init__(self, rctx: RewriteContext, rules: list[Rule] | None = None):
+        self.rctx = rctx
+        self.rules = list(rules if rules is not None else RULES)
+
+    def __call__(self, node: Any, ectx: Any) -> Any:
+        if ectx.extra.get("exact"):
+            return None
+        if type(node).__name__ != "Call":
+            return None
+        for rule in self.rules:
+            try:
+                served = rule(node, ectx, self.rctx)
+            except Exception:  # noqa: BLE001 - a summary problem must never fail the query: go raw
+                log.exception("summary rewrite failed; evaluating raw")
+                return None
+            if served is not None:
+                self._report(served, ectx)
+                return served.value
+        return None
+
+    def _report(self, s: Served, ectx: Any) -> None:
+        sds = s.sds
+        sds.stats.hits += 1
+        sds.stats.last_hit = time.time()
+        sds.stats.windows_served += int(s.scan.present.size)
+        sds.stats.raw_edge_samples += s.scan.raw_samples
+        ectx.stats.samples_scanned += s.scan.raw_samples
+        ectx.stats.series_touched += len(s.scan.labels)
+        ectx.stats.paths.append(f"summary:{sds.id}")
+        ectx.annotations.info(
+            f"TurboProm info: {s.func}({sds.metric}[...]) served from summary {sds.id} "
+            f"(algorithm {sds.spec.algorithm}, pane {sds.spec.pane_ms // 1000}s, {sds.error_bound()}); "
+            f"pass exact=true for the raw path"
+        )
+        if s.func in ("rate", "increase"):
+            for lbl in s.value.labels:
+                name = metric_name(lbl)
+                if name and not name.endswith(_COUNTER_SUFFIXES):
+                    ectx.annotations.info(
+                        'PromQL info: metric might not be a counter, name does not end in '
+                        f'_total/_sum/_count/_bucket: "{name}"'
+                    )
+                    break
+        if self.rctx.on_served is not None:
+            self.rctx.on_served(s, ectx)

@@ -1,0 +1,51 @@
+"""Builds the planner's parts from config and connects them (used by turboprom/wiring.py and tests)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from planner.canary import Canary
+from planner.persist import SDSPersistence
+from planner.planned_engine import PlannedEngine
+from planner.planner import Planner, PlannerConfig
+from planner.query_log import QueryLog
+from planner.rewrite import RewriteContext, RewriteHook
+from planner.summarizer import Summarizer
+
+
+@dataclass
+class PlannerStack:
+    config: PlannerConfig
+    summarizer: Summarizer
+    query_log: QueryLog
+    planner: Planner
+    hook: RewriteHook
+    canary: Canary
+    engine: PlannedEngine | None
+    persistence: SDSPersistence | None
+
+
+def build(storage: Any, engine: Any, data_dir: str | Path | None, raw_config: dict[str, Any] | None) -> PlannerStack:
+    cfg = PlannerConfig.from_raw(raw_config)
+    root = Path(data_dir) / "planner" if data_dir else None
+    qlog = QueryLog(root / "planner.duckdb" if root else None)
+    persistence = SDSPersistence(root, qlog.con, qlog.db_lock) if root else None
+    summ = Summarizer(storage)
+    planner = Planner(cfg, summ, qlog, persistence, storage)
+    canary = Canary(cfg.canary_fraction)
+    hook = RewriteHook(RewriteContext(planner.find_sds, canary))
+    planned = PlannedEngine(engine, hook, qlog, planner) if engine is not None else None
+    if persistence is not None:
+        # restore SDSs and rebuild their open panes from raw storage before ingestion starts
+        newest = None
+        for sds in persistence.load():
+            sds.seal_delay_ms = cfg.seal_delay_ms
+            n = persistence.recover(sds, storage) if storage is not None else None
+            if n is not None:
+                newest = n if newest is None else max(newest, n)
+            summ.add(sds)
+        if newest is not None:
+            summ.note_time(newest)
+    planner.pin_from_config()
+    return PlannerStack(cfg, summ, qlog, planner, hook, canary, planned, persistence)

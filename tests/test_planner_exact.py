@@ -7,7 +7,7 @@ import pytest
 
 from planner.rewrite import RewriteContext, RewriteHook
 from promql.engine import Engine
-from tests.planner_fixtures import T0, load, random_series, summarized
+from tests.test_planner_fixtures import T0, load, random_series, summarized
 
 EXACT_QUERIES = [
     "sum_over_time(g[{r}])", "count_over_time(g[{r}])", "avg_over_time(g[{r}])", "min_over_time(g[{r}])",

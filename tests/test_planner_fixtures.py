@@ -1,4 +1,4 @@
-"""Shared data builders for the planner tests (random counters, gauges, histograms)."""
+"""Shared data builders for the planner tests (random counters, gauges, histograms); no tests here."""
 from __future__ import annotations
 
 import numpy as np

@@ -109,9 +109,15 @@ class ScrapeLoop:
                     err = f"server returned HTTP status {resp.status} {resp.reason}"
                 else:
                     ctype = resp.headers.get("Content-Type", "")
-                    body = await resp.content.read(self.max_body_bytes + 1)
-                    if len(body) > self.max_body_bytes:
-                        err = f"body size limit exceeded ({self.max_body_bytes} bytes)"
+                    chunks: list[bytes] = []
+                    total = 0
+                    async for chunk in resp.content.iter_chunked(1 << 16):
+                        total += len(chunk)
+                        if total > self.max_body_bytes:
+                            err = f"body size limit exceeded ({self.max_body_bytes} bytes)"
+                            break
+                        chunks.append(chunk)
+                    body = b"".join(chunks)
         except asyncio.TimeoutError:
             err = f'Get "{self.spec.url}": context deadline exceeded'
         except aiohttp.ClientError as e:
@@ -125,6 +131,8 @@ class ScrapeLoop:
         self._ever_scraped = True
         self.last_scrape = start
         self.last_duration = time.time() - start
+        if err and self.last_error != err:
+            log.warning("scrape of %s (job %s) failed: %s", self.spec.url, self.cfg.job_name, err)
         self.health = "down" if err else "up"
         self.last_error = err
         metrics.SCRAPES.labels(job=self.cfg.job_name, outcome="error" if err else "ok").inc()

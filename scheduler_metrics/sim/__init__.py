@@ -1,0 +1,1 @@
+"""Discrete-event cluster simulator and trace replay for comparing the bundled schedulers."""

@@ -159,31 +159,30 @@ def _exact_prefix(vals: np.ndarray) -> np.ndarray | None:
     return np.concatenate(([0.0], np.cumsum(vals)))
 
 
-def _kahan_sum_kernel(rw: RangeWindows) -> np.ndarray:
-    lo, n = rw.lo, rw.hi - rw.lo
+def _kahan_sum_kernel(vals: np.ndarray, lo: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """Prometheus's Kahan-Neumaier sum of each window (flat lo/n), bit for bit."""
     order, it = iterate_window_positions(lo, n)
     W = order.size
     s = np.zeros(W)
     c = np.zeros(W)
-    vals = np.asarray(rw.vals, dtype=np.float64)
     with np.errstate(all="ignore"):
         for _, m, idx in it:
             s[:m], c[:m] = kahan_inc(vals[idx], s[:m], c[:m])
         res = np.where(np.isinf(s), s, s + c)
-    return scatter_back(order, res, n.shape)
+    out = np.empty(W)
+    out[order] = res
+    return out
 
 
-def _avg_kernel(rw: RangeWindows) -> np.ndarray:
-    """Prometheus's avg_over_time: compensated direct mean, switching to a compensated incremental
-    mean once the running sum would overflow."""
-    lo, n = rw.lo, rw.hi - rw.lo
+def _avg_kernel(vals: np.ndarray, lo: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """Prometheus's avg_over_time of each window (flat lo/n): compensated direct mean, switching
+    to a compensated incremental mean once the running sum would overflow; bit for bit."""
     order, it = iterate_window_positions(lo, n)
     W = order.size
     total = np.zeros(W)
     comp = np.zeros(W)
     mean = np.zeros(W)
     incr = np.zeros(W, dtype=bool)
-    vals = np.asarray(rw.vals, dtype=np.float64)
     with np.errstate(all="ignore"):
         for k, m, idx in it:
             f = vals[idx]
@@ -208,32 +207,55 @@ def _avg_kernel(rw: RangeWindows) -> np.ndarray:
         cnt = n.reshape(-1)[order].astype(np.float64)
         cnt = np.where(cnt == 0, 1.0, cnt)
         res = np.where(incr, mean + comp, total / cnt + comp / cnt)
-    return scatter_back(order, res, n.shape)
+    out = np.empty(W)
+    out[order] = res
+    return out
+
+
+# A plain per-window sum is accepted when its worst-case rounding error (n * eps * sum|v|) is below
+# this fraction of the result; other windows (cancellation, overflow, non-finite values) are
+# recomputed with the exact replica of Prometheus's compensated algorithm.
+_PLAIN_SUM_REL_ERR = 2.0**-40
+
+
+def _window_sums(rw: RangeWindows, avg: bool) -> np.ndarray:
+    vals = np.asarray(rw.vals, dtype=np.float64)
+    n = (rw.hi - rw.lo).reshape(-1)
+    lo = rw.lo.reshape(-1)
+    hi = rw.hi.reshape(-1)
+    out = np.zeros(n.size)
+    cs = _exact_prefix(vals)
+    if cs is not None:
+        with np.errstate(all="ignore"):
+            tot = cs[hi] - cs[lo]
+            out = tot / np.where(n == 0, 1, n) if avg else tot
+        return out.reshape(rw.lo.shape)
+    sel = np.flatnonzero(n > 0)
+    if sel.size:
+        with np.errstate(all="ignore"):
+            plain = _reduce_windows(np.add, vals, lo[sel], hi[sel])
+            absum = _reduce_windows(np.add, np.abs(vals), lo[sel], hi[sel])
+            bound = n[sel] * np.finfo(np.float64).eps * absum
+            ok = np.isfinite(plain) & np.isfinite(absum) & (bound <= _PLAIN_SUM_REL_ERR * np.abs(plain))
+            res = plain / n[sel] if avg else plain
+        bad = sel[~ok]
+        if bad.size:
+            kern = _avg_kernel if avg else _kahan_sum_kernel
+            res[~ok] = kern(vals, lo[bad], n[bad])
+        out[sel] = res
+    return out.reshape(rw.lo.shape)
 
 
 @register("sum_over_time")
 def sum_over_time(ctx: FunctionContext, args: list[Value]) -> Value:
     rw = windows_arg(args[0])
-    n = rw.hi - rw.lo
-    cs = _exact_prefix(np.asarray(rw.vals, dtype=np.float64))
-    if cs is not None:
-        out = cs[rw.hi] - cs[rw.lo]
-    else:
-        out = _kahan_sum_kernel(rw)
-    return window_vector(rw, out, n > 0)
+    return window_vector(rw, _window_sums(rw, False), (rw.hi - rw.lo) > 0)
 
 
 @register("avg_over_time")
 def avg_over_time(ctx: FunctionContext, args: list[Value]) -> Value:
     rw = windows_arg(args[0])
-    n = rw.hi - rw.lo
-    cs = _exact_prefix(np.asarray(rw.vals, dtype=np.float64))
-    if cs is not None:
-        with np.errstate(all="ignore"):
-            out = (cs[rw.hi] - cs[rw.lo]) / np.where(n == 0, 1, n)
-    else:
-        out = _avg_kernel(rw)
-    return window_vector(rw, out, n > 0)
+    return window_vector(rw, _window_sums(rw, True), (rw.hi - rw.lo) > 0)
 
 
 def _variance(rw: RangeWindows) -> np.ndarray:

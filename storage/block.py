@@ -27,7 +27,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from storage.columns import EMPTY_F64, EMPTY_I64, group_bounds, ranges_index
+from storage.columns import EMPTY_F64, EMPTY_I64, group_bounds, ranges_index, unique
 from storage.labels import Labels, metric_name
 
 ROW_GROUP = 1 << 17
@@ -197,7 +197,7 @@ class Block:
         starts, ends = self.row_start[loc], self.row_end[loc]
         rows = ranges_index(starts, ends)
         rg = np.searchsorted(self._rg_start, rows, "right") - 1
-        need = np.unique(rg)
+        need = unique(rg)
         parts = [self._row_group(int(i)) for i in need]
         if len(need) == 1:
             ts_all, val_all = parts[0]

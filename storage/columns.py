@@ -76,6 +76,18 @@ def group_bounds(sorted_keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.nd
     return sorted_keys[starts], starts, ends
 
 
+def unique(a: np.ndarray, is_sorted: bool = False) -> np.ndarray:
+    """Sorted unique values (np.unique's hash path is slow on the sizes seen here)."""
+    if len(a) == 0:
+        return a
+    if not is_sorted:
+        a = np.sort(a)
+    keep = np.empty(len(a), dtype=bool)
+    keep[0] = True
+    np.not_equal(a[1:], a[:-1], out=keep[1:])
+    return a[keep]
+
+
 def grow(arr: np.ndarray, n: int, fill: int | float) -> np.ndarray:
     if len(arr) >= n:
         return arr

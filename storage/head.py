@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from storage.columns import (EMPTY_F64, EMPTY_I64, INT64_MAX, INT64_MIN, find_keys, group_bounds, grow,
-                             ranges_index, sort_by_series_time)
+                             ranges_index, sort_by_series_time, unique)
 
 R_FUTURE = "too_far_in_future"
 R_OOO = "out_of_order"
@@ -152,7 +152,7 @@ class Head:
 
     def _lookup(self, sid: np.ndarray, ts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Index of each (sid, ts) among the head rows of those series (or -1), and those rows' value bits."""
-        rs, rt, rv = self.gather(np.unique(sid))
+        rs, rt, rv = self.gather(unique(sid, is_sorted=True))
         return find_keys(sid, ts, rs, rt), rv.view(np.uint64)
 
     def commit(self, sid: np.ndarray, ts: np.ndarray, val: np.ndarray) -> None:

@@ -79,6 +79,11 @@ class SeriesIndex:
 
     def ids_for(self, series: Sequence[Labels]) -> tuple[np.ndarray, list[int]]:
         """Ids for a batch's label sets (created as needed); also which positions were new."""
+        try:
+            # Fast path, all series known: one C-level pass (tuple hashing dominates).
+            return np.fromiter(map(self._ids.__getitem__, series), dtype=np.int64, count=len(series)), []
+        except KeyError:
+            pass
         out = np.empty(len(series), dtype=np.int64)
         created: list[int] = []
         get = self._ids.get

@@ -26,7 +26,7 @@ from storage import metrics as M
 from storage.batch import SampleBatch
 from storage.block import Block, write_block
 from storage.catalog import write_catalog
-from storage.columns import INT64_MAX, INT64_MIN, dedupe_sorted, find_keys, group_bounds, grow, ranges_index, sort_by_series_time
+from storage.columns import INT64_MAX, INT64_MIN, dedupe_sorted, find_keys, group_bounds, grow, ranges_index, sort_by_series_time, unique
 from storage.head import Head
 from storage.index import SeriesIndex
 from storage.interface import AppendResult
@@ -369,7 +369,7 @@ class TSDB:
                 self.head.commit(s2[extra], t2[extra], v2[extra])
             upto = self.wal.cut_segment()
             hs, ht, hv = self.head.all_rows()
-            keep = np.unique(hs)
+            keep = unique(hs, is_sorted=True)
             self.wal.forget_series(keep)
             series = [(i, self.index.labels[i]) for i in keep.tolist()]
         self.wal.write_checkpoint(upto, series, hs, ht, hv)

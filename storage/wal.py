@@ -33,7 +33,7 @@ import numpy as np
 import orjson
 
 from storage import metrics as M
-from storage.columns import grow
+from storage.columns import grow, unique
 from storage.labels import Labels
 
 log = logging.getLogger("turboprom.storage.wal")
@@ -243,7 +243,7 @@ class WAL:
 
     def log_samples(self, sid: np.ndarray, ts: np.ndarray, val: np.ndarray, labels: list[Labels]) -> int:
         """Write one batch (caller holds the storage write lock). Returns its sequence number."""
-        u = np.unique(sid)
+        u = unique(sid, is_sorted=True)
         self._logged = grow(self._logged, int(u[-1]) + 1, False)
         new = u[~self._logged[u]]
         parts = []

@@ -74,13 +74,22 @@ def _kahan_inc(x: np.ndarray, s: np.ndarray, c: np.ndarray) -> tuple[np.ndarray,
     return t, c2
 
 
+_WIDE = np.longdouble if np.finfo(np.longdouble).nmant >= 63 else None
+
+
 def tree_sum(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Compensated pairwise sum along axis 0: (sum, compensation). Error-free TwoSum at every
-    level, so the result is as accurate as sequential Kahan summation."""
+    """Accurate sum along axis 0 for big groups: (sum, compensation).
+
+    With x86 80-bit long doubles (64-bit mantissa, wider exponent) a single widened pass is
+    as accurate as Kahan summation for practical inputs and cannot overflow; elsewhere an
+    error-free TwoSum pairwise tree is used."""
     x = np.asarray(x, dtype=np.float64)
     if x.shape[0] == 0:
         z = np.zeros(x.shape[1:])
         return z, z.copy()
+    if _WIDE is not None:
+        s = x.astype(_WIDE).sum(axis=0).astype(np.float64)
+        return s, np.zeros_like(s)
     e = np.zeros_like(x)
     while x.shape[0] > 1:
         if x.shape[0] % 2:
@@ -94,6 +103,21 @@ def tree_sum(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         e = e[0::2] + e[1::2] + err
         x = s
     return x[0], e[0]
+
+
+def wide_mean(x: np.ndarray, cnt: np.ndarray) -> np.ndarray:
+    """Mean along axis 0 of ``x`` (absent entries already 0) over ``cnt`` present values."""
+    if _WIDE is not None:
+        w = x.astype(_WIDE).sum(axis=0) / np.maximum(cnt, 1)
+        return w.astype(np.float64)
+    ss, cc = tree_sum(x)
+    with np.errstate(all="ignore"):
+        direct = ss / np.maximum(cnt, 1) + cc / np.maximum(cnt, 1)
+        over = np.isinf(ss) & ~np.isinf(x).any(axis=0)
+        if over.any():
+            ms, mc = tree_sum(x / np.maximum(cnt, 1))
+            direct = np.where(over, ms + mc, direct)
+    return direct
 
 
 def _finish(s: np.ndarray, c: np.ndarray) -> np.ndarray:
@@ -161,14 +185,8 @@ def _avg(vec: VectorSteps, g: Groups) -> np.ndarray:
         rows = g.rows_of(gi)
         x = np.where(P[rows], V[rows], 0.0)
         cnt = P[rows].sum(axis=0).astype(np.float64)
-        ss, cc = tree_sum(x)
         with np.errstate(all="ignore"):
-            direct = ss / np.maximum(cnt, 1) + cc / np.maximum(cnt, 1)
-            over = np.isinf(ss) & ~np.isinf(x).any(axis=0)
-            if over.any():
-                ms, mc = tree_sum(x / np.maximum(cnt, 1))
-                direct = np.where(over, ms + mc, direct)
-        out[gi] = direct
+            out[gi] = wide_mean(x, cnt)
     return out
 
 
@@ -199,11 +217,9 @@ def _variance(vec: VectorSteps, g: Groups) -> np.ndarray:
         x = np.where(p, V[rows], 0.0)
         cnt = np.maximum(p.sum(axis=0), 1).astype(np.float64)
         with np.errstate(all="ignore"):
-            ms, mc = tree_sum(x)
-            mu = _finish(ms, mc) / cnt
+            mu = wide_mean(x, cnt)
             d = np.where(p, V[rows] - mu[None, :], 0.0)
-            vs, vc = tree_sum(d * d)
-            var = _finish(vs, vc) / cnt
+            var = wide_mean(d * d, cnt)
         bad = (~np.isfinite(V[rows]) & p).any(axis=0)
         out[gi] = np.where(bad, np.nan, var)
     return out

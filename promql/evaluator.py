@@ -64,7 +64,10 @@ def value_size(v: Value) -> int:
     if isinstance(v, VectorSteps):
         return int(v.present.sum())
     if isinstance(v, RangeWindows):
-        return int((v.hi - v.lo).sum())
+        # a step-wise engine holds one step's windows at a time
+        if v.lo.size == 0:
+            return 0
+        return int((v.hi - v.lo).sum(axis=0).max())
     if isinstance(v, Scalar):
         return int(v.values.shape[0])
     return 0

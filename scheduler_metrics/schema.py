@@ -209,6 +209,11 @@ def _build_signal_index() -> dict[str, SignalSource]:
             out[f.sample_name] = SignalSource(f.signal, 1.0, f.origin)
     for a in ALIASES:
         out[a.sample_name] = SignalSource(a.signal, a.scale, a.stack)
+    # prometheus-client's OpenMetrics output escapes ':' to '_' unless the scraper asks for
+    # escaping=allow-utf-8 (Prometheus 2.x does not), so vllm:x may arrive as vllm_x.
+    for name, src in list(out.items()):
+        if ":" in name:
+            out.setdefault(name.replace(":", "_"), src)
     return out
 
 

@@ -56,6 +56,7 @@ NSIG = len(SIGNALS)
 _IS_COUNTER = np.array([s in COUNTER_SIGNALS for s in SIGNALS])
 _IS_MEAN = np.array([SIGNAL_COMBINE.get(s) == "mean" for s in SIGNALS])
 _MISS = -2  # cache sentinel: not resolved yet
+SLOW_FACTOR = 6.0  # slow-rate window = SLOW_FACTOR x rate_window
 
 InstanceKey = tuple[str, str, str]  # (cluster, model, instance)
 
@@ -118,7 +119,11 @@ class CongestionTracker:
         self._last_ts = np.full(cap, -1, np.int64)
         self._last_val = np.full(cap, np.nan, np.float64)
         self._rate = np.zeros(cap, np.float64)
-        self._rate_ok = np.zeros(cap, bool)
+        self._rate_slow = np.zeros(cap, np.float64)  # 6x longer window: workload mix (tokens/request)
+        # Bias-corrected EWMAs (value / weight, both starting at 0): early estimates are plain
+        # averages of what was seen instead of being anchored to the first observation.
+        self._rate_w = np.zeros(cap, np.float64)
+        self._rate_slow_w = np.zeros(cap, np.float64)
         self._valid = np.zeros(cap, bool)
         self._slot_labels: list[Labels | None] = [None] * cap
         self._free_slots: list[int] = []
@@ -215,13 +220,17 @@ class CongestionTracker:
                 self._last_ts = np.concatenate([self._last_ts, np.full(grow, -1, np.int64)])
                 self._last_val = np.concatenate([self._last_val, np.full(grow, np.nan)])
                 self._rate = np.concatenate([self._rate, np.zeros(grow)])
-                self._rate_ok = np.concatenate([self._rate_ok, np.zeros(grow, bool)])
+                self._rate_slow = np.concatenate([self._rate_slow, np.zeros(grow)])
+                self._rate_w = np.concatenate([self._rate_w, np.zeros(grow)])
+                self._rate_slow_w = np.concatenate([self._rate_slow_w, np.zeros(grow)])
                 self._valid = np.concatenate([self._valid, np.zeros(grow, bool)])
                 self._slot_labels.extend([None] * grow)
         self._last_ts[s] = -1
         self._last_val[s] = np.nan
         self._rate[s] = 0.0
-        self._rate_ok[s] = False
+        self._rate_slow[s] = 0.0
+        self._rate_w[s] = 0.0
+        self._rate_slow_w[s] = 0.0
         self._valid[s] = False
         return s
 
@@ -291,9 +300,11 @@ class CongestionTracker:
                 g = gsl[got]
                 inst_rate = inc_sum[got] / (dt_ms[got] / 1000.0)
                 alpha = ewma_alpha(dt_ms[got] / 1000.0, self.config.rate_window_s)
-                old = self._rate[g]
-                self._rate[g] = np.where(self._rate_ok[g], old + alpha * (inst_rate - old), inst_rate)
-                self._rate_ok[g] = True
+                self._rate[g] += alpha * (inst_rate - self._rate[g])
+                self._rate_w[g] += alpha * (1.0 - self._rate_w[g])
+                alpha = ewma_alpha(dt_ms[got] / 1000.0, SLOW_FACTOR * self.config.rate_window_s)
+                self._rate_slow[g] += alpha * (inst_rate - self._rate_slow[g])
+                self._rate_slow_w[g] += alpha * (1.0 - self._rate_slow_w[g])
             self._last_val[gsl] = vs[ends]
         self._last_ts[lsl] = lts
         np.maximum.at(self._inst_newest, self._slot_inst[lsl], lts)
@@ -340,8 +351,11 @@ class CongestionTracker:
             inst = self._slot_inst[: self._nslots][used].astype(np.int64)
             scale = self._slot_scale[: self._nslots][used]
             val = self._last_val[: self._nslots][used]
-            rate = self._rate[: self._nslots][used]
-            rate_ok = self._rate_ok[: self._nslots][used]
+            w = self._rate_w[: self._nslots][used]
+            ws = self._rate_slow_w[: self._nslots][used]
+            rate_ok = (w > 0) & (ws > 0)
+            rate = self._rate[: self._nslots][used] / np.where(rate_ok, w, 1.0)
+            rate_slow = self._rate_slow[: self._nslots][used] / np.where(rate_ok, ws, 1.0)
             valid = self._valid[: self._nslots][used] & np.isfinite(val)
             newest = self._inst_newest[:n].copy()
             keys = list(self._inst_keys[:n])
@@ -350,7 +364,7 @@ class CongestionTracker:
             peak = self._peak_tps[:n]
             last_build = self._last_build
             self._last_build = now
-            snap = self._build(now, n, sig, inst, scale, val, rate, rate_ok, valid, newest, keys, stacks,
+            snap = self._build(now, n, sig, inst, scale, val, rate, rate_slow, rate_ok, valid, newest, keys, stacks,
                                mu_busy, peak, now - last_build if last_build else 0.0)
         self._snapshot = snap
         for fn in list(self._subscribers):
@@ -383,7 +397,7 @@ class CongestionTracker:
             log.info("congestion: dropped instance %s (silent for > %.0fs)", key, self.config.drop_after_s)
 
     def _build(self, now: float, n: int, sig: np.ndarray, inst: np.ndarray, scale: np.ndarray, val: np.ndarray,
-               rate: np.ndarray, rate_ok: np.ndarray, valid: np.ndarray, newest: np.ndarray,
+               rate: np.ndarray, rate_slow: np.ndarray, rate_ok: np.ndarray, valid: np.ndarray, newest: np.ndarray,
                keys: list[InstanceKey | None], stacks: list[str], mu_busy: np.ndarray, peak: np.ndarray,
                dt_build: float) -> CongestionSnapshot:
         cfg, p = self.config, self.params
@@ -394,10 +408,12 @@ class CongestionTracker:
         rv = rate_ok & valid
         rate_sum = np.bincount(flat[rv], weights=(rate * scale)[rv], minlength=size)[:size].reshape(-1, NSIG)
         rate_cnt = np.bincount(flat[rv], minlength=size)[:size].reshape(-1, NSIG)
+        slow_sum = np.bincount(flat[rv], weights=(rate_slow * scale)[rv], minlength=size)[:size].reshape(-1, NSIG)
         with np.errstate(invalid="ignore", divide="ignore"):
             level = np.where(_IS_MEAN, lvl_sum / np.maximum(lvl_cnt, 1), lvl_sum)
         level = np.where(lvl_cnt > 0, level, np.nan)[:n]
         drate = np.where(rate_cnt > 0, rate_sum, np.nan)[:n]
+        srate = np.where(rate_cnt > 0, slow_sum, np.nan)[:n]
         lvl_cnt = lvl_cnt[:n]
 
         def L(s: Signal) -> np.ndarray:
@@ -413,9 +429,15 @@ class CongestionTracker:
         thr = np.where(np.isnan(thr), derived, thr)
         thr = np.where(np.isnan(thr), L(Signal.PREFILL_TPS_GAUGE), thr)
         thr = np.maximum(thr, 0.0)
-        req_done = R(Signal.REQUESTS_DONE)
+        # Tokens per request is a workload-mix property: ratio of the slow (6x window) rates, which
+        # quantized request counters (0 or 1 finish per scrape) would otherwise make noisy.
+        slow_thr = srate[:, SIG_INDEX[Signal.PREFILL_COMPUTED]]
+        slow_derived = np.maximum(srate[:, SIG_INDEX[Signal.PROMPT_TOKENS]]
+                                  - np.nan_to_num(srate[:, SIG_INDEX[Signal.PREFIX_HITS]]), 0.0)
+        slow_thr = np.where(np.isnan(slow_thr), slow_derived, slow_thr)
+        req_done = srate[:, SIG_INDEX[Signal.REQUESTS_DONE]]
         with np.errstate(invalid="ignore", divide="ignore"):
-            tpr = np.where((req_done > 0) & (thr > 0), thr / req_done, np.nan)
+            tpr = np.where((req_done > 0) & (slow_thr > 0), slow_thr / req_done, np.nan)
         tpr = np.where(np.isfinite(tpr), tpr, cfg.default_tokens_per_request)
         # Backlog: reported, else queued requests x tokens per request.
         backlog_rep = L(Signal.BACKLOG_TOKENS)

@@ -43,6 +43,18 @@ def build_parser() -> argparse.ArgumentParser:
     q = sub.add_parser("sql", help="run SQL against the DuckDB catalog and blocks")
     q.add_argument("query")
     q.add_argument("--data-dir", default="./data")
+    rp = sub.add_parser("replay", help="replay an LLM serving trace through the bundled schedulers (simulator)")
+    rp.add_argument("--trace", required=True, help="Mooncake .jsonl or Azure .csv trace")
+    rp.add_argument("--instances", type=int, default=32)
+    rp.add_argument("--scheduler", default="vesta,smetric", help="comma list: vesta, vesta-noprice, smetric, round-robin, least-queue, prefix-affinity, llm-d, dynamo")
+    rp.add_argument("--load", default="0.5,0.7,0.9", help="comma list of offered prefill utilizations")
+    rp.add_argument("--disaggregated", default=None, metavar="PxD", help="prefill/decode split, e.g. 24x8 (overrides --instances)")
+    rp.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
+    rp.add_argument("--signals", choices=["tracker", "oracle"], default="tracker", help="where schedulers read backlog/price (default: TurboProm's congestion tracker, in process)")
+    rp.add_argument("--live", default=None, metavar="URL", help="live mode: push worker metrics to this TurboProm and poll its congestion API")
+    rp.add_argument("--speed", type=float, default=20.0, help="live mode: simulated seconds per wall second")
+    rp.add_argument("--out", default=None, help="write DIR/results.csv and DIR/ttft_vs_load.png")
+
     au = sub.add_parser("audit", help="KedgeFlow audit log tools")
     ausub = au.add_subparsers(dest="audit_command", required=True)
     av = ausub.add_parser("verify", help="recompute the hash chain and check every signed head")
@@ -50,7 +62,28 @@ def build_parser() -> argparse.ArgumentParser:
     av.add_argument("--public-key", default=None, help="PEM public key to verify heads with (default: the data dir's signing key)")
     ak = ausub.add_parser("export-key", help="print the audit signing public key (PEM), to keep outside the data dir")
     ak.add_argument("--data-dir", default="./data")
+    from planner.cli import add_parser as add_plan_parser  # H: `turboprom plan list|show|explain`
+
+    add_plan_parser(sub)
     return p
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from scheduler_metrics.sim.replay import main_replay
+
+    dis = None
+    if args.disaggregated:
+        p, _, d = args.disaggregated.lower().partition("x")
+        dis = (int(p), int(d))
+    scheds = [s.strip() for s in args.scheduler.split(",") if s.strip()]
+    loads = [float(x) for x in args.load.split(",") if x.strip()]
+    if args.live:
+        from scheduler_metrics.sim.live import main_live
+
+        main_live(args.trace, args.live, args.instances, scheds, loads, args.out, limit=args.limit, speed=args.speed)
+        return 0
+    main_replay(args.trace, args.instances, scheds, loads, args.out, disaggregated=dis, limit=args.limit, signals=args.signals)
+    return 0
 
 
 def _audit(args: argparse.Namespace) -> int:
@@ -101,8 +134,14 @@ def main(argv: list[str] | None = None) -> int:
 
         asyncio.run(serve(_config_from_args(args)))
         return 0
+    if args.command == "replay":
+        return _replay(args)
     if args.command == "audit":
         return _audit(args)
+    if args.command == "plan":
+        from planner.cli import run as run_plan
+
+        return run_plan(args)
     if args.command == "sql":
         from storage.catalog import run_sql
 

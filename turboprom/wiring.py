@@ -39,6 +39,24 @@ def build_context(config: ServerConfig) -> ServerContext:
 
     ctx.components["engine"] = Engine(storage, lookback_delta_ms=config.lookback_delta_ms,
                                       max_samples=config.query_max_samples, timeout_s=config.query_timeout_s)
+    # --- H: planner (query log, SDS summarizer as ingest sink, rewrite onto summaries, rules) ---
+    from planner.stack import build as build_planner
+
+    plan = build_planner(storage, ctx.components.get("engine"), config.data_dir, config.raw.get("planner"))
+    ctx.components["query_log"] = plan.query_log
+    ctx.components["summarizer"] = plan.summarizer
+    ctx.components["planner"] = plan.planner
+    ctx.components["planner_canary"] = plan.canary
+    if plan.engine is not None:
+        ctx.components["planned_engine"] = plan.engine
+    if ctx.components.get("ingest") is not None:
+        ctx.components["ingest"].add_sink(plan.summarizer)
+    if config.raw.get("rule_files"):
+        from planner.rules import RuleManager
+
+        append = ctx.components["ingest"].append_sync if ctx.components.get("ingest") is not None else storage.append
+        ctx.components["rules"] = RuleManager.from_config(config.raw, config.config_file,
+                                                          plan.engine or ctx.components.get("engine"), append)
     # --- lead: KedgeFlow control plane (grants, ledger, gateway, audit) ---
     from turboprom.kedgeflow_wiring import build_kedgeflow
 

@@ -1,0 +1,101 @@
+"""Planner introspection: /api/v1/planner/{plans,plans/<id>,explain,candidates,canary,query_log}.
+
+Thin layer over ``ctx.components["planner"]`` (planner/planner.py); heavy parts run off the loop.
+``turboprom plan list|show|explain`` (planner/cli.py) talks to these endpoints.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from aiohttp import web
+
+from turboprom.api_common import APIError, add_get_post, api_handler, ok, run_off_loop
+from turboprom.api_params import Params, invalid_param
+from turboprom.api_params import parse_query as parse_promql
+from turboprom.context import ServerContext
+
+
+def _planner(ctx: ServerContext) -> Any:
+    p = ctx.components.get("planner")
+    if p is None:
+        raise APIError("unavailable", "the planner is not enabled on this server")
+    return p
+
+
+def setup(app: web.Application, ctx: ServerContext) -> None:
+    @api_handler
+    async def plans(request: web.Request, params: Params) -> web.Response:
+        p = _planner(ctx)
+
+        def build() -> dict[str, Any]:
+            summ = p.summarizer
+            return {
+                "plans": p.plans(),
+                "summarizer": {"cpu_seconds": summ.cpu_seconds, "samples": summ.samples, "max_ts": summ.max_ts},
+                "decisions": [{"time": t, "action": a, "sds": i, "reason": r} for t, a, i, r in list(p.decisions)],
+                "budget_bytes": p.config.budget_bytes,
+            }
+
+        return ok(await run_off_loop(ctx, build))
+
+    @api_handler
+    async def plan(request: web.Request, params: Params) -> web.Response:
+        p = _planner(ctx)
+        sds = p.sds.get(request.match_info["id"])
+        if sds is None:
+            raise APIError("not_found", f"no plan with id {request.match_info['id']!r}")
+        return ok(await run_off_loop(ctx, sds.describe))
+
+    @api_handler
+    async def explain(request: web.Request, params: Params) -> web.Response:
+        p = _planner(ctx)
+        q = params.get("query")
+        if not q:
+            raise invalid_param("query", "parameter is required")
+        try:
+            parse_promql(q)
+        except ValueError as e:
+            raise invalid_param("query", str(e)) from None
+        start: int | None = None
+        if params.get("time"):
+            start = params.time("time", 0)
+        elif params.get("start"):
+            start = params.time("start", 0)
+        end = params.time("end", start) if start is not None else None
+        step = params.duration("step") or 0
+        return ok(await run_off_loop(ctx, p.explain, q, start, end, step))
+
+    @api_handler
+    async def candidates(request: web.Request, params: Params) -> web.Response:
+        return ok(await run_off_loop(ctx, _planner(ctx).candidates_report))
+
+    @api_handler
+    async def canary(request: web.Request, params: Params) -> web.Response:
+        c = ctx.components.get("planner_canary")
+        return ok({"checks": list(c.results) if c is not None else []})
+
+    @api_handler
+    async def query_log(request: web.Request, params: Params) -> web.Response:
+        qlog = ctx.components.get("query_log")
+        if qlog is None:
+            raise APIError("unavailable", "the query log is not enabled on this server")
+        limit = params.limit("limit") or 100
+
+        def rows() -> list[dict[str, Any]]:
+            cols = ["arrival_ms", "tenant", "origin", "pattern", "expr", "kind", "start_ms", "end_ms", "step_ms",
+                    "wall_s", "cpu_s", "samples", "paths", "result_series", "result_points", "exact", "error"]
+            out = qlog.sql(f"SELECT {', '.join(cols)} FROM query_log ORDER BY arrival_ms DESC LIMIT ?", [limit])
+            res = [dict(zip(cols, r)) for r in out]
+            for r in res:
+                r["paths"] = json.loads(r["paths"]) if r["paths"] else []
+            return res
+
+        return ok(await run_off_loop(ctx, rows))
+
+    app.router.add_get("/api/v1/planner/plans", plans)
+    app.router.add_get("/api/v1/planner/plans/{id}", plan)
+    add_get_post(app, "/api/v1/planner/explain", explain)
+    app.router.add_get("/api/v1/planner/candidates", candidates)
+    app.router.add_get("/api/v1/planner/canary", canary)
+    app.router.add_get("/api/v1/planner/query_log", query_log)

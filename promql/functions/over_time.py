@@ -294,35 +294,39 @@ def stddev_over_time(ctx: FunctionContext, args: list[Value]) -> Value:
 
 
 def _sorted_windows(rw: RangeWindows, sel: np.ndarray, chunk_elems: int = 4_000_000):
-    """Yield (positions, sorted matrix, counts, nan_counts) for chunks of the selected flat windows.
+    """Yield (positions, sorted matrix, counts, nan_counts) for the selected flat windows, grouped
+    by window length (so each block is a dense gather, no padding) and chunked to bound memory.
 
-    Rows are the window's values sorted ascending with NaN moved *before* every number (Prometheus's
-    sort order for quantiles); padding (+Inf) sits after the ``counts`` real values.
+    Rows are the window's values sorted ascending with NaN placed *before* every number
+    (Prometheus's sort order for quantiles).
     """
     lo_f = rw.lo.reshape(-1)[sel]
     n_f = (rw.hi - rw.lo).reshape(-1)[sel]
     vals = np.asarray(rw.vals, dtype=np.float64)
+    has_nan = bool(np.isnan(vals).any())
     order = np.argsort(n_f, kind="stable")
-    start = 0
-    while start < order.size:
-        maxn = int(n_f[order[min(order.size - 1, start)]])
-        rows = max(1, chunk_elems // max(maxn, 1))
-        stop = start + rows
-        part = order[start:stop]
-        width = int(n_f[part].max())
-        k = np.arange(width)
-        valid = k[None, :] < n_f[part][:, None]
-        idx = np.where(valid, lo_f[part][:, None] + k[None, :], 0)
-        mat = np.where(valid, vals[idx] if len(vals) else 0.0, np.inf)
-        nan = np.isnan(mat)
-        nan_cnt = nan.sum(axis=1)
-        # np.sort puts NaN last (after the +Inf padding); Prometheus's order puts NaN first.
-        mat = np.sort(np.where(nan, -np.inf, mat), axis=1)
-        # The leading -Inf block holds the NaNs and the real -Infs: the first nan_cnt are NaN.
-        if nan_cnt.any():
-            mat = np.where(np.arange(width)[None, :] < nan_cnt[:, None], np.nan, mat)
-        yield sel[part], mat, n_f[part], nan_cnt
-        start = stop
+    n_sorted = n_f[order]
+    bounds = np.flatnonzero(np.diff(n_sorted)) + 1
+    starts = np.concatenate(([0], bounds))
+    stops = np.concatenate((bounds, [order.size]))
+    for a, b in zip(starts.tolist(), stops.tolist()):
+        width = int(n_sorted[a])
+        rows = max(1, chunk_elems // max(width, 1))
+        for c0 in range(a, b, rows):
+            part = order[c0 : min(b, c0 + rows)]
+            idx = lo_f[part][:, None] + np.arange(width)[None, :]
+            mat = vals[idx]
+            if has_nan:
+                nan = np.isnan(mat)
+                nan_cnt = nan.sum(axis=1)
+                # np.sort puts NaN last; Prometheus puts NaN first. Sort NaN as -Inf, then the
+                # leading -Inf block's first nan_cnt entries are the NaNs.
+                mat = np.sort(np.where(nan, -np.inf, mat), axis=1)
+                mat = np.where(np.arange(width)[None, :] < nan_cnt[:, None], np.nan, mat)
+            else:
+                nan_cnt = np.zeros(len(part), dtype=np.int64)
+                mat.sort(axis=1)
+            yield sel[part], mat, n_f[part], nan_cnt
 
 
 def _quantile_rows(q: np.ndarray, mat: np.ndarray, counts: np.ndarray) -> np.ndarray:

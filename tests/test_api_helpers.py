@@ -104,10 +104,65 @@ def openmetrics_from_text(text: str) -> str:
     out = []
     for line in text.splitlines():
         if not line or line.startswith("#"):
-            if line.startswith("# TYPE") or line.startswith("# HELP"):
-                out.append(line)
-            continue
+            continue  # untyped samples are enough for a backfill (OpenMetrics counter naming differs)
         head, value, ts = line.rsplit(" ", 2)
         out.append(f"{head} {value} {int(ts) / 1000:.3f}")
     out.append("# EOF")
     return "\n".join(out) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# A small deterministic data set loaded identically into Prometheus (promtool backfill) and
+# TurboProm (/api/v1/import/prometheus).
+
+T0_MS = 1_700_000_000_000  # data window [T0, T0 + 30 min], one sample per 15 s
+STEP_MS = 15_000
+N_POINTS = 121
+
+
+def api_test_text() -> str:
+    """Counters, gauges and a sparse metric, with label values that need JSON escaping."""
+    lines = [
+        "# HELP http_requests_total Requests served.",
+        "# TYPE http_requests_total counter",
+        "# HELP temperature_celsius Current temperature.",
+        "# TYPE temperature_celsius gauge",
+    ]
+    for k in range(N_POINTS):
+        t = T0_MS + k * STEP_MS
+        for job, inst, rate in (("api", "a:80", 3), ("api", "b:80", 5), ("web", "c:80", 1)):
+            for code in ("200", "500"):
+                v = k * rate * (10 if code == "200" else 1)
+                lines.append(f'http_requests_total{{job="{job}",instance="{inst}",code="{code}"}} {v} {t}')
+        lines.append(f'temperature_celsius{{room="<lab & co>",site="zürich"}} {20 + (k % 7) * 0.1:.1f} {t}')
+        lines.append(f'temperature_celsius{{room="office",site="bern"}} {18.25 + (k % 5) / 3} {t}')
+        if k % 8 < 4:  # present half of the time: gaps longer than nothing, shorter than lookback
+            lines.append(f'sparse_gauge{{kind="x"}} {k / 7} {t}')
+    return "\n".join(lines) + "\n"
+
+
+class PeerPair:
+    """TurboProm and Prometheus 2.42 holding the same api_test_text() data."""
+
+    def __init__(self, tmp: Path):
+        from tests.helpers import ServerProcess
+
+        text = api_test_text()
+        self.prom = PrometheusPeer(tmp / "prom", openmetrics=openmetrics_from_text(text))
+        self.tp = ServerProcess(tmp / "tp" / "data")
+        self.text = text
+
+    def __enter__(self) -> "PeerPair":
+        self.prom.start()
+        try:
+            self.tp.start()
+            import_text(self.tp.url, self.text)
+        except BaseException:
+            self.prom.stop()
+            self.tp.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.tp.stop()
+        self.prom.stop()

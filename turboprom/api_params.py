@@ -182,6 +182,21 @@ class Params:
         except ValueError as e:
             raise invalid_param(name, str(e)) from None
 
+    def duration_seconds(self, name: str) -> float | None:
+        """A duration parameter as float seconds, keeping sub-millisecond precision (timeouts)."""
+        val = self.get(name)
+        if val == "":
+            return None
+        f = _go_float(val)
+        if f is not None and not math.isnan(f):
+            if abs(f) * 1e9 > 2**63 - 1:
+                raise invalid_param(name, f"cannot parse {go_quote(val)} to a valid duration. It overflows int64")
+            return f
+        try:
+            return parse_duration_ms(val) / 1000.0
+        except ValueError:
+            raise invalid_param(name, f"cannot parse {go_quote(val)} to a valid duration") from None
+
     def limit(self, name: str = "limit") -> int:
         """0 = no limit."""
         val = self.get(name)
@@ -236,7 +251,13 @@ def parse_query(query: str) -> object:
 
 def parse_metric_selector(text: str) -> list[list[Matcher]]:
     """A series selector (``foo{a="b"}``) -> its matcher set(s). Raises ValueError."""
-    node = parse_query(text)
+    try:
+        node = promql_parser.parse(text)
+    except ValueError as e:
+        if "at least one non-empty matcher" in str(e):
+            # Prometheus's selector parser accepts these; match[] validation then refuses them.
+            raise ValueError("match[] must contain at least one non-empty matcher") from None
+        raise ValueError(parse_error_text(text, e)) from None
     if type(node).__name__ != "VectorSelector" or getattr(node, "offset", None) is not None or getattr(node, "at", None) is not None:
         raise ValueError(f"1:1: parse error: expected a series selector, got {text!r}")
     try:

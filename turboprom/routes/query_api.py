@@ -56,26 +56,35 @@ def _call(method: Any, *args: Any, exact: bool, **kwargs: Any) -> QueryResult:
     return method(*args, **kwargs)
 
 
-def _effective_timeout(ctx: ServerContext, param_ms: int | None) -> float:
+def _effective_timeout(ctx: ServerContext, param_s: float | None) -> float:
+    """The engine's configured timeout, shortened by a ``timeout`` parameter (a zero or
+    negative one has already expired, as a Go context deadline would have)."""
     t = ctx.config.query_timeout_s
-    if param_ms is not None and param_ms > 0:
-        t = min(t, param_ms / 1000.0)
+    if param_s is not None:
+        t = min(t, param_s)
     return t
 
 
-async def _evaluate(request: web.Request, ctx: ServerContext, params: Params, run: Any) -> web.Response:
-    """Run ``run(cancel_event)`` -> QueryResult off the loop, encode off the loop too."""
+async def _evaluate(request: web.Request, ctx: ServerContext, params: Params, timeout_s: float, run: Any) -> web.Response:
+    """Run ``run(cancel_event, remaining_timeout_s)`` -> QueryResult off the loop and encode it
+    there too. The timeout is a deadline from arrival (queue wait included, as in Prometheus)."""
     limit = params.limit("limit")
     stats = params.get("stats")
     cancel = threading.Event()
     submitted = time.perf_counter()
+    deadline = submitted + timeout_s
 
     def job() -> bytes:
         started = time.perf_counter()
+        remaining = deadline - started
+        if remaining <= 0:
+            raise APIError("timeout", "query timed out in query execution")
         try:
-            res = run(cancel)
+            res = run(cancel, remaining)
         except PromQLError as e:
             raise APIError(e.error_type, str(e), e.http_status) from None
+        if time.perf_counter() > deadline:
+            raise APIError("timeout", "query timed out in expression evaluation")
         total = time.perf_counter() - submitted
         return api_json.encode_query_result(
             res, limit=limit, stats=stats, queue_seconds=started - submitted, total_seconds=total
@@ -94,7 +103,7 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
     async def query(request: web.Request, params: Params) -> web.Response:
         params.limit("limit")
         t = params.time("time", _now_ms())
-        timeout = params.duration("timeout")
+        timeout = params.duration_seconds("timeout")
         lookback = _lookback(params)
         q = params.get("query")
         _check_query_syntax(q)
@@ -102,10 +111,10 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
         engine = _pick_engine(ctx, exact)
         timeout_s = _effective_timeout(ctx, timeout)
 
-        def run(cancel: threading.Event) -> QueryResult:
-            return _call(engine.instant_query, q, t, exact=exact, lookback_delta_ms=lookback, timeout_s=timeout_s, cancel=cancel)
+        def run(cancel: threading.Event, remaining: float) -> QueryResult:
+            return _call(engine.instant_query, q, t, exact=exact, lookback_delta_ms=lookback, timeout_s=remaining, cancel=cancel)
 
-        return await _evaluate(request, ctx, params, run)
+        return await _evaluate(request, ctx, params, timeout_s, run)
 
     @api_handler
     async def query_range(request: web.Request, params: Params) -> web.Response:
@@ -124,7 +133,7 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
                 "bad_data",
                 "exceeded maximum resolution of 11,000 points per timeseries. Try decreasing the query resolution (?step=XX)",
             )
-        timeout = params.duration("timeout")
+        timeout = params.duration_seconds("timeout")
         lookback = _lookback(params)
         q = params.get("query")
         try:
@@ -135,10 +144,10 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
         engine = _pick_engine(ctx, exact)
         timeout_s = _effective_timeout(ctx, timeout)
 
-        def run(cancel: threading.Event) -> QueryResult:
-            return _call(engine.range_query, q, start, end, step, exact=exact, lookback_delta_ms=lookback, timeout_s=timeout_s, cancel=cancel)
+        def run(cancel: threading.Event, remaining: float) -> QueryResult:
+            return _call(engine.range_query, q, start, end, step, exact=exact, lookback_delta_ms=lookback, timeout_s=remaining, cancel=cancel)
 
-        return await _evaluate(request, ctx, params, run)
+        return await _evaluate(request, ctx, params, timeout_s, run)
 
     @api_handler
     async def format_query(request: web.Request, params: Params) -> web.Response:

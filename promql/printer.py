@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime as _dt
 import math
 import re
+import threading
 from decimal import Decimal
 from typing import Any
 
@@ -99,6 +100,8 @@ def go_quote(s: str) -> str:
             out.append("\\t")
         elif ch == "\v":
             out.append("\\v")
+        elif 0xDC80 <= o <= 0xDCFF:  # an invalid UTF-8 byte carried as a surrogate escape
+            out.append(f"\\x{o - 0xDC00:02x}")
         elif ch == " " or ch.isprintable():
             out.append(ch)
         elif o < 0x80:
@@ -175,9 +178,101 @@ def _labels_list(labels: Any) -> str:
     return ", ".join(_label_name(l) for l in (labels or []))
 
 
-def to_promql(expr: Any, inject_at_ms: int | None = None) -> str:
-    """Render a promql_parser expression like Prometheus's ``String()``."""
-    return _p(expr, inject_at_ms)
+def to_promql(expr: Any, inject_at_ms: int | None = None, source: str | None = None) -> str:
+    """Render a promql_parser expression like Prometheus's ``String()``.
+
+    ``source`` (the query text ``expr`` was parsed from) lets string literals keep bytes that are
+    not valid UTF-8: promql-parser decodes ``"\\xff"`` to U+00FF, Go keeps the byte 0xff and prints
+    it back as ``\\xff``."""
+    raw = _raw_string_literals(source) if source else None
+    if raw is not None and len(raw) != sum(1 for n in _walk(expr) if isinstance(n, pp.StringLiteral)):
+        raw = None
+    _RAW.stack.append(iter(raw) if raw is not None else None)
+    try:
+        return _p(expr, inject_at_ms)
+    finally:
+        _RAW.stack.pop()
+
+
+class _RawState(threading.local):
+    def __init__(self) -> None:
+        self.stack: list = []
+
+
+_RAW = _RawState()
+_SIMPLE_ESC = {"a": 7, "b": 8, "f": 12, "n": 10, "r": 13, "t": 9, "v": 11, "\\": 92, "'": 39, '"': 34}
+
+
+def _raw_string_literals(text: str) -> list[str] | None:
+    """String literals outside label matchers, in text order, decoded to bytes the way Go does and
+    returned as str with invalid UTF-8 bytes surrogate-escaped. None if the text cannot be scanned."""
+    out: list[str] = []
+    depth = 0
+    i, n = 0, len(text)
+    try:
+        while i < n:
+            ch = text[i]
+            if ch == "{":
+                depth += 1
+            elif ch == "}":
+                depth -= 1
+            elif ch == "#":  # comment to end of line
+                j = text.find("\n", i)
+                i = n if j < 0 else j
+                continue
+            elif ch in "\"'`":
+                buf = bytearray()
+                j = i + 1
+                while text[j] != ch:
+                    c = text[j]
+                    if c == "\\" and ch != "`":
+                        e = text[j + 1]
+                        if e in _SIMPLE_ESC:
+                            buf.append(_SIMPLE_ESC[e])
+                            j += 2
+                        elif e == "x":
+                            buf.append(int(text[j + 2:j + 4], 16))
+                            j += 4
+                        elif e in "01234567":
+                            buf.append(int(text[j + 1:j + 4], 8) & 0xFF)
+                            j += 4
+                        elif e in "uU":
+                            k = 4 if e == "u" else 8
+                            buf += chr(int(text[j + 2:j + 2 + k], 16)).encode("utf-8", "surrogatepass")
+                            j += 2 + k
+                        else:
+                            return None
+                        continue
+                    buf += c.encode("utf-8", "surrogatepass")
+                    j += 1
+                if depth == 0:
+                    out.append(bytes(buf).decode("utf-8", "surrogateescape"))
+                i = j + 1
+                continue
+            i += 1
+    except (IndexError, ValueError):
+        return None
+    return out
+
+
+def _walk(e: Any):
+    stack = [e]
+    while stack:
+        n = stack.pop()
+        yield n
+        if isinstance(n, pp.MatrixSelector):
+            kids = [n.vector_selector]
+        elif isinstance(n, (pp.SubqueryExpr, pp.ParenExpr, pp.UnaryExpr)):
+            kids = [n.expr]
+        elif isinstance(n, pp.Call):
+            kids = list(n.args)
+        elif isinstance(n, pp.AggregateExpr):
+            kids = ([n.param] if n.param is not None else []) + [n.expr]
+        elif isinstance(n, pp.BinaryExpr):
+            kids = [n.lhs, n.rhs]
+        else:
+            kids = []
+        stack.extend(reversed(kids))
 
 
 def format_query(query: str) -> str:
@@ -199,7 +294,9 @@ def _p(e: Any, at: int | None) -> str:
     if isinstance(e, pp.NumberLiteral):
         return format_float(e.val)
     if isinstance(e, pp.StringLiteral):
-        return go_quote(e.val)
+        it = _RAW.stack[-1] if _RAW.stack else None
+        val = next(it, e.val) if it is not None else e.val
+        return go_quote(val)
     if isinstance(e, pp.ParenExpr):
         return "(" + _p(e.expr, at) + ")"
     if isinstance(e, pp.UnaryExpr):

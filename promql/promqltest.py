@@ -165,7 +165,7 @@ def at_modifier_cases(expr: str, eval_ms: int, ast: Any) -> list[tuple[str, int]
     for n in walk(ast):
         if isinstance(n, pp.Call) and n.func.name in AT_MODIFIER_UNSAFE:
             return []
-    new_expr = to_promql(ast, inject_at_ms=eval_ms)
+    new_expr = to_promql(ast, inject_at_ms=eval_ms, source=expr)
     times = [-10 * eval_ms, 0, eval_ms // 5 if eval_ms >= 0 else -((-eval_ms) // 5), eval_ms, 10 * eval_ms]
     if eval_ms == 0:
         times = [-1000, 0, 1000]

@@ -176,3 +176,10 @@ def test_inject_at_skips_inside_subqueries_and_existing_at():
         "rate(a[5m] @ 3000.000) + max_over_time(b[10m:1m] @ 3000.000) + c @ 50.000 + sum_over_time(d[5m:] @ 10.000)"
     )
     assert re.search(r"@ -30\.000", to_promql(pp.parse("a"), inject_at_ms=-30_000))
+
+
+def test_invalid_utf8_bytes_in_string_literals_survive_with_source():
+    q = 'label_replace(m, "\\xff", "", "src", "(.*)") + count_values("a\\xc5z", m)'
+    assert to_promql(pp.parse(q), source=q) == q
+    # without the source text promql-parser's decoding (U+00FF) is all there is
+    assert to_promql(pp.parse(q)) == 'label_replace(m, "ÿ", "", "src", "(.*)") + count_values("aÅz", m)'

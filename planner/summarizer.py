@@ -127,14 +127,17 @@ class Summarizer:
         sds.backfill_state = "running"
         hi = live_pane + 1  # chunk [c_lo, hi); the first chunk ends with the pane holding live_from
         scope = sds.spec.scope_matchers()
+        chunk = BACKFILL_CHUNK_PANES
         while hi > lo_pane:
             if stop is not None and stop.is_set():
                 sds.backfill_state = "stopped"
                 return
-            c_lo = max(lo_pane, hi - BACKFILL_CHUNK_PANES)
+            c_lo = max(lo_pane, hi - chunk)
             mint = c_lo * P
             maxt = min(hi * P, sds.live_from) - 1
             ss = self.storage.select(scope, mint, maxt)
+            # empty stretches (before the data starts) are skipped with growing chunks: O(log) reads
+            chunk = BACKFILL_CHUNK_PANES if ss.num_samples else chunk * 4
             self._fold_history(sds, ss, hi)
             sds.backfill_done += hi - c_lo
             sds.cov_lo = c_lo

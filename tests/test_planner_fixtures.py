@@ -56,7 +56,7 @@ def feed(summ: Summarizer, batch: SampleBatch, chunks: int = 40) -> None:
 
 
 def summarized(src: MemorySource, batch: SampleBatch, metrics_algs: list[tuple[str, str]], live_from: int,
-               pane_ms: int = 60_000, history_ms: int = 10**12) -> tuple[Summarizer, list[SDS]]:
+               pane_ms: int = 60_000, history_ms: int = 30 * 86_400_000) -> tuple[Summarizer, list[SDS]]:
     summ = Summarizer(src)
     out = []
     for metric, alg in metrics_algs:

@@ -1,0 +1,139 @@
+"""Planner behaviour: adoption after recurrence with default configuration, sharing one SDS across
+ranges/steps/groupings/quantiles, exact=true and uncovered queries on raw, retirement, budget,
+pinned plans, normalization, and restart recovery of open panes from raw data."""
+from __future__ import annotations
+
+import numpy as np
+
+from planner.normalize import candidates, normalize
+from planner.persist import SDSPersistence
+from planner.planner import PlannerConfig
+from planner.query_log import QueryLog
+from planner.sds import SDS, SDSSpec
+from planner.stack import build
+from promql.engine import Engine
+from storage.batch import SampleBatch
+from tests.test_planner_fixtures import feed, load, random_series
+
+
+def _stack(src, raw_cfg=None, data_dir=None):
+    cfg = {"background_backfill": False, "seal_delay": "0s"}
+    cfg.update(raw_cfg or {})
+    return build(src, Engine(src), data_dir, cfg)
+
+
+def test_normalize_abstracts_time_range_quantile_grouping():
+    a = normalize('histogram_quantile(0.9, sum by (le) (rate(h_bucket{job="a"}[5m])))')
+    b = normalize('histogram_quantile(0.99, sum by (le, inst) (rate(h_bucket{job="a"}[1h])))')
+    c = normalize('histogram_quantile(0.9, sum by (le) (rate(h_bucket{job="b"}[5m])))')
+    assert a == b and a != c
+    assert normalize("quantile_over_time(0.5, g[10m] offset 5m)") == normalize("quantile_over_time(0.9, g[1h] offset 1h)")
+    cs = candidates("sum(rate(x_total[5m])) / sum(count_over_time(g[1h]))")
+    assert {(c.metric, c.algorithm, c.func) for c in cs} == {("x_total", "exact", "rate"), ("g", "exact", "count_over_time")}
+
+
+def test_adopts_after_recurrence_with_defaults_and_shares_one_sds():
+    items = random_series(seed=3)
+    src, batch = load(items)
+    tmin, tmax = int(batch.timestamps.min()), int(batch.timestamps.max())
+    st = _stack(src)  # default min_count (3) and period (10m)
+    assert st.config.min_count == 3 and st.config.period_ms == 600_000
+    feed(st.summarizer, batch)
+    eng = st.engine
+    q = "sum by (job) (rate(x_total[30m]))"
+    for i in range(2):
+        r = eng.range_query(q, tmax - 3_600_000, tmax, 60_000)
+        assert r.stats.paths == ["raw"]
+    assert not st.planner.sds
+    eng.range_query(q, tmax - 3_600_000, tmax, 60_000)  # third recurrence: adopt + backfill
+    assert list(st.planner.sds) and next(iter(st.planner.sds.values())).metric == "x_total"
+    # now served; and queries differing in range/step/grouping/matchers share the one SDS
+    for q2, step in [(q, 60_000), ("sum(increase(x_total[2h]))", 300_000), ('rate(x_total{job="j1"}[45m])', 17_000)]:
+        fast = eng.range_query(q2, tmax - 3_600_000, tmax, step)
+        raw = eng.range_query(q2, tmax - 3_600_000, tmax, step, exact=True)
+        assert fast.stats.paths[0].startswith("summary:exact-x_total"), q2
+        assert raw.stats.paths == ["raw"]
+        np.testing.assert_allclose(fast.values[fast.present], raw.values[raw.present], rtol=1e-9)
+    assert len(st.planner.sds) == 1
+    st.query_log.flush()
+    rows = st.query_log.sql("SELECT count(*), count(DISTINCT pattern), sum(CASE WHEN exact THEN 1 ELSE 0 END) FROM query_log")
+    assert rows[0][0] == 9 and rows[0][2] == 3
+    ex = st.planner.explain("quantile_over_time(0.9, g[1h])")
+    assert ex["subtrees"][0]["path"] == "raw"
+
+
+def test_uncovered_and_exact_queries_run_raw_and_one_offs_are_not_adopted():
+    items = random_series(seed=4)
+    src, batch = load(items)
+    tmax = int(batch.timestamps.max())
+    st = _stack(src)
+    feed(st.summarizer, batch)
+    for q in ["avg_over_time(g[5m])", "max_over_time(g[1h])", "rate(x_total[5m])"]:  # different keys, once each...
+        st.engine.instant_query(q, tmax)
+    assert not any(s.metric == "x_total" for s in st.planner.sds.values())
+    st.planner.adopt(SDSSpec("g", "exact", 60_000), reason="test")
+    r = st.engine.instant_query("max_over_time(g[1h])", tmax, exact=True)
+    assert r.stats.paths == ["raw"] and not r.annotations.infos
+
+
+def test_retire_unused_and_budget_and_pinned():
+    items = random_series(seed=5)
+    src, batch = load(items)
+    st = _stack(src, {"pinned": [{"metric": "g", "algorithm": "kll"}], "retire_after": "1ms"})
+    feed(st.summarizer, batch)
+    assert any(s.pinned and s.spec.algorithm == "kll" for s in st.planner.sds.values())
+    st.planner.adopt(SDSSpec("x_total", "exact", 60_000), reason="test")
+    import time
+
+    time.sleep(0.01)
+    st.planner.maintain()
+    ids = [s.id for s in st.planner.sds.values()]
+    assert len(ids) == 1 and st.planner.sds[ids[0]].pinned, "unpinned plan without hits is retired, pinned kept"
+    st.planner.config.retire_after_ms = 10**9
+    st.planner.config.budget_bytes = 1
+    st.planner.adopt(SDSSpec("x_total", "exact", 60_000), reason="test")
+    st.planner.maintain()
+    assert all(s.pinned for s in st.planner.sds.values()), "over budget: unpinned plans go first"
+
+
+def test_cost_model_refuses_when_ingest_cost_exceeds_saving():
+    from planner import cost_model
+
+    est = cost_model.estimate(algorithm="exact", queries=3, period_s=600, raw_cpu_per_query=0.001, range_ms=300_000,
+                              windows_per_query=60, series=10, ingest_samples_per_s=1e6, pane_ms=60_000,
+                              history_ms=86_400_000, budget_left_bytes=1 << 30)
+    assert not est.pays and "no saving" in est.reason
+    est = cost_model.estimate(algorithm="exact", queries=30, period_s=600, raw_cpu_per_query=0.5, range_ms=86_400_000,
+                              windows_per_query=60, series=10, ingest_samples_per_s=100, pane_ms=60_000,
+                              history_ms=86_400_000, budget_left_bytes=1 << 30)
+    assert est.pays
+
+
+def test_restart_rebuilds_open_panes_from_raw(tmp_path):
+    items = random_series(seed=6)
+    src, batch = load(items)
+    tmin, tmax = int(batch.timestamps.min()), int(batch.timestamps.max())
+    cut = tmin + (tmax - tmin) * 2 // 3
+    early = batch.timestamps <= cut
+    part = SampleBatch(batch.series, batch.series_index[early], batch.timestamps[early], batch.values[early])
+    st = _stack(src, data_dir=tmp_path)
+    feed(st.summarizer, part)
+    sds = st.planner.adopt(SDSSpec("x_total", "exact", 60_000), reason="test")
+    st.planner.maintain()  # flush sealed panes to Parquet + catalog
+    flushed_hi = st.persistence.persisted_hi[sds.id]
+    # more samples arrive and are summarized, but the process dies before the next flush
+    late = ~early
+    feed(st.summarizer, SampleBatch(batch.series, batch.series_index[late], batch.timestamps[late], batch.values[late]))
+    st.query_log.close()
+    st2 = _stack(src, data_dir=tmp_path)
+    sds2 = st2.planner.sds[sds.id]
+    assert sds2.backfill_state == "restored"
+    lo, hi = sds2.coverage()
+    assert hi > flushed_hi, "panes after the last flush were rebuilt from raw storage"
+    for q in ["increase(x_total[3h])", "rate(x_total[17m])", "resets(x_total[1h])"]:
+        fast = st2.engine.range_query(q, cut - 3_600_000, tmax, 60_000)
+        raw = st2.engine.range_query(q, cut - 3_600_000, tmax, 60_000, exact=True)
+        assert fast.stats.paths[0] == f"summary:{sds.id}"
+        np.testing.assert_array_equal(fast.present, raw.present)
+        np.testing.assert_allclose(fast.values[fast.present], raw.values[raw.present], rtol=1e-9)
+    st2.query_log.close()

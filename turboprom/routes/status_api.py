@@ -325,6 +325,11 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
             await run_off_loop(ctx, fn)
         return web.Response(status=204)
 
+    async def root(request: web.Request) -> web.Response:
+        # Prometheus answers "/" (a redirect to its UI); clients probe it as a liveness check.
+        return web.Response(text="TurboProm: Prometheus-compatible HTTP API under /api/v1 (see /api/v1/status/buildinfo).\n")
+
+    app.router.add_get("/", root)
     app.router.add_get("/api/v1/status/buildinfo", buildinfo)
     app.router.add_get("/api/v1/status/runtimeinfo", runtimeinfo)
     app.router.add_get("/api/v1/status/flags", flags)

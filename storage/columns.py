@@ -26,10 +26,34 @@ def ranges_index(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     return out
 
 
-def sort_by_series_time(sid: np.ndarray, ts: np.ndarray, val: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def is_sorted_by_series_time(sid: np.ndarray, ts: np.ndarray) -> bool:
     if len(sid) <= 1:
+        return True
+    ds = np.diff(sid)
+    return bool(((ds > 0) | ((ds == 0) & (ts[1:] >= ts[:-1]))).all())
+
+
+def order_by_series_time(sid: np.ndarray, ts: np.ndarray) -> np.ndarray | None:
+    """Permutation sorting rows by (sid, ts), stable; None when already sorted.
+
+    One int64 key (sid * span + ts - tmin) when it fits: a single-key sort is several times
+    faster than np.lexsort on two keys."""
+    n = len(sid)
+    if n <= 1 or is_sorted_by_series_time(sid, ts):
+        return None
+    tmin, tmax = int(ts.min()), int(ts.max())
+    smax = int(sid.max())
+    span = tmax - tmin + 1
+    if smax >= 0 and int(sid.min()) >= 0 and (smax + 1) * span < (1 << 62):
+        key = sid * np.int64(span) + (ts - np.int64(tmin))
+        return np.argsort(key, kind="stable")
+    return np.lexsort((ts, sid))
+
+
+def sort_by_series_time(sid: np.ndarray, ts: np.ndarray, val: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    order = order_by_series_time(sid, ts)
+    if order is None:
         return sid, ts, val
-    order = np.lexsort((ts, sid))
     return sid[order], ts[order], val[order]
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from storage.columns import (EMPTY_F64, EMPTY_I64, INT64_MAX, INT64_MIN, find_keys, group_bounds, grow,
-                             ranges_index, sort_by_series_time, unique)
+                             order_by_series_time, ranges_index, sort_by_series_time, unique)
 
 R_FUTURE = "too_far_in_future"
 R_OOO = "out_of_order"
@@ -101,7 +101,8 @@ class Head:
             if fut.any():
                 reject(R_FUTURE, fut, positions)
                 positions = positions[~fut]
-        order = positions[np.lexsort((ts[positions], sid[positions]))]
+        o = order_by_series_time(sid[positions], ts[positions])
+        order = positions if o is None else positions[o]
         s, t, v = sid[order], ts[order], val[order]
         bits = v.view(np.uint64)
         duplicates = 0
@@ -155,8 +156,10 @@ class Head:
         rs, rt, rv = self.gather(unique(sid, is_sorted=True))
         return find_keys(sid, ts, rs, rt), rv.view(np.uint64)
 
-    def commit(self, sid: np.ndarray, ts: np.ndarray, val: np.ndarray) -> None:
-        """Add accepted rows (sorted by sid, ts). Caller holds the write lock."""
+    def commit(self, sid: np.ndarray, ts: np.ndarray, val: np.ndarray, as_run: bool = False) -> None:
+        """Add accepted rows (sorted by sid, ts). Caller holds the write lock.
+
+        ``as_run``: the rows become a sorted run directly (bulk loads such as WAL replay)."""
         if len(sid) == 0:
             return
         self.ensure(int(sid.max()) + 1)
@@ -168,6 +171,13 @@ class Head:
         self.series_min[u] = np.minimum(self.series_min[u], ts[starts])
         self.series_max[u] = np.maximum(self.series_max[u], ts[last])
         with self.lock:
+            if as_run:
+                self._seal()
+                self._runs = self._runs + [Run(sid, ts, val)]
+                self.num_samples += len(sid)
+                self.mint = min(self.mint, int(ts.min()))
+                self.maxt = max(self.maxt, int(ts.max()))
+                return
             self._pending.append((sid, ts, val))
             self._pending_n += len(sid)
             self.num_samples += len(sid)

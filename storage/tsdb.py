@@ -258,7 +258,7 @@ class TSDB:
                 ok = g >= 0
                 log.warning("WAL samples record references %d undefined series ids; skipped", int((~ok).sum()))
                 g, ts, val = g[ok], ts[ok], val[ok]
-            pend.append((g, ts.copy(), val.copy()))
+            pend.append((g, ts, val))
 
         def flush() -> None:
             if not pend:
@@ -268,7 +268,7 @@ class TSDB:
             pend.clear()
             s, t, v = dedupe_sorted(s, t, v)
             self.head.ensure(len(self.index))
-            self.head.commit(s, t, v)
+            self.head.commit(s, t, v, as_run=True)
 
         def on_tombstone(series: list, mint: int, maxt: int) -> None:
             flush()
@@ -282,7 +282,6 @@ class TSDB:
         stats = replay_wal(self.path / "wal", Handler(on_series, on_samples, on_tombstone))
         flush()
         self.head.ensure(len(self.index))
-        self.head.rebuild_last()
         dt = time.perf_counter() - t0
         M.WAL_REPLAY_SECONDS.set(dt)
         if self.head.num_samples or stats["segments"]:

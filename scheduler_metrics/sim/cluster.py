@@ -248,7 +248,8 @@ class ClusterSim:
             ready = self._transfer(src, exe, cached, ready)
             moved += cached * bpt
         e = self.inst[exe]
-        uncached = req.input_tokens - cached
+        # A full prefix hit still computes the last prompt token to produce the first logits (as vLLM does).
+        uncached = max(1, req.input_tokens - cached)
         start = max(e.prefill_free_at, ready, now)
         end = start + c.prefill_time(uncached, e.running, self.colocated)
         e.prefill_free_at = end

@@ -179,3 +179,25 @@ def window_count_of(flags: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.nda
     cs = np.concatenate(([0], np.cumsum(flags.astype(np.int64))))
     start = np.minimum(lo + 1, hi)
     return (cs[hi] - cs[start]).astype(np.float64)
+
+
+def dense_blocks(lo: np.ndarray, n: np.ndarray, sel: np.ndarray, chunk_elems: int = 4_000_000):
+    """Group the selected flat windows by length and yield (positions, idx) blocks, where idx is a
+    (rows, width) matrix of sample indices: every window of a block has exactly ``width`` samples,
+    so gathers are dense (no padding) and row-wise numpy reductions do the per-window work.
+    Blocks are chunked to about ``chunk_elems`` elements."""
+    lo_f = lo.reshape(-1)[sel]
+    n_f = n.reshape(-1)[sel]
+    order = np.argsort(n_f, kind="stable")
+    n_sorted = n_f[order]
+    bounds = np.flatnonzero(np.diff(n_sorted)) + 1
+    starts = np.concatenate(([0], bounds)).astype(np.int64)
+    stops = np.concatenate((bounds, [order.size])).astype(np.int64)
+    for a, b in zip(starts.tolist(), stops.tolist()):
+        if a >= b:
+            continue
+        width = int(n_sorted[a])
+        rows = max(1, chunk_elems // max(width, 1))
+        for c0 in range(a, b, rows):
+            part = order[c0 : min(b, c0 + rows)]
+            yield sel[part], lo_f[part][:, None] + np.arange(width)[None, :]

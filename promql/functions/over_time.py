@@ -16,6 +16,7 @@ import numpy as np
 
 from promql.functions import FunctionContext, register
 from promql.functions.common import (
+    dense_blocks,
     iterate_window_positions,
     kahan_inc,
     scalar_arg,
@@ -258,8 +259,8 @@ def avg_over_time(ctx: FunctionContext, args: list[Value]) -> Value:
     return window_vector(rw, _window_sums(rw, True), (rw.hi - rw.lo) > 0)
 
 
-def _variance(rw: RangeWindows) -> np.ndarray:
-    lo, n = rw.lo, rw.hi - rw.lo
+def _variance_kernel(vals: np.ndarray, lo: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """Prometheus's compensated Welford recurrence, bit for bit, for flat windows."""
     order, it = iterate_window_positions(lo, n)
     W = order.size
     count = np.zeros(W)
@@ -267,7 +268,6 @@ def _variance(rw: RangeWindows) -> np.ndarray:
     c_mean = np.zeros(W)
     aux = np.zeros(W)
     c_aux = np.zeros(W)
-    vals = np.asarray(rw.vals, dtype=np.float64)
     with np.errstate(all="ignore"):
         for _, m, idx in it:
             f = vals[idx]
@@ -276,7 +276,40 @@ def _variance(rw: RangeWindows) -> np.ndarray:
             mean[:m], c_mean[:m] = kahan_inc(d / count[:m], mean[:m], c_mean[:m])
             aux[:m], c_aux[:m] = kahan_inc(d * (f - (mean[:m] + c_mean[:m])), aux[:m], c_aux[:m])
         var = (aux + c_aux) / np.where(count == 0, 1, count)
-    return scatter_back(order, var, n.shape)
+    out = np.empty(W)
+    out[order] = var
+    return out
+
+
+def _variance(rw: RangeWindows) -> np.ndarray:
+    """Population variance per window: a two-pass computation on dense blocks (at least as
+    accurate as Prometheus's compensated Welford); windows holding non-finite values use the exact
+    replica so NaN/Inf propagate as in Prometheus. Constant windows are exactly 0 in both."""
+    vals = np.asarray(rw.vals, dtype=np.float64)
+    n = rw.hi - rw.lo
+    out = np.zeros(n.size)
+    sel = np.flatnonzero(n.reshape(-1) > 0)
+    lo_f = rw.lo.reshape(-1)
+    n_f = n.reshape(-1)
+    all_finite = bool(np.isfinite(vals).all())
+    with np.errstate(all="ignore"):
+        for pos, idx in dense_blocks(rw.lo, n, sel):
+            y = vals[idx]
+            finite = np.ones(len(pos), dtype=bool) if all_finite else np.isfinite(y).all(axis=1)
+            mu = y.mean(axis=1, keepdims=True)
+            d = y - mu
+            d *= d
+            var = d.mean(axis=1)
+            # Constant windows are exactly 0 (the mean of equal values may be off by an ulp).
+            tiny = np.flatnonzero(var <= 1e-24 * (mu[:, 0] * mu[:, 0]))
+            if tiny.size:
+                yt = y[tiny]
+                var[tiny[(yt == yt[:, :1]).all(axis=1)]] = 0.0
+            if not finite.all():
+                bad = pos[~finite]
+                var[~finite] = _variance_kernel(vals, lo_f[bad], n_f[bad])
+            out[pos] = var
+    return out.reshape(n.shape)
 
 
 @register("stdvar_over_time")

@@ -6,11 +6,11 @@ import numpy as np
 
 from promql.functions import FunctionContext, register
 from promql.functions.common import (
+    dense_blocks,
     iterate_window_positions,
     kahan_inc,
     pairwise_prev,
     scalar_arg,
-    scatter_back,
     window_count_of,
     window_first_last,
     window_vector,
@@ -134,24 +134,13 @@ def idelta(ctx: FunctionContext, args: list[Value]) -> Value:
     return _instant(windows_arg(args[0]), False)
 
 
-def _linear_regression(rw: RangeWindows, intercept_ms: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Least-squares slope and intercept per window, replicating Prometheus's compensated sums.
-
-    intercept_ms: (T,) intercept time per step, or None for "the window's first sample".
-    Returns (slope, intercept, present).
-    """
-    S, T = rw.lo.shape
-    lo = np.asarray(rw.lo, dtype=np.int64)
-    n = np.asarray(rw.hi, dtype=np.int64) - lo
+def _regression_kernel(rw: RangeWindows, lo: np.ndarray, n: np.ndarray, t0: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Prometheus's linearRegression with compensated sums, bit for bit, for flat windows."""
     ts = np.asarray(rw.ts, dtype=np.int64)
     vals = np.asarray(rw.vals, dtype=np.float64)
-    present = n >= 2
     order, it = iterate_window_positions(lo, n)
     W = order.size
-    if intercept_ms is None:
-        t0 = ts[np.clip(lo, 0, max(len(ts) - 1, 0))].reshape(-1)[order] if len(ts) else np.zeros(W, np.int64)
-    else:
-        t0 = np.broadcast_to(np.asarray(intercept_ms, dtype=np.int64)[None, :], (S, T)).reshape(-1)[order]
+    t0 = t0[order]
     cnt = np.zeros(W)
     sx = np.zeros(W); cx = np.zeros(W)
     sy = np.zeros(W); cy = np.zeros(W)
@@ -184,7 +173,62 @@ def _linear_regression(rw: RangeWindows, intercept_ms: np.ndarray | None) -> tup
         inf_y = np.isinf(init_y)
         slope = np.where(const_y, np.where(inf_y, np.nan, 0.0), slope)
         intercept = np.where(const_y, np.where(inf_y, np.nan, init_y), intercept)
-    return scatter_back(order, slope, (S, T)), scatter_back(order, intercept, (S, T)), present
+    out_s = np.empty(W)
+    out_i = np.empty(W)
+    out_s[order] = slope
+    out_i[order] = intercept
+    return out_s, out_i
+
+
+def _linear_regression(rw: RangeWindows, intercept_ms: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Least-squares slope and intercept per window (windows with at least two samples).
+
+    intercept_ms: (T,) intercept time per step, or None for "the window's first sample".
+    Finite windows use a centred two-pass computation on dense blocks (numerically at least as
+    good as Prometheus's compensated sums); windows holding NaN/Inf use the exact replica of
+    Prometheus's algorithm so special values propagate identically. Returns (slope, intercept,
+    present).
+    """
+    S, T = rw.lo.shape
+    lo = np.asarray(rw.lo, dtype=np.int64)
+    n = np.asarray(rw.hi, dtype=np.int64) - lo
+    ts = np.asarray(rw.ts, dtype=np.int64)
+    vals = np.asarray(rw.vals, dtype=np.float64)
+    present = n >= 2
+    slope = np.zeros(S * T)
+    intercept = np.zeros(S * T)
+    sel = np.flatnonzero(present.reshape(-1))
+    if not sel.size:
+        return slope.reshape(S, T), intercept.reshape(S, T), present
+    lo_f = lo.reshape(-1)
+    n_f = n.reshape(-1)
+    steps = None if intercept_ms is None else np.asarray(intercept_ms, dtype=np.int64)
+    all_finite = bool(np.isfinite(vals).all())
+    with np.errstate(all="ignore"):
+        for pos, idx in dense_blocks(lo, n, sel):
+            t = ts[idx]
+            t0 = t[:, 0] if steps is None else steps[pos % T]
+            x = (t - t0[:, None]) / 1e3
+            y = vals[idx]
+            xm = x.mean(axis=1, keepdims=True)
+            ym = y.mean(axis=1, keepdims=True)
+            dx = x - xm
+            cov = (dx * (y - ym)).sum(axis=1)
+            varx = (dx * dx).sum(axis=1)
+            sl = cov / varx
+            ic = ym[:, 0] - sl * xm[:, 0]
+            const = (y == y[:, :1]).all(axis=1)
+            sl = np.where(const, 0.0, sl)
+            ic = np.where(const, y[:, 0], ic)
+            if not all_finite:
+                bad = ~np.isfinite(y).all(axis=1)
+                if bad.any():
+                    b = pos[bad]
+                    t0b = ts[lo_f[b]] if steps is None else steps[b % T]
+                    sl[bad], ic[bad] = _regression_kernel(rw, lo_f[b], n_f[b], t0b)
+            slope[pos] = sl
+            intercept[pos] = ic
+    return slope.reshape(S, T), intercept.reshape(S, T), present
 
 
 @register("deriv")

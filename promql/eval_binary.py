@@ -14,6 +14,7 @@ import numpy as np
 
 from promql.errors import BadData, ExecutionError
 from promql.eval_labels import (
+    METADATA_LABELS,
     SAME_LABELSET,
     dense_ids,
     drop_metric_name,
@@ -97,6 +98,8 @@ class Matching:
         self.names: list[str] = []
         self.include: list[str] = []
         self.return_bool = False
+        self.fill_lhs: float | None = None  # experimental fill_left()/fill()
+        self.fill_rhs: float | None = None  # experimental fill_right()/fill()
         if op in SET_OPS:
             self.card = "ManyToMany"
         if modifier is not None:
@@ -108,8 +111,9 @@ class Matching:
                 self.names = list(m.labels)
             self.include = list(modifier.group_labels or [])
             fv = getattr(modifier, "fill_values", None)
-            if fv is not None and (getattr(fv, "lhs", None) is not None or getattr(fv, "rhs", None) is not None):
-                raise BadData("fill() modifiers on binary operators are not supported")
+            if fv is not None:
+                self.fill_lhs = None if fv.lhs is None else float(fv.lhs)
+                self.fill_rhs = None if fv.rhs is None else float(fv.rhs)
 
     def signature(self, labels: Labels) -> Labels:
         return match_signature(labels, self.on, self.names)
@@ -168,7 +172,8 @@ def set_op(op: str, lhs: VectorSteps, rhs: VectorSteps, m: Matching) -> VectorSt
 def _result_labels(many: Labels, one: Labels, op: str, m: Matching) -> Labels:
     lb = dict(many)
     if op in ARITH:
-        lb.pop("__name__", None)
+        for n in METADATA_LABELS:
+            lb.pop(n, None)
     if m.card == "OneToOne":
         if m.on:
             keep = set(m.names)
@@ -187,16 +192,24 @@ def _result_labels(many: Labels, one: Labels, op: str, m: Matching) -> Labels:
     return tuple(sorted(lb.items()))
 
 
+def _match_labels(labels: Labels, m: Matching) -> Labels:
+    """Prometheus's Labels.MatchLabels: the labels a fill()-synthesized sample carries."""
+    return match_signature(labels, m.on, m.names)
+
+
 def vector_vector(op: str, lhs: VectorSteps, rhs: VectorSteps, m: Matching) -> VectorSteps:
-    """Arithmetic / comparison between two vectors with one-to-one or many-to-one matching."""
+    """Arithmetic / comparison between two vectors with one-to-one or many-to-one matching
+    (and the experimental fill()/fill_left()/fill_right() modifiers)."""
     t = lhs.num_steps
     if m.card == "ManyToMany":
         raise ExecutionError("many-to-many only allowed for set operators")
-    if lhs.num_series == 0 or rhs.num_series == 0:
+    no_fill = m.fill_lhs is None and m.fill_rhs is None
+    if (lhs.num_series == 0 and rhs.num_series == 0) or ((lhs.num_series == 0 or rhs.num_series == 0) and no_fill):
         return VectorSteps.empty(t)
     swap = m.card == "OneToMany"
     many, one = (rhs, lhs) if swap else (lhs, rhs)
     ms_, os_, nsig, sig_list = _sig_ids(m, many, one)
+    cols_all = np.arange(t)[None, :]
 
     # The "one" side must be unique per signature at every step.
     cnt = _count_by_sig(os_, one.present, nsig)
@@ -206,60 +219,78 @@ def vector_vector(op: str, lhs: VectorSteps, rhs: VectorSteps, m: Matching) -> V
     rows, cols = np.nonzero(one.present)
     one_row[os_[rows], cols] = rows
 
-    match = one_row[ms_]  # (S_many, T)
+    match = one_row[ms_] if many.num_series else np.zeros((0, t), np.int64)  # (S_many, T)
     matched = many.present & (match >= 0)
-    if m.card == "OneToOne":
-        mc = _count_by_sig(ms_, matched, nsig)
+    if m.fill_rhs is not None:
+        called = many.present  # unmatched rows are paired with a synthesized right-hand sample
+    else:
+        called = matched
+    if m.card == "OneToOne" and many.num_series:
+        mc = _count_by_sig(ms_, called, nsig)
         if (mc > 1).any():
             raise ExecutionError("multiple matches for labels: many-to-one matching must be explicit (group_left/group_right)")
 
-    safe = np.where(matched, match, 0)
-    ov = one.values[safe, np.arange(t)[None, :]]
-    fl, fr = (ov, many.values) if swap else (many.values, ov)
+    nm, no = many.num_series, one.num_series
+    # cells: (kind/code, step, left value, right value) -- A matched pairs, B many row + fill,
+    # C one row + fill (for one rows no many row matched at that step)
+    rr, cc = np.nonzero(called)
+    r_of = match[rr, cc]
+    vl = many.values[rr, cc]
+    vr = np.where(r_of >= 0, one.values[np.maximum(r_of, 0), cc] if no else 0.0, m.fill_rhs if m.fill_rhs is not None else 0.0)
+    code = rr.astype(np.int64) * (no + 1) + np.where(r_of >= 0, r_of, no)
+    if m.fill_lhs is not None and no:
+        many_sig_present = _presence_by_sig(ms_, many.present, nsig)
+        c_mask = one.present & ~many_sig_present[os_]
+        r2, c2 = np.nonzero(c_mask)
+        code = np.concatenate([code, nm * (no + 1) + r2.astype(np.int64)])
+        cc = np.concatenate([cc, c2])
+        vl = np.concatenate([vl, np.full(len(r2), m.fill_lhs)])
+        vr = np.concatenate([vr, one.values[r2, c2]])
+    fl, fr = (vr, vl) if swap else (vl, vr)
     if op in COMPARE:
         keep = compare(op, fl, fr)
         values = keep.astype(np.float64) if m.return_bool else fl
     else:
-        keep = np.ones_like(matched)
+        keep = np.ones(len(fl), dtype=bool)
         values = arith(op, fl, fr)
-    out_present = matched & (keep | m.return_bool)
 
-    # Output label sets: per "many" row unless group_x copies labels from the matched "one" row.
-    if not m.include:
+    # Output label sets (per-pair Python, never per sample).
+    if not m.include and no_fill:
         labels_per_row = [_result_labels(l, (), op, m) for l in many.labels]
-        out_ids, out_labels = dense_ids(labels_per_row)
-        cell_out = np.broadcast_to(out_ids[:, None], matched.shape)
+        row_out, out_labels = dense_ids(labels_per_row)
+        cell_out = row_out[code // (no + 1)] if len(code) else np.zeros(0, np.int64)
     else:
-        mr, mc_ = np.nonzero(matched)
-        code = mr.astype(np.int64) * (one.num_series + 1) + match[mr, mc_]
         uniq, inv = np.unique(code, return_inverse=True)
-        lab = [
-            _result_labels(many.labels[int(c) // (one.num_series + 1)], one.labels[int(c) % (one.num_series + 1)], op, m)
-            for c in uniq
-        ]
+        lab = []
+        for c in uniq.tolist():
+            if c >= nm * (no + 1):
+                r = c - nm * (no + 1)
+                lab.append(_result_labels(_match_labels(one.labels[r], m), one.labels[r], op, m))
+                continue
+            l, r = divmod(c, no + 1)
+            other = one.labels[r] if r < no else _match_labels(many.labels[l], m)
+            lab.append(_result_labels(many.labels[l], other, op, m))
         pair_out, out_labels = dense_ids(lab)
-        cell_out = np.full(matched.shape, -1, dtype=np.int64)
-        cell_out[mr, mc_] = pair_out[inv]
+        cell_out = pair_out[inv] if len(code) else np.zeros(0, np.int64)
     n_out = len(out_labels)
-    # Result label sets must be unique per step (checked on all matched pairs, like Prometheus).
-    if m.card != "OneToOne":
-        rr, cc = np.nonzero(matched)
+    if n_out and len(cell_out):
         oc = np.zeros((n_out, t), dtype=np.int64)
-        np.add.at(oc, (cell_out[rr, cc], cc), 1)
-        if (oc > 1).any():
-            raise ExecutionError("multiple matches for labels: grouping labels must ensure unique matches")
-    rr, cc = np.nonzero(out_present)
-    oid = cell_out[rr, cc]
-    if n_out and len(oid):
-        oc = np.zeros((n_out, t), dtype=np.int64)
-        np.add.at(oc, (oid, cc), 1)
+        if m.card != "OneToOne":
+            np.add.at(oc, (cell_out, cc), 1)
+            if (oc > 1).any():
+                raise ExecutionError("multiple matches for labels: grouping labels must ensure unique matches")
+            oc[:] = 0
+        kept = keep | m.return_bool
+        np.add.at(oc, (cell_out[kept], cc[kept]), 1)
         if (oc > 1).any():
             raise ExecutionError(SAME_LABELSET)
+    kept = keep | m.return_bool
     out_values = np.zeros((n_out, t))
     out_pres = np.zeros((n_out, t), dtype=bool)
-    out_values[oid, cc] = values[rr, cc]
-    out_pres[oid, cc] = True
+    out_values[cell_out[kept], cc[kept]] = values[kept]
+    out_pres[cell_out[kept], cc[kept]] = True
     drop = np.ones(n_out, bool) if m.return_bool else None
+    del cols_all, sig_list
     return VectorSteps(list(out_labels), out_values, out_pres, drop)  # type: ignore[arg-type]
 
 

@@ -72,10 +72,12 @@ def grouping_labels(labels: Labels, names: Iterable[str], without: bool) -> Labe
     return tuple(p for p in labels if p[0] in keep)
 
 
+# Dropping the metric name drops the metric's metadata labels too (Prometheus 3 schema labels).
+METADATA_LABELS = frozenset({METRIC_NAME, "__type__", "__unit__"})
+
+
 def drop_metric_name(labels: Labels) -> Labels:
-    if labels and labels[0][0] == METRIC_NAME:  # sorted: "__name__" sorts before lowercase names
-        return labels[1:]
-    return tuple(p for p in labels if p[0] != METRIC_NAME)
+    return tuple(p for p in labels if p[0] not in METADATA_LABELS)
 
 
 def dense_ids(keys: Sequence[object]) -> tuple[np.ndarray, list[object]]:

@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ingest.errors import IngestError
-from ingest.proto.messages import V1_TYPE_NAMES, V2_TYPE_NAMES, Label, RawWriteRequest, V2RawRequest
-from ingest.sample_columns import decode_samples
+from ingest.proto.messages import V1_TYPE_NAMES, V2_TYPE_NAMES, Label, RawWriteRequest, SplitWriteRequest, V2RawRequest
+from ingest.rw_fast import label_keys, walk
+from ingest.sample_columns import decode_sample_region, decode_samples
 from ingest.validation import check_future, validate_pairs
 from storage.batch import MetricMetadata, SampleBatch
 from storage.labels import Labels
@@ -57,6 +58,51 @@ class RemoteWriteDecoder:
     # ---- 1.0 ----
     def decode_v1(self, data: bytes | memoryview, tenant: str = "default") -> DecodedWrite:
         try:
+            split = SplitWriteRequest.FromString(data)
+        except Exception as e:  # noqa: BLE001 - google.protobuf.message.DecodeError
+            raise IngestError("bad_protobuf", f"protobuf: cannot decode prometheus.WriteRequest: {e}") from None
+        tss = list(split.timeseries)
+        w = walk(tss)
+        if w is None:  # unusual encoding: let the protobuf runtime decide
+            return self.decode_v1_runtime(data, tenant)
+        keys = label_keys(w)
+        cache = self._v1.d
+        uniq: dict[bytes, int] = dict.fromkeys(keys)  # type: ignore[assignment]
+        if len(uniq) == len(keys):  # the usual case: every series once per request
+            ts_local = np.arange(len(keys), dtype=np.int64)
+        else:
+            uniq = {}
+            setd = uniq.setdefault
+            ts_local = np.fromiter((setd(k, len(uniq)) for k in keys), np.int64, count=len(keys))
+        series = list(map(cache.get, uniq))
+        if None in series:
+            for j, k in enumerate(uniq):
+                if series[j] is None:
+                    series[j] = self._new_v1_raw(k, j)
+        values, timestamps = decode_sample_region(w.buf, w.sample_off, w.sample_len)
+        sidx = ts_local[w.sample_sid]
+        check_future(timestamps, sidx, series, self.future_tolerance_ms)
+        meta = self._meta_v1(split.metadata)
+        batch = SampleBatch(series, sidx, timestamps, values, metadata=meta, tenant=tenant)
+        return DecodedWrite(batch, w.n_histograms, w.n_exemplars, meta)
+
+    def _new_v1_raw(self, key: bytes, i: int) -> Labels:
+        """Validate a series first seen as raw label-field bytes (cached by those bytes)."""
+        try:
+            ts = RawWriteRequest.FromString(b"\x0a" + _varint(len(key)) + key).timeseries[0]
+        except Exception as e:  # noqa: BLE001
+            raise IngestError("bad_protobuf", f"protobuf: malformed labels in timeseries {i}: {e}") from None
+        lbl = self._new_v1(tuple(ts.labels), i)
+        self._v1.put(key, lbl)
+        return lbl
+
+    @staticmethod
+    def _meta_v1(items) -> list[MetricMetadata]:
+        return [MetricMetadata(m.metric_family_name, V1_TYPE_NAMES[m.type] if 0 <= m.type < len(V1_TYPE_NAMES) else "unknown",
+                               m.help, m.unit) for m in items if m.metric_family_name]
+
+    def decode_v1_runtime(self, data: bytes | memoryview, tenant: str = "default") -> DecodedWrite:
+        try:
             req = RawWriteRequest.FromString(data)
         except Exception as e:  # noqa: BLE001 - google.protobuf.message.DecodeError
             raise IngestError("bad_protobuf", f"protobuf: cannot decode prometheus.WriteRequest: {e}") from None
@@ -86,8 +132,7 @@ class RemoteWriteDecoder:
             if ts.exemplars:
                 ex += len(ts.exemplars)
         batch = self._batch(series, ts_local, counts, samples, tenant)
-        meta = [MetricMetadata(m.metric_family_name, V1_TYPE_NAMES[m.type] if 0 <= m.type < len(V1_TYPE_NAMES) else "unknown",
-                               m.help, m.unit) for m in req.metadata if m.metric_family_name]
+        meta = self._meta_v1(req.metadata)
         batch.metadata = meta
         return DecodedWrite(batch, hist, ex, meta)
 
@@ -177,3 +222,15 @@ class RemoteWriteDecoder:
         sidx = np.repeat(np.asarray(ts_local, np.int64), np.asarray(counts, np.int64))
         check_future(timestamps, sidx, series, self.future_tolerance_ms)
         return SampleBatch(series, sidx, timestamps, values, tenant=tenant)
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)

@@ -29,14 +29,22 @@ def _varint_cols(mat: np.ndarray, start: int) -> tuple[np.ndarray, np.ndarray]:
 def decode_samples(samples: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
     """(values float64, timestamps int64) of encoded Sample messages, in order."""
     n = len(samples)
-    values = np.zeros(n, np.float64)
-    ts = np.zeros(n, np.int64)
     if n == 0:
-        return values, ts
+        return np.zeros(0, np.float64), np.zeros(0, np.int64)
     lens = np.fromiter(map(len, samples), dtype=np.int64, count=n)
     buf = np.frombuffer(b"".join(samples), dtype=np.uint8)
     offs = np.zeros(n, np.int64)
     np.cumsum(lens[:-1], out=offs[1:])
+    return decode_sample_region(buf, offs, lens)
+
+
+def decode_sample_region(buf: np.ndarray, offs: np.ndarray, lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Decode the Sample messages stored at ``buf[offs[i]:offs[i]+lens[i]]`` (uint8 buffer)."""
+    n = len(offs)
+    values = np.zeros(n, np.float64)
+    ts = np.zeros(n, np.int64)
+    if n == 0:
+        return values, ts
     done = lens == 0  # empty message: value 0, timestamp 0
     first = np.zeros(n, np.uint8)
     nz = ~done
@@ -71,9 +79,11 @@ def decode_samples(samples: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
     if len(rest):
         from ingest.proto.messages import Sample
 
+        raw = buf.tobytes() if len(rest) else b""
         for i in rest.tolist():  # non-canonical encodings only (rare): protobuf runtime decides
+            a = int(offs[i])
             try:
-                s = Sample.FromString(samples[i])
+                s = Sample.FromString(raw[a:a + int(lens[i])])
             except Exception as e:  # noqa: BLE001 - DecodeError
                 raise IngestError("bad_protobuf", f"protobuf: malformed Sample message: {e}") from None
             values[i] = s.value

@@ -171,3 +171,30 @@ def test_fuzzed_server_kept_earlier_data(fuzz_server):
     for i in range(20):
         ts, vs = got[make_labels({"__name__": "keep_me", "i": str(i)})]
         assert ts.tolist() == [t, t + 1000] and vs.tolist() == [float(i), i + 0.5]
+
+
+@FAST
+@given(st.lists(st.tuples(st.dictionaries(st.sampled_from(["a", "b", "job", "__name__"]), st.sampled_from(["", "x", "y", "1"]), min_size=1),
+                          st.lists(st.tuples(st.integers(-2**40, 2**40), st.floats(allow_nan=False)), max_size=4)), max_size=6),
+       st.lists(st.tuples(st.integers(0, 500), st.integers(0, 255)), max_size=3))
+def test_fast_walk_agrees_with_protobuf_runtime(series, flips):
+    data = bytearray(v1_payload(series))
+    for pos, val in flips:
+        if data:
+            data[pos % len(data)] = val
+    data = bytes(data)
+    dec = RemoteWriteDecoder(future_tolerance_ms=0)
+    ref = RemoteWriteDecoder(future_tolerance_ms=0)
+    try:
+        a = dec.decode_v1(data).batch
+    except IngestError:
+        a = None
+    try:
+        b = ref.decode_v1_runtime(data).batch
+    except IngestError:
+        b = None
+    assert (a is None) == (b is None)
+    if a is not None:
+        rows_a = sorted((a.series[i], t, v) for i, t, v in zip(a.series_index.tolist(), a.timestamps.tolist(), a.values.view(np.uint64).tolist()))
+        rows_b = sorted((b.series[i], t, v) for i, t, v in zip(b.series_index.tolist(), b.timestamps.tolist(), b.values.view(np.uint64).tolist()))
+        assert rows_a == rows_b

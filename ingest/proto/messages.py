@@ -52,6 +52,8 @@ def _build_v1() -> descriptor_pb2.FileDescriptorProto:
                                 ("exemplars", 3, "bytes", True), ("histograms", 4, "bytes", True)])
     _msg(fdp, "RawWriteRequest", [("timeseries", 1, "msg", True, ".prometheus.RawTimeSeries"),
                                   ("metadata", 3, "msg", True, ".prometheus.MetricMetadata")])
+    _msg(fdp, "SplitWriteRequest", [("timeseries", 1, "bytes", True),
+                                    ("metadata", 3, "msg", True, ".prometheus.MetricMetadata")])
     return fdp
 
 
@@ -93,6 +95,7 @@ Sample = _cls("prometheus.Sample")
 Exemplar = _cls("prometheus.Exemplar")
 MetricMetadata = _cls("prometheus.MetricMetadata")
 RawWriteRequest = _cls("prometheus.RawWriteRequest")
+SplitWriteRequest = _cls("prometheus.SplitWriteRequest")  # each TimeSeries as raw bytes (ingest/rw_fast.py)
 
 # remote write 2.0
 V2Request = _cls("io.prometheus.write.v2.Request")

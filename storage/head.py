@@ -279,18 +279,20 @@ class Head:
         self.drop_rows(lambda r: r.ts < t)
 
     def _recompute_ranges(self) -> None:
-        self.series_min[:] = INT64_MAX
-        self.series_max[:] = INT64_MIN
+        # Built aside and swapped in: concurrent readers never see a half-reset range table.
+        smin = np.full(len(self.series_min), INT64_MAX, dtype=np.int64)
+        smax = np.full(len(self.series_max), INT64_MIN, dtype=np.int64)
         total, mint, maxt = 0, INT64_MAX, INT64_MIN
         for r in self._runs:
             if not len(r):
                 continue
             u, starts, ends = group_bounds(r.sid)
-            self.series_min[u] = np.minimum(self.series_min[u], r.ts[starts])
-            self.series_max[u] = np.maximum(self.series_max[u], r.ts[ends - 1])
+            smin[u] = np.minimum(smin[u], r.ts[starts])
+            smax[u] = np.maximum(smax[u], r.ts[ends - 1])
             total += len(r)
             mint = min(mint, int(r.ts.min()))
             maxt = max(maxt, int(r.ts.max()))
+        self.series_min, self.series_max = smin, smax
         self.num_samples = total
         self.mint = mint
         # maxt keeps its high-water mark when rows remain (out-of-order window is relative to it).

@@ -54,6 +54,8 @@ class TSDB:
         self.min_valid_time = INT64_MIN
         self._maint_lock = threading.Lock()  # one maintenance pass at a time
         self._load_blocks()
+        if self._blocks:
+            self._catalog_changed()
         self.wal = WAL(self.path / "wal", segment_bytes=self.options.wal_segment_bytes, fsync=self.options.wal_fsync)
         self._replay()
         self.wal.open_for_append()
@@ -185,7 +187,7 @@ class TSDB:
 
     def delete_series(self, matcher_sets: Sequence[Sequence[Matcher]], mint: int, maxt: int) -> int:
         """Delete samples in [mint, maxt] of matching series from head and blocks; returns series affected."""
-        with self._wlock:
+        with self._maint_lock, self._wlock:
             n = len(self.index)
             mask = self.index.match_any_mask(matcher_sets, n) if matcher_sets else np.zeros(n, dtype=bool)
             mask &= self._in_range_mask(n, mint, maxt)
@@ -201,6 +203,7 @@ class TSDB:
             for b in self._blocks_snapshot():
                 if b.maxt >= mint and b.mint <= maxt and b.series_mask(n, mint, maxt).any():
                     self._rewrite_block_without(b, sel, mint, maxt)
+            self._catalog_changed()
             self._update_gauges()
             return len(sids)
 

@@ -1,0 +1,301 @@
+"""Side-by-side PromQL compliance: TurboProm vs Prometheus 2.42 (Debian package).
+
+Runs the PromQL compliance tester's query set (``../shared/compliance/promql-test-queries.yml``:
+118 templates expanded over the tester's variant tables) as range queries against both servers
+holding identical data, and compares results the way the tester does: same series (label sets),
+same timestamps, values equal within a relative 1e-5 (NaN == NaN); ``should_fail`` cases must
+fail on the target. Warnings/infos are ignored.
+
+Data: generated history of the PromLabs demo service's metric families (three instances
+``demo.promlabs.com:10000..10002``, job ``demo``, 5 s scrape interval, 95 minutes), written into
+Prometheus with ``promtool tsdb create-blocks-from openmetrics`` and into TurboProm through
+``POST /api/v1/import/prometheus``. Backfilled data has no staleness markers (on both sides).
+Samples sit on whole seconds; the query window (10 minutes, step 10 s, like the tester) starts
+and ends on fractional seconds, as the tester's wall-clock times do.
+
+    .venv/bin/python bench/compliance.py [--json report.json] [--show-failures N] [--parallel 4]
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import re
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from tests.helpers import SHARED, ServerProcess  # noqa: E402
+from tests.test_api_helpers import PrometheusPeer, http, import_text  # noqa: E402
+
+QUERIES_FILE = SHARED / "compliance" / "promql-test-queries.yml"
+
+# The tester's variant tables (testcases/expand.go, see ../shared/compliance/NOTES.md).
+VARIANTS: dict[str, list[str]] = {
+    "range": ["1s", "15s", "1m", "5m", "15m", "1h"],
+    "offset": ["1m", "5m", "10m"],
+    "simpleAggrOp": ["sum", "avg", "max", "min", "count", "stddev", "stdvar"],
+    "simpleTimeAggrOp": ["sum", "avg", "max", "min", "count", "stddev", "stdvar", "absent", "last"],
+    "topBottomOp": ["topk", "bottomk"],
+    "quantile": ["-0.5", "0.1", "0.5", "0.75", "0.95", "0.90", "0.99", "1", "1.5"],
+    "arithBinOp": ["+", "-", "*", "/", "%", "^"],
+    "compBinOp": ["==", "!=", "<", ">", "<=", ">="],
+    "binOp": ["+", "-", "*", "/", "%", "^", "==", "!=", "<", ">", "<=", ">="],
+    "simpleMathFunc": ["abs", "ceil", "floor", "exp", "sqrt", "ln", "log2", "log10", "round"],
+    "extrapolatedRateFunc": ["delta", "rate", "increase"],
+    "clampFunc": ["clamp_min", "clamp_max"],
+    "instantRateFunc": ["idelta", "irate"],
+    "dateFunc": ["day_of_month", "day_of_week", "days_in_month", "hour", "minute", "month", "year"],
+}
+
+T0_S = 1_700_000_000  # data start (whole seconds)
+SCRAPE_S = 5
+DATA_MINUTES = 95
+INSTANCES = ["demo.promlabs.com:10000", "demo.promlabs.com:10001", "demo.promlabs.com:10002"]
+BUCKETS = [0.0001 * 1.5**k for k in range(25)]
+
+
+# ---------------------------------------------------------------------------------------------
+# data
+
+
+def generate_text() -> str:
+    """Prometheus text exposition with millisecond timestamps, identical input for both sides."""
+    rng = np.random.default_rng(42)
+    n = DATA_MINUTES * 60 // SCRAPE_S + 1
+    lines: list[str] = []
+
+    def emit(name: str, labels: dict[str, str], ts_ms: np.ndarray, vals: np.ndarray) -> None:
+        lbl = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+        head = f"{name}{{{lbl}}} "
+        lines.extend(head + repr(float(v)) + " " + str(int(t)) for t, v in zip(ts_ms.tolist(), vals.tolist()))
+
+    for i, inst in enumerate(INSTANCES):
+        base = {"instance": inst, "job": "demo"}
+        ts_s = T0_S + (i + 1) + np.arange(n) * SCRAPE_S  # per-instance scrape offset of i+1 s
+        ts = ts_s * 1000
+        minutes = (ts_s // 60)
+        for typ, level in (("used", 2.0e9), ("cached", 1.0e9), ("buffers", 3.0e8), ("free", 4.0e9)):
+            walk = np.cumsum(rng.normal(0, level * 0.002, n))
+            emit("demo_memory_usage_bytes", {**base, "type": typ}, ts, np.round(level + walk + i * 1e7))
+        emit("demo_num_cpus", base, ts, np.full(n, float(4 * (i + 1))))
+        for mode, rate in (("user", 0.6), ("system", 0.25), ("idle", 2.9)):
+            c = np.cumsum(rng.uniform(0.5, 1.5, n) * rate * SCRAPE_S)
+            if mode == "user" and i == 1:
+                c[n // 2:] -= c[n // 2]  # a counter reset (process restart)
+            emit("demo_cpu_usage_seconds_total", {**base, "mode": mode}, ts, np.round(c, 3))
+        disk = 1.2e11 + np.cumsum(rng.integers(0, 2_000_000, n)).astype(float)
+        emit("demo_disk_usage_bytes", base, ts, disk)
+        emit("demo_disk_total_bytes", base, ts, np.full(n, 2.5e11))
+        # batch job: runs every 4 minutes; success every other run
+        runs = (ts_s - T0_S) // 240
+        last_run = T0_S + runs * 240 + 7.0
+        last_success = T0_S + (runs - (runs % 2)) * 240 + 7.0
+        emit("demo_batch_last_run_timestamp_seconds", base, ts, last_run.astype(float))
+        emit("demo_batch_last_success_timestamp_seconds", base, ts, last_success.astype(float))
+        emit("demo_batch_last_run_duration_seconds", base, ts, 30 + (runs % 5) * 2.5)
+        emit("demo_batch_last_run_processed_bytes", base, ts, (runs % 7 + 1) * 1.5e6)
+        emit("demo_api_http_requests_in_progress", base, ts, rng.integers(0, 6, n).astype(float))
+        emit("demo_is_holiday", base, ts, np.zeros(n))
+        emit("demo_items_shipped_total", base, ts, np.cumsum(rng.integers(0, 4, n)).astype(float))
+        even = (minutes % 2) == 0
+        emit("demo_intermittent_metric", base, ts[even], np.full(int(even.sum()), 1.0))
+        for method in ("GET", "POST"):
+            for path in ("/api/foo", "/api/bar"):
+                for status in ("200", "500"):
+                    scale = (5.0 if status == "200" else 0.5) * (1.0 if method == "GET" else 0.4)
+                    reqs = rng.poisson(scale * SCRAPE_S, n)
+                    count = np.cumsum(reqs).astype(float)
+                    # latency distribution per request group: lognormal-ish bucket fractions
+                    mu = np.log(0.02 if path == "/api/foo" else 0.05)
+                    cdf = np.array([0.5 * (1 + math.erf((np.log(b) - mu) / (1.2 * math.sqrt(2)))) for b in BUCKETS])
+                    lab = {**base, "method": method, "path": path, "status": status}
+                    for b, frac in zip(BUCKETS, cdf):
+                        emit("demo_api_request_duration_seconds_bucket", {**lab, "le": repr(b)}, ts, np.floor(count * frac))
+                    emit("demo_api_request_duration_seconds_bucket", {**lab, "le": "+Inf"}, ts, count)
+                    emit("demo_api_request_duration_seconds_sum", lab, ts, np.round(count * math.exp(mu + 0.72), 6))
+                    emit("demo_api_request_duration_seconds_count", lab, ts, count)
+    return "\n".join(lines) + "\n"
+
+
+def to_openmetrics(text: str) -> str:
+    out = []
+    for line in text.splitlines():
+        head, value, ts = line.rsplit(" ", 2)
+        out.append(f"{head} {value} {int(ts) // 1000}")  # whole seconds: exact in both
+    out.append("# EOF")
+    return "\n".join(out) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# queries
+
+
+@dataclass
+class Case:
+    query: str
+    should_fail: bool = False
+
+
+def expand_cases(path: Path = QUERIES_FILE) -> list[Case]:
+    doc = yaml.safe_load(path.read_text())
+    out: list[Case] = []
+    for tc in doc["test_cases"]:
+        q = tc["query"]
+        args = tc.get("variant_args") or []
+        if not args:
+            out.append(Case(q, bool(tc.get("should_fail"))))
+            continue
+        for combo in itertools.product(*(VARIANTS[a] for a in args)):
+            text = q
+            for a, v in zip(args, combo):
+                text = text.replace("{{." + a + "}}", v)
+            if "{{" in text:
+                raise ValueError(f"unexpanded template in {q!r}")
+            out.append(Case(text, bool(tc.get("should_fail"))))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# comparison
+
+
+@dataclass
+class Outcome:
+    query: str
+    status: str  # passed | failed | unexpected_success | unexpected_failure | reference_error
+    detail: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _matrix(body: bytes) -> tuple[str | None, list[tuple[tuple, list[tuple[int, float]]]] | None, str]:
+    doc = json.loads(body)
+    if doc.get("status") != "success":
+        return doc.get("errorType"), None, doc.get("error", "")
+    data = doc["data"]
+    if data["resultType"] != "matrix":
+        return "wrong_type", None, data["resultType"]
+    series = []
+    for s in data["result"]:
+        pts = [(round(float(t) * 1000), float(v)) for t, v in s["values"]]
+        series.append((tuple(sorted(s["metric"].items())), pts))
+    series.sort(key=lambda x: x[0])
+    return None, series, ""
+
+
+def _values_equal(a: float, b: float) -> bool:
+    if math.isnan(a) or math.isnan(b):
+        return math.isnan(a) and math.isnan(b)
+    if a == b:
+        return True
+    # cmpopts.EquateApprox(fraction=1e-5, margin=0): |a-b| <= 1e-5 * min(|a|, |b|)
+    return abs(a - b) <= 1e-5 * min(abs(a), abs(b))
+
+
+def compare(case: Case, ref: tuple[int, bytes], tgt: tuple[int, bytes]) -> Outcome:
+    r_err, r_series, r_msg = _matrix(ref[1])
+    t_err, t_series, t_msg = _matrix(tgt[1])
+    if case.should_fail:
+        if t_err is None:
+            return Outcome(case.query, "unexpected_success", "should fail but succeeded")
+        return Outcome(case.query, "passed", f"failed as expected: {t_msg}")
+    if r_err is not None:
+        return Outcome(case.query, "reference_error", f"Prometheus failed: {r_err}: {r_msg}")
+    if t_err is not None:
+        return Outcome(case.query, "unexpected_failure", f"{t_err}: {t_msg}")
+    assert r_series is not None and t_series is not None
+    r_keys = [k for k, _ in r_series]
+    t_keys = [k for k, _ in t_series]
+    if r_keys != t_keys:
+        missing = sorted(set(r_keys) - set(t_keys))[:2]
+        extra = sorted(set(t_keys) - set(r_keys))[:2]
+        return Outcome(case.query, "failed", f"series differ: {len(r_keys)} vs {len(t_keys)}; missing {missing}; extra {extra}")
+    for (k, rp), (_, tp) in zip(r_series, t_series):
+        if [t for t, _ in rp] != [t for t, _ in tp]:
+            return Outcome(case.query, "failed", f"timestamps differ for {dict(k)}: {len(rp)} vs {len(tp)} points")
+        for (t, a), (_, b) in zip(rp, tp):
+            if not _values_equal(a, b):
+                return Outcome(case.query, "failed", f"value differs for {dict(k)} at {t}: Prometheus {a!r}, TurboProm {b!r}")
+    return Outcome(case.query, "passed")
+
+
+# ---------------------------------------------------------------------------------------------
+# run
+
+
+def run(parallel: int = 4, keep_servers: bool = False) -> dict[str, Any]:
+    cases = expand_cases()
+    text = generate_text()
+    n_samples = text.count("\n")
+    end = T0_S + (DATA_MINUTES - 3) * 60 + 0.123  # the tester uses now - 12 min with fractions
+    start = end - 600
+    params = {"start": repr(start), "end": repr(end), "step": "10"}
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        prom = PrometheusPeer(Path(tmp) / "prom", openmetrics=to_openmetrics(text))
+        tp = ServerProcess(Path(tmp) / "tp" / "data")
+        with prom, tp:
+            lines = text.splitlines()
+            chunk = 100_000
+            for i in range(0, len(lines), chunk):
+                import_text(tp.url, "\n".join(lines[i:i + chunk]) + "\n")
+            load_s = time.perf_counter() - t0
+
+            def one(case: Case) -> Outcome:
+                p = {**params, "query": case.query}
+                ref = http("POST", prom.url + "/api/v1/query_range", p, timeout=120)
+                tgt = http("POST", tp.url + "/api/v1/query_range", p, timeout=120)
+                return compare(case, (ref[0], ref[2]), (tgt[0], tgt[2]))
+
+            t1 = time.perf_counter()
+            with ThreadPoolExecutor(parallel) as pool:
+                outcomes = list(pool.map(one, cases))
+            run_s = time.perf_counter() - t1
+    counts: dict[str, int] = {}
+    for o in outcomes:
+        counts[o.status] = counts.get(o.status, 0) + 1
+    return {
+        "cases": len(cases),
+        "templates": len(yaml.safe_load(QUERIES_FILE.read_text())["test_cases"]),
+        "samples": n_samples,
+        "window": {"start": start, "end": end, "step": 10},
+        "counts": counts,
+        "passed": counts.get("passed", 0),
+        "load_seconds": round(load_s, 1),
+        "run_seconds": round(run_s, 1),
+        "outcomes": [o.__dict__ for o in outcomes],
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json", help="write the full report here")
+    ap.add_argument("--show-failures", type=int, default=100)
+    ap.add_argument("--parallel", type=int, default=4)
+    a = ap.parse_args()
+    report = run(a.parallel)
+    print(f"templates {report['templates']}, expanded queries {report['cases']}, samples {report['samples']}")
+    print(f"load {report['load_seconds']} s, queries {report['run_seconds']} s")
+    print("counts:", json.dumps(report["counts"], sort_keys=True))
+    print(f"passed {report['passed']}/{report['cases']}")
+    bad = [o for o in report["outcomes"] if o["status"] != "passed"]
+    for o in bad[: a.show_failures]:
+        print(f"- [{o['status']}] {o['query']}\n    {o['detail'][:300]}")
+    if a.json:
+        Path(a.json).write_text(json.dumps(report, indent=1))
+    return 0 if not bad else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

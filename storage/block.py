@@ -126,8 +126,15 @@ def write_block(blocks_dir: Path, labels: list[Labels], sid: np.ndarray, ts: np.
     return final
 
 
+class BlockGone(Exception):
+    """The block was replaced (compaction) or deleted (retention) while a reader held it."""
+
+
 class Block:
-    """An opened block: series mapped to global ids, data read lazily by row group."""
+    """An opened block: series mapped to global ids, data read lazily by row group.
+
+    Readers hold a reference while reading; ``remove`` deletes the files once no reader does, and a
+    reader that arrives after removal gets BlockGone (the caller retries with a fresh block list)."""
 
     def __init__(self, path: Path, global_id_of) -> None:  # global_id_of: callable(Labels) -> int
         self.path = Path(path)
@@ -150,6 +157,8 @@ class Block:
         self._g_sorted = self.local_to_global[self._g_order]
         self._pf: pq.ParquetFile | None = None
         self._pf_lock = threading.Lock()
+        self._refs = 0
+        self._removed = False
         self.size_bytes = sum(p.stat().st_size for p in self.path.iterdir() if p.is_file())
 
     @property
@@ -187,6 +196,20 @@ class Block:
 
     def gather(self, sids: np.ndarray, mint: int, maxt: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Rows of sorted unique global ids within [mint, maxt], sorted by (global id, ts)."""
+        with self._pf_lock:
+            if self._removed:
+                raise BlockGone(self.id)
+            self._refs += 1
+        try:
+            return self._gather(sids, mint, maxt)
+        finally:
+            with self._pf_lock:
+                self._refs -= 1
+                delete_now = self._removed and self._refs == 0
+            if delete_now:
+                shutil.rmtree(self.path, ignore_errors=True)
+
+    def _gather(self, sids: np.ndarray, mint: int, maxt: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         g, loc = self.local_ids(sids)
         if len(g):
             overlap = (self.ser_min[loc] <= maxt) & (self.ser_max[loc] >= mint)
@@ -229,7 +252,9 @@ class Block:
         return mask
 
     def remove(self) -> None:
-        CACHE.drop_block(self.id)
         with self._pf_lock:
-            self._pf = None
-        shutil.rmtree(self.path, ignore_errors=True)
+            self._removed = True
+            delete_now = self._refs == 0
+        CACHE.drop_block(self.id)
+        if delete_now:
+            shutil.rmtree(self.path, ignore_errors=True)

@@ -24,7 +24,7 @@ import orjson
 
 from storage import metrics as M
 from storage.batch import SampleBatch
-from storage.block import Block, write_block
+from storage.block import Block, BlockGone, write_block
 from storage.catalog import write_catalog
 from storage.columns import INT64_MAX, INT64_MIN, dedupe_sorted, find_keys, group_bounds, grow, ranges_index, sort_by_series_time, unique
 from storage.head import Head
@@ -120,6 +120,15 @@ class TSDB:
         sids = self.index.match_ids(matchers, n)
         if len(sids) == 0 or mint > maxt:
             return SeriesSet.empty()
+        for attempt in range(5):
+            try:
+                return self._select_ids(sids, mint, maxt)
+            except BlockGone:  # a compaction replaced a block under us: read the new block list
+                if attempt == 4:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _select_ids(self, sids: np.ndarray, mint: int, maxt: int) -> SeriesSet:
         parts = []
         for b in self._blocks_snapshot():
             if b.maxt >= mint and b.mint <= maxt:

@@ -175,3 +175,35 @@ def test_turboprom_sql_while_server_runs(tmp_path):
         assert r.returncode == 0, r.stderr
         assert "node_cpu_seconds_total" in r.stdout and str(len(SERIES) * 180) in r.stdout
         assert srv.proc.poll() is None
+
+
+def test_queries_during_compaction_and_retention(tmp_path):
+    import threading
+    opts = StorageOptions(block_duration_ms=HOUR_MS)
+    with TSDB(str(tmp_path), opts, background=False) as db:
+        fill(db, NOW - 20 * HOUR_MS, 19)
+        db.flush_head()
+        before = snapshot(db)
+        errors: list[BaseException] = []
+        stop = threading.Event()
+        mismatches = []
+
+        def reader() -> None:
+            try:
+                while not stop.is_set():
+                    if snapshot(db) != before:
+                        mismatches.append(1)
+            except BaseException as e:  # noqa: BLE001
+                errors.append(e)
+
+        threads = [threading.Thread(target=reader) for _ in range(2)]
+        for t in threads:
+            t.start()
+        try:
+            db.compact()
+        finally:
+            stop.set()
+            for t in threads:
+                t.join()
+        assert not errors and not mismatches
+        assert any(b["level"] > 1 for b in db.stats()["blocks"])

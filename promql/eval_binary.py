@@ -212,9 +212,10 @@ def vector_vector(op: str, lhs: VectorSteps, rhs: VectorSteps, m: Matching) -> V
     cols_all = np.arange(t)[None, :]
 
     # The "one" side must be unique per signature at every step.
-    cnt = _count_by_sig(os_, one.present, nsig)
-    if (cnt > 1).any():
-        _raise_duplicate_one_side(cnt, os_, one, m, swap)
+    if len(np.unique(os_)) != len(os_):
+        cnt = _count_by_sig(os_, one.present, nsig)
+        if (cnt > 1).any():
+            _raise_duplicate_one_side(cnt, os_, one, m, swap)
     one_row = np.full((nsig, t), -1, dtype=np.int64)
     rows, cols = np.nonzero(one.present)
     one_row[os_[rows], cols] = rows
@@ -225,12 +226,14 @@ def vector_vector(op: str, lhs: VectorSteps, rhs: VectorSteps, m: Matching) -> V
         called = many.present  # unmatched rows are paired with a synthesized right-hand sample
     else:
         called = matched
-    if m.card == "OneToOne" and many.num_series:
+    if m.card == "OneToOne" and many.num_series and len(np.unique(ms_)) != len(ms_):
         mc = _count_by_sig(ms_, called, nsig)
         if (mc > 1).any():
             raise ExecutionError("multiple matches for labels: many-to-one matching must be explicit (group_left/group_right)")
 
     nm, no = many.num_series, one.num_series
+    if not m.include and no_fill:
+        return _dense_binop(op, many, one, match, matched, swap, m)
     # cells: (kind/code, step, left value, right value) -- A matched pairs, B many row + fill,
     # C one row + fill (for one rows no many row matched at that step)
     rr, cc = np.nonzero(called)
@@ -292,6 +295,34 @@ def vector_vector(op: str, lhs: VectorSteps, rhs: VectorSteps, m: Matching) -> V
     drop = np.ones(n_out, bool) if m.return_bool else None
     del cols_all, sig_list
     return VectorSteps(list(out_labels), out_values, out_pres, drop)  # type: ignore[arg-type]
+
+
+def _dense_binop(op: str, many: VectorSteps, one: VectorSteps, match: np.ndarray, matched: np.ndarray, swap: bool, m: Matching) -> VectorSteps:
+    """Common case (no group_x labels, no fill): output rows are the "many" rows, computed on
+    whole (S, T) matrices."""
+    t = many.num_steps
+    safe = np.where(matched, match, 0)
+    ov = one.values[safe, np.arange(t)[None, :]]
+    fl, fr = (ov, many.values) if swap else (many.values, ov)
+    if op in COMPARE:
+        keep = compare(op, fl, fr)
+        values = keep.astype(np.float64) if m.return_bool else fl
+        present = matched if m.return_bool else matched & keep
+    else:
+        values = arith(op, fl, fr)
+        present = matched
+    labels = [_result_labels(l, (), op, m) for l in many.labels]
+    drop = np.ones(len(labels), bool) if m.return_bool else None
+    out = VectorSteps(labels, values, present, drop)
+    if len(set(labels)) != len(labels):
+        if m.card != "OneToOne":
+            ids, uniq = dense_ids(labels)
+            oc = np.zeros((len(uniq), t), dtype=np.int64)
+            np.add.at(oc, ids, matched.astype(np.int64))
+            if (oc > 1).any():
+                raise ExecutionError("multiple matches for labels: grouping labels must ensure unique matches")
+        out = merge_same_labels(out)
+    return out
 
 
 def _raise_duplicate_one_side(cnt: np.ndarray, os_: np.ndarray, one: VectorSteps, m: Matching, swap: bool) -> None:

@@ -242,13 +242,12 @@ def eval_vector_selector(ctx: EvalContext, vs: Any) -> VectorSteps:
     present = has & (sts > (e - lb)[None, :])
     if stale_n.any():
         present &= ~stale_n[safe]
-    n_present = int(present.sum())
-    ctx.budget.charge(n_present, ctx.stats)
-    out = VectorSteps(list(ss.labels), np.where(present, vals, 0.0), present, None, sts)
+    # absent cells keep whatever value was gathered: VectorSteps values are ignored there
+    out = VectorSteps(list(ss.labels), vals, present, None, sts)
     keep = present.any(axis=1)
     if not keep.all():
         idxs = np.flatnonzero(keep)
-        out = VectorSteps([out.labels[i] for i in idxs.tolist()], out.values[idxs], present[idxs], None, sts[idxs])
+        out = VectorSteps([out.labels[i] for i in idxs.tolist()], vals[idxs], present[idxs], None, sts[idxs])
     return out
 
 

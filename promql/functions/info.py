@@ -1,0 +1,254 @@
+"""info(v, [label selector]) (experimental): enrich series with the data labels of info metrics
+(target_info by default) that share their identifying labels (instance, job).
+
+The info series are selected like an instant vector (lookback, staleness, the base selector's
+offset and @) through the evaluator's own selector code; the join then runs per base series with
+the step dimension vectorized: for every info metric name, the candidate info series' sample
+timestamps (S_info x T) pick the newest matching series per step, and steps sharing the same
+choice share one output label set. Python work is per (base series, distinct choice), not per sample.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+import promql_parser as pp
+
+from promql.errors import ExecutionError
+from promql.functions import FunctionContext, register
+from promql.functions.common import vector_arg
+from promql.functions.labels import merge_same_labelsets
+from promql.types import Value, VectorSteps
+from storage.labels import METRIC_NAME, Labels, format_labels, get, make_labels
+
+_TARGET_INFO = "target_info"
+_IDENTIFYING = ("instance", "job")
+
+
+class _M:
+    """A label matcher (name, op in {=, !=, =~, !~}, value)."""
+
+    def __init__(self, name: str, op: str, value: str) -> None:
+        self.name, self.op, self.value = name, op, value
+        self._re = re.compile("(?s:" + value + ")") if op in ("=~", "!~") else None
+
+    def matches(self, v: str) -> bool:
+        if self.op == "=":
+            return v == self.value
+        if self.op == "!=":
+            return v != self.value
+        hit = self._re.fullmatch(v) is not None  # type: ignore[union-attr]
+        return hit if self.op == "=~" else not hit
+
+    def promql(self) -> str:
+        return f"{_quote(self.name)}{self.op}{_quote(self.value)}"
+
+
+def _quote(s: str) -> str:
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+_OPS = {"Equal": "=", "NotEqual": "!=", "Re": "=~", "NotRe": "!~"}
+
+
+def _selector_matchers(vs: Any) -> list[_M]:
+    out: list[_M] = []
+    name = getattr(vs, "name", None)
+    if name:
+        out.append(_M(METRIC_NAME, "=", name))
+    for m in vs.matchers.matchers:
+        out.append(_M(m.name, _OPS[str(m.op).split(".")[-1]], m.value))
+    return out
+
+
+def _effective_name_matchers(ms: list[_M]) -> list[_M]:
+    if any(m.op in ("=", "=~") for m in ms):
+        return ms
+    if ms:
+        return [_M(METRIC_NAME, "=~", ".+_info"), *ms]
+    return [_M(METRIC_NAME, "=", _TARGET_INFO)]
+
+
+def _children(n: Any) -> list[Any]:
+    if isinstance(n, pp.MatrixSelector):
+        return [n.vector_selector]
+    out: list[Any] = []
+    for attr in ("param", "expr", "lhs", "rhs", "args"):
+        v = getattr(n, attr, None)
+        if v is None:
+            continue
+        out.extend(v if isinstance(v, (list, tuple)) else [v])
+    return out
+
+
+def _first_selector(node: Any, path: tuple = ()) -> tuple[Any, tuple] | None:
+    """Pre-order first VectorSelector under ``node`` and the path of its ancestors."""
+    if isinstance(node, pp.VectorSelector):
+        return node, path
+    for c in _children(node):
+        found = _first_selector(c, path + (node,))
+        if found is not None:
+            return found
+    return None
+
+
+def _modifiers(node: Any) -> str:
+    """Offset and @ for the info selector, as Prometheus derives them: the first base selector's,
+    plus the offsets of enclosing subqueries until one of them carries an @."""
+    found = _first_selector(node) if node is not None else None
+    if found is None:
+        return ""
+    vs, path = found
+    off_ms = 0
+    off = getattr(vs, "offset", None)
+    if off is not None:
+        off_ms += int(round(off.total_seconds() * 1000))
+    at = getattr(vs, "at", None)
+    for anc in reversed(path):
+        if at is not None:
+            break
+        if isinstance(anc, pp.SubqueryExpr):
+            o = getattr(anc, "offset", None)
+            if o is not None:
+                off_ms += int(round(o.total_seconds() * 1000))
+            at = getattr(anc, "at", None)
+    out = ""
+    if off_ms:
+        out += f" offset {off_ms}ms" if off_ms > 0 else f" offset -{-off_ms}ms"
+    if at is not None:
+        kind = str(at.type).split(".")[-1]
+        if kind == "Start":
+            out += " @ start()"
+        elif kind == "End":
+            out += " @ end()"
+        elif getattr(at, "at", None) is not None:
+            out += f" @ {at.at.timestamp():.3f}"
+    return out
+
+
+@register("info")
+def info(ctx: FunctionContext, args: list[Value]) -> Value:
+    base = vector_arg(args[0])
+    T = base.num_steps
+    node_args = list(getattr(ctx.node, "args", []) or [])
+    data: dict[str, list[_M]] = {}
+    info_name_ms: list[_M] = []
+    if len(node_args) > 1 and isinstance(node_args[1], pp.VectorSelector):
+        for m in _selector_matchers(node_args[1]):
+            data.setdefault(m.name, []).append(m)
+            if m.name == METRIC_NAME:
+                info_name_ms.append(m)
+    else:
+        info_name_ms = [_M(METRIC_NAME, "=", _TARGET_INFO)]
+    eff = _effective_name_matchers(info_name_ms)
+
+    ignore = np.array([all(m.matches(get(lb, METRIC_NAME)) for m in eff) for lb in base.labels], dtype=bool)
+
+    id_values: dict[str, set[str]] = {}
+    for i, lb in enumerate(base.labels):
+        if ignore[i]:
+            continue
+        for name in _IDENTIFYING:
+            v = get(lb, name)
+            if v:
+                id_values.setdefault(name, set()).add(v)
+
+    name_ms = [m for ms in data.values() for m in ms if m.name == METRIC_NAME]
+    other_ms = [m for ms in data.values() for m in ms if m.name != METRIC_NAME]
+    data = {k: [m for m in v if m.name != METRIC_NAME] for k, v in data.items() if k != METRIC_NAME}
+    data = {k: v for k, v in data.items() if v}
+
+    infos = VectorSteps.empty(T)
+    if id_values:
+        sel = [_M(name, "=~", "|".join(_quote_meta(v) for v in sorted(vals)))
+               for name, vals in sorted(id_values.items())]
+        sel += other_ms + _effective_name_matchers(name_ms)
+        text = "{" + ", ".join(m.promql() for m in sel) + "}" + _modifiers(node_args[0] if node_args else None)
+        from promql.eval_selectors import eval_vector_selector  # evaluator-owned selection
+
+        infos = eval_vector_selector(ctx.extra["eval_ctx"], pp.parse(text))
+    return _combine(base, infos, ignore, data, T)
+
+
+def _quote_meta(s: str) -> str:
+    # Go's regexp.QuoteMeta: backslash-escape every regexp metacharacter.
+    return re.sub(r"([\\.+*?()|\[\]{}^$])", r"\\\1", s)
+
+
+def _sig(name: str, lb: Labels) -> tuple:
+    return (name,) + tuple(get(lb, n) for n in _IDENTIFYING)
+
+
+def _combine(base: VectorSteps, infos: VectorSteps, ignore: np.ndarray, data: dict[str, list[_M]], T: int) -> VectorSteps:
+    info_names = sorted({get(lb, METRIC_NAME) for lb in infos.labels})
+    ts = infos.sample_ts if infos.sample_ts is not None else np.zeros(infos.values.shape, dtype=np.int64)
+    by_sig: dict[tuple, list[int]] = {}
+    for j, lb in enumerate(infos.labels):
+        by_sig.setdefault(_sig(get(lb, METRIC_NAME), lb), []).append(j)
+    # Newest info series per signature and step; equal timestamps are Prometheus's duplicate error.
+    chosen: dict[tuple, np.ndarray] = {}
+    for sig, js in by_sig.items():
+        cand = np.where(infos.present[js], ts[js], np.iinfo(np.int64).min)
+        best = np.argmax(cand, axis=0)
+        top = cand[best, np.arange(T)]
+        if len(js) > 1:
+            dup = (cand == top[None, :]).sum(axis=0) > 1
+            dup &= top != np.iinfo(np.int64).min
+            if dup.any():
+                t = int(np.flatnonzero(dup)[0])
+                a, b = [js[k] for k in np.flatnonzero(cand[:, t] == top[t])[:2]]
+                raise ExecutionError(
+                    f"found duplicate series for info metric: existing {format_labels(infos.labels[a])} @ {int(ts[a, t])}, "
+                    f"new {format_labels(infos.labels[b])} @ {int(ts[b, t])}")
+        chosen[sig] = np.where(top == np.iinfo(np.int64).min, -1, np.asarray(js)[best])
+    all_empty_ok = all(m.matches("") for ms in data.values() for m in ms)
+
+    out_l: list[Labels] = []
+    out_v: list[np.ndarray] = []
+    out_p: list[np.ndarray] = []
+    out_dn: list[bool] = []
+    dn = base.drop_name_mask()
+    for i, lb in enumerate(base.labels):
+        pres = base.present[i]
+        if ignore[i] or not info_names:
+            if ignore[i] or all_empty_ok:
+                out_l.append(lb)
+                out_v.append(base.values[i])
+                out_p.append(pres.copy())
+                out_dn.append(bool(dn[i]))
+            continue
+        picks = np.stack([chosen.get(_sig(name, lb), np.full(T, -1)) for name in info_names])  # (names, T)
+        combos, inverse = np.unique(picks.T, axis=0, return_inverse=True)
+        inverse = np.asarray(inverse).reshape(-1)
+        base_names = {n for n, _ in lb}
+        for c, combo in enumerate(combos):
+            steps = pres & (inverse == c)
+            if not steps.any():
+                continue
+            added: dict[str, str] = {}
+            seen = 0
+            for j in combo.tolist():
+                if j < 0:
+                    continue
+                seen += 1
+                for name, value in infos.labels[j]:
+                    if name == METRIC_NAME:
+                        continue
+                    if data and name not in data:
+                        continue
+                    if added.get(name, value) != value:
+                        raise ExecutionError(f"conflicting label: {name}")
+                    if name in base_names:
+                        continue
+                    added[name] = value
+            if seen == 0 and not all_empty_ok:
+                continue
+            out_l.append(make_labels({**dict(lb), **added}))
+            out_v.append(base.values[i])
+            out_p.append(steps)
+            out_dn.append(bool(dn[i]))
+    if not out_l:
+        return VectorSteps.empty(T)
+    return merge_same_labelsets(out_l, np.array(out_v).reshape(len(out_l), T), np.array(out_p, dtype=bool).reshape(len(out_l), T),
+                                np.array(out_dn, dtype=bool))

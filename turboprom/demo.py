@@ -1,65 +1,110 @@
-"""`make demo`: the server with its embedded store, scraping itself, plus the demo workload.
+"""`make demo`: the server with its embedded store plus a live demo workload.
 
-Writes a Prometheus-style config into the data dir (a scrape job for the server's own /metrics),
-starts `turboprom serve` in this process, and prints what to open and query.
+* a simulated fleet of GPU serving workers (real prometheus-client exporters on loopback ports)
+  replaying the Mooncake conversation trace, placed by the Vesta scheduler, which polls TurboProm's
+  congestion API; TurboProm scrapes the workers and itself;
+* a recurring dashboard workload (the bundled Grafana dashboards' panels, refreshed every 10 s), so
+  the planner adopts summaries within minutes and the cost report shows what they save.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import logging
+import threading
+import time
+import urllib.request
 from pathlib import Path
 
 import yaml
 
 from turboprom.config import ServerConfig
 
-DEMO_SCRAPE_INTERVAL = "5s"
+SHARED_TRACE = Path(__file__).resolve().parent.parent.parent / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
 
 
-def demo_config(listen: str) -> dict:
-    return {
-        "global": {"scrape_interval": DEMO_SCRAPE_INTERVAL, "evaluation_interval": "15s"},
-        "scrape_configs": [
-            {
-                "job_name": "turboprom",
-                "static_configs": [{"targets": [listen]}],
-            }
-        ],
-    }
+def demo_config(listen: str, worker_targets: list[str], scheduler_target: str | None) -> dict:
+    jobs = [{"job_name": "turboprom", "scrape_interval": "5s", "static_configs": [{"targets": [listen]}]}]
+    if worker_targets:
+        jobs.append({"job_name": "vllm-workers", "scrape_interval": "1s", "scrape_timeout": "1s", "honor_labels": True,
+                     "static_configs": [{"targets": worker_targets, "labels": {"cluster": "demo"}}]})
+    if scheduler_target:
+        jobs.append({"job_name": "scheduler", "scrape_interval": "5s", "static_configs": [{"targets": [scheduler_target]}]})
+    return {"global": {"scrape_interval": "5s", "evaluation_interval": "15s"}, "scrape_configs": jobs,
+            "congestion": {"resolution": "5s"}, "planner": {"min_count": 3, "period": "5m", "pane": "1m"}}
 
 
-def banner(listen: str, data_dir: str) -> str:
+def banner(listen: str, data_dir: str, fleet: bool) -> str:
     base = f"http://{listen}"
-    return f"""
-TurboProm demo is starting (data dir {data_dir}).
+    lines = [
+        "",
+        f"TurboProm demo (data dir {data_dir})" + (": a simulated 8-GPU fleet replays the Mooncake trace, placed by Vesta." if fleet else "."),
+        "",
+        f"  Web page:      {base}/graph            (query, planner, live congestion)",
+        f"  Health:        curl -s {base}/-/ready",
+        f"  Query:         curl -s '{base}/api/v1/query?query=sum(vllm:num_requests_waiting)'",
+        f"  Congestion:    curl -s {base}/api/v1/congestion     (live: {base}/api/v1/congestion/stream)",
+        f"  promtool:      promtool query instant {base} 'turboprom_congestion_price_seconds_per_token'",
+        f"  Plans:         .venv/bin/turboprom plan list --url {base}",
+        f"  Cost report:   .venv/bin/turboprom cost-report --url {base} --since 1h",
+        f"  Replay:        .venv/bin/turboprom replay --trace ../shared/traces/mooncake_conversation_trace.jsonl --instances 32 --scheduler vesta,smetric --load 0.5,0.9 --limit 3000",
+        f"  Grafana:       add a Prometheus datasource with URL {base}; import docs/grafana/*.json",
+        "",
+        "Summaries are adopted once dashboard queries recur (a few minutes). Stop with Ctrl-C.",
+        "",
+    ]
+    return "\n".join(lines)
 
-  Open:      {base}/
-  Health:    curl -s {base}/-/ready
-  Query:     curl -s '{base}/api/v1/query?query=up'
-             curl -s '{base}/api/v1/query_range?query=rate(turboprom_http_requests_total[1m])&start='$(($(date +%s)-600))'&end='$(date +%s)'&step=15'
-  promtool:  promtool query instant {base} 'up'
-  Grafana:   add a Prometheus datasource with URL {base}
 
-Stop with Ctrl-C (the head is persisted on shutdown).
-"""
+def _when_ready(url: str, then: list, timeout: float = 120.0) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(url + "/-/ready", timeout=2) as r:
+                if r.status == 200:
+                    break
+        except Exception:  # noqa: BLE001 - not up yet
+            time.sleep(0.3)
+    for comp in then:
+        comp.start()
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="turboprom-demo")
     ap.add_argument("--data-dir", default="./data")
     ap.add_argument("--listen", default="127.0.0.1:9090")
+    ap.add_argument("--trace", default=str(SHARED_TRACE))
+    ap.add_argument("--instances", type=int, default=8)
+    ap.add_argument("--load", type=float, default=0.7)
+    ap.add_argument("--no-fleet", action="store_true", help="serve and scrape itself only")
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     Path(a.data_dir).mkdir(parents=True, exist_ok=True)
+    base = f"http://{a.listen}"
+    comps: list = []
+    fleet = None
+    if not a.no_fleet and Path(a.trace).exists():
+        from scheduler_metrics.sim.demo_fleet import DemoFleet
+
+        fleet = DemoFleet(base, a.trace, instances=a.instances, load=a.load)
+        comps.append(fleet)
+    from turboprom.demo_workload import DashboardWorkload
+
+    comps.append(DashboardWorkload(base))
     cfg_path = Path(a.data_dir) / "demo-config.yml"
-    cfg_path.write_text(yaml.safe_dump(demo_config(a.listen), sort_keys=False))
+    cfg_path.write_text(yaml.safe_dump(demo_config(a.listen, fleet.targets if fleet else [],
+                                                   f"127.0.0.1:{fleet.sched_port}" if fleet else None), sort_keys=False))
     cfg = ServerConfig(data_dir=a.data_dir, listen=a.listen, config_file=str(cfg_path))
     cfg.load_file()
-    print(banner(a.listen, a.data_dir), flush=True)
+    print(banner(a.listen, a.data_dir, fleet is not None), flush=True)
+    threading.Thread(target=_when_ready, args=(base, comps), daemon=True).start()
     from turboprom.server import serve
 
-    asyncio.run(serve(cfg))
+    try:
+        asyncio.run(serve(cfg))
+    finally:
+        for c in comps:
+            c.stop()
     return 0
 
 

@@ -18,7 +18,9 @@ log = logging.getLogger("turboprom")
 
 
 def create_app(ctx: ServerContext) -> web.Application:
-    app = web.Application(client_max_size=ctx.config.max_body_bytes)
+    from turboprom.self_metrics import http_metrics
+
+    app = web.Application(client_max_size=ctx.config.max_body_bytes, middlewares=[http_metrics])
     app["ctx"] = ctx
     for mod in sorted(pkgutil.iter_modules(routes.__path__), key=lambda m: m.name):
         module = importlib.import_module(f"{routes.__name__}.{mod.name}")

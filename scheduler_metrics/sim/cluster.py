@@ -100,8 +100,11 @@ class SignalSource:
 class ClusterSim:
     def __init__(self, trace: Trace, scheduler: Scheduler, signals: SignalSource, *, instances: int = 32,
                  disaggregated: tuple[int, int] | None = None, load: float = 0.0, time_scale: float = 1.0,
-                 constants: SimConstants = DEFAULT, progress: Callable[[int, int], None] | None = None):
+                 constants: SimConstants = DEFAULT, progress: Callable[[int, int], None] | None = None,
+                 on_result: Callable[["RequestResult", Decision], None] | None = None):
         self.trace, self.scheduler, self.signals, self.c = trace, scheduler, signals, constants
+        self.on_result = on_result
+        self._last_decision: Decision | None = None
         self.load, self.time_scale, self.progress = load, time_scale, progress
         if disaggregated:
             p, d = disaggregated
@@ -209,6 +212,8 @@ class ClusterSim:
             self.advance(t)
             res = self._dispatch(i, t)
             results.append(res)
+            if self.on_result is not None and self._last_decision is not None:
+                self.on_result(res, self._last_decision)
             if nxt[i] >= 0:
                 j = int(nxt[i])
                 heapq.heappush(heap, (max(float(arrival[j]), res.done_s), j))
@@ -227,6 +232,7 @@ class ClusterSim:
         tr, c = self.trace, self.c
         req = RequestView(i, int(tr.session[i]), int(tr.input_tokens[i]), int(tr.output_tokens[i]), int(tr.reuse_tokens[i]))
         d: Decision = self.scheduler.choose(req, self.view(now))
+        self._last_decision = d
         exe = d.executor
         holder = d.holder if d.holder >= 0 else exe
         bpt = c.model.kv_bytes_per_token

@@ -46,10 +46,7 @@ class LiveSignals(SignalSource):
         wait = self.t0_wall + now / self.speed - time.time()
         if wait > 0:
             time.sleep(wait)
-        req = urllib.request.Request(self.base + "/api/v1/import/prometheus", data=self._exposition(cl), method="POST",
-                                     headers={"Content-Type": "text/plain; version=0.0.4"})
-        with urllib.request.urlopen(req, timeout=self.timeout) as r:
-            r.read()
+        self.export(cl)
         self.pushes += 1
         t = time.perf_counter()
         q = urllib.parse.urlencode({"cluster": self.cluster})
@@ -60,6 +57,13 @@ class LiveSignals(SignalSource):
         data = body.get("data", body)
         index = {instance_name(i): i for i in range(cl.n)}
         self._arrays = snapshot_arrays(data.get("instances", []), data.get("clusters", []), index, cl.n, time_factor=self.speed)
+
+    def export(self, cl: ClusterSim) -> None:
+        """Make the workers' current metrics visible to the server (here: push text exposition)."""
+        req = urllib.request.Request(self.base + "/api/v1/import/prometheus", data=self._exposition(cl), method="POST",
+                                     headers={"Content-Type": "text/plain; version=0.0.4"})
+        with urllib.request.urlopen(req, timeout=self.timeout) as r:
+            r.read()
 
     def view_arrays(self, now: float, cl: ClusterSim):
         if self._arrays is None:

@@ -1,0 +1,105 @@
+"""A live simulated worker fleet for the demo: each simulated instance is a real exporter
+(scheduler_metrics.instrumentation.WorkerMetrics on its own loopback port, scraped by TurboProm),
+and a Vesta scheduler places the replayed trace's requests using TurboProm's congestion API.
+
+Time runs ``speed`` x faster than the wall clock; the trace is replayed in a loop.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+
+import numpy as np
+
+from scheduler_metrics.instrumentation import SchedulerMetrics, WorkerMetrics
+from scheduler_metrics.schedulers.base import Decision
+from scheduler_metrics.schedulers.vesta import VestaScheduler
+from scheduler_metrics.sim.cluster import ClusterSim, RequestResult
+from scheduler_metrics.sim.live import LiveSignals
+from scheduler_metrics.sim.replay import time_scale_for
+from scheduler_metrics.sim.signals import instance_name
+from scheduler_metrics.sim.traces import Trace, load_trace
+
+log = logging.getLogger("turboprom.demo")
+
+
+class FleetSignals(LiveSignals):
+    """Workers export through their own prometheus-client registries (scraped, not pushed)."""
+
+    def __init__(self, base_url: str, workers: list[WorkerMetrics], speed: float, cluster: str):
+        super().__init__(base_url, speed=speed, cluster=cluster)
+        self.workers = workers
+        self._last = np.zeros((len(workers), 4))
+
+    def export(self, cl: ClusterSim) -> None:
+        cap = cl.c.hw.host_kv_capacity_tokens
+        for i, (w, s) in enumerate(zip(self.workers, cl.inst)):
+            w.set_queue(s.waiting, s.running)
+            w.set_kv_usage(min(1.0, s.cache_tokens / cap))
+            w.set_prefill_backlog(s.backlog_tokens)
+            w.set_prefill_capacity(cl.c.model.prefill_tokens_per_s)
+            cur = np.array([s.prompt_tokens, s.prefill_computed, s.generation_tokens, s.kv_transfer_bytes])
+            d = np.maximum(cur - self._last[i], 0.0)
+            prompt, computed = int(d[0]), int(min(d[1], d[0]))
+            if prompt:
+                w.add_prompt_tokens(prompt, cached=prompt - computed)
+            if d[2]:
+                w.add_generation_tokens(int(d[2]))
+            if d[3]:
+                w.add_kv_transfer(int(d[3]), "in")
+            self._last[i] = cur
+
+
+class DemoFleet:
+    def __init__(self, base_url: str, trace_path: str, *, instances: int = 8, load: float = 0.7, speed: float = 1.0,
+                 cluster: str = "demo", first_port: int = 0, limit: int | None = 4000):
+        self.base_url, self.instances, self.load, self.speed, self.cluster = base_url, instances, load, speed, cluster
+        trace = load_trace(trace_path)
+        self.trace: Trace = trace.head(limit) if limit else trace
+        self.workers = [WorkerMetrics("qwen2.5-7b", cluster=cluster, instance=instance_name(i)) for i in range(instances)]
+        self.sched_metrics = SchedulerMetrics("vesta", cluster=cluster, instance="vesta-0")
+        self.ports = [w.serve(first_port + i if first_port else 0) for i, w in enumerate(self.workers)]
+        self.sched_port = self.sched_metrics.serve(0)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.completed = 0
+
+    @property
+    def targets(self) -> list[str]:
+        return [f"127.0.0.1:{p}" for p in self.ports]
+
+    def _on_result(self, r: RequestResult, d: Decision) -> None:
+        w = self.workers[r.executor]
+        w.request_finished("stop", ttft_s=r.ttft_s / self.speed, e2e_s=(r.done_s - r.issued_s) / self.speed)
+        holder = d.holder if d.holder >= 0 else r.executor
+        self.sched_metrics.assigned(instance_name(holder), instance_name(r.executor), d.penalty_s)
+        self.completed += 1
+        if self._stop.is_set():
+            raise _Stop()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            sig = FleetSignals(self.base_url, self.workers, self.speed, self.cluster)
+            sim = ClusterSim(self.trace, VestaScheduler(self.instances), sig, instances=self.instances, load=self.load,
+                             time_scale=time_scale_for(self.trace, self.load, self.instances), on_result=self._on_result)
+            try:
+                sim.run()
+            except _Stop:
+                return
+            except Exception:  # noqa: BLE001 - the demo keeps going (e.g. server restarting)
+                log.exception("demo fleet replay failed; restarting it")
+                self._stop.wait(2.0)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="demo-fleet", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        for w in self.workers:
+            w.close()
+        self.sched_metrics.close()
+
+
+class _Stop(Exception):
+    pass

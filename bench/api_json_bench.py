@@ -70,9 +70,10 @@ def peer_run(series: int, steps: int, repeat: int) -> None:
     lines = ["# TYPE bench_metric gauge"]
     rng = np.random.default_rng(2)
     vals = np.round(rng.normal(1000, 300, size=(series, steps)), 3)
-    for s in range(series):
-        lbl = f'bench_metric{{instance="host-{s}:9100",job="node"}}'
-        lines.extend(f"{lbl} {v!r} {t0 + k * step_s * 1000}" for k, v in enumerate(vals[s].tolist()))
+    names = [f'bench_metric{{instance="host-{s}:9100",job="node"}}' for s in range(series)]
+    for k in range(steps):  # time-major: storage refuses samples far behind its head
+        t = t0 + k * step_s * 1000
+        lines.extend(f"{names[s]} {v!r} {t}" for s, v in enumerate(vals[:, k].tolist()))
     text = "\n".join(lines) + "\n"
     start, end = t0 / 1000, (t0 + (steps - 1) * step_s * 1000) / 1000
     params = {"query": "bench_metric", "start": str(start), "end": str(end), "step": str(step_s)}

@@ -246,7 +246,8 @@ def run(parallel: int = 4, keep_servers: bool = False) -> dict[str, Any]:
         prom = PrometheusPeer(Path(tmp) / "prom", openmetrics=to_openmetrics(text))
         tp = ServerProcess(Path(tmp) / "tp" / "data")
         with prom, tp:
-            lines = text.splitlines()
+            # time-major, as a live scrape would deliver it (storage refuses samples far behind its head)
+            lines = sorted(text.splitlines(), key=lambda ln: int(ln.rsplit(" ", 1)[1]))
             chunk = 100_000
             for i in range(0, len(lines), chunk):
                 import_text(tp.url, "\n".join(lines[i:i + chunk]) + "\n")

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from storage.columns import (EMPTY_F64, EMPTY_I64, INT64_MAX, INT64_MIN, find_keys, group_bounds, grow,
+from storage.columns import (EMPTY_F64, EMPTY_I64, INT64_MAX, INT64_MIN, dedupe_sorted, find_keys, group_bounds, grow,
                              order_by_series_time, ranges_index, sort_by_series_time, unique)
 
 R_FUTURE = "too_far_in_future"
@@ -228,8 +228,8 @@ class Head:
             return EMPTY_I64, EMPTY_I64, EMPTY_F64
         if len(parts) == 1:
             return parts[0]
-        return sort_by_series_time(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
-                                   np.concatenate([p[2] for p in parts]))
+        return dedupe_sorted(*sort_by_series_time(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
+                                                  np.concatenate([p[2] for p in parts])))
 
     def rows_in_range(self, mint: int, maxt: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """All rows with mint <= ts <= maxt, sorted by (sid, ts)."""
@@ -243,8 +243,8 @@ class Head:
             return EMPTY_I64, EMPTY_I64, EMPTY_F64
         if len(parts) == 1:
             return parts[0]
-        return sort_by_series_time(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
-                                   np.concatenate([p[2] for p in parts]))
+        return dedupe_sorted(*sort_by_series_time(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
+                                                  np.concatenate([p[2] for p in parts])))
 
     def all_rows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         return self.rows_in_range(INT64_MIN, INT64_MAX)

@@ -273,14 +273,19 @@ class TSDB:
             pend.append((g, ts, val))
 
         def flush() -> None:
-            if not pend:
-                return
-            s, t, v = sort_by_series_time(np.concatenate([p[0] for p in pend]), np.concatenate([p[1] for p in pend]),
-                                          np.concatenate([p[2] for p in pend]))
-            pend.clear()
-            s, t, v = dedupe_sorted(s, t, v)
+            # Sorted runs of ~2M rows each: smaller sorts stay in cache; reads merge across runs.
             self.head.ensure(len(self.index))
-            self.head.commit(s, t, v, as_run=True)
+            while pend:
+                take, n = 0, 0
+                while take < len(pend) and n < 2_000_000:
+                    n += len(pend[take][0])
+                    take += 1
+                chunk = pend[:take]
+                del pend[:take]
+                s, t, v = sort_by_series_time(np.concatenate([p[0] for p in chunk]), np.concatenate([p[1] for p in chunk]),
+                                              np.concatenate([p[2] for p in chunk]))
+                s, t, v = dedupe_sorted(s, t, v)
+                self.head.commit(s, t, v, as_run=True)
 
         def on_tombstone(series: list, mint: int, maxt: int) -> None:
             flush()

@@ -55,6 +55,13 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--speed", type=float, default=20.0, help="live mode: simulated seconds per wall second")
     rp.add_argument("--out", default=None, help="write DIR/results.csv and DIR/ttft_vs_load.png")
 
+    cr = sub.add_parser("cost-report", help="what each recurring query costs raw vs from summaries, incl. ingest-side cost")
+    cr.add_argument("--since", default="24h", help="look-back window (Prometheus duration, default 24h)")
+    cr.add_argument("--format", choices=["text", "json", "csv", "html"], default="text")
+    cr.add_argument("--out", default=None, help="write to FILE instead of stdout")
+    cr.add_argument("--url", default="http://127.0.0.1:9090", help="running TurboProm server")
+    cr.add_argument("--tenant", default=None)
+
     au = sub.add_parser("audit", help="KedgeFlow audit log tools")
     ausub = au.add_subparsers(dest="audit_command", required=True)
     av = ausub.add_parser("verify", help="recompute the hash chain and check every signed head")
@@ -66,6 +73,38 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_plan_parser(sub)
     return p
+
+
+def _cost_report(args: argparse.Namespace) -> int:
+    import json
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    from turboprom.cost_report import render
+
+    params = {"since": args.since, "format": "json"}
+    if args.tenant:
+        params["tenant"] = args.tenant
+    url = args.url.rstrip("/") + "/api/v1/cost_report?" + urllib.parse.urlencode(params)
+    sys.stderr.write(f"building cost report from {args.url} (since {args.since})...\n")
+    try:
+        with urllib.request.urlopen(url, timeout=300) as r:
+            rep = json.loads(r.read())["data"]
+    except urllib.error.HTTPError as e:
+        print(f"cost report failed: {e.code} {e.read().decode(errors='replace')}", file=sys.stderr)
+        return 1
+    except urllib.error.URLError as e:
+        print(f"cannot reach TurboProm at {args.url}: {e.reason}", file=sys.stderr)
+        return 1
+    text = render(rep, args.format)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+        sys.stderr.write(f"wrote {args.out}\n")
+    else:
+        sys.stdout.write(text)
+    return 0
 
 
 def _replay(args: argparse.Namespace) -> int:
@@ -134,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
 
         asyncio.run(serve(_config_from_args(args)))
         return 0
+    if args.command == "cost-report":
+        return _cost_report(args)
     if args.command == "replay":
         return _replay(args)
     if args.command == "audit":

@@ -1,0 +1,128 @@
+"""Cost report data: what each recurring query pattern costs on the raw path and from summaries,
+and what the summaries cost at ingest (CPU) and at rest (bytes), plus raw storage and cardinality.
+
+Sources: the query log (every evaluated query with its CPU, samples and serving path), the planner's
+SDS accounting (ingest CPU seconds, bytes, hits), the accuracy canary's shadow raw re-evaluations,
+and storage statistics. Savings are *measured*: for each pattern, the mean CPU of its raw executions
+(before adoption, ``exact=true`` runs, or shadow runs) minus the mean CPU of its summary-served
+executions, times the number of summary-served executions, less the summaries' ingest CPU.
+"""
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+_PATTERN_SQL = """
+SELECT tenant, pattern,
+       count(*)                                         AS executions,
+       quantile_cont(wall_s, 0.5)                       AS p50_latency_s,
+       quantile_cont(wall_s, 0.99)                      AS p99_latency_s,
+       sum(cpu_s)                                       AS cpu_s_total,
+       quantile_cont(cpu_s, 0.99)                       AS p99_cpu_s,
+       sum(samples)                                     AS samples_scanned,
+       sum(CASE WHEN paths LIKE '%summary:%' THEN 1 ELSE 0 END)          AS summary_executions,
+       avg(CASE WHEN paths LIKE '%summary:%' THEN cpu_s END)             AS mean_cpu_summary_s,
+       avg(CASE WHEN paths NOT LIKE '%summary:%' THEN cpu_s END)         AS mean_cpu_raw_s,
+       avg(CASE WHEN paths LIKE '%summary:%' THEN wall_s END)            AS mean_wall_summary_s,
+       avg(CASE WHEN paths NOT LIKE '%summary:%' THEN wall_s END)        AS mean_wall_raw_s,
+       sum(CASE WHEN error IS NOT NULL AND error <> '' THEN 1 ELSE 0 END) AS errors,
+       min(expr)                                        AS example
+FROM query_log
+WHERE arrival_ms >= ? {tenant_filter}
+GROUP BY tenant, pattern
+ORDER BY cpu_s_total DESC
+LIMIT ?
+"""
+
+_SDS_PATHS_SQL = """
+SELECT pattern, list(DISTINCT p) AS sds
+FROM (SELECT pattern, unnest(CAST(json_extract_string(paths, '$[*]') AS VARCHAR[])) AS p FROM query_log WHERE arrival_ms >= ?)
+WHERE p LIKE 'summary:%'
+GROUP BY pattern
+"""
+
+
+def _f(x: Any) -> float | None:
+    return None if x is None else float(x)
+
+
+def build_report(query_log: Any, planner: Any = None, canary: Any = None, storage: Any = None, *,
+                 since_ms: int | None = None, tenant: str | None = None, limit: int = 200) -> dict[str, Any]:
+    now_ms = int(time.time() * 1000)
+    since = since_ms if since_ms is not None else now_ms - 24 * 3_600_000
+    if query_log is not None:
+        query_log.flush()
+    tf = "AND tenant = ?" if tenant else ""
+    params: list[Any] = [since] + ([tenant] if tenant else []) + [limit]
+    rows = query_log.sql(_PATTERN_SQL.format(tenant_filter=tf), params) if query_log is not None else []
+    cols = ["tenant", "pattern", "executions", "p50_latency_s", "p99_latency_s", "cpu_s_total", "p99_cpu_s", "samples_scanned",
+            "summary_executions", "mean_cpu_summary_s", "mean_cpu_raw_s", "mean_wall_summary_s", "mean_wall_raw_s", "errors", "example"]
+    sds_by_pattern: dict[str, list[str]] = {}
+    if query_log is not None:
+        try:
+            for pat, lst in query_log.sql(_SDS_PATHS_SQL, [since]):
+                sds_by_pattern[pat] = sorted(s.split(":", 1)[1] for s in lst)
+        except Exception:  # noqa: BLE001 - older DuckDB without json helpers: no per-pattern SDS list
+            pass
+    shadow: dict[str, list[float]] = {}
+    if canary is not None:
+        for rec in list(getattr(canary, "results", [])):
+            if rec.get("raw_cpu_s") is not None:
+                shadow.setdefault(rec["sds"], []).append(float(rec["raw_cpu_s"]))
+    patterns = []
+    total_saved = 0.0
+    for r in rows:
+        d = dict(zip(cols, r))
+        for k in cols[2:14]:
+            d[k] = _f(d[k]) if k not in ("executions", "summary_executions", "samples_scanned", "errors") else int(d[k] or 0)
+        d["path"] = "summary" if d["summary_executions"] == d["executions"] and d["executions"] else (
+            "mixed" if d["summary_executions"] else "raw")
+        d["sds"] = sds_by_pattern.get(d["pattern"], [])
+        raw_ref = d["mean_cpu_raw_s"]
+        basis = "raw executions"
+        if raw_ref is None:
+            sh = [v for s in d["sds"] for v in shadow.get(s, [])]
+            if sh:
+                raw_ref, basis = sum(sh) / len(sh), "shadow raw runs"
+        if raw_ref is not None and d["mean_cpu_summary_s"] is not None:
+            saved = (raw_ref - d["mean_cpu_summary_s"]) * d["summary_executions"]
+            d["measured_savings_cpu_s"] = saved
+            d["savings_basis"] = basis
+            d["speedup"] = raw_ref / d["mean_cpu_summary_s"] if d["mean_cpu_summary_s"] > 0 else None
+            total_saved += saved
+        else:
+            d["measured_savings_cpu_s"] = None
+            d["savings_basis"] = "no raw reference yet" if d["summary_executions"] else "not summary-served"
+            d["speedup"] = None
+        patterns.append(d)
+    summaries = []
+    ingest_cpu = 0.0
+    summary_bytes = 0
+    if planner is not None:
+        for p in planner.plans():
+            summaries.append({k: p.get(k) for k in ("id", "metric", "algorithm", "pane_ms", "error_bound", "series", "bytes", "hits",
+                                                     "windows_served", "saved_samples", "ingest_cpu_seconds", "ingested_samples", "reason")})
+            ingest_cpu += float(p.get("ingest_cpu_seconds") or 0.0)
+            summary_bytes += int(p.get("bytes") or 0)
+    storage_info: dict[str, Any] = {}
+    if storage is not None and hasattr(storage, "stats"):
+        st = storage.stats()
+        storage_info = st if isinstance(st, dict) else json.loads(json.dumps(st, default=str))
+    raw_cpu = sum(p["cpu_s_total"] or 0.0 for p in patterns)
+    tenants: dict[str, dict[str, float]] = {}
+    for p in patterns:
+        t = tenants.setdefault(p["tenant"], {"executions": 0, "cpu_s_total": 0.0, "samples_scanned": 0})
+        t["executions"] += p["executions"]
+        t["cpu_s_total"] += p["cpu_s_total"] or 0.0
+        t["samples_scanned"] += p["samples_scanned"]
+    return {
+        "generated_at_ms": now_ms, "since_ms": since, "tenant": tenant,
+        "totals": {
+            "query_cpu_s": raw_cpu, "measured_savings_cpu_s": total_saved, "summary_ingest_cpu_s": ingest_cpu,
+            "net_savings_cpu_s": total_saved - ingest_cpu, "summary_bytes": summary_bytes,
+            "patterns": len(patterns), "executions": sum(p["executions"] for p in patterns),
+            "summary_served_executions": sum(p["summary_executions"] for p in patterns),
+        },
+        "patterns": patterns, "summaries": summaries, "tenants": tenants, "storage": storage_info,
+    }

@@ -1,0 +1,60 @@
+"""Cost report end to end: recurring queries over real HTTP land in the query log; the report (API and
+CLI, every format) attributes executions, CPU, samples and serving path per pattern."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+from tests.helpers import REPO, ServerProcess
+
+
+def _get(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=60) as r:
+        return r.read()
+
+
+def test_cost_report_api_and_cli(tmp_path: Path) -> None:
+    with ServerProcess(tmp_path / "data") as srv:
+        now = int(time.time())
+        lines = [f'http_requests_total{{code="{c}",pod="p{p}"}} {k * (p + 1) * 10} {(now - 3600 + k * 15) * 1000}'
+                 for k in range(240) for p in range(5) for c in ("200", "500")]
+        req = urllib.request.Request(srv.url + "/api/v1/import/prometheus", data=("\n".join(lines) + "\n").encode(), method="POST")
+        urllib.request.urlopen(req, timeout=60).read()
+        for rng in ("5m", "10m", "5m", "15m"):  # one pattern, different ranges: recognized as the same work
+            q = urllib.parse.urlencode({"query": f'sum by (code) (rate(http_requests_total[{rng}]))', "start": now - 1800, "end": now, "step": 30})
+            assert json.loads(_get(srv.url + "/api/v1/query_range?" + q))["status"] == "success"
+        q = urllib.parse.urlencode({"query": "count(http_requests_total)", "time": now})
+        _get(srv.url + "/api/v1/query?" + q)
+        time.sleep(1.5)  # query log flushes in the background
+        rep = json.loads(_get(srv.url + "/api/v1/cost_report?since=1h"))["data"]
+        pats = {p["pattern"]: p for p in rep["patterns"]}
+        rate_pat = [p for k, p in pats.items() if "rate(http_requests_total" in k]
+        assert len(rate_pat) == 1, list(pats)
+        p = rate_pat[0]
+        assert p["executions"] == 4 and p["samples_scanned"] > 0 and p["cpu_s_total"] > 0
+        assert p["p99_latency_s"] >= p["p50_latency_s"] > 0
+        assert rep["totals"]["executions"] >= 5
+        assert any(m["name"] == "http_requests_total" for m in rep["storage"]["seriesCountByMetricName"])
+        for fmt, marker in (("text", "TurboProm cost report"), ("csv", "pattern"), ("html", "<svg")):
+            body = _get(srv.url + f"/api/v1/cost_report?since=1h&format={fmt}").decode()
+            assert marker in body
+        rows = list(csv.DictReader(io.StringIO(_get(srv.url + "/api/v1/cost_report?since=1h&format=csv").decode())))
+        assert any(r["executions"] == "4" for r in rows)
+        bad = urllib.request.Request(srv.url + "/api/v1/cost_report?format=pdf")
+        try:
+            urllib.request.urlopen(bad, timeout=10)
+            raise AssertionError("bad format accepted")
+        except urllib.error.HTTPError as e:
+            assert e.code == 400 and b"format" in e.read()
+        out = tmp_path / "report.html"
+        r = subprocess.run([sys.executable, "-m", "turboprom", "cost-report", "--url", srv.url, "--since", "1h", "--format", "html",
+                            "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert "<h1>TurboProm cost report</h1>" in out.read_text()

@@ -27,7 +27,7 @@ class CongestionConfig:
     drop_after_s: float = 300.0  # ... older than this: instance forgotten
     rate_window_s: float = 5.0  # EWMA time constant for counter rates and backlog growth
     resolution_s: float = 5.0  # write-back period of turboprom_congestion_* series (0 = off)
-    rebuild_min_interval_s: float = 0.005  # coalesce snapshot rebuilds under heavy ingest
+    rebuild_min_interval_s: float = 0.01  # coalesce snapshot rebuilds under heavy ingest
     rebuild_period_s: float = 0.5  # rebuild at least this often (ages, staleness) even without data
     ca2: float = 1.0
     cs2: float = 1.0

@@ -30,7 +30,6 @@ through a ``write`` callable (the ingest pipeline's ``submit_sync`` or ``storage
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from dataclasses import dataclass
@@ -97,9 +96,16 @@ class CongestionSnapshot:
         }
 
 
-def _num(x: float) -> float | None:
-    """JSON-safe float: NaN/inf become null."""
-    return None if not math.isfinite(x) else float(x)
+def _jsonable(a: np.ndarray) -> list[float | None]:
+    """Python floats with NaN/inf as None (JSON null)."""
+    return [x if x - x == 0.0 else None for x in np.asarray(a, dtype=np.float64).tolist()]
+
+
+_INSTANCE_KEYS = ("cluster", "model", "instance", "stack", "queue_length", "running", "backlog_tokens",
+                  "backlog_seconds", "kv_usage", "throughput_tokens_per_second", "service_rate_tokens_per_second",
+                  "arrival_rate_tokens_per_second", "request_rate_per_second", "tokens_per_request", "utilization",
+                  "queueing_delay_seconds", "congestion_price_seconds_per_token", "age_seconds", "backlog_reported",
+                  "service_rate_source", "saturated", "newest_sample_ms", "stale")
 
 
 class CongestionTracker:
@@ -151,6 +157,7 @@ class CongestionTracker:
         self._last_write = 0.0
         self._written_keys: set[tuple[str, InstanceKey]] = set()
         self.samples_consumed = 0
+        self.last_build_s = 0.0
         self.samples_relevant = 0
 
     # ------------------------------------------------------------------ ingest side
@@ -376,9 +383,10 @@ class CongestionTracker:
 
     def _drop_silent(self, now: float) -> None:
         limit_ms = (now - self.config.drop_after_s) * 1000.0
-        for i in range(self._ninst):
+        newest = self._inst_newest[: self._ninst]
+        for i in np.flatnonzero((newest >= 0) & (newest < limit_ms)).tolist():
             key = self._inst_keys[i]
-            if key is None or self._inst_newest[i] < 0 or self._inst_newest[i] >= limit_ms:
+            if key is None:
                 continue
             for s in self._inst_slots[i]:
                 lbl = self._slot_labels[s]
@@ -475,68 +483,75 @@ class CongestionTracker:
         age = np.where(newest >= 0, now - newest / 1000.0, np.inf)
         stale = (age > cfg.stale_after_s) | (lvl_cnt.sum(axis=1) == 0)
 
-        src_names = ("none", "capacity", "busy_throughput", "peak_bound")
-        # Plain lists: per-instance dict building reads Python floats, not numpy scalars.
-        cols = {name: arr.tolist() for name, arr in (
-            ("queue_length", queue), ("running", running), ("backlog_tokens", backlog),
-            ("backlog_seconds", backlog_s), ("kv_usage", kv), ("throughput_tokens_per_second", thr),
-            ("service_rate_tokens_per_second", mu), ("arrival_rate_tokens_per_second", lam),
-            ("request_rate_per_second", req_rate), ("tokens_per_request", tpr), ("utilization", rho),
-            ("queueing_delay_seconds", wq), ("congestion_price_seconds_per_token", price), ("age_seconds", age))}
-        has_b, src_l, stale_l, newest_l = has_backlog.tolist(), src.tolist(), stale.tolist(), newest.tolist()
-        instances: list[dict[str, Any]] = []
-        for i in range(n):
-            key = keys[i]
-            if key is None:
-                continue
-            c, mdl, ins = key
-            d: dict[str, Any] = {"cluster": c, "model": mdl, "instance": ins, "stack": stacks[i] or "turboprom"}
-            for name, col in cols.items():
-                d[name] = _num(col[i])
-            d["backlog_reported"] = bool(has_b[i])
-            d["service_rate_source"] = src_names[int(src_l[i])]
-            d["saturated"] = bool(d["utilization"] is not None and d["utilization"] >= 1.0)
-            d["newest_sample_ms"] = int(newest_l[i]) if newest_l[i] >= 0 else None
-            d["stale"] = bool(stale_l[i])
-            instances.append(d)
-        instances.sort(key=lambda d: (d["cluster"], d["model"], d["instance"]))
-        clusters = self._clusters(instances)
+        live = np.array([k is not None for k in keys], dtype=bool)
+        idx = np.flatnonzero(live)
+        src_names = np.array(["none", "capacity", "busy_throughput", "peak_bound"], dtype=object)
+        cols = [_jsonable(a[idx]) for a in (queue, running, backlog, backlog_s, kv, thr, mu, lam, req_rate, tpr, rho,
+                                              wq, price, age)]
+        live_keys = [keys[i] for i in idx.tolist()]
+        ident = [(c, mdl, ins, stacks[i] or "turboprom") for (c, mdl, ins), i in zip(live_keys, idx.tolist())]  # type: ignore[misc]
+        newest_l = [int(x) if x >= 0 else None for x in newest[idx].tolist()]
+        rows = zip(ident, zip(*cols), has_backlog[idx].tolist(), src_names[src[idx]].tolist(),
+                   (rho[idx] >= 1.0).tolist(), newest_l, stale[idx].tolist())
+        instances = [dict(zip(_INSTANCE_KEYS, (*idt, *vals, hb, sname, sat, nw, st)))
+                     for idt, vals, hb, sname, sat, nw, st in rows]
+        order = sorted(range(len(instances)), key=lambda k: live_keys[k])
+        instances = [instances[k] for k in order]
+        clusters = self._clusters(live_keys, stale[idx], queue[idx], running[idx], backlog[idx], kv[idx], mu[idx],
+                                  lam[idx], req_rate[idx], price[idx])
         self._version += 1
         snap = CongestionSnapshot(self._version, now, instances, clusters, self._model_info())
         snap.body = self._encode(snap)
         return snap
 
-    def _clusters(self, instances: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
-        for d in instances:
-            groups.setdefault((d["cluster"], d["model"]), []).append(d)
+    def _clusters(self, keys: list[InstanceKey], stale: np.ndarray, queue: np.ndarray, running: np.ndarray,
+                  backlog: np.ndarray, kv: np.ndarray, mu: np.ndarray, lam: np.ndarray, req: np.ndarray,
+                  price: np.ndarray) -> list[dict[str, Any]]:
+        """Per (cluster, model) aggregates over fresh instances, vectorized with bincount."""
+        if not keys:
+            return []
+        gid_of: dict[tuple[str, str], int] = {}
+        gid = np.fromiter((gid_of.setdefault((k[0], k[1]), len(gid_of)) for k in keys), np.int64, len(keys))
+        g = len(gid_of)
+        fresh = ~stale
+
+        def tot(a: np.ndarray) -> np.ndarray:
+            return np.bincount(gid[fresh], weights=np.nan_to_num(a[fresh], nan=0.0, posinf=0.0), minlength=g)
+
+        n_fresh = np.bincount(gid[fresh], minlength=g)
+        n_all = np.bincount(gid, minlength=g)
+        q_t, r_t, b_t, mu_t, lam_t, req_t = tot(queue), tot(running), tot(backlog), tot(mu), tot(lam), tot(req)
+        kv_ok = fresh & np.isfinite(kv)
+        kv_n = np.bincount(gid[kv_ok], minlength=g)
+        kv_s = np.bincount(gid[kv_ok], weights=kv[kv_ok], minlength=g)
+        p_ok = fresh & np.isfinite(price)
+        pmin = np.full(g, np.inf)
+        pmax = np.full(g, -np.inf)
+        np.minimum.at(pmin, gid[p_ok], price[p_ok])
+        np.maximum.at(pmax, gid[p_ok], price[p_ok])
+        with np.errstate(invalid="ignore", divide="ignore"):
+            rho = utilization(lam_t, mu_t)
+            tpr = np.where(req_t > 0, lam_t / req_t, self.config.default_tokens_per_request)
+            # Pooled surrogate: the cluster as one server of rate sum(mu) (optimistic for an M/G/c).
+            backlog_s = np.where(mu_t > 0, b_t / mu_t, np.nan)
+            mean_s = np.where(mu_t > 0, tpr / mu_t, np.nan)
+            kv_mean = np.where(kv_n > 0, kv_s / np.maximum(kv_n, 1), np.nan)
+        cprice = congestion_price(req_t, mu_t, rho, backlog_s, mean_s, self.params)
+        spare = np.where(mu_t > 0, mu_t - lam_t, np.nan)
+        names = list(gid_of)
+        cols = [_jsonable(a) for a in (backlog_s, kv_mean, spare, rho, cprice, pmin, pmax)]
         out = []
-        p = self.params
-        for (c, mdl), ds in sorted(groups.items()):
-            fresh = [d for d in ds if not d["stale"]]
-
-            def tot(field_: str) -> float:
-                return float(sum(d[field_] for d in fresh if d[field_] is not None))
-
-            mu, lam, backlog = tot("service_rate_tokens_per_second"), tot("arrival_rate_tokens_per_second"), tot("backlog_tokens")
-            req = tot("request_rate_per_second")
-            kvs = [d["kv_usage"] for d in fresh if d["kv_usage"] is not None]
-            prices = [d["congestion_price_seconds_per_token"] for d in fresh if d["congestion_price_seconds_per_token"] is not None]
-            rho = float(utilization(lam, mu)) if mu > 0 else math.nan
-            tpr = (lam / req) if req > 0 else self.config.default_tokens_per_request
-            # Pooled surrogate: the cluster as one server of rate sum(mu) (a lower bound on an M/G/c's delay).
-            backlog_s = backlog / mu if mu > 0 else math.nan
-            mean_s = tpr / mu if mu > 0 else math.nan
-            price = float(congestion_price(req, mu, rho, backlog_s, mean_s, p)) if mu > 0 else math.nan
+        for k, (c, mdl) in enumerate(names):
+            bs, kvm, sp, rh, cp, lo, hi = (col[k] for col in cols)
             out.append({
-                "cluster": c, "model": mdl, "instances": len(fresh), "stale_instances": len(ds) - len(fresh),
-                "queue_length": tot("queue_length"), "running": tot("running"), "backlog_tokens": backlog,
-                "backlog_seconds": _num(backlog_s), "kv_usage_mean": _num(sum(kvs) / len(kvs)) if kvs else None,
-                "service_rate_tokens_per_second": mu, "arrival_rate_tokens_per_second": lam,
-                "spare_capacity_tokens_per_second": _num(mu - lam) if mu > 0 else None,
-                "utilization": _num(rho), "congestion_price_seconds_per_token": _num(price),
-                "min_instance_price": min(prices) if prices else None, "max_instance_price": max(prices) if prices else None,
+                "cluster": c, "model": mdl, "instances": int(n_fresh[k]), "stale_instances": int(n_all[k] - n_fresh[k]),
+                "queue_length": float(q_t[k]), "running": float(r_t[k]), "backlog_tokens": float(b_t[k]),
+                "backlog_seconds": bs, "kv_usage_mean": kvm,
+                "service_rate_tokens_per_second": float(mu_t[k]), "arrival_rate_tokens_per_second": float(lam_t[k]),
+                "spare_capacity_tokens_per_second": sp, "utilization": rh, "congestion_price_seconds_per_token": cp,
+                "min_instance_price": lo, "max_instance_price": hi,
             })
+        out.sort(key=lambda d: (d["cluster"], d["model"]))
         return out
 
     # ------------------------------------------------------------------ write-back
@@ -630,11 +645,14 @@ class CongestionTracker:
             if self._stop.is_set():
                 break
             now = self.clock()
-            wait = cfg.rebuild_min_interval_s - (now - self._last_build)
+            # Coalesce under heavy ingest; never spend more than ~1/6 of the time rebuilding.
+            wait = max(cfg.rebuild_min_interval_s, 5.0 * self.last_build_s) - (now - self._last_build)
             if wait > 0:
                 self._stop.wait(wait)
             try:
+                t = time.perf_counter()
                 self.refresh()
+                self.last_build_s = time.perf_counter() - t
             except Exception:  # noqa: BLE001 - keep serving the last snapshot
                 log.exception("congestion snapshot rebuild failed")
             if cfg.resolution_s > 0 and self.write is not None:

@@ -225,24 +225,37 @@ def _variance(vec: VectorSteps, g: Groups) -> np.ndarray:
     return out
 
 
+_PER_GROUP_SORT_MAX = 256
+
+
+def _seg_gid(g: Groups) -> np.ndarray:
+    """Group id of every position in the group-sorted row layout."""
+    return np.repeat(np.arange(g.n, dtype=np.int64), g.sizes)
+
+
 def quantile_sorted(V: np.ndarray, P: np.ndarray, g: Groups, q: np.ndarray) -> np.ndarray:
     """Prometheus's quantile (NaN sorts first; linear interpolation between closest ranks) per
     group and step. q: (T,)."""
     s_, t = V.shape
-    # sort key: absent rows last (+inf), NaN marked and sorted first afterwards
+    # sort key: absent rows last (+inf); NaNs sort as -inf and are put back as NaN afterwards
     isn = np.isnan(V) & P
     key = np.where(P, np.where(isn, -np.inf, V), np.inf)
-    o1 = np.argsort(key, axis=0, kind="stable")
-    gsorted = g.gid[o1]
-    o2 = np.argsort(gsorted, axis=0, kind="stable")
-    o = np.take_along_axis(o1, o2, axis=0)
-    sv = np.take_along_axis(key, o, axis=0)
-    # per group/step counts
+    if g.n <= _PER_GROUP_SORT_MAX:
+        sv = np.empty_like(key)
+        for gi in range(g.n):  # per group: contiguous sorts along the series axis
+            rows = g.rows_of(gi)
+            a = int(g.starts[gi])
+            sv[a:a + len(rows)] = np.sort(np.ascontiguousarray(key[rows].T), axis=1).T
+    else:
+        kt = np.ascontiguousarray(key.T)
+        gb = np.broadcast_to(g.gid[None, :], kt.shape)
+        o = np.lexsort((kt, gb), axis=-1)
+        sv = np.take_along_axis(kt, o, axis=1).T
     cnt = g.reduce(np.add, P.astype(np.int64)).astype(np.float64)  # (G, T)
     nan_cnt = g.reduce(np.add, isn.astype(np.int64))
-    # positions: the NaNs of a group occupy its first nan_cnt slots
-    pos = np.arange(s_)[:, None] - g.starts[g.gid[o]]
-    sv = np.where(pos < nan_cnt[g.gid[o], np.arange(t)[None, :]], np.nan, sv)
+    seg = _seg_gid(g)
+    pos = (np.arange(s_) - g.starts[seg])[:, None]
+    sv = np.where(pos < nan_cnt[seg], np.nan, sv)
     with np.errstate(all="ignore"):
         rank = q[None, :] * (cnt - 1)
         lower = np.maximum(0, np.floor(rank))
@@ -259,6 +272,84 @@ def quantile_sorted(V: np.ndarray, P: np.ndarray, g: Groups, q: np.ndarray) -> n
     qq = np.broadcast_to(q[None, :], res.shape)
     res = np.where(np.isnan(qq), np.nan, np.where(qq < 0, -np.inf, np.where(qq > 1, np.inf, res)))
     return res
+
+
+_U_NAN = np.uint64(0xFFFFFFFFFFFFFFFE)
+_U_ABSENT = np.uint64(0xFFFFFFFFFFFFFFFF)
+_SIGN = np.uint64(1 << 63)
+
+
+def _ordered_key(V: np.ndarray, P: np.ndarray, desc: bool) -> np.ndarray:
+    """uint64 keys whose integer order is the float order (ascending, or descending when
+    ``desc``), with NaN after every number and absent cells last."""
+    x = (-V if desc else V) + 0.0  # +0.0 folds -0.0 into 0.0
+    bits = np.ascontiguousarray(x).view(np.uint64)
+    neg = (bits & _SIGN) != 0
+    u = np.where(neg, ~bits, bits | _SIGN)
+    u = np.where(np.isnan(V), _U_NAN, u)
+    return np.where(P, u, _U_ABSENT)
+
+
+def _ranks_within_groups(key: np.ndarray, g: Groups) -> np.ndarray:
+    """Stable rank (S, T) of every (row, step) inside its group by ``key``."""
+    s_, t = key.shape
+    if g.n <= _PER_GROUP_SORT_MAX:
+        rank = np.empty((t, s_), dtype=np.int64)
+        for gi in range(g.n):
+            rows = g.rows_of(gi)
+            kb = np.ascontiguousarray(key[rows].T)  # (T, n)
+            o = np.argsort(kb, axis=1, kind="stable")
+            rb = np.empty_like(o)
+            np.put_along_axis(rb, o, np.arange(len(rows))[None, :], axis=1)
+            rank[:, rows] = rb
+        return rank.T
+    if int(g.sizes.max()) <= 32:
+        # many small groups: count, for every row, the group members ordered before it
+        rank = np.zeros((s_, t), dtype=np.int64)
+        rows = np.arange(s_)
+        gs = g.sizes[g.gid]
+        for r in range(int(g.sizes.max())):
+            ok = gs > r
+            other = np.where(ok, g.order[np.minimum(g.starts[g.gid] + r, s_ - 1)], rows)
+            ko = key[other]
+            before = (ko < key) | ((ko == key) & (other < rows)[:, None])
+            rank += before & ok[:, None]
+        return rank
+    kt = np.ascontiguousarray(key.T)
+    gb = np.broadcast_to(g.gid[None, :], kt.shape)
+    o = np.lexsort((kt, gb), axis=-1)  # stable: ties keep row order
+    posr = np.arange(s_)[None, :] - g.starts[g.gid[o]]
+    rank = np.empty((t, s_), dtype=np.int64)
+    np.put_along_axis(rank, o, posr, axis=1)
+    return rank.T
+
+
+def _select_smallest(key: np.ndarray, g: Groups, k: np.ndarray) -> np.ndarray:
+    """bool (S, T): per group and step, the k smallest keys (ties by row order)."""
+    s_, t = key.shape
+    kc = int(k.max())
+    if g.n <= _PER_GROUP_SORT_MAX and (k == kc).all() and kc >= 1:
+        sel = np.zeros((s_, t), dtype=bool)
+        for gi in range(g.n):  # partition instead of a full sort: O(n) per step
+            rows = g.rows_of(gi)
+            n = len(rows)
+            if kc >= n:
+                sel[rows] = True
+                continue
+            kb = np.ascontiguousarray(key[rows].T)  # (T, n)
+            kth = np.partition(kb, kc - 1, axis=1)[:, kc - 1:kc]
+            less = kb < kth
+            eq = kb == kth
+            need = kc - less.sum(axis=1, keepdims=True)
+            take = less | (eq & (np.cumsum(eq, axis=1) <= need))
+            sel[rows] = take.T
+        return sel
+    return _ranks_within_groups(key, g) < k[None, :]
+
+
+def _first_step_order(key: np.ndarray, g: Groups) -> np.ndarray:
+    """Rows in (group, key, row) order at the first step (instant-query output order)."""
+    return np.lexsort((np.arange(key.shape[0]), key[:, 0], g.gid))
 
 
 def _output(vec: VectorSteps, g: Groups, values: np.ndarray) -> VectorSteps:
@@ -436,24 +527,11 @@ def select_k(op: str, vec: VectorSteps, names: list[str], without: bool, param: 
     else:
         k = np.minimum(np.trunc(pv), s_).astype(np.int64)
         if op in ("topk", "bottomk"):
-            isn = np.isnan(V)
-            flag = np.where(~P, 2, np.where(isn, 1, 0))
-            primary = np.where(isn | ~P, 0.0, -V if op == "topk" else V)
-            o1 = np.argsort(primary, axis=0, kind="stable")
-            f1 = np.take_along_axis(flag, o1, axis=0)
-            o2 = np.argsort(f1, axis=0, kind="stable")
-            o = np.take_along_axis(o1, o2, axis=0)
-        else:
-            flag = np.where(~P, 2, 0)
-            o = np.argsort(flag, axis=0, kind="stable")
-        o3 = np.argsort(g.gid[o], axis=0, kind="stable")
-        o = np.take_along_axis(o, o3, axis=0)
-        rank = np.arange(s_)[:, None] - g.starts[g.gid[o]]
-        fo = np.take_along_axis(flag, o, axis=0)
-        take = (rank < k[None, :]) & (fo < 2)
-        sel = np.zeros_like(P)
-        np.put_along_axis(sel, o, take, axis=0)
-        order_col0 = o[:, 0]
+            key = _ordered_key(V, P, desc=(op == "topk"))
+        else:  # limitk: the first k present series of each group, in input order
+            key = np.where(P, np.uint64(0), _U_ABSENT)
+        sel = P & _select_smallest(key, g, k)
+        order_col0 = _first_step_order(key, g) if t == 1 else np.arange(s_)
     out = VectorSteps(vec.labels, V, sel, vec.drop_name)
     if t == 1:
         idx = np.array([i for i in order_col0.tolist() if sel[i, 0]], dtype=np.int64)

@@ -106,12 +106,18 @@ def open_session(data_dir: str | Path) -> duckdb.DuckDBPyConnection:
 
 def run_sql(data_dir: str, query: str) -> str:
     """Run one SQL statement against the catalog and blocks; the result as a text table."""
+    if not Path(data_dir).is_dir():
+        raise SystemExit(f"turboprom sql: data directory {data_dir!r} does not exist")
     con = open_session(data_dir)
     try:
-        rel = con.sql(query)
-        if rel is None:
-            return "OK"
-        return _format(rel)
+        try:
+            rel = con.sql(query)
+            if rel is None:
+                return "OK"
+            return _format(rel)
+        except duckdb.Error as e:
+            # An operator command: a clear message and exit status 1, not a traceback.
+            raise SystemExit(f"turboprom sql: {e}") from e
     finally:
         con.close()
 

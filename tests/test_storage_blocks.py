@@ -207,3 +207,12 @@ def test_queries_during_compaction_and_retention(tmp_path):
                 t.join()
         assert not errors and not mismatches
         assert any(b["level"] > 1 for b in db.stats()["blocks"])
+
+
+def test_turboprom_sql_errors_are_messages(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "turboprom", "sql", "--data-dir", str(tmp_path), "SELECT nope FROM samples"],
+                       cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "nope" in r.stderr and "Traceback" not in r.stderr
+    r = subprocess.run([sys.executable, "-m", "turboprom", "sql", "--data-dir", str(tmp_path), "SELECT count(*) AS n FROM samples"],
+                       cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.splitlines()[2].strip() == "0"

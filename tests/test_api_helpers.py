@@ -18,8 +18,10 @@ from tests.helpers import free_port, require_binary, wait_http
 class PrometheusPeer:
     """A real ``prometheus`` on a loopback port with its own data dir (optionally backfilled)."""
 
-    def __init__(self, workdir: Path, openmetrics: str | None = None, extra_args: list[str] | None = None):
+    def __init__(self, workdir: Path, openmetrics: str | None = None, extra_args: list[str] | None = None,
+                 config_yaml: str | None = None):
         self.workdir = Path(workdir)
+        self.config_yaml = config_yaml
         self.port = free_port()
         self.openmetrics = openmetrics
         self.extra_args = extra_args or []
@@ -40,7 +42,7 @@ class PrometheusPeer:
             subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", str(src), str(data)],
                            check=True, capture_output=True, timeout=300)
         cfg = self.workdir / "prometheus.yml"
-        cfg.write_text("global:\n  scrape_interval: 15s\n")
+        cfg.write_text(self.config_yaml or "global:\n  scrape_interval: 15s\n")
         self._log = open(self.workdir / "prometheus.log", "ab")
         self.proc = subprocess.Popen(
             [binary, f"--config.file={cfg}", f"--storage.tsdb.path={data}",

@@ -280,19 +280,51 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
         pool = params.get("scrapePool")
         scraper = ctx.components.get("scraper")
         active: list[dict[str, Any]] = []
+        dropped: list[dict[str, Any]] = []
         if scraper is not None and hasattr(scraper, "targets_snapshot"):
             snap = await run_off_loop(ctx, scraper.targets_snapshot)
             if isinstance(snap, Mapping) and "activeTargets" in snap:
                 snap = snap["activeTargets"]
             active = [_target_entry(t) for t in snap]
+        if scraper is not None and hasattr(scraper, "dropped_targets_snapshot"):
+            for d in await run_off_loop(ctx, scraper.dropped_targets_snapshot):
+                d = _as_dict(d)
+                dropped.append({"discoveredLabels": dict(d.get("discoveredLabels", d.get("discovered_labels", {})))})
         if pool:
             active = [t for t in active if t["scrapePool"] == pool]
+            dropped = [t for t in dropped if t["discoveredLabels"].get("job") == pool]
+        active.sort(key=lambda t: (t["scrapePool"], t["scrapeUrl"]))
         show_active = state in ("", "any", "active")
         show_dropped = state in ("", "any", "dropped")
         return ok({
             "activeTargets": active if show_active else [],
-            "droppedTargets": [] if show_dropped else [],
+            "droppedTargets": dropped if show_dropped else [],
         })
+
+    @api_handler
+    async def scrape_pools(request: web.Request, params: Params) -> web.Response:
+        scraper = ctx.components.get("scraper")
+        pools: list[str] = []
+        if scraper is not None and hasattr(scraper, "scrape_pools"):
+            pools = sorted(scraper.scrape_pools())
+        return ok({"scrapePools": pools})
+
+    @api_handler
+    async def targets_metadata(request: web.Request, params: Params) -> web.Response:
+        # Per-target metadata is not kept (ingest keeps one metadata registry per metric name).
+        if params.get("limit") and not params.get("limit").lstrip("-").isdigit():
+            raise APIError("bad_data", "limit must be a number")
+        return ok([])
+
+    @api_handler
+    async def drop_series(request: web.Request, params: Params) -> web.Response:
+        raise APIError("internal", "not implemented")
+
+    @api_handler
+    async def snapshot(request: web.Request, params: Params) -> web.StreamResponse:
+        if not admin_enabled(ctx):
+            return error_response("unavailable", "admin APIs disabled", 500)
+        raise APIError("internal", "create snapshot: not supported by this storage (copy the data directory instead)")
 
     @api_handler
     async def alertmanagers(request: web.Request, params: Params) -> web.Response:
@@ -339,7 +371,11 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
     app.router.add_get("/api/v1/rules", rules)
     app.router.add_get("/api/v1/alerts", alerts)
     app.router.add_get("/api/v1/targets", targets)
+    app.router.add_get("/api/v1/scrape_pools", scrape_pools)
+    app.router.add_get("/api/v1/targets/metadata", targets_metadata)
+    app.router.add_delete("/api/v1/series", drop_series)
     app.router.add_get("/api/v1/alertmanagers", alertmanagers)
     for method in ("POST", "PUT"):
         app.router.add_route(method, "/api/v1/admin/tsdb/delete_series", delete_series)
         app.router.add_route(method, "/api/v1/admin/tsdb/clean_tombstones", clean_tombstones)
+        app.router.add_route(method, "/api/v1/admin/tsdb/snapshot", snapshot)

@@ -184,9 +184,9 @@ def _linear_regression(rw: RangeWindows, intercept_ms: np.ndarray | None) -> tup
     """Least-squares slope and intercept per window (windows with at least two samples).
 
     intercept_ms: (T,) intercept time per step, or None for "the window's first sample".
-    Finite windows use a centred two-pass computation on dense blocks (numerically at least as
-    good as Prometheus's compensated sums); windows holding NaN/Inf use the exact replica of
-    Prometheus's algorithm so special values propagate identically. Returns (slope, intercept,
+    Finite windows use Prometheus's formula on row sums of dense blocks accumulated in extended
+    precision; windows holding NaN/Inf use the exact replica of Prometheus's algorithm so special
+    values propagate identically. Returns (slope, intercept,
     present).
     """
     S, T = rw.lo.shape
@@ -210,13 +210,19 @@ def _linear_regression(rw: RangeWindows, intercept_ms: np.ndarray | None) -> tup
             t0 = t[:, 0] if steps is None else steps[pos % T]
             x = (t - t0[:, None]) / 1e3
             y = vals[idx]
-            xm = x.mean(axis=1, keepdims=True)
-            ym = y.mean(axis=1, keepdims=True)
-            dx = x - xm
-            cov = (dx * (y - ym)).sum(axis=1)
-            varx = (dx * dx).sum(axis=1)
+            # Prometheus's formula on sums accumulated in extended precision (rounded once to
+            # float64, like its compensated sums): exact sums give bit-identical results.
+            xl = x.astype(np.longdouble)
+            yl = y.astype(np.longdouble)
+            cnt = float(x.shape[1])
+            sx = xl.sum(axis=1).astype(np.float64)
+            sy = yl.sum(axis=1).astype(np.float64)
+            sxy = (xl * yl).sum(axis=1).astype(np.float64)
+            sx2 = (xl * xl).sum(axis=1).astype(np.float64)
+            cov = sxy - sx * sy / cnt
+            varx = sx2 - sx * sx / cnt
             sl = cov / varx
-            ic = ym[:, 0] - sl * xm[:, 0]
+            ic = sy / cnt - sl * sx / cnt
             const = (y == y[:, :1]).all(axis=1)
             sl = np.where(const, 0.0, sl)
             ic = np.where(const, y[:, 0], ic)

@@ -144,7 +144,7 @@ _valid = v1_payload([({"__name__": "fz_live", "x": "1"}, [(now_ms() - 5000, 1.0)
 _valid_v2 = v2_payload([({"__name__": "fz_live2", "x": "1"}, [(now_ms() - 5000, 1.0)])])
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(st.sampled_from(["v1", "v2", "raw", "text"]),
        st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), max_size=5), st.integers(0, 10_000), st.binary(max_size=64))
 def test_server_never_5xx_on_mutated_bodies(fuzz_server, kind, flips, cut, junk):

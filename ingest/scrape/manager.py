@@ -46,8 +46,11 @@ class ScrapeManager:
     def from_config(cls, raw: dict[str, Any], append: Callable, executor=None, *, self_url: str | None = None,
                     self_interval_s: float = 15.0) -> "ScrapeManager":
         raw = dict(raw or {})
-        if raw.get("self_scrape") and not raw.get("scrape_configs") and self_url:
-            raw["scrape_configs"] = [{"job_name": "turboprom", "scrape_interval": f"{int(self_interval_s)}s",
+        self_scrape = raw.get("self_scrape")
+        if self_scrape and not raw.get("scrape_configs") and self_url:
+            # `self_scrape: true` (interval from the server config) or `self_scrape: {scrape_interval: 5s}`
+            interval = self_scrape.get("scrape_interval") if isinstance(self_scrape, dict) else None
+            raw["scrape_configs"] = [{"job_name": "turboprom", "scrape_interval": interval or f"{max(1, int(self_interval_s))}s",
                                       "static_configs": [{"targets": [self_url]}]}]
         return cls(parse_scrape_configs(raw), append, executor)
 

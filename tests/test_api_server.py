@@ -174,7 +174,7 @@ def test_execution_error_is_422(pair):
     assert orjson.loads(bb)["errorType"] == orjson.loads(ba)["errorType"] == "execution"
 
 
-@pytest.mark.parametrize("path,params", [
+METADATA_CALLS = [
     ("/api/v1/series", [("match[]", "http_requests_total"), ("match[]", "temperature_celsius")]),
     ("/api/v1/series", {"match[]": '{__name__=~"temp.*|sparse.*"}', "start": str(START), "end": str(END)}),
     ("/api/v1/series", {"match[]": "sparse_gauge", "start": "1", "end": "2"}),
@@ -186,11 +186,13 @@ def test_execution_error_is_422(pair):
     ("/api/v1/label/room/values", {}),
     ("/api/v1/label/site/values", {"start": str(START), "end": str(END)}),
     ("/api/v1/label/nonexistent/values", {}),
+]
+
+
+@pytest.mark.parametrize("method,path,params", [
+    (m, p, q) for p, q in METADATA_CALLS for m in (("GET",) if "/label/" in p else ("GET", "POST"))  # label values: GET only
 ])
-@pytest.mark.parametrize("method", ["GET", "POST"])
-def test_metadata_endpoints_match_prometheus(pair, path, params, method):
-    if method == "POST" and "/label/" in path:
-        pytest.skip("label values is GET-only in Prometheus")
+def test_metadata_endpoints_match_prometheus(pair, method, path, params):
     (sa, ba), (sb, bb) = both(pair, method, path, params)
     assert (sa, sb) == (200, 200), (ba, bb)
     assert normalized(bb) == normalized(ba)
@@ -311,3 +313,16 @@ def test_admin_delete_series_is_gated(pair):
     # still there
     status, _, body = http("GET", pair.tp.url + "/api/v1/series", {"match[]": "sparse_gauge"})
     assert len(orjson.loads(body)["data"]) == 1
+
+
+def test_content_type_and_cors_like_prometheus(pair):
+    for path in ("/api/v1/query?query=1", "/api/v1/labels", "/api/v1/query?query=sum("):
+        a = http("GET", pair.prom.url + path, headers={"Origin": "http://grafana.example"})
+        b = http("GET", pair.tp.url + path, headers={"Origin": "http://grafana.example"})
+        assert b[1]["Content-Type"] == a[1]["Content-Type"] == "application/json"
+        for h in ("Access-Control-Allow-Origin", "Access-Control-Allow-Methods", "Access-Control-Allow-Headers", "Access-Control-Expose-Headers"):
+            assert b[1].get(h) == a[1].get(h), h
+    a = http("OPTIONS", pair.prom.url + "/api/v1/query_range", headers={"Origin": "http://x"})
+    b = http("OPTIONS", pair.tp.url + "/api/v1/query_range", headers={"Origin": "http://x"})
+    assert a[0] == b[0] == 204
+    assert b[1].get("Access-Control-Allow-Methods") == a[1].get("Access-Control-Allow-Methods")

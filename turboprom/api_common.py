@@ -37,7 +37,23 @@ class APIError(Exception):
 
 
 def json_response(body: bytes, status: int = 200) -> web.Response:
-    return web.Response(body=body, status=status, content_type=JSON)
+    # Exactly "application/json" like Prometheus (aiohttp's content_type= would add a charset).
+    return web.Response(body=body, status=status, headers={"Content-Type": JSON})
+
+
+# Prometheus's CORS answer for its default --web.cors.origin='.*' (only when Origin is sent).
+CORS_HEADERS = {
+    "Access-Control-Allow-Headers": "Accept, Authorization, Content-Type, Origin",
+    "Access-Control-Allow-Methods": "GET, POST, OPTIONS",
+    "Access-Control-Expose-Headers": "Date",
+    "Vary": "Origin",
+    "Access-Control-Allow-Origin": "*",
+}
+
+
+def set_cors(request: web.Request, response: web.StreamResponse) -> None:
+    if request.headers.get("Origin"):
+        response.headers.update(CORS_HEADERS)
 
 
 def error_response(error_type: str, message: str, status: int | None = None) -> web.Response:
@@ -59,18 +75,20 @@ def api_handler(fn: Handler) -> Callable[[web.Request], Awaitable[web.StreamResp
     async def wrapper(request: web.Request) -> web.StreamResponse:
         try:
             params = await Params.from_request(request)
-            return await fn(request, params)
+            resp = await fn(request, params)
         except ParamError as e:
-            return error_response("bad_data", str(e))
+            resp = error_response("bad_data", str(e))
         except APIError as e:
-            return error_response(e.error_type, e.message, e.status)
+            resp = error_response(e.error_type, e.message, e.status)
         except web.HTTPException:
             raise
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - our fault: answer 500 like Prometheus's "internal"
             log.exception("internal error serving %s", request.path)
-            return error_response("internal", f"{type(e).__name__}: {e}")
+            resp = error_response("internal", f"{type(e).__name__}: {e}")
+        set_cors(request, resp)
+        return resp
 
     return wrapper
 

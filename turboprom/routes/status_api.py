@@ -28,7 +28,7 @@ from aiohttp import web
 
 import turboprom
 from storage.matchers import Matcher
-from turboprom.api_common import APIError, api_handler, error_response, ok, run_off_loop
+from turboprom.api_common import APIError, api_handler, error_response, ok, run_off_loop, set_cors
 from turboprom.api_params import MAX_TIME_MS, MIN_TIME_MS, Params, invalid_param, parse_metric_selector
 from turboprom.context import ServerContext
 
@@ -361,7 +361,13 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
         # Prometheus answers "/" (a redirect to its UI); clients probe it as a liveness check.
         return web.Response(text="TurboProm: Prometheus-compatible HTTP API under /api/v1 (see /api/v1/status/buildinfo).\n")
 
+    async def options(request: web.Request) -> web.Response:
+        resp = web.Response(status=204)
+        set_cors(request, resp)
+        return resp
+
     app.router.add_get("/", root)
+    app.router.add_route("OPTIONS", "/api/v1/{path:.*}", options)
     app.router.add_get("/api/v1/status/buildinfo", buildinfo)
     app.router.add_get("/api/v1/status/runtimeinfo", runtimeinfo)
     app.router.add_get("/api/v1/status/flags", flags)

@@ -38,6 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--retention-time", type=_duration, default=None, help="drop blocks older than this, measured from the newest sample (default 15d)")
     s.add_argument("--retention-size", type=_size, default=0, help="maximum bytes of blocks (e.g. 10GB); 0 = unlimited")
     s.add_argument("--wal-fsync", choices=["always", "batch", "never"], default="always")
+    s.add_argument("--web.config.file", dest="web_config_file", default=None,
+                   help="auth and TLS config (basic_auth_users, bearer_tokens, roles, tenants, tls_server_config)")
+    s.add_argument("--insecure", action="store_true", help="allow listening beyond loopback without auth (logged loudly)")
     s.add_argument("--log-level", default="info")
 
     q = sub.add_parser("sql", help="run SQL against the DuckDB catalog and blocks")
@@ -161,6 +164,8 @@ def _config_from_args(a: argparse.Namespace) -> ServerConfig:
         cfg.storage.retention_ms = a.retention_time
     cfg.storage.retention_bytes = a.retention_size
     cfg.storage.wal_fsync = a.wal_fsync
+    cfg.web_config_file = a.web_config_file
+    cfg.insecure = a.insecure
     cfg.load_file()
     return cfg
 

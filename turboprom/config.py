@@ -23,6 +23,8 @@ class ServerConfig:
     query_max_samples: int = 50_000_000
     max_body_bytes: int = 32 * 1024 * 1024
     self_scrape_interval_s: float = 15.0
+    web_config_file: str | None = None  # auth + TLS (turboprom.auth)
+    insecure: bool = False  # allow a non-loopback listen address without auth
 
     @property
     def host(self) -> str:

@@ -20,7 +20,13 @@ log = logging.getLogger("turboprom")
 def create_app(ctx: ServerContext) -> web.Application:
     from turboprom.self_metrics import http_metrics
 
-    app = web.Application(client_max_size=ctx.config.max_body_bytes, middlewares=[http_metrics])
+    middlewares = [http_metrics]
+    auth = ctx.components.get("auth")
+    if auth is not None:
+        from turboprom.auth import auth_middleware
+
+        middlewares.append(auth_middleware(auth))
+    app = web.Application(client_max_size=ctx.config.max_body_bytes, middlewares=middlewares)
     app["ctx"] = ctx
     for mod in sorted(pkgutil.iter_modules(routes.__path__), key=lambda m: m.name):
         module = importlib.import_module(f"{routes.__name__}.{mod.name}")
@@ -44,14 +50,22 @@ def create_app(ctx: ServerContext) -> web.Application:
 
 
 async def serve(config: ServerConfig) -> None:
+    from turboprom.auth import Authenticator, WebConfig, check_listen_guard
+
+    web_cfg = WebConfig.load(config.web_config_file) if config.web_config_file else None
+    check_listen_guard(config.host, web_cfg, config.insecure)
     ctx = await asyncio.get_running_loop().run_in_executor(None, build_context, config)
+    if web_cfg is not None and web_cfg.auth_enabled:
+        ctx.components["auth"] = Authenticator(web_cfg)
     app = create_app(ctx)
     runner = web.AppRunner(app, handle_signals=False, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, config.host, config.port, reuse_address=True)
+    ssl_ctx = web_cfg.ssl_context() if web_cfg is not None else None
+    site = web.TCPSite(runner, config.host, config.port, reuse_address=True, ssl_context=ssl_ctx)
     await site.start()
-    log.info("TurboProm listening on http://%s (data dir %s)", config.listen, config.data_dir)
-    print(f"TurboProm listening on http://{config.listen}", flush=True)
+    scheme = "https" if ssl_ctx else "http"
+    log.info("TurboProm listening on %s://%s (data dir %s)", scheme, config.listen, config.data_dir)
+    print(f"TurboProm listening on {scheme}://{config.listen}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

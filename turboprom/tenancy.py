@@ -1,0 +1,122 @@
+"""Multi-tenancy by the ``X-Scope-OrgID`` header (Mimir's convention).
+
+Series of a tenant other than the default carry a reserved label ``__tenant__`` in storage; the
+default tenant's series carry none. Every read goes through a ``TenantView``, which adds the
+tenant's matcher to each selection and removes the label from what it returns, so no endpoint built
+on it can see another tenant's series. The PromQL engine reads through the same view (one engine
+per tenant), so queries cannot either.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from storage.batch import SampleBatch
+from storage.labels import Labels
+from storage.matchers import Matcher
+from storage.series_set import SeriesSet
+
+TENANT_LABEL = "__tenant__"
+DEFAULT_TENANT = "default"
+MAX_TENANT_LEN = 150
+
+
+def validate_tenant(tenant: str) -> str:
+    """Mimir's rules: 1-150 chars of [A-Za-z0-9!-_.*'()]; not '.' or '..'."""
+    if not tenant or len(tenant) > MAX_TENANT_LEN or tenant in (".", ".."):
+        raise ValueError(f"invalid tenant ID {tenant!r}: must be 1-{MAX_TENANT_LEN} characters and not '.' or '..'")
+    ok = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789!-_.*'()")
+    bad = sorted(set(tenant) - ok)
+    if bad:
+        raise ValueError(f"invalid tenant ID {tenant!r}: character(s) {''.join(bad)!r} not allowed")
+    return tenant
+
+
+def tenant_of(headers: Any) -> str:
+    t = headers.get("X-Scope-OrgID") if headers is not None else None
+    return validate_tenant(t.strip()) if t else DEFAULT_TENANT
+
+
+def tenant_matcher(tenant: str) -> Matcher:
+    # The default tenant's series have no tenant label: `= ""` selects exactly those.
+    return Matcher(TENANT_LABEL, "=", "" if tenant == DEFAULT_TENANT else tenant)
+
+
+def _strip(lbl: Labels) -> Labels:
+    return tuple(p for p in lbl if p[0] != TENANT_LABEL)
+
+
+def label_batch(batch: SampleBatch, tenant: str) -> SampleBatch:
+    """Stamp a non-default tenant's label onto every series of an ingest batch (per series, not per sample).
+    Any ``__tenant__`` label a client sent is replaced: a tenant cannot write into another."""
+    if tenant == DEFAULT_TENANT:
+        if any(n == TENANT_LABEL for lbl in batch.series for n, _ in lbl):
+            batch.series = [_strip(lbl) for lbl in batch.series]
+        return batch
+    batch.series = [tuple(sorted(_strip(lbl) + ((TENANT_LABEL, tenant),))) for lbl in batch.series]
+    batch.tenant = tenant
+    return batch
+
+
+class TenantView:
+    """A storage read view restricted to one tenant (implements the read side of storage.interface)."""
+
+    def __init__(self, storage: Any, tenant: str):
+        self.storage = storage
+        self.tenant = tenant
+        self._m = tenant_matcher(tenant)
+
+    def _sets(self, matcher_sets: Sequence[Sequence[Matcher]]) -> list[list[Matcher]]:
+        return [[*ms, self._m] for ms in matcher_sets] if matcher_sets else [[self._m]]
+
+    def select(self, matchers: Sequence[Matcher], mint: int, maxt: int) -> SeriesSet:
+        ss = self.storage.select([*matchers, self._m], mint, maxt)
+        if self.tenant != DEFAULT_TENANT:
+            ss = SeriesSet([_strip(lbl) for lbl in ss.labels], ss.offsets, ss.timestamps, ss.values)
+        return ss
+
+    def series(self, matcher_sets: Sequence[Sequence[Matcher]], mint: int, maxt: int) -> list[Labels]:
+        return [_strip(lbl) for lbl in self.storage.series(self._sets(matcher_sets), mint, maxt)]
+
+    def label_names(self, mint: int, maxt: int, matcher_sets: Sequence[Sequence[Matcher]] = ()) -> list[str]:
+        return [n for n in self.storage.label_names(mint, maxt, self._sets(matcher_sets)) if n != TENANT_LABEL]
+
+    def label_values(self, name: str, mint: int, maxt: int, matcher_sets: Sequence[Sequence[Matcher]] = ()) -> list[str]:
+        if name == TENANT_LABEL:
+            return []
+        return self.storage.label_values(name, mint, maxt, self._sets(matcher_sets))
+
+    def delete_series(self, matcher_sets: Sequence[Sequence[Matcher]], mint: int, maxt: int) -> Any:
+        return self.storage.delete_series(self._sets(matcher_sets), mint, maxt)
+
+    def __getattr__(self, name: str) -> Any:
+        # Everything else (stats, close, ...) is the whole store's: only the read methods above are
+        # tenant-scoped, so callers must not hand a TenantView to code that reports on all data.
+        if name in ("append",):
+            raise AttributeError("TenantView is read-only: ingest through the pipeline with label_batch()")
+        return getattr(self.storage, name)
+
+
+class TenantEngines:
+    """One PromQL engine per tenant, each reading through that tenant's view (created on first use)."""
+
+    def __init__(self, storage: Any, make_engine: Callable[[Any], Any], default_engine: Any | None = None):
+        self.storage = storage
+        self.make_engine = make_engine
+        self._engines: dict[str, Any] = {}
+        if default_engine is not None:
+            self._engines[DEFAULT_TENANT] = default_engine
+        self._lock = threading.Lock()
+
+    def get(self, tenant: str) -> Any:
+        with self._lock:
+            eng = self._engines.get(tenant)
+            if eng is None:
+                eng = self._engines[tenant] = self.make_engine(TenantView(self.storage, tenant))
+            return eng
+
+
+def count_series_of(view: TenantView) -> int:
+    return len(view.series([], np.iinfo(np.int64).min, np.iinfo(np.int64).max))

@@ -400,3 +400,27 @@ def test_scalar_and_vector():
     assert out.values[0] == 3.0 and math.isnan(out.values[1])
     out, _ = call("vector", [0, M], Scalar(np.array([1.0, 2.0])))
     assert out.labels == [()] and out.values.tolist() == [[1.0, 2.0]]
+
+
+def test_histogram_quantile_step_chunks_match_single_block(monkeypatch):
+    import promql.functions.histogram as hmod
+
+    T = 7
+    rng = np.random.default_rng(3)
+    base = np.cumsum(rng.integers(0, 5, (3, T)), axis=0).astype(float)  # monotonic over le
+    labels = [make_labels({"__name__": "h", "le": le}) for le in ("1", "5", "+Inf")]
+    present = np.ones((3, T), dtype=bool)
+    present[1, 2] = False  # a bucket missing at one step
+    vec = VectorSteps(labels, base, present)
+    steps = [i * M for i in range(T)]
+    whole, _ = call("histogram_quantile", steps, Scalar(np.full(T, 0.7)), vec)
+    orig = hmod._Buckets.blocks
+    monkeypatch.setattr(hmod._Buckets, "blocks", lambda self, max_cells=1: orig(self, 1))
+    chunked, _ = call("histogram_quantile", steps, Scalar(np.full(T, 0.7)), vec)
+    np.testing.assert_array_equal(whole.present, chunked.present)
+    np.testing.assert_allclose(whole.values, chunked.values)
+    # the step with the missing middle bucket interpolates between 0..1 or 1..+Inf buckets only
+    c = base[:, 2]
+    rank = 0.7 * c[2]
+    want = 1.0 if rank > c[0] else rank / c[0]  # rank beyond le=1 lands in +Inf: second highest = 1
+    assert whole.values[0, 2] == pytest.approx(want)

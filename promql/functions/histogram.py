@@ -95,8 +95,6 @@ class _Buckets:
         T = vec.num_steps
         self.T = T
         if G == 0:
-            self.counts = np.zeros((0, 0, T))
-            self.present = np.zeros((0, 0, T), dtype=bool)
             self.ub = np.zeros((0, 0))
             return
         g_arr = np.asarray(g_of, dtype=np.int64)
@@ -117,13 +115,36 @@ class _Buckets:
         B = int(slot.max()) + 1
         self.ub = np.full((G, B), np.inf)
         self.ub[g_arr, slot] = ub_arr
-        src = np.asarray(keep, dtype=np.int64)
-        vals = vec.values[src]
-        pres = vec.present[src]
-        self.counts = np.zeros((G, B, T))
-        self.present = np.zeros((G, B, T), dtype=bool)
-        np.add.at(self.counts, (g_arr, slot), np.where(pres, vals, 0.0))
-        np.logical_or.at(self.present, (g_arr, slot), pres)
+        self._g = g_arr
+        self._slot = slot
+        self._src = np.asarray(keep, dtype=np.int64)
+        self._vec = vec
+
+    def blocks(self, max_cells: int = 4_000_000):
+        """Yield (t0, t1, block) with the bucket arrays of steps [t0, t1), sized to ~max_cells."""
+        G, B = self.ub.shape
+        T = self.T
+        width = max(1, max_cells // max(1, G * B))
+        for t0 in range(0, T, width):
+            t1 = min(T, t0 + width)
+            yield t0, t1, self._block(t0, t1)
+
+    def _block(self, t0: int, t1: int) -> "_Block":
+        G, B = self.ub.shape
+        vals = self._vec.values[self._src, t0:t1]
+        pres = self._vec.present[self._src, t0:t1]
+        counts = np.zeros((G, B, t1 - t0))
+        present = np.zeros((G, B, t1 - t0), dtype=bool)
+        np.add.at(counts, (self._g, self._slot), np.where(pres, vals, 0.0))
+        np.logical_or.at(present, (self._g, self._slot), pres)
+        return _Block(counts, present, self.ub)
+
+
+class _Block:
+    """Bucket arrays of a range of steps: counts/present (G, B, T'), upper bounds (G, B)."""
+
+    def __init__(self, counts: np.ndarray, present: np.ndarray, ub: np.ndarray) -> None:
+        self.counts, self.present, self.ub = counts, present, ub
 
     def output_present(self) -> np.ndarray:
         return self.present.any(axis=1)
@@ -144,7 +165,7 @@ def _quantile_warning(ctx: FunctionContext, qs: np.ndarray, arg_index: int) -> N
         ctx.annotations.warn(f"PromQL warning: quantile value should be between 0 and 1, got {format_go_g(float(q))}{ctx.pos(arg_index)}")
 
 
-def bucket_quantiles(bk: _Buckets, qs: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+def bucket_quantiles(bk: "_Block", qs: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """Per (group, step) quantile and the monotonicity-fix report arrays."""
     G, B, T = bk.counts.shape
     c = bk.counts.copy()
@@ -225,6 +246,7 @@ def _rfc3339(ms: int) -> str:
 
 
 def _report_monotonicity(ctx: FunctionContext, bk: _Buckets, rep: dict[str, np.ndarray], present: np.ndarray, arg_index: int) -> None:
+    """One info per metric name, merged over groups and steps as Prometheus merges them."""
     forced = rep["forced"] & present
     if not forced.any():
         return
@@ -272,13 +294,20 @@ def histogram_quantile(ctx: FunctionContext, args: list[Value]) -> Value:
     G = len(bk.labels)
     if G == 0:
         return VectorSteps.empty(T)
-    res, rep = bucket_quantiles(bk, qs)
-    present = bk.output_present()
+    res, rep, present = _quantiles_all_steps(bk, qs)
     _report_monotonicity(ctx, bk, rep, present, 1)
     return VectorSteps(bk.labels, np.where(present, res, 0.0), present, np.ones(G, dtype=bool))
 
 
-def bucket_fractions(bk: _Buckets, lower_t: np.ndarray, upper_t: np.ndarray) -> np.ndarray:
+def _quantiles_all_steps(bk: _Buckets, qs: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray]:
+    parts = [(bucket_quantiles(blk, qs[t0:t1]), blk.output_present()) for t0, t1, blk in bk.blocks()]
+    res = np.concatenate([p[0][0] for p in parts], axis=1)
+    rep = {k: np.concatenate([p[0][1][k] for p in parts], axis=1) for k in parts[0][0][1]}
+    present = np.concatenate([p[1] for p in parts], axis=1)
+    return res, rep, present
+
+
+def bucket_fractions(bk: "_Block", lower_t: np.ndarray, upper_t: np.ndarray) -> np.ndarray:
     G, B, T = bk.counts.shape
     c = bk.counts
     p = bk.present
@@ -347,8 +376,9 @@ def histogram_fraction(ctx: FunctionContext, args: list[Value]) -> Value:
     G = len(bk.labels)
     if G == 0:
         return VectorSteps.empty(T)
-    res = bucket_fractions(bk, lower, upper)
-    present = bk.output_present()
+    parts = [(bucket_fractions(blk, lower[t0:t1], upper[t0:t1]), blk.output_present()) for t0, t1, blk in bk.blocks()]
+    res = np.concatenate([p[0] for p in parts], axis=1)
+    present = np.concatenate([p[1] for p in parts], axis=1)
     return VectorSteps(bk.labels, np.where(present, res, 0.0), present, np.ones(G, dtype=bool))
 
 
@@ -387,12 +417,11 @@ def histogram_quantiles(ctx: FunctionContext, args: list[Value]) -> Value:
     G = len(bk.labels)
     if G == 0:
         return VectorSteps.empty(T)
-    present = bk.output_present()
     out_labels: list[Labels] = []
     vals: list[np.ndarray] = []
     pres: list[np.ndarray] = []
     for qs in q_arrays:
-        res, rep = bucket_quantiles(bk, qs)
+        res, rep, present = _quantiles_all_steps(bk, qs)
         _report_monotonicity(ctx, bk, rep, present, 0)
         # The quantile label value is per step in general; Prometheus computes it per step too.
         uniq = np.unique(qs[~np.isnan(qs)]).tolist() + ([float("nan")] if np.isnan(qs).any() else [])

@@ -23,9 +23,9 @@ from typing import Any, Sequence
 import numpy as np
 import promql_parser as pp
 
-from promql.errors import BadData, PromQLError
+from promql.errors import BadData, ExecutionError, PromQLError
 from promql.eval_context import EvalContext, NodeHook, QueryBudget
-from promql.eval_labels import apply_name_drop, drop_metric_name, merge_same_labels
+from promql.eval_labels import SAME_LABELSET, apply_name_drop, drop_metric_name, merge_same_labels
 from promql.eval_positions import locate_all
 from promql.evaluator import Evaluator
 from promql.source import SampleSource
@@ -223,23 +223,28 @@ class Engine:
         labels = list(w.labels)
         if w.drop_name is not None:
             labels = [drop_metric_name(l) if d else l for l, d in zip(labels, w.drop_name.tolist())]
-        idx = [i for i in np.flatnonzero(n > 0).tolist()]
-        if len(set(labels[i] for i in idx)) != len(idx):
-            from promql.errors import ExecutionError
-            from promql.eval_labels import SAME_LABELSET
-            raise ExecutionError(SAME_LABELSET)
-        idx.sort(key=lambda i: labels[i])
-        ia = np.array(idx, dtype=np.int64)
-        counts = n[ia] if len(ia) else np.zeros(0, np.int64)
-        off = np.zeros(len(idx) + 1, np.int64)
-        np.cumsum(counts, out=off[1:])
-        total = int(off[-1])
-        if total:
-            gather = np.arange(total, dtype=np.int64) - np.repeat(off[:-1] - lo[ia], counts)
-            ts, vals = w.ts[gather], w.vals[gather]
-        else:
-            ts, vals = np.empty(0, np.int64), np.empty(0)
-        return QueryResult("matrix", labels=[labels[i] for i in idx], csr=(off, ts, vals), timestamp=t0)
+        by_label: dict = {}
+        for i in np.flatnonzero(n > 0).tolist():
+            by_label.setdefault(labels[i], []).append(i)
+        out_labels = sorted(by_label)
+        ts_parts, val_parts, counts = [], [], []
+        for lbl in out_labels:  # per series
+            rows = by_label[lbl]
+            ts = np.concatenate([w.ts[lo[i]:hi[i]] for i in rows])
+            vals = np.concatenate([w.vals[lo[i]:hi[i]] for i in rows])
+            if len(rows) > 1:  # same labels once names are dropped: merge, like Prometheus
+                order = np.argsort(ts, kind="stable")
+                ts, vals = ts[order], vals[order]
+                if (np.diff(ts) == 0).any():
+                    raise ExecutionError(SAME_LABELSET)
+            ts_parts.append(ts)
+            val_parts.append(vals)
+            counts.append(len(ts))
+        off = np.zeros(len(out_labels) + 1, np.int64)
+        np.cumsum(np.asarray(counts, np.int64), out=off[1:])
+        ts_all = np.concatenate(ts_parts) if ts_parts else np.empty(0, np.int64)
+        vals_all = np.concatenate(val_parts) if val_parts else np.empty(0)
+        return QueryResult("matrix", labels=out_labels, csr=(off, ts_all, vals_all), timestamp=t0)
 
 
 __all__ = ["Engine", "parse", "expr_type", "merge_same_labels"]

@@ -70,3 +70,75 @@ def test_delete_series_through_grant_gateway_and_audit(tmp_path: Path) -> None:
     log.write_text("\n".join(lines) + "\n")
     r = subprocess.run(cli, cwd=REPO, capture_output=True, text=True)
     assert r.returncode == 1 and "modified" in r.stdout
+
+
+def test_vesta_migration_through_kedgeflow(tmp_path: Path) -> None:
+    """A KV prefix migration: approved only under a low congestion price, dispatched once to the
+    scheduler's control endpoint, conditional on the holder version, all audited."""
+    import asyncio
+    import threading
+    import time
+
+    from aiohttp import web
+
+    from scheduler_metrics.schedulers.control import SchedulerControl
+    from scheduler_metrics.schedulers.vesta import VestaScheduler
+    from tests.helpers import free_port
+
+    vesta = VestaScheduler(4)
+    control = SchedulerControl(vesta)
+    vesta.holder[7] = 1
+    port = free_port()
+    loop = asyncio.new_event_loop()
+    started = threading.Event()
+
+    def run() -> None:
+        asyncio.set_event_loop(loop)
+        runner = web.AppRunner(control.app())
+        loop.run_until_complete(runner.setup())
+        loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
+        started.set()
+        loop.run_forever()
+        loop.run_until_complete(runner.cleanup())
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    started.wait(10)
+    cfg = tmp_path / "cfg.yml"
+    cfg.write_text(f"kedgeflow:\n  targets:\n    scheduler.kv_migrate: http://127.0.0.1:{port}/api/v1/scheduler/migrate\n"
+                   "congestion:\n  rate_window: 1s\n")
+    try:
+        with ServerProcess(tmp_path / "data", ["--config", str(cfg)]) as srv:
+            action_spec = {"verb": "scheduler.kv_migrate", "target": "session/7",
+                           "params": {"cluster": "c1", "session": 7, "to": 3, "expected_holder_version": 0}}
+            # No telemetry yet: no congestion price, so the policy refuses.
+            st, prop = _post(srv.url + "/api/v1/kedgeflow/propose", action_spec)
+            assert not prop["data"]["decision"]["approved"] and "congestion" in prop["data"]["decision"]["reason"]
+            # A lightly loaded worker reports in (vLLM + Vesta families): the price is low.
+            for k in range(6):
+                body = (f'vllm:num_requests_waiting{{cluster="c1",model_name="m",instance="w0"}} 0\n'
+                        f'vllm:num_requests_running{{cluster="c1",model_name="m",instance="w0"}} 1\n'
+                        f'turboprom_worker_prefill_backlog_tokens{{cluster="c1",model_name="m",instance="w0"}} 10\n'
+                        f'turboprom_worker_prefill_capacity_tokens_per_second{{cluster="c1",model_name="m",instance="w0"}} 10000\n'
+                        f'turboprom_worker_prefill_computed_tokens_total{{cluster="c1",model_name="m",instance="w0"}} {1000 * k}\n'
+                        f'vllm:request_success_total{{cluster="c1",model_name="m",instance="w0",finished_reason="stop"}} {k}\n').encode()
+                _post(srv.url + "/api/v1/import/prometheus", body, "text/plain")
+                time.sleep(0.4)
+            st, prop = _post(srv.url + "/api/v1/kedgeflow/propose", action_spec)
+            d = prop["data"]["decision"]
+            assert d["approved"], d
+            assert d["signals"]["price"] is not None and d["signals"]["price"] < 0.05
+            action, grant = prop["data"]["action"], prop["data"]["grant"]
+            st, out = _post(srv.url + "/api/v1/kedgeflow/execute", {"action": action, "grant": grant})
+            assert out["data"]["status"] == "committed", out
+            assert vesta.holder[7] == 3 and control.commits == 1
+            # A second approval for the same (now stale) holder version is refused by the target.
+            st, prop2 = _post(srv.url + "/api/v1/kedgeflow/propose", action_spec)
+            st, out2 = _post(srv.url + "/api/v1/kedgeflow/execute", {"action": prop2["data"]["action"], "grant": prop2["data"]["grant"]})
+            assert out2["data"]["status"] == "rejected_by_target" and "holder version" in out2["data"]["reason"]
+            assert control.commits == 1
+            outcomes = [e["data"]["status"] for e in _get(srv.url + "/api/v1/audit?kind=outcome")["data"]]
+            assert outcomes == ["committed", "rejected_by_target"]
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        t.join(10)

@@ -6,7 +6,7 @@ from typing import Any
 
 from scheduler_metrics.kedgeflow.action import Action
 from scheduler_metrics.kedgeflow.service import KedgeFlowService
-from scheduler_metrics.kedgeflow.targets import FunctionTarget, IdempotencyStore
+from scheduler_metrics.kedgeflow.targets import FunctionTarget, HTTPTarget, IdempotencyStore
 from turboprom.api_params import parse_matchers_param, parse_time
 from turboprom.context import ServerContext
 
@@ -54,4 +54,7 @@ def build_kedgeflow(ctx: ServerContext) -> KedgeFlowService:
     svc = KedgeFlowService.open(ctx.config.data_dir, ctx.config.raw.get("kedgeflow"), signals=congestion_signals(ctx))
     store = IdempotencyStore(f"{ctx.config.data_dir}/kedgeflow/targets.sqlite")
     svc.add_target("tsdb.delete_series", delete_series_target(ctx, store))
+    # Remote targets (e.g. a scheduler's control endpoint): kedgeflow.targets: {verb: url}
+    for verb, url in ((ctx.config.raw.get("kedgeflow") or {}).get("targets") or {}).items():
+        svc.add_target(str(verb), HTTPTarget(str(url)))
     return svc

@@ -50,6 +50,17 @@ def order_by_series_time(sid: np.ndarray, ts: np.ndarray) -> np.ndarray | None:
     return np.lexsort((ts, sid))
 
 
+def take_ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray | slice:
+    """Like ranges_index, but a slice when the ascending, non-overlapping ranges are back to
+    back (big selections): no index array, no gather copy."""
+    if len(starts):
+        lens = ends - starts
+        total = int(lens.sum())
+        if total and int(ends[-1]) - int(starts[0]) == total and (lens >= 0).all():
+            return slice(int(starts[0]), int(ends[-1]))
+    return ranges_index(starts, ends)
+
+
 def sort_by_series_time(sid: np.ndarray, ts: np.ndarray, val: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     order = order_by_series_time(sid, ts)
     if order is None:
@@ -119,3 +130,55 @@ def grow(arr: np.ndarray, n: int, fill: int | float) -> np.ndarray:
     out = np.full(cap, fill, dtype=arr.dtype)
     out[: len(arr)] = arr
     return out
+
+
+def _concat_sorted(parts):
+    s, t, v = sort_by_series_time(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
+                                  np.concatenate([p[2] for p in parts]))
+    return dedupe_sorted(s, t, v)
+
+
+def merge_sorted_parts(parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Merge (sid, ts, val) parts, each sorted by (sid, ts) without duplicate keys, into one.
+
+    The common case - parts that follow each other in time for every series they share (blocks,
+    then the head; head runs sealed one after another) - is an O(n) scatter: per series, part
+    after part. Parts that interleave in time for some series fall back to one sort + dedupe."""
+    parts = [p for p in parts if len(p[0])]
+    if not parts:
+        return EMPTY_I64, EMPTY_I64, EMPTY_F64
+    if len(parts) == 1:
+        return parts[0]
+    parts.sort(key=lambda p: int(p[1].min()))
+    groups = [group_bounds(p[0]) for p in parts]
+    k = len(parts)
+    for i in range(k):
+        ui, si, ei = groups[i]
+        last_i = parts[i][1][ei - 1]
+        for j in range(i + 1, k):
+            uj, sj, _ = groups[j]
+            pos = np.searchsorted(uj, ui)
+            posc = np.minimum(pos, len(uj) - 1)
+            common = (pos < len(uj)) & (uj[posc] == ui)
+            if common.any() and not (last_i[common] < parts[j][1][sj[posc[common]]]).all():
+                return _concat_sorted(parts)
+    u = unique(np.concatenate([g[0] for g in groups]))
+    counts = np.zeros((k, len(u)), dtype=np.int64)
+    pos_of = []
+    for i, (ug, st, en) in enumerate(groups):
+        pos = np.searchsorted(u, ug)
+        counts[i, pos] = en - st
+        pos_of.append(pos)
+    total = counts.sum(axis=0)
+    start = np.cumsum(total) - total
+    n = int(total.sum())
+    out_t = np.empty(n, dtype=np.int64)
+    out_v = np.empty(n, dtype=np.float64)
+    offset = start.copy()
+    for i, (ug, st, en) in enumerate(groups):
+        pos = pos_of[i]
+        dest = ranges_index(offset[pos], offset[pos] + (en - st))
+        out_t[dest] = parts[i][1]
+        out_v[dest] = parts[i][2]
+        offset += counts[i]
+    return np.repeat(u, total), out_t, out_v

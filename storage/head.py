@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from storage.columns import (EMPTY_F64, EMPTY_I64, INT64_MAX, INT64_MIN, dedupe_sorted, find_keys, group_bounds, grow,
-                             order_by_series_time, ranges_index, sort_by_series_time, unique)
+from storage.columns import (EMPTY_F64, EMPTY_I64, INT64_MAX, INT64_MIN, dedupe_sorted, find_keys, merge_sorted_parts, group_bounds, grow,
+                             order_by_series_time, ranges_index, sort_by_series_time, take_ranges, unique)
 
 R_FUTURE = "too_far_in_future"
 R_OOO = "out_of_order"
@@ -50,16 +50,12 @@ class Prepared:
     examples: list[tuple[str, int, int]] = field(default_factory=list)
 
 
-def _merge(a: Run, b: Run) -> Run:
-    s, t, v = sort_by_series_time(np.concatenate((a.sid, b.sid)), np.concatenate((a.ts, b.ts)), np.concatenate((a.val, b.val)))
-    return Run(s, t, v)
-
-
 class Head:
     def __init__(self) -> None:
         self.lock = threading.RLock()
         self._runs: list[Run] = []
         self._pending: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self._sealing: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self._pending_n = 0
         self.num_samples = 0
         self.mint = INT64_MAX
@@ -183,7 +179,7 @@ class Head:
             self.num_samples += len(sid)
             self.mint = min(self.mint, int(ts.min()))
             self.maxt = max(self.maxt, int(ts.max()))
-            if len(self._pending) > 4096:
+            if len(self._pending) > 64:
                 self._pending = [self._concat_pending()]
 
     def _concat_pending(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -192,59 +188,85 @@ class Head:
             return p[0]
         return (np.concatenate([x[0] for x in p]), np.concatenate([x[1] for x in p]), np.concatenate([x[2] for x in p]))
 
-    def _seal(self) -> list[Run]:
+    def seal(self) -> list[Run]:
+        """Sort pending rows into a run (LSM merges included) and return the run list.
+
+        The sort runs outside the lock; meanwhile readers still see the rows as unsorted pieces.
+        Callers serialise seal with truncation/deletion (the TSDB maintenance lock, or a single
+        thread during replay)."""
         with self.lock:
-            if self._pending:
-                s, t, v = self._concat_pending()
-                s, t, v = sort_by_series_time(s, t, v)
-                self._pending = []
-                self._pending_n = 0
-                runs = self._runs + [Run(s, t, v)]
-                while len(runs) >= 2 and len(runs[-2]) <= 2 * len(runs[-1]):
-                    b = runs.pop()
-                    a = runs.pop()
-                    runs.append(_merge(a, b))
-                self._runs = runs
-            return list(self._runs)
+            if not self._pending:
+                return list(self._runs)
+            pieces = self._pending
+            self._sealing = pieces
+            self._pending = []
+            self._pending_n = 0
+            runs = list(self._runs)
+        s, t, v = sort_by_series_time(np.concatenate([x[0] for x in pieces]), np.concatenate([x[1] for x in pieces]),
+                                      np.concatenate([x[2] for x in pieces]))
+        runs.append(Run(s, t, v))
+        while len(runs) >= 2 and len(runs[-2]) <= 2 * len(runs[-1]):
+            b = runs.pop()
+            a = runs.pop()
+            runs.append(Run(*merge_sorted_parts([(a.sid, a.ts, a.val), (b.sid, b.ts, b.val)])))
+        with self.lock:
+            self._runs = runs
+            self._sealing = []
+            return list(runs)
+
+    _seal = seal
 
     # --- read path ----------------------------------------------------------------------------
 
+    def _snapshot(self) -> tuple[list[Run], list[tuple[np.ndarray, np.ndarray, np.ndarray]]]:
+        with self.lock:
+            return list(self._runs), list(self._pending) + list(self._sealing)
+
     def gather(self, sids: np.ndarray, mint: int = INT64_MIN, maxt: int = INT64_MAX) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Rows of the given sorted unique series ids within [mint, maxt], sorted by (sid, ts)."""
-        runs = self._seal()
+        runs, pieces = self._snapshot()
+        bounded = mint != INT64_MIN or maxt != INT64_MAX
         parts = []
         for r in runs:
             lo = np.searchsorted(r.sid, sids, "left")
             hi = np.searchsorted(r.sid, sids, "right")
-            idx = ranges_index(lo, hi)
-            if len(idx) == 0:
+            idx = take_ranges(lo, hi)
+            s, t, v = r.sid[idx], r.ts[idx], r.val[idx]
+            if len(s) == 0:
                 continue
-            t = r.ts[idx]
-            if mint != INT64_MIN or maxt != INT64_MAX:
+            if bounded:
                 m = (t >= mint) & (t <= maxt)
-                idx, t = idx[m], t[m]
-            parts.append((r.sid[idx], t, r.val[idx]))
-        if not parts:
-            return EMPTY_I64, EMPTY_I64, EMPTY_F64
-        if len(parts) == 1:
-            return parts[0]
-        return dedupe_sorted(*sort_by_series_time(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
-                                                  np.concatenate([p[2] for p in parts])))
+                if not m.all():
+                    s, t, v = s[m], t[m], v[m]
+            parts.append((s, t, v))
+        if pieces:
+            # Not yet sealed: a vectorized scan with a membership mask, then sort what matched.
+            sel = np.zeros(max(int(sids[-1]) + 1 if len(sids) else 0, len(self.last_ts)), dtype=bool)
+            sel[sids] = True
+            got = []
+            for ps, pt, pv in pieces:
+                m = sel[np.minimum(ps, len(sel) - 1)] & (ps < len(sel))
+                if bounded:
+                    m &= (pt >= mint) & (pt <= maxt)
+                if m.any():
+                    got.append((ps[m], pt[m], pv[m]))
+            if got:
+                parts.append(dedupe_sorted(*sort_by_series_time(np.concatenate([g[0] for g in got]),
+                                                                np.concatenate([g[1] for g in got]),
+                                                                np.concatenate([g[2] for g in got]))))
+        return merge_sorted_parts(parts)
 
     def rows_in_range(self, mint: int, maxt: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """All rows with mint <= ts <= maxt, sorted by (sid, ts)."""
-        runs = self._seal()
+        runs = self.seal()
         parts = []
         for r in runs:
             m = (r.ts >= mint) & (r.ts <= maxt)
-            if m.any():
+            if m.all():
+                parts.append((r.sid, r.ts, r.val))
+            elif m.any():
                 parts.append((r.sid[m], r.ts[m], r.val[m]))
-        if not parts:
-            return EMPTY_I64, EMPTY_I64, EMPTY_F64
-        if len(parts) == 1:
-            return parts[0]
-        return dedupe_sorted(*sort_by_series_time(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
-                                                  np.concatenate([p[2] for p in parts])))
+        return merge_sorted_parts(parts)
 
     def all_rows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         return self.rows_in_range(INT64_MIN, INT64_MAX)

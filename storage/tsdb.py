@@ -26,7 +26,7 @@ from storage import metrics as M
 from storage.batch import SampleBatch
 from storage.block import Block, BlockGone, write_block
 from storage.catalog import write_catalog
-from storage.columns import INT64_MAX, INT64_MIN, dedupe_sorted, find_keys, group_bounds, grow, ranges_index, sort_by_series_time, unique
+from storage.columns import INT64_MAX, INT64_MIN, dedupe_sorted, find_keys, group_bounds, grow, merge_sorted_parts, ranges_index, sort_by_series_time, unique
 from storage.head import Head
 from storage.index import SeriesIndex
 from storage.interface import AppendResult
@@ -101,6 +101,7 @@ class TSDB:
             res.errors.append(f"{reason.replace('_', ' ')}: {format_labels(lbl)} @ {int(batch.timestamps[pos])}")
         if res.accepted:
             M.APPENDED.inc(res.accepted)
+            M.HEAD_SAMPLES.set(self.head.num_samples)
         if res.duplicates:
             M.DUPLICATES.inc(res.duplicates)
         for reason, c in prep.rejected.items():
@@ -140,13 +141,7 @@ class TSDB:
             parts.append((s, t, v))
         if not parts:
             return SeriesSet.empty()
-        if len(parts) == 1:
-            s, t, v = parts[0]
-        else:
-            s, t, v = sort_by_series_time(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
-                                          np.concatenate([p[2] for p in parts]))
-            s, t, v = dedupe_sorted(s, t, v)
-        return self._to_series_set(s, t, v)
+        return self._to_series_set(*merge_sorted_parts(parts))
 
     def _to_series_set(self, s: np.ndarray, t: np.ndarray, v: np.ndarray) -> SeriesSet:
         u, starts, ends = group_bounds(s)
@@ -310,9 +305,20 @@ class TSDB:
     # ------------------------------------------------------------------------------------------
 
     def _maintenance_loop(self) -> None:
-        while not self._stop.wait(self._maintenance_interval_s):
+        # Every second: sort freshly appended head rows into runs (off the ingest path, so reads
+        # stay cheap). Every maintenance interval: cuts, compaction, retention.
+        tick = min(1.0, self._maintenance_interval_s)
+        waited = 0.0
+        while not self._stop.wait(tick):
+            waited += tick
             try:
-                self.maintain()
+                with self._maint_lock:
+                    if self._closed:
+                        return
+                    self.head.seal()
+                if waited >= self._maintenance_interval_s:
+                    waited = 0.0
+                    self.maintain()
             except Exception:  # noqa: BLE001 - keep the loop alive; counted and logged
                 M.COMPACTION_FAILURES.inc()
                 log.exception("storage maintenance failed")

@@ -180,6 +180,109 @@ def _regression_kernel(rw: RangeWindows, lo: np.ndarray, n: np.ndarray, t0: np.n
     return out_s, out_i
 
 
+_EPS_LD = float(np.finfo(np.longdouble).eps)
+_EPS = float(np.finfo(np.float64).eps)
+_REG_REL_ERR = 1e-9
+
+
+def _regression_prefix(rw: RangeWindows, intercept_ms: np.ndarray | None, sel: np.ndarray,
+                       need_intercept: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Slope/intercept of the selected flat windows from per-series prefix sums: O(samples + windows)
+    instead of O(samples per window x windows).
+
+    Time sums are exact integers (int64 milliseconds; the sum of squares uses wrapping int64
+    arithmetic, exact because the window's true value fits), value sums accumulate per series in
+    extended precision. Each window gets a rounding-error bound; windows whose bound exceeds
+    1e-9 of the result (cancellation, non-finite values, huge windows) are reported not ok and
+    recomputed by the caller. Returns (slope, intercept, ok) for ``sel``.
+    """
+    S, T = rw.lo.shape
+    offs = np.asarray(rw.offsets, dtype=np.int64)
+    lens = np.diff(offs)
+    N = int(offs[-1])
+    maxl = int(lens.max()) if S else 0
+    W = sel.size
+    bad = (np.zeros(W), np.zeros(W), np.zeros(W, dtype=bool))
+    if W == 0 or maxl == 0 or S * (maxl + 1) > 2 * N + 4096:
+        return bad
+    ts = np.asarray(rw.ts, dtype=np.int64)[:N]
+    vals = np.asarray(rw.vals, dtype=np.float64)[:N]
+    series_of = np.repeat(np.arange(S), lens)
+    col = np.arange(N) - offs[:-1][series_of]
+    base = ts[np.minimum(offs[:-1], max(N - 1, 0))]
+    d = ts - base[series_of]
+    stride = maxl + 1
+    flat = series_of * stride + col + 1  # slot of "sum including sample" in the (S, maxl+1) grid
+
+    def prefix(x: np.ndarray, dtype) -> np.ndarray:
+        g = np.zeros(S * stride, dtype=dtype)
+        g[flat] = x
+        g = g.reshape(S, stride)
+        with np.errstate(over="ignore"):
+            np.cumsum(g, axis=1, out=g)
+        return g.reshape(-1)
+
+    with np.errstate(all="ignore"):
+        yl = vals.astype(np.longdouble)
+        dl = d.astype(np.longdouble)
+        e_d = prefix(d, np.int64)
+        e_d2 = prefix(d * d, np.int64)  # wraps modulo 2^64 for long series; differences stay exact
+        e_y = prefix(yl, np.longdouble)
+        e_dy = prefix(dl * yl, np.longdouble)
+        a_y = prefix(np.abs(vals), np.float64)
+        a_dy = prefix(np.abs(d.astype(np.float64) * vals), np.float64)
+        prev = np.empty(N)
+        if N:
+            prev[0] = np.nan
+            prev[1:] = vals[:-1]
+        chg = (vals != prev).astype(np.int64)
+        chg[col == 0] = 0
+        e_chg = prefix(chg, np.int64)
+
+        s_idx = sel // T
+        t_idx = sel % T
+        lo_g = rw.lo.reshape(-1)[sel]
+        hi_g = rw.hi.reshape(-1)[sel]
+        lo_c = s_idx * stride + (lo_g - offs[s_idx])
+        hi_c = s_idx * stride + (hi_g - offs[s_idx])
+        n = (hi_g - lo_g).astype(np.int64)
+        nf = n.astype(np.float64)
+        if intercept_ms is None:
+            t0 = ts[lo_g]
+        else:
+            t0 = np.asarray(intercept_ms, dtype=np.int64)[t_idx]
+        d0 = t0 - base[s_idx]
+        sd = e_d[hi_c] - e_d[lo_c]
+        sx_int = sd - n * d0
+        sx2_int = (e_d2[hi_c] - e_d2[lo_c]) - 2 * d0 * sd + n * d0 * d0
+        far = np.maximum(np.abs(ts[hi_g - 1] - t0), np.abs(ts[lo_g] - t0)).astype(np.float64)
+        fits = nf * far * far < 2.0**62
+        sx = sx_int / 1e3
+        sx2 = sx2_int / 1e6
+        sy_l = e_y[hi_c] - e_y[lo_c]
+        sy = sy_l.astype(np.float64)
+        sxy = ((e_dy[hi_c] - e_dy[lo_c] - d0.astype(np.longdouble) * sy_l) / 1000).astype(np.float64)
+        cov = sxy - sx * sy / nf
+        var = sx2 - sx * sx / nf
+        slope = cov / var
+        intercept = sy / nf - slope * sx / nf
+        k = lens[s_idx].astype(np.float64) + 2
+        e_y_err = k * _EPS_LD * a_y[hi_c]
+        e_dy_err = k * _EPS_LD * a_dy[hi_c] + np.abs(d0) * e_y_err
+        e_cov = e_dy_err / 1000 + np.abs(sx / nf) * e_y_err + 4 * _EPS * (np.abs(sxy) + np.abs(sx * sy / nf))
+        ok = fits & np.isfinite(slope) & (e_cov <= _REG_REL_ERR * np.abs(cov))
+        if need_intercept:
+            e_int = e_y_err / nf + np.abs(sx / nf) * np.abs(slope) * (e_cov / np.abs(cov)) + 4 * _EPS * np.abs(sy / nf)
+            ok &= np.isfinite(intercept) & (e_int <= _REG_REL_ERR * np.abs(intercept))
+        const = (e_chg[hi_c] - e_chg[np.minimum(lo_c + 1, hi_c)]) == 0
+        y0 = vals[lo_g]
+        fin0 = np.isfinite(y0)
+        slope = np.where(const, 0.0, slope)
+        intercept = np.where(const, y0, intercept)
+        ok = np.where(const, fin0, ok)
+    return slope, intercept, ok
+
+
 def _linear_regression(rw: RangeWindows, intercept_ms: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Least-squares slope and intercept per window (windows with at least two samples).
 
@@ -204,6 +307,11 @@ def _linear_regression(rw: RangeWindows, intercept_ms: np.ndarray | None) -> tup
     n_f = n.reshape(-1)
     steps = None if intercept_ms is None else np.asarray(intercept_ms, dtype=np.int64)
     all_finite = bool(np.isfinite(vals).all())
+    # Fast path: prefix sums with a per-window error bound; the rest below.
+    p_slope, p_icpt, p_ok = _regression_prefix(rw, steps, sel, need_intercept=steps is not None)
+    slope[sel[p_ok]] = p_slope[p_ok]
+    intercept[sel[p_ok]] = p_icpt[p_ok]
+    sel = sel[~p_ok]
     with np.errstate(all="ignore"):
         for pos, idx in dense_blocks(lo, n, sel):
             t = ts[idx]

@@ -170,9 +170,11 @@ def test_delete_series_head_blocks_and_restart(tmp_path):
         assert db.select([Matcher("job", "=", "b")], 0, NOW).num_samples == 10
 
 
-def test_concurrent_appends_and_queries(tmp_path):
+@pytest.mark.parametrize("background", [False, True])
+def test_concurrent_appends_and_queries(tmp_path, background):
+    """Readers racing appends and (with background) the sealer that sorts head rows into runs."""
     import threading
-    with open_db(tmp_path, wal_fsync="batch") as db:
+    with TSDB(str(tmp_path), StorageOptions(wal_fsync="batch"), background=background, maintenance_interval_s=0.02) as db:
         errors: list[BaseException] = []
         stop = threading.Event()
 

@@ -8,6 +8,7 @@ accepted (sinks: summarizer, congestion tracker, ...; ingest does not know them)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 from concurrent.futures import Executor
@@ -84,13 +85,25 @@ class IngestPipeline:
             self._in_flight -= 1
             metrics.IN_FLIGHT.set(self._in_flight)
 
-    async def submit(self, batch: SampleBatch) -> AppendResult:
+    @contextlib.contextmanager
+    def slot(self):
+        """Hold one in-flight slot for a whole request (read, decode, append): raises Overloaded
+        when none is free. ``submit(batch, reserved=True)`` inside it does not take another."""
         self._reserve()
+        try:
+            yield
+        finally:
+            self._release()
+
+    async def submit(self, batch: SampleBatch, *, reserved: bool = False) -> AppendResult:
+        if not reserved:
+            self._reserve()
         try:
             loop = asyncio.get_running_loop()
             return await loop.run_in_executor(self.executor, self.append_sync, batch)
         finally:
-            self._release()
+            if not reserved:
+                self._release()
 
     def submit_sync(self, batch: SampleBatch) -> AppendResult:
         """For callers already in a worker thread (scraper parse threads)."""

@@ -6,6 +6,13 @@ ingest/ and ingest errors to Prometheus-style answers:
       storage rejections such as out-of-order: Prometheus's sender drops such batches instead of
       retrying), 413 (body or decoded body too large), 415 (unknown remote-write protobuf message),
   429 + Retry-After (ingest queue full: the sender backs off and retries), 204 on success.
+
+Server YAML, all optional:
+  ingest:
+    max_queue: 64                 # requests in flight (read + decode + append) before 429/503
+    overload_status: 429          # or 503 for Prometheus 2.x senders without retry_on_http_429
+    max_body_bytes: 33554432      # compressed body limit (413); capped by the server's own limit
+    max_decompressed_bytes: 67108864  # snappy/gzip decoded-size limit (413), checked before decoding
 """
 from __future__ import annotations
 
@@ -21,6 +28,7 @@ from ingest.pipeline import IngestPipeline
 from ingest.remote_write import V1, V2, RemoteWriteDecoder
 from ingest.snappy_block import decompress
 from ingest.text_import import TextImporter, parse_extra_labels
+from turboprom.tenancy import label_batch, tenant_of
 from turboprom.context import ServerContext
 
 V2_HEADERS = ("X-Prometheus-Remote-Write-Samples-Written", "X-Prometheus-Remote-Write-Histograms-Written",
@@ -67,6 +75,11 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
     ingest_cfg = ctx.config.raw.get("ingest", {}) if isinstance(ctx.config.raw.get("ingest"), dict) else {}
     max_body = min(int(ingest_cfg.get("max_body_bytes", ctx.config.max_body_bytes)), ctx.config.max_body_bytes)
     max_decoded = int(ingest_cfg.get("max_decompressed_bytes", 64 * 1024 * 1024))
+    # 429 by default. Prometheus 2.x senders retry a 429 only with queue_config.retry_on_http_429: true
+    # (otherwise they drop the batch) but always retry a 5xx: `overload_status: 503` suits them.
+    overload_status = int(ingest_cfg.get("overload_status", 429))
+    if overload_status not in (429, 503):
+        raise ValueError(f"ingest.overload_status must be 429 or 503, not {overload_status}")
     pipeline: IngestPipeline | None = ctx.components.get("ingest")
     if pipeline is None:  # wiring not present (e.g. a minimal app in a test): build one here
         pipeline = ctx.components["ingest"] = IngestPipeline(ctx.storage, executor=ctx.executor,
@@ -81,13 +94,16 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
             return await request.read()
         except web.HTTPRequestEntityTooLarge:
             raise IngestError("too_large", f"request body exceeds the limit of {max_body} bytes", status=413) from None
+        except (ConnectionError, asyncio.IncompleteReadError) as e:
+            raise IngestError("client_disconnected", f"request body incomplete: {e}") from None
 
     def answer_error(protocol: str, e: IngestError) -> web.Response:
-        metrics.REQUESTS.labels(protocol=protocol, code=str(e.status)).inc()
+        status = overload_status if isinstance(e, Overloaded) else e.status
+        metrics.REQUESTS.labels(protocol=protocol, code=str(status)).inc()
         metrics.reject(protocol, e.reason, e.samples)
         metrics.REJECTED_REQUESTS.labels(reason=e.reason, protocol=protocol).inc()
         if isinstance(e, Overloaded):
-            return _error(429, e.message, "unavailable", headers={"Retry-After": str(e.retry_after_s)})
+            return _error(overload_status, e.message, "unavailable", headers={"Retry-After": str(e.retry_after_s)})
         return _error(e.status, e.message)
 
     async def write(request: web.Request) -> web.Response:
@@ -98,22 +114,25 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
             metrics.REQUESTS.labels(protocol="remote_write", code="415").inc()
             return _error(415, f"unsupported remote write Content-Type {request.headers.get('Content-Type')!r}: "
                                f"expected application/x-protobuf with proto={V1} or proto={V2}")
+        try:
+            tenant = tenant_of(request.headers)
+        except ValueError as e:
+            return _error(400, str(e))
         enc = request.headers.get("Content-Encoding", "snappy").strip().lower()
         if enc not in ("snappy", ""):
             metrics.REQUESTS.labels(protocol=protocol, code="415").inc()
             return _error(415, f"unsupported Content-Encoding {enc!r}: remote write bodies must be snappy block-compressed")
         try:
-            if pipeline.overloaded():
-                raise Overloaded(f"ingest queue full ({pipeline.max_queue} batches in flight); retry later")
-            body = await read_body(request)
-            loop = asyncio.get_running_loop()
+            with pipeline.slot():
+                body = await read_body(request)
+                loop = asyncio.get_running_loop()
 
-            def decode():
-                raw = decompress(body, max_decoded)
-                return decoder.decode_v2(raw) if proto == V2 else decoder.decode_v1(raw)
+                def decode():
+                    raw = decompress(body, max_decoded)
+                    return decoder.decode_v2(raw) if proto == V2 else decoder.decode_v1(raw)
 
-            decoded = await loop.run_in_executor(ctx.executor, decode)
-            result = await pipeline.submit(decoded.batch)
+                decoded = await loop.run_in_executor(ctx.executor, decode)
+                result = await pipeline.submit(label_batch(decoded.batch, tenant), reserved=True)
         except IngestError as e:
             return answer_error(protocol, e)
         finally:
@@ -145,29 +164,32 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
         protocol = "import_prometheus"
         t0 = time.perf_counter()
         try:
+            tenant = tenant_of(request.headers)
+        except ValueError as e:
+            return _error(400, str(e))
+        try:
             extra = parse_extra_labels(request.query.getall("extra_label", []))
             ts_param = request.query.get("timestamp")
             default_ts = _parse_time_ms(ts_param) if ts_param else None
             ctype = request.headers.get("Content-Type", "").lower()
             openmetrics = True if "openmetrics" in ctype else None
-            if pipeline.overloaded():
-                raise Overloaded(f"ingest queue full ({pipeline.max_queue} batches in flight); retry later")
-            body = await read_body(request)
-            enc = request.headers.get("Content-Encoding", "").strip().lower()
-            loop = asyncio.get_running_loop()
+            with pipeline.slot():
+                body = await read_body(request)
+                enc = request.headers.get("Content-Encoding", "").strip().lower()
+                loop = asyncio.get_running_loop()
 
-            def decode():
-                data = body
-                if enc == "gzip":
-                    data = _gunzip(data, max_decoded)
-                elif enc == "snappy":
-                    data = bytes(decompress(data, max_decoded))
-                elif enc not in ("", "identity"):
-                    raise IngestError("bad_encoding", f"unsupported Content-Encoding {enc!r}", status=415)
-                return importer.to_batch(data, default_ts_ms=default_ts, extra_labels=extra, openmetrics=openmetrics)
+                def decode():
+                    data = body
+                    if enc == "gzip":
+                        data = _gunzip(data, max_decoded)
+                    elif enc == "snappy":
+                        data = bytes(decompress(data, max_decoded))
+                    elif enc not in ("", "identity"):
+                        raise IngestError("bad_encoding", f"unsupported Content-Encoding {enc!r}", status=415)
+                    return importer.to_batch(data, default_ts_ms=default_ts, extra_labels=extra, openmetrics=openmetrics)
 
-            batch = await loop.run_in_executor(ctx.executor, decode)
-            result = await pipeline.submit(batch)
+                batch = await loop.run_in_executor(ctx.executor, decode)
+                result = await pipeline.submit(label_batch(batch, tenant), reserved=True)
         except IngestError as e:
             return answer_error(protocol, e)
         finally:

@@ -424,3 +424,24 @@ def test_histogram_quantile_step_chunks_match_single_block(monkeypatch):
     rank = 0.7 * c[2]
     want = 1.0 if rank > c[0] else rank / c[0]  # rank beyond le=1 lands in +Inf: second highest = 1
     assert whole.values[0, 2] == pytest.approx(want)
+
+
+@pytest.mark.parametrize("offset", [0.0, 1e12])
+def test_regression_fast_paths_match_prometheus_replica(offset):
+    """deriv/predict_linear's prefix-sum and dense paths against the bit-exact replica of
+    Prometheus's compensated-sum regression (the replica is what the conformance tests pin)."""
+    import promql.functions.rate as rmod
+
+    rng = np.random.default_rng(11)
+    series = [regular("g", 15_000, (offset + np.cumsum(rng.normal(0, 1, 200))).tolist(), i=str(i)) for i in range(5)]
+    steps = [600_000 + k * 30_000 for k in range(60)]
+    rw = windows(series, steps, 300_000)
+    n = (rw.hi - rw.lo).reshape(-1)
+    sel = np.flatnonzero(n >= 2)
+    for intercept in (None, np.array(steps, dtype=np.int64)):
+        slope, icpt, present = rmod._linear_regression(rw, intercept)
+        t0 = rw.ts[rw.lo.reshape(-1)[sel]] if intercept is None else intercept[sel % len(steps)]
+        ref_s, ref_i = rmod._regression_kernel(rw, rw.lo.reshape(-1)[sel], n[sel], t0)
+        np.testing.assert_allclose(slope.reshape(-1)[sel], ref_s, rtol=1e-7)
+        if intercept is not None:
+            np.testing.assert_allclose(icpt.reshape(-1)[sel], ref_i, rtol=1e-7)

@@ -6,7 +6,6 @@ import numpy as np
 
 from promql.functions import FunctionContext, register
 from promql.functions.common import (
-    dense_blocks,
     iterate_window_positions,
     kahan_inc,
     pairwise_prev,
@@ -287,10 +286,10 @@ def _linear_regression(rw: RangeWindows, intercept_ms: np.ndarray | None) -> tup
     """Least-squares slope and intercept per window (windows with at least two samples).
 
     intercept_ms: (T,) intercept time per step, or None for "the window's first sample".
-    Finite windows use Prometheus's formula on row sums of dense blocks accumulated in extended
-    precision; windows holding NaN/Inf use the exact replica of Prometheus's algorithm so special
-    values propagate identically. Returns (slope, intercept,
-    present).
+    Most windows come from per-series prefix sums with an error bound (``_regression_prefix``);
+    the others (cancellation, NaN/Inf, huge windows) use the exact replica of Prometheus's
+    compensated-sum algorithm, so results agree with Prometheus even where its own rounding
+    dominates. Returns (slope, intercept, present).
     """
     S, T = rw.lo.shape
     lo = np.asarray(rw.lo, dtype=np.int64)
@@ -306,42 +305,16 @@ def _linear_regression(rw: RangeWindows, intercept_ms: np.ndarray | None) -> tup
     lo_f = lo.reshape(-1)
     n_f = n.reshape(-1)
     steps = None if intercept_ms is None else np.asarray(intercept_ms, dtype=np.int64)
-    all_finite = bool(np.isfinite(vals).all())
     # Fast path: prefix sums with a per-window error bound; the rest below.
     p_slope, p_icpt, p_ok = _regression_prefix(rw, steps, sel, need_intercept=steps is not None)
     slope[sel[p_ok]] = p_slope[p_ok]
     intercept[sel[p_ok]] = p_icpt[p_ok]
     sel = sel[~p_ok]
-    with np.errstate(all="ignore"):
-        for pos, idx in dense_blocks(lo, n, sel):
-            t = ts[idx]
-            t0 = t[:, 0] if steps is None else steps[pos % T]
-            x = (t - t0[:, None]) / 1e3
-            y = vals[idx]
-            # Prometheus's formula on sums accumulated in extended precision (rounded once to
-            # float64, like its compensated sums): exact sums give bit-identical results.
-            xl = x.astype(np.longdouble)
-            yl = y.astype(np.longdouble)
-            cnt = float(x.shape[1])
-            sx = xl.sum(axis=1).astype(np.float64)
-            sy = yl.sum(axis=1).astype(np.float64)
-            sxy = (xl * yl).sum(axis=1).astype(np.float64)
-            sx2 = (xl * xl).sum(axis=1).astype(np.float64)
-            cov = sxy - sx * sy / cnt
-            varx = sx2 - sx * sx / cnt
-            sl = cov / varx
-            ic = sy / cnt - sl * sx / cnt
-            const = (y == y[:, :1]).all(axis=1)
-            sl = np.where(const, 0.0, sl)
-            ic = np.where(const, y[:, 0], ic)
-            if not all_finite:
-                bad = ~np.isfinite(y).all(axis=1)
-                if bad.any():
-                    b = pos[bad]
-                    t0b = ts[lo_f[b]] if steps is None else steps[b % T]
-                    sl[bad], ic[bad] = _regression_kernel(rw, lo_f[b], n_f[b], t0b)
-            slope[pos] = sl
-            intercept[pos] = ic
+    if sel.size:
+        # Windows the fast path cannot vouch for (ill-conditioned, non-finite, huge): the exact
+        # replica of Prometheus's algorithm, so even its rounding is reproduced.
+        t0 = ts[lo_f[sel]] if steps is None else steps[sel % T]
+        slope[sel], intercept[sel] = _regression_kernel(rw, lo_f[sel], n_f[sel], t0)
     return slope.reshape(S, T), intercept.reshape(S, T), present
 
 

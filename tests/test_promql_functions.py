@@ -445,3 +445,17 @@ def test_regression_fast_paths_match_prometheus_replica(offset):
         np.testing.assert_allclose(slope.reshape(-1)[sel], ref_s, rtol=1e-7)
         if intercept is not None:
             np.testing.assert_allclose(icpt.reshape(-1)[sel], ref_i, rtol=1e-7)
+
+
+@pytest.mark.parametrize("offset", [0.0, 1e9])
+def test_variance_matches_prometheus_replica(offset):
+    import promql.functions.over_time as omod
+
+    rng = np.random.default_rng(5)
+    series = [regular("g", 15_000, (offset + rng.normal(0, 1, 120)).tolist(), i=str(i)) for i in range(4)]
+    steps = [600_000 + k * 30_000 for k in range(40)]
+    rw = windows(series, steps, 300_000)
+    n = (rw.hi - rw.lo).reshape(-1)
+    sel = np.flatnonzero(n > 0)
+    ref = omod._variance_kernel(rw.vals, rw.lo.reshape(-1)[sel], n[sel])
+    np.testing.assert_allclose(omod._variance(rw).reshape(-1)[sel], ref, rtol=1e-9)

@@ -305,9 +305,12 @@ def _variance(rw: RangeWindows) -> np.ndarray:
             if tiny.size:
                 yt = y[tiny]
                 var[tiny[(yt == yt[:, :1]).all(axis=1)]] = 0.0
-            if not finite.all():
-                bad = pos[~finite]
-                var[~finite] = _variance_kernel(vals, lo_f[bad], n_f[bad])
+            # Far from zero relative to the spread, Prometheus's Welford recurrence carries
+            # rounding error of its own; reproduce it there (and for non-finite values) exactly.
+            replica = ~finite | ((mu[:, 0] * mu[:, 0] > 1e8 * var) & (var != 0.0))
+            if replica.any():
+                bad = pos[replica]
+                var[replica] = _variance_kernel(vals, lo_f[bad], n_f[bad])
             out[pos] = var
     return out.reshape(n.shape)
 

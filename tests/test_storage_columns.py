@@ -35,7 +35,7 @@ def parts_strategy(draw):
     return parts
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(parts_strategy())
 def test_merge_sorted_parts_matches_reference(parts):
     s, t, v = merge_sorted_parts([tuple(x.copy() for x in p) for p in parts])
@@ -44,7 +44,7 @@ def test_merge_sorted_parts_matches_reference(parts):
     assert v.tolist() == (s * 100000 + t).astype(float).tolist()
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 20), st.integers(0, 5)), max_size=10))
 def test_ranges_index_and_take_ranges(rs):
     starts = np.array([a for a, _ in rs], dtype=np.int64)

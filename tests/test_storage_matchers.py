@@ -37,7 +37,7 @@ def brute(series, ms):
     return sorted(s for s in series if all(m.matches(dict(s).get(m.name, "")) for m in ms))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(label_sets, st.lists(matchers(), min_size=1, max_size=3))
 def test_index_matches_brute_force(series, ms):
     idx = SeriesIndex()
@@ -47,7 +47,7 @@ def test_index_matches_brute_force(series, ms):
     assert got == brute(series, ms)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(label_sets, st.lists(matchers(), min_size=1, max_size=3), st.lists(matchers(), min_size=1, max_size=2), st.booleans())
 def test_tsdb_select_series_labels_match_brute_force(series, ms, ms2, flush):
     with tempfile.TemporaryDirectory() as d:

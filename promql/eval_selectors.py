@@ -214,11 +214,11 @@ def window_index(offsets: np.ndarray, ts: np.ndarray, times: np.ndarray) -> np.n
     else:
         b = np.searchsorted(times, ts, side="left")  # first step with time >= sample time
     counts = np.diff(offsets)
-    sid = np.repeat(np.arange(s, dtype=np.int64), counts)
-    cells = np.bincount(sid * (t + 1) + b, minlength=s * (t + 1)).reshape(s, t + 1)
-    cum = np.cumsum(cells[:, :t], axis=1)
-    cum += starts[:, None]
-    return cum
+    key = np.repeat(np.arange(0, s * (t + 1), t + 1, dtype=np.int64), counts)
+    key += b
+    cells = np.bincount(key, minlength=s * (t + 1)).reshape(s, t + 1)
+    cells[:, 0] += starts  # fold the CSR offset into the running count
+    return np.cumsum(cells[:, :t], axis=1)
 
 
 def eval_vector_selector(ctx: EvalContext, vs: Any) -> VectorSteps:

@@ -146,8 +146,11 @@ def expand_template(template: str, m: re.Match) -> str:
 
 
 def _go_regex(pattern: str) -> re.Pattern:
-    # Go RE2 syntax is close to Python's for what label_replace uses; \z and (?<name>) are mapped.
-    py = pattern.replace("(?<", "(?P<").replace("(?P<=", "(?<=").replace("(?P<!", "(?<!")
+    # Go RE2 syntax is close to Python's for what label_replace uses; RE2's mid-pattern inline
+    # flags are rewritten by the evaluator's translator, and (?<name>) becomes (?P<name>).
+    from promql.eval_selectors import re2_to_python
+
+    py = re2_to_python(pattern).replace("(?<", "(?P<").replace("(?P<=", "(?<=").replace("(?P<!", "(?<!")
     return re.compile("(?s:" + py + ")")
 
 

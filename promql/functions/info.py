@@ -167,7 +167,10 @@ def info(ctx: FunctionContext, args: list[Value]) -> Value:
         text = "{" + ", ".join(m.promql() for m in sel) + "}" + _modifiers(node_args[0] if node_args else None)
         from promql.eval_selectors import eval_vector_selector  # evaluator-owned selection
 
-        infos = eval_vector_selector(ctx.extra["eval_ctx"], pp.parse(text))
+        eval_ctx = ctx.extra.get("eval_ctx")
+        if eval_ctx is None:
+            raise ExecutionError("info() needs the evaluator's context to select info series")
+        infos = eval_vector_selector(eval_ctx, pp.parse(text))
     return _combine(base, infos, ignore, data, T)
 
 

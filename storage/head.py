@@ -222,6 +222,19 @@ class Head:
         with self.lock:
             return list(self._runs), list(self._pending) + list(self._sealing)
 
+    snapshot = _snapshot
+
+    @staticmethod
+    def rows_of(snap: tuple[list[Run], list[tuple[np.ndarray, np.ndarray, np.ndarray]]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """All rows of a snapshot, sorted by (sid, ts)."""
+        runs, pieces = snap
+        parts = [(r.sid, r.ts, r.val) for r in runs]
+        if pieces:
+            parts.append(dedupe_sorted(*sort_by_series_time(np.concatenate([p[0] for p in pieces]),
+                                                            np.concatenate([p[1] for p in pieces]),
+                                                            np.concatenate([p[2] for p in pieces]))))
+        return merge_sorted_parts(parts)
+
     def gather(self, sids: np.ndarray, mint: int = INT64_MIN, maxt: int = INT64_MAX) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Rows of the given sorted unique series ids within [mint, maxt], sorted by (sid, ts)."""
         runs, pieces = self._snapshot()

@@ -390,10 +390,11 @@ class TSDB:
             if extra is not None and extra.any():
                 self.head.commit(s2[extra], t2[extra], v2[extra])
             upto = self.wal.cut_segment()
-            hs, ht, hv = self.head.all_rows()
-            keep = unique(hs, is_sorted=True)
+            snap = self.head.snapshot()  # immutable arrays: the checkpoint is built outside the lock
+            keep = np.flatnonzero(self.head.series_max != INT64_MIN).astype(np.int64)
             self.wal.forget_series(keep)
             series = [(i, self.index.labels[i]) for i in keep.tolist()]
+        hs, ht, hv = self.head.rows_of(snap)
         self.wal.write_checkpoint(upto, series, hs, ht, hv)
         log.info("persisted head block %s [%d, %d]: %d samples, %d series", block.id, block.mint, block.maxt,
                  block.num_samples, block.num_series)

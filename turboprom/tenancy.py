@@ -120,3 +120,39 @@ class TenantEngines:
 
 def count_series_of(view: TenantView) -> int:
     return len(view.series([], np.iinfo(np.int64).min, np.iinfo(np.int64).max))
+
+
+# ---------------------------------------------------------------- request plumbing for route modules
+def request_tenant(request: Any) -> str:
+    """The caller's tenant; an invalid X-Scope-OrgID is the caller's fault (400 bad_data)."""
+    from turboprom.api_params import ParamError
+
+    try:
+        return tenant_of(request.headers)
+    except ValueError as e:
+        raise ParamError(str(e)) from None
+
+
+def tenant_storage(ctx: Any, request: Any) -> TenantView:
+    return TenantView(ctx.storage, request_tenant(request))
+
+
+class DefaultTenantOnly:
+    """Wraps an ingest sink (summarizer, congestion tracker) so it only sees the default tenant's
+    samples: summaries and congestion signals are the operator's, never mixed across tenants."""
+
+    def __init__(self, sink: Any):
+        self.sink = sink
+
+    def consume(self, batch: SampleBatch) -> None:
+        if (batch.tenant or DEFAULT_TENANT) == DEFAULT_TENANT:
+            self.sink.consume(batch)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.sink, name)
+
+
+def restrict_sinks(pipeline: Any) -> None:
+    if pipeline is None:
+        return
+    pipeline.sinks = [s if isinstance(s, DefaultTenantOnly) else DefaultTenantOnly(s) for s in pipeline.sinks]

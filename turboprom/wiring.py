@@ -37,12 +37,15 @@ def build_context(config: ServerConfig) -> ServerContext:
     # --- F: PromQL engine behind /api/v1/query and /api/v1/query_range ---
     from promql.engine import Engine
 
-    ctx.components["engine"] = Engine(storage, lookback_delta_ms=config.lookback_delta_ms,
+    from turboprom.tenancy import DEFAULT_TENANT, TenantView
+
+    default_view = TenantView(storage, DEFAULT_TENANT)  # the default tenant never sees tenant-labelled series
+    ctx.components["engine"] = Engine(default_view, lookback_delta_ms=config.lookback_delta_ms,
                                       max_samples=config.query_max_samples, timeout_s=config.query_timeout_s)
     # --- H: planner (query log, SDS summarizer as ingest sink, rewrite onto summaries, rules) ---
     from planner.stack import build as build_planner
 
-    plan = build_planner(storage, ctx.components.get("engine"), config.data_dir, config.raw.get("planner"))
+    plan = build_planner(default_view, ctx.components.get("engine"), config.data_dir, config.raw.get("planner"))
     ctx.components["query_log"] = plan.query_log
     ctx.components["summarizer"] = plan.summarizer
     ctx.components["planner"] = plan.planner
@@ -57,6 +60,17 @@ def build_context(config: ServerConfig) -> ServerContext:
         append = ctx.components["ingest"].append_sync if ctx.components.get("ingest") is not None else storage.append
         ctx.components["rules"] = RuleManager.from_config(config.raw, config.config_file,
                                                           plan.engine or ctx.components.get("engine"), append)
+    # --- lead: multi-tenancy (X-Scope-OrgID): one raw engine per other tenant, logged to the query log ---
+    from planner.planned_engine import PlannedEngine
+    from turboprom.tenancy import TenantEngines, restrict_sinks
+
+    def tenant_engine(view: TenantView) -> PlannedEngine:
+        raw = Engine(view, lookback_delta_ms=config.lookback_delta_ms, max_samples=config.query_max_samples,
+                     timeout_s=config.query_timeout_s)
+        return PlannedEngine(raw, lambda node, ectx: None, query_log=ctx.components.get("query_log"), planner=None)
+
+    ctx.components["tenant_engines"] = TenantEngines(storage, tenant_engine)
+    restrict_sinks(ctx.components.get("ingest"))  # summaries and congestion signals: default tenant only
     # --- lead: KedgeFlow control plane (grants, ledger, gateway, audit) ---
     from turboprom.kedgeflow_wiring import build_kedgeflow
 

@@ -12,6 +12,7 @@ from aiohttp import web
 
 from storage.labels import Labels
 from turboprom import api_json
+from turboprom.tenancy import tenant_storage
 from turboprom.api_common import APIError, add_get_post, api_handler, json_response, ok, run_off_loop
 from turboprom.api_params import MAX_TIME_MS, MIN_TIME_MS, Params, invalid_param, parse_matchers_param, unescape_label_name
 from turboprom.context import ServerContext
@@ -57,11 +58,16 @@ def metadata_snapshot(store: Any) -> dict[str, list[dict[str, str]]]:
     return out
 
 
+def _family_visible(family: str, names: set[str]) -> bool:
+    """A metric family is visible if one of its sample names is (x, x_total, x_bucket, x_count, ...)."""
+    return any(family + sfx in names for sfx in ("", "_total", "_bucket", "_count", "_sum", "_created", "_info"))
+
+
 def setup(app: web.Application, ctx: ServerContext) -> None:
-    storage = ctx.storage
 
     @api_handler
     async def series(request: web.Request, params: Params) -> web.Response:
+        storage = tenant_storage(ctx, request)  # every read scoped to the caller's tenant
         matches = params.getall("match[]")
         if not matches:
             raise APIError("bad_data", "no match[] parameter provided")
@@ -85,6 +91,7 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
 
     @api_handler
     async def labels(request: web.Request, params: Params) -> web.Response:
+        storage = tenant_storage(ctx, request)  # every read scoped to the caller's tenant
         limit = params.limit("limit")
         start = params.time("start", MIN_TIME_MS)
         end = params.time("end", MAX_TIME_MS)
@@ -101,6 +108,7 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
 
     @api_handler
     async def label_values(request: web.Request, params: Params) -> web.Response:
+        storage = tenant_storage(ctx, request)  # every read scoped to the caller's tenant
         name = unescape_label_name(request.match_info["name"])
         if name == "":
             raise APIError("bad_data", 'invalid label name: ""')
@@ -124,9 +132,16 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
         per_metric = _int_or_error(params, "limit_per_metric")
         metric = params.get("metric")
         store = ctx.components.get("metadata")
+        # Metadata is kept per metric family; a tenant sees only families it has series of.
+        view = tenant_storage(ctx, request)
+        visible = set(await run_off_loop(ctx, view.label_values, "__name__", MIN_TIME_MS, MAX_TIME_MS, []))
         if store is not None and hasattr(store, "get") and not isinstance(store, Mapping):
-            return ok(store.get(metric or None, limit if limit >= 0 else None, per_metric if per_metric > 0 else None))
-        snap = metadata_snapshot(store)
+            got = store.get(metric or None, None, per_metric if per_metric > 0 else None)
+            got = {k: v for k, v in got.items() if _family_visible(k, visible)}
+            if limit >= 0:
+                got = dict(list(got.items())[:limit])
+            return ok(got)
+        snap = {k: v for k, v in metadata_snapshot(store).items() if _family_visible(k, visible)}
         out: dict[str, list[dict[str, str]]] = {}
         for name in sorted(snap):
             if metric and name != metric:

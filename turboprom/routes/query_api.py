@@ -23,6 +23,7 @@ from turboprom.api_common import APIError, add_get_post, api_handler, json_respo
 from turboprom.api_params import MAX_RANGE_POINTS, MAX_TIME_MS, MIN_TIME_MS, Params, invalid_param
 from turboprom.api_params import parse_query as parse_promql
 from turboprom.context import ServerContext
+from turboprom.tenancy import DEFAULT_TENANT, request_tenant
 
 
 def _now_ms() -> int:
@@ -37,7 +38,12 @@ def _check_query_syntax(q: str) -> None:
         raise invalid_param("query", str(e)) from None
 
 
-def _pick_engine(ctx: ServerContext, exact: bool) -> Any:
+def _pick_engine(ctx: ServerContext, exact: bool, tenant: str = DEFAULT_TENANT) -> Any:
+    if tenant != DEFAULT_TENANT:
+        engines = ctx.components.get("tenant_engines")
+        if engines is None:
+            raise APIError("unavailable", "multi-tenancy is not enabled on this server")
+        return engines.get(tenant)
     engine = None if exact else ctx.components.get("planned_engine")
     engine = engine or ctx.components.get("engine")
     if engine is None:
@@ -108,11 +114,13 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
         q = params.get("query")
         _check_query_syntax(q)
         exact = params.flag("exact")
-        engine = _pick_engine(ctx, exact)
+        tenant = request_tenant(request)
+        engine = _pick_engine(ctx, exact, tenant)
         timeout_s = _effective_timeout(ctx, timeout)
 
         def run(cancel: threading.Event, remaining: float) -> QueryResult:
-            return _call(engine.instant_query, q, t, exact=exact, lookback_delta_ms=lookback, timeout_s=remaining, cancel=cancel)
+            return _call(engine.instant_query, q, t, exact=exact, lookback_delta_ms=lookback, timeout_s=remaining, cancel=cancel,
+                         tenant=tenant)
 
         return await _evaluate(request, ctx, params, timeout_s, run)
 
@@ -141,11 +149,13 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
         except ValueError as e:  # Prometheus 2.42 does not name the parameter here
             raise APIError("bad_data", str(e)) from None
         exact = params.flag("exact")
-        engine = _pick_engine(ctx, exact)
+        tenant = request_tenant(request)
+        engine = _pick_engine(ctx, exact, tenant)
         timeout_s = _effective_timeout(ctx, timeout)
 
         def run(cancel: threading.Event, remaining: float) -> QueryResult:
-            return _call(engine.range_query, q, start, end, step, exact=exact, lookback_delta_ms=lookback, timeout_s=remaining, cancel=cancel)
+            return _call(engine.range_query, q, start, end, step, exact=exact, lookback_delta_ms=lookback, timeout_s=remaining,
+                         cancel=cancel, tenant=tenant)
 
         return await _evaluate(request, ctx, params, timeout_s, run)
 

@@ -1,0 +1,74 @@
+"""Tenant isolation by X-Scope-OrgID through every read endpoint of the real server."""
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+from tests.helpers import ServerProcess
+
+
+def _req(url: str, tenant: str | None = None, data: bytes | None = None) -> tuple[int, dict]:
+    h = {"X-Scope-OrgID": tenant} if tenant else {}
+    r = urllib.request.Request(url, data=data, headers=h, method="POST" if data is not None else "GET")
+    try:
+        with urllib.request.urlopen(r, timeout=30) as resp:
+            raw = resp.read()
+            return resp.status, json.loads(raw) if raw else {}
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+def test_tenants_cannot_see_each_other(tmp_path: Path) -> None:
+    with ServerProcess(tmp_path / "data") as srv:
+        u = srv.url
+        now = int(time.time())
+        for tenant, val in ((None, 1), ("team-a", 10), ("team-b", 100)):
+            body = (f"# TYPE shared_metric gauge\n# HELP shared_metric same name in every tenant\n"
+                    f'shared_metric{{pod="p1"}} {val} {now * 1000}\n'
+                    f'{(tenant or "default").replace("-", "_")}_only{{pod="p1"}} {val} {now * 1000}\n').encode()
+            st, _ = _req(u + "/api/v1/import/prometheus", tenant, body)
+            assert st in (200, 204)
+        # A default-tenant client cannot write into team-a by sending the reserved label itself.
+        _req(u + "/api/v1/import/prometheus", None, f'forged{{__tenant__="team-a"}} 5 {now * 1000}\n'.encode())
+
+        def q(expr: str, tenant: str | None) -> list:
+            st, b = _req(u + "/api/v1/query?" + urllib.parse.urlencode({"query": expr, "time": now}), tenant)
+            assert st == 200, b
+            return b["data"]["result"]
+
+        assert [r["value"][1] for r in q("shared_metric", None)] == ["1"]
+        assert [r["value"][1] for r in q("shared_metric", "team-a")] == ["10"]
+        assert [r["value"][1] for r in q("sum(shared_metric)", "team-b")] == ["100"]
+        assert q("team_a_only", "team-b") == [] and q("team_a_only", None) == []
+        assert len(q("team_a_only", "team-a")) == 1
+        assert len(q("forged", None)) == 1 and q("forged", "team-a") == []
+        for r in q('{__name__=~".+"}', "team-a"):
+            assert "__tenant__" not in r["metric"]
+        # series / labels / label values / metadata
+        st, b = _req(u + "/api/v1/series?match[]=" + urllib.parse.quote('{__name__=~".+_only"}'), "team-a")
+        assert [s["__name__"] for s in b["data"]] == ["team_a_only"]
+        st, b = _req(u + "/api/v1/label/__name__/values", "team-b")
+        assert set(b["data"]) == {"shared_metric", "team_b_only"}
+        st, b = _req(u + "/api/v1/labels", "team-b")
+        assert "__tenant__" not in b["data"]
+        st, b = _req(u + "/api/v1/label/__tenant__/values", None)
+        assert b["data"] == []
+        st, b = _req(u + "/api/v1/metadata", "team-a")
+        assert "team_b_only" not in b["data"] and "default_only" not in b["data"]
+        # Range queries too.
+        st, b = _req(u + "/api/v1/query_range?" + urllib.parse.urlencode({"query": "shared_metric", "start": now - 60, "end": now, "step": 15}), "team-b")
+        assert [s["values"][-1][1] for s in b["data"]["result"]] == ["100"]
+        # A malformed tenant id is refused.
+        st, b = _req(u + "/api/v1/query?query=1", "bad tenant/x")
+        assert st == 400 and "tenant" in b["error"]
+        # The cost report and the audit log are scoped to the caller's tenant.
+        time.sleep(1.5)
+        st, b = _req(u + "/api/v1/cost_report?since=1h", "team-a")
+        assert st == 200 and {p["tenant"] for p in b["data"]["patterns"]} <= {"team-a"}
+        assert b["data"]["patterns"], "team-a's own queries are reported"
+        st, b = _req(u + "/api/v1/audit", "team-b")
+        assert st == 200 and all(e["tenant"] == "team-b" for e in b["data"])

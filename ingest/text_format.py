@@ -25,6 +25,7 @@ _SAMPLE_RE = (r'^[ \t]*(?P<series>[a-zA-Z_:][a-zA-Z0-9_:]*(?:[ \t]*\{(?:[^"}]|"(
 _META_RE = r'^#[ \t]+(?P<kind>TYPE|HELP|UNIT)[ \t]+(?P<name>[^ \t]+)(?:[ \t](?P<rest>.*))?$'
 _LABEL_PAIR = re.compile(r'[ \t]*([^ \t=,{}"]+)[ \t]*=[ \t]*"((?:[^"\\]|\\.)*)"[ \t]*(?:,|$)')
 _UNESCAPE = re.compile(r'\\(.)')
+_HELP_UNESCAPE = re.compile(r'\\([n\\])')
 _TYPES = {"counter", "gauge", "histogram", "gaugehistogram", "summary", "untyped", "unknown", "info", "stateset"}
 
 SeriesPairs = tuple[tuple[str, str], ...]  # as in the exposition (not yet validated/relabelled)
@@ -193,7 +194,7 @@ def _metadata(comments: pa.Array, pos: np.ndarray, lines: list[str]) -> list[Met
                 raise _bad_line(lines, ln, f"unknown metric type {t!r}")
             m.type = "unknown" if t == "untyped" else t
         elif kind == "HELP":
-            m.help = rest.replace("\\n", "\n").replace("\\\\", "\\")
+            m.help = _HELP_UNESCAPE.sub(lambda r: "\n" if r.group(1) == "n" else r.group(1), rest) if "\\" in rest else rest
         else:
             m.unit = rest.strip()
     return list(fam.values())

@@ -225,9 +225,18 @@ class WAL:
             if self._seg_size > 0 and self._seg_size + len(data) > self.segment_bytes:
                 self._rotate_locked()
             view = memoryview(data)
-            while view:
-                k = os.write(self._fd, view)
-                view = view[k:]
+            try:
+                while view:
+                    k = os.write(self._fd, view)
+                    view = view[k:]
+            except OSError:
+                # e.g. disk full: cut the partial record off so later records are not stranded
+                # behind a torn one (replay stops at the first bad record).
+                try:
+                    os.ftruncate(self._fd, self._seg_size)
+                except OSError:
+                    log.exception("WAL: could not remove a partially written record")
+                raise
             self._seg_size += len(data)
             self._written += 1
             M.WAL_BYTES.inc(len(data))

@@ -441,8 +441,8 @@ def count_values(vec: VectorSteps, names: list[str], without: bool, param: Any) 
     if not isinstance(param, StringValue):
         raise ExecutionError("count_values needs a string parameter")
     label = param.value
-    if not _valid_label_name(label):
-        raise ExecutionError(f"invalid label name {_go_quote_label(label)}")
+    if not label:
+        raise ExecutionError('invalid label name ""')
     rows, cols = np.nonzero(vec.present)
     if len(rows) == 0:
         return VectorSteps.empty(t)
@@ -469,28 +469,6 @@ def count_values(vec: VectorSteps, names: list[str], without: bool, param: Any) 
     np.add.at(counts, (oid[pinv], cols), 1.0)
     present = counts > 0
     return VectorSteps(list(olabels), counts, present)  # type: ignore[arg-type]
-
-
-def _valid_label_name(name: str) -> bool:
-    if not name:
-        return False
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return "\ufffd" not in name or True
-
-
-def _go_quote_label(s: str) -> str:
-    out = []
-    for ch in s:
-        if ch in '"\\':
-            out.append("\\" + ch)
-        elif ord(ch) < 0x20:
-            out.append(f"\\x{ord(ch):02x}")
-        else:
-            out.append(ch)
-    return '"' + "".join(out) + '"'
 
 
 def select_k(op: str, vec: VectorSteps, names: list[str], without: bool, param: Any, ann: Annotations, pos: str) -> VectorSteps:

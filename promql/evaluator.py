@@ -35,7 +35,7 @@ from promql.eval_binary import (
     vector_vector,
 )
 from promql.eval_context import EvalContext
-from promql.eval_labels import merge_same_labels
+from promql.eval_labels import go_quote_bytes, merge_same_labels, raw_string_literal_bytes
 from promql.eval_positions import line_col
 from promql.eval_selectors import (
     duration_ms,
@@ -203,7 +203,25 @@ class Evaluator:
             without = str(node.modifier.type).rsplit(".", 1)[-1] == "Without"
             names = sorted(node.modifier.labels)
         pos = self.pos_suffix(node.param, ctx) if node.param is not None else ""
+        if op == "count_values" and isinstance(param, StringValue):
+            self._check_label_name(node.param, param.value, ctx)
         return aggregate(op, vec, names, without, param, ctx.annotations, pos)
+
+    def _check_label_name(self, lit: Any, value: str, ctx: EvalContext) -> None:
+        """count_values' label must be a valid (UTF-8, non-empty) label name, judged on the
+        literal's raw bytes: the parser binding decodes ``\\xc5`` to a code point."""
+        raw = None
+        off = self.positions.get(id(lit))
+        if off is not None:
+            raw = raw_string_literal_bytes(ctx.query, off)
+        data = raw if raw is not None else value.encode("utf-8", "surrogatepass")
+        try:
+            data.decode("utf-8")
+            ok = len(data) > 0
+        except UnicodeDecodeError:
+            ok = False
+        if not ok:
+            raise ExecutionError(f"invalid label name {go_quote_bytes(data)}")
 
     # -- binary operators -----------------------------------------------------------------
     def eval_binary(self, node: Any, ctx: EvalContext) -> Value:

@@ -365,3 +365,13 @@ def test_topk_paths_agree_with_reference(n_groups):
         if np.isnan(xs).any():
             continue  # NaN sorts first in Prometheus's quantile; numpy's differs
         assert v == pytest.approx(float(np.quantile(xs, 0.5)))
+
+
+def test_count_values_rejects_invalid_utf8_label_name():
+    src = _src({'v{i="1"}': ([0], [1.0])})
+    eng = Engine(src)
+    with pytest.raises(ExecutionError) as ei:
+        eng.instant_query('count_values("a\\xc5z", v)', 0)  # \xc5 is a lone byte: not UTF-8
+    assert str(ei.value) == 'invalid label name "a\\xc5z"'
+    res = eng.instant_query('count_values("aÅz", v)', 0)  # a real code point is fine
+    assert res.labels == [(("aÅz", "1"),)]

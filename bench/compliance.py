@@ -14,6 +14,12 @@ Samples sit on whole seconds; the query window (10 minutes, step 10 s, like the 
 and ends on fractional seconds, as the tester's wall-clock times do.
 
     .venv/bin/python bench/compliance.py [--json report.json] [--show-failures N] [--parallel 4]
+
+``--live SECONDS`` instead runs the tester's own setup in miniature: three Python exporters
+(prometheus-client) expose the demo families, a real Prometheus scrapes them every second and
+remote-writes everything (staleness markers included) to TurboProm; after SECONDS the queries run
+over the last minutes of that window on both. ``demo_intermittent_metric`` disappears every other
+20 s there, so staleness is exercised.
 """
 from __future__ import annotations
 
@@ -40,6 +46,8 @@ from tests.helpers import SHARED, ServerProcess  # noqa: E402
 from tests.test_api_helpers import PrometheusPeer, http, import_text  # noqa: E402
 
 QUERIES_FILE = SHARED / "compliance" / "promql-test-queries.yml"
+# Extra parameters sent to TurboProm only (``--exact`` adds exact=true: never answer from a summary).
+TARGET_EXTRA: dict[str, str] = {}
 
 # The tester's variant tables (testcases/expand.go, see ../shared/compliance/NOTES.md).
 VARIANTS: dict[str, list[str]] = {
@@ -204,6 +212,18 @@ def _values_equal(a: float, b: float) -> bool:
 
 
 def compare(case: Case, ref: tuple[int, bytes], tgt: tuple[int, bytes]) -> Outcome:
+    out = _compare(case, ref, tgt)
+    if out.status != "passed":
+        try:
+            infos = json.loads(tgt[1]).get("infos")
+        except ValueError:
+            infos = None
+        if infos:  # e.g. served from a summary
+            out.detail += f" (TurboProm infos: {infos})"
+    return out
+
+
+def _compare(case: Case, ref: tuple[int, bytes], tgt: tuple[int, bytes]) -> Outcome:
     r_err, r_series, r_msg = _matrix(ref[1])
     t_err, t_series, t_msg = _matrix(tgt[1])
     if case.should_fail:
@@ -256,7 +276,7 @@ def run(parallel: int = 4, keep_servers: bool = False) -> dict[str, Any]:
             def one(case: Case) -> Outcome:
                 p = {**params, "query": case.query}
                 ref = http("POST", prom.url + "/api/v1/query_range", p, timeout=120)
-                tgt = http("POST", tp.url + "/api/v1/query_range", p, timeout=120)
+                tgt = http("POST", tp.url + "/api/v1/query_range", {**p, **TARGET_EXTRA}, timeout=120)
                 return compare(case, (ref[0], ref[2]), (tgt[0], tgt[2]))
 
             t1 = time.perf_counter()
@@ -279,14 +299,152 @@ def run(parallel: int = 4, keep_servers: bool = False) -> dict[str, Any]:
     }
 
 
+# ---------------------------------------------------------------------------------------------
+# live mode: exporters -> Prometheus scrape -> remote write -> TurboProm
+
+
+class DemoCollector:
+    """The demo service's families with values that move with wall-clock time."""
+
+    def __init__(self, idx: int):
+        self.idx = idx
+        self.rng = np.random.default_rng(100 + idx)
+        # Counters start high, as on a long-running service (the demo instances run for months):
+        # with a counter starting near zero, 2.42 and 3.x extrapolate rate() differently.
+        self.cpu = {"user": 5.0e5 + idx, "system": 2.0e5 + idx, "idle": 2.5e6 + idx}
+        self.items = 1.0e4 * (idx + 1)
+        self.hist: dict[tuple[str, ...], np.ndarray] = {}
+        self.started = time.time()
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+        now = time.time()
+        i = self.idx
+        mem = GaugeMetricFamily("demo_memory_usage_bytes", "Memory usage.", labels=["type"])
+        for typ, level in (("used", 2.0e9), ("cached", 1.0e9), ("buffers", 3.0e8), ("free", 4.0e9)):
+            mem.add_metric([typ], round(level * (1 + 0.01 * math.sin(now / 30 + i)) + self.rng.integers(0, 1000)))
+        yield mem
+        yield GaugeMetricFamily("demo_num_cpus", "CPUs.", value=4.0 * (i + 1))
+        cpu = CounterMetricFamily("demo_cpu_usage_seconds", "CPU seconds.", labels=["mode"])
+        for mode, rate in (("user", 0.6), ("system", 0.25), ("idle", 2.9)):
+            self.cpu[mode] += rate * self.rng.uniform(0.5, 1.5)
+            cpu.add_metric([mode], round(self.cpu[mode], 3))
+        yield cpu
+        yield GaugeMetricFamily("demo_disk_usage_bytes", "Disk usage.", value=1.2e11 + (now - self.started) * 1e5)
+        yield GaugeMetricFamily("demo_disk_total_bytes", "Disk size.", value=2.5e11)
+        run = int(now // 40) * 40 + 7.0
+        yield GaugeMetricFamily("demo_batch_last_run_timestamp_seconds", "Last run.", value=run)
+        yield GaugeMetricFamily("demo_batch_last_success_timestamp_seconds", "Last success.", value=run - (int(now // 40) % 2) * 40)
+        yield GaugeMetricFamily("demo_batch_last_run_duration_seconds", "Duration.", value=30 + (int(now // 40) % 5) * 2.5)
+        yield GaugeMetricFamily("demo_batch_last_run_processed_bytes", "Bytes.", value=(int(now // 40) % 7 + 1) * 1.5e6)
+        yield GaugeMetricFamily("demo_api_http_requests_in_progress", "In progress.", value=float(self.rng.integers(0, 6)))
+        yield GaugeMetricFamily("demo_is_holiday", "Holiday.", value=0.0)
+        self.items += float(self.rng.integers(0, 4))
+        yield CounterMetricFamily("demo_items_shipped", "Items.", value=self.items)
+        if int(now // 20) % 2 == 0:  # disappears every other 20 s: Prometheus writes stale markers
+            yield GaugeMetricFamily("demo_intermittent_metric", "Intermittent.", value=1.0)
+        h = HistogramMetricFamily("demo_api_request_duration_seconds", "Latency.", labels=["method", "path", "status"])
+        for method in ("GET", "POST"):
+            for path in ("/api/foo", "/api/bar"):
+                for status in ("200", "500"):
+                    key = (method, path, status)
+                    mu = 0.02 if path == "/api/foo" else 0.05
+                    if key not in self.hist:
+                        warm = self.rng.lognormal(math.log(mu), 1.2, 20_000)
+                        self.hist[key] = np.histogram(warm, bins=[0.0, *BUCKETS, np.inf])[0].astype(float)
+                        self.hist[key + ("sum",)] = np.array([warm.sum()])
+                    counts = self.hist[key]
+                    obs = self.rng.lognormal(math.log(mu), 1.2, int(self.rng.poisson(5 if status == "200" else 1)))
+                    counts += np.histogram(obs, bins=[0.0, *BUCKETS, np.inf])[0]
+                    cum = np.cumsum(counts)
+                    buckets = [(repr(b), float(c)) for b, c in zip(BUCKETS, cum[:-1])] + [("+Inf", float(cum[-1]))]
+                    self.hist[key + ("sum",)] = self.hist.get(key + ("sum",), np.zeros(1)) + obs.sum()
+                    h.add_metric([method, path, status], buckets, float(self.hist[key + ("sum",)][0]))
+        yield h
+
+
+def run_live(seconds: float, parallel: int = 4) -> dict[str, Any]:
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    from tests.helpers import free_port
+
+    cases = expand_cases()
+    exporters = []
+    with tempfile.TemporaryDirectory() as tmp:
+        tp = ServerProcess(Path(tmp) / "tp" / "data")
+        tp.start()
+        try:
+            statics = ""
+            for i, inst in enumerate(INSTANCES):
+                reg = CollectorRegistry()
+                reg.register(DemoCollector(i))
+                port = free_port()
+                exporters.append(start_http_server(port, addr="127.0.0.1", registry=reg))
+                statics += f"  - targets: ['127.0.0.1:{port}']\n    labels:\n      instance: '{inst}'\n"
+            cfg = ("global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n"
+                   "scrape_configs:\n- job_name: demo\n  static_configs:\n" + statics +
+                   f"remote_write:\n- url: {tp.url}/api/v1/write\n  queue_config:\n    batch_send_deadline: 1s\n")
+            with PrometheusPeer(Path(tmp) / "prom", config_yaml=cfg) as prom:
+                t_begin = time.time()
+                time.sleep(max(0.0, seconds))
+                end = time.time() - 5.377  # fractional, a little before now
+                start = max(end - 600, t_begin + 20.5)
+                # Stop the targets: Prometheus marks their series stale on the next failed scrape
+                # and remote-writes the markers; then both hold the same, final data (negative
+                # offsets read past `end`).
+                for httpd, _ in exporters:
+                    httpd.shutdown()
+                    httpd.server_close()
+                exporters.clear()
+                time.sleep(10)
+                step = 10 if end - start >= 120 else 5
+                params = {"start": repr(start), "end": repr(end), "step": str(step)}
+
+                def one(case: Case) -> Outcome:
+                    p = {**params, "query": case.query}
+                    ref = http("POST", prom.url + "/api/v1/query_range", p, timeout=120)
+                    tgt = http("POST", tp.url + "/api/v1/query_range", {**p, **TARGET_EXTRA}, timeout=120)
+                    return compare(case, (ref[0], ref[2]), (tgt[0], tgt[2]))
+
+                t1 = time.perf_counter()
+                with ThreadPoolExecutor(parallel) as pool:
+                    outcomes = list(pool.map(one, cases))
+                run_s = time.perf_counter() - t1
+        finally:
+            for httpd, _ in exporters:
+                httpd.shutdown()
+                httpd.server_close()
+            tp.stop()
+    counts: dict[str, int] = {}
+    for o in outcomes:
+        counts[o.status] = counts.get(o.status, 0) + 1
+    return {
+        "mode": "live",
+        "cases": len(cases),
+        "templates": len(yaml.safe_load(QUERIES_FILE.read_text())["test_cases"]),
+        "samples": None,
+        "window": {"start": start, "end": end, "step": step},
+        "counts": counts,
+        "passed": counts.get("passed", 0),
+        "load_seconds": round(seconds, 1),
+        "run_seconds": round(run_s, 1),
+        "outcomes": [o.__dict__ for o in outcomes],
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", help="write the full report here")
     ap.add_argument("--show-failures", type=int, default=100)
     ap.add_argument("--parallel", type=int, default=4)
+    ap.add_argument("--live", type=float, default=0, help="seconds of live scraping + remote write instead of backfill")
+    ap.add_argument("--exact", action="store_true", help="send exact=true to TurboProm (raw path only, no summaries)")
     a = ap.parse_args()
-    report = run(a.parallel)
-    print(f"templates {report['templates']}, expanded queries {report['cases']}, samples {report['samples']}")
+    if a.exact:
+        TARGET_EXTRA["exact"] = "true"
+    report = run_live(a.live, a.parallel) if a.live else run(a.parallel)
+    print(f"templates {report['templates']}, expanded queries {report['cases']}, samples {report['samples']}, window {report['window']}")
     print(f"load {report['load_seconds']} s, queries {report['run_seconds']} s")
     print("counts:", json.dumps(report["counts"], sort_keys=True))
     print(f"passed {report['passed']}/{report['cases']}")

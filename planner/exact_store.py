@@ -36,21 +36,31 @@ class ExactPaneStore:
         self.k0 = 0  # pane index of column 0
         self.nk = 0  # columns in use
         self.ns = 0  # series in use
-        self.cols: dict[str, np.ndarray] = {f: _blank(f, (0, 0)) for f in ALL_FIELDS}
+        self._phys: dict[str, np.ndarray] = {f: _blank(f, (0, 0)) for f in ALL_FIELDS}
+        self._off = 0
+        self.cols: dict[str, np.ndarray] = {}
+        self._set_views()
         self.shift = np.zeros(0)  # per-series shift constant c (NaN = not chosen yet)
         self.last_t = np.zeros(0, np.int64)  # chain state for live ingest
         self.last_v = np.zeros(0)
 
     # --- capacity --------------------------------------------------------------------------
+    # Physical arrays have slack on both sides; ``cols[f]`` is a view whose column 0 is pane ``k0``,
+    # so backfill growing to the left and live ingest growing to the right both amortize to O(1).
+    def _set_views(self) -> None:
+        self.cols = {f: a[:, self._off :] for f, a in self._phys.items()}
+
     def ensure_series(self, n: int) -> None:
-        if n <= self.shift.shape[0]:
+        rows = self._phys["count"].shape[0]
+        if n <= rows:
             self.ns = max(self.ns, n)
             return
-        cap = max(n, 2 * self.shift.shape[0], 16)
-        for f, a in self.cols.items():
+        cap = max(n, 2 * rows, 16)
+        for f, a in self._phys.items():
             b = _blank(f, (cap, a.shape[1]))
             b[: a.shape[0]] = a
-            self.cols[f] = b
+            self._phys[f] = b
+        self._set_views()
         grow = cap - self.shift.shape[0]
         self.shift = np.concatenate([self.shift, np.full(grow, np.nan)])
         self.last_t = np.concatenate([self.last_t, np.full(grow, np.iinfo(np.int64).min)])
@@ -63,20 +73,28 @@ class ExactPaneStore:
             self.k0 = kmin
         lo = min(self.k0, kmin)
         hi = max(self.k0 + self.nk - 1, kmax)
-        cap = self.cols["count"].shape[1]
-        if lo == self.k0 and hi - lo + 1 <= cap:
+        pcap = self._phys["count"].shape[1]
+        phys_k0 = self.k0 - self._off  # pane index of physical column 0
+        if pcap and lo >= phys_k0 and hi < phys_k0 + pcap:
+            self._off = lo - phys_k0
+            self.k0 = lo
             self.nk = hi - lo + 1
+            self._set_views()
             return
         need = hi - lo + 1
-        newcap = max(need, 2 * cap, 64)
+        newcap = max(2 * need, 64)
+        off = newcap - need if lo < self.k0 else 0  # slack on the side that grows
+        rows = self._phys["count"].shape[0]
         shift = self.k0 - lo
-        rows = self.cols["count"].shape[0]
-        for f, a in self.cols.items():
+        for f in ALL_FIELDS:
             b = _blank(f, (rows, newcap))
-            b[:, shift : shift + self.nk] = a[:, : self.nk]
-            self.cols[f] = b
+            if self.nk:
+                b[:, off + shift : off + shift + self.nk] = self.cols[f][:, : self.nk]
+            self._phys[f] = b
+        self._off = off
         self.k0 = lo
         self.nk = need
+        self._set_views()
 
     def nbytes(self) -> int:
         return int(sum(a[: self.ns, : self.nk].nbytes for a in self.cols.values()))
@@ -165,17 +183,24 @@ class ExactPaneStore:
                 return np.zeros(len(sids), bool)
             return self.cols["count"][sids, c] > 0
 
-    def pane_arrays(self, sids: np.ndarray, k_lo: int, k_hi: int) -> dict[str, np.ndarray]:
-        """Copies of the (len(sids), k_hi - k_lo) pane arrays for panes [k_lo, k_hi)."""
+    def pane_arrays(self, sids: np.ndarray, k_lo: int, k_hi: int, fields: frozenset[str] | None = None) -> dict[str, np.ndarray]:
+        """Copies of the (len(sids), k_hi - k_lo) pane arrays for panes [k_lo, k_hi) (only ``fields``
+        plus what locating first/last and entries needs; the rest come back empty)."""
         with self.lock:
             out = {}
             a = max(k_lo - self.k0, 0)
             b = max(min(k_hi - self.k0, self.nk), a)
             pad_l = max(self.k0 - k_lo, 0)
             width = max(k_hi - k_lo, 0)
+            need = None
+            if fields is not None:
+                need = set(fields) | {"count"}
+                if fields & {"corr", "resets", "changes", "first_v"}:
+                    need |= {"first_t", "first_v", "last_t", "last_v"}
+                need |= {"entry_" + f for f in ("corr", "resets", "changes") if f in fields}
             for f, arr in self.cols.items():
                 res = _blank(f, (len(sids), width))
-                if b > a:
+                if b > a and (need is None or f in need):
                     res[:, pad_l : pad_l + (b - a)] = arr[sids, a:b]
                 out[f] = res
             return out

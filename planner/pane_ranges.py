@@ -47,23 +47,31 @@ def _sparse_query(a: np.ndarray, klo: np.ndarray, khi: np.ndarray, fn: np.ufunc)
     return out
 
 
-def range_stats(p: dict[str, np.ndarray], klo: np.ndarray, khi: np.ndarray) -> SegStats:
-    """Stats of panes [klo_j, khi_j) (column indexes into the (S, K) pane arrays ``p``)."""
+def range_stats(p: dict[str, np.ndarray], klo: np.ndarray, khi: np.ndarray, fields: frozenset[str] | None = None) -> SegStats:
+    """Stats of panes [klo_j, khi_j) (column indexes into the (S, K) pane arrays ``p``); only
+    ``fields`` (default all) are computed, the others keep their empty value."""
     count = p["count"]
     S, K = count.shape
     T = len(klo)
     klo = np.clip(klo, 0, K)
     khi = np.clip(np.maximum(khi, klo), 0, K)
     out = SegStats.empty((S, T))
+    want = (lambda f: True) if fields is None else (lambda f: f in fields)  # noqa: E731
     for f in _ADD_INT:
-        pre = _prefix(p[f], np.int64)
-        setattr(out, f, pre[:, khi] - pre[:, klo])
+        if want(f):
+            pre = _prefix(p[f], np.int64)
+            setattr(out, f, pre[:, khi] - pre[:, klo])
     for f in _ADD_FLOAT:
-        pre = _prefix(p[f], np.longdouble)
-        setattr(out, f, (pre[:, khi] - pre[:, klo]).astype(np.float64))
+        if want(f):
+            pre = _prefix(p[f], np.longdouble)
+            setattr(out, f, (pre[:, khi] - pre[:, klo]).astype(np.float64))
     with np.errstate(invalid="ignore"):
-        out.vmin = _sparse_query(p["vmin"], klo, khi, np.fmin)
-        out.vmax = _sparse_query(p["vmax"], klo, khi, np.fmax)
+        if want("vmin"):
+            out.vmin = _sparse_query(p["vmin"], klo, khi, np.fmin)
+        if want("vmax"):
+            out.vmax = _sparse_query(p["vmax"], klo, khi, np.fmax)
+    if fields is not None and not (fields & {"first_v", "corr", "resets", "changes"}):
+        return out
     nonempty = count > 0
     idx = np.arange(K, dtype=np.int64)
     # nxt[:, k] = first non-empty pane >= k (K if none); prv[:, k] = last non-empty pane < k (-1).
@@ -83,6 +91,8 @@ def range_stats(p: dict[str, np.ndarray], klo: np.ndarray, khi: np.ndarray) -> S
         out.last_v = np.where(has, np.take_along_axis(p["last_v"], lc, axis=1), 0.0)
         for fld, entry, dtype in (("corr", "entry_corr", np.longdouble), ("resets", "entry_resets", np.int64),
                                   ("changes", "entry_changes", np.int64)):
+            if not want(fld):
+                continue
             pre = _prefix(p[fld] + p[entry], dtype)
             tot = pre[:, khi] - pre[:, klo]
             tot = tot - np.where(has, np.take_along_axis(p[entry], fc, axis=1), 0)

@@ -22,6 +22,7 @@ Config (``ctx.config.raw["planner"]``), all optional::
       retire_after: 1h
       seal_delay: 10s         # panes seal this long after the newest sample passes them
       canary_fraction: 0.05
+      cost_based: true        # per sub-tree: use a summary only where it beats the raw path
       pinned: [{metric: foo_total, algorithm: exact}, {metric: lat, algorithm: kll, params: {k: 200}}]
 """
 from __future__ import annotations
@@ -97,6 +98,7 @@ class PlannerConfig:
     seal_delay_ms: int = 10_000
     canary_fraction: float = 0.05
     background_backfill: bool = True
+    cost_based: bool = True  # per sub-tree choice of summary vs raw (False: summary whenever it covers)
     pinned: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
@@ -114,6 +116,7 @@ class PlannerConfig:
         c.seal_delay_ms = _dur(d.get("seal_delay"), c.seal_delay_ms)
         c.canary_fraction = float(d.get("canary_fraction", c.canary_fraction))
         c.background_backfill = bool(d.get("background_backfill", True))
+        c.cost_based = bool(d.get("cost_based", True))
         c.pinned = list(d.get("pinned", []) or [])
         if c.pane_ms <= 0:
             raise ValueError("planner.pane must be positive")

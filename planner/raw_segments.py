@@ -34,35 +34,59 @@ class RawSamples:
         return cls(sid, ts, vals, num_series)
 
 
+# Fields each function needs (everything else is left at its empty value).
+NEEDS: dict[str, frozenset[str]] = {}
+_ORDER = frozenset({"count", "first_t", "first_v", "last_t", "last_v"})
+for _f in ("count_over_time", "present_over_time"):
+    NEEDS[_f] = frozenset({"count"})
+for _f in ("sum_over_time", "avg_over_time"):
+    NEEDS[_f] = frozenset({"count", "nnan", "npinf", "nninf", "s1"})
+for _f in ("stddev_over_time", "stdvar_over_time"):
+    NEEDS[_f] = frozenset({"count", "nnan", "npinf", "nninf", "s1", "s2"})
+NEEDS["min_over_time"] = frozenset({"count", "vmin"})
+NEEDS["max_over_time"] = frozenset({"count", "vmax"})
+for _f in ("last_over_time", "first_over_time", "delta"):
+    NEEDS[_f] = _ORDER
+for _f in ("rate", "increase"):
+    NEEDS[_f] = _ORDER | {"corr"}
+NEEDS["resets"] = _ORDER | {"resets"}
+NEEDS["changes"] = _ORDER | {"changes"}
+ALL = frozenset().union(*NEEDS.values())
+
+
 class RawPrefix:
-    def __init__(self, raw: RawSamples, shift: np.ndarray):
+    """Raw samples indexed for edge-run statistics. Sums over a run are taken directly over the run's
+    samples (``reduceat`` on interleaved bounds: O(N + runs), no prefix-difference cancellation)."""
+
+    def __init__(self, raw: RawSamples, shift: np.ndarray, fields: frozenset[str] = ALL):
         self.raw = raw
+        self.fields = fields
         n = len(raw.ts)
+        self.n = n
         self.base = int(raw.ts.min()) - 1 if n else 0
         self.key = (raw.sid << _TS_BITS) | (raw.ts - self.base)
         v = raw.vals
-        fin = np.isfinite(v)
-        x = np.where(fin, v - (shift[raw.sid] if n else 0.0), 0.0)
-
-        def pre(a: np.ndarray, dtype: type) -> np.ndarray:
-            out = np.zeros(n + 1, dtype)
-            np.cumsum(a.astype(dtype, copy=False), out=out[1:])
-            return out
-
-        self.p_nan = pre(np.isnan(v), np.int64)
-        self.p_pinf = pre(v == np.inf, np.int64)
-        self.p_ninf = pre(v == -np.inf, np.int64)
-        self.p_s1 = pre(x, np.longdouble)
-        self.p_s2 = pre(x * x, np.longdouble)
-        prev = np.full(n, np.nan)
-        has_prev = np.zeros(n, bool)
-        if n > 1:
-            has_prev[1:] = raw.sid[1:] == raw.sid[:-1]
-            prev[1:] = v[:-1]
-        c, r, ch = boundary(prev, v, has_prev)
-        self.p_corr = pre(c, np.longdouble)
-        self.p_res = pre(r, np.int64)
-        self.p_chg = pre(ch, np.int64)
+        cols: dict[str, np.ndarray] = {}
+        if fields & {"s1", "s2"}:
+            fin = np.isfinite(v)
+            x = np.where(fin, v - (shift[raw.sid] if n else 0.0), 0.0)
+            cols["s1"] = x
+            if "s2" in fields:
+                cols["s2"] = x * x
+        if "nnan" in fields:
+            cols["nnan"] = np.isnan(v).astype(np.int64)
+            cols["npinf"] = (v == np.inf).astype(np.int64)
+            cols["nninf"] = (v == -np.inf).astype(np.int64)
+        if fields & {"corr", "resets", "changes"}:
+            prev = np.full(n, np.nan)
+            has_prev = np.zeros(n, bool)
+            if n > 1:
+                has_prev[1:] = raw.sid[1:] == raw.sid[:-1]
+                prev[1:] = v[:-1]
+            c, r, ch = boundary(prev, v, has_prev)
+            # the first sample of a run has its predecessor outside the run: zeroed per run below
+            cols["corr"], cols["resets"], cols["changes"] = c, r, ch
+        self.cols = {k: np.append(a, a.dtype.type(0)) for k, a in cols.items() if k in fields}
         self.vals_pad = np.append(v, np.nan)
 
     def bounds(self, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -81,32 +105,39 @@ class RawPrefix:
 
     def stats(self, x: np.ndarray, y: np.ndarray) -> SegStats:
         lo, hi = self.bounds(x, y)
-        n = len(self.raw.ts)
+        n = self.n
         cnt = hi - lo
         has = cnt > 0
         st = SegStats.empty(lo.shape)
         st.count = cnt
-        st.nnan = self.p_nan[hi] - self.p_nan[lo]
-        st.npinf = self.p_pinf[hi] - self.p_pinf[lo]
-        st.nninf = self.p_ninf[hi] - self.p_ninf[lo]
-        st.s1 = (self.p_s1[hi] - self.p_s1[lo]).astype(np.float64)
-        st.s2 = (self.p_s2[hi] - self.p_s2[lo]).astype(np.float64)
-        if n:
-            idx = np.stack([lo.ravel(), hi.ravel()], axis=1).ravel()
-            idx = np.minimum(idx, n)
-            with np.errstate(invalid="ignore"):
-                mn = np.fmin.reduceat(self.vals_pad, idx)[0::2].reshape(lo.shape)
-                mx = np.fmax.reduceat(self.vals_pad, idx)[0::2].reshape(lo.shape)
-            st.vmin = np.where(has, mn, np.nan)
-            st.vmax = np.where(has, mx, np.nan)
+        if not n:
+            return st
+        f = self.fields
+        flat_idx = np.minimum(np.stack([lo.ravel(), hi.ravel()], axis=1).ravel(), n)
+
+        def run_sum(a: np.ndarray, start: np.ndarray | None = None) -> np.ndarray:
+            idx = flat_idx if start is None else np.minimum(np.stack([start.ravel(), hi.ravel()], axis=1).ravel(), n)
+            out = np.add.reduceat(a, idx)[0::2].reshape(lo.shape)
+            ok = has if start is None else (hi > start)
+            return np.where(ok, out, 0)
+
+        for k in ("nnan", "npinf", "nninf", "s1", "s2"):
+            if k in self.cols:
+                setattr(st, k, run_sum(self.cols[k]))
+        with np.errstate(invalid="ignore"):
+            if "vmin" in f:
+                st.vmin = np.where(has, np.fmin.reduceat(self.vals_pad, flat_idx)[0::2].reshape(lo.shape), np.nan)
+            if "vmax" in f:
+                st.vmax = np.where(has, np.fmax.reduceat(self.vals_pad, flat_idx)[0::2].reshape(lo.shape), np.nan)
+        if "first_v" in f:
             li = np.minimum(lo, n - 1)
             hi1 = np.clip(hi - 1, 0, n - 1)
             st.first_t = np.where(has, self.raw.ts[li], 0)
             st.first_v = np.where(has, self.raw.vals[li], 0.0)
             st.last_t = np.where(has, self.raw.ts[hi1], 0)
             st.last_v = np.where(has, self.raw.vals[hi1], 0.0)
-            l1 = np.minimum(lo + 1, hi)
-            st.corr = np.where(has, (self.p_corr[hi] - self.p_corr[l1]).astype(np.float64), 0.0)
-            st.resets = np.where(has, self.p_res[hi] - self.p_res[l1], 0)
-            st.changes = np.where(has, self.p_chg[hi] - self.p_chg[l1], 0)
+        l1 = np.minimum(lo + 1, hi)  # pairs inside the run: from its second sample on
+        for k in ("corr", "resets", "changes"):
+            if k in self.cols:
+                setattr(st, k, run_sum(self.cols[k], l1))
         return st

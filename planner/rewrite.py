@@ -49,9 +49,11 @@ Rule = Callable[[Any, Any, "RewriteContext"], "Served | None"]
 class RewriteContext:
     """What rules need: the catalog lookup and the canary."""
 
-    def __init__(self, find_sds: Callable[[str, str, list], SDS | None], on_served: Callable[[Served, Any], None] | None = None):
+    def __init__(self, find_sds: Callable[[str, str, list], SDS | None], on_served: Callable[[Served, Any], None] | None = None,
+                 cost_based: bool = True):
         self.find_sds = find_sds
         self.on_served = on_served
+        self.cost_based = cost_based  # False: serve from the summary whenever it covers (tests)
 
 
 def _number(node: Any) -> float | None:
@@ -84,7 +86,37 @@ def _prepare(node: Any, ectx: Any, rctx: RewriteContext, algorithm: str) -> tupl
     plan = plan_windows(ends, range_ms, sds.spec.pane_ms, lo, hi)
     if plan.summary_panes == 0:
         return None  # no whole covered pane in any window: raw is as cheap
+    if rctx.cost_based and not worth_it(func, plan, range_ms, sds.spec.pane_ms):
+        return None
     return func, ms, param, matchers, sds, range_ms, ends
+
+
+# Raw evaluation of these costs O(samples in the window) per step; the others are O(samples) per query
+# (prefix sums / first-last), so for those only a smaller raw read can make the summary path pay.
+WINDOW_HEAVY = {"sum_over_time", "avg_over_time", "stddev_over_time", "stdvar_over_time", "quantile_over_time",
+                "min_over_time", "max_over_time"}
+MAX_EDGE_FRACTION = 0.35
+
+
+def edge_fraction(plan: Any) -> float:
+    """Share of the raw path's time span that the summary path still reads raw (union of edges)."""
+    iv = plan.raw_intervals()
+    span = int(plan.end.max() - plan.start.min()) if len(plan.end) else 0
+    if span <= 0:
+        return 1.0
+    if len(iv) == 0:
+        return 0.0
+    from planner.window import merge_intervals
+
+    covered = sum(b - a + 1 for a, b in merge_intervals(iv, max_reads=len(iv)))
+    return covered / span
+
+
+def worth_it(func: str, plan: Any, range_ms: int, pane_ms: int) -> bool:
+    """Cost-based choice between the summary and the raw path for one sub-tree."""
+    if func in WINDOW_HEAVY and range_ms >= 4 * pane_ms:
+        return True
+    return edge_fraction(plan) <= MAX_EDGE_FRACTION
 
 
 def _vector(func: str, r: ScanResult) -> VectorSteps:

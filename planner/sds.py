@@ -183,6 +183,8 @@ class SDS:
         if self.live_from is None or self.cov_lo is None:
             return 0, 0
         sealed = (self.max_ts - self.seal_delay_ms) // self.spec.pane_ms  # panes before this are sealed
+        # panes before the live start were filled by backfill from storage: complete once backfilled
+        sealed = max(sealed, self.live_from // self.spec.pane_ms)
         return self.cov_lo, int(max(min(sealed, 1 << 60), self.cov_lo))
 
     def nbytes(self) -> int:

@@ -34,7 +34,7 @@ def build(storage: Any, engine: Any, data_dir: str | Path | None, raw_config: di
     summ = Summarizer(storage)
     planner = Planner(cfg, summ, qlog, persistence, storage)
     canary = Canary(cfg.canary_fraction)
-    hook = RewriteHook(RewriteContext(planner.find_sds, canary))
+    hook = RewriteHook(RewriteContext(planner.find_sds, canary, cost_based=cfg.cost_based))
     planned = PlannedEngine(engine, hook, qlog, planner) if engine is not None else None
     if persistence is not None:
         # restore SDSs and rebuild their open panes from raw storage before ingestion starts

@@ -15,7 +15,7 @@ from datasketches import kll_doubles_sketch
 
 from planner.algorithms import exact as ex
 from planner.pane_ranges import range_stats
-from planner.raw_segments import RawPrefix, RawSamples
+from planner.raw_segments import NEEDS, RawPrefix, RawSamples
 from planner.sds import SDS
 from planner.window import WindowPlan, merge_intervals, plan_windows
 from storage.labels import Labels
@@ -37,32 +37,65 @@ class ScanResult:
     info: dict[str, Any] = field(default_factory=dict)
 
 
-def _read_raw(sds: SDS, source: RawSource, matchers: Sequence[Matcher], plan: WindowPlan) -> tuple[np.ndarray, RawSamples]:
-    """Read the raw edges (coalesced), register their series; returns (local ids, raw samples)."""
-    sids_parts, ts_parts, val_parts = [], [], []
-    for lo, hi in merge_intervals(plan.raw_intervals()):
+def _read_raw(sds: SDS, source: RawSource, matchers: Sequence[Matcher], plan: WindowPlan,
+              max_reads: int = 2) -> tuple[np.ndarray, RawSamples]:
+    """Read the raw edges (coalesced into <= max_reads reads), register their series.
+
+    Returns (global ids of the selected series, raw samples keyed by position in that list). Each read
+    comes back sorted per series; blocks are put in (series, time) order with a block-level sort and
+    one gather -- no sort over samples.
+    """
+    blocks_sid, blocks_read, blocks_start, blocks_len = [], [], [], []
+    ts_parts, val_parts = [], []
+    base = 0
+    for r, (lo, hi) in enumerate(merge_intervals(plan.raw_intervals(), max_reads)):
         ss = source.select(matchers, lo, hi)
         if len(ss) == 0:
             continue
         ids = sds.register(ss.labels)
-        counts = np.diff(ss.offsets)
-        sids_parts.append(np.repeat(ids, counts))
+        blocks_sid.append(ids)
+        blocks_read.append(np.full(len(ids), r, np.int64))
+        blocks_start.append(ss.offsets[:-1] + base)
+        blocks_len.append(np.diff(ss.offsets))
         ts_parts.append(ss.timestamps)
         val_parts.append(ss.values)
-    sel = sds.registry.match(matchers)
+        base += len(ss.timestamps)
+    sel = sds.registry.match(matchers)  # includes series first seen in the reads
     if not ts_parts:
         return sel, RawSamples(np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0), len(sel))
-    gsid = np.concatenate(sids_parts)
-    ts = np.concatenate(ts_parts)
-    vals = np.concatenate(val_parts)
-    keep = ~is_stale(vals)
-    gsid, ts, vals = gsid[keep], ts[keep], vals[keep]
-    sel = sds.registry.match(matchers)  # now includes series first seen in the raw read
     local = np.full(len(sds.registry.labels), -1, np.int64)
     local[sel] = np.arange(len(sel))
-    lsid = local[gsid]
-    ok = lsid >= 0
-    return sel, RawSamples.build(lsid[ok], ts[ok], vals[ok], len(sel))
+    bsid = local[np.concatenate(blocks_sid)]
+    bread = np.concatenate(blocks_read)
+    bstart = np.concatenate(blocks_start)
+    blen = np.concatenate(blocks_len)
+    keep = (bsid >= 0) & (blen > 0)
+    order = np.lexsort((bread[keep], bsid[keep]))
+    bsid, bstart, blen = bsid[keep][order], bstart[keep][order], blen[keep][order]
+    idx = _ranges(bstart, blen)
+    ts = np.concatenate(ts_parts)[idx] if len(ts_parts) > 1 else ts_parts[0][idx]
+    vals = np.concatenate(val_parts)[idx] if len(val_parts) > 1 else val_parts[0][idx]
+    sid = np.repeat(bsid, blen)
+    fresh = ~is_stale(vals)
+    if not fresh.all():
+        sid, ts, vals = sid[fresh], ts[fresh], vals[fresh]
+    return sel, RawSamples(sid, ts, vals, len(sel))
+
+
+def _ranges(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """Concatenated aranges [starts[i], starts[i] + lens[i])."""
+    total = int(lens.sum())
+    if total == 0:
+        return np.empty(0, np.int64)
+    out = np.ones(total, np.int64)
+    pos = np.zeros(len(lens), np.int64)
+    np.cumsum(lens[:-1], out=pos[1:])
+    out[0] = starts[0]
+    nz = lens > 0
+    p, st = pos[nz], starts[nz]
+    prev_end = np.concatenate([[0], (starts[nz] + lens[nz])[:-1]])
+    out[p[1:]] = st[1:] - prev_end[1:] + 1
+    return np.cumsum(out)
 
 
 def scan_exact(sds: SDS, source: RawSource, matchers: Sequence[Matcher], func: str, ends: np.ndarray,
@@ -73,15 +106,16 @@ def scan_exact(sds: SDS, source: RawSource, matchers: Sequence[Matcher], func: s
     S, T = len(sel), len(ends)
     store = sds.store
     shift = np.nan_to_num(store.shift[sel], nan=0.0) if S else np.zeros(0)
-    pre = RawPrefix(raw, shift)
+    fields = NEEDS[func]
+    pre = RawPrefix(raw, shift, fields)
     left = pre.stats(*plan.left)
     right = pre.stats(*plan.right)
     has_mid = plan.khi > plan.klo
     if has_mid.any():
         ka = int(plan.klo[has_mid].min())
         kb = int(plan.khi[has_mid].max())
-        panes = store.pane_arrays(sel, ka, kb)
-        mid = range_stats(panes, np.where(has_mid, plan.klo - ka, 0), np.where(has_mid, plan.khi - ka, 0))
+        panes = store.pane_arrays(sel, ka, kb, fields)
+        mid = range_stats(panes, np.where(has_mid, plan.klo - ka, 0), np.where(has_mid, plan.khi - ka, 0), fields)
         total = ex.combine(ex.combine(left, mid), right)
     else:
         total = ex.combine(left, right)
@@ -135,7 +169,7 @@ def scan_kll(sds: SDS, source: RawSource, matchers: Sequence[Matcher], phi: floa
     plan = plan_windows(ends, range_ms, sds.spec.pane_ms, cov_lo, cov_hi)
     sel, raw = _read_raw(sds, source, matchers, plan)
     S, T = len(sel), len(ends)
-    pre = RawPrefix(raw, np.zeros(S))
+    pre = RawPrefix(raw, np.zeros(S), frozenset({"count"}))
     llo, lhi = pre.bounds(*plan.left)
     rlo, rhi = pre.bounds(*plan.right)
     vals = np.full((S, T), np.nan)

@@ -32,7 +32,7 @@ def world():
         s = by.get(metric)
         return s if s is not None and s.spec.algorithm == alg else None
 
-    hook = RewriteHook(RewriteContext(find))
+    hook = RewriteHook(RewriteContext(find, cost_based=False))
     return Engine(src), hook, tmin, tmax, sdss
 
 

@@ -90,8 +90,8 @@ def test_adopts_recurring_query_and_serves_it_exactly(planner_server):
     url = srv.url
     end = int(time.time() * 1000) // 1000 * 1000
     _ingest_history(url, end)
-    q = "sum by (job) (rate(req_total[10m]))"
-    params = dict(query=q, start=(end - 2 * 3_600_000) / 1000, end=(end - 120_000) / 1000, step="60")
+    q = "sum by (job) (rate(req_total[1h]))"
+    params = dict(query=q, start=(end - 2 * 3_600_000) / 1000, end=(end - 120_000) / 1000, step="600")
     first = _get(url, "/api/v1/query_range", **params, stats="all")
     assert first["status"] == "success"
     for _ in range(3):  # recurring dashboard refreshes
@@ -112,7 +112,7 @@ def test_adopts_recurring_query_and_serves_it_exactly(planner_server):
     assert not exact.get("infos") or not any("served from summary" in i for i in exact["infos"])
     _same(_matrix(fast), _matrix(exact))
     # explain over HTTP and the CLI
-    ex = _get(url, "/api/v1/planner/explain", query=q, start=params["start"], end=params["end"], step="60")["data"]
+    ex = _get(url, "/api/v1/planner/explain", query=q, start=params["start"], end=params["end"], step="600")["data"]
     assert ex["subtrees"][0]["path"].startswith("summary:exact-req_total")
     out = subprocess.run([sys.executable, "-m", "turboprom", "plan", "list", "--url", url], cwd=REPO,
                          capture_output=True, text=True, timeout=60)

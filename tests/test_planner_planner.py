@@ -42,22 +42,31 @@ def test_adopts_after_recurrence_with_defaults_and_shares_one_sds():
     eng = st.engine
     q = "sum by (job) (rate(x_total[30m]))"
     for i in range(2):
-        r = eng.range_query(q, tmax - 3_600_000, tmax, 60_000)
+        r = eng.range_query(q, tmax - 3_600_000, tmax, 600_000)
         assert r.stats.paths == ["raw"]
     assert not st.planner.sds
-    eng.range_query(q, tmax - 3_600_000, tmax, 60_000)  # third recurrence: adopt + backfill
+    eng.range_query(q, tmax - 3_600_000, tmax, 600_000)  # third recurrence: adopt + backfill
     assert list(st.planner.sds) and next(iter(st.planner.sds.values())).metric == "x_total"
     # now served; and queries differing in range/step/grouping/matchers share the one SDS
-    for q2, step in [(q, 60_000), ("sum(increase(x_total[2h]))", 300_000), ('rate(x_total{job="j1"}[45m])', 17_000)]:
-        fast = eng.range_query(q2, tmax - 3_600_000, tmax, step)
-        raw = eng.range_query(q2, tmax - 3_600_000, tmax, step, exact=True)
+    for q2, step in [(q, 600_000), ("sum(increase(x_total[2h]))", 300_000), ('rate(x_total{job="j1"}[45m])', 0)]:
+        if step:
+            fast = eng.range_query(q2, tmax - 3_600_000, tmax, step)
+            raw = eng.range_query(q2, tmax - 3_600_000, tmax, step, exact=True)
+            fv, rv = fast.values[fast.present], raw.values[raw.present]
+        else:  # an alert/rule-style instant evaluation
+            fast = eng.instant_query(q2, tmax - 1234)
+            raw = eng.instant_query(q2, tmax - 1234, exact=True)
+            fv, rv = fast.values, raw.values
         assert fast.stats.paths[0].startswith("summary:exact-x_total"), q2
         assert raw.stats.paths == ["raw"]
-        np.testing.assert_allclose(fast.values[fast.present], raw.values[raw.present], rtol=1e-9)
+        np.testing.assert_allclose(fv, rv, rtol=1e-9)
+    # a step finer than the pane would re-read nearly all raw samples: the cost check keeps it raw
+    fine = eng.range_query(q, tmax - 3_600_000, tmax, 15_000)
+    assert fine.stats.paths == ["raw"]
     assert len(st.planner.sds) == 1
     st.query_log.flush()
     rows = st.query_log.sql("SELECT count(*), count(DISTINCT pattern), sum(CASE WHEN exact THEN 1 ELSE 0 END) FROM query_log")
-    assert rows[0][0] == 9 and rows[0][2] == 3
+    assert rows[0][0] == 10 and rows[0][2] == 3
     ex = st.planner.explain("quantile_over_time(0.9, g[1h])")
     assert ex["subtrees"][0]["path"] == "raw"
 
@@ -125,7 +134,7 @@ def test_restart_rebuilds_open_panes_from_raw(tmp_path):
     late = ~early
     feed(st.summarizer, SampleBatch(batch.series, batch.series_index[late], batch.timestamps[late], batch.values[late]))
     st.query_log.close()
-    st2 = _stack(src, data_dir=tmp_path)
+    st2 = _stack(src, {"cost_based": False}, data_dir=tmp_path)
     sds2 = st2.planner.sds[sds.id]
     assert sds2.backfill_state == "restored"
     lo, hi = sds2.coverage()

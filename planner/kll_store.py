@@ -16,6 +16,32 @@ from datasketches import kll_doubles_sketch
 DEFAULT_K = 200
 
 
+class ResultCache:
+    """LRU of final per-window answers keyed (series, window end, range, phi)."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.d: OrderedDict[tuple, float] = OrderedDict()
+        self.lock = threading.Lock()
+
+    def get(self, key: tuple) -> float | None:
+        v = self.d.get(key)
+        return v
+
+    def put(self, key: tuple, v: float) -> None:
+        with self.lock:
+            self.d[key] = v
+            if len(self.d) > self.capacity:
+                self.d.popitem(last=False)
+
+    def drop_series(self, sids: set[int]) -> None:
+        if not self.d:
+            return
+        with self.lock:
+            for k in [k for k in self.d if k[0] in sids]:
+                del self.d[k]
+
+
 def rank_error(k: int) -> float:
     """Normalized single-quantile rank error (99% confidence) of a KLL sketch with parameter k."""
     return float(kll_doubles_sketch.get_normalized_rank_error(k, False))
@@ -31,6 +57,8 @@ class KLLPaneStore:
         self._nodes: dict[tuple[int, int, int], kll_doubles_sketch | None] = {}
         self._windows: OrderedDict[tuple[int, int, int], kll_doubles_sketch | None] = OrderedDict()
         self._cache_entries = cache_entries
+        self.results = ResultCache(4 * cache_entries)
+        self._newest_pane = np.iinfo(np.int64).min
         self.ns = 0
 
     def ensure_series(self, n: int) -> None:
@@ -48,6 +76,7 @@ class KLLPaneStore:
         if not self._nodes and not self._windows:
             return
         touched = {s for s, _ in keys}
+        self.results.drop_series(touched)
         self._nodes = {k: v for k, v in self._nodes.items() if k[0] not in touched}
         for key in [k for k in self._windows if k[0] in touched]:
             del self._windows[key]
@@ -70,7 +99,16 @@ class KLLPaneStore:
                 if sk is None:
                     sk = self.panes[key] = kll_doubles_sketch(self.k)
                 sk.update(vals[a:b])
-            self._invalidate(set(keys))
+            # Cached merges/answers only cover sealed panes; live ingest touches the open panes, so
+            # only backfill or late samples (panes behind the newest one) invalidate.
+            newest = int(k.max())
+            if not live:
+                self._invalidate(set(keys))
+            else:
+                late = {key for key in keys if key[1] < self._newest_pane}
+                if late:
+                    self._invalidate(late)
+            self._newest_pane = max(self._newest_pane, newest)
             if live:
                 last = np.ones(n, bool)
                 last[:-1] = sid[1:] != sid[:-1]

@@ -20,7 +20,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from promql.errors import ExecutionError
-from promql.eval_labels import dense_ids, grouping_labels, labels_string  # noqa: F401
+from promql.eval_labels import dense_ids, grouping_labels, merge_same_labels
 from promql.types import Annotations, Scalar, StringValue, VectorSteps
 from storage.labels import METRIC_NAME, Labels
 
@@ -437,6 +437,10 @@ def go_format_float(v: float) -> str:
 
 
 def count_values(vec: VectorSteps, names: list[str], without: bool, param: Any) -> VectorSteps:
+    """One output series per (group, distinct value); the value becomes label ``param``.
+
+    Per-series Python for the grouping key, per distinct value for its Go formatting, per
+    output series for its labels; the counting itself is a bincount over (output, step)."""
     t = vec.num_steps
     if not isinstance(param, StringValue):
         raise ExecutionError("count_values needs a string parameter")
@@ -447,28 +451,35 @@ def count_values(vec: VectorSteps, names: list[str], without: bool, param: Any) 
     if len(rows) == 0:
         return VectorSteps.empty(t)
     vals = vec.values[rows, cols]
-    # unique by bit pattern so -0 / 0 and NaN payloads are grouped like Go's formatting would
-    uv, inv = np.unique(vals, return_inverse=True)
-    strs = [go_format_float(float(x)) for x in uv.tolist()]
-    # series x value-string -> output labels
-    pair = rows.astype(np.int64) * (len(uv) + 1) + inv
-    up, pinv = np.unique(pair, return_inverse=True)
-    out_keys = []
-    for code in up.tolist():
-        r, vi = divmod(code, len(uv) + 1)
-        lb = dict(vec.labels[r])
-        lb[label] = strs[vi]
-        full = tuple(sorted((k, v) for k, v in lb.items() if v != ""))
-        if without:
-            key = grouping_labels(full, names, True)
-        else:
-            key = grouping_labels(full, list(names) + [label], False)
-        out_keys.append(key)
-    oid, olabels = dense_ids(out_keys)
-    counts = np.zeros((len(olabels), t))
-    np.add.at(counts, (oid[pinv], cols), 1.0)
+    uv, vid = np.unique(vals, return_inverse=True)
+    nv = len(uv)
+    # the series' own `label` is overwritten by the value, so it never takes part in the key
+    if without:
+        base = [grouping_labels(tuple(p for p in l if p[0] != label), names, True) for l in vec.labels]
+        include_value = label not in names
+    else:
+        keep = [n for n in names if n != label]
+        base = [grouping_labels(l, keep, False) for l in vec.labels]
+        include_value = True
+    bid, bases = dense_ids(base)
+    code = bid[rows] * (nv + 1) + (vid if include_value else nv)
+    uc, oid = np.unique(code, return_inverse=True)
+    strs: dict[int, str] = {}
+    out_labels: list[Labels] = []
+    for c in uc.tolist():  # per output series
+        b_, v_ = divmod(c, nv + 1)
+        lb = list(bases[b_])  # type: ignore[arg-type]
+        if v_ < nv:
+            if v_ not in strs:
+                strs[v_] = go_format_float(float(uv[v_]))
+            lb.append((label, strs[v_]))
+        out_labels.append(tuple(sorted(lb)))
+    counts = np.bincount(oid * t + cols, minlength=len(uc) * t).reshape(len(uc), t).astype(np.float64)
     present = counts > 0
-    return VectorSteps(list(olabels), counts, present)  # type: ignore[arg-type]
+    out = VectorSteps(out_labels, counts, present)
+    if len(set(out_labels)) != len(out_labels):
+        out = merge_same_labels(out)
+    return out
 
 
 def select_k(op: str, vec: VectorSteps, names: list[str], without: bool, param: Any, ann: Annotations, pos: str) -> VectorSteps:

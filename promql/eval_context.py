@@ -37,7 +37,7 @@ class QueryBudget:
         if self.cancel is not None and self.cancel.is_set():
             raise QueryCanceled("query was canceled in expression evaluation")
         if time.monotonic() > self.deadline:
-            raise QueryTimeout(f"query timed out in expression evaluation (timeout {self.timeout_s:g}s)")
+            raise QueryTimeout("query timed out in expression evaluation")
 
     def charge(self, n: int, stats: QueryStats) -> None:
         """Account ``n`` more samples held in memory; raise when over the limit."""

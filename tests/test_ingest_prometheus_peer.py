@@ -163,7 +163,7 @@ def test_node_exporter_same_series_set_as_prometheus(tmp_path):
     assert np.all(up_vals == 1.0)
 
 
-@pytest.mark.parametrize("status", [429, 503])
+@pytest.mark.parametrize("status", [429, pytest.param(503, marks=pytest.mark.slow)])
 def test_prometheus_retries_through_overload(tmp_path, status):
     """Ingest queue of one request, held by a slow upload from this test: Prometheus's sender gets
     429/503 with Retry-After, backs off and retries; in the end every sample Prometheus scraped is

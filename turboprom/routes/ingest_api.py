@@ -17,6 +17,8 @@ Server YAML, all optional:
 from __future__ import annotations
 
 import asyncio
+import errno
+import os
 import time
 
 from aiohttp import web
@@ -106,6 +108,16 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
             return _error(overload_status, e.message, "unavailable", headers={"Retry-After": str(e.retry_after_s)})
         return _error(e.status, e.message)
 
+    def answer_storage_error(protocol: str, e: OSError) -> web.Response:
+        """Disk full (or another I/O failure) while writing the WAL: nothing of the request was
+        acknowledged or applied; 503 + Retry-After so senders back off and retry."""
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS):
+            raise e
+        metrics.REQUESTS.labels(protocol=protocol, code="503").inc()
+        metrics.REJECTED_REQUESTS.labels(reason="storage_unavailable", protocol=protocol).inc()
+        return _error(503, f"storage unavailable: {os.strerror(e.errno)}; nothing from this request was written, retry later",
+                      "unavailable", headers={"Retry-After": "5"})
+
     async def write(request: web.Request) -> web.Response:
         t0 = time.perf_counter()
         proto = _remote_write_proto(request.headers.get("Content-Type", ""))
@@ -135,6 +147,8 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
                 result = await pipeline.submit(label_batch(decoded.batch, tenant), reserved=True)
         except IngestError as e:
             return answer_error(protocol, e)
+        except OSError as e:
+            return answer_storage_error(protocol, e)
         finally:
             metrics.REQUEST_SECONDS.labels(protocol=protocol).observe(time.perf_counter() - t0)
         metrics.SAMPLES.labels(protocol=protocol).inc(result.accepted)
@@ -192,6 +206,8 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
                 result = await pipeline.submit(label_batch(batch, tenant), reserved=True)
         except IngestError as e:
             return answer_error(protocol, e)
+        except OSError as e:
+            return answer_storage_error(protocol, e)
         finally:
             metrics.REQUEST_SECONDS.labels(protocol=protocol).observe(time.perf_counter() - t0)
         metrics.SAMPLES.labels(protocol=protocol).inc(result.accepted)

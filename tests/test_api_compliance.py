@@ -45,3 +45,20 @@ def test_compliance_vs_prometheus():
     flagged = {q for q, d in failing.items() if "served from summary" in d and "error" in d.split("served from summary", 1)[1]}
     undocumented = {q: d for q, d in failing.items() if q not in _documented_queries() and q not in flagged}
     assert not undocumented, undocumented
+
+
+@pytest.mark.slow
+@pytest.mark.peer
+def test_compliance_live_remote_write_vs_prometheus():
+    """Exporters scraped by a real Prometheus that remote-writes to TurboProm (staleness markers
+    included); exact=true so that no summary answers; only documented differences remain."""
+    require_binary("prometheus")
+    mod = _load()
+    mod.TARGET_EXTRA["exact"] = "true"
+    try:
+        report = mod.run_live(120, parallel=4)
+    finally:
+        mod.TARGET_EXTRA.clear()
+    failing = {o["query"]: f"[{o['status']}] {o['detail']}" for o in report["outcomes"] if o["status"] != "passed"}
+    undocumented = {q: d for q, d in failing.items() if q not in _documented_queries()}
+    assert not undocumented, undocumented

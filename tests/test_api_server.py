@@ -326,3 +326,16 @@ def test_content_type_and_cors_like_prometheus(pair):
     b = http("OPTIONS", pair.tp.url + "/api/v1/query_range", headers={"Origin": "http://x"})
     assert a[0] == b[0] == 204
     assert b[1].get("Access-Control-Allow-Methods") == a[1].get("Access-Control-Allow-Methods")
+
+
+def test_query_exemplars_like_prometheus(pair):
+    for params in ({"query": "http_requests_total", "start": "1700000000", "end": "1700000600"},
+                   {"query": "rate(http_requests_total[5m]) / on() group_left sum(up)"},
+                   {"query": "test", "start": "1712345678000", "end": "1712347478000"},  # Grafana's probe, ms
+                   {"query": "1 + 1"}):  # no selector: 204 No Content
+        (sa, ba), (sb, bb) = both(pair, "GET", "/api/v1/query_exemplars", params)
+        assert sa == sb, params
+        assert bb == ba, params
+    (sa, ba), (sb, bb) = both(pair, "GET", "/api/v1/query_exemplars", {"query": "up", "start": "10", "end": "5"})
+    assert sa == sb == 400
+    assert orjson.loads(bb) == orjson.loads(ba)

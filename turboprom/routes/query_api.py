@@ -187,9 +187,11 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
             raise APIError("bad_data", "end timestamp must not be before start timestamp")
         q = params.get("query")
         try:
-            parse_promql(q)
+            expr = parse_promql(q)
         except ValueError as e:
             raise APIError("bad_data", str(e)) from None
+        if not _has_selector(expr):
+            return web.Response(status=204)  # Prometheus: nothing to select, no content
         # No exemplar storage: every selector has no exemplars (a well-formed empty answer).
         return ok([])
 
@@ -198,6 +200,19 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
     add_get_post(app, "/api/v1/format_query", format_query)
     add_get_post(app, "/api/v1/parse_query", parse_query)
     add_get_post(app, "/api/v1/query_exemplars", query_exemplars)
+
+
+def _has_selector(node: Any) -> bool:
+    kind = type(node).__name__
+    if kind in ("VectorSelector", "MatrixSelector"):
+        return True
+    children = []
+    for attr in ("expr", "lhs", "rhs", "param"):
+        child = getattr(node, attr, None)
+        if child is not None and not isinstance(child, (str, int, float)):
+            children.append(child)
+    children.extend(getattr(node, "args", None) or [])
+    return any(_has_selector(c) for c in children)
 
 
 def _lookback(params: Params) -> int | None:

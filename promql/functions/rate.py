@@ -22,55 +22,69 @@ _COUNTER_SUFFIXES = ("_total", "_sum", "_count", "_bucket")
 
 
 def _extrapolated(ctx: FunctionContext, rw: RangeWindows, is_counter: bool, is_rate: bool) -> VectorSteps:
-    first, last, n = window_first_last(rw)
+    """Prometheus's extrapolatedRate for every window at once (in-place arithmetic on (S, T)
+    arrays: this is the hottest function of dashboard queries)."""
     ts = np.asarray(rw.ts, dtype=np.int64)
     vals = np.asarray(rw.vals, dtype=np.float64)
+    lo = np.asarray(rw.lo, dtype=np.int64)
+    hi = np.asarray(rw.hi, dtype=np.int64)
+    n = hi - lo
     present = n >= 2
-    if not len(vals):
+    if not len(vals) or not present.any():
         return window_vector(rw, np.zeros(n.shape), np.zeros(n.shape, dtype=bool))
+    top = len(vals) - 1
+    first = np.minimum(lo, top)
+    last = hi - 1
+    np.clip(last, 0, top, out=last)
     with np.errstate(all="ignore"):
         v_first = vals[first]
-        v_last = vals[last]
-        result = v_last - v_first
+        result = vals[last]
+        result -= v_first
         if is_counter:
             # Counter resets inside the window: each drop adds the value before it (the counter
             # is assumed to have restarted from zero).
             prev, same = pairwise_prev(rw)
             is_reset = same & (vals < prev)
-            has_reset = (window_count_of(is_reset, rw.lo, rw.hi) > 0) & present
-            if has_reset.any():
-                # Exact per-window sums (reduceat) only for the windows that contain a reset.
-                reset_add = np.append(np.where(is_reset, prev, 0.0), 0.0)
-                sel = np.flatnonzero(has_reset.reshape(-1))
-                a = first.reshape(-1)[sel] + 1
-                b = last.reshape(-1)[sel] + 1
-                bounds = np.empty(2 * len(sel), dtype=np.int64)
-                bounds[0::2] = a
-                bounds[1::2] = b
-                sums = np.add.reduceat(reset_add, bounds)[0::2]
-                corr = np.zeros(n.size)
-                corr[sel] = sums
-                result = result + corr.reshape(n.shape)
+            if is_reset.any():
+                has_reset = (window_count_of(is_reset, lo, hi) > 0) & present
+                if has_reset.any():
+                    # Exact per-window sums (reduceat) only for the windows that contain a reset.
+                    reset_add = np.append(np.where(is_reset, prev, 0.0), 0.0)
+                    sel = np.flatnonzero(has_reset.reshape(-1))
+                    bounds = np.empty(2 * len(sel), dtype=np.int64)
+                    bounds[0::2] = first.reshape(-1)[sel] + 1
+                    bounds[1::2] = last.reshape(-1)[sel] + 1
+                    result.reshape(-1)[sel] += np.add.reduceat(reset_add, bounds)[0::2]
         t_first = ts[first]
         t_last = ts[last]
         range_end = np.asarray(rw.window_end, dtype=np.int64)[None, :]
-        range_start = range_end - rw.range_ms
-        dur_start = (t_first - range_start) / 1000.0
-        dur_end = (range_end - t_last) / 1000.0
-        sampled = (t_last - t_first) / 1000.0
-        nm1 = np.maximum(n - 1, 1).astype(np.float64)
-        avg = sampled / nm1
-        threshold = avg * 1.1
-        dur_start = np.where(dur_start >= threshold, avg / 2, dur_start)
+        # durations in seconds
+        sampled = (t_last - t_first).astype(np.float64)
+        sampled /= 1000.0
+        dur_start = (t_first - (range_end - rw.range_ms)).astype(np.float64)
+        dur_start /= 1000.0
+        dur_end = (range_end - t_last).astype(np.float64)
+        dur_end /= 1000.0
+        half = np.maximum(n - 1, 1).astype(np.float64)
+        np.divide(sampled, half, out=half)  # average interval between samples
+        threshold = half * 1.1
+        half *= 0.5
+        np.copyto(dur_start, half, where=dur_start >= threshold)
         if is_counter:
-            ok = (result > 0) & (v_first >= 0)
-            dur_zero = np.where(ok, sampled * (v_first / np.where(result == 0, 1.0, result)), dur_start)
-            dur_start = np.where(dur_zero < dur_start, dur_zero, dur_start)
-        dur_end = np.where(dur_end >= threshold, avg / 2, dur_end)
-        factor = np.where(sampled != 0, (sampled + dur_start + dur_end) / np.where(sampled == 0, 1.0, sampled), 1.0)
+            # Counters cannot go below zero: stop the extrapolation at the zero point.
+            dur_zero = v_first / result
+            dur_zero *= sampled
+            clamp = (result > 0) & (v_first >= 0) & (dur_zero < dur_start)
+            np.copyto(dur_start, dur_zero, where=clamp)
+        np.copyto(dur_end, half, where=dur_end >= threshold)
+        dur_start += sampled
+        dur_start += dur_end
+        factor = dur_start
+        np.divide(factor, sampled, out=factor, where=sampled != 0)
+        factor[sampled == 0] = 1.0
         if is_rate:
-            factor = factor / (rw.range_ms / 1000.0)
-        result = result * factor
+            factor /= rw.range_ms / 1000.0
+        result *= factor
     out = window_vector(rw, result, present)
     if is_counter:
         _possible_non_counter(ctx, out)

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import promql_parser as pp
 
-from promql.errors import BadData
+from promql.errors import BadData, TooManySamples
 from promql.eval_context import EvalContext
 from promql.types import RangeWindows, VectorSteps
 from storage.labels import METRIC_NAME
@@ -221,6 +221,13 @@ def window_index(offsets: np.ndarray, ts: np.ndarray, times: np.ndarray) -> np.n
     return np.cumsum(cells[:, :t], axis=1)
 
 
+def _guard_cells(ctx: EvalContext, s: int, t: int) -> None:
+    """Dense (S, T) results cost ~17 bytes per cell: refuse before allocating when even a
+    quarter of the cells would exceed the sample limit."""
+    if s * t > 4 * ctx.budget.max_samples:
+        raise TooManySamples()
+
+
 def eval_vector_selector(ctx: EvalContext, vs: Any) -> VectorSteps:
     e = effective_times(vs, ctx)
     lb = ctx.lookback_delta_ms
@@ -229,6 +236,7 @@ def eval_vector_selector(ctx: EvalContext, vs: Any) -> VectorSteps:
     s = len(ss.labels)
     if s == 0:
         return VectorSteps.empty(t)
+    _guard_cells(ctx, s, t)
     if ss.num_samples == 0:
         return VectorSteps.empty(t)
     hi = window_index(ss.offsets, ss.timestamps, e)
@@ -262,6 +270,7 @@ def eval_matrix_selector(ctx: EvalContext, ms: Any) -> RangeWindows:
 def windows_from_series(ctx: EvalContext, ss: SeriesSet, e: np.ndarray, rng: int, drop_name: np.ndarray | None = None) -> RangeWindows:
     """RangeWindows over a CSR selection for window ends ``e`` and range ``rng`` (stale markers
     removed)."""
+    _guard_cells(ctx, len(ss.labels), len(e))
     ts, vals, off = ss.timestamps, ss.values, ss.offsets
     stale = is_stale(vals)
     if stale.any():

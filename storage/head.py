@@ -76,8 +76,11 @@ class Head:
     # --- write path ---------------------------------------------------------------------------
 
     def prepare(self, sid: np.ndarray, ts: np.ndarray, val: np.ndarray, *, now_ms: int, future_tolerance_ms: int,
-                ooo_window_ms: int, min_valid_time: int) -> Prepared:
-        """Validate a batch (caller holds the write lock). Does not modify the head."""
+                ooo_window_ms: int, min_valid_time: int, lookup_persisted=None) -> Prepared:
+        """Validate a batch (caller holds the write lock). Does not modify the head.
+
+        ``lookup_persisted(sid, ts) -> (index or -1, value bits)`` finds samples in blocks; it is
+        only asked about samples older than ``min_valid_time`` (the persisted range)."""
         n = len(ts)
         rejected: dict[str, int] = {}
         examples: list[tuple[str, int, int]] = []
@@ -113,38 +116,47 @@ class Head:
                 keep = ~same
                 s, t, v, bits, order = s[keep], t[keep], v[keep], bits[keep], order[keep]
         prev = self.last_ts[s]
-        accept = t > prev
+        # Fast path: newer than the series' newest sample and than everything persisted.
+        accept = (t > prev) & (t >= min_valid_time)
         eq = t == prev
         if eq.any():
             dup = eq & (bits == self.last_bits[s])
             duplicates += int(dup.sum())
             reject(R_DUP_TS, eq & ~dup, order)
-        # Like Prometheus, the out-of-order window is measured back from the newest sample in the head.
-        ooo_min = (self.maxt - ooo_window_ms) if self.maxt != INT64_MIN else INT64_MIN
-        # In-order for the series but older than what the head may still take (already in blocks).
-        old = accept & (t < min_valid_time)
-        if old.any():
-            ok_ooo = old & (t >= ooo_min) if ooo_window_ms > 0 else np.zeros_like(old)
-            reject(R_TOO_OLD, old & ~ok_ooo, order)
-            accept &= ~(old & ~ok_ooo)
-        lt = t < prev
-        if lt.any():
-            cand = np.flatnonzero(lt)
-            found, found_bits = self._lookup(s[cand], t[cand])
+        slow = ~accept & ~eq
+        if slow.any():
+            # Older than the series' newest sample or than the persisted range: an exact
+            # duplicate anywhere (head or blocks) is idempotent, a different value at an existing
+            # timestamp a conflict; otherwise the out-of-order window decides.
+            cand = np.flatnonzero(slow)
+            cs, ct = s[cand], t[cand]
+            found, found_bits = self._lookup(cs, ct)
             hit = found >= 0
-            if hit.any():
-                same_bits = np.zeros(len(cand), dtype=bool)
-                same_bits[hit] = found_bits[found[hit]] == bits[cand[hit]]
-                duplicates += int((hit & same_bits).sum())
-                reject(R_DUP_TS, cand[hit & ~same_bits], order)
+            same = np.zeros(len(cand), dtype=bool)
+            same[hit] = found_bits[found[hit]] == bits[cand[hit]]
+            if lookup_persisted is not None:
+                old = ~hit & (ct < min_valid_time)
+                if old.any():
+                    pf, pbits = lookup_persisted(cs[old], ct[old])
+                    phit = pf >= 0
+                    if phit.any():
+                        oi = np.flatnonzero(old)
+                        hit[oi[phit]] = True
+                        same[oi[phit]] = pbits[pf[phit]] == bits[cand[oi[phit]]]
+            duplicates += int((hit & same).sum())
+            reject(R_DUP_TS, cand[hit & ~same], order)
             miss = cand[~hit]
             if len(miss):
-                if ooo_window_ms > 0:
-                    ok = t[miss] >= ooo_min
-                    accept[miss[ok]] = True
-                    reject(R_TOO_OLD, miss[~ok], order)
-                else:
-                    reject(R_OOO, miss, order)
+                # Like Prometheus, the window is measured back from the newest sample in the head.
+                ooo_min = (self.maxt - ooo_window_ms) if self.maxt != INT64_MIN else INT64_MIN
+                tm = t[miss]
+                ok = (tm >= ooo_min) if ooo_window_ms > 0 else np.zeros(len(miss), dtype=bool)
+                accept[miss[ok]] = True
+                bad = miss[~ok]
+                if len(bad):
+                    ooo = (t[bad] < prev[bad]) & (ooo_window_ms == 0)
+                    reject(R_OOO, bad[ooo], order)
+                    reject(R_TOO_OLD, bad[~ooo], order)
         return Prepared(s[accept], t[accept], v[accept], duplicates, rejected, examples)
 
     def _lookup(self, sid: np.ndarray, ts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

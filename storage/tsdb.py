@@ -84,7 +84,7 @@ class TSDB:
             sid = ids[batch.series_index]
             prep = self.head.prepare(sid, batch.timestamps, batch.values, now_ms=int(time.time() * 1000),
                                      future_tolerance_ms=opts.future_tolerance_ms, ooo_window_ms=opts.out_of_order_window_ms,
-                                     min_valid_time=self.min_valid_time)
+                                     min_valid_time=self.min_valid_time, lookup_persisted=self._lookup_persisted)
             if created:
                 M.SERIES_CREATED.inc(len(created))
             seq = 0
@@ -142,6 +142,21 @@ class TSDB:
         if not parts:
             return SeriesSet.empty()
         return self._to_series_set(*merge_sorted_parts(parts))
+
+    def _lookup_persisted(self, sid: np.ndarray, ts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Samples (sid, ts), sorted by sid then ts, looked up in the blocks: index into the returned
+        value bits, or -1. Only for samples older than the persisted range (rare: backfill, retries)."""
+        u = unique(sid, is_sorted=True)
+        lo, hi = int(ts.min()), int(ts.max())
+        for attempt in range(5):
+            try:
+                parts = [b.gather(u, lo, hi) for b in self._blocks_snapshot() if b.maxt >= lo and b.mint <= hi]
+                break
+            except BlockGone:  # a compaction replaced a block: look again in the new block list
+                if attempt == 4:
+                    raise
+        bs, bt, bv = merge_sorted_parts(parts)
+        return find_keys(sid, ts, bs, bt), bv.view(np.uint64)
 
     def _to_series_set(self, s: np.ndarray, t: np.ndarray, v: np.ndarray) -> SeriesSet:
         u, starts, ends = group_bounds(s)

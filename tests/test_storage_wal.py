@@ -107,9 +107,12 @@ def test_restart_with_blocks_and_wal_and_checkpoint(tmp_path):
             assert t.tolist() == ts.tolist() and v.tolist() == vals[s].tolist()
         # appends continue in order after the restart; older-than-blocks samples are refused
         new = make_labels({"__name__": "r", "i": "new"})
-        r = db.append(SampleBatch.from_series([(series[0], [int(ts[-1]) + 15_000], [1.0]), (series[1], [int(T0)], [5.0]),
-                                               (new, [int(T0)], [5.0])]))
-        assert r.accepted == 1 and r.rejected == {"out_of_order": 1, "too_old": 1}
+        r = db.append(SampleBatch.from_series([(series[0], [int(ts[-1]) + 15_000], [1.0]), (series[1], [int(T0) + 7], [5.0]),
+                                               (new, [int(T0)], [5.0]), (series[2], [int(T0)], [5.0]),
+                                               (series[3], [int(T0)], [float(vals[series[3]][0])])]))
+        # a retried persisted sample is an idempotent duplicate; a different value there a conflict
+        assert r.accepted == 1 and r.duplicates == 1
+        assert r.rejected == {"out_of_order": 1, "too_old": 1, "duplicate_timestamp": 1}
 
 
 @pytest.mark.parametrize("mode", ["always", "batch", "never"])

@@ -19,3 +19,5 @@ def reject(protocol: str, reason: str, n: int) -> None:
     if n > 0:
         REJECTED.labels(reason=reason, protocol=protocol).inc(n)
 REJECTED_REQUESTS = Counter("turboprom_ingest_rejected_requests", "Ingest requests refused, by reason and protocol", ["reason", "protocol"])
+SINK_SKIPPED = Counter("turboprom_ingest_sink_skipped_batches",
+                       "Batches not given to sinks because storage rejected or deduplicated part of them without saying which")

@@ -30,12 +30,15 @@ class Sink(Protocol):
 
 def accepted_part(batch: SampleBatch, result: AppendResult) -> SampleBatch | None:
     """The samples storage took. Needs ``result.accepted_mask`` (bool per sample) when some were
-    rejected; without it a partially rejected batch cannot be split and sinks skip it."""
+    rejected or were duplicates; without it such a batch cannot be split and sinks skip it."""
     if result.rejected_total == 0 and not result.duplicates:
         return batch
     mask = getattr(result, "accepted_mask", None)
     if mask is None:
-        return batch if result.rejected_total == 0 else None
+        # Without a per-sample answer we cannot tell which samples were taken: a sink must not
+        # count re-sent duplicates twice, so the batch is skipped (and counted).
+        metrics.SINK_SKIPPED.inc()
+        return None
     mask = np.asarray(mask, bool)
     if mask.all():
         return batch

@@ -33,6 +33,16 @@ def parse_duration_ms(text: Any) -> int:
     return total
 
 
+def parse_size(text: Any) -> int:
+    """Prometheus byte sizes: 0, 1024, '10MB', '512KiB', '1GB' (binary units, as Prometheus uses)."""
+    if isinstance(text, (int, float)):
+        return int(text)
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGTPE]?)(i?B)?\s*", str(text), re.I)
+    if not m:
+        raise ScrapeConfigError(f"not a valid size: {text!r}")
+    return int(float(m.group(1)) * 1024 ** " KMGTPE".index((m.group(2) or " ").upper()))
+
+
 def format_duration(ms: int) -> str:
     if ms == 0:
         return "0s"
@@ -107,5 +117,5 @@ def parse_scrape_configs(raw: dict[str, Any]) -> list[ScrapeConfig]:
             raise ScrapeConfigError(f"job {job!r}: {e}") from None
         out.append(ScrapeConfig(job, interval, timeout, str(d.get("metrics_path", "/metrics")), scheme, params,
                                 bool(d.get("honor_labels", False)), bool(d.get("honor_timestamps", True)),
-                                static, fsd, rc, mrc, int(d.get("body_size_limit", 0) or 0), int(d.get("sample_limit", 0) or 0)))
+                                static, fsd, rc, mrc, parse_size(d.get("body_size_limit", 0) or 0), int(d.get("sample_limit", 0) or 0)))
     return out

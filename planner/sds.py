@@ -141,6 +141,7 @@ class SDSStats:
     created: float = field(default_factory=time.time)
     ingest_cpu_s: float = 0.0
     ingested_samples: int = 0
+    late_dropped: int = 0  # live samples not newer than the series' last one (out of order / concurrent)
 
 
 class SDS:
@@ -213,6 +214,7 @@ class SDS:
             "raw_edge_samples": self.stats.raw_edge_samples,
             "ingest_cpu_seconds": round(self.stats.ingest_cpu_s, 6),
             "ingested_samples": self.stats.ingested_samples,
+            "late_dropped": self.stats.late_dropped,
         }
 
 

@@ -101,6 +101,7 @@ class Summarizer:
             sds.store.ingest_sorted(sid[ok], ts[ok], vals[ok], live=True)
         sds.stats.ingest_cpu_s += time.thread_time() - t0
         sds.stats.ingested_samples += int(ok.sum())
+        sds.stats.late_dropped += int(len(ok) - ok.sum())
 
     # --- adoption & backfill -----------------------------------------------------------------
     def start_live(self, sds: SDS, live_from_ts: int | None = None) -> None:

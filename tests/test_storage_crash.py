@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from storage.matchers import Matcher
 from storage.options import StorageOptions
@@ -64,9 +65,18 @@ def read_acks(path: Path) -> list[int]:
 
 
 def test_sigkill_cycles_lose_no_acknowledged_sample(tmp_path):
+    run_cycles(tmp_path, cycles=6, seed=12345)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_sigkill_many_cycles(tmp_path, seed):
+    run_cycles(tmp_path, cycles=25, seed=seed)
+
+
+def run_cycles(tmp_path: Path, cycles: int, seed: int) -> None:
     data, acks = tmp_path / "data", tmp_path / "acks"
-    rng = random.Random(12345)
-    cycles = 6
+    rng = random.Random(seed)
     for cycle in range(cycles):
         fsync = ("always", "batch", "never")[cycle % 3]
         code = (f"import sys; sys.path.insert(0, {str(REPO)!r}); from tests.test_storage_crash import worker; "

@@ -42,38 +42,55 @@ def walk(tss: list[bytes]) -> Walk | None:
     sid, pos, end = sid[act], pos[act], end[act]
     while len(pos):
         tag = buf[pos]
-        length = np.zeros(len(pos), np.int64)
-        nb = np.zeros(len(pos), np.int64)
-        done = np.zeros(len(pos), bool)
-        for j in range(5):  # varint length (<= 5 bytes for 32-bit lengths)
-            b = buf[pos + 1 + j]
-            m = ~done
-            length[m] |= (b[m].astype(np.int64) & 0x7F) << (7 * j)
-            nb[m] += 1
-            done |= b < 0x80
-            if done.all():
-                break
-        if not done.all():
-            return None
-        payload = pos + 1 + nb
-        nxt = payload + length
+        b1 = buf[pos + 1]
+        if (b1 < 0x80).all():  # one-byte lengths (fields under 128 bytes): the common case
+            length = b1.astype(np.int64)
+            nxt = pos + 2 + length
+            payload = pos + 2
+        else:
+            length = np.zeros(len(pos), np.int64)
+            nb = np.zeros(len(pos), np.int64)
+            done = np.zeros(len(pos), bool)
+            for j in range(5):  # varint length (<= 5 bytes for 32-bit lengths)
+                b = buf[pos + 1 + j]
+                m = ~done
+                length[m] |= (b[m].astype(np.int64) & 0x7F) << (7 * j)
+                nb[m] += 1
+                done |= b < 0x80
+                if done.all():
+                    break
+            if not done.all():
+                return None
+            payload = pos + 1 + nb
+            nxt = payload + length
         if (nxt > end).any():
             return None
         is_label = tag == TAG_LABEL
-        is_sample = tag == TAG_SAMPLE
-        if not (is_label | is_sample | (tag == TAG_EXEMPLAR) | (tag == TAG_HISTOGRAM)).all():
-            return None
-        # labels must come first: a label field after any other field -> slow path
-        if (is_label & ~in_labels[sid]).any():
-            return None
-        in_labels[sid[~is_label]] = False
-        label_end[sid[is_label]] = nxt[is_label]
-        if is_sample.any():
-            s_off.append(payload[is_sample])
-            s_len.append(length[is_sample])
-            s_sid.append(sid[is_sample])
-        n_ex += int((tag == TAG_EXEMPLAR).sum())
-        n_h += int((tag == TAG_HISTOGRAM).sum())
+        if is_label.all():
+            if not in_labels[sid].all():  # labels must come first
+                return None
+            label_end[sid] = nxt
+        else:
+            is_sample = tag == TAG_SAMPLE
+            is_ex = tag == TAG_EXEMPLAR
+            is_h = tag == TAG_HISTOGRAM
+            if not (is_label | is_sample | is_ex | is_h).all():
+                return None
+            if is_label.any():
+                if (is_label & ~in_labels[sid]).any():
+                    return None
+                label_end[sid[is_label]] = nxt[is_label]
+            in_labels[sid[~is_label]] = False
+            if is_sample.all():
+                s_off.append(payload)
+                s_len.append(length)
+                s_sid.append(sid)
+            elif is_sample.any():
+                s_off.append(payload[is_sample])
+                s_len.append(length[is_sample])
+                s_sid.append(sid[is_sample])
+            n_ex += int(is_ex.sum())
+            n_h += int(is_h.sum())
         pos = nxt
         act = pos < end
         if not act.all():

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from storage.columns import (EMPTY_F64, EMPTY_I64, INT64_MAX, INT64_MIN, dedupe_sorted, find_keys, merge_sorted_parts, group_bounds, grow,
-                             order_by_series_time, ranges_index, sort_by_series_time, take_ranges, unique)
+from storage.columns import (INT64_MAX, INT64_MIN, dedupe_sorted, find_keys, group_bounds, grow, merge_sorted_parts,
+                             order_by_series_time, sort_by_series_time, take_ranges, unique)
 
 R_FUTURE = "too_far_in_future"
 R_OOO = "out_of_order"

@@ -70,6 +70,9 @@ def build_context(config: ServerConfig) -> ServerContext:
         return PlannedEngine(raw, lambda node, ectx: None, query_log=ctx.components.get("query_log"), planner=None)
 
     ctx.components["tenant_engines"] = TenantEngines(storage, tenant_engine)
+    from turboprom.limits import Limits
+
+    ctx.components["limits"] = Limits.from_config(config.raw.get("limits"))
     restrict_sinks(ctx.components.get("ingest"))  # summaries and congestion signals: default tenant only
     # --- lead: KedgeFlow control plane (grants, ledger, gateway, audit) ---
     from turboprom.kedgeflow_wiring import build_kedgeflow

@@ -106,7 +106,14 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
         metrics.REJECTED_REQUESTS.labels(reason=e.reason, protocol=protocol).inc()
         if isinstance(e, Overloaded):
             return _error(overload_status, e.message, "unavailable", headers={"Retry-After": str(e.retry_after_s)})
+        if e.status == 429:  # a tenant limit: retry later
+            return _error(429, e.message, "unavailable", headers={"Retry-After": "1"})
         return _error(e.status, e.message)
+
+    def limited(batch, tenant: str):
+        """Input and per-tenant limits (turboprom.limits) before anything is written."""
+        lim = ctx.components.get("limits")
+        return lim.check_batch(batch, tenant) if lim is not None else batch
 
     def answer_storage_error(protocol: str, e: OSError) -> web.Response:
         """Disk full (or another I/O failure) while writing the WAL: nothing of the request was
@@ -144,7 +151,7 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
                     return decoder.decode_v2(raw) if proto == V2 else decoder.decode_v1(raw)
 
                 decoded = await loop.run_in_executor(ctx.executor, decode)
-                result = await pipeline.submit(label_batch(decoded.batch, tenant), reserved=True)
+                result = await pipeline.submit(limited(label_batch(decoded.batch, tenant), tenant), reserved=True)
         except IngestError as e:
             return answer_error(protocol, e)
         except OSError as e:
@@ -203,7 +210,7 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
                     return importer.to_batch(data, default_ts_ms=default_ts, extra_labels=extra, openmetrics=openmetrics)
 
                 batch = await loop.run_in_executor(ctx.executor, decode)
-                result = await pipeline.submit(label_batch(batch, tenant), reserved=True)
+                result = await pipeline.submit(limited(label_batch(batch, tenant), tenant), reserved=True)
         except IngestError as e:
             return answer_error(protocol, e)
         except OSError as e:

@@ -51,6 +51,38 @@ def _pick_engine(ctx: ServerContext, exact: bool, tenant: str = DEFAULT_TENANT) 
     return engine
 
 
+def _check_limits(ctx: ServerContext, q: str, tenant: str) -> Any:
+    """Query length limit (400); returns the limits object (or None) for samples and concurrency."""
+    limits = ctx.components.get("limits")
+    if limits is not None:
+        from turboprom.limits import LimitExceeded
+
+        try:
+            limits.check_query(q, tenant)
+        except LimitExceeded as e:
+            raise APIError("bad_data", str(e), e.status) from None
+    return limits
+
+
+def _max_samples(limits: Any, tenant: str) -> dict[str, int]:
+    v = limits.max_samples(tenant) if limits is not None else None
+    return {"max_samples": v} if v else {}
+
+
+async def _limited_evaluate(limits: Any, tenant: str, request: web.Request, ctx: ServerContext, params: Params,
+                            timeout_s: float, run: Any) -> web.Response:
+    """Per-tenant concurrent-query limit around evaluation (429 when exceeded)."""
+    if limits is None:
+        return await _evaluate(request, ctx, params, timeout_s, run)
+    from turboprom.limits import LimitExceeded
+
+    try:
+        async with limits.query_slot(tenant):
+            return await _evaluate(request, ctx, params, timeout_s, run)
+    except LimitExceeded as e:
+        raise APIError("unavailable", str(e), e.status) from None
+
+
 def _call(method: Any, *args: Any, exact: bool, **kwargs: Any) -> QueryResult:
     try:
         params = inspect.signature(method).parameters
@@ -118,11 +150,13 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
         engine = _pick_engine(ctx, exact, tenant)
         timeout_s = _effective_timeout(ctx, timeout)
 
+        limits = _check_limits(ctx, q, tenant)
+
         def run(cancel: threading.Event, remaining: float) -> QueryResult:
             return _call(engine.instant_query, q, t, exact=exact, lookback_delta_ms=lookback, timeout_s=remaining, cancel=cancel,
-                         tenant=tenant)
+                         tenant=tenant, **_max_samples(limits, tenant))
 
-        return await _evaluate(request, ctx, params, timeout_s, run)
+        return await _limited_evaluate(limits, tenant, request, ctx, params, timeout_s, run)
 
     @api_handler
     async def query_range(request: web.Request, params: Params) -> web.Response:
@@ -153,11 +187,13 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
         engine = _pick_engine(ctx, exact, tenant)
         timeout_s = _effective_timeout(ctx, timeout)
 
+        limits = _check_limits(ctx, q, tenant)
+
         def run(cancel: threading.Event, remaining: float) -> QueryResult:
             return _call(engine.range_query, q, start, end, step, exact=exact, lookback_delta_ms=lookback, timeout_s=remaining,
-                         cancel=cancel, tenant=tenant)
+                         cancel=cancel, tenant=tenant, **_max_samples(limits, tenant))
 
-        return await _evaluate(request, ctx, params, timeout_s, run)
+        return await _limited_evaluate(limits, tenant, request, ctx, params, timeout_s, run)
 
     @api_handler
     async def format_query(request: web.Request, params: Params) -> web.Response:

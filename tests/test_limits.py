@@ -1,0 +1,81 @@
+"""Input limits and per-tenant limits against the real server (config `limits:` section)."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+from tests.helpers import ServerProcess
+
+CFG = """
+limits:
+  max_labels_per_series: 6
+  max_label_value_length: 40
+  max_query_length: 200
+  tenants:
+    slow-writer: {ingestion_rate_samples_per_second: 100}
+    small: {max_active_series: 3, max_samples_per_query: 50}
+    one-at-a-time: {max_concurrent_queries: 1}
+"""
+
+
+def _req(url: str, tenant: str | None = None, data: bytes | None = None) -> tuple[int, dict, dict]:
+    h = {"X-Scope-OrgID": tenant} if tenant else {}
+    r = urllib.request.Request(url, data=data, headers=h, method="POST" if data is not None else "GET")
+    try:
+        with urllib.request.urlopen(r, timeout=60) as resp:
+            raw = resp.read()
+            return resp.status, (json.loads(raw) if raw else {}), dict(resp.headers)
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}"), dict(e.headers)
+
+
+def test_input_and_tenant_limits(tmp_path: Path) -> None:
+    cfg = tmp_path / "cfg.yml"
+    cfg.write_text(CFG)
+    with ServerProcess(tmp_path / "data", ["--config", str(cfg)]) as srv:
+        imp = srv.url + "/api/v1/import/prometheus"
+        st, b, _ = _req(imp, None, b'm{a="1",b="2",c="3",d="4",e="5",f="6",g="7"} 1\n')
+        assert st == 400 and "max_labels_per_series" in b["error"]
+        st, b, _ = _req(imp, None, ('m{a="' + "x" * 41 + '"} 1\n').encode())
+        assert st == 400 and "max_label_value_length" in b["error"]
+        st, b, _ = _req(srv.url + "/api/v1/query?" + urllib.parse.urlencode({"query": "1" + "+1" * 150}))
+        assert st == 400 and "max_query_length" in b["error"]
+        # Rate limit: a 100 samples/s tenant (burst 200) gets 429 + Retry-After past the burst.
+        body = "".join(f'r{{k="{i}"}} 1\n' for i in range(150)).encode()
+        codes = [_req(imp, "slow-writer", body) for _ in range(3)]
+        assert codes[0][0] == 204 and codes[-1][0] == 429 and codes[-1][2].get("Retry-After")
+        assert "ingestion rate limit" in codes[-1][1]["error"]
+        # Active series limit.
+        now = int(time.time())
+        lines = "".join(f's{{k="1"}} {i} {(now - 3000 + i * 10) * 1000}\n' for i in range(100)).encode()
+        assert _req(imp, "small", lines)[0] == 204
+        assert _req(imp, "small", b's{k="1"} 1\ns{k="2"} 1\n')[0] == 204
+        st, b, _ = _req(imp, "small", b's{k="3"} 1\ns{k="4"} 1\n')
+        assert st == 429 and "active series" in b["error"]
+        assert _req(imp, "small", b's{k="1"} 2\n')[0] == 204  # known series still accepted
+        # Samples per query.
+        st, b, _ = _req(srv.url + "/api/v1/query?" + urllib.parse.urlencode({"query": 'count_over_time(s{k="1"}[1h])', "time": now}), "small")
+        assert st == 422 and "too many samples" in b["error"]
+        # Other tenants are not affected by these per-tenant limits.
+        assert _req(imp, "someone-else", body)[0] == 204
+        # Concurrent queries: one at a time for this tenant.
+        many = "".join(f'c{{k="{i}"}} {j} {(now - 3600 + j * 15) * 1000}\n' for i in range(300) for j in range(240)).encode()
+        assert _req(imp, "one-at-a-time", many)[0] == 204
+        q = srv.url + "/api/v1/query_range?" + urllib.parse.urlencode(
+            {"query": "quantile_over_time(0.9, c[30m])", "start": now - 3600, "end": now, "step": 15})
+        results: list[int] = []
+
+        def go() -> None:
+            results.append(_req(q, "one-at-a-time")[0])
+
+        ts = [threading.Thread(target=go) for _ in range(4)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(120)
+        assert 200 in results and 429 in results, results

@@ -1,0 +1,155 @@
+"""Per-tenant limits and input limits, from the ``limits:`` section of the server config:
+
+    limits:
+      max_labels_per_series: 40          # input limits (all tenants)
+      max_label_name_length: 1024
+      max_label_value_length: 2048
+      max_query_length: 16384            # characters of PromQL
+      ingestion_rate_samples_per_second: 0   # per tenant; 0 = unlimited (token bucket, burst = 2 s)
+      max_active_series: 0               # per tenant; series seen since start; 0 = unlimited
+      max_samples_per_query: 0           # per tenant; 0 = the engine's --query.max-samples
+      max_concurrent_queries: 0          # per tenant; 0 = unlimited
+      tenants:                           # per-tenant overrides of the per-tenant settings
+        team-a: {ingestion_rate_samples_per_second: 50000, max_active_series: 200000}
+
+Refusals name the limit and the offending value. Ingest over a rate or series limit gets 429 with
+Retry-After (the sender retries later); a series breaking an input limit gets 400 (retrying is useless).
+"""
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, fields, replace
+from typing import Any, AsyncIterator
+
+from ingest.errors import IngestError
+from storage.batch import SampleBatch
+from storage.labels import format_labels
+
+PER_TENANT = ("ingestion_rate_samples_per_second", "max_active_series", "max_samples_per_query", "max_concurrent_queries")
+
+
+@dataclass(frozen=True)
+class LimitValues:
+    max_labels_per_series: int = 40
+    max_label_name_length: int = 1024
+    max_label_value_length: int = 2048
+    max_query_length: int = 16384
+    ingestion_rate_samples_per_second: float = 0.0
+    max_active_series: int = 0
+    max_samples_per_query: int = 0
+    max_concurrent_queries: int = 0
+
+
+class LimitExceeded(Exception):
+    def __init__(self, message: str, status: int = 429, retry_after_s: int = 1):
+        super().__init__(message)
+        self.status = status
+        self.retry_after_s = retry_after_s
+
+
+class _Bucket:
+    def __init__(self, rate: float):
+        self.rate, self.capacity = rate, rate * 2.0
+        self.tokens, self.t = self.capacity, time.monotonic()
+
+    def take(self, n: float) -> float:
+        """Take n tokens; returns 0 if granted, else seconds until they would be available."""
+        now = time.monotonic()
+        self.tokens = min(self.capacity, self.tokens + (now - self.t) * self.rate)
+        self.t = now
+        if n <= self.tokens or (n > self.capacity and self.tokens >= self.capacity):
+            self.tokens -= n  # a batch bigger than the burst passes when the bucket is full
+            return 0.0
+        return (n - self.tokens) / self.rate
+
+
+class Limits:
+    def __init__(self, base: LimitValues | None = None, overrides: dict[str, LimitValues] | None = None):
+        self.base = base or LimitValues()
+        self.overrides = overrides or {}
+        self._lock = threading.Lock()
+        self._buckets: dict[str, _Bucket] = {}
+        self._series: dict[str, set] = {}
+        self._running: dict[str, int] = {}
+
+    @classmethod
+    def from_config(cls, raw: dict[str, Any] | None) -> "Limits":
+        raw = dict(raw or {})
+        names = {f.name for f in fields(LimitValues)}
+        tenants = raw.pop("tenants", {}) or {}
+        unknown = set(raw) - names
+        if unknown:
+            raise ValueError(f"limits: unknown setting(s) {sorted(unknown)} (known: {', '.join(sorted(names))})")
+        base = LimitValues(**{k: type(getattr(LimitValues(), k))(v) for k, v in raw.items()})
+        over = {}
+        for t, vals in tenants.items():
+            bad = set(vals) - set(PER_TENANT)
+            if bad:
+                raise ValueError(f"limits.tenants.{t}: only per-tenant settings may be overridden ({', '.join(PER_TENANT)}), not {sorted(bad)}")
+            over[str(t)] = replace(base, **{k: type(getattr(base, k))(v) for k, v in vals.items()})
+        return cls(base, over)
+
+    def of(self, tenant: str) -> LimitValues:
+        return self.overrides.get(tenant, self.base)
+
+    # ------------------------------------------------------------------ ingest
+    def check_batch(self, batch: SampleBatch, tenant: str) -> SampleBatch:
+        lim = self.of(tenant)
+        for lbl in batch.series:  # per series, not per sample
+            if len(lbl) > lim.max_labels_per_series:
+                raise IngestError("too_many_labels", f"series {format_labels(lbl)[:200]} has {len(lbl)} labels, more than the "
+                                  f"limit of {lim.max_labels_per_series} (limits.max_labels_per_series)", 400, len(batch))
+            for n, v in lbl:
+                if len(n) > lim.max_label_name_length:
+                    raise IngestError("label_name_too_long", f"label name {n[:64]!r}... is {len(n)} characters, more than the limit of "
+                                      f"{lim.max_label_name_length} (limits.max_label_name_length)", 400, len(batch))
+                if len(v) > lim.max_label_value_length:
+                    raise IngestError("label_value_too_long", f"value of label {n!r} is {len(v)} characters, more than the limit of "
+                                      f"{lim.max_label_value_length} (limits.max_label_value_length)", 400, len(batch))
+        with self._lock:
+            if lim.ingestion_rate_samples_per_second > 0:
+                b = self._buckets.get(tenant)
+                if b is None or b.rate != lim.ingestion_rate_samples_per_second:
+                    b = self._buckets[tenant] = _Bucket(lim.ingestion_rate_samples_per_second)
+                wait = b.take(len(batch))
+                if wait > 0:
+                    raise IngestError("rate_limited", f"tenant {tenant!r} is over its ingestion rate limit of "
+                                      f"{lim.ingestion_rate_samples_per_second:g} samples/s; retry in {wait:.1f}s", 429, len(batch))
+            if lim.max_active_series > 0:
+                seen = self._series.setdefault(tenant, set())
+                new = [lbl for lbl in batch.series if lbl not in seen]
+                if len(seen) + len(new) > lim.max_active_series:
+                    raise IngestError("series_limit", f"tenant {tenant!r} would exceed its limit of {lim.max_active_series} "
+                                      f"active series ({len(seen)} + {len(new)} new)", 429, len(batch))
+                seen.update(new)
+        return batch
+
+    # ------------------------------------------------------------------ queries
+    def check_query(self, query: str, tenant: str) -> None:
+        lim = self.of(tenant)
+        if len(query) > lim.max_query_length:
+            raise LimitExceeded(f"query is {len(query)} characters, more than the limit of {lim.max_query_length} "
+                                f"(limits.max_query_length)", status=400)
+
+    def max_samples(self, tenant: str) -> int | None:
+        v = self.of(tenant).max_samples_per_query
+        return v if v > 0 else None
+
+    @asynccontextmanager
+    async def query_slot(self, tenant: str) -> AsyncIterator[None]:
+        lim = self.of(tenant).max_concurrent_queries
+        if lim > 0:
+            with self._lock:
+                if self._running.get(tenant, 0) >= lim:
+                    raise LimitExceeded(f"tenant {tenant!r} has {lim} queries running, its limit "
+                                        f"(limits.max_concurrent_queries); retry later", status=429)
+                self._running[tenant] = self._running.get(tenant, 0) + 1
+        try:
+            yield
+        finally:
+            if lim > 0:
+                with self._lock:
+                    self._running[tenant] -= 1
+

@@ -221,3 +221,48 @@ def test_api_parameter_fuzz_never_5xx(fuzz_srv, path: str, params: dict) -> None
     except urllib.error.HTTPError as e:
         code = e.code
     assert code < 500 or code == 503, f"{code} for {url}"
+
+
+@pytest.mark.slow
+def test_soak_mixed_load_flat_memory(tmp_path: Path) -> None:
+    """30 minutes (TURBOPROM_SOAK_SECONDS) of ingest + queries + congestion polls; RSS must stay flat
+    after warm-up: the last third's median RSS within 25% of the middle third's. Run: pytest -m slow -s."""
+    duration = float(os.environ.get("TURBOPROM_SOAK_SECONDS", "1800"))
+    with ServerProcess(tmp_path / "data") as srv:
+        pid = srv.proc.pid  # type: ignore[union-attr]
+        stop = threading.Event()
+        t_start = time.time()
+
+        def ingest() -> None:
+            k = 0
+            while not stop.is_set():
+                now_ms = int(time.time() * 1000)
+                body = "".join(f'soak{{pod="p{i % 200}",c="{i // 200}"}} {k} {now_ms}\n' for i in range(2000)).encode()
+                _post(srv.url + "/api/v1/import/prometheus", body)
+                k += 1
+                time.sleep(0.2)
+
+        def query() -> None:
+            while not stop.is_set():
+                now = time.time()
+                for qq in ("sum by (c) (rate(soak[1m]))", "quantile_over_time(0.9, soak[5m])", "topk(5, soak)"):
+                    _get_json(srv.url + "/api/v1/query_range?" + urllib.parse.urlencode({"query": qq, "start": now - 900, "end": now, "step": 15}))
+                _get_json(srv.url + "/api/v1/congestion")
+                time.sleep(1.0)
+
+        ts = [threading.Thread(target=ingest), threading.Thread(target=query)]
+        for t in ts:
+            t.start()
+        rss: list[float] = []
+        while time.time() - t_start < duration:
+            time.sleep(min(30.0, duration / 20))
+            with open(f"/proc/{pid}/status") as f:
+                rss.append(next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024)
+        stop.set()
+        for t in ts:
+            t.join(60)
+        third = max(1, len(rss) // 3)
+        mid = sorted(rss[third:2 * third])[len(rss[third:2 * third]) // 2]
+        last = sorted(rss[2 * third:])[len(rss[2 * third:]) // 2]
+        print(f"soak {duration:.0f}s: RSS MiB samples {['%.0f' % r for r in rss]}; middle-third median {mid:.0f}, last-third median {last:.0f}")
+        assert last <= mid * 1.25, f"memory grew: {mid:.0f} -> {last:.0f} MiB"

@@ -339,3 +339,29 @@ def test_query_exemplars_like_prometheus(pair):
     (sa, ba), (sb, bb) = both(pair, "GET", "/api/v1/query_exemplars", {"query": "up", "start": "10", "end": "5"})
     assert sa == sb == 400
     assert orjson.loads(bb) == orjson.loads(ba)
+
+
+TIME_SPELLINGS = ["1700000900", "1700000900.5", "1700000900.123456", "1.7000009e9", "2023-11-14T22:28:20Z",
+                  "2023-11-14T22:28:20.5Z", "2023-11-14T23:28:20.123+01:00", "2023-11-14T22:28:20.999999999Z",
+                  "+1700000900", "0", "-1.5", "2023-11-14 22:28:20", "2023-11-14", "1700000900s", "NaN", "Inf", " 1"]
+
+
+@pytest.mark.parametrize("t", TIME_SPELLINGS)
+def test_time_parameter_spellings_like_prometheus(pair, t):
+    (sa, ba), (sb, bb) = both(pair, "GET", "/api/v1/query", {"query": "time()", "time": t})
+    assert sb == sa, (ba, bb)
+    if sa == 200:
+        assert bb == ba
+    else:
+        assert orjson.loads(bb)["error"] == orjson.loads(ba)["error"]
+
+
+@pytest.mark.parametrize("step", ["15", "15s", "1m", "0.5", "1m30s", "1e1", "1h", "5ms", "15S", "1.5m", "1d"])
+def test_step_spellings_like_prometheus(pair, step):
+    params = {"query": "vector(1)", "start": str(START), "end": str(START + 600), "step": step}
+    (sa, ba), (sb, bb) = both(pair, "GET", "/api/v1/query_range", params)
+    assert sb == sa, (ba, bb)
+    if sa == 200:
+        assert bb == ba
+    else:
+        assert orjson.loads(bb)["error"] == orjson.loads(ba)["error"]

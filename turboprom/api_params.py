@@ -31,6 +31,8 @@ _RFC3339 = re.compile(
 )
 
 MAX_RANGE_POINTS = 11000
+# What Prometheus's parseTime yields for "NaN"/"Inf" on amd64 (int64 overflow of the fraction).
+NAN_TIME_MS = -9223372036854
 
 
 class ParamError(Exception):
@@ -85,7 +87,8 @@ def parse_time(s: str) -> int:
     f = _go_float(s)
     if f is not None:
         if math.isnan(f) or math.isinf(f):
-            raise ValueError(f"cannot parse {go_quote(s)} to a valid timestamp")
+            # Prometheus accepts these; Go's int64(NaN) conversions end at this instant.
+            return NAN_TIME_MS
         whole = math.trunc(f)
         frac_ms = _round_half_away((f - whole) * 1000)
         ms = int(whole) * 1000 + int(frac_ms)

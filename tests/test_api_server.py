@@ -365,3 +365,15 @@ def test_step_spellings_like_prometheus(pair, step):
         assert bb == ba
     else:
         assert orjson.loads(bb)["error"] == orjson.loads(ba)["error"]
+
+
+def test_api_self_metrics(pair):
+    http("GET", pair.tp.url + "/api/v1/query", {"query": "1", "time": "1"})
+    http("GET", pair.tp.url + "/api/v1/query", {"query": "sum("})
+    http("GET", pair.tp.url + "/api/v1/label/job/values")
+    _, _, body = http("GET", pair.tp.url + "/metrics")
+    text = body.decode()
+    assert 'turboprom_api_requests_total{code="200",handler="/api/v1/query"}' in text
+    assert 'turboprom_api_requests_total{code="400",handler="/api/v1/query"}' in text
+    assert 'turboprom_api_requests_total{code="200",handler="/api/v1/label/{name}/values"}' in text
+    assert 'turboprom_api_request_duration_seconds_count{handler="/api/v1/query"}' in text

@@ -358,8 +358,8 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
         return web.Response(status=204)
 
     async def root(request: web.Request) -> web.Response:
-        # Prometheus answers "/" (a redirect to its UI); clients probe it as a liveness check.
-        return web.Response(text="TurboProm: Prometheus-compatible HTTP API under /api/v1 (see /api/v1/status/buildinfo).\n")
+        # Like Prometheus: "/" redirects to the built-in page (clients probing "/" follow it to a 200).
+        raise web.HTTPFound("/graph")
 
     async def options(request: web.Request) -> web.Response:
         resp = web.Response(status=204)

@@ -371,6 +371,32 @@ def write_doc(section_body: str, profile_notes: str) -> None:
     doc.write_text(text)
 
 
+def profile(eng: Engine, q: str, start_s: int, end_s: int, step_s: int, top: int = 25) -> str:
+    pr = cProfile.Profile()
+    pr.enable()
+    eng.range_query(q, start_s * 1000, end_s * 1000, step_s * 1000)
+    pr.disable()
+    s = io.StringIO()
+    pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(top)
+    return s.getvalue()
+
+
+def profile_only(args: argparse.Namespace) -> int:
+    end_s = (int(time.time()) // 7200) * 7200 - 7200
+    ds = generate(args.series, args.days, args.interval, end_s)
+    eng = Engine(load_memory_source(ds), lookback_delta_ms=300_000, max_samples=500_000_000, timeout_s=600.0)
+    qmap = dict(QUERIES)
+    ranges = [r for r in RANGES if r[0] in args.ranges.split(",")]
+    for qid in args.profile.split(","):
+        for rname, span, step in ranges:
+            eng.range_query(qmap[qid], (end_s - span) * 1000, end_s * 1000, step * 1000)  # warm-up
+            t0 = time.perf_counter()
+            eng.range_query(qmap[qid], (end_s - span) * 1000, end_s * 1000, step * 1000)
+            print(f"== {qid} {rname}: {fmt_s(time.perf_counter() - t0)}")
+            print(profile(eng, qmap[qid], end_s - span, end_s, step))
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--series", type=int, default=10_000)
@@ -381,8 +407,11 @@ def main() -> int:
     ap.add_argument("--ranges", default="1h,24h,7d")
     ap.add_argument("--write-doc", action="store_true", help="write the table into docs/benchmarks.md (## PromQL engine)")
     ap.add_argument("--profile", default="", help="query id to profile (our engine) at the largest range")
+    ap.add_argument("--profile-only", action="store_true", help="skip Prometheus: load ours and profile --profile")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir")
     args = ap.parse_args()
+    if args.profile_only:
+        return profile_only(args)
 
     end_s = (int(time.time()) // 7200) * 7200 - 7200
     tmp = Path(tempfile.mkdtemp(prefix="promql-bench-"))
@@ -454,13 +483,8 @@ def main() -> int:
         if args.profile:
             qmap = dict(QUERIES)
             rname, span, step = ranges[-1]
-            pr = cProfile.Profile()
-            pr.enable()
-            eng.range_query(qmap[args.profile], (end_s - span) * 1000, end_s * 1000, step * 1000)
-            pr.disable()
-            s = io.StringIO()
-            pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(20)
-            print(s.getvalue())
+            for qid in args.profile.split(","):
+                print(profile(eng, qmap[qid], end_s - span, end_s, step))
 
         meta = {
             "command": "python bench/promql_bench.py " + " ".join(sys.argv[1:]),

@@ -377,3 +377,14 @@ def test_api_self_metrics(pair):
     assert 'turboprom_api_requests_total{code="400",handler="/api/v1/query"}' in text
     assert 'turboprom_api_requests_total{code="200",handler="/api/v1/label/{name}/values"}' in text
     assert 'turboprom_api_request_duration_seconds_count{handler="/api/v1/query"}' in text
+
+
+def test_gzip_when_accepted(pair):
+    import gzip
+
+    params = {"query": "http_requests_total", "start": str(START), "end": str(END), "step": "5"}
+    status, headers, plain = http("GET", pair.tp.url + "/api/v1/query_range", params)
+    assert status == 200 and "Content-Encoding" not in headers and len(plain) > 16 * 1024
+    status, headers, packed = http("GET", pair.tp.url + "/api/v1/query_range", params, headers={"Accept-Encoding": "gzip"})
+    assert status == 200 and headers["Content-Encoding"] == "gzip"
+    assert len(packed) < len(plain) and gzip.decompress(packed) == plain

@@ -5,6 +5,7 @@ import asyncio
 import functools
 import logging
 import time
+import zlib
 from typing import Any, Awaitable, Callable
 
 from aiohttp import web
@@ -40,6 +41,28 @@ class APIError(Exception):
 def json_response(body: bytes, status: int = 200) -> web.Response:
     # Exactly "application/json" like Prometheus (aiohttp's content_type= would add a charset).
     return web.Response(body=body, status=status, headers={"Content-Type": JSON})
+
+
+GZIP_MIN_BYTES = 16 * 1024
+
+
+def accepts_gzip(request: web.Request) -> bool:
+    return "gzip" in request.headers.get("Accept-Encoding", "").lower()
+
+
+def gzip_body(body: bytes) -> bytes:
+    """gzip at level 1: large matrices compress ~10x and level 1 keeps the CPU cost low.
+    (Prometheus compresses API responses too; call this off the event loop for big bodies.)"""
+    c = zlib.compressobj(1, zlib.DEFLATED, 31)
+    return c.compress(body) + c.flush()
+
+
+def encoded_response(body: bytes, gzipped: bool) -> web.Response:
+    resp = json_response(body)
+    if gzipped:
+        resp.headers["Content-Encoding"] = "gzip"
+        resp.headers["Vary"] = "Accept-Encoding"
+    return resp
 
 
 # Prometheus's CORS answer for its default --web.cors.origin='.*' (only when Origin is sent).

@@ -13,7 +13,8 @@ from aiohttp import web
 from storage.labels import Labels
 from turboprom import api_json
 from turboprom.tenancy import tenant_storage
-from turboprom.api_common import APIError, add_get_post, api_handler, json_response, ok, run_off_loop
+from turboprom.api_common import (GZIP_MIN_BYTES, APIError, accepts_gzip, add_get_post, api_handler, encoded_response,
+                                   gzip_body, ok, run_off_loop)
 from turboprom.api_params import MAX_TIME_MS, MIN_TIME_MS, Params, invalid_param, parse_matchers_param, unescape_label_name
 from turboprom.context import ServerContext
 
@@ -79,15 +80,20 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
         except ValueError as e:
             raise invalid_param("match[]", str(e)) from None
 
-        def job() -> bytes:
+        want_gzip = accepts_gzip(request)
+
+        def job() -> tuple[bytes, bool]:
             found = list(storage.series(sets, start, end))
             warnings = []
             if limit and len(found) > limit:
                 found = found[:limit]
                 warnings.append(TRUNCATED)
-            return api_json.envelope_raw(_series_json(found), warnings)
+            body = api_json.envelope_raw(_series_json(found), warnings, escaped=True)
+            if want_gzip and len(body) >= GZIP_MIN_BYTES:
+                return gzip_body(body), True
+            return body, False
 
-        return json_response(await run_off_loop(ctx, job))
+        return encoded_response(*await run_off_loop(ctx, job))
 
     @api_handler
     async def labels(request: web.Request, params: Params) -> web.Response:

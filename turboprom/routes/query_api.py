@@ -19,7 +19,8 @@ from promql.errors import PromQLError
 from promql.types import QueryResult
 from turboprom import api_json
 from turboprom.api_ast import translate_ast
-from turboprom.api_common import APIError, add_get_post, api_handler, json_response, ok, run_off_loop
+from turboprom.api_common import (GZIP_MIN_BYTES, APIError, accepts_gzip, add_get_post, api_handler, encoded_response,
+                                   gzip_body, ok, run_off_loop)
 from turboprom.api_params import MAX_RANGE_POINTS, MAX_TIME_MS, MIN_TIME_MS, Params, invalid_param
 from turboprom.api_params import parse_query as parse_promql
 from turboprom.context import ServerContext
@@ -108,6 +109,7 @@ async def _evaluate(request: web.Request, ctx: ServerContext, params: Params, ti
     there too. The timeout is a deadline from arrival (queue wait included, as in Prometheus)."""
     limit = params.limit("limit")
     stats = params.get("stats")
+    want_gzip = accepts_gzip(request)
     cancel = threading.Event()
     submitted = time.perf_counter()
     deadline = submitted + timeout_s
@@ -124,16 +126,19 @@ async def _evaluate(request: web.Request, ctx: ServerContext, params: Params, ti
         if time.perf_counter() > deadline:
             raise APIError("timeout", "query timed out in expression evaluation")
         total = time.perf_counter() - submitted
-        return api_json.encode_query_result(
+        body = api_json.encode_query_result(
             res, limit=limit, stats=stats, queue_seconds=started - submitted, total_seconds=total
         )
+        if want_gzip and len(body) >= GZIP_MIN_BYTES:
+            return gzip_body(body), True
+        return body, False
 
     try:
-        body = await run_off_loop(ctx, job)
+        body, gzipped = await run_off_loop(ctx, job)
     except BaseException:
         cancel.set()  # client went away or the server is stopping: let the engine stop early
         raise
-    return json_response(body)
+    return encoded_response(body, gzipped)
 
 
 def setup(app: web.Application, ctx: ServerContext) -> None:

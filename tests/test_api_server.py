@@ -388,3 +388,22 @@ def test_gzip_when_accepted(pair):
     status, headers, packed = http("GET", pair.tp.url + "/api/v1/query_range", params, headers={"Accept-Encoding": "gzip"})
     assert status == 200 and headers["Content-Encoding"] == "gzip"
     assert len(packed) < len(plain) and gzip.decompress(packed) == plain
+
+
+FORMAT_QUERIES = [
+    'sum by(job) (rate(http_requests_total{code="500"}[5m]))',
+    "foo",
+    "-foo",
+    'sum by (job, instance) (rate(http_requests_total{job="api", code=~"5..", instance!~"b.*"}[5m])) / on (job, instance) group_left () sum by (job, instance) (rate(http_requests_total[5m]))',
+    'histogram_quantile(0.99, sum by (le, job) (rate(demo_api_request_duration_seconds_bucket{job="demo", path=~"/api/.*"}[5m]))) > bool 0.25',
+    'topk(5, max_over_time((time() - max by (instance) (demo_batch_last_success_timestamp_seconds{job="demo", instance=~".+"}))[30m:1m] offset 5m))',
+    'label_replace(sum without (instance) (rate(http_requests_total{job="api", code="200", instance=~"a.*|b.*|c.*"}[10m] offset 1h)), "dst", "$1", "job", "(.*)")',
+    '-(sum(rate(http_requests_total{job="api", code="200", instance=~"a.*|b.*|c.*|d.*|e.*|f.*"}[10m])) + sum(rate(http_requests_total{job="web"}[10m])))',
+]
+
+
+@pytest.mark.parametrize("q", FORMAT_QUERIES)
+def test_format_query_matches_prometheus(pair, q):
+    (sa, ba), (sb, bb) = both(pair, "GET", "/api/v1/format_query", {"query": q})
+    assert sa == sb == 200, (ba, bb)
+    assert orjson.loads(bb)["data"] == orjson.loads(ba)["data"], (orjson.loads(ba)["data"], orjson.loads(bb)["data"])

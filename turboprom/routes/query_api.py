@@ -19,6 +19,7 @@ from promql.errors import PromQLError
 from promql.types import QueryResult
 from turboprom import api_json
 from turboprom.api_ast import translate_ast
+from turboprom.api_pretty import pretty
 from turboprom.api_common import (GZIP_MIN_BYTES, APIError, accepts_gzip, add_get_post, api_handler, encoded_response,
                                    gzip_body, ok, run_off_loop)
 from turboprom.api_params import MAX_RANGE_POINTS, MAX_TIME_MS, MIN_TIME_MS, Params, invalid_param
@@ -207,9 +208,7 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
             expr = parse_promql(q)
         except ValueError as e:
             raise invalid_param("query", str(e)) from None
-        from promql.printer import to_promql  # Prometheus's String() rendering (engineer C)
-
-        return ok(to_promql(expr))
+        return ok(pretty(expr))
 
     @api_handler
     async def parse_query(request: web.Request, params: Params) -> web.Response:

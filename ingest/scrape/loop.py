@@ -19,8 +19,10 @@ from storage.labels import Labels
 
 log = logging.getLogger("turboprom.scrape")
 
-ACCEPT = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
-          "text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
+# As Prometheus 3 asks: with escaping=allow-utf-8, exporters keep names such as vLLM's
+# "vllm:num_requests_waiting" (prometheus-client >= 0.21 otherwise escapes ':' to '_' in OpenMetrics).
+ACCEPT = ("application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.6,application/openmetrics-text;version=0.0.1;q=0.5,"
+          "text/plain;version=1.0.0;escaping=allow-utf-8;q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2")
 REPORT = ("up", "scrape_duration_seconds", "scrape_samples_scraped", "scrape_samples_post_metric_relabeling",
           "scrape_series_added")
 

@@ -76,6 +76,15 @@ class _RowGroupCache:
 CACHE = _RowGroupCache()
 
 
+def labels_json(labels: Labels) -> str:
+    """The label-set encoding of series.parquet (deterministic for equal label sets)."""
+    return orjson.dumps(dict(labels)).decode()
+
+
+def parse_labels_json(text: str) -> Labels:
+    return tuple(sorted(orjson.loads(text).items()))
+
+
 def write_block(blocks_dir: Path, labels: list[Labels], sid: np.ndarray, ts: np.ndarray, val: np.ndarray, *,
                 level: int = 1, parents: list[str] | None = None) -> Path:
     """Write rows (``sid`` indexes ``labels``; rows sorted by sid then ts) as a new block."""
@@ -105,7 +114,7 @@ def write_block(blocks_dir: Path, labels: list[Labels], sid: np.ndarray, ts: np.
     series_table = pa.table({
         "series_id": pa.array(np.arange(len(lbls), dtype=np.int64)),
         "metric": pa.array([metric_name(lb) for lb in lbls], pa.string()),
-        "labels": pa.array([orjson.dumps(dict(lb)).decode() for lb in lbls], pa.string()),
+        "labels": pa.array([labels_json(lb) for lb in lbls], pa.string()),
         "row_start": pa.array(row_start, pa.int64()), "row_end": pa.array(row_end, pa.int64()),
         "min_time": pa.array(ser_min, pa.int64()), "max_time": pa.array(ser_max, pa.int64()),
     })
@@ -136,7 +145,8 @@ class Block:
     Readers hold a reference while reading; ``remove`` deletes the files once no reader does, and a
     reader that arrives after removal gets BlockGone (the caller retries with a fresh block list)."""
 
-    def __init__(self, path: Path, global_id_of) -> None:  # global_id_of: callable(Labels) -> int
+    def __init__(self, path: Path, global_ids_of) -> None:
+        # global_ids_of: callable(list of label-JSON strings) -> int64 array of global series ids
         self.path = Path(path)
         meta = orjson.loads((self.path / META_FILE).read_bytes())
         self.meta = meta
@@ -147,12 +157,13 @@ class Block:
         self.level: int = int(meta.get("level", 1))
         self.parents: list[str] = list(meta.get("parents", []))
         st = pq.read_table(self.path / SERIES_FILE)
-        self.labels: list[Labels] = [tuple(sorted(orjson.loads(s).items())) for s in st.column("labels").to_pylist()]
+        label_json = st.column("labels").to_pylist()
+        self._num_series = len(label_json)
         self.row_start = st.column("row_start").to_numpy().astype(np.int64)
         self.row_end = st.column("row_end").to_numpy().astype(np.int64)
         self.ser_min = st.column("min_time").to_numpy().astype(np.int64)
         self.ser_max = st.column("max_time").to_numpy().astype(np.int64)
-        self.local_to_global = np.array([global_id_of(lb) for lb in self.labels], dtype=np.int64)
+        self.local_to_global = np.asarray(global_ids_of(label_json), dtype=np.int64)
         self._g_order = np.argsort(self.local_to_global, kind="stable")
         self._g_sorted = self.local_to_global[self._g_order]
         self._pf: pq.ParquetFile | None = None
@@ -163,7 +174,7 @@ class Block:
 
     @property
     def num_series(self) -> int:
-        return len(self.labels)
+        return self._num_series
 
     def _file(self) -> pq.ParquetFile:
         with self._pf_lock:

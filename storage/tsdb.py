@@ -24,7 +24,7 @@ import orjson
 
 from storage import metrics as M
 from storage.batch import SampleBatch
-from storage.block import Block, BlockGone, write_block
+from storage.block import Block, BlockGone, parse_labels_json, write_block
 from storage.catalog import write_catalog
 from storage.columns import INT64_MAX, INT64_MIN, dedupe_sorted, find_keys, group_bounds, grow, merge_sorted_parts, ranges_index, sort_by_series_time, unique
 from storage.head import Head
@@ -53,6 +53,7 @@ class TSDB:
         self._closed = False
         self.min_valid_time = INT64_MIN
         self._maint_lock = threading.Lock()  # one maintenance pass at a time
+        self._json_ids: dict[str, int] = {}
         self._load_blocks()
         if self._blocks:
             self._catalog_changed()
@@ -234,8 +235,19 @@ class TSDB:
     def blocks_dir(self) -> Path:
         return self.path / "blocks"
 
-    def _global_id(self, labels: Labels) -> int:
-        return self.index.get_or_create(labels)[0]
+    def _global_ids(self, label_json: list[str]) -> np.ndarray:
+        """Global ids for a block's series (label-JSON strings). Blocks share most series, so the
+        JSON text is cached: a string lookup instead of a parse per series and block."""
+        cache = self._json_ids
+        out = np.empty(len(label_json), dtype=np.int64)
+        for i, text in enumerate(label_json):
+            gid = cache.get(text)
+            if gid is None:
+                gid = cache[text] = self.index.get_or_create(parse_labels_json(text))[0]
+            out[i] = gid
+        if len(cache) > 4_000_000:
+            cache.clear()
+        return out
 
     def _load_blocks(self) -> None:
         bdir = self.blocks_dir
@@ -256,7 +268,7 @@ class TSDB:
                 log.info("removing block %s: replaced by a finished compaction", name)
                 shutil.rmtree(bdir / name, ignore_errors=True)
                 continue
-            blocks.append(Block(bdir / name, self._global_id))
+            blocks.append(Block(bdir / name, self._global_ids))
         blocks.sort(key=lambda b: (b.mint, b.maxt))
         self._blocks = blocks
         if blocks:
@@ -393,7 +405,7 @@ class TSDB:
         if len(s) == 0:
             return False
         bpath = write_block(self.blocks_dir, self.index.labels, s, t, v, level=1)
-        block = Block(bpath, self._global_id)
+        block = Block(bpath, self._global_ids)
         M.BLOCKS_WRITTEN.inc()
         with self._wlock:
             # Rows that arrived (out-of-order) after the snapshot stay in the head.
@@ -475,7 +487,7 @@ class TSDB:
         ids = [b.id for b in group]
         if len(s):
             bpath = write_block(self.blocks_dir, self.index.labels, s, t, v, level=max(b.level for b in group) + 1, parents=ids)
-            new = [Block(bpath, self._global_id)]
+            new = [Block(bpath, self._global_ids)]
         else:
             new = []
         self._replace_blocks(group, new)
@@ -523,7 +535,7 @@ class TSDB:
         new = []
         if keep.any():
             bpath = write_block(self.blocks_dir, self.index.labels, g[keep], t[keep], v[keep], level=b.level, parents=[b.id])
-            new = [Block(bpath, self._global_id)]
+            new = [Block(bpath, self._global_ids)]
         self._replace_blocks([b], new)
 
     def _catalog_changed(self) -> None:

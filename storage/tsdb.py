@@ -80,6 +80,8 @@ class TSDB:
             return res
         opts = self.options
         with self._wlock:
+            if self._closed:
+                raise RuntimeError("storage is closed")
             ids, created = self.index.ids_for(batch.series)
             self.head.ensure(len(self.index))
             sid = ids[batch.series_index]

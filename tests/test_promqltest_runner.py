@@ -321,3 +321,29 @@ def test_runner_reports_wrong_error_message():
     bad = _run(BASE + '\neval instant at 5m label_replace(m, "job", "a", "", "")\n'
                "    expect fail msg: this is not the message\n")
     assert bad[0].status == "fail" and "expected error" in bad[0].message, bad[0].message
+
+
+@needs_engine
+def test_cli_output_and_exit_status(tmp_path):
+    """`python -m promql.promqltest FILE` prints one line per failure, per-file counts, the exact
+    closing line, and exits non-zero when a stable eval fails."""
+    import subprocess
+    import sys
+
+    from tests.helpers import REPO
+
+    good = tmp_path / "good.test"
+    good.write_text(BASE + '\neval instant at 5m m{job="a"}\n    m{job="a"} 6\n\n'
+                    "eval instant at 5m limitk(1, m)\n    expect ordered\n    m{job=\"a\"} 6\n\n"
+                    "eval instant at 5m m[1m+1s]\n")
+    bad = tmp_path / "bad.test"
+    bad.write_text(BASE + '\neval instant at 5m m{job="a"}\n    m{job="a"} 7\n')
+    for path, code, closing in ((good, 0, "1 passed, 0 failed, 2 skipped"), (bad, 1, "0 passed, 1 failed, 0 skipped")):
+        r = subprocess.run([sys.executable, "-m", "promql.promqltest", "--storage", "memory", str(path)],
+                           cwd=REPO, capture_output=True, text=True, timeout=120)
+        lines = r.stdout.strip().splitlines()
+        assert r.returncode == code, r.stdout + r.stderr
+        assert lines[-1] == closing, r.stdout
+        assert any(l.startswith(f"{path.name}: plain ") for l in lines)
+        if code:
+            assert any(l.startswith(f"FAIL {path.name}:") and "expected 7" in l for l in lines), r.stdout

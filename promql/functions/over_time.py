@@ -340,6 +340,8 @@ def _sorted_windows(rw: RangeWindows, sel: np.ndarray, chunk_elems: int = 4_000_
     n_f = (rw.hi - rw.lo).reshape(-1)[sel]
     vals = np.asarray(rw.vals, dtype=np.float64)
     has_nan = bool(np.isnan(vals).any())
+    if n_f.size == 0:
+        return
     order = np.argsort(n_f, kind="stable")
     n_sorted = n_f[order]
     bounds = np.flatnonzero(np.diff(n_sorted)) + 1

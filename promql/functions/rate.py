@@ -48,13 +48,17 @@ def _extrapolated(ctx: FunctionContext, rw: RangeWindows, is_counter: bool, is_r
             if is_reset.any():
                 has_reset = (window_count_of(is_reset, lo, hi) > 0) & present
                 if has_reset.any():
-                    # Exact per-window sums (reduceat) only for the windows that contain a reset.
-                    reset_add = np.append(np.where(is_reset, prev, 0.0), 0.0)
+                    # Only windows containing a reset: add the pre-reset values one at a time, in
+                    # sample order like Prometheus (the order matters under cancellation).
                     sel = np.flatnonzero(has_reset.reshape(-1))
-                    bounds = np.empty(2 * len(sel), dtype=np.int64)
-                    bounds[0::2] = first.reshape(-1)[sel] + 1
-                    bounds[1::2] = last.reshape(-1)[sel] + 1
-                    result.reshape(-1)[sel] += np.add.reduceat(reset_add, bounds)[0::2]
+                    order, it = iterate_window_positions(lo.reshape(-1)[sel], n.reshape(-1)[sel])
+                    acc = result.reshape(-1)[sel][order]
+                    reset_add = np.where(is_reset, prev, 0.0)
+                    for k, m, idx in it:
+                        if k:
+                            acc[:m] += reset_add[idx]
+                    flat = result.reshape(-1)
+                    flat[sel[order]] = acc
         t_first = ts[first]
         t_last = ts[last]
         range_end = np.asarray(rw.window_end, dtype=np.int64)[None, :]

@@ -27,7 +27,6 @@ import argparse
 import itertools
 import json
 import math
-import re
 import sys
 import tempfile
 import time

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from itertools import chain
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import orjson

@@ -274,6 +274,10 @@ class FileRunner:
     engine_factory: EngineFactory = default_engine_factory
     run_experimental: bool = True
     only_lines: set[int] | None = None  # run just these eval lines (loads/clears always run)
+    # Called with each eval before it runs (after classification); may change its expectations in
+    # place (the mutation sweep in tests/test_promqltest_mutations.py). Returns a description, or
+    # None to skip the eval.
+    mutate: Callable[[EvalCmd], str | None] | None = None
 
     def run_text(self, name: str, text: str) -> list[Outcome]:
         try:
@@ -305,6 +309,10 @@ class FileRunner:
                     if cl.kind == EXP and (cl.parse_error is not None or not self.run_experimental):
                         out.append(Outcome(name, cmd.line, cmd.expr, EXP, "skip", f"experimental: {cl.reason}"))
                         continue
+                    if self.mutate is not None:
+                        what = self.mutate(cmd)
+                        if what is None:
+                            continue
                     if engine is None and engine_error is None:
                         try:
                             engine = self.engine_factory(store.source)

@@ -200,3 +200,118 @@ def ref_sum(ts, v, end, rng):
     if not np.isfinite(v).all():
         return float(np.sum(v))  # +-Inf/NaN propagate the same way in every summation order
     return math.fsum(v)  # the exactly rounded sum: what compensated summation achieves here
+
+
+# --- ports of Prometheus's sequential algorithms (compensated sums), one window at a time ---------
+
+def kahan_inc(inc: float, s: float, c: float) -> tuple[float, float]:
+    t = s + inc
+    if math.isinf(t):
+        c = 0.0
+    elif abs(s) >= abs(inc):
+        c += (s - t) + inc
+    else:
+        c += (inc - t) + s
+    return t, c
+
+
+def ref_avg(ts, v, end, rng):
+    if len(v) == 0:
+        return None
+    s, c, mean, incr = float(v[0]), 0.0, 0.0, False
+    for i, f in enumerate(v[1:]):
+        count = i + 2.0
+        if not incr:
+            ns, nc = kahan_inc(float(f), s, c)
+            if not math.isinf(ns):
+                s, c = ns, nc
+                continue
+            incr = True
+            mean = s / (count - 1)
+            c /= count - 1
+        q = (count - 1) / count
+        mean, c = kahan_inc(float(f) / count, q * mean, q * c)
+    return mean + c if incr else s / len(v) + c / len(v)
+
+
+def ref_stdvar(ts, v, end, rng):
+    if len(v) == 0:
+        return None
+    count = mean = cm = aux = ca = 0.0
+    for f in v:
+        f = float(f)
+        count += 1
+        d = f - (mean + cm)
+        mean, cm = kahan_inc(d / count, mean, cm)
+        aux, ca = kahan_inc(d * (f - (mean + cm)), aux, ca)
+    return (aux + ca) / count
+
+
+def linreg(ts, v, t0):
+    n = sx = cx = sy = cy = sxy = cxy = sx2 = cx2 = 0.0
+    const = True
+    for i, (t, y) in enumerate(zip(ts, v)):
+        y = float(y)
+        if i > 0 and y != float(v[0]):
+            const = False
+        n += 1
+        x = (int(t) - t0) / 1e3
+        sx, cx = kahan_inc(x, sx, cx)
+        sy, cy = kahan_inc(y, sy, cy)
+        sxy, cxy = kahan_inc(x * y, sxy, cxy)
+        sx2, cx2 = kahan_inc(x * x, sx2, cx2)
+    if const:
+        return (math.nan, math.nan) if math.isinf(float(v[0])) else (0.0, float(v[0]))
+    sx, sy, sxy, sx2 = sx + cx, sy + cy, sxy + cxy, sx2 + cx2
+    cov = sxy - sx * sy / n
+    var = sx2 - sx * sx / n
+    slope = cov / var if var != 0 else (math.copysign(math.inf, cov) if cov != 0 and not math.isnan(cov) else math.nan)
+    return slope, sy / n - slope * sx / n
+
+
+def ref_deriv(ts, v, end, rng):
+    return None if len(v) < 2 else linreg(ts, v, int(ts[0]))[0]
+
+
+def ref_predict(ts, v, end, rng):
+    if len(v) < 2:
+        return None
+    slope, icpt = linreg(ts, v, end)
+    return slope * 600 + icpt
+
+
+def ref_idelta(ts, v, end, rng):
+    return None if len(v) < 2 else float(v[-1] - v[-2])
+
+
+def close_loose(a: float, b: float) -> bool:
+    """Agreement for results that cancel: relative 1e-9, or tiny next to the inputs' scale."""
+    if close(a, b):
+        return True
+    return abs(a - b) <= 1e-9 * max(1.0, abs(a), abs(b))
+
+
+def check_loose(name, rw, fn, *extra):
+    got, want = run(name, rw, *extra), reference(rw, fn)
+    assert got.keys() == want.keys(), name
+    for k in want:
+        assert close(got[k], want[k]) or (np.isfinite(want[k]) and close_loose(got[k], want[k])), (name, k, got[k], want[k])
+
+
+@SETTINGS
+@given(window_sets())
+def test_compensated_functions_match_prometheus_ports(ws):
+    rw = build(*ws)
+    with np.errstate(all="ignore"):
+        check("avg_over_time", rw, ref_avg)
+        check_loose("stdvar_over_time", rw, ref_stdvar)
+        check("idelta", rw, ref_idelta)
+        check_loose("deriv", rw, ref_deriv)
+        ctx = FunctionContext(rw.window_end, Annotations(), None)
+        out = F["predict_linear"](ctx, [rw, Scalar(np.full(rw.num_steps, 600.0))])
+        want = reference(rw, ref_predict)
+        got = {(lb, t): float(out.values[i, t]) for i, lb in enumerate(out.labels)
+               for t in range(out.num_steps) if out.present[i, t]}
+        assert got.keys() == want.keys()
+        for k in want:
+            assert close(got[k], want[k]) or (np.isfinite(want[k]) and close_loose(got[k], want[k])), (k, got[k], want[k])

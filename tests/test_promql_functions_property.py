@@ -315,3 +315,38 @@ def test_compensated_functions_match_prometheus_ports(ws):
         assert got.keys() == want.keys()
         for k in want:
             assert close(got[k], want[k]) or (np.isfinite(want[k]) and close_loose(got[k], want[k])), (k, got[k], want[k])
+
+
+def ref_ts_of(better):
+    def fn(ts, v, end, rng):
+        if len(v) == 0:
+            return None
+        best, at = float(v[0]), int(ts[0])
+        for t, x in zip(ts, v):
+            if better(float(x), best) or math.isnan(best):
+                best, at = float(x), int(t)
+        return at / 1000
+
+    return fn
+
+
+def ref_mad(ts, v, end, rng):
+    if len(v) == 0:
+        return None
+    if any(math.isnan(x) for x in v):
+        return math.nan
+    med = ref_quantile(0.5)(ts, v, end, rng)
+    return ref_quantile(0.5)(ts, [abs(x - med) for x in v], end, rng)
+
+
+@SETTINGS
+@given(window_sets())
+def test_selection_functions_match_reference(ws):
+    rw = build(*ws)
+    with np.errstate(all="ignore"):
+        check("ts_of_max_over_time", rw, ref_ts_of(lambda a, b: a >= b))
+        check("ts_of_min_over_time", rw, ref_ts_of(lambda a, b: a <= b))
+        check("ts_of_first_over_time", rw, lambda ts, v, e, r: int(ts[0]) / 1000 if len(v) else None)
+        check("first_over_time", rw, lambda ts, v, e, r: float(v[0]) if len(v) else None)
+        check("present_over_time", rw, lambda ts, v, e, r: 1.0 if len(v) else None)
+        check("mad_over_time", rw, ref_mad)

@@ -117,10 +117,26 @@ remote_write:
 
 
 def test_node_exporter_same_series_set_as_prometheus(tmp_path):
+    """Both scrape the same targets at the same time: the node exporter (text format) and a
+    prometheus_client exporter answering OpenMetrics (counters, histograms, summaries, info,
+    enum/stateset, _created samples). Same series sets, and same values for the static ones."""
+    from prometheus_client import Enum, Histogram, Info, Summary
+
     ne = require_binary("prometheus-node-exporter")
     ne_port = free_port()
     ne_log = open(tmp_path / "node-exporter.log", "ab")
     ne_proc = subprocess.Popen([ne, f"--web.listen-address=127.0.0.1:{ne_port}"], stdout=ne_log, stderr=subprocess.STDOUT)
+    reg = CollectorRegistry()
+    Counter("om_jobs", "Jobs.", ["kind"], registry=reg).labels(kind="a").inc(3)
+    h = Histogram("om_latency_seconds", "Latency.", buckets=(0.1, 1.0), registry=reg)
+    h.observe(0.05)
+    h.observe(0.5)
+    Summary("om_size_bytes", "Sizes.", registry=reg).observe(1024)
+    Info("om_build", "Build info.", registry=reg).info({"version": "1.2.3"})
+    Enum("om_state", "State.", states=["up", "down"], registry=reg).state("down")
+    Gauge("om_temp_celsius", "Temp.", registry=reg).set(21.25)
+    om_port = free_port()
+    om_server, _ = start_http_server(om_port, addr="127.0.0.1", registry=reg)
     prom = ours = None
     try:
         wait_http(f"http://127.0.0.1:{ne_port}/metrics", timeout=30, proc=ne_proc)
@@ -129,38 +145,50 @@ def test_node_exporter_same_series_set_as_prometheus(tmp_path):
     scrape_interval: 2s
     scrape_timeout: 2s
     static_configs: [{{targets: ["127.0.0.1:{ne_port}"]}}]
+  - job_name: om
+    scrape_interval: 2s
+    scrape_timeout: 2s
+    static_configs: [{{targets: ["127.0.0.1:{om_port}"]}}]
 """
         cfg = tmp_path / "ours.yml"
         cfg.write_text("scrape_configs:" + scrape)
         ours = ServerProcess(tmp_path / "data", extra_args=["--config", str(cfg)]).start()
         prom, base = _start_prometheus(tmp_path, "scrape_configs:" + scrape)
         deadline = time.time() + 30  # Prometheus applies discovered targets after ~5s
-        while time.time() < deadline and not _prom_query(base, 'up{job="node"}', time.time()):
+        while time.time() < deadline and len(_prom_query(base, 'up{job=~"node|om"}', time.time())) < 2:
             time.sleep(0.5)
         t0 = time.time()
         time.sleep(6.0)
         t1 = time.time()
-        url = f"{base}/api/v1/series?" + urllib.parse.urlencode({"match[]": '{job="node"}', "start": f"{t0:.3f}", "end": f"{t1:.3f}"})
-        prom_series = json.loads(urllib.request.urlopen(url, timeout=10).read())["data"]
-        up = _prom_query(base, 'up{job="node"}', t1)
+        prom_series = {}
+        for job in ("node", "om"):
+            url = f"{base}/api/v1/series?" + urllib.parse.urlencode({"match[]": f'{{job="{job}"}}', "start": f"{t0:.3f}", "end": f"{t1:.3f}"})
+            prom_series[job] = json.loads(urllib.request.urlopen(url, timeout=10).read())["data"]
+        up = _prom_query(base, 'up{job=~"node|om"}', t1)
+        om_values = {tuple(sorted(r["metric"].items())): float(r["value"][1])
+                     for r in _prom_query(base, '{job="om", __name__!~"scrape_.*|up|.*_created"}', t1)}
     finally:
         if prom is not None:
             _stop(prom)
         if ours is not None:
             ours.stop()
         _stop(ne_proc)
-    assert up and up[0]["value"][1] == "1"
-    theirs = {tuple(sorted(s.items())) for s in prom_series}
-    got = read_stored(ours.data_dir, [Matcher("job", "=", "node")], int(t0 * 1000), int(t1 * 1000))
-    mine = set(got)
-    assert len(theirs) > 100
-    # Series whose label values change between scrapes (none expected for node exporter's
-    # defaults except possibly per-scrape timing) would appear on one side only: require equality.
-    only_theirs = sorted(theirs - mine)[:10]
-    only_mine = sorted(mine - theirs)[:10]
-    assert not only_theirs and not only_mine, (only_theirs, only_mine)
-    (_, up_vals), = [v for k, v in got.items() if dict(k)["__name__"] == "up"]
-    assert np.all(up_vals == 1.0)
+        om_server.shutdown()
+    assert len(up) == 2 and all(u["value"][1] == "1" for u in up)
+    for job in ("node", "om"):
+        theirs = {tuple(sorted(x.items())) for x in prom_series[job]}
+        got = read_stored(ours.data_dir, [Matcher("job", "=", job)], int(t0 * 1000), int(t1 * 1000))
+        mine = set(got)
+        assert len(theirs) > (100 if job == "node" else 15)
+        only_theirs = sorted(theirs - mine)[:10]
+        only_mine = sorted(mine - theirs)[:10]
+        assert not only_theirs and not only_mine, (job, only_theirs, only_mine)
+        (_, up_vals), = [v for k, v in got.items() if dict(k)["__name__"] == "up"]
+        assert np.all(up_vals == 1.0)
+        if job == "om":
+            for lbl, v in om_values.items():
+                assert got[lbl][1][-1] == v, lbl
+            assert len(om_values) >= 12
 
 
 @pytest.mark.parametrize("status", [429, pytest.param(503, marks=pytest.mark.slow)])

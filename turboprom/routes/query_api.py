@@ -3,8 +3,8 @@
 
 Evaluation and JSON encoding run on ``ctx.executor``; the event loop only parses parameters.
 The engine is ``ctx.components["engine"]`` (``promql.engine.Engine``). When the planner registers
-``ctx.components["planned_engine"]`` (same interface, rewrites onto summaries), queries go there
-unless the caller passes ``exact=true``, which forces the raw path.
+``ctx.components["planned_engine"]`` (same interface, rewrites onto summaries and logs queries),
+queries go there; ``exact=true`` is passed on to it and forces the raw path.
 """
 from __future__ import annotations
 
@@ -46,11 +46,24 @@ def _pick_engine(ctx: ServerContext, exact: bool, tenant: str = DEFAULT_TENANT) 
         if engines is None:
             raise APIError("unavailable", "multi-tenancy is not enabled on this server")
         return engines.get(tenant)
-    engine = None if exact else ctx.components.get("planned_engine")
-    engine = engine or ctx.components.get("engine")
+    # The planner's engine when present: it logs every query and honours ``exact`` itself (no
+    # rewrite onto summaries); the raw engine otherwise, or for ``exact`` when the planned
+    # engine cannot take the flag.
+    planned = ctx.components.get("planned_engine")
+    engine = planned or ctx.components.get("engine")
+    if exact and planned is not None and not _accepts(planned.instant_query, "exact"):
+        engine = ctx.components.get("engine")
     if engine is None:
         raise APIError("unavailable", "query engine is not available")
     return engine
+
+
+def _accepts(method: Any, name: str) -> bool:
+    try:
+        params = inspect.signature(method).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params or any(p.kind == p.VAR_KEYWORD for p in params.values())
 
 
 def _check_limits(ctx: ServerContext, q: str, tenant: str) -> Any:

@@ -350,3 +350,190 @@ def test_selection_functions_match_reference(ws):
         check("first_over_time", rw, lambda ts, v, e, r: float(v[0]) if len(v) else None)
         check("present_over_time", rw, lambda ts, v, e, r: 1.0 if len(v) else None)
         check("mad_over_time", rw, ref_mad)
+
+
+# --- classic histograms ----------------------------------------------------------------------
+
+def almost_equal(a: float, b: float, eps: float) -> bool:
+    if math.isnan(a) and math.isnan(b):
+        return True
+    if a == b:
+        return True
+    abs_sum = abs(a) + abs(b)
+    diff = abs(a - b)
+    if a == 0 or b == 0 or abs_sum < 2.2250738585072014e-308:
+        return diff < eps * 2.2250738585072014e-308
+    return diff / min(abs_sum, 1.7976931348623157e308) < eps
+
+
+def bucket_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
+    """Port of Prometheus's BucketQuantile (with coalescing and the monotonicity fix)."""
+    if math.isnan(q):
+        return math.nan
+    if q < 0:
+        return -math.inf
+    if q > 1:
+        return math.inf
+    buckets = sorted(buckets, key=lambda b: b[0])
+    if not math.isinf(buckets[-1][0]):
+        return math.nan
+    co: list[list[float]] = []
+    for ub, c in buckets:
+        if co and co[-1][0] == ub:
+            co[-1][1] += c
+        else:
+            co.append([ub, c])
+    prev = co[0][1]
+    for i in range(1, len(co)):
+        cur = co[i][1]
+        if cur == prev:
+            continue
+        if almost_equal(prev, cur, 1e-12):
+            co[i][1] = prev
+            continue
+        if cur < prev:
+            co[i][1] = prev
+            continue
+        prev = cur
+    if len(co) < 2:
+        return math.nan
+    obs = co[-1][1]
+    if obs == 0:
+        return math.nan
+    rank = q * obs
+    b = len(co) - 1
+    for i in range(len(co) - 1):
+        if co[i][1] >= rank:
+            b = i
+            break
+    if b == len(co) - 1:
+        return co[-2][0]
+    if b == 0 and co[0][0] <= 0:
+        return co[0][0]
+    start, end, count = 0.0, co[b][0], co[b][1]
+    if b > 0:
+        start = co[b - 1][0]
+        count -= co[b - 1][1]
+        rank -= co[b - 1][1]
+    return start + (end - start) * (rank / count)
+
+
+LES = ["-1", "0", "0.5", "1", "1.0", "2", "10", "+Inf"]
+
+
+@st.composite
+def histograms(draw):
+    T = draw(st.integers(1, 4))
+    groups = draw(st.integers(1, 3))
+    rows, labels, pres = [], [], []
+    for g in range(groups):
+        les = draw(st.lists(st.sampled_from(LES), min_size=1, max_size=6, unique=True))
+        for le in les:
+            labels.append(make_labels({"__name__": "h_bucket", "g": str(g), "le": le}))
+            rows.append(draw(st.lists(st.one_of(st.integers(0, 20).map(float), st.just(float("nan"))), min_size=T, max_size=T)))
+            pres.append(draw(st.lists(st.booleans(), min_size=T, max_size=T)))
+    qs = draw(st.lists(st.sampled_from([0.0, 0.1, 0.5, 0.9, 1.0, -0.5, 1.5, float("nan")]), min_size=T, max_size=T))
+    return labels, np.array(rows), np.array(pres, dtype=bool), np.array(qs)
+
+
+@SETTINGS
+@given(histograms())
+def test_histogram_quantile_matches_port(h):
+    from promql.types import VectorSteps
+
+    labels, vals, pres, qs = h
+    T = len(qs)
+    vec = VectorSteps(labels, vals, pres)
+    ctx = FunctionContext(np.arange(T, dtype=np.int64) * 60_000, Annotations(), None)
+    with np.errstate(all="ignore"):
+        out = F["histogram_quantile"](ctx, [Scalar(qs), vec])
+    got = {(lb, t): float(out.values[i, t]) for i, lb in enumerate(out.labels) for t in range(T) if out.present[i, t]}
+    want = {}
+    groups: dict = {}
+    for i, lb in enumerate(labels):
+        key = tuple(p for p in lb if p[0] != "le")
+        groups.setdefault(key, []).append(i)
+    for key, idx in groups.items():
+        for t in range(T):
+            b = [(float(dict(labels[i])["le"]), float(vals[i, t])) for i in idx if pres[i, t]]
+            if b:
+                want[(key, t)] = bucket_quantile(float(qs[t]), b)
+    assert got.keys() == want.keys()
+    for k in want:
+        assert close(got[k], want[k]), (k, got[k], want[k])
+
+
+def bucket_fraction(lower: float, upper: float, buckets: list[tuple[float, float]]) -> float:
+    """Port of Prometheus's BucketFraction (classic buckets; no monotonicity fix)."""
+    buckets = sorted(buckets, key=lambda b: b[0])
+    if not math.isinf(buckets[-1][0]):
+        return math.nan
+    co: list[list[float]] = []
+    for ub, c in buckets:
+        if co and co[-1][0] == ub:
+            co[-1][1] += c
+        else:
+            co.append([ub, c])
+    count = co[-1][1]
+    if count == 0 or math.isnan(lower) or math.isnan(upper):
+        return math.nan
+    if lower >= upper:
+        return 0.0
+    rank = lower_rank = upper_rank = 0.0
+    lower_set = upper_set = False
+    lower_bound = 0.0 if co[0][0] > 0 else -math.inf
+    for i, (ub, c) in enumerate(co):
+        if i > 0:
+            lower_bound = co[i - 1][0]
+
+        def interp(v: float) -> float:
+            if lower_bound == -math.inf:
+                return c
+            return rank + (c - rank) * (v - lower_bound) / (ub - lower_bound)
+
+        if not lower_set and lower_bound >= lower:
+            lower_rank, lower_set = rank, True
+        if not upper_set and lower_bound >= upper:
+            upper_rank, upper_set = rank, True
+        if lower_set and upper_set:
+            break
+        if not lower_set and lower_bound < lower < ub:
+            lower_rank, lower_set = interp(lower), True
+        if not upper_set and lower_bound < upper < ub:
+            upper_rank, upper_set = interp(upper), True
+        if lower_set and upper_set:
+            break
+        rank = c
+    if not lower_set or lower_rank > count:
+        lower_rank = count
+    if not upper_set or upper_rank > count:
+        upper_rank = count
+    return (upper_rank - lower_rank) / count
+
+
+@SETTINGS
+@given(histograms(), st.sampled_from([-math.inf, -1.0, 0.0, 0.25, 1.0, 3.0]),
+       st.sampled_from([-0.5, 0.5, 1.0, 2.0, 5.0, math.inf, math.nan]))
+def test_histogram_fraction_matches_port(h, lower, upper):
+    from promql.types import VectorSteps
+
+    labels, vals, pres, qs = h
+    T = len(qs)
+    vec = VectorSteps(labels, vals, pres)
+    ctx = FunctionContext(np.arange(T, dtype=np.int64) * 60_000, Annotations(), None)
+    with np.errstate(all="ignore"):
+        out = F["histogram_fraction"](ctx, [Scalar(np.full(T, lower)), Scalar(np.full(T, upper)), vec])
+    got = {(lb, t): float(out.values[i, t]) for i, lb in enumerate(out.labels) for t in range(T) if out.present[i, t]}
+    want = {}
+    groups: dict = {}
+    for i, lb in enumerate(labels):
+        groups.setdefault(tuple(p for p in lb if p[0] != "le"), []).append(i)
+    for key, idx in groups.items():
+        for t in range(T):
+            b = [(float(dict(labels[i])["le"]), float(vals[i, t])) for i in idx if pres[i, t]]
+            if b:
+                with np.errstate(all="ignore"):
+                    want[(key, t)] = bucket_fraction(lower, upper, b)
+    assert got.keys() == want.keys()
+    for k in want:
+        assert close(got[k], want[k]), (k, got[k], want[k])

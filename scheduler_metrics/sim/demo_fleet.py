@@ -29,7 +29,7 @@ class FleetSignals(LiveSignals):
     def __init__(self, base_url: str, workers: list[WorkerMetrics], speed: float, cluster: str):
         super().__init__(base_url, speed=speed, cluster=cluster)
         self.workers = workers
-        self._last = np.zeros((len(workers), 4))
+        self._last = np.zeros((len(workers), 5))
 
     def export(self, cl: ClusterSim) -> None:
         cap = cl.c.hw.host_kv_capacity_tokens
@@ -38,7 +38,7 @@ class FleetSignals(LiveSignals):
             w.set_kv_usage(min(1.0, s.cache_tokens / cap))
             w.set_prefill_backlog(s.backlog_tokens)
             w.set_prefill_capacity(cl.c.model.prefill_tokens_per_s)
-            cur = np.array([s.prompt_tokens, s.prefill_computed, s.generation_tokens, s.kv_transfer_bytes])
+            cur = np.array([s.prompt_tokens, s.prefill_computed, s.generation_tokens, s.kv_transfer_bytes, s.kv_writeback_bytes])
             d = np.maximum(cur - self._last[i], 0.0)
             prompt, computed = int(d[0]), int(min(d[1], d[0]))
             if prompt:
@@ -47,6 +47,8 @@ class FleetSignals(LiveSignals):
                 w.add_generation_tokens(int(d[2]))
             if d[3]:
                 w.add_kv_transfer(int(d[3]), "in")
+            if d[4]:
+                w.add_kv_writeback(int(d[4]), "out")
             self._last[i] = cur
 
 

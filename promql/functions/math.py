@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from promql.functions import FunctionContext, register
-from promql.functions.common import map_vector, scalar_arg, vector_arg
+from promql.functions.common import drop_empty_series, map_vector, scalar_arg, vector_arg
 from promql.types import Scalar, Value, VectorSteps
 
 
@@ -50,6 +50,7 @@ def _clamp(vec: VectorSteps, lo: np.ndarray, hi: np.ndarray) -> VectorSteps:
         empty_step = hi < lo  # Prometheus returns nothing at steps where max < min
     if empty_step.any():
         out.present = out.present & ~empty_step[None, :]
+        out = drop_empty_series(out)
     return out
 
 

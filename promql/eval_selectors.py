@@ -221,6 +221,17 @@ def window_index(offsets: np.ndarray, ts: np.ndarray, times: np.ndarray) -> np.n
     return np.cumsum(cells[:, :t], axis=1)
 
 
+def _count_step_samples(ctx: EvalContext, per_step: np.ndarray) -> None:
+    """Prometheus-style totalQueryableSamples (and per top-level step)."""
+    ctx.stats.total_queryable_samples += int(per_step.sum())
+    if ctx.subquery_depth == 0:
+        st = ctx.stats.samples_per_step
+        if st is None:
+            ctx.stats.samples_per_step = (ctx.step_times.copy(), per_step.astype(np.int64))
+        elif len(st[1]) == len(per_step):
+            st[1][:] += per_step.astype(np.int64)
+
+
 def _guard_cells(ctx: EvalContext, s: int, t: int) -> None:
     """Dense (S, T) results cost ~17 bytes per cell: refuse before allocating when even a
     quarter of the cells would exceed the sample limit."""
@@ -250,6 +261,7 @@ def eval_vector_selector(ctx: EvalContext, vs: Any) -> VectorSteps:
     present = has & (sts > (e - lb)[None, :])
     if stale_n.any():
         present &= ~stale_n[safe]
+    _count_step_samples(ctx, present.sum(axis=0))
     # absent cells keep whatever value was gathered: VectorSteps values are ignored there
     out = VectorSteps(list(ss.labels), vals, present, None, sts)
     keep = present.any(axis=1)
@@ -267,7 +279,8 @@ def eval_matrix_selector(ctx: EvalContext, ms: Any) -> RangeWindows:
     return windows_from_series(ctx, ss, e, rng)
 
 
-def windows_from_series(ctx: EvalContext, ss: SeriesSet, e: np.ndarray, rng: int, drop_name: np.ndarray | None = None) -> RangeWindows:
+def windows_from_series(ctx: EvalContext, ss: SeriesSet, e: np.ndarray, rng: int, drop_name: np.ndarray | None = None,
+                        count_samples: bool = True) -> RangeWindows:
     """RangeWindows over a CSR selection for window ends ``e`` and range ``rng`` (stale markers
     removed)."""
     _guard_cells(ctx, len(ss.labels), len(e))
@@ -286,6 +299,8 @@ def windows_from_series(ctx: EvalContext, ss: SeriesSet, e: np.ndarray, rng: int
     if hi.size:
         per_step = (hi - lo).sum(axis=0)
         held = int(per_step.max()) if per_step.size else 0
+        if count_samples:  # raw selections only (a subquery's inner selectors count themselves)
+            _count_step_samples(ctx, per_step)
     else:
         held = 0
     ctx.budget.charge(held, ctx.stats)

@@ -155,7 +155,7 @@ class Evaluator:
         rows, cols = np.nonzero(p)
         ts = inner_times[cols] if len(inner_times) else np.empty(0, np.int64)
         ss = SeriesSet(list(inner.labels), off, ts.astype(np.int64), inner.values[rows, cols])
-        return windows_from_series(ctx, ss, e, rng, inner.drop_name)
+        return windows_from_series(ctx, ss, e, rng, inner.drop_name, count_samples=False)
 
     # -- function calls -------------------------------------------------------------------
     def eval_call(self, node: Any, ctx: EvalContext) -> Value:

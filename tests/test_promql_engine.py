@@ -375,3 +375,14 @@ def test_count_values_rejects_invalid_utf8_label_name():
     assert str(ei.value) == 'invalid label name "a\\xc5z"'
     res = eng.instant_query('count_values("aÅz", v)', 0)  # a real code point is fine
     assert res.labels == [(("aÅz", "1"),)]
+
+
+def test_queryable_samples_per_step(counters):
+    res = Engine(counters).range_query("rate(req_total[1m])", 600_000, 720_000, 60_000)
+    st = res.stats
+    steps, counts = st.samples_per_step
+    assert steps.tolist() == [600_000, 660_000, 720_000]
+    assert counts.tolist() == [12, 12, 12]  # 3 series x 4 samples in each (t-1m, t]
+    assert st.total_queryable_samples == 36
+    res = Engine(counters).instant_query("req_total", 600_000)
+    assert res.stats.total_queryable_samples == 3

@@ -24,6 +24,7 @@ import argparse
 import cProfile
 import io
 import json
+import math
 import os
 import pstats
 import resource
@@ -36,6 +37,7 @@ import sys
 import tempfile
 import time
 import tracemalloc
+import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
@@ -150,6 +152,105 @@ def load_memory_source(ds: Dataset) -> MemorySource:
             src.add_series(lbl, ts_ms, row)
     src.select([], 0, 0)  # freeze now, not inside the first timed query
     return src
+
+
+def load_turboprom_dir(ds: Dataset, path: Path) -> None:
+    """Write the dataset into a TurboProm data directory through the real TSDB (storage/tsdb.py)."""
+    from storage.batch import SampleBatch
+    from storage.options import DAY_MS, StorageOptions
+    from storage.tsdb import TSDB
+
+    db = TSDB(str(path), StorageOptions(wal_fsync="never", retention_ms=60 * DAY_MS), background=False)
+    ts_ms = ds.ts_s * 1000
+    try:
+        for fam in ds.families:
+            for a in range(0, len(fam.labels), 500):
+                items = [(lbl, ts_ms, row) for lbl, row in zip(fam.labels[a:a + 500], fam.values[a:a + 500])]
+                res = db.append(SampleBatch.from_series(items))
+                if res.rejected_total:
+                    raise RuntimeError(f"TSDB rejected samples: {res.rejected} {res.errors[:3]}")
+    finally:
+        db.close()
+
+
+class TurboPromServer:
+    """A real `turboprom serve` over the loaded data dir (its HTTP API, TSDB, engine and planner)."""
+
+    def __init__(self, data_dir: Path, port: int):
+        self.data_dir, self.port = data_dir, port
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 900.0) -> None:
+        self.log = open(self.data_dir.parent / "turboprom.log", "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "turboprom", "serve", "--data-dir", str(self.data_dir), "--listen", f"127.0.0.1:{self.port}",
+             "--retention-time", "60d", "--wal-fsync", "never"], cwd=REPO, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError("turboprom exited; see " + str(self.data_dir.parent / "turboprom.log"))
+            try:
+                with urllib.request.urlopen(self.url + "/-/ready", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except Exception:  # noqa: BLE001 - not ready yet
+                pass
+            time.sleep(0.5)
+        raise TimeoutError("turboprom did not become ready")
+
+    def query_range(self, q: str, start_s: float, end_s: float, step_s: float) -> tuple[float, dict]:
+        params = urllib.parse.urlencode({"query": q, "start": start_s, "end": end_s, "step": step_s})
+        t0 = time.perf_counter()
+        with urllib.request.urlopen(f"{self.url}/api/v1/query_range?{params}", timeout=900) as r:
+            body = r.read()
+        wall = time.perf_counter() - t0
+        doc = json.loads(body)
+        if doc.get("status") != "success":
+            raise RuntimeError(f"turboprom error for {q}: {doc}")
+        return wall, doc["data"]
+
+    def hwm_bytes(self) -> int:
+        try:
+            for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+        except OSError:
+            pass
+        return 0
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+def compare_json(a: dict, b: dict, from_ms: int) -> str:
+    """Compare two Prometheus-API matrix results (TurboProm's vs Prometheus's) at steps >= from_ms."""
+    def pts(d: dict) -> dict:
+        out = {}
+        for s in d["result"]:
+            vals = [(int(round(float(t) * 1000)), float(v)) for t, v in s["values"] if float(t) * 1000 >= from_ms]
+            out[tuple(sorted(s["metric"].items()))] = vals
+        return out
+    pa, pb = pts(a), pts(b)
+    if set(pa) != set(pb):
+        return f"series differ: {len(pa)} vs {len(pb)}"
+    worst = 0.0
+    for k in pa:
+        if [t for t, _ in pa[k]] != [t for t, _ in pb[k]]:
+            return f"timestamps differ for {dict(k)}"
+        for (_, x), (_, y) in zip(pa[k], pb[k]):
+            if x != y and not (math.isnan(x) and math.isnan(y)):
+                worst = max(worst, abs(x - y) / (abs(x) + abs(y)))
+    return "ok" if worst < 1e-6 else f"max rel diff {worst:.2g}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -323,6 +424,8 @@ class Row:
     prom_peak_samples: int = 0
     series: int = 0
     check: str = ""
+    tp_wall_s: float = 0.0
+    tp_check: str = ""
 
     @property
     def ratio(self) -> float:
@@ -348,6 +451,18 @@ def render(rows: list[Row], meta: dict) -> str:
     for r in rows:
         out.append(f"| `{r.query}` | {r.rng} / {r.step_s}s | {r.series} | {fmt_s(r.ours_s)} | {fmt_s(r.prom_exec_s)} | {fmt_s(r.prom_wall_s)} | "
                    f"{r.ratio:.2f} | {r.ours_peak_bytes/2**20:.0f} MiB | {r.ours_peak_samples} | {r.prom_peak_samples} | {r.check} |")
+    if any(r.tp_wall_s or r.tp_check for r in rows):
+        out += ["", "End to end over HTTP (a real `turboprom serve` over its own TSDB holding the same data; wall time of "
+                "`/api/v1/query_range` incl. JSON, both servers queried alternately):", "",
+                "| query | range / step | TurboProm HTTP | Prometheus HTTP | TurboProm / Prometheus | results |", "|---|---|---:|---:|---:|---|"]
+        for r in rows:
+            if r.tp_wall_s or r.tp_check:
+                out.append(f"| `{r.query}` | {r.rng} / {r.step_s}s | {fmt_s(r.tp_wall_s)} | {fmt_s(r.prom_wall_s)} | "
+                           f"{r.tp_wall_s / r.prom_wall_s:.2f} | {r.tp_check} |")
+        hr = [r.tp_wall_s / r.prom_wall_s for r in rows if r.tp_wall_s and r.prom_wall_s and not math.isnan(r.tp_wall_s)] or [float("nan")]
+        out.append("")
+        out.append(f"Median ratio TurboProm HTTP / Prometheus HTTP: **{statistics.median(hr):.2f}** (min {min(hr):.2f}, max {max(hr):.2f}); "
+                   f"TurboProm server VmHWM {meta.get('tp_hwm', 0)/2**20:.0f} MiB.")
     ratios = [r.ratio for r in rows if r.prom_exec_s]
     out.append("")
     out.append(f"Median ratio ours / Prometheus engine over all {len(ratios)} queries: **{statistics.median(ratios):.2f}** "
@@ -407,6 +522,7 @@ def main() -> int:
     ap.add_argument("--ranges", default="1h,24h,7d")
     ap.add_argument("--write-doc", action="store_true", help="write the table into docs/benchmarks.md (## PromQL engine)")
     ap.add_argument("--profile", default="", help="query id to profile (our engine) at the largest range")
+    ap.add_argument("--http", action="store_true", help="also load a real TurboProm server (its TSDB) and time its HTTP API")
     ap.add_argument("--profile-only", action="store_true", help="skip Prometheus: load ours and profile --profile")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir")
     args = ap.parse_args()
@@ -437,6 +553,14 @@ def main() -> int:
         src = load_memory_source(ds)
         load_ours_s = time.perf_counter() - t0
         eng = Engine(src, lookback_delta_ms=300_000, max_samples=500_000_000, timeout_s=600.0)
+
+        tp: TurboPromServer | None = None
+        if args.http:
+            t0 = time.perf_counter()
+            load_turboprom_dir(ds, tmp / "tp-data")
+            tp = TurboPromServer(tmp / "tp-data", free_port())
+            tp.start()
+            print(f"turboprom loaded and ready in {time.perf_counter() - t0:.1f}s", flush=True)
 
         prom = Prometheus(tmp / "prom-data", free_port())
         prom.start()
@@ -471,6 +595,19 @@ def main() -> int:
                 row.ours_peak_samples = res.stats.peak_samples
                 row.prom_peak_samples = int(pdata["stats"].get("samples", {}).get("peakSamples", 0))
                 row.check = compare_results(res, pdata, int(ds.ts_s[0]) * 1000 + 3_600_000)
+                if tp is not None:
+                    try:
+                        tp.query_range(q, start, end, step)  # warm-up
+                        tw = []
+                        for _ in range(args.reps):
+                            wall, tdata = tp.query_range(q, start, end, step)
+                            tw.append(wall)
+                            prom.query_range(q, start, end, step)  # alternate, so load noise hits both
+                        row.tp_wall_s = statistics.median(tw)
+                        row.tp_check = compare_json(tdata, pdata, int(ds.ts_s[0]) * 1000 + 3_600_000)
+                    except urllib.error.HTTPError as e:  # reported in the table, not fatal
+                        row.tp_check = f"HTTP {e.code}: {e.read()[:200]!r}"
+                        row.tp_wall_s = float("nan")
                 tracemalloc.start()
                 eng.range_query(q, start * 1000, end * 1000, step * 1000)
                 row.ours_peak_bytes = tracemalloc.get_traced_memory()[1]
@@ -492,7 +629,7 @@ def main() -> int:
             "reps": args.reps, "series": ds.num_series, "points": len(ds.ts_s), "samples": ds.num_samples,
             "interval": args.interval, "days": args.days, "om_s": om_s, "promtool_s": promtool_s,
             "load_ours_s": load_ours_s, "ours_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-            "prom_hwm": prom.hwm_bytes(),
+            "prom_hwm": prom.hwm_bytes(), "tp_hwm": tp.hwm_bytes() if tp is not None else 0,
         }
         table = render(rows, meta)
         print(table)
@@ -502,6 +639,8 @@ def main() -> int:
     finally:
         if prom is not None:
             prom.stop()
+        if "tp" in locals() and tp is not None:
+            tp.stop()
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)
 

@@ -129,3 +129,18 @@ def test_admin_delete_series_when_enabled(servers):
     assert data(tp.url, "/api/v1/series", {"match[]": "keepme"}) == [{"__name__": "keepme"}]
     status, _, body = http("POST", tp.url + "/api/v1/admin/tsdb/delete_series", {})
     assert status == 400 and orjson.loads(body)["error"] == "no match[] parameter provided"
+
+
+def test_admin_api_cli_flag(tmp_path):
+    # Like Prometheus's --web.enable-admin-api: off by default, on with the flag.
+    now_ms = int(time.time() * 1000)
+    with ServerProcess(tmp_path / "off") as off:
+        status, _, body = http("POST", off.url + "/api/v1/admin/tsdb/delete_series", {"match[]": "x"})
+        assert status == 500 and orjson.loads(body) == {"status": "error", "errorType": "unavailable", "error": "admin APIs disabled"}
+        assert data(off.url, "/api/v1/status/flags")["web.enable-admin-api"] == "false"
+    with ServerProcess(tmp_path / "on", extra_args=["--web.enable-admin-api"]) as on:
+        import_text(on.url, f"x 1 {now_ms - 1000}\n")
+        status, _, body = http("POST", on.url + "/api/v1/admin/tsdb/delete_series", {"match[]": "x"})
+        assert status == 204, body
+        assert data(on.url, "/api/v1/series", {"match[]": "x"}) == []
+        assert data(on.url, "/api/v1/status/flags")["web.enable-admin-api"] == "true"

@@ -41,6 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--web.config.file", dest="web_config_file", default=None,
                    help="auth and TLS config (basic_auth_users, bearer_tokens, roles, tenants, tls_server_config)")
     s.add_argument("--insecure", action="store_true", help="allow listening beyond loopback without auth (logged loudly)")
+    s.add_argument("--web.enable-admin-api", dest="enable_admin_api", action="store_true",
+                   help="enable /api/v1/admin/* (delete_series, clean_tombstones), like Prometheus's flag")
     s.add_argument("--log-level", default="info")
 
     q = sub.add_parser("sql", help="run SQL against the DuckDB catalog and blocks")
@@ -166,6 +168,7 @@ def _config_from_args(a: argparse.Namespace) -> ServerConfig:
     cfg.storage.wal_fsync = a.wal_fsync
     cfg.web_config_file = a.web_config_file
     cfg.insecure = a.insecure
+    cfg.enable_admin_api = a.enable_admin_api
     cfg.load_file()
     return cfg
 

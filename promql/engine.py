@@ -201,11 +201,13 @@ class Engine:
                 idx = [i for i in np.flatnonzero(keep).tolist()]
                 idx.sort(key=lambda i: vec.labels[i])
                 ia = np.array(idx, dtype=np.int64)
+                pres = vec.present[ia] if len(ia) else np.zeros((0, len(steps)), bool)
                 return QueryResult(
                     "matrix",
                     labels=[vec.labels[i] for i in idx],
-                    values=vec.values[ia] if len(ia) else np.zeros((0, len(steps))),
-                    present=vec.present[ia] if len(ia) else np.zeros((0, len(steps)), bool),
+                    # absent cells read 0 (never leaked gather leftovers)
+                    values=np.where(pres, vec.values[ia], 0.0) if len(ia) else np.zeros((0, len(steps))),
+                    present=pres,
                     timestamps=steps,
                 )
             rows = np.flatnonzero(vec.present[:, 0]) if vec.num_series else np.empty(0, np.int64)

@@ -4,10 +4,14 @@
 * min/max: ``np.fmin/fmax.reduceat`` over the windows (NaN only when every sample is NaN, as
   Prometheus's "replace while the current max is NaN" loop gives).
 * sum/avg: exact integer prefix sums when every value is an integer and no partial sum can exceed
-  2^53 (then Prometheus's compensated sum is that exact number too); otherwise the sequential
-  kernel replicating Prometheus's Kahan-Neumaier sum / overflow-safe incremental mean bit for bit.
-* stddev/stdvar: kernel replicating Prometheus's compensated Welford recurrence.
-* quantile/mad: per-window sorts in chunks of a padded matrix.
+  2^53 (then Prometheus's compensated sum is that exact number too); otherwise one C-level
+  ``reduceat`` sum per window, accepted when its rounding-error bound is below 2^-40 of the result,
+  and for the remaining windows (cancellation, overflow, non-finite values) the kernel replicating
+  Prometheus's Kahan-Neumaier sum / overflow-safe incremental mean bit for bit.
+* stddev/stdvar: two-pass mean/variance on dense blocks of each window's samples; windows with
+  non-finite values or a mean far from zero relative to the spread use the kernel replicating
+  Prometheus's compensated Welford recurrence (its rounding then matters).
+* quantile/mad: per-window sorts of dense blocks grouped by window length.
 * ts_of_min/ts_of_max: the kernel (last occurrence of the extreme, NaN rules as Prometheus).
 """
 from __future__ import annotations

@@ -14,7 +14,6 @@ from typing import Callable, Iterator
 import numpy as np
 
 from promql.errors import ExecutionError
-from promql.functions import FunctionContext
 from promql.types import RangeWindows, Scalar, StringValue, Value, VectorSteps
 from storage.labels import Labels, metric_name
 

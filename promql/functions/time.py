@@ -85,3 +85,10 @@ def _query_bound(which: str):
 # (an instant query has start == end and step 0).
 for _which in ("start", "end", "step", "range"):
     register(_which)(_query_bound(_which))
+
+
+@register("start_timestamp")
+def start_timestamp(ctx: FunctionContext, args: list[Value]) -> Value:
+    """Experimental. This storage keeps no start timestamps (created timestamps), which is
+    Prometheus with start timestamps disabled: the result is empty."""
+    return VectorSteps.empty(vector_arg(args[0]).num_steps)

@@ -224,6 +224,7 @@ def test_api_parameter_fuzz_never_5xx(fuzz_srv, path: str, params: dict) -> None
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(int(os.environ.get("TURBOPROM_SOAK_SECONDS", "1800")) + 600)
 def test_soak_mixed_load_flat_memory(tmp_path: Path) -> None:
     """30 minutes (TURBOPROM_SOAK_SECONDS) of ingest + queries + congestion polls; RSS must stay flat
     after warm-up: the last third's median RSS within 25% of the middle third's. Run: pytest -m slow -s."""

@@ -51,6 +51,43 @@ from storage.series_set import SeriesSet
 _HOOKED = (pp.Call, pp.AggregateExpr, pp.VectorSelector, pp.MatrixSelector, pp.SubqueryExpr)
 _SORT_FUNCS = {"sort", "sort_desc", "sort_by_label", "sort_by_label_desc"}
 _loaded = False
+# functions that combine all series of their range-vector argument (no series-block splitting)
+_CROSS_SERIES = {"absent_over_time"}
+_CHUNK_CELLS = 1 << 18  # series x steps per block handed to a range-vector function
+
+
+def slice_windows(w: RangeWindows, a: int, b: int) -> RangeWindows:
+    """Series a..b of a RangeWindows, re-based onto its own CSR slice (views, no copies)."""
+    base = int(w.offsets[a])
+    end = int(w.offsets[b])
+    return RangeWindows(
+        w.labels[a:b],
+        w.offsets[a:b + 1] - base,
+        w.ts[base:end],
+        w.vals[base:end],
+        w.lo[a:b] - base,
+        w.hi[a:b] - base,
+        w.window_end,
+        w.range_ms,
+        None if w.drop_name is None else w.drop_name[a:b],
+    )
+
+
+def concat_vectors(parts: list[VectorSteps], t: int) -> VectorSteps:
+    parts = [p for p in parts if p.num_series]
+    if not parts:
+        return VectorSteps.empty(t)
+    if len(parts) == 1:
+        return parts[0]
+    labels = [l for p in parts for l in p.labels]
+    drop = None
+    if any(p.drop_name is not None for p in parts):
+        drop = np.concatenate([p.drop_name_mask() for p in parts])
+    sts = None
+    if all(p.sample_ts is not None for p in parts):
+        sts = np.concatenate([p.sample_ts for p in parts], axis=0)
+    return VectorSteps(labels, np.concatenate([p.values for p in parts], axis=0),
+                       np.concatenate([p.present for p in parts], axis=0), drop, sts)
 
 
 def _ensure_functions() -> None:
@@ -183,10 +220,32 @@ class Evaluator:
         )
         fctx.position = self.pos(node, ctx)
         fctx.arg_positions = [self.pos(a, ctx) or (0, 0) for a in node.args]
-        res = impl(fctx, args)
+        res = self._call_chunked(name, impl, fctx, args)
         if isinstance(res, VectorSteps):
             res = merge_same_labels(res)
         return res
+
+    def _call_chunked(self, name: str, impl: Any, fctx: FunctionContext, args: list[Value]) -> Value:
+        """Range-vector functions work series by series: feed them blocks of series so their
+        (series x steps) temporaries stay cache-sized and memory stays bounded."""
+        wi = [i for i, a in enumerate(args) if isinstance(a, RangeWindows)]
+        if len(wi) != 1 or name in _CROSS_SERIES:
+            return impl(fctx, args)
+        w = args[wi[0]]
+        s, t = w.num_series, w.num_steps
+        rows = max(16, _CHUNK_CELLS // max(t, 1))
+        if s <= rows:
+            return impl(fctx, args)
+        parts: list[VectorSteps] = []
+        for a in range(0, s, rows):
+            b = min(s, a + rows)
+            sub = list(args)
+            sub[wi[0]] = slice_windows(w, a, b)
+            r = impl(fctx, sub)
+            if not isinstance(r, VectorSteps):
+                return impl(fctx, args)  # not a per-series function after all
+            parts.append(r)
+        return concat_vectors(parts, t)
 
     # -- aggregations ---------------------------------------------------------------------
     def eval_aggregate(self, node: Any, ctx: EvalContext) -> VectorSteps:

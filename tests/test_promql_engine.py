@@ -386,3 +386,26 @@ def test_queryable_samples_per_step(counters):
     assert st.total_queryable_samples == 36
     res = Engine(counters).instant_query("req_total", 600_000)
     assert res.stats.total_queryable_samples == 3
+
+
+def test_series_blocks_give_identical_results(monkeypatch):
+    """Range-vector functions are fed blocks of series; results must not depend on the block size."""
+    import promql.evaluator as evaluator_mod
+
+    rng = np.random.default_rng(11)
+    src = MemorySource()
+    ts = np.arange(0, 1_800_000, 15_000, dtype=np.int64)
+    for i in range(40):
+        vals = np.cumsum(rng.integers(0, 5, size=len(ts))).astype(float)
+        vals[rng.random(len(ts)) < 0.05] = STALE_NAN
+        src.add_series(make_labels({"__name__": "c_total", "i": str(i)}), ts, vals)
+    eng = Engine(src)
+    queries = ["rate(c_total[2m])", "quantile_over_time(0.3, c_total[5m])", "last_over_time(c_total[1m])",
+               "absent_over_time(c_total[1m])", "max_over_time(rate(c_total[2m])[5m:30s])", "resets(c_total[10m])"]
+    whole = {q: eng.range_query(q, 300_000, 1_500_000, 30_000) for q in queries}
+    monkeypatch.setattr(evaluator_mod, "_CHUNK_CELLS", 50)  # 16-series blocks
+    for q in queries:
+        part = eng.range_query(q, 300_000, 1_500_000, 30_000)
+        assert part.labels == whole[q].labels, q
+        assert np.array_equal(part.present, whole[q].present), q
+        assert np.allclose(part.values, whole[q].values, equal_nan=True), q

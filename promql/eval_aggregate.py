@@ -20,7 +20,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from promql.errors import ExecutionError
-from promql.eval_labels import dense_ids, grouping_labels, merge_same_labels
+from promql.eval_labels import dense_ids, grouping_keys, grouping_labels, merge_same_labels
 from promql.types import Annotations, Scalar, StringValue, VectorSteps
 from storage.labels import METRIC_NAME, Labels
 
@@ -32,7 +32,7 @@ class Groups:
     """Rows grouped by output label set, in order of first appearance."""
 
     def __init__(self, labels: list[Labels], names: list[str], without: bool) -> None:
-        keys = [grouping_labels(l, names, without) for l in labels]
+        keys = grouping_keys(labels, names, without)
         self.gid, self.labels = dense_ids(keys)
         self.n = len(self.labels)
         self.order = np.argsort(self.gid, kind="stable")

@@ -20,6 +20,7 @@ from promql.eval_labels import (
     drop_metric_name,
     labels_string,
     match_signature,
+    match_signatures,
     merge_same_labels,
 )
 from promql.types import Scalar, VectorSteps
@@ -120,7 +121,7 @@ class Matching:
 
 
 def _sig_ids(m: Matching, lhs: VectorSteps, rhs: VectorSteps) -> tuple[np.ndarray, np.ndarray, int, list]:
-    sigs = [m.signature(l) for l in lhs.labels] + [m.signature(l) for l in rhs.labels]
+    sigs = match_signatures(list(lhs.labels) + list(rhs.labels), m.on, m.names)
     ids, uniq = dense_ids(sigs)
     return ids[: lhs.num_series], ids[lhs.num_series:], len(uniq), uniq
 

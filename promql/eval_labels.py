@@ -61,6 +61,28 @@ def match_signature(labels: Labels, on: bool, names: Sequence[str]) -> Labels:
     return tuple(p for p in labels if p[0] not in drop)
 
 
+def grouping_keys(all_labels: Sequence[Labels], names: Iterable[str], without: bool) -> list[Labels]:
+    """``grouping_labels`` for many label sets (the name set is built once)."""
+    if without:
+        drop = set(names)
+        drop.add(METRIC_NAME)
+        return [tuple([p for p in l if p[0] not in drop]) for l in all_labels]
+    keep = frozenset(names)
+    if not keep:
+        return [()] * len(all_labels)
+    return [tuple([p for p in l if p[0] in keep]) for l in all_labels]
+
+
+def match_signatures(all_labels: Sequence[Labels], on: bool, names: Sequence[str]) -> list[Labels]:
+    """``match_signature`` for many label sets."""
+    if on:
+        keep = frozenset(names)
+        return [tuple([p for p in l if p[0] in keep]) for l in all_labels]
+    drop = set(names)
+    drop.add(METRIC_NAME)
+    return [tuple([p for p in l if p[0] not in drop]) for l in all_labels]
+
+
 def grouping_labels(labels: Labels, names: Iterable[str], without: bool) -> Labels:
     """Output labels of an aggregation group (``by`` keeps names, ``without`` drops names and
     ``__name__``)."""

@@ -603,13 +603,17 @@ def xxhash64(data: bytes, seed: int = 0) -> int:
     return h
 
 
+def _size_prefix(n: int) -> bytes:
+    return bytes([n]) if n < 255 else bytes([255, n & 0xFF, (n >> 8) & 0xFF, (n >> 16) & 0xFF])
+
+
 def labels_hash(labels: Labels) -> int:
+    """Prometheus 3's default (stringlabels) ``Labels.Hash()``: xxHash64 of the packed label data
+    (each name and value prefixed by its length)."""
     buf = bytearray()
     for n, v in labels:
-        buf += n.encode()
-        buf.append(0xFF)
-        buf += v.encode()
-        buf.append(0xFF)
+        nb, vb = n.encode(), v.encode()
+        buf += _size_prefix(len(nb)) + nb + _size_prefix(len(vb)) + vb
     return xxhash64(bytes(buf))
 
 

@@ -409,3 +409,23 @@ def test_series_blocks_give_identical_results(monkeypatch):
         assert part.labels == whole[q].labels, q
         assert np.array_equal(part.present, whole[q].present), q
         assert np.allclose(part.values, whole[q].values, equal_nan=True), q
+
+
+def test_limitk_and_limit_ratio():
+    src = MemorySource()
+    for i in range(20):
+        src.add_series(make_labels({"__name__": "m", "i": f"{i:02d}", "g": str(i % 2)}), [0], [float(i)])
+    eng = Engine(src)
+    res = eng.instant_query("limitk by (g) (3, m)", 0)
+    assert sorted(dict(l)["i"] for l in res.labels) == ["00", "01", "02", "03", "04", "05"]  # first 3 per group
+    a = set(eng.instant_query("limit_ratio(0.5, m)", 0).labels)
+    b = set(eng.instant_query("limit_ratio(-0.5, m)", 0).labels)
+    assert a and b and not (a & b) and len(a | b) == 20  # r and -(1-r) split the series exactly
+    assert eng.instant_query("limit_ratio(1, m)", 0).labels.__len__() == 20
+    with pytest.raises(ExecutionError, match="Ratio value is NaN"):
+        eng.instant_query("limit_ratio(NaN, m)", 0)
+    with pytest.raises(ExecutionError, match="Parameter value is NaN"):
+        eng.instant_query("limitk(NaN, m)", 0)
+    from promql.eval_aggregate import xxhash64
+    assert xxhash64(b"") == 0xEF46DB3751D8E999  # reference vectors of xxHash64
+    assert xxhash64(b"Nobody inspects the spammish repetition") == 0xFBCEA83C8A378BF1

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from storage.columns import (INT64_MAX, INT64_MIN, dedupe_sorted, find_keys, group_bounds, grow, merge_sorted_parts,
+from storage.columns import (EMPTY_I64, INT64_MAX, INT64_MIN, dedupe_sorted, find_keys, group_bounds, grow, merge_sorted_parts,
                              order_by_series_time, sort_by_series_time, take_ranges, unique)
 
 R_FUTURE = "too_far_in_future"
@@ -32,9 +32,33 @@ class Run:
     sid: np.ndarray
     ts: np.ndarray
     val: np.ndarray
+    # (tmin, span, key) with key = sid * span + (ts - tmin), monotone over the run; built on the
+    # first time-bounded read so a short range is found by binary search, not a scan + filter.
+    _key: list = field(default_factory=list, compare=False, repr=False)
 
     def __len__(self) -> int:
         return len(self.sid)
+
+    def bounds(self, sids: np.ndarray, mint: int, maxt: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """[lo, hi) row ranges of ``sids`` restricted to [mint, maxt], or None if the composite
+        key would not fit in int64 (caller filters instead)."""
+        if not self._key:
+            tmin, tmax = int(self.ts.min()), int(self.ts.max())
+            span = tmax - tmin + 1
+            if (int(self.sid[-1]) + 1) * span >= (1 << 62):
+                self._key.append(None)
+            else:
+                self._key.append((tmin, tmax, span, self.sid * np.int64(span) + (self.ts - np.int64(tmin))))
+        k = self._key[0]
+        if k is None:
+            return None
+        tmin, tmax, span, key = k
+        lo_t, hi_t = max(mint, tmin), min(maxt, tmax)
+        if lo_t > hi_t:
+            return EMPTY_I64, EMPTY_I64
+        base = sids * np.int64(span)
+        return (np.searchsorted(key, base + np.int64(lo_t - tmin), "left"),
+                np.searchsorted(key, base + np.int64(hi_t - tmin), "right"))
 
 
 @dataclass
@@ -253,17 +277,21 @@ class Head:
         bounded = mint != INT64_MIN or maxt != INT64_MAX
         parts = []
         for r in runs:
-            lo = np.searchsorted(r.sid, sids, "left")
-            hi = np.searchsorted(r.sid, sids, "right")
-            idx = take_ranges(lo, hi)
-            s, t, v = r.sid[idx], r.ts[idx], r.val[idx]
-            if len(s) == 0:
-                continue
-            if bounded:
-                m = (t >= mint) & (t <= maxt)
-                if not m.all():
-                    s, t, v = s[m], t[m], v[m]
-            parts.append((s, t, v))
+            b = r.bounds(sids, mint, maxt) if bounded and len(r) else None
+            if b is not None:
+                idx = take_ranges(*b)
+                s, t, v = r.sid[idx], r.ts[idx], r.val[idx]
+            else:
+                lo = np.searchsorted(r.sid, sids, "left")
+                hi = np.searchsorted(r.sid, sids, "right")
+                idx = take_ranges(lo, hi)
+                s, t, v = r.sid[idx], r.ts[idx], r.val[idx]
+                if bounded and len(s):
+                    m = (t >= mint) & (t <= maxt)
+                    if not m.all():
+                        s, t, v = s[m], t[m], v[m]
+            if len(s):
+                parts.append((s, t, v))
         if pieces:
             # Not yet sealed: a vectorized scan with a membership mask, then sort what matched.
             sel = np.zeros(max(int(sids[-1]) + 1 if len(sids) else 0, len(self.last_ts)), dtype=bool)

@@ -208,3 +208,33 @@ def test_concurrent_appends_and_queries(tmp_path, background):
         assert not errors
         ss = db.select([Matcher("__name__", "=", "c")], 0, NOW)
         assert len(ss) == 150 and ss.num_samples == 150 * 100
+
+
+def test_time_bounded_reads_match_filtering(tmp_path):
+    """Head runs, unsealed rows and blocks, read with many [mint, maxt] windows."""
+    rng = np.random.default_rng(5)
+    series = [lbl("b", i=str(i)) for i in range(7)]
+    with open_db(tmp_path, out_of_order_window_ms=HOUR_MS) as db:
+        truth: dict[tuple, float] = {}
+        for step in range(12):
+            ts = T0 + np.sort(rng.choice(3_600_000, size=20, replace=False))
+            items = []
+            for s in series:
+                vs = rng.normal(size=len(ts))
+                items.append((s, ts, vs))
+            r = db.append(batch(*items))
+            for s, t, v in items:  # the model: first value per (series, ts) wins, retries are duplicates
+                for tt, vv in zip(t.tolist(), v.tolist()):
+                    truth.setdefault((s, tt), vv)
+            assert r.accepted + r.rejected.get("duplicate_timestamp", 0) == 20 * 7
+            if step % 3 == 0:
+                db.head.seal()
+            if step == 8:
+                db.flush_head()
+        for _ in range(40):
+            lo = int(T0 + rng.integers(-10_000, 3_700_000))
+            hi = lo + int(rng.integers(0, 2_000_000))
+            ss = db.select([Matcher("__name__", "=", "b")], lo, hi)
+            got = {(ss.labels[k], int(t)): float(v) for k in range(len(ss)) for t, v in zip(*ss.series(k))}
+            want = {k: v for k, v in truth.items() if lo <= k[1] <= hi}
+            assert got == want

@@ -37,6 +37,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 import orjson
+from prometheus_client import Histogram
 
 from scheduler_metrics.congestion.config import CongestionConfig
 from scheduler_metrics.congestion.queueing import (SurrogateParams, congestion_price, ewma_alpha, kingman_wait,
@@ -48,6 +49,15 @@ from storage.labels import METRIC_NAME, Labels
 from storage.stale import STALE_NAN, is_stale
 
 log = logging.getLogger("turboprom.congestion")
+
+# Our own cost and latency, on the server's /metrics (prometheus-client default registry).
+CONSUME_SECONDS = Histogram("turboprom_congestion_consume_seconds", "Time the tracker spends per ingested batch.",
+                            buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1))
+PUBLISH_DELAY_SECONDS = Histogram("turboprom_congestion_publish_delay_seconds",
+                                  "From a batch reaching the tracker to the snapshot that includes it.",
+                                  buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.1, 0.25, 0.5, 1.0))
+BUILD_SECONDS = Histogram("turboprom_congestion_snapshot_build_seconds", "Time to rebuild the snapshot.",
+                          buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1))
 
 SIGNALS: tuple[Signal, ...] = tuple(Signal)
 SIG_INDEX: dict[Signal, int] = {s: i for i, s in enumerate(SIGNALS)}
@@ -78,6 +88,23 @@ class CongestionSnapshot:
     clusters: list[dict[str, Any]]
     model: dict[str, Any]
     body: bytes = b""  # the unfiltered success JSON, pre-encoded
+
+    def __post_init__(self) -> None:
+        # Schedulers poll the same filter over and over: encode each filter once per snapshot.
+        self._bodies: dict[tuple, bytes] = {}
+
+    def body_for(self, clusters: Iterable[str] = (), models: Iterable[str] = (), instances: Iterable[str] = (),
+                 include_stale: bool = True) -> bytes:
+        """The success JSON for a filter, cached on this (immutable) snapshot."""
+        key = (tuple(sorted(clusters)), tuple(sorted(models)), tuple(sorted(instances)), include_stale)
+        if key == ((), (), (), True) and self.body:
+            return self.body
+        body = self._bodies.get(key)
+        if body is None:
+            body = orjson.dumps({"status": "success", "data": self.filtered(*key)})
+            if len(self._bodies) < 256:
+                self._bodies[key] = body
+        return body
 
     def filtered(self, clusters: Iterable[str] = (), models: Iterable[str] = (), instances: Iterable[str] = (),
                  include_stale: bool = True) -> dict[str, Any]:
@@ -158,6 +185,7 @@ class CongestionTracker:
         self._written_keys: set[tuple[str, InstanceKey]] = set()
         self.samples_consumed = 0
         self.last_build_s = 0.0
+        self._pending_since: float | None = None  # perf_counter of the oldest unpublished relevant batch
         self.samples_relevant = 0
 
     # ------------------------------------------------------------------ ingest side
@@ -165,6 +193,13 @@ class CongestionTracker:
         n = len(batch)
         if n == 0:
             return
+        t0 = time.perf_counter()
+        try:
+            self._consume(batch, n)
+        finally:
+            CONSUME_SECONDS.observe(time.perf_counter() - t0)
+
+    def _consume(self, batch: SampleBatch, n: int) -> None:
         now = self.clock()
         with self._lock:
             cache = self._cache
@@ -182,6 +217,8 @@ class CongestionTracker:
             vs = batch.values[m]
             self.samples_relevant += len(sl)
             self._update_slots(sl, ts, vs, now)
+            if self._pending_since is None:
+                self._pending_since = time.perf_counter()
         self._dirty.set()
 
     def _resolve(self, labels: Labels) -> int:
@@ -349,8 +386,10 @@ class CongestionTracker:
     def refresh(self, now: float | None = None) -> CongestionSnapshot:
         """Rebuild the snapshot now (also drops long-silent instances)."""
         now = self.clock() if now is None else now
+        t_build = time.perf_counter()
         self._dirty.clear()
         with self._lock:
+            pending, self._pending_since = self._pending_since, None
             self._drop_silent(now)
             n = self._ninst
             used = self._slot_sig[: self._nslots] >= 0
@@ -374,6 +413,10 @@ class CongestionTracker:
             snap = self._build(now, n, sig, inst, scale, val, rate, rate_slow, rate_ok, valid, newest, keys, stacks,
                                mu_busy, peak, now - last_build if last_build else 0.0)
         self._snapshot = snap
+        done = time.perf_counter()
+        BUILD_SECONDS.observe(done - t_build)
+        if pending is not None:
+            PUBLISH_DELAY_SECONDS.observe(done - pending)
         for fn in list(self._subscribers):
             try:
                 fn(snap)

@@ -65,14 +65,6 @@ def _filters(request: web.Request) -> dict[str, Any]:
     return out
 
 
-def _is_default(f: dict[str, Any]) -> bool:
-    return not any(f[n] for n in FILTERS) and f["include_stale"]
-
-
-def _data(tracker: Any, f: dict[str, Any]) -> dict[str, Any]:
-    return tracker.snapshot().filtered(f["cluster"], f["model"], f["instance"], f["include_stale"])
-
-
 def setup(app: web.Application, ctx: ServerContext) -> None:
     tracker0 = ctx.components.get("congestion")
     if tracker0 is not None:  # wiring may have built ingest after the tracker: connect again (idempotent)
@@ -89,10 +81,7 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
             f = _filters(request)
         except BadParam as e:
             return _error(400, "bad_data", str(e))
-        if _is_default(f):
-            body = tracker.snapshot().body
-        else:
-            body = orjson.dumps({"status": "success", "data": _data(tracker, f)})
+        body = tracker.snapshot().body_for(f["cluster"], f["model"], f["instance"], f["include_stale"])
         return web.Response(body=body, content_type="application/json")
 
     async def stream(request: web.Request) -> web.StreamResponse:

@@ -119,7 +119,7 @@ def merge_same_labels(vec: VectorSteps) -> VectorSteps:
     """Rows with identical label sets become one row when they never coexist at a step;
     coexisting rows raise Prometheus's duplicate-labelset error."""
     n = len(vec.labels)
-    if n <= 1:
+    if n <= 1 or len(set(vec.labels)) == n:
         return vec
     ids, uniq = dense_ids(vec.labels)
     if len(uniq) == n:

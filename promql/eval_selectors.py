@@ -17,7 +17,6 @@ import re
 from typing import Any
 
 import numpy as np
-import promql_parser as pp
 
 from promql.errors import BadData, TooManySamples
 from promql.eval_context import EvalContext

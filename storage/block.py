@@ -27,7 +27,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from storage.columns import EMPTY_F64, EMPTY_I64, group_bounds, ranges_index, unique
+from storage.columns import EMPTY_F64, EMPTY_I64, group_bounds, ranges_index
 from storage.labels import Labels, metric_name
 
 ROW_GROUP = 1 << 17
@@ -231,19 +231,27 @@ class Block:
         starts, ends = self.row_start[loc], self.row_end[loc]
         rows = ranges_index(starts, ends)
         rg = np.searchsorted(self._rg_start, rows, "right") - 1
-        need = unique(rg)
-        parts = [self._row_group(int(i)) for i in need]
-        if len(need) == 1:
-            ts_all, val_all = parts[0]
+        local_row = rows - self._rg_start[rg]
+        n = len(rows)
+        if n == 0:
+            return EMPTY_I64, EMPTY_I64, EMPTY_F64
+        if int(rg[0]) == int(rg[-1]) and (n == 1 or (rg == rg[0]).all()):
+            ts_g, val_g = self._row_group(int(rg[0]))
+            t, v = ts_g[local_row], val_g[local_row]
         else:
-            ts_all = np.concatenate([p[0] for p in parts])
-            val_all = np.concatenate([p[1] for p in parts])
-        part_len = np.array([len(p[0]) for p in parts], dtype=np.int64)
-        part_off = np.zeros(len(self._rg_start), dtype=np.int64)
-        part_off[need] = np.cumsum(part_len) - part_len
-        idx = rows - self._rg_start[rg] + part_off[rg]
+            # Gather row group by row group (no concatenation of whole decoded row groups).
+            order = np.argsort(rg, kind="stable")
+            rg_sorted = rg[order]
+            groups, gstart, gend = group_bounds(rg_sorted)
+            t = np.empty(n, dtype=np.int64)
+            v = np.empty(n, dtype=np.float64)
+            for gi, a, b in zip(groups.tolist(), gstart.tolist(), gend.tolist()):
+                ts_g, val_g = self._row_group(gi)
+                pos = order[a:b]
+                lr = local_row[pos]
+                t[pos] = ts_g[lr]
+                v[pos] = val_g[lr]
         s = np.repeat(g, ends - starts)
-        t, v = ts_all[idx], val_all[idx]
         if mint > self.mint or maxt < self.maxt:
             m = (t >= mint) & (t <= maxt)
             s, t, v = s[m], t[m], v[m]

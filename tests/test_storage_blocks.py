@@ -215,3 +215,28 @@ def test_turboprom_sql_errors_are_messages(tmp_path):
     r = subprocess.run([sys.executable, "-m", "turboprom", "sql", "--data-dir", str(tmp_path), "SELECT count(*) AS n FROM samples"],
                        cwd=REPO, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout.splitlines()[2].strip() == "0"
+
+
+def test_reads_spanning_many_row_groups(tmp_path):
+    from storage.block import ROW_GROUP
+    rng = np.random.default_rng(11)
+    series = [make_labels({"__name__": "rg", "i": f"{i:03d}"}) for i in range(100)]
+    n = 3 * ROW_GROUP // 100 + 500  # > 3 row groups in one block
+    ts = NOW - 2 * HOUR_MS + np.arange(n) * 10
+    vals = {s: rng.normal(size=n) for s in series}
+    with TSDB(str(tmp_path), StorageOptions(), background=False) as db:
+        db.append(SampleBatch.from_series([(s, ts, vals[s]) for s in reversed(series)]))
+        db.flush_head()
+        [b] = db.stats()["blocks"]
+        assert b["numSamples"] == 100 * n
+        for _ in range(10):
+            pick = sorted(rng.choice(100, size=int(rng.integers(1, 30)), replace=False).tolist())
+            regex = "|".join(f"{i:03d}" for i in pick)
+            lo = int(ts[int(rng.integers(0, n))])
+            hi = lo + int(rng.integers(0, n * 10))
+            ss = db.select([Matcher("i", "=~", regex)], lo, hi)
+            m = (ts >= lo) & (ts <= hi)
+            assert ss.labels == [series[i] for i in pick]
+            for k, i in enumerate(pick):
+                t, v = ss.series(k)
+                assert t.tolist() == ts[m].tolist() and v.tolist() == vals[series[i]][m].tolist()

@@ -170,6 +170,7 @@ def _prom_range(url: str, q: str, start: int, end: int, step: int) -> dict:
     return {tuple(sorted(s["metric"].items())): s["values"] for s in doc["data"]["result"]}
 
 
+@pytest.mark.peer
 @pytest.mark.timeout(300)
 def test_functions_agree_with_prometheus(peers):
     url, eng, end_s = peers

@@ -219,7 +219,7 @@ class Evaluator:
             extra={"eval_ctx": ctx},
         )
         fctx.position = self.pos(node, ctx)
-        fctx.arg_positions = [self.pos(a, ctx) or (0, 0) for a in node.args]
+        fctx.arg_positions = [self.pos(a, ctx) for a in node.args]  # type: ignore[misc]  # None: unknown
         res = self._call_chunked(name, impl, fctx, args)
         if isinstance(res, VectorSteps):
             res = merge_same_labels(res)

@@ -236,7 +236,7 @@ def kll_rank_errors(url: str, served: dict, window: str, phi: float, times: list
             if key not in served:
                 continue
             ts, vs = served[key]
-            hit = np.nonzero(np.isclose(ts, t))[0]
+            hit = np.nonzero(ts == t)[0]  # same float seconds as the served step
             if not len(hit):
                 continue
             v = vs[hit[0]]

@@ -92,3 +92,24 @@ def test_metric_without_plan_runs_raw(world):
     src_q = "quantile_over_time(0.5, g[1h])"  # no KLL SDS in this world
     fast = eng.instant_query(src_q, tmin + 7_200_000, node_hooks=[hook])
     assert fast.stats.paths == ["raw"]
+
+
+def test_constant_and_single_sample_windows_have_zero_stddev():
+    """Sum-of-squares rounding must not turn Prometheus's exact 0 into a tiny positive stddev."""
+    from storage.labels import make_labels
+
+    ts = T0 + np.arange(2000) * 300_000  # one sample per 5m
+    vals = np.where(np.arange(2000) % 500 < 250, 0.6123456789, np.random.default_rng(1).random(2000))
+    src, batch = load([(make_labels({"__name__": "g", "i": "0"}), ts, vals)])
+    _, (sds,) = summarized(src, batch, [("g", "exact")], live_from=int(ts[1000]))
+    hook = RewriteHook(RewriteContext(lambda m, a, ms: sds, cost_based=False))
+    eng = Engine(src)
+    for q in ["stddev_over_time(g[6m])", "stdvar_over_time(g[6m])", "stddev_over_time(g[6h])"]:
+        # evaluation 90 s after a sample: a 6m window holds exactly that sample, inside a whole pane
+        start, end = int(ts[100]) + 90_000, int(ts[1900]) + 90_000
+        raw = eng.range_query(q, start, end, 3_600_000)
+        fast = eng.range_query(q, start, end, 3_600_000, node_hooks=[hook])
+        assert fast.stats.paths[0].startswith("summary:")
+        _compare(raw, fast, q)
+        zeros = raw.values[raw.present] == 0
+        assert zeros.any() and (fast.values[fast.present][zeros] == 0).all()

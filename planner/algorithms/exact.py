@@ -163,7 +163,10 @@ def variance(st: SegStats) -> np.ndarray:
     n = st.count.astype(np.float64)
     with np.errstate(invalid="ignore", divide="ignore"):
         var = (st.s2 - st.s1 * st.s1 / n) / n
-    var = np.maximum(var, 0.0)
+        # A constant (or single-sample) window has variance exactly 0 (Prometheus's Welford gives 0);
+        # the sum-of-squares form leaves rounding residue of order eps * mean((v - c)^2): drop it.
+        noise = 1e-13 * (st.s2 / n)
+    var = np.where((var <= noise) | (st.count <= 1), 0.0, var)
     bad = (st.nnan + st.npinf + st.nninf) > 0
     return np.where(bad, np.nan, var)
 

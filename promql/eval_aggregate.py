@@ -347,6 +347,80 @@ def _select_smallest(key: np.ndarray, g: Groups, k: np.ndarray) -> np.ndarray:
     return _ranks_within_groups(key, g) < k[None, :]
 
 
+_HEAP_SIM_BUDGET = 2_000_000  # row visits of exact heap replay for tie-straddled cells
+
+
+def _heap_ties(op: str, V: np.ndarray, P: np.ndarray, key: np.ndarray, g: Groups, k: np.ndarray, sel: np.ndarray) -> None:
+    """Where equal values straddle the k-th place, Prometheus's choice follows its heap
+    (container/heap with replace-the-top-only-if-strictly-better), not input order. Replay that
+    heap exactly for just those (group, step) cells (rare: exact ties at the boundary), within a
+    work budget; elsewhere the vectorized selection is already identical."""
+    if g.n == 0 or not sel.any():
+        return
+    thr = g.reduce(np.maximum, np.where(sel, key, np.uint64(0)))  # (G, T) worst selected key
+    tie = P & ~sel & (key == thr[g.gid])
+    if not tie.any():
+        return
+    cells = sorted({(int(gi), int(c)) for gi, c in zip(g.gid[np.nonzero(tie)[0]].tolist(), np.nonzero(tie)[1].tolist())})
+    if sum(int(g.sizes[gi]) for gi, _ in cells) > _HEAP_SIM_BUDGET:
+        return
+    for gi, c in cells:  # per tie-straddled (group, step)
+        rows = [int(r) for r in np.sort(g.rows_of(gi)) if P[r, c]]
+        kept = _go_heap_select(op, [(float(V[r, c]), r) for r in rows], int(k[c]))
+        sel[rows, c] = False
+        sel[kept, c] = True
+
+
+def _go_heap_select(op: str, items: list[tuple[float, int]], k: int) -> list[int]:
+    """Port of Prometheus's topk/bottomk selection over Go's container/heap."""
+    if k < 1:
+        return []
+    nan = math.isnan
+
+    def less(a: tuple[float, int], b: tuple[float, int]) -> bool:
+        if nan(a[0]):
+            return True
+        return a[0] < b[0] if op == "topk" else a[0] > b[0]
+
+    h: list[tuple[float, int]] = []
+
+    def up(j: int) -> None:
+        while j > 0:
+            i = (j - 1) // 2
+            if not less(h[j], h[i]):
+                break
+            h[i], h[j] = h[j], h[i]
+            j = i
+
+    def down(i0: int) -> bool:
+        i, n = i0, len(h)
+        while True:
+            j1 = 2 * i + 1
+            if j1 >= n:
+                break
+            j = j1
+            if j1 + 1 < n and less(h[j1 + 1], h[j1]):
+                j = j1 + 1
+            if not less(h[j], h[i]):
+                break
+            h[i], h[j] = h[j], h[i]
+            i = j
+        return i > i0
+
+    for it in items:
+        if len(h) < k:
+            h.append(it)
+            up(len(h) - 1)
+            continue
+        top = h[0][0]
+        better = (top < it[0]) if op == "topk" else (top > it[0])
+        if better or (nan(top) and not nan(it[0])):
+            h[0] = it
+            if k > 1 and not down(0):
+                up(0)
+    return [r for _, r in h]
+
+
 def _first_step_order(key: np.ndarray, g: Groups) -> np.ndarray:
     """Rows in (group, key, row) order at the first step (instant-query output order)."""
     return np.lexsort((np.arange(key.shape[0]), key[:, 0], g.gid))
@@ -520,6 +594,8 @@ def select_k(op: str, vec: VectorSteps, names: list[str], without: bool, param: 
         else:  # limitk: the first k present series of each group, in input order
             key = np.where(P, np.uint64(0), _U_ABSENT)
         sel = P & _select_smallest(key, g, k)
+        if op in ("topk", "bottomk"):
+            _heap_ties(op, V, P, key, g, k, sel)
         order_col0 = _first_step_order(key, g) if t == 1 else np.arange(s_)
     out = VectorSteps(vec.labels, V, sel, vec.drop_name)
     if t == 1:

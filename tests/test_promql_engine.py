@@ -317,18 +317,18 @@ def test_delayed_name_removal_end_of_query():
 
 
 def _ref_select(vals: np.ndarray, groups: list[int], k: int, largest: bool) -> set[tuple[int, int]]:
-    """(row, step) pairs topk/bottomk must select: per group and step the k best values,
-    NaN last, ties by row order."""
+    """(row, step) pairs topk/bottomk must select: per group and step, Prometheus's heap
+    selection over the present rows in input order (straight port, one cell at a time)."""
+    from promql.eval_aggregate import _go_heap_select
+
     out = set()
     for t in range(vals.shape[1]):
         by_group: dict[int, list[int]] = {}
         for r, gr in enumerate(groups):
             by_group.setdefault(gr, []).append(r)
         for rows in by_group.values():
-            def key(r):
-                v = vals[r, t]
-                return (math.isnan(v), -v if largest else v, r)
-            for r in sorted(rows, key=key)[:k]:
+            items = [(float(vals[r, t]), r) for r in rows]
+            for r in _go_heap_select("topk" if largest else "bottomk", items, k):
                 out.add((r, t))
     return out
 
@@ -429,3 +429,16 @@ def test_limitk_and_limit_ratio():
     from promql.eval_aggregate import xxhash64
     assert xxhash64(b"") == 0xEF46DB3751D8E999  # reference vectors of xxHash64
     assert xxhash64(b"Nobody inspects the spammish repetition") == 0xFBCEA83C8A378BF1
+
+
+def test_topk_ties_follow_prometheus_heap():
+    # values 2, 2, 3 (in label order a, b, c): Prometheus's heap keeps b and c, not a and c
+    src = _src({'m{s="a"}': ([0], [2.0]), 'm{s="b"}': ([0], [2.0]), 'm{s="c"}': ([0], [3.0])})
+    eng = Engine(src)
+    res = eng.instant_query("topk(2, m)", 0)
+    assert sorted(dict(l)["s"] for l in res.labels) == ["b", "c"]
+    res = eng.range_query("topk(2, m)", 0, 60_000, 60_000)
+    assert sorted(dict(l)["s"] for l in res.labels) == ["b", "c"]
+    src = _src({'m{s="a"}': ([0], [3.0]), 'm{s="b"}': ([0], [3.0]), 'm{s="c"}': ([0], [2.0])})
+    res = Engine(src).instant_query("bottomk(2, m)", 0)
+    assert sorted(dict(l)["s"] for l in res.labels) == ["b", "c"]

@@ -459,3 +459,22 @@ def test_variance_matches_prometheus_replica(offset):
     sel = np.flatnonzero(n > 0)
     ref = omod._variance_kernel(rw.vals, rw.lo.reshape(-1)[sel], n[sel])
     np.testing.assert_allclose(omod._variance(rw).reshape(-1)[sel], ref, rtol=1e-9)
+
+
+@pytest.mark.parametrize("offset", [0.0, 1e3])
+def test_variance_long_windows_prefix_path_matches_replica(offset):
+    import promql.functions.over_time as omod
+
+    rng = np.random.default_rng(9)
+    series = [regular("g", 15_000, np.round(offset + np.cumsum(rng.normal(0, 1, 400)), 3).tolist(), i=str(i))
+              for i in range(3)]
+    series.append(regular("c", 15_000, [7.0] * 400, i="const"))
+    steps = [1_800_000 + k * 60_000 for k in range(60)]
+    rw = windows(series, steps, 1_800_000)  # 120-sample windows: the prefix-sum path
+    n = (rw.hi - rw.lo).reshape(-1)
+    assert n.mean() >= omod._PREFIX_MIN_WINDOW
+    sel = np.flatnonzero(n > 0)
+    ref = omod._variance_kernel(rw.vals, rw.lo.reshape(-1)[sel], n[sel])
+    got = omod._variance(rw).reshape(-1)[sel]
+    np.testing.assert_allclose(got, ref, rtol=1e-9)
+    assert (got[ref == 0] == 0).all()  # the constant series is exactly 0

@@ -285,16 +285,93 @@ def _variance_kernel(vals: np.ndarray, lo: np.ndarray, n: np.ndarray) -> np.ndar
     return out
 
 
+_EPS_LD = float(np.finfo(np.longdouble).eps)
+# Below this mean window length the dense two-pass path is cheaper than the extended-precision
+# prefix sums (measured: 20-sample windows, dense 1.1-1.3 s vs prefix 1.9-2.2 s per 2.4M windows).
+_PREFIX_MIN_WINDOW = 64
+
+
+def _variance_prefix(rw: RangeWindows, sel: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Variance of the selected flat windows from per-series prefix sums of (y - K) and (y - K)^2
+    (K: the series' first value), accumulated in extended precision: O(samples + windows).
+    Returns (variance, ok); windows whose rounding-error bound exceeds 1e-9 of the result, with
+    non-finite values, or far from zero relative to their spread (where Prometheus's own Welford
+    rounding shows) are not ok and left to the caller."""
+    S, T = rw.lo.shape
+    offs = np.asarray(rw.offsets, dtype=np.int64)
+    lens = np.diff(offs)
+    N = int(offs[-1])
+    maxl = int(lens.max()) if S else 0
+    W = sel.size
+    if W == 0 or maxl == 0 or S * (maxl + 1) > 2 * N + 4096:
+        return np.zeros(W), np.zeros(W, dtype=bool)
+    vals = np.asarray(rw.vals, dtype=np.float64)[:N]
+    series_of = np.repeat(np.arange(S), lens)
+    col = np.arange(N) - offs[:-1][series_of]
+    stride = maxl + 1
+    flat = series_of * stride + col + 1
+    first = vals[np.minimum(offs[:-1], max(N - 1, 0))]
+    k_s = np.where(np.isfinite(first), first, 0.0)
+
+    def prefix(x: np.ndarray, dtype) -> np.ndarray:
+        g = np.zeros(S * stride, dtype=dtype)
+        g[flat] = x
+        g = g.reshape(S, stride)
+        np.cumsum(g, axis=1, out=g)
+        return g.reshape(-1)
+
+    with np.errstate(all="ignore"):
+        yk = vals - k_s[series_of]
+        ykl = yk.astype(np.longdouble)
+        e1 = prefix(ykl, np.longdouble)
+        e2 = prefix(ykl * ykl, np.longdouble)
+        a1 = prefix(np.abs(yk), np.float64)
+        a2 = prefix(yk * yk, np.float64)
+        prev = np.empty(N)
+        if N:
+            prev[0] = np.nan
+            prev[1:] = vals[:-1]
+        chg = (vals != prev).astype(np.int64)
+        chg[col == 0] = 0
+        e_chg = prefix(chg, np.int64)
+
+        s_idx = sel // T
+        lo_g = rw.lo.reshape(-1)[sel]
+        hi_g = rw.hi.reshape(-1)[sel]
+        lo_c = s_idx * stride + (lo_g - offs[s_idx])
+        hi_c = s_idx * stride + (hi_g - offs[s_idx])
+        nf = (hi_g - lo_g).astype(np.float64)
+        s1 = e1[hi_c] - e1[lo_c]
+        s2 = e2[hi_c] - e2[lo_c]
+        var = ((s2 - s1 * s1 / nf) / nf).astype(np.float64)
+        k = lens[s_idx].astype(np.float64) + 2
+        m1 = np.abs((s1 / nf).astype(np.float64))
+        err = (k * _EPS_LD * a2[hi_c] + 2 * m1 * k * _EPS_LD * a1[hi_c]) / nf + 4 * np.finfo(np.float64).eps * np.abs(var)
+        mean = m1 * np.sign((s1).astype(np.float64)) + k_s[s_idx]
+        ok = np.isfinite(var) & (var > 0) & (err <= 1e-9 * var) & ~(mean * mean > 1e8 * var)
+        const = (e_chg[hi_c] - e_chg[np.minimum(lo_c + 1, hi_c)]) == 0
+        const &= np.isfinite(vals[lo_g])
+        var = np.where(const, 0.0, var)
+        ok |= const
+    return var, ok
+
+
 def _variance(rw: RangeWindows) -> np.ndarray:
-    """Population variance per window: a two-pass computation on dense blocks (at least as
-    accurate as Prometheus's compensated Welford); windows holding non-finite values use the exact
-    replica so NaN/Inf propagate as in Prometheus. Constant windows are exactly 0 in both."""
+    """Population variance per window: prefix sums with an error bound for most windows
+    (``_variance_prefix``), then a two-pass computation on dense blocks (at least as accurate as
+    Prometheus's compensated Welford); windows holding non-finite values, or far from zero
+    relative to their spread, use the exact replica. Constant windows are exactly 0 in all."""
     vals = np.asarray(rw.vals, dtype=np.float64)
     n = rw.hi - rw.lo
     out = np.zeros(n.size)
     sel = np.flatnonzero(n.reshape(-1) > 0)
     lo_f = rw.lo.reshape(-1)
     n_f = n.reshape(-1)
+    if sel.size and float(n_f[sel].mean()) >= _PREFIX_MIN_WINDOW:
+        # Long windows: prefix sums make the cost independent of the window length.
+        p_var, p_ok = _variance_prefix(rw, sel)
+        out[sel[p_ok]] = p_var[p_ok]
+        sel = sel[~p_ok]
     all_finite = bool(np.isfinite(vals).all())
     with np.errstate(all="ignore"):
         for pos, idx in dense_blocks(rw.lo, n, sel):

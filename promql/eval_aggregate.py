@@ -355,8 +355,8 @@ def _heap_ties(op: str, V: np.ndarray, P: np.ndarray, key: np.ndarray, g: Groups
     (container/heap with replace-the-top-only-if-strictly-better), not input order. Replay that
     heap exactly for just those (group, step) cells (rare: exact ties at the boundary), within a
     work budget; elsewhere the vectorized selection is already identical."""
-    if g.n == 0 or not sel.any():
-        return
+    if g.n == 0 or not sel.any() or int(g.sizes.max()) <= int(k.min()):
+        return  # every present series of every group is kept: nothing to break
     thr = g.reduce(np.maximum, np.where(sel, key, np.uint64(0)))  # (G, T) worst selected key
     tie = P & ~sel & (key == thr[g.gid])
     if not tie.any():

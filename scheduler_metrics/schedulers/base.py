@@ -72,13 +72,24 @@ class PendingWork:
     def __init__(self) -> None:
         self._t = float("nan")
         self._added: np.ndarray | None = None
+        self._count: np.ndarray | None = None
 
-    def backlog(self, cl: ClusterView) -> np.ndarray:
+    def _sync(self, cl: ClusterView) -> None:
         if self._added is None or cl.signal_time != self._t or len(self._added) != cl.n:
             self._t = cl.signal_time
             self._added = np.zeros(cl.n)
+            self._count = np.zeros(cl.n)
+
+    def backlog(self, cl: ClusterView) -> np.ndarray:
+        self._sync(cl)
         return cl.backlog_s + self._added
+
+    def queue(self, cl: ClusterView) -> np.ndarray:
+        """Queue length as seen in the signals plus requests assigned since."""
+        self._sync(cl)
+        return cl.queue_len + self._count
 
     def add(self, instance: int, seconds: float) -> None:
         if self._added is not None:
             self._added[instance] += seconds
+            self._count[instance] += 1

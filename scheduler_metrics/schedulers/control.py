@@ -43,7 +43,7 @@ class SchedulerControl:
             version = self.versions.get(session, 0)
             if version != expected:
                 return 412, {"error": f"holder version of session {session} is {version}, not {expected}"}
-            self.vesta.holder[session] = to
+            self.vesta.pin_holder(session, to)  # honoured by later placements, not just recorded
             self.versions[session] = version + 1
             res = {"session": session, "holder": to, "holder_version": version + 1}
             self.applied[key] = res
@@ -59,6 +59,7 @@ class SchedulerControl:
             if key in self.applied:
                 return 409, {"error": f"idempotency key {key} already applied"}
             self.drained.add(inst)
+            self.vesta.drained.add(inst)  # Vesta stops placing work and sessions there
             res = {"drained": sorted(self.drained)}
             self.applied[key] = res
             self.commits += 1

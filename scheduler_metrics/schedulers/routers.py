@@ -66,17 +66,20 @@ class LLMDScheduler(_LastPlace):
     w_queue: float = 2.0
     w_kv: float = 2.0
     w_prefix: float = 3.0
+    _pending: PendingWork = field(default_factory=PendingWork)
 
     def choose(self, req: RequestView, cl: ClusterView) -> Decision:
         cand = cl.candidates
-        q = cl.queue_len[cand].astype(float)
+        q = self._pending.queue(cl)[cand].astype(float)
         span = q.max() - q.min()
         queue_score = (q.max() - q) / span if span > 0 else np.ones(len(cand))
         kv_score = 1.0 - np.clip(cl.kv_usage[cand], 0.0, 1.0)
         prefix = np.array([min(req.reuse_tokens, cl.cached_tokens(int(c), req.session)) for c in cand], dtype=float)
         prefix_score = prefix / max(req.input_tokens, 1)
         score = self.w_queue * queue_score + self.w_kv * kv_score + self.w_prefix * prefix_score
-        return self.local(int(cand[int(np.argmax(score))]), req)
+        exe = int(cand[int(np.argmax(score))])
+        self._pending.add(exe, 0.0)
+        return self.local(exe, req)
 
 
 @dataclass
@@ -87,12 +90,20 @@ class DynamoScheduler(_LastPlace):
     name: str = "dynamo"
     overlap_weight: float = 1.0
     block_tokens: int = 512
-    kv_capacity_blocks: float = 900_000 / 512
+    kv_capacity_blocks: float = 900_000 / 512  # GPU KV blocks per worker (sim constants)
+    _pending_blocks: dict = field(default_factory=dict)
+    _t: float = float("nan")
 
     def choose(self, req: RequestView, cl: ClusterView) -> Decision:
         cand = cl.candidates
+        if cl.signal_time != self._t:  # fresh signals include what we assigned before
+            self._t, self._pending_blocks = cl.signal_time, {}
         cached = np.array([min(req.reuse_tokens, cl.cached_tokens(int(c), req.session)) for c in cand], dtype=float)
         prefill_blocks = np.ceil((req.input_tokens - cached) / self.block_tokens)
-        decode_blocks = cl.kv_usage[cand] * self.kv_capacity_blocks
+        pending = np.array([self._pending_blocks.get(int(c), 0.0) for c in cand])
+        decode_blocks = cl.kv_usage[cand] * self.kv_capacity_blocks + pending
         cost = self.overlap_weight * prefill_blocks + decode_blocks
-        return self.local(int(cand[int(np.argmin(cost))]), req)
+        k = int(np.argmin(cost))
+        exe = int(cand[k])
+        self._pending_blocks[exe] = self._pending_blocks.get(exe, 0.0) + np.ceil((req.input_tokens + req.output_tokens) / self.block_tokens)
+        return self.local(exe, req)

@@ -31,6 +31,10 @@ class VestaScheduler:
     holder: dict[int, int] = field(default_factory=dict)
     _buckets: list[np.ndarray] = field(default_factory=list)
     _pending: PendingWork = field(default_factory=PendingWork)
+    # Operator/KedgeFlow actions: a migrated session stays on its new holder while it stays in that
+    # length bucket; drained instances receive no new work and hold no new sessions.
+    pinned: dict[int, tuple[int, int]] = field(default_factory=dict)  # session -> (holder, bucket)
+    drained: set[int] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         if not self.use_price and self.name == "vesta":
@@ -44,7 +48,7 @@ class VestaScheduler:
             counts[np.argmax(counts)] -= 1
         while counts.sum() < self.n_instances:
             counts[np.argmin(counts)] += 1
-        # Interleave instances across buckets so a bucket is not one contiguous rack.
+        # Each bucket gets a contiguous range of instance ids.
         order = np.arange(self.n_instances)
         self._buckets, start = [], 0
         for c in counts:
@@ -55,8 +59,20 @@ class VestaScheduler:
         return int(np.searchsorted(np.array(self.bucket_bounds), tokens, side="right"))
 
     def holder_for(self, session: int, tokens: int) -> int:
-        members = self._buckets[self.bucket_of(tokens)]
-        return int(members[stable_hash(session, "vesta") % len(members)])
+        b = self.bucket_of(tokens)
+        pin = self.pinned.get(session)
+        if pin is not None and pin[1] == b and pin[0] not in self.drained:
+            return pin[0]
+        members = [int(m) for m in self._buckets[b] if int(m) not in self.drained] or [int(m) for m in self._buckets[b]]
+        return members[stable_hash(session, "vesta") % len(members)]
+
+    def pin_holder(self, session: int, instance: int, tokens: int | None = None) -> None:
+        """Make ``instance`` the session's holder (a migration approved through KedgeFlow)."""
+        cur = self.holder.get(session)
+        b = self.bucket_of(tokens) if tokens is not None else next(
+            (i for i, mem in enumerate(self._buckets) if cur is not None and cur in set(mem.tolist())), 0)
+        self.pinned[session] = (instance, b)
+        self.holder[session] = instance
 
     def choose(self, req: RequestView, cl: ClusterView) -> Decision:
         h_new = self.holder_for(req.session, req.input_tokens)
@@ -66,6 +82,10 @@ class VestaScheduler:
         src = h_old if h_old >= 0 else h_new
         cached = min(req.reuse_tokens, cl.cached_tokens(src, req.session))
         cand = cl.candidates
+        if self.drained:
+            keep = np.array([int(c) not in self.drained for c in cand])
+            if keep.any():
+                cand = cand[keep]
         uncached = np.full(len(cand), float(req.input_tokens - cached))
         compute = cl.prefill_time(uncached, cl.running[cand])
         remote = cand != h_new

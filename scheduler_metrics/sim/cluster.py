@@ -27,7 +27,7 @@ class InstanceState:
     prefill_free_at: float = 0.0
     nic_free_at: float = 0.0
     prefill_jobs: list = field(default_factory=list)  # heap of (start, end, uncached tokens, prompt tokens)
-    decodes: list = field(default_factory=list)  # heap of (end, output tokens)
+    decodes: list = field(default_factory=list)  # heap of (end, output tokens, context tokens)
     cache: OrderedDict = field(default_factory=OrderedDict)  # session -> KV tokens (LRU order)
     cache_tokens: int = 0
     # counters as of the last advance()
@@ -38,6 +38,7 @@ class InstanceState:
     kv_transfer_bytes: float = 0.0
     kv_writeback_bytes: float = 0.0
     backlog_tokens: float = 0.0  # prefill tokens enqueued and not yet computed
+    gpu_kv_tokens: float = 0.0  # KV of the running decode batch (what vLLM's kv_cache_usage_perc measures)
     waiting: int = 0  # prefill jobs not yet started
     running: int = 0  # decodes in progress
     assigned: int = 0
@@ -131,9 +132,10 @@ class ClusterSim:
             s.waiting = sum(1 for j in jobs if j[0] > now)
             dec = s.decodes
             while dec and dec[0][0] <= now:
-                _, out = heapq.heappop(dec)
+                _, out, ctx_tokens = heapq.heappop(dec)
                 s.generation_tokens += out
                 s.requests_done += 1
+                s.gpu_kv_tokens -= ctx_tokens
             s.running = len(dec)
 
     def cached_tokens(self, i: int, session: int) -> int:
@@ -169,7 +171,8 @@ class ClusterSim:
         return max(end, not_before)
 
     def kv_usage(self) -> np.ndarray:
-        return np.array([s.cache_tokens for s in self.inst], dtype=float) / self.c.hw.host_kv_capacity_tokens
+        """GPU KV-cache usage (0..1) from the running sequences, as vLLM reports it."""
+        return np.minimum(np.array([s.gpu_kv_tokens for s in self.inst], dtype=float) / self.c.hw.gpu_kv_capacity_tokens, 1.0)
 
     def view(self, now: float) -> ClusterView:
         backlog_s, queue_len, price, tps = self.signals.view_arrays(now, self)
@@ -239,15 +242,22 @@ class ClusterSim:
         moved = 0.0
         ready = now
         src = d.kv_source
+        drop_after: list[int] = []
         if d.migrate_from >= 0:
-            # Bucket change: move the longest reusable prefix to the new holder first.
             pref = min(req.reuse_tokens, self.cached_tokens(d.migrate_from, req.session))
-            if pref > 0:
-                ready = self._transfer(d.migrate_from, holder, pref, now)
-                self._cache_put(holder, req.session, pref)
-                moved += pref * bpt
-            self._cache_drop(d.migrate_from, req.session)
-            src = holder
+            if exe == d.migrate_from:
+                # The executor is the old holder: the prefix is already local; the new holder gets
+                # the whole context by write-back after the turn, and the old copy is released.
+                src = exe
+                drop_after.append(exe)
+            else:
+                # Holder change: move the longest reusable prefix to the new holder first.
+                if pref > 0:
+                    ready = self._transfer(d.migrate_from, holder, pref, now)
+                    self._cache_put(holder, req.session, pref)
+                    moved += pref * bpt
+                self._cache_drop(d.migrate_from, req.session)
+                src = holder
         cached = min(req.reuse_tokens, self.cached_tokens(src, req.session)) if src >= 0 else 0
         remote = src >= 0 and src != exe and cached > 0
         if remote:
@@ -273,14 +283,26 @@ class ClusterSim:
             ttft = dec_start - now  # first token leaves the decode instance
         di = self.inst[dec_inst]
         done = dec_start + c.decode_time(req.output_tokens, len(di.decodes) + 1)
-        heapq.heappush(di.decodes, (done, float(req.output_tokens)))
-        # KV after the turn: the holder keeps the whole context; a remote executor writes back.
         context = req.input_tokens + req.output_tokens
-        if holder != exe:
-            wb = (uncached + req.output_tokens)
-            self._transfer(exe, holder, wb, done)
-            e.kv_writeback_bytes += wb * bpt
+        heapq.heappush(di.decodes, (done, float(req.output_tokens), float(context)))
+        di.gpu_kv_tokens += context
+        # KV after the turn: the holder keeps the whole context; what it lacks is written back from
+        # where the KV was produced (the decode instance holds the output tokens' KV in P/D).
+        if holder != exe or holder != dec_inst:
+            missing = max(0, context - self.cached_tokens(holder, req.session))
+            if missing > 0:
+                prompt_part = min(missing, uncached) if holder != exe else 0
+                out_part = missing - prompt_part
+                if prompt_part > 0:
+                    self._transfer(exe, holder, prompt_part, done)
+                    e.kv_writeback_bytes += prompt_part * bpt
+                if out_part > 0 and dec_inst != holder:
+                    self._transfer(dec_inst, holder, out_part, done)
+                    di.kv_writeback_bytes += out_part * bpt
         self._cache_put(holder, req.session, context)
+        for i in drop_after:
+            if i != holder:
+                self._cache_drop(i, req.session)
         e.kv_transfer_bytes += moved
         return RequestResult(i, now, ttft, done, exe, remote, moved)
 

@@ -32,10 +32,10 @@ class FleetSignals(LiveSignals):
         self._last = np.zeros((len(workers), 5))
 
     def export(self, cl: ClusterSim) -> None:
-        cap = cl.c.hw.host_kv_capacity_tokens
+        cap = cl.c.hw.gpu_kv_capacity_tokens
         for i, (w, s) in enumerate(zip(self.workers, cl.inst)):
             w.set_queue(s.waiting, s.running)
-            w.set_kv_usage(min(1.0, s.cache_tokens / cap))
+            w.set_kv_usage(min(1.0, max(0.0, s.gpu_kv_tokens / cap)))
             w.set_prefill_backlog(s.backlog_tokens)
             w.set_prefill_capacity(cl.c.model.prefill_tokens_per_s)
             cur = np.array([s.prompt_tokens, s.prefill_computed, s.generation_tokens, s.kv_transfer_bytes, s.kv_writeback_bytes])

@@ -37,9 +37,9 @@ def instance_name(i: int) -> str:
 
 def worker_values(cl: ClusterSim) -> np.ndarray:
     """(n_instances, len(_EXPORTS)) values of the exported families at the current time."""
-    cap = cl.c.hw.host_kv_capacity_tokens
+    cap = cl.c.hw.gpu_kv_capacity_tokens
     tps = cl.c.model.prefill_tokens_per_s
-    return np.array([[s.waiting, s.running, s.cache_tokens / cap, max(s.backlog_tokens, 0.0), s.prefill_computed,
+    return np.array([[s.waiting, s.running, min(1.0, s.gpu_kv_tokens / cap), max(s.backlog_tokens, 0.0), s.prefill_computed,
                       tps if s.role != "decode" else 0.0, s.prompt_tokens, s.generation_tokens, s.requests_done]
                      for s in cl.inst], dtype=np.float64)
 

@@ -237,7 +237,9 @@ class Evaluator:
         if s <= rows:
             return impl(fctx, args)
         parts: list[VectorSteps] = []
+        budget = fctx.extra["eval_ctx"].budget
         for a in range(0, s, rows):
+            budget.check()  # timeout / cancel between series blocks too
             b = min(s, a + rows)
             sub = list(args)
             sub[wi[0]] = slice_windows(w, a, b)

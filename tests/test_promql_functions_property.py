@@ -537,3 +537,33 @@ def test_histogram_fraction_matches_port(h, lower, upper):
     assert got.keys() == want.keys()
     for k in want:
         assert close(got[k], want[k]), (k, got[k], want[k])
+
+
+@st.composite
+def long_windows(draw):
+    """Few series with long windows (>= 64 samples on average), to exercise the prefix-sum paths."""
+    S = draw(st.integers(1, 2))
+    n = draw(st.integers(80, 160))
+    base = draw(st.sampled_from([0.0, 50.0, 1e4]))
+    series = []
+    for _ in range(S):
+        steps_ = np.array(draw(st.lists(st.floats(-3, 3, allow_nan=False), min_size=n, max_size=n)))
+        vals = np.round(base + np.cumsum(steps_), 3)
+        if draw(st.booleans()):
+            k = draw(st.integers(0, n - 1))
+            vals[k] = draw(st.sampled_from([np.nan, np.inf, -np.inf, base]))
+        if draw(st.booleans()):
+            vals[: n // 2] = base  # a constant stretch
+        series.append((np.arange(1, n + 1, dtype=np.int64) * 15_000, vals))
+    steps = np.array([n * 15_000 - k * 30_000 for k in range(draw(st.integers(1, 6)))][::-1], dtype=np.int64)
+    return series, steps, 80 * 15_000
+
+
+@SETTINGS
+@given(long_windows())
+def test_long_window_paths_match_prometheus_ports(ws):
+    rw = build(*ws)
+    with np.errstate(all="ignore"):
+        check_loose("stdvar_over_time", rw, ref_stdvar)
+        check("avg_over_time", rw, ref_avg)
+        check_loose("deriv", rw, ref_deriv)

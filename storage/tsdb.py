@@ -270,7 +270,10 @@ class TSDB:
                 log.info("removing block %s: replaced by a finished compaction", name)
                 shutil.rmtree(bdir / name, ignore_errors=True)
                 continue
-            blocks.append(Block(bdir / name, self._global_ids))
+            try:
+                blocks.append(Block(bdir / name, self._global_ids))
+            except Exception as e:  # noqa: BLE001 - a damaged block must not stop the server; keep it for inspection
+                log.error("skipping unreadable block %s (left on disk for inspection): %s", name, e)
         blocks.sort(key=lambda b: (b.mint, b.maxt))
         self._blocks = blocks
         if blocks:

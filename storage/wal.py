@@ -171,6 +171,8 @@ class WAL:
             raise ValueError(f"invalid wal_fsync {fsync!r}: want always, batch or never")
         self.dir = Path(dirpath)
         self.dir.mkdir(parents=True, exist_ok=True)
+        for p in self.dir.glob("checkpoint.*.tmp"):  # an interrupted checkpoint write
+            p.unlink(missing_ok=True)
         self.segment_bytes = segment_bytes
         self.fsync_mode = fsync
         self._lock = threading.Lock()  # file position / rotation

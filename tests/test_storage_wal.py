@@ -136,3 +136,23 @@ def test_wal_records_are_columnar(tmp_path):
         types.append(rtype)
         pos += HEADER.size + length
     assert types == [1, 2]
+
+
+def test_damaged_block_and_leftover_temp_files_do_not_stop_startup(tmp_path, caplog):
+    opts = dict(block_duration_ms=HOUR_MS)
+    with TSDB(str(tmp_path), StorageOptions(**opts), background=False) as db:
+        db.append(SampleBatch.from_series([(A, T0 + np.arange(10) * 1000, np.arange(10.0))]))
+        db.flush_head()
+        db.append(SampleBatch.from_series([(A, [NOW - 1000], [99.0])]))
+    [bdir] = list((tmp_path / "blocks").iterdir())
+    (bdir / "data.parquet").write_bytes(b"not parquet")
+    (bdir / "series.parquet").write_bytes(b"not parquet either")
+    (tmp_path / "wal" / "checkpoint.00000009.tmp").write_bytes(b"partial")
+    (tmp_path / "blocks" / "b000-unfinished.tmp").mkdir()
+    with caplog.at_level(logging.ERROR, logger="turboprom.storage"):
+        with TSDB(str(tmp_path), StorageOptions(**opts), background=False) as db:
+            assert db.select([Matcher("job", "=", "a")], 0, NOW).values.tolist() == [99.0]
+    assert any("unreadable block" in r.getMessage() for r in caplog.records)
+    assert bdir.exists()  # kept for inspection
+    assert not (tmp_path / "wal" / "checkpoint.00000009.tmp").exists()
+    assert not (tmp_path / "blocks" / "b000-unfinished.tmp").exists()

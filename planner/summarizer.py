@@ -74,6 +74,9 @@ class Summarizer:
         self.samples += len(batch)
 
     def _fold(self, sds: SDS, batch: SampleBatch, names: list[str], stale: np.ndarray) -> None:
+        """Map the batch onto the SDS's series and buffer its in-scope samples; the buffer is folded in
+        bulk (``SDS.flush_pending``) every ``FLUSH_SAMPLES`` samples, at pane boundaries and before any
+        read of the panes, so scrape-shaped batches do not pay the fold's fixed cost each."""
         if sds.live_from is None:
             return
         t0 = time.thread_time()
@@ -92,16 +95,8 @@ class Summarizer:
         keep = (sid >= 0) & ~stale & (ts >= sds.live_from)
         if not keep.any():
             return
-        sid, ts, vals = sid[keep], ts[keep], batch.values[keep]
-        order = np.lexsort((ts, sid))
-        sid, ts, vals = sid[order], ts[order], vals[order]
-        with sds.store.lock:
-            ok = ts > sds.store.last_t[sid]
-            ok[1:] &= ~((sid[1:] == sid[:-1]) & (ts[1:] == ts[:-1]))
-            sds.store.ingest_sorted(sid[ok], ts[ok], vals[ok], live=True)
+        sds.buffer(sid[keep], ts[keep], batch.values[keep])
         sds.stats.ingest_cpu_s += time.thread_time() - t0
-        sds.stats.ingested_samples += int(ok.sum())
-        sds.stats.late_dropped += int(len(ok) - ok.sum())
 
     # --- adoption & backfill -----------------------------------------------------------------
     def start_live(self, sds: SDS, live_from_ts: int | None = None) -> None:
@@ -146,6 +141,7 @@ class Summarizer:
         sds.backfill_state = "done"
 
     def _fold_history(self, sds: SDS, ss: Any, next_pane: int) -> None:
+        sds.flush_pending()  # live samples must be in their panes before the boundary check below
         t0 = time.thread_time()
         if len(ss) == 0:
             return

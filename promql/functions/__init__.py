@@ -45,7 +45,7 @@ class FunctionContext:
             p = self.position
         else:
             p = self.arg_positions[arg] if self.arg_positions and arg < len(self.arg_positions) else None
-        return f" ({p[0]}:{p[1]})" if p else ""
+        return f" ({p[0]}:{p[1]})" if p and p[0] > 0 and p[1] > 0 else ""
 
 
 FunctionImpl = Callable[[FunctionContext, list[Value]], Value]

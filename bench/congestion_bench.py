@@ -29,6 +29,7 @@ import sys
 import tempfile
 import time
 import urllib.parse
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -189,17 +190,21 @@ def heavy_queries(host: str, port: int, start: Any, duration: float, q: mp.Queue
     time.sleep(max(0.0, start_at - time.time()))
     lat: list[float] = []
     statuses: dict[int, int] = {}
+    first_error: str | None = None
     while time.time() < start_at + duration:
         now = time.time()
         params = urllib.parse.urlencode({"query": 'sum by (job) (rate({job=~"vllm|node"}[30s]))',
-                                         "start": f"{now - 60:.3f}", "end": f"{now:.3f}", "step": "0.1"})
+                                         # the load's timestamps run up to ~40 s ahead of the wall clock
+                                         "start": f"{now - 30:.3f}", "end": f"{now + 45:.3f}", "step": "0.1"})
         t = time.perf_counter()
         conn.request("GET", "/api/v1/query_range?" + params)
         r = conn.getresponse()
-        r.read()
+        body = r.read()
         lat.append(time.perf_counter() - t)
         statuses[r.status] = statuses.get(r.status, 0) + 1
-    q.put(("heavy_query", {**summary_ms(lat), "statuses": statuses}))
+        if r.status != 200 and first_error is None:
+            first_error = body[:300].decode(errors="replace")
+    q.put(("heavy_query", {**summary_ms(lat), "statuses": statuses, "first_error": first_error}))
 
 
 def freshness_probe(url: str, start: Any, duration: float, q: mp.Queue) -> None:
@@ -245,6 +250,29 @@ def freshness_probe(url: str, start: Any, duration: float, q: mp.Queue) -> None:
 
 
 # ----------------------------------------------------------------------------- orchestration
+def server_hist(url: str, name: str) -> dict[float, float]:
+    """Cumulative bucket counts of one of the tracker's own histograms from the server's /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    for fam in text_string_to_metric_families(text):
+        if fam.name == name:
+            return {float(smp.labels["le"]): smp.value for smp in fam.samples if smp.name.endswith("_bucket")}
+    return {}
+
+
+def hist_quantiles(before: dict[float, float], after: dict[float, float]) -> dict[str, Any]:
+    """p50/p99 upper bounds (bucket edges, ms) of the observations made between two scrapes."""
+    d = {le: after.get(le, 0) - before.get(le, 0) for le in after}
+    total = d.get(float("inf"), 0)
+    out: dict[str, Any] = {"n": int(total)}
+    for qn, qv in (("p50_le_ms", 0.5), ("p99_le_ms", 0.99)):
+        edge = next((le for le in sorted(d) if total and d[le] >= qv * total), float("nan"))
+        out[qn] = edge * 1000 if edge != float("inf") else "inf"
+    return out
+
+
 def run_phase(name: str, server_url: str, args: argparse.Namespace, ingest: bool, heavy: bool,
               peer: bool = False) -> dict[str, Any]:
     """One phase; ``peer`` replaces the congestion pollers by the PromQL poller (same 200/s target)."""
@@ -267,6 +295,9 @@ def run_phase(name: str, server_url: str, args: argparse.Namespace, ingest: bool
         procs.append(ctx.Process(target=sender, args=(server_url, args.rate, start_at, d, q)))
     if heavy:
         procs.append(ctx.Process(target=heavy_queries, args=(u.hostname, u.port, start_at, d, q)))
+    hists = ("turboprom_congestion_publish_delay_seconds", "turboprom_congestion_consume_seconds",
+             "turboprom_congestion_snapshot_build_seconds")
+    before = {h: server_hist(server_url, h) for h in hists}
     for p in procs:
         p.start()
     out: dict[str, Any] = {}
@@ -280,6 +311,8 @@ def run_phase(name: str, server_url: str, args: argparse.Namespace, ingest: bool
         out[k] = v
     for p in procs:
         p.join(30)
+    for h in hists:
+        out[h.removeprefix("turboprom_congestion_")] = hist_quantiles(before[h], server_hist(server_url, h))
     print(f"[{name}] " + json.dumps(out), flush=True)
     return out
 
@@ -312,8 +345,9 @@ def main() -> None:
                 n_inst = len(json.loads(r.read())["data"]["instances"])
     print(f"\ninstances tracked at the end: {n_inst}")
     print("\n| phase | poll p50 / p99 ms (achieved polls/s) | one-instance poll p50 / p99 ms | freshness p50 / p99 ms | "
-          "ingest samples/s (target) | heavy range query p50 ms |")
-    print("| --- | --- | --- | --- | --- | --- |")
+          "ingest samples/s (target) | heavy range query p50 ms | tracker publish delay p50 / p99 (bucket le, ms) | "
+          "consume per batch p50 / p99 (le, ms) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for phase, runs in results.items():
         def med(key: str, field: str) -> float:
             vals = [r[key][field] for r in runs if key in r and r[key].get(field) is not None]
@@ -321,12 +355,12 @@ def main() -> None:
         pk = "peer_promql_poll" if phase.startswith("peer") else "poll_all"
         print(f"| {phase} | {med(pk, 'p50_ms')} / {med(pk, 'p99_ms')} ({med(pk, 'achieved_per_s')}) | "
               f"{med('poll_one', 'p50_ms')} / {med('poll_one', 'p99_ms')} | {med('freshness', 'p50_ms')} / "
-              f"{med('freshness', 'p99_ms')} | {med('ingest', 'samples_per_s')} ({args.rate}) | {med('heavy_query', 'p50_ms')} |")
+              f"{med('freshness', 'p99_ms')} | {med('ingest', 'samples_per_s')} ({args.rate}) | {med('heavy_query', 'p50_ms')} | "
+              f"{runs[0]['publish_delay_seconds']['p50_le_ms']} / {runs[0]['publish_delay_seconds']['p99_le_ms']} | "
+              f"{runs[0]['consume_seconds']['p50_le_ms']} / {runs[0]['consume_seconds']['p99_le_ms']} |")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":
-    import urllib.request  # noqa: F401 - used in main
-
     main()

@@ -138,6 +138,24 @@ def test_adopts_recurring_query_and_serves_it_exactly(planner_server):
     with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
         assert b"turboprom_planner_canary_error" in r.read()
 
+    # live ingest after adoption goes through the summarizer sink: newer windows are served exactly too
+    before = _get(url, "/api/v1/planner/plans")["data"]["plans"][0]["ingested_samples"]
+    rng = np.random.default_rng(12)
+    extra_ts = end + STEP_MS * np.arange(1, 17)
+    live = []
+    last = _get(url, "/api/v1/query", query="req_total", time=end / 1000 + 1)["data"]["result"]
+    for s in last:
+        m = s["metric"]
+        live.append((m, extra_ts + int(m["inst"][1:]) * 700, float(s["value"][1]) + np.cumsum(rng.random(16) * 5)))
+    _write(url, live)
+    p2 = dict(params, start=(end - 3_600_000) / 1000, end=(int(extra_ts[-1]) + 2800) / 1000)
+    fast_l = _get(url, "/api/v1/query_range", **p2)
+    exact_l = _get(url, "/api/v1/query_range", **p2, exact="true")
+    assert any("served from summary" in i for i in fast_l.get("infos", []))
+    _same(_matrix(fast_l), _matrix(exact_l))
+    after = _get(url, "/api/v1/planner/plans")["data"]["plans"][0]
+    assert after["ingested_samples"] == before + 4 * 16 and after["late_dropped"] == 0
+
     # restart: the SDS comes back from Parquet + catalog, open panes are rebuilt from raw data
     srv.stop()
     srv2 = ServerProcess(srv.data_dir, ["--config", str(cfg), "--wal-fsync", "never"], port=srv.port)

@@ -35,6 +35,12 @@ ORDER BY cpu_s_total DESC
 LIMIT ?
 """
 
+_TOTALS_SQL = """
+SELECT count(*), coalesce(sum(cpu_s), 0), count(DISTINCT pattern),
+       sum(CASE WHEN paths LIKE '%summary:%' THEN 1 ELSE 0 END)
+FROM query_log WHERE arrival_ms >= ? {tenant_filter}
+"""
+
 _SDS_PATHS_SQL = """
 SELECT pattern, list(DISTINCT p) AS sds
 FROM (SELECT pattern, unnest(CAST(json_extract_string(paths, '$[*]') AS VARCHAR[])) AS p FROM query_log WHERE arrival_ms >= ?)
@@ -109,7 +115,12 @@ def build_report(query_log: Any, planner: Any = None, canary: Any = None, storag
     if storage is not None and hasattr(storage, "stats"):
         st = storage.stats()
         storage_info = st if isinstance(st, dict) else json.loads(json.dumps(st, default=str))
-    raw_cpu = sum(p["cpu_s_total"] or 0.0 for p in patterns)
+    # Totals over every pattern in the window, not only the listed (top-``limit``) ones.
+    if query_log is not None:
+        n_exec, raw_cpu, n_pat, n_summary = query_log.sql(_TOTALS_SQL.format(tenant_filter=tf), params[:-1])[0]
+        raw_cpu, n_exec, n_pat, n_summary = float(raw_cpu or 0.0), int(n_exec or 0), int(n_pat or 0), int(n_summary or 0)
+    else:
+        raw_cpu, n_exec, n_pat, n_summary = 0.0, 0, 0, 0
     tenants: dict[str, dict[str, float]] = {}
     for p in patterns:
         t = tenants.setdefault(p["tenant"], {"executions": 0, "cpu_s_total": 0.0, "samples_scanned": 0})
@@ -121,8 +132,8 @@ def build_report(query_log: Any, planner: Any = None, canary: Any = None, storag
         "totals": {
             "query_cpu_s": raw_cpu, "measured_savings_cpu_s": total_saved, "summary_ingest_cpu_s": ingest_cpu,
             "net_savings_cpu_s": total_saved - ingest_cpu, "summary_bytes": summary_bytes,
-            "patterns": len(patterns), "executions": sum(p["executions"] for p in patterns),
-            "summary_served_executions": sum(p["summary_executions"] for p in patterns),
+            "patterns": n_pat, "executions": n_exec, "summary_served_executions": n_summary,
+            "listed_patterns": len(patterns),
         },
         "patterns": patterns, "summaries": summaries, "tenants": tenants, "storage": storage_info,
     }

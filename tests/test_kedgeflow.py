@@ -295,3 +295,40 @@ def test_audit_tampering_detected(tmp_path: Path, tamper: str) -> None:
     log.path.write_bytes(b"".join(lines))
     rep = verify(log.dir, log.public_key)
     assert not rep.ok, f"{tamper} not detected"
+
+
+@pytest.mark.parametrize("tamper", ["delete_heads_file", "drop_last_head_and_tail"])
+def test_audit_head_removal_detected(tmp_path: Path, tamper: str) -> None:
+    from scheduler_metrics.kedgeflow.audit import entry_hash
+
+    log = _write_log(tmp_path, n=23)  # heads at seq 4, 9, 14, 19 and 22 (close)
+    lines = _lines(log)
+    if tamper == "delete_heads_file":
+        # Rewrite history wholesale (re-hash every entry) and remove the evidence.
+        entries = [json.loads(x) for x in lines]
+        entries[0]["data"]["i"] = -1
+        prev = "0" * 64
+        for e in entries:
+            e["prev"] = prev
+            e["hash"] = entry_hash(e)
+            prev = e["hash"]
+        log.path.write_text("".join(json.dumps(e) + "\n" for e in entries))
+        log.heads_path.unlink()
+    else:
+        heads = log.heads_path.read_bytes().splitlines(keepends=True)
+        log.heads_path.write_bytes(b"".join(heads[:1]))  # keep only the first head
+        log.path.write_bytes(b"".join(lines[:-8]))
+    assert not verify(log.dir, log.public_key, head_every=5).ok, tamper
+
+
+def test_audit_survives_torn_append(tmp_path: Path) -> None:
+    log = _write_log(tmp_path, n=6)
+    with open(log.path, "ab") as f:
+        f.write(b'{"seq": 6, "ts_ms": 1, "kind": "propos')  # crash mid-append
+    key = log._key  # noqa: SLF001 - same key, as after a restart
+    again = AuditLog(log.dir, key, head_every=5)
+    again.append("proposal", {"i": "after"})
+    again.close()
+    assert verify(again.dir, again.public_key).ok
+    assert [e["data"]["i"] for e in again.read()][-1] == "after"
+    assert [e["seq"] for e in again.read()] == list(range(7))

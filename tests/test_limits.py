@@ -17,7 +17,7 @@ limits:
   max_label_value_length: 40
   max_query_length: 200
   tenants:
-    slow-writer: {ingestion_rate_samples_per_second: 100}
+    slow-writer: {ingestion_rate_samples_per_second: 5}
     small: {max_active_series: 3, max_samples_per_query: 50}
     one-at-a-time: {max_concurrent_queries: 1}
 """
@@ -45,7 +45,8 @@ def test_input_and_tenant_limits(tmp_path: Path) -> None:
         assert st == 400 and "max_label_value_length" in b["error"]
         st, b, _ = _req(srv.url + "/api/v1/query?" + urllib.parse.urlencode({"query": "1" + "+1" * 150}))
         assert st == 400 and "max_query_length" in b["error"]
-        # Rate limit: a 100 samples/s tenant (burst 200) gets 429 + Retry-After past the burst.
+        # Rate limit: a 5 samples/s tenant (burst 10): a 150-sample batch passes on a full bucket, then 429
+        # + Retry-After until 150 tokens have refilled (30 s), however slow the machine.
         body = "".join(f'r{{k="{i}"}} 1\n' for i in range(150)).encode()
         codes = [_req(imp, "slow-writer", body) for _ in range(3)]
         assert codes[0][0] == 204 and codes[-1][0] == 429 and codes[-1][2].get("Retry-After")

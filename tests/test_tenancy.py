@@ -23,7 +23,7 @@ def _req(url: str, tenant: str | None = None, data: bytes | None = None) -> tupl
 
 
 def test_tenants_cannot_see_each_other(tmp_path: Path) -> None:
-    with ServerProcess(tmp_path / "data") as srv:
+    with ServerProcess(tmp_path / "data", ["--web.enable-admin-api"]) as srv:
         u = srv.url
         now = int(time.time())
         for tenant, val in ((None, 1), ("team-a", 10), ("team-b", 100)):
@@ -70,5 +70,21 @@ def test_tenants_cannot_see_each_other(tmp_path: Path) -> None:
         st, b = _req(u + "/api/v1/cost_report?since=1h", "team-a")
         assert st == 200 and {p["tenant"] for p in b["data"]["patterns"]} <= {"team-a"}
         assert b["data"]["patterns"], "team-a's own queries are reported"
+        # team-b proposes an action; the audit log then shows team-b exactly its own entries.
+        prop = json.dumps({"verb": "tsdb.delete_series", "target": "tsdb", "params": {"match[]": ["team_b_only"]}}).encode()
+        st, b = _req(u + "/api/v1/kedgeflow/propose", "team-b", prop)
+        assert st == 200, b
         st, b = _req(u + "/api/v1/audit", "team-b")
-        assert st == 200 and all(e["tenant"] == "team-b" for e in b["data"])
+        assert st == 200 and b["data"] and {e["tenant"] for e in b["data"]} == {"team-b"}
+        st, b = _req(u + "/api/v1/audit", None)
+        assert all(e["tenant"] == "default" for e in b["data"])
+        # status/tsdb is scoped too: team-a's cardinality shows none of the others' metric names.
+        st, b = _req(u + "/api/v1/status/tsdb", "team-a")
+        names = {x["name"] for x in b["data"]["seriesCountByMetricName"]}
+        assert names == {"shared_metric", "team_a_only"}, names
+        # A delete by team-a cannot touch another tenant's series of the same name.
+        st, _ = _req(u + "/api/v1/admin/tsdb/delete_series?match[]=shared_metric", "team-a", b"")
+        assert st == 204
+        assert q("shared_metric", "team-a") == []
+        assert [r["value"][1] for r in q("shared_metric", None)] == ["1"]
+        assert [r["value"][1] for r in q("shared_metric", "team-b")] == ["100"]

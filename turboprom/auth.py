@@ -20,12 +20,14 @@ SHA-256 digest: later requests with the same credential cost one hash and one di
 """
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import ipaddress
 import logging
 import ssl
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable
@@ -49,6 +51,8 @@ def required_role(method: str, path: str) -> str | None:
         return None
     if path in ("/api/v1/write",) or path.startswith("/api/v1/import/") or path.startswith("/api/v1/otlp/"):
         return "write"
+    if path in ("/api/v1/kedgeflow/propose", "/api/v1/kedgeflow/execute"):
+        return "read"  # any authenticated caller may ask; the KedgeFlow policy decides by role
     if path.startswith("/api/v1/admin/") or path.startswith("/api/v1/kedgeflow/") or path.startswith("/api/v1/audit") \
             or path.startswith("/-/reload") or path.startswith("/-/quit"):
         return "admin"
@@ -122,48 +126,91 @@ def _check_hash(h: str, where: str) -> bytes:
     return h.replace("$2y$", "$2b$", 1).encode()
 
 
+FAILED_TTL_S = 10.0  # a wrong credential is remembered briefly, so retries do not cost bcrypt each time
+MAX_BCRYPT_AT_ONCE = 4  # bcrypt checks run in threads, at most this many at a time
+
+
 class Authenticator:
     def __init__(self, cfg: WebConfig):
         self.cfg = cfg
         self._cache: dict[bytes, str] = {}  # sha256(credential) -> user
+        self._failed: dict[bytes, float] = {}  # sha256(credential) -> when it failed
         self._lock = threading.Lock()
+        self._slots = threading.BoundedSemaphore(MAX_BCRYPT_AT_ONCE)
 
-    def _verify(self, kind: str, credential: bytes) -> str | None:
-        key = hashlib.sha256(kind.encode() + b"\0" + credential).digest()
-        with self._lock:
-            user = self._cache.get(key)
-        if user is not None:
-            return user
-        user = None
-        if kind == "basic":
-            name, _, pw = credential.partition(b":")
-            h = self.cfg.basic_users.get(name.decode(errors="replace"))
-            if h is not None and bcrypt.checkpw(pw, h):
-                user = name.decode()
-        else:
-            for u, h in self.cfg.bearer:
-                if bcrypt.checkpw(credential, h):
-                    user = u
-                    break
-        if user is not None:
-            with self._lock:
-                if len(self._cache) > 10_000:
-                    self._cache.clear()
-                self._cache[key] = user
-        return user
-
-    def identify(self, request: web.Request) -> str | None:
+    @staticmethod
+    def _credential(request: web.Request) -> tuple[str, bytes] | None:
         h = request.headers.get("Authorization", "")
         scheme, _, value = h.partition(" ")
         if scheme.lower() == "basic" and value:
             try:
-                cred = base64.b64decode(value.strip(), validate=True)
+                return "basic", base64.b64decode(value.strip(), validate=True)
             except ValueError:
                 return None
-            return self._verify("basic", cred)
         if scheme.lower() == "bearer" and value:
-            return self._verify("bearer", value.strip().encode())
+            return "bearer", value.strip().encode()
         return None
+
+    @staticmethod
+    def _key(kind: str, credential: bytes) -> bytes:
+        return hashlib.sha256(kind.encode() + b"\0" + credential).digest()
+
+    def cached(self, request: web.Request) -> tuple[bool, str | None]:
+        """(known, user) from the caches alone: cheap enough for the event loop."""
+        cred = self._credential(request)
+        if cred is None:
+            return True, None
+        key = self._key(*cred)
+        with self._lock:
+            user = self._cache.get(key)
+            if user is not None:
+                return True, user
+            t = self._failed.get(key)
+            if t is not None and time.monotonic() - t < FAILED_TTL_S:
+                return True, None
+        return False, None
+
+    def _verify(self, kind: str, credential: bytes) -> str | None:
+        key = self._key(kind, credential)
+        user = None
+        with self._slots:
+            try:
+                if kind == "basic":
+                    name, _, pw = credential.partition(b":")
+                    h = self.cfg.basic_users.get(name.decode(errors="replace"))
+                    if h is not None and bcrypt.checkpw(pw, h):
+                        user = name.decode()
+                else:
+                    for u, h in self.cfg.bearer:
+                        if bcrypt.checkpw(credential, h):
+                            user = u
+                            break
+            except ValueError:  # e.g. bcrypt refuses secrets over 72 bytes: simply not a match
+                user = None
+        with self._lock:
+            if user is not None:
+                if len(self._cache) > 10_000:
+                    self._cache.clear()
+                self._cache[key] = user
+            else:
+                if len(self._failed) > 10_000:
+                    self._failed.clear()
+                self._failed[key] = time.monotonic()
+        return user
+
+    def identify(self, request: web.Request) -> str | None:
+        """Blocking (may run bcrypt): call from a worker thread, or use ``identify_async``."""
+        known, user = self.cached(request)
+        if known:
+            return user
+        cred = self._credential(request)
+        return self._verify(*cred) if cred is not None else None
+
+    async def identify_async(self, request: web.Request) -> str | None:
+        known, user = self.cached(request)
+        if known:
+            return user
+        return await asyncio.get_running_loop().run_in_executor(None, self.identify, request)
 
     def principal_for(self, user: str) -> Principal:
         return Principal(user, frozenset(self.cfg.roles.get(user, {"read"})))
@@ -191,16 +238,18 @@ def auth_middleware(auth: Authenticator) -> Callable:
         role = required_role(request.method, request.path)
         if role is None:
             return await handler(request)
-        user = auth.identify(request)
+        user = await auth.identify_async(request)
         if user is None:
             return _error(401, "unauthorized", "authentication required: send HTTP basic auth or a bearer token",
                           {"WWW-Authenticate": 'Basic realm="turboprom"'})
         principal = auth.principal_for(user)
         if role not in principal.roles and "admin" not in principal.roles:
             return _error(403, "forbidden", f"user {user!r} lacks the {role!r} role needed for {request.path}")
-        tenant = request.headers.get("X-Scope-OrgID")
-        if tenant and not auth.tenant_allowed(user, tenant):
-            return _error(403, "forbidden", f"user {user!r} may not act as tenant {tenant!r}")
+        # No header means the default tenant, which a tenant-restricted user may not read either.
+        tenant = request.headers.get("X-Scope-OrgID") or "default"
+        if not auth.tenant_allowed(user, tenant):
+            return _error(403, "forbidden", f"user {user!r} may not act as tenant {tenant!r}"
+                          + (" (send X-Scope-OrgID)" if "X-Scope-OrgID" not in request.headers else ""))
         request["principal"] = principal
         return await handler(request)
 

@@ -72,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     av = ausub.add_parser("verify", help="recompute the hash chain and check every signed head")
     av.add_argument("--data-dir", default="./data")
     av.add_argument("--public-key", default=None, help="PEM public key to verify heads with (default: the data dir's signing key)")
+    av.add_argument("--head-every", type=int, default=64, help="the server's head-signing interval (kedgeflow.audit_head_every)")
     ak = ausub.add_parser("export-key", help="print the audit signing public key (PEM), to keep outside the data dir")
     ak.add_argument("--data-dir", default="./data")
     from planner.cli import add_parser as add_plan_parser  # H: `turboprom plan list|show|explain`
@@ -89,12 +90,11 @@ def _cost_report(args: argparse.Namespace) -> int:
     from turboprom.cost_report import render
 
     params = {"since": args.since, "format": "json"}
-    if args.tenant:
-        params["tenant"] = args.tenant
     url = args.url.rstrip("/") + "/api/v1/cost_report?" + urllib.parse.urlencode(params)
     sys.stderr.write(f"building cost report from {args.url} (since {args.since})...\n")
+    headers = {"X-Scope-OrgID": args.tenant} if args.tenant else {}
     try:
-        with urllib.request.urlopen(url, timeout=300) as r:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=300) as r:
             rep = json.loads(r.read())["data"]
     except urllib.error.HTTPError as e:
         print(f"cost report failed: {e.code} {e.read().decode(errors='replace')}", file=sys.stderr)
@@ -151,7 +151,7 @@ def _audit(args: argparse.Namespace) -> int:
     else:
         print(f"no audit signing key at {key_path}", file=sys.stderr)
         return 2
-    rep = verify(base / "audit", pub)  # type: ignore[arg-type]
+    rep = verify(base / "audit", pub, args.head_every)  # type: ignore[arg-type]
     print(f"audit log: {rep.entries} entries, {rep.heads} signed heads")
     for p in rep.problems:
         print(f"PROBLEM: {p}")

@@ -9,6 +9,7 @@ from scheduler_metrics.kedgeflow.service import KedgeFlowService
 from scheduler_metrics.kedgeflow.targets import FunctionTarget, HTTPTarget, IdempotencyStore
 from turboprom.api_params import parse_matchers_param, parse_time
 from turboprom.context import ServerContext
+from turboprom.tenancy import TenantView
 
 
 def congestion_signals(ctx: ServerContext):
@@ -31,20 +32,35 @@ def congestion_signals(ctx: ServerContext):
     return signals
 
 
+def _delete_args(action: Action) -> tuple[list, int, int]:
+    sel = action.params.get("match[]") or action.params.get("match")
+    if isinstance(sel, str):
+        sel = [sel]
+    if not sel:
+        raise ValueError("tsdb.delete_series needs params['match[]'] (one or more series selectors)")
+    sets = parse_matchers_param(sel)
+    start = parse_time(str(action.params["start"])) if "start" in action.params else -(2**62)
+    end = parse_time(str(action.params["end"])) if "end" in action.params else 2**62
+    return sets, start, end
+
+
+def validate_delete_series(ctx: ServerContext, action: Action) -> None:
+    """Checked at proposal, so a malformed action is refused (400) before any allowance exists."""
+    from turboprom.routes.status_api import admin_enabled
+
+    if not admin_enabled(ctx):
+        raise ValueError("admin APIs disabled: start the server with --web.enable-admin-api to allow tsdb.* actions")
+    _delete_args(action)
+
+
 def delete_series_target(ctx: ServerContext, store: IdempotencyStore) -> FunctionTarget:
     """``tsdb.delete_series`` with params {"match[]": [...], "start"?: ..., "end"?: ...} (Prometheus's
-    admin API parameters); commits once per grant (idempotency key = allowance id)."""
+    admin API parameters), within the action's tenant only; commits once per grant (idempotency key =
+    allowance id)."""
 
     def apply(action: Action) -> dict[str, Any]:
-        sel = action.params.get("match[]") or action.params.get("match")
-        if isinstance(sel, str):
-            sel = [sel]
-        if not sel:
-            raise ValueError("tsdb.delete_series needs params['match[]']")
-        sets = parse_matchers_param(sel)
-        start = parse_time(str(action.params["start"])) if "start" in action.params else -(2**62)
-        end = parse_time(str(action.params["end"])) if "end" in action.params else 2**62
-        deleted = ctx.storage.delete_series(sets, start, end)
+        sets, start, end = _delete_args(action)
+        deleted = TenantView(ctx.storage, action.tenant).delete_series(sets, start, end)
         return {"deleted_series": int(deleted) if deleted is not None else None}
 
     return FunctionTarget(store, apply)
@@ -54,6 +70,7 @@ def build_kedgeflow(ctx: ServerContext) -> KedgeFlowService:
     svc = KedgeFlowService.open(ctx.config.data_dir, ctx.config.raw.get("kedgeflow"), signals=congestion_signals(ctx))
     store = IdempotencyStore(f"{ctx.config.data_dir}/kedgeflow/targets.sqlite")
     svc.add_target("tsdb.delete_series", delete_series_target(ctx, store))
+    svc.validators["tsdb.delete_series"] = lambda action: validate_delete_series(ctx, action)
     # Remote targets (e.g. a scheduler's control endpoint): kedgeflow.targets: {verb: url}
     for verb, url in ((ctx.config.raw.get("kedgeflow") or {}).get("targets") or {}).items():
         svc.add_target(str(verb), HTTPTarget(str(url)))

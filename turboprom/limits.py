@@ -109,6 +109,14 @@ class Limits:
                     raise IngestError("label_value_too_long", f"value of label {n!r} is {len(v)} characters, more than the limit of "
                                       f"{lim.max_label_value_length} (limits.max_label_value_length)", 400, len(batch))
         with self._lock:
+            # Series limit first, so a refused batch does not also spend rate budget.
+            new: list = []
+            if lim.max_active_series > 0:
+                seen = self._series.setdefault(tenant, set())
+                new = [lbl for lbl in batch.series if lbl not in seen]
+                if len(seen) + len(new) > lim.max_active_series:
+                    raise IngestError("series_limit", f"tenant {tenant!r} would exceed its limit of {lim.max_active_series} "
+                                      f"active series ({len(seen)} + {len(new)} new)", 429, len(batch))
             if lim.ingestion_rate_samples_per_second > 0:
                 b = self._buckets.get(tenant)
                 if b is None or b.rate != lim.ingestion_rate_samples_per_second:
@@ -117,13 +125,8 @@ class Limits:
                 if wait > 0:
                     raise IngestError("rate_limited", f"tenant {tenant!r} is over its ingestion rate limit of "
                                       f"{lim.ingestion_rate_samples_per_second:g} samples/s; retry in {wait:.1f}s", 429, len(batch))
-            if lim.max_active_series > 0:
-                seen = self._series.setdefault(tenant, set())
-                new = [lbl for lbl in batch.series if lbl not in seen]
-                if len(seen) + len(new) > lim.max_active_series:
-                    raise IngestError("series_limit", f"tenant {tenant!r} would exceed its limit of {lim.max_active_series} "
-                                      f"active series ({len(seen)} + {len(new)} new)", 429, len(batch))
-                seen.update(new)
+            if new:
+                self._series[tenant].update(new)
         return batch
 
     # ------------------------------------------------------------------ queries

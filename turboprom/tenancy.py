@@ -91,8 +91,42 @@ class TenantView:
     def delete_series(self, matcher_sets: Sequence[Sequence[Matcher]], mint: int, maxt: int) -> Any:
         return self.storage.delete_series(self._sets(matcher_sets), mint, maxt)
 
+    def stats(self, limit: int = 10) -> dict[str, Any]:
+        """Cardinality figures of this tenant's series only (head sample totals stay store-wide:
+        they are counts, not names). Per-series Python: a status endpoint, not a hot path."""
+        from collections import Counter
+
+        st = self.storage.stats(limit) if hasattr(self.storage, "stats") else {}
+        series = self.series([], np.iinfo(np.int64).min // 2, np.iinfo(np.int64).max // 2)
+        by_metric: Counter[str] = Counter()
+        pairs: Counter[str] = Counter()
+        values: dict[str, set[str]] = {}
+        for lbl in series:
+            for n, v in lbl:
+                if n == "__name__":
+                    by_metric[v] += 1
+                pairs[f"{n}={v}"] += 1
+                values.setdefault(n, set()).add(v)
+
+        def top(c: dict[str, int]) -> list[dict[str, Any]]:
+            return [{"name": k, "value": v} for k, v in sorted(c.items(), key=lambda kv: (-kv[1], kv[0]))[:limit]]
+
+        head = dict(st.get("headStats", {})) if isinstance(st, dict) else {}
+        head.update({"numSeries": len(series), "numLabelPairs": len(pairs)})
+        out = {
+            "headStats": head,
+            "seriesCountByMetricName": top(by_metric),
+            "labelValueCountByLabelName": top({k: len(v) for k, v in values.items()}),
+            "memoryInBytesByLabelName": top({k: sum(len(x) for x in v) for k, v in values.items()}),
+            "seriesCountByLabelValuePair": top(pairs),
+            "numSeriesTotal": len(series),
+        }
+        if isinstance(st, dict) and self.tenant == DEFAULT_TENANT:
+            out["blockBytes"] = st.get("blockBytes")
+        return out
+
     def __getattr__(self, name: str) -> Any:
-        # Everything else (stats, close, ...) is the whole store's: only the read methods above are
+        # Everything else (close, ...) is the whole store's: only the read methods above are
         # tenant-scoped, so callers must not hand a TenantView to code that reports on all data.
         if name in ("append",):
             raise AttributeError("TenantView is read-only: ingest through the pipeline with label_batch()")
@@ -150,6 +184,14 @@ class DefaultTenantOnly:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.sink, name)
+
+    # Equal to the sink it wraps, so "is this sink registered?" checks (e.g. an idempotent attach)
+    # see the wrapped sink and do not register it a second time, unfiltered.
+    def __eq__(self, other: object) -> bool:
+        return other is self or other is self.sink
+
+    def __hash__(self) -> int:
+        return hash(id(self.sink))
 
 
 def restrict_sinks(pipeline: Any) -> None:

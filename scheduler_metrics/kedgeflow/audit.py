@@ -26,6 +26,7 @@ from scheduler_metrics.kedgeflow.action import canonical_json
 
 GENESIS = "0" * 64
 HEAD_DOMAIN = b"kedgeflow.audit.head.v1\n"
+DEFAULT_HEAD_EVERY = 64
 KINDS = ("proposal", "decision", "grant", "consume_attempt", "consume_result", "dispatch", "outcome", "refused", "revoke")
 
 
@@ -34,8 +35,12 @@ def entry_hash(entry: dict[str, Any]) -> str:
     return hashlib.sha256(b"\x00" + canonical_json(body)).hexdigest()
 
 
-def head_bytes(seq: int, h: str, ts_ms: int) -> bytes:
-    return HEAD_DOMAIN + canonical_json({"seq": seq, "hash": h, "ts_ms": ts_ms})
+def head_bytes(seq: int, h: str, ts_ms: int, prev_head: str = GENESIS, head_every: int = 0) -> bytes:
+    return HEAD_DOMAIN + canonical_json({"seq": seq, "hash": h, "ts_ms": ts_ms, "prev_head": prev_head, "head_every": head_every})
+
+
+def head_record_hash(head: dict[str, Any]) -> str:
+    return hashlib.sha256(canonical_json(head)).hexdigest()
 
 
 @dataclass
@@ -50,7 +55,7 @@ class VerifyReport:
 
 
 class AuditLog:
-    def __init__(self, directory: str | Path, signing_key: Ed25519PrivateKey, *, head_every: int = 64, fsync: bool = True):
+    def __init__(self, directory: str | Path, signing_key: Ed25519PrivateKey, *, head_every: int = DEFAULT_HEAD_EVERY, fsync: bool = True):
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / "audit.jsonl"
@@ -61,20 +66,45 @@ class AuditLog:
         self.fsync = fsync
         self._lock = threading.Lock()
         self._seq, self._last = self._recover()
+        self._prev_head = self._last_head()
         self._unsigned = 0
 
     def _recover(self) -> tuple[int, str]:
+        """Continue after the last complete entry; a torn final line (crash mid-append) is cut off
+        so the next entry starts on a fresh line."""
         if not self.path.exists():
             return 0, GENESIS
-        seq, last = 0, GENESIS
+        seq, last, good_end = 0, GENESIS, 0
         with open(self.path, "rb") as f:
-            for raw in f:
-                try:
-                    e = json.loads(raw)
-                except json.JSONDecodeError:
-                    break  # torn final line from a crash: later appends start after the last whole entry
+            data = f.read()
+        pos = 0
+        while pos < len(data):
+            nl = data.find(b"\n", pos)
+            if nl < 0:
+                break  # unterminated last line
+            try:
+                e = json.loads(data[pos:nl])
                 seq, last = e["seq"] + 1, e["hash"]
+            except (json.JSONDecodeError, KeyError, TypeError):
+                break
+            pos = good_end = nl + 1
+        if good_end < len(data):
+            with open(self.path, "r+b") as f:
+                f.truncate(good_end)
+                f.flush()
+                os.fsync(f.fileno())
         return seq, last
+
+    def _last_head(self) -> str:
+        if not self.heads_path.exists():
+            return GENESIS
+        last = GENESIS
+        for raw in self.heads_path.read_bytes().splitlines():
+            try:
+                last = head_record_hash(json.loads(raw))
+            except json.JSONDecodeError:
+                break
+        return last
 
     def append(self, kind: str, data: dict[str, Any], *, tenant: str = "default", ts_ms: int | None = None) -> dict[str, Any]:
         if kind not in KINDS:
@@ -104,8 +134,10 @@ class AuditLog:
             return None
         ts = int(time.time() * 1000)
         seq = self._seq - 1
-        sig = self._key.sign(head_bytes(seq, self._last, ts))
-        head = {"seq": seq, "hash": self._last, "ts_ms": ts, "sig": base64.b64encode(sig).decode()}
+        sig = self._key.sign(head_bytes(seq, self._last, ts, self._prev_head, self.head_every))
+        head = {"seq": seq, "hash": self._last, "ts_ms": ts, "prev_head": self._prev_head, "head_every": self.head_every,
+                "sig": base64.b64encode(sig).decode()}
+        self._prev_head = head_record_hash(head)
         with open(self.heads_path, "ab") as f:
             f.write(canonical_json(head) + b"\n")
             f.flush()
@@ -138,15 +170,19 @@ class AuditLog:
 
 
 def iter_entries(path: Path) -> Iterable[dict[str, Any]]:
+    """Readable entries (a damaged line is skipped here; ``verify`` reports it)."""
     if not path.exists():
         return
     with open(path, "rb") as f:
         for raw in f:
             if raw.strip():
-                yield json.loads(raw)
+                try:
+                    yield json.loads(raw)
+                except json.JSONDecodeError:
+                    continue
 
 
-def verify(directory: str | Path, public_key: Ed25519PublicKey) -> VerifyReport:
+def verify(directory: str | Path, public_key: Ed25519PublicKey, head_every: int | None = None) -> VerifyReport:
     """Recompute the chain and check every signed head. Problems name the sequence numbers."""
     d = Path(directory)
     rep = VerifyReport()
@@ -175,18 +211,32 @@ def verify(directory: str | Path, public_key: Ed25519PublicKey) -> VerifyReport:
         hashes.append(prev)
     rep.entries = len(hashes)
     hpath = d / "audit-heads.jsonl"
+    prev_head, last_seq, signed_every = GENESIS, -1, 0
     for raw in (hpath.read_bytes().splitlines() if hpath.exists() else []):
         if not raw.strip():
             continue
         rep.heads += 1
         try:
             h = json.loads(raw)
-            public_key.verify(base64.b64decode(h["sig"]), head_bytes(h["seq"], h["hash"], h["ts_ms"]))
+            public_key.verify(base64.b64decode(h["sig"]), head_bytes(h["seq"], h["hash"], h["ts_ms"], h.get("prev_head", GENESIS),
+                                                                     h.get("head_every", 0)))
         except (InvalidSignature, KeyError, ValueError, json.JSONDecodeError):
             rep.problems.append(f"signed head {raw[:80]!r}: signature invalid")
             continue
+        if h.get("prev_head", GENESIS) != prev_head:
+            rep.problems.append(f"signed head at seq {h['seq']}: does not chain to the previous head (heads deleted or reordered)")
+        if h["seq"] < last_seq:
+            rep.problems.append(f"signed head at seq {h['seq']} comes after a head at seq {last_seq}")
+        prev_head, last_seq, signed_every = head_record_hash(h), h["seq"], int(h.get("head_every", 0) or 0)
         if h["seq"] >= len(hashes):
             rep.problems.append(f"signed head at seq {h['seq']} but the log ends at seq {len(hashes) - 1} (entries deleted from the tail)")
         elif hashes[h["seq"]] != h["hash"]:
             rep.problems.append(f"signed head at seq {h['seq']} does not match the log's hash there (history rewritten)")
+    # Heads are signed every ``head_every`` entries and at shutdown: a run of entries longer than
+    # that with no head covering it means heads were removed (or the log was forged wholesale).
+    every = head_every or signed_every or DEFAULT_HEAD_EVERY  # the verifier's own setting wins
+    uncovered = len(hashes) - (last_seq + 1)
+    if uncovered >= every:
+        rep.problems.append(f"{uncovered} entries (from seq {last_seq + 1}) are not covered by any signed head: "
+                            f"heads file deleted or truncated, or entries forged")
     return rep

@@ -93,14 +93,17 @@ class Gateway:
             return Outcome(REFUSED, msg, aid)
         # Recheck current authority with fresh state; a failure here leaves the allowance consumed.
         reason = None
-        if await self.ledger.is_revoked(aid):
-            reason = "grant was revoked"
-        elif int(time.time() * 1000) >= grant.expires_at_ms:
-            reason = "grant expired before dispatch"
-        else:
-            fresh = self.policy.decide(action, who)
-            if not fresh.approved:
-                reason = f"policy recheck failed: {fresh.reason}"
+        try:
+            if await self.ledger.is_revoked(aid):
+                reason = "grant was revoked"
+            elif int(time.time() * 1000) >= grant.expires_at_ms:
+                reason = "grant expired before dispatch"
+            else:
+                fresh = await asyncio.to_thread(self.policy.decide, action, who)
+                if not fresh.approved:
+                    reason = f"policy recheck failed: {fresh.reason}"
+        except Exception as e:  # noqa: BLE001 - authority cannot be confirmed: refuse; the allowance stays consumed
+            reason = f"could not recheck authority: {e!r}"
         if reason:
             await self._log("refused", {**ref, "stage": "recheck", "reason": reason}, tenant)
             return Outcome(REFUSED, reason, aid)

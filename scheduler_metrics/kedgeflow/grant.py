@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,8 +58,11 @@ def load_or_create_key(path: Path) -> Ed25519PrivateKey:
     path.parent.mkdir(parents=True, exist_ok=True)
     pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
     tmp = path.with_suffix(".tmp")
-    tmp.write_bytes(pem)
-    tmp.chmod(0o600)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # never readable by others, not even briefly
+    with os.fdopen(fd, "wb") as f:
+        f.write(pem)
+        f.flush()
+        os.fsync(f.fileno())
     tmp.replace(path)
     return key
 

@@ -59,7 +59,7 @@ class EtcdLedger:
                         raise LedgerUnavailable(f"etcd {ep}{path} answered {r.status}: {data}")
                     self._next = (self._next + i) % len(self.endpoints)
                     return data
-            except (aiohttp.ClientError, asyncio.TimeoutError, LedgerUnavailable) as e:
+            except (aiohttp.ClientError, asyncio.TimeoutError, LedgerUnavailable, ValueError) as e:  # ValueError: not JSON
                 last = e
                 await asyncio.sleep(0.05 * (i + 1))
         raise LedgerUnavailable(f"etcd unreachable on all endpoints: {last}")

@@ -1,9 +1,9 @@
 """Assembles the KedgeFlow parts for a server: key, ledger (embedded or etcd), policy, audit, targets."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from scheduler_metrics.kedgeflow.action import Action
 from scheduler_metrics.kedgeflow.audit import AuditLog, VerifyReport, verify
@@ -22,6 +22,8 @@ class KedgeFlowService:
     audit: AuditLog
     ledger: Ledger
     signer: GrantSigner
+    # verb -> check(action) raising ValueError: malformed or disallowed actions are refused at proposal
+    validators: dict[str, Callable[[Action], None]] = field(default_factory=dict)
 
     @classmethod
     def open(cls, data_dir: str | Path, config: dict[str, Any] | None = None, *, signals: SignalsFn | None = None,
@@ -50,6 +52,13 @@ class KedgeFlowService:
     def add_target(self, verb: str, target: Target) -> None:
         self.gateway.targets[verb] = target
 
+    def validate(self, action: Action) -> None:
+        if action.verb not in self.gateway.targets:
+            raise ValueError(f"no target handles verb {action.verb!r} (known: {', '.join(sorted(self.gateway.targets))})")
+        check = self.validators.get(action.verb)
+        if check is not None:
+            check(action)
+
     async def propose(self, action: Action, who: Principal) -> tuple[Decision, Grant | None]:
         return await self.control.propose(action, who)
 
@@ -57,7 +66,7 @@ class KedgeFlowService:
         return await self.gateway.execute(action, grant, who)
 
     def verify_audit(self) -> VerifyReport:
-        return verify(self.audit.dir, self.signer.public_key)
+        return verify(self.audit.dir, self.signer.public_key, self.audit.head_every)
 
     async def stop(self) -> None:
         self.audit.close()

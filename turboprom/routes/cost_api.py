@@ -9,7 +9,11 @@ from planner.cost_report import build_report
 from turboprom.api_common import error_response, ok, run_off_loop
 from turboprom.cost_report import FORMATS, render
 from turboprom.durations import parse_duration_ms
-from turboprom.principal import request_tenant
+from turboprom.tenancy import TenantView, tenant_of as _tenant_of
+
+
+def request_tenant(request: web.Request) -> str:
+    return _tenant_of(request.headers)
 
 CONTENT_TYPES = {"text": "text/plain", "csv": "text/csv", "html": "text/html"}
 
@@ -25,12 +29,18 @@ def setup(app: web.Application, ctx) -> None:
             limit = int(q.get("limit", "200"))
         except ValueError as e:
             return error_response("bad_data", f"invalid parameter: {e}")
-        tenant = request_tenant(request) if "X-Scope-OrgID" in request.headers else q.get("tenant") or None
+        # Always the caller's own tenant (X-Scope-OrgID, else the default tenant): never another's.
+        try:
+            tenant = request_tenant(request)
+        except ValueError as e:
+            return error_response("bad_data", str(e))
         qlog = ctx.components.get("query_log")
         if qlog is None:
             return error_response("unavailable", "the query log is not enabled on this server", 503)
-        rep = await run_off_loop(ctx, build_report, qlog, ctx.components.get("planner"), ctx.components.get("planner_canary"),
-                                 ctx.storage, since_ms=since_ms, tenant=tenant, limit=limit)
+        own = tenant == "default"  # summaries are built from the default tenant's data only
+        rep = await run_off_loop(ctx, build_report, qlog, ctx.components.get("planner") if own else None,
+                                 ctx.components.get("planner_canary") if own else None,
+                                 TenantView(ctx.storage, tenant), since_ms=since_ms, tenant=tenant, limit=limit)
         if fmt == "json":
             return ok(rep)
         return web.Response(text=render(rep, fmt), content_type=CONTENT_TYPES[fmt])

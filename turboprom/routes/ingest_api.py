@@ -151,7 +151,8 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
                     return decoder.decode_v2(raw) if proto == V2 else decoder.decode_v1(raw)
 
                 decoded = await loop.run_in_executor(ctx.executor, decode)
-                result = await pipeline.submit(limited(label_batch(decoded.batch, tenant), tenant), reserved=True)
+                batch = await loop.run_in_executor(ctx.executor, lambda: limited(label_batch(decoded.batch, tenant), tenant))
+                result = await pipeline.submit(batch, reserved=True)
         except IngestError as e:
             return answer_error(protocol, e)
         except OSError as e:
@@ -210,7 +211,8 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
                     return importer.to_batch(data, default_ts_ms=default_ts, extra_labels=extra, openmetrics=openmetrics)
 
                 batch = await loop.run_in_executor(ctx.executor, decode)
-                result = await pipeline.submit(limited(label_batch(batch, tenant), tenant), reserved=True)
+                batch = await loop.run_in_executor(ctx.executor, lambda: limited(label_batch(batch, tenant), tenant))
+                result = await pipeline.submit(batch, reserved=True)
         except IngestError as e:
             return answer_error(protocol, e)
         except OSError as e:

@@ -36,8 +36,14 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
             body = await _json_body(request)
             who = request_principal(request, ctx)
             spec = body.get("action", body)
-            action = Action(verb=spec.get("verb", ""), target=spec.get("target", ""), params=dict(spec.get("params") or {}),
+            if not isinstance(spec, dict):
+                raise ValueError("'action' must be a JSON object with verb, target and params")
+            params = spec.get("params") or {}
+            if not isinstance(params, dict):
+                raise ValueError("'params' must be a JSON object")
+            action = Action(verb=str(spec.get("verb", "")), target=str(spec.get("target", "")), params=dict(params),
                             tenant=request_tenant(request), requester=who.name)
+            await run_off_loop(ctx, service().validate, action)
         except (ParamError, ValueError, TypeError) as e:
             return error_response("bad_data", str(e))
         decision, grant = await service().propose(action, who)
@@ -48,6 +54,8 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
     async def execute(request: web.Request) -> web.Response:
         try:
             body = await _json_body(request)
+            if not isinstance(body.get("action"), dict) or not isinstance(body.get("grant"), str):
+                raise ValueError("need 'action' (the JSON object returned by propose) and 'grant' (its token string)")
             action = Action.from_dict(body["action"])
             grant = Grant.from_token(body["grant"])
         except KeyError as e:

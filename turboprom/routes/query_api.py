@@ -95,7 +95,11 @@ async def _limited_evaluate(limits: Any, tenant: str, request: web.Request, ctx:
         async with limits.query_slot(tenant):
             return await _evaluate(request, ctx, params, timeout_s, run)
     except LimitExceeded as e:
-        raise APIError("unavailable", str(e), e.status) from None
+        from turboprom.api_common import error_response
+
+        resp = error_response("unavailable", str(e), e.status)
+        resp.headers["Retry-After"] = str(e.retry_after_s)
+        return resp
 
 
 def _call(method: Any, *args: Any, exact: bool, **kwargs: Any) -> QueryResult:

@@ -31,6 +31,7 @@ from storage.matchers import Matcher
 from turboprom.api_common import APIError, api_handler, error_response, ok, run_off_loop, set_cors
 from turboprom.api_params import MAX_TIME_MS, MIN_TIME_MS, Params, invalid_param, parse_metric_selector
 from turboprom.context import ServerContext
+from turboprom.tenancy import tenant_storage
 
 # The Prometheus API level we implement; Grafana reads it to pick features.
 PROMETHEUS_COMPAT_VERSION = "2.42.0"
@@ -245,7 +246,7 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
     @api_handler
     async def tsdb(request: web.Request, params: Params) -> web.Response:
         limit = params.limit("limit") or 10
-        return ok(await run_off_loop(ctx, tsdb_status, ctx.storage, limit))
+        return ok(await run_off_loop(ctx, tsdb_status, tenant_storage(ctx, request), limit))  # caller's tenant only
 
     @api_handler
     async def walreplay(request: web.Request, params: Params) -> web.Response:
@@ -345,7 +346,8 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
                 sets.extend(parse_metric_selector(m))
             except ValueError as e:
                 raise invalid_param("match[]", str(e)) from None
-        await run_off_loop(ctx, ctx.storage.delete_series, sets, start, end)
+        # Only the caller's tenant's series: the same selectors cannot reach another tenant's data.
+        await run_off_loop(ctx, tenant_storage(ctx, request).delete_series, sets, start, end)
         return web.Response(status=204)
 
     @api_handler

@@ -167,13 +167,12 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
         timeout = params.duration_seconds("timeout")
         lookback = _lookback(params)
         q = params.get("query")
+        tenant = request_tenant(request)
+        limits = _check_limits(ctx, q, tenant)  # length limit before parsing
         _check_query_syntax(q)
         exact = params.flag("exact")
-        tenant = request_tenant(request)
         engine = _pick_engine(ctx, exact, tenant)
         timeout_s = _effective_timeout(ctx, timeout)
-
-        limits = _check_limits(ctx, q, tenant)
 
         def run(cancel: threading.Event, remaining: float) -> QueryResult:
             return _call(engine.instant_query, q, t, exact=exact, lookback_delta_ms=lookback, timeout_s=remaining, cancel=cancel,
@@ -201,16 +200,15 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
         timeout = params.duration_seconds("timeout")
         lookback = _lookback(params)
         q = params.get("query")
+        tenant = request_tenant(request)
+        limits = _check_limits(ctx, q, tenant)  # length limit before parsing
         try:
             parse_promql(q)
         except ValueError as e:  # Prometheus 2.42 does not name the parameter here
             raise APIError("bad_data", str(e)) from None
         exact = params.flag("exact")
-        tenant = request_tenant(request)
         engine = _pick_engine(ctx, exact, tenant)
         timeout_s = _effective_timeout(ctx, timeout)
-
-        limits = _check_limits(ctx, q, tenant)
 
         def run(cancel: threading.Event, remaining: float) -> QueryResult:
             return _call(engine.range_query, q, start, end, step, exact=exact, lookback_delta_ms=lookback, timeout_s=remaining,

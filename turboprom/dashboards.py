@@ -48,6 +48,8 @@ TURBOPROM = Dashboard("turboprom-self", "TurboProm itself", (
     Panel("WAL fsync p99", 'histogram_quantile(0.99, sum by (le) (rate(turboprom_storage_wal_fsync_seconds_bucket[5m])))', "s", "p99"),
     Panel("HTTP request rate by route", 'sum by (handler) (rate(turboprom_http_requests_total[1m]))', "reqps", "{{handler}}"),
     Panel("Query latency p99", 'histogram_quantile(0.99, sum by (le) (rate(turboprom_http_request_duration_seconds_bucket{handler=~"/api/v1/query.*"}[5m])))', "s", "p99"),
+    Panel("Queries by serving path", 'sum by (path) (rate(turboprom_queries_total[5m]))', "reqps", "{{path}}"),
+    Panel("Query CPU p99 by path", 'histogram_quantile(0.99, sum by (le, path) (rate(turboprom_query_cpu_seconds_bucket[5m])))', "s", "{{path}}"),
     Panel("Congestion API latency p99", 'histogram_quantile(0.99, sum by (le) (rate(turboprom_http_request_duration_seconds_bucket{handler="/api/v1/congestion"}[5m])))', "s", "p99"),
     Panel("Scrapes", 'sum by (job) (up)', "short", "{{job}}"),
     Panel("Process memory", 'process_resident_memory_bytes{job="turboprom"}', "bytes", "RSS"),

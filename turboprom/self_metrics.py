@@ -30,3 +30,23 @@ async def http_metrics(request: web.Request, handler: Callable[[web.Request], Aw
     finally:
         HTTP_DURATION.labels(name).observe(time.perf_counter() - start)
         HTTP_REQUESTS.labels(name, str(code)).inc()
+
+
+QUERIES = Counter("turboprom_queries", "PromQL queries evaluated, by serving path (summary: at least one sub-tree answered "
+                  "from a summary; raw: none) and kind.", ["path", "kind"])
+QUERY_CPU = Histogram("turboprom_query_cpu_seconds", "CPU time per PromQL query by serving path.", ["path"],
+                      buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 120))
+QUERY_SAMPLES = Counter("turboprom_query_samples_scanned", "Raw samples read by PromQL queries, by serving path.", ["path"])
+
+
+def observe_query(result, kind: str):
+    """Count a finished query by path; the summary hit ratio is
+    rate(turboprom_queries_total{path="summary"}[5m]) / rate(turboprom_queries_total[5m])."""
+    st = getattr(result, "stats", None)
+    if st is None:
+        return result
+    path = "summary" if any(str(p).startswith("summary:") for p in (st.paths or [])) else "raw"
+    QUERIES.labels(path, kind).inc()
+    QUERY_CPU.labels(path).observe(max(0.0, float(st.cpu_seconds or 0.0)))
+    QUERY_SAMPLES.labels(path).inc(max(0, int(st.samples_scanned or 0)))
+    return result

@@ -25,6 +25,7 @@ from turboprom.api_common import (GZIP_MIN_BYTES, APIError, accepts_gzip, add_ge
 from turboprom.api_params import MAX_RANGE_POINTS, MAX_TIME_MS, MIN_TIME_MS, Params, invalid_param
 from turboprom.api_params import parse_query as parse_promql
 from turboprom.context import ServerContext
+from turboprom.self_metrics import observe_query
 from turboprom.tenancy import DEFAULT_TENANT, request_tenant
 
 
@@ -175,8 +176,8 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
         timeout_s = _effective_timeout(ctx, timeout)
 
         def run(cancel: threading.Event, remaining: float) -> QueryResult:
-            return _call(engine.instant_query, q, t, exact=exact, lookback_delta_ms=lookback, timeout_s=remaining, cancel=cancel,
-                         tenant=tenant, **_max_samples(limits, tenant))
+            return observe_query(_call(engine.instant_query, q, t, exact=exact, lookback_delta_ms=lookback, timeout_s=remaining,
+                                       cancel=cancel, tenant=tenant, **_max_samples(limits, tenant)), "instant")
 
         return await _limited_evaluate(limits, tenant, request, ctx, params, timeout_s, run)
 
@@ -211,8 +212,8 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
         timeout_s = _effective_timeout(ctx, timeout)
 
         def run(cancel: threading.Event, remaining: float) -> QueryResult:
-            return _call(engine.range_query, q, start, end, step, exact=exact, lookback_delta_ms=lookback, timeout_s=remaining,
-                         cancel=cancel, tenant=tenant, **_max_samples(limits, tenant))
+            return observe_query(_call(engine.range_query, q, start, end, step, exact=exact, lookback_delta_ms=lookback,
+                                       timeout_s=remaining, cancel=cancel, tenant=tenant, **_max_samples(limits, tenant)), "range")
 
         return await _limited_evaluate(limits, tenant, request, ctx, params, timeout_s, run)
 

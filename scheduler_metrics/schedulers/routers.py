@@ -101,7 +101,10 @@ class DynamoScheduler(_LastPlace):
         cached = np.array([min(req.reuse_tokens, cl.cached_tokens(int(c), req.session)) for c in cand], dtype=float)
         prefill_blocks = np.ceil((req.input_tokens - cached) / self.block_tokens)
         pending = np.array([self._pending_blocks.get(int(c), 0.0) for c in cand])
-        decode_blocks = cl.kv_usage[cand] * self.kv_capacity_blocks + pending
+        # Active blocks on the worker: KV of running sequences plus requests still queued for prefill
+        # (backlog seconds x measured rate), plus what this router sent there since the last signals.
+        queued = cl.backlog_s[cand] * np.where(cl.service_tps[cand] > 0, cl.service_tps[cand], 0.0) / self.block_tokens
+        decode_blocks = cl.kv_usage[cand] * self.kv_capacity_blocks + queued + pending
         cost = self.overlap_weight * prefill_blocks + decode_blocks
         k = int(np.argmin(cost))
         exe = int(cand[k])

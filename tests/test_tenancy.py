@@ -88,3 +88,21 @@ def test_tenants_cannot_see_each_other(tmp_path: Path) -> None:
         assert q("shared_metric", "team-a") == []
         assert [r["value"][1] for r in q("shared_metric", None)] == ["1"]
         assert [r["value"][1] for r in q("shared_metric", "team-b")] == ["100"]
+
+
+def test_summaries_and_congestion_only_see_the_default_tenant(tmp_path: Path) -> None:
+    """Every ingest sink is wrapped so other tenants' samples never reach the operator's summaries or
+    congestion signals, even after route setup re-attaches the tracker."""
+    from turboprom.config import ServerConfig
+    from turboprom.server import create_app
+    from turboprom.tenancy import DefaultTenantOnly
+    from turboprom.wiring import build_context
+
+    ctx = build_context(ServerConfig(data_dir=str(tmp_path / "d")))
+    try:
+        create_app(ctx)
+        sinks = ctx.components["ingest"].sinks
+        assert sinks and all(isinstance(s, DefaultTenantOnly) for s in sinks)
+        assert {type(s.sink).__name__ for s in sinks} >= {"CongestionTracker", "Summarizer"}
+    finally:
+        ctx.storage.close()

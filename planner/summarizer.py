@@ -66,30 +66,35 @@ class Summarizer:
         with self.lock:
             targets = [s for lst in self.by_metric.values() for s in lst]
         if targets:
-            names = [metric_name(l) for l in batch.series]
-            stale = is_stale(batch.values)
+            by_name: dict[str, list[int]] = {}
+            for i, lbl in enumerate(batch.series):  # one pass per batch (per series, not per sample)
+                by_name.setdefault(metric_name(lbl), []).append(i)
+            stale = is_stale(batch.values) if any(s.metric in by_name for s in targets) else None
             for sds in targets:
-                self._fold(sds, batch, names, stale)
+                pos = by_name.get(sds.metric)
+                if pos:
+                    self._fold(sds, batch, pos, stale)
         self.cpu_seconds += time.thread_time() - t0
         self.samples += len(batch)
 
-    def _fold(self, sds: SDS, batch: SampleBatch, names: list[str], stale: np.ndarray) -> None:
+    def _fold(self, sds: SDS, batch: SampleBatch, pos: list[int], stale: np.ndarray) -> None:
         """Map the batch onto the SDS's series and buffer its in-scope samples; the buffer is folded in
         bulk (``SDS.flush_pending``) every ``FLUSH_SAMPLES`` samples, at pane boundaries and before any
         read of the panes, so scrape-shaped batches do not pay the fold's fixed cost each."""
         if sds.live_from is None:
             return
         t0 = time.thread_time()
-        metric = sds.metric
-        pos = [i for i, n in enumerate(names) if n == metric]
-        if not pos:
-            return
-        pos = [i for i in pos if sds.registry.in_scope(batch.series[i])]
-        if not pos:
-            return
-        ids = sds.register([batch.series[i] for i in pos])
-        m = np.full(len(batch.series), -1, np.int64)
-        m[np.asarray(pos, np.int64)] = ids
+        index = sds.registry.index
+        series = batch.series
+        ids_l = [index.get(series[i], -1) for i in pos]  # known series: one dict lookup each
+        if -1 in ids_l:
+            new = [k for k, x in enumerate(ids_l) if x < 0 and sds.registry.in_scope(series[pos[k]])]
+            if new:
+                got = sds.register([series[pos[k]] for k in new])
+                for k, g in zip(new, got.tolist()):
+                    ids_l[k] = g
+        m = np.full(len(series), -1, np.int64)
+        m[np.asarray(pos, np.int64)] = ids_l
         sid = m[batch.series_index]
         ts = batch.timestamps
         keep = (sid >= 0) & ~stale & (ts >= sds.live_from)

@@ -345,11 +345,18 @@ class Planner:
                     import numpy as np
 
                     e = np.arange(start_ms, (end_ms if end_ms is not None else start_ms) + 1, max(step_ms, 1)) if step_ms else np.array([start_ms])
+                    from planner.rewrite import edge_fraction, worth_it
+
                     plan = plan_windows(e, c.range_ms, sds.spec.pane_ms, lo, hi)
                     item["summary_panes"] = plan.summary_panes
+                    item["raw_edge_fraction"] = round(edge_fraction(plan), 4)
                     if plan.summary_panes == 0:
                         item["path"] = "raw"
                         item["why"] = "no whole covered pane inside any window"
+                    elif self.config.cost_based and not worth_it(c.func, plan, c.range_ms, sds.spec.pane_ms):
+                        item["path"] = "raw"
+                        item["why"] = (f"cost check: raw edges would cover {item['raw_edge_fraction']:.0%} of the raw "
+                                       f"path's span and {c.func} is cheap on raw")
             out["subtrees"].append(item)
         if not out["subtrees"]:
             out["why"] = "no sub-tree is a function an SDS serves (func(metric{...}[range]))"

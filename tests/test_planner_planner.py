@@ -146,3 +146,20 @@ def test_restart_rebuilds_open_panes_from_raw(tmp_path):
         np.testing.assert_array_equal(fast.present, raw.present)
         np.testing.assert_allclose(fast.values[fast.present], raw.values[raw.present], rtol=1e-9)
     st2.query_log.close()
+
+
+def test_explain_reports_path_and_cost_check():
+    items = random_series(seed=8)
+    src, batch = load(items)
+    tmax = int(batch.timestamps.max())
+    st = _stack(src)
+    feed(st.summarizer, batch)
+    st.planner.adopt(SDSSpec("x_total", "exact", 60_000), reason="test")
+    q = "sum(rate(x_total[30m]))"
+    coarse = st.planner.explain(q, tmax - 3_600_000, tmax, 600_000)["subtrees"][0]
+    fine = st.planner.explain(q, tmax - 3_600_000, tmax, 15_000)["subtrees"][0]
+    assert coarse["path"].startswith("summary:exact-x_total") and coarse["error_bound"] == "exact"
+    assert fine["path"] == "raw" and "cost check" in fine["why"]
+    # explain agrees with what the engine then does
+    assert st.engine.range_query(q, tmax - 3_600_000, tmax, 600_000).stats.paths[0] == coarse["path"]
+    assert st.engine.range_query(q, tmax - 3_600_000, tmax, 15_000).stats.paths == ["raw"]

@@ -10,6 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
+from turboprom.tenancy import request_tenant
 from turboprom.api_common import APIError, add_get_post, api_handler, ok, run_off_loop
 from turboprom.api_params import Params, invalid_param
 from turboprom.api_params import parse_query as parse_promql
@@ -81,11 +82,14 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
         if qlog is None:
             raise APIError("unavailable", "the query log is not enabled on this server")
         limit = params.limit("limit") or 100
+        tenant = request_tenant(request)
 
         def rows() -> list[dict[str, Any]]:
             cols = ["arrival_ms", "tenant", "origin", "pattern", "expr", "kind", "start_ms", "end_ms", "step_ms",
                     "wall_s", "cpu_s", "samples", "paths", "result_series", "result_points", "exact", "error"]
-            out = qlog.sql(f"SELECT {', '.join(cols)} FROM query_log ORDER BY arrival_ms DESC LIMIT ?", [limit])
+            # Only the caller's own tenant's queries (another tenant's query text is theirs).
+            out = qlog.sql(f"SELECT {', '.join(cols)} FROM query_log WHERE tenant = ? ORDER BY arrival_ms DESC LIMIT ?",
+                           [tenant, limit])
             res = [dict(zip(cols, r)) for r in out]
             for r in res:
                 r["paths"] = json.loads(r["paths"]) if r["paths"] else []

@@ -157,3 +157,22 @@ def test_vesta_migration_through_kedgeflow(tmp_path: Path) -> None:
     finally:
         loop.call_soon_threadsafe(loop.stop)
         t.join(10)
+
+
+def test_revoke_is_tenant_scoped_and_blocks_execution(tmp_path: Path) -> None:
+    with ServerProcess(tmp_path / "data", ["--web.enable-admin-api"]) as srv:
+        spec = {"verb": "tsdb.delete_series", "target": "tsdb", "params": {"match[]": ["nothing_here"]}}
+        req = urllib.request.Request(srv.url + "/api/v1/kedgeflow/propose", data=json.dumps(spec).encode(), method="POST",
+                                     headers={"X-Scope-OrgID": "team-a"})
+        prop = json.loads(urllib.request.urlopen(req, timeout=30).read())["data"]
+        aid = prop["allowance_id"]
+        # Another tenant (here: the default one) cannot revoke team-a's grant.
+        st, out = _post(srv.url + "/api/v1/kedgeflow/revoke", {"allowance_id": aid})
+        assert st == 404
+        req = urllib.request.Request(srv.url + "/api/v1/kedgeflow/revoke", data=json.dumps({"allowance_id": aid}).encode(),
+                                     method="POST", headers={"X-Scope-OrgID": "team-a"})
+        assert json.loads(urllib.request.urlopen(req, timeout=30).read())["data"]["was_available"] is True
+        req = urllib.request.Request(srv.url + "/api/v1/kedgeflow/execute", data=json.dumps({"action": prop["action"], "grant": prop["grant"]}).encode(),
+                                     method="POST", headers={"X-Scope-OrgID": "team-a"})
+        out = json.loads(urllib.request.urlopen(req, timeout=30).read())["data"]
+        assert out["status"] == "refused" and "revoked" in out["reason"]

@@ -50,9 +50,10 @@ class ControlPlane:
                                                              "expires_at_ms": grant.expires_at_ms, "kid": grant.key_id}, tenant=action.tenant)
         return decision, grant
 
-    async def revoke(self, allowance_id: str, who: Principal) -> bool:
+    async def revoke(self, allowance_id: str, who: Principal, tenant: str = "default") -> bool:
         was_available = await self.ledger.revoke(allowance_id)
-        await asyncio.to_thread(self.audit.append, "revoke", {"allowance_id": allowance_id, "by": who.name, "was_available": was_available})
+        await asyncio.to_thread(self.audit.append, "revoke", {"allowance_id": allowance_id, "by": who.name, "was_available": was_available},
+                                tenant=tenant)
         return was_available
 
 

@@ -75,7 +75,12 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
             return error_response("bad_data", "missing field 'allowance_id'")
         except ParamError as e:
             return error_response("bad_data", str(e))
-        was = await service().control.revoke(aid, request_principal(request, ctx))
+        # Only the tenant the grant was issued to may revoke it (the grant's audit entry says which).
+        tenant = request_tenant(request)
+        grants = await run_off_loop(ctx, service().audit.read, kind="grant", grant=aid, limit=1)
+        if not grants or grants[-1].get("tenant") != tenant:
+            return error_response("not_found", f"no grant with allowance id {aid!r} for this tenant", 404)
+        was = await service().control.revoke(aid, request_principal(request, ctx), tenant)
         return ok({"allowance_id": aid, "was_available": was})
 
     async def audit(request: web.Request) -> web.Response:

@@ -17,7 +17,9 @@ from storage.options import DAY_MS, HOUR_MS, StorageOptions
 from storage.tsdb import TSDB
 from tests.helpers import REPO, ServerProcess
 
-NOW = int(time.time() * 1000)
+# Aligned to the last UTC midnight: compaction windows are aligned to absolute multiples of the block
+# range, so a wall-clock NOW made these tests pass or fail depending on the time of day.
+NOW = int(time.time() * 1000) // DAY_MS * DAY_MS
 SERIES = [make_labels({"__name__": "node_cpu_seconds_total", "cpu": str(c), "mode": m}) for c in range(4) for m in ("idle", "user")]
 
 

@@ -27,6 +27,8 @@ def setup(app: web.Application, ctx) -> None:
         try:
             since_ms = int(time.time() * 1000) - parse_duration_ms(q.get("since", "24h"))
             limit = int(q.get("limit", "200"))
+            if limit <= 0:
+                raise ValueError(f"limit must be a positive integer, got {limit}")
         except ValueError as e:
             return error_response("bad_data", f"invalid parameter: {e}")
         # Always the caller's own tenant (X-Scope-OrgID, else the default tenant): never another's.

@@ -12,6 +12,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from promql.errors import ExecutionError
+from promql.go_strings import decode_go_literal
 from promql.types import VectorSteps
 from storage.labels import METRIC_NAME, Labels
 
@@ -176,43 +177,12 @@ def take_rows(vec: VectorSteps, idx: np.ndarray) -> VectorSteps:
     )
 
 
-_SIMPLE_ESC = {"a": 7, "b": 8, "f": 12, "n": 10, "r": 13, "t": 9, "v": 11, "\\": 92, "'": 39, '"': 34}
-
-
 def raw_string_literal_bytes(text: str, start: int) -> bytes | None:
     """The bytes a Go/PromQL string literal starting at ``text[start]`` denotes (``\\xNN`` and
     octal escapes are raw bytes, which the parser binding turns into code points). None if no
     literal starts there."""
-    if start >= len(text) or text[start] not in "\"'`":
-        return None
-    q = text[start]
-    out = bytearray()
-    i = start + 1
-    while i < len(text):
-        c = text[i]
-        if c == q:
-            return bytes(out)
-        if c == "\\" and q != "`" and i + 1 < len(text):
-            e = text[i + 1]
-            if e == "x":
-                out.append(int(text[i + 2:i + 4], 16))
-                i += 4
-                continue
-            if e in "01234567":
-                out.append(int(text[i + 1:i + 4], 8) & 0xFF)
-                i += 4
-                continue
-            if e in ("u", "U"):
-                n = 4 if e == "u" else 8
-                out += chr(int(text[i + 2:i + 2 + n], 16)).encode("utf-8", "surrogatepass")
-                i += 2 + n
-                continue
-            out.append(_SIMPLE_ESC.get(e, ord(e)))
-            i += 2
-            continue
-        out += c.encode("utf-8", "surrogatepass")
-        i += 1
-    return None
+    r = decode_go_literal(text, start)
+    return r[0] if r is not None else None
 
 
 def go_quote_bytes(b: bytes) -> str:

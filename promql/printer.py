@@ -21,6 +21,8 @@ from typing import Any
 
 import promql_parser as pp
 
+from promql.go_strings import decode_go_literal
+
 _LEGACY_LABEL = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _LEGACY_METRIC = re.compile(r"^[A-Za-z_:][A-Za-z0-9_:]*$")
 
@@ -200,7 +202,6 @@ class _RawState(threading.local):
 
 
 _RAW = _RawState()
-_SIMPLE_ESC = {"a": 7, "b": 8, "f": 12, "n": 10, "r": 13, "t": 9, "v": 11, "\\": 92, "'": 39, '"': 34}
 
 
 def _raw_string_literals(text: str) -> list[str] | None:
@@ -221,33 +222,12 @@ def _raw_string_literals(text: str) -> list[str] | None:
                 i = n if j < 0 else j
                 continue
             elif ch in "\"'`":
-                buf = bytearray()
-                j = i + 1
-                while text[j] != ch:
-                    c = text[j]
-                    if c == "\\" and ch != "`":
-                        e = text[j + 1]
-                        if e in _SIMPLE_ESC:
-                            buf.append(_SIMPLE_ESC[e])
-                            j += 2
-                        elif e == "x":
-                            buf.append(int(text[j + 2:j + 4], 16))
-                            j += 4
-                        elif e in "01234567":
-                            buf.append(int(text[j + 1:j + 4], 8) & 0xFF)
-                            j += 4
-                        elif e in "uU":
-                            k = 4 if e == "u" else 8
-                            buf += chr(int(text[j + 2:j + 2 + k], 16)).encode("utf-8", "surrogatepass")
-                            j += 2 + k
-                        else:
-                            return None
-                        continue
-                    buf += c.encode("utf-8", "surrogatepass")
-                    j += 1
+                lit = decode_go_literal(text, i)
+                if lit is None:
+                    return None
                 if depth == 0:
-                    out.append(bytes(buf).decode("utf-8", "surrogateescape"))
-                i = j + 1
+                    out.append(lit[0].decode("utf-8", "surrogateescape"))
+                i = lit[1]
                 continue
             i += 1
     except (IndexError, ValueError):

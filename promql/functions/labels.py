@@ -10,6 +10,7 @@ import numpy as np
 from promql.errors import ExecutionError
 from promql.functions import FunctionContext, register
 from promql.functions.common import string_arg, vector_arg
+from promql.go_strings import decode_go_literal
 from promql.types import Value, VectorSteps
 from storage.labels import METRIC_NAME, Labels, get, set_label
 
@@ -25,7 +26,6 @@ def _valid_label_name(name: str) -> bool:
     return "\ufffd" not in name
 
 
-_SIMPLE_ESC = {"a": 7, "b": 8, "f": 12, "n": 10, "r": 13, "t": 9, "v": 11, "\\": 92, "'": 39, '"': 34}
 
 
 def _raw_literal_bytes(ctx: FunctionContext, arg_index: int) -> bytes | None:
@@ -47,34 +47,8 @@ def _raw_literal_bytes(ctx: FunctionContext, arg_index: int) -> bytes | None:
         off += 1
     if off >= len(text) or text[off] not in "\"'`":
         return None
-    quote = text[off]
-    i = off + 1
-    out = bytearray()
-    while i < len(text):
-        ch = text[i]
-        if ch == quote:
-            return bytes(out)
-        if ch == "\\" and quote != "`" and i + 1 < len(text):
-            e = text[i + 1]
-            if e in _SIMPLE_ESC:
-                out.append(_SIMPLE_ESC[e])
-                i += 2
-            elif e == "x":
-                out.append(int(text[i + 2 : i + 4], 16))
-                i += 4
-            elif e in "01234567":
-                out.append(int(text[i + 1 : i + 4], 8) & 0xFF)
-                i += 4
-            elif e in "uU":
-                n = 4 if e == "u" else 8
-                out += chr(int(text[i + 2 : i + 2 + n], 16)).encode("utf-8", "surrogatepass")
-                i += 2 + n
-            else:
-                return None
-            continue
-        out += ch.encode("utf-8", "surrogatepass")
-        i += 1
-    return None
+    r = decode_go_literal(text, off)
+    return r[0] if r is not None else None
 
 
 def _arg_valid_utf8(ctx: FunctionContext, arg_index: int) -> bool:

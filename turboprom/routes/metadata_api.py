@@ -138,27 +138,28 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
         per_metric = _int_or_error(params, "limit_per_metric")
         metric = params.get("metric")
         store = ctx.components.get("metadata")
-        # Metadata is kept per metric family; a tenant sees only families it has series of.
         view = tenant_storage(ctx, request)
-        visible = set(await run_off_loop(ctx, view.label_values, "__name__", MIN_TIME_MS, MAX_TIME_MS, []))
-        if store is not None and hasattr(store, "get") and not isinstance(store, Mapping):
-            got = store.get(metric or None, None, per_metric if per_metric > 0 else None)
-            got = {k: v for k, v in got.items() if _family_visible(k, visible)}
-            if limit >= 0:
-                got = dict(list(got.items())[:limit])
-            return ok(got)
-        snap = {k: v for k, v in metadata_snapshot(store).items() if _family_visible(k, visible)}
-        out: dict[str, list[dict[str, str]]] = {}
-        for name in sorted(snap):
-            if metric and name != metric:
-                continue
-            if limit >= 0 and len(out) >= limit:
-                break
-            entries = snap[name]
-            if per_metric > 0:
-                entries = entries[:per_metric]
-            out[name] = entries
-        return ok(out)
+
+        def build() -> dict[str, list[dict[str, str]]]:
+            # Metadata is kept per metric family; a tenant sees only families it has series of.
+            # Runs off the event loop: the store can hold hundreds of thousands of families.
+            visible = set(view.label_values("__name__", MIN_TIME_MS, MAX_TIME_MS, []))
+            if store is not None and hasattr(store, "get") and not isinstance(store, Mapping):
+                got = store.get(metric or None, None, per_metric if per_metric > 0 else None)
+                got = {k: v for k, v in got.items() if _family_visible(k, visible)}
+                return dict(list(got.items())[:limit]) if limit >= 0 else got
+            snap = {k: v for k, v in metadata_snapshot(store).items() if _family_visible(k, visible)}
+            out: dict[str, list[dict[str, str]]] = {}
+            for name in sorted(snap):
+                if metric and name != metric:
+                    continue
+                if limit >= 0 and len(out) >= limit:
+                    break
+                entries = snap[name]
+                out[name] = entries[:per_metric] if per_metric > 0 else entries
+            return out
+
+        return ok(await run_off_loop(ctx, build))
 
     add_get_post(app, "/api/v1/series", series)
     add_get_post(app, "/api/v1/labels", labels)

@@ -100,3 +100,17 @@ class ServerProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def load_bench(name: str):
+    """Import a bench/ script as a module (bench/ is scripts, not a package), once."""
+    import importlib.util
+
+    key = f"bench_{name}"
+    if key in sys.modules:
+        return sys.modules[key]
+    spec = importlib.util.spec_from_file_location(key, REPO / "bench" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[key] = mod  # dataclasses look their module up here
+    spec.loader.exec_module(mod)
+    return mod

@@ -3,21 +3,15 @@ every expanded query must match, except those documented in docs/compatibility.m
 ("Compliance vs Prometheus 2.42")."""
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 
 import pytest
 
-from tests.helpers import REPO, require_binary
+from tests.helpers import REPO, load_bench, require_binary
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("bench_compliance", REPO / "bench" / "compliance.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["bench_compliance"] = mod  # dataclasses look their module up here
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("compliance")
 
 
 def _documented_queries() -> set[str]:

@@ -7,50 +7,19 @@ tree shape. Plus exact renderings of the constructs whose printing Prometheus de
 """
 from __future__ import annotations
 
-import itertools
 import re
 
 import promql_parser as pp
 import pytest
-import yaml
 
-from tests.helpers import SHARED
+from tests.helpers import SHARED, load_bench
 
 from promql.printer import format_duration_ms, format_float, go_quote, to_promql
 from promql.promqltest_script import EvalCmd, parse_script
 
-# Variant tables of prometheus/compliance testcases/expand.go (see ../shared/compliance/NOTES.md)
-VARIANTS = {
-    "range": ["1s", "15s", "1m", "5m", "15m", "1h"],
-    "offset": ["1m", "5m", "10m"],
-    "simpleAggrOp": ["sum", "avg", "max", "min", "count", "stddev", "stdvar"],
-    "simpleTimeAggrOp": ["sum", "avg", "max", "min", "count", "stddev", "stdvar", "absent", "last"],
-    "topBottomOp": ["topk", "bottomk"],
-    "quantile": ["-0.5", "0.1", "0.5", "0.75", "0.95", "0.90", "0.99", "1", "1.5"],
-    "arithBinOp": ["+", "-", "*", "/", "%", "^"],
-    "compBinOp": ["==", "!=", "<", ">", "<=", ">="],
-    "binOp": ["+", "-", "*", "/", "%", "^", "==", "!=", "<", ">", "<=", ">="],
-    "simpleMathFunc": ["abs", "ceil", "floor", "exp", "sqrt", "ln", "log2", "log10", "round"],
-    "extrapolatedRateFunc": ["delta", "rate", "increase"],
-    "clampFunc": ["clamp_min", "clamp_max"],
-    "instantRateFunc": ["idelta", "irate"],
-    "dateFunc": ["day_of_month", "day_of_week", "days_in_month", "hour", "minute", "month", "year"],
-    "smoothingFactor": ["0.1", "0.5", "0.8"],
-    "trendFactor": ["0.1", "0.5", "0.8"],
-}
-
-
 def compliance_queries() -> list[str]:
-    doc = yaml.safe_load((SHARED / "compliance" / "promql-test-queries.yml").read_text())
-    out = []
-    for case in doc["test_cases"]:
-        args = case.get("variant_args") or []
-        for combo in itertools.product(*(VARIANTS[a] for a in args)):
-            q = case["query"]
-            for a, v in zip(args, combo):
-                q = q.replace("{{." + a + "}}", v)
-            out.append(q)
-    return out
+    """The compliance tester's 539 queries, expanded by the same code the side-by-side bench uses."""
+    return [c.query for c in load_bench("compliance").expand_cases()]
 
 
 def conformance_queries() -> list[str]:

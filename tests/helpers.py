@@ -114,3 +114,19 @@ def load_bench(name: str):
     sys.modules[key] = mod  # dataclasses look their module up here
     spec.loader.exec_module(mod)
     return mod
+
+
+def http_json(url: str, data: bytes | None = None, headers: dict | None = None, timeout: float = 60) -> tuple[int, dict, dict]:
+    """(status, decoded JSON body or {}, response headers) for a GET, or a POST when data is given;
+    HTTP errors are returned, not raised."""
+    import json
+    import urllib.error
+
+    req = urllib.request.Request(url, data=data, headers=headers or {}, method="POST" if data is not None else "GET")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            raw = r.read()
+            return r.status, (json.loads(raw) if raw else {}), dict(r.headers)
+    except urllib.error.HTTPError as e:
+        raw = e.read()
+        return e.code, (json.loads(raw) if raw else {}), dict(e.headers)

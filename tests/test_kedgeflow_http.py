@@ -8,23 +8,17 @@ import sys
 import urllib.request
 from pathlib import Path
 
-from tests.helpers import REPO, ServerProcess
+from tests.helpers import REPO, ServerProcess, http_json
 
 
 def _post(url: str, body: dict | bytes, ctype: str = "application/json") -> tuple[int, dict]:
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method="POST", headers={"Content-Type": ctype})
-    try:
-        with urllib.request.urlopen(req, timeout=30) as r:
-            raw = r.read()
-            return r.status, json.loads(raw) if raw else {}
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"{}")
+    st, out, _ = http_json(url, data, {"Content-Type": ctype}, timeout=30)
+    return st, out
 
 
 def _get(url: str) -> dict:
-    with urllib.request.urlopen(url, timeout=30) as r:
-        return json.loads(r.read())
+    return http_json(url, timeout=30)[1]
 
 
 def test_delete_series_through_grant_gateway_and_audit(tmp_path: Path) -> None:

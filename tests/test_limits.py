@@ -1,15 +1,12 @@
 """Input limits and per-tenant limits against the real server (config `limits:` section)."""
 from __future__ import annotations
 
-import json
 import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from pathlib import Path
 
-from tests.helpers import ServerProcess
+from tests.helpers import ServerProcess, http_json
 
 CFG = """
 limits:
@@ -24,14 +21,7 @@ limits:
 
 
 def _req(url: str, tenant: str | None = None, data: bytes | None = None) -> tuple[int, dict, dict]:
-    h = {"X-Scope-OrgID": tenant} if tenant else {}
-    r = urllib.request.Request(url, data=data, headers=h, method="POST" if data is not None else "GET")
-    try:
-        with urllib.request.urlopen(r, timeout=60) as resp:
-            raw = resp.read()
-            return resp.status, (json.loads(raw) if raw else {}), dict(resp.headers)
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"{}"), dict(e.headers)
+    return http_json(url, data, {"X-Scope-OrgID": tenant} if tenant else {})
 
 
 def test_input_and_tenant_limits(tmp_path: Path) -> None:

@@ -3,23 +3,15 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from pathlib import Path
 
-from tests.helpers import ServerProcess
+from tests.helpers import ServerProcess, http_json
 
 
 def _req(url: str, tenant: str | None = None, data: bytes | None = None) -> tuple[int, dict]:
-    h = {"X-Scope-OrgID": tenant} if tenant else {}
-    r = urllib.request.Request(url, data=data, headers=h, method="POST" if data is not None else "GET")
-    try:
-        with urllib.request.urlopen(r, timeout=30) as resp:
-            raw = resp.read()
-            return resp.status, json.loads(raw) if raw else {}
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"{}")
+    st, body, _ = http_json(url, data, {"X-Scope-OrgID": tenant} if tenant else {}, timeout=30)
+    return st, body
 
 
 def test_tenants_cannot_see_each_other(tmp_path: Path) -> None:

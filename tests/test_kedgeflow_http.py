@@ -8,6 +8,9 @@ import sys
 import urllib.request
 from pathlib import Path
 
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
 from tests.helpers import REPO, ServerProcess, http_json
 
 
@@ -84,12 +87,16 @@ def test_vesta_migration_through_kedgeflow(tmp_path: Path) -> None:
 
     from aiohttp import web
 
+    from scheduler_metrics.kedgeflow.grant import GrantSigner, GrantVerifier, load_or_create_key
     from scheduler_metrics.schedulers.control import SchedulerControl
     from scheduler_metrics.schedulers.vesta import VestaScheduler
     from tests.helpers import free_port
 
+    # The control endpoint trusts the server's grant key only (exported as `turboprom audit export-key` does).
+    key = load_or_create_key(tmp_path / "data" / "kedgeflow" / "signing-key.pem")
+    pem = key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
     vesta = VestaScheduler(4)
-    control = SchedulerControl(vesta)
+    control = SchedulerControl(vesta, GrantVerifier.from_pem(pem))
     vesta.holder[7] = 1
     port = free_port()
     loop = asyncio.new_event_loop()
@@ -141,6 +148,8 @@ def test_vesta_migration_through_kedgeflow(tmp_path: Path) -> None:
             st, out = _post(srv.url + "/api/v1/kedgeflow/execute", {"action": action, "grant": grant})
             assert out["data"]["status"] == "committed", out
             assert vesta.holder[7] == 3 and control.commits == 1
+            _control_refuses_unauthorized(f"http://127.0.0.1:{port}/api/v1/scheduler/migrate", action, grant, control)
+            assert vesta.holder[7] == 3 and control.commits == 1
             # A second approval for the same (now stale) holder version is refused by the target.
             st, prop2 = _post(srv.url + "/api/v1/kedgeflow/propose", action_spec)
             st, out2 = _post(srv.url + "/api/v1/kedgeflow/execute", {"action": prop2["data"]["action"], "grant": prop2["data"]["grant"]})
@@ -151,6 +160,39 @@ def test_vesta_migration_through_kedgeflow(tmp_path: Path) -> None:
     finally:
         loop.call_soon_threadsafe(loop.stop)
         t.join(10)
+
+
+def _control_refuses_unauthorized(url: str, action: dict, token: str, control: object) -> None:
+    """Reaching the scheduler's control endpoint directly, without a valid grant, changes nothing."""
+    from scheduler_metrics.kedgeflow.action import Action
+    from scheduler_metrics.kedgeflow.grant import Grant, GrantSigner
+    from scheduler_metrics.kedgeflow.targets import GRANT_HEADER
+
+    aid = Grant.from_token(token).allowance_id
+    fresh = {**action, "params": {**action["params"], "expected_holder_version": 1, "to": 0}}
+
+    def post(body: dict, headers: dict) -> tuple[int, dict]:
+        st, out, _ = http_json(url, json.dumps(body).encode(), {"Content-Type": "application/json", **headers}, timeout=30)
+        return st, out
+
+    st, out = post(fresh, {"Idempotency-Key": "k-unsigned"})
+    assert st == 401 and GRANT_HEADER in out["error"]
+    # The granted action with substituted parameters (valid for the current holder version).
+    st, out = post(fresh, {"Idempotency-Key": aid, GRANT_HEADER: token})
+    assert st == 403 and "byte for byte" in out["error"]
+    # The granted action under another idempotency key (a second application of one grant).
+    st, out = post(action, {"Idempotency-Key": "another", GRANT_HEADER: token})
+    assert st == 403 and "allowance id" in out["error"]
+    # A grant signed by a key the target does not trust.
+    rogue = GrantSigner(Ed25519PrivateKey.generate()).sign(Action.from_dict(fresh), "rogue-aid", 60_000)
+    st, out = post(fresh, {"Idempotency-Key": "rogue-aid", GRANT_HEADER: rogue.to_token()})
+    assert st == 403 and "unknown key" in out["error"]
+    st, out = post(fresh, {"Idempotency-Key": "x", GRANT_HEADER: "not-a-token"})
+    assert st == 403 and "malformed" in out["error"]
+    # The original, valid request replayed: already applied.
+    st, out = post(action, {"Idempotency-Key": aid, GRANT_HEADER: token})
+    assert st == 409
+    assert control.refused == 5  # type: ignore[attr-defined]
 
 
 def test_revoke_is_tenant_scoped_and_blocks_execution(tmp_path: Path) -> None:

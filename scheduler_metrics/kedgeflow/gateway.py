@@ -110,7 +110,7 @@ class Gateway:
             return Outcome(REFUSED, reason, aid)
         await self._log("dispatch", {**ref, "verb": action.verb, "target": action.target}, tenant)
         try:
-            result = await asyncio.wait_for(target.apply(action, aid), timeout=self.dispatch_timeout_s)
+            result = await asyncio.wait_for(target.apply(action, aid, grant.to_token()), timeout=self.dispatch_timeout_s)
         except TargetRejected as e:
             await self._log("outcome", {**ref, "status": REJECTED, "reason": str(e)}, tenant)
             return Outcome(REJECTED, str(e), aid)

@@ -94,6 +94,17 @@ class GrantVerifier:
     def for_signer(cls, signer: GrantSigner) -> "GrantVerifier":
         return cls({signer.key_id: signer.public_key})
 
+    @classmethod
+    def from_pem(cls, *pems: bytes) -> "GrantVerifier":
+        """Verifier for the public key(s) a target trusts, as printed by ``turboprom audit export-key``."""
+        keys: dict[str, Ed25519PublicKey] = {}
+        for pem in pems:
+            pub = serialization.load_pem_public_key(pem)
+            if not isinstance(pub, Ed25519PublicKey):
+                raise ValueError("a KedgeFlow grant key must be an Ed25519 public key")
+            keys[key_id(pub)] = pub
+        return cls(keys)
+
     def verify(self, grant: Grant, action: Action, now_ms: int | None = None) -> None:
         """Raise GrantError unless the grant is validly signed, unexpired, and for exactly this action."""
         key = self._keys.get(grant.key_id)

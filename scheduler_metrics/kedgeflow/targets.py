@@ -18,8 +18,11 @@ class TargetRejected(Exception):
     """The target refused to commit (a precondition failed); nothing was applied."""
 
 
+GRANT_HEADER = "X-KedgeFlow-Grant"
+
+
 class Target(Protocol):
-    async def apply(self, action: Action, idempotency_key: str) -> dict[str, Any]: ...
+    async def apply(self, action: Action, idempotency_key: str, grant_token: str | None = None) -> dict[str, Any]: ...
 
 
 class IdempotencyStore:
@@ -48,30 +51,36 @@ class IdempotencyStore:
 
 
 class FunctionTarget:
-    """An in-process target: runs ``fn(action)`` in a worker thread once per idempotency key."""
+    """An in-process target: runs ``fn(action)`` in a worker thread once per idempotency key. The gateway
+    in the same process has verified the grant, so the token is not checked again here."""
 
     def __init__(self, store: IdempotencyStore, fn: Callable[[Action], dict[str, Any]]):
         self.store = store
         self.fn = fn
 
-    async def apply(self, action: Action, idempotency_key: str) -> dict[str, Any]:
+    async def apply(self, action: Action, idempotency_key: str, grant_token: str | None = None) -> dict[str, Any]:
         if not await asyncio.to_thread(self.store.claim, idempotency_key):
             raise TargetRejected(f"idempotency key {idempotency_key} already applied at this target")
         return await asyncio.to_thread(self.fn, action)
 
 
 class HTTPTarget:
-    """A remote target: POSTs the action with an Idempotency-Key header; 409/412 mean 'refused'."""
+    """A remote target: POSTs the action with an Idempotency-Key header and the signed grant token
+    (``X-KedgeFlow-Grant``) so the target can verify the authorization itself; 401/403/409/412 mean
+    'refused' (nothing was applied)."""
 
     def __init__(self, url: str, timeout_s: float = 5.0):
         self.url = url
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
 
-    async def apply(self, action: Action, idempotency_key: str) -> dict[str, Any]:
+    async def apply(self, action: Action, idempotency_key: str, grant_token: str | None = None) -> dict[str, Any]:
+        headers = {"Idempotency-Key": idempotency_key}
+        if grant_token:
+            headers[GRANT_HEADER] = grant_token
         async with aiohttp.ClientSession(timeout=self.timeout) as s:
-            async with s.post(self.url, json=action.to_dict(), headers={"Idempotency-Key": idempotency_key}) as r:
+            async with s.post(self.url, json=action.to_dict(), headers=headers) as r:
                 body = await r.json(content_type=None)
-                if r.status in (409, 412):
+                if r.status in (401, 403, 409, 412):
                     raise TargetRejected(str(body))
                 if r.status >= 300:
                     raise RuntimeError(f"target answered {r.status}: {body}")

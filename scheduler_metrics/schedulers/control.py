@@ -5,6 +5,13 @@ move, or an operator-initiated migration) and ``POST /api/v1/scheduler/drain`` s
 work on an instance. Both commit conditionally: the ``Idempotency-Key`` (the grant's allowance id)
 must not have been applied before (409 otherwise), and a migration's ``expected_holder_version`` must
 equal the session's current holder version (412 otherwise), so a stale or replayed action changes nothing.
+
+Authorization is checked here too, not only at the KedgeFlow gateway: the request must carry the
+gateway's signed grant (``X-KedgeFlow-Grant``), which must verify against the trusted public key(s),
+be unexpired, be for exactly the posted action (byte-for-byte digest), name this endpoint's verb, and
+carry the ``Idempotency-Key`` as its allowance id (401 without a grant, 403 for one that does not
+authorize the request). A caller that can reach the endpoint but holds no grant changes nothing.
+``allow_unsigned=True`` turns the check off; it exists for in-process simulations only.
 """
 from __future__ import annotations
 
@@ -13,12 +20,21 @@ from typing import Any
 
 from aiohttp import web
 
+from scheduler_metrics.kedgeflow.action import Action
+from scheduler_metrics.kedgeflow.grant import Grant, GrantError, GrantVerifier
+from scheduler_metrics.kedgeflow.targets import GRANT_HEADER
 from scheduler_metrics.schedulers.vesta import VestaScheduler
+
+VERB_OF_PATH = {"migrate": "scheduler.kv_migrate", "drain": "scheduler.drain_instance"}
 
 
 class SchedulerControl:
-    def __init__(self, vesta: VestaScheduler):
+    def __init__(self, vesta: VestaScheduler, verifier: GrantVerifier | None = None, *, allow_unsigned: bool = False):
+        if verifier is None and not allow_unsigned:
+            raise ValueError("SchedulerControl needs a GrantVerifier (the KedgeFlow public key), or allow_unsigned=True")
         self.vesta = vesta
+        self.verifier = verifier
+        self.refused = 0
         self.versions: dict[int, int] = {}
         self.drained: set[int] = set()
         self.applied: dict[str, dict[str, Any]] = {}
@@ -65,14 +81,46 @@ class SchedulerControl:
             self.commits += 1
             return 200, res
 
+    def authorize(self, verb: str, key: str, body: Any, token: str | None) -> tuple[int, str] | None:
+        """None when the request is authorized, else (status, reason)."""
+        if self.verifier is None:
+            return None
+        if not token:
+            return 401, f"{GRANT_HEADER} header required: actions must come through KedgeFlow with a signed grant"
+        try:
+            grant = Grant.from_token(token)
+            if not isinstance(body, dict):
+                raise GrantError("request body must be the granted action as a JSON object")
+            try:
+                action = Action.from_dict(body)
+            except ValueError as e:
+                raise GrantError(f"request body is not an action: {e}") from e
+            self.verifier.verify(grant, action)
+        except GrantError as e:
+            return 403, str(e)
+        if action.verb != verb:
+            return 403, f"grant is for verb {action.verb!r}, this endpoint applies {verb!r}"
+        if grant.allowance_id != key:
+            return 403, "Idempotency-Key does not match the grant's allowance id"
+        return None
+
     def app(self) -> web.Application:
         async def handle(request: web.Request) -> web.Response:
             key = request.headers.get("Idempotency-Key", "")
             if not key:
                 return web.json_response({"error": "Idempotency-Key header required"}, status=400)
-            body = await request.json()
+            try:
+                body = await request.json()
+            except ValueError:
+                return web.json_response({"error": "request body must be JSON"}, status=400)
+            kind = request.path.rsplit("/", 1)[-1]
+            denied = self.authorize(VERB_OF_PATH[kind], key, body, request.headers.get(GRANT_HEADER))
+            if denied is not None:
+                with self._lock:
+                    self.refused += 1
+                return web.json_response({"error": denied[1]}, status=denied[0])
             params = body.get("params", {}) if isinstance(body, dict) else {}
-            fn = self.migrate if request.path.endswith("/migrate") else self.drain
+            fn = self.migrate if kind == "migrate" else self.drain
             status, res = fn(key, params)
             return web.json_response(res, status=status)
 

@@ -72,6 +72,15 @@ class Prepared:
     rejected: dict[str, int] = field(default_factory=dict)
     # (reason, batch sample position) of the first few rejections, for messages
     examples: list[tuple[str, int, int]] = field(default_factory=list)
+    # batch position of each accepted row (parallel to sid/ts/val): maps the sort back to the batch
+    positions: np.ndarray | None = None
+
+    def accepted_mask(self, n: int) -> np.ndarray:
+        """Bool per batch sample (batch order): True where this row was accepted."""
+        mask = np.zeros(n, dtype=bool)
+        if self.positions is not None:
+            mask[self.positions] = True
+        return mask
 
 
 class Head:
@@ -181,7 +190,7 @@ class Head:
                     ooo = (t[bad] < prev[bad]) & (ooo_window_ms == 0)
                     reject(R_OOO, bad[ooo], order)
                     reject(R_TOO_OLD, bad[~ooo], order)
-        return Prepared(s[accept], t[accept], v[accept], duplicates, rejected, examples)
+        return Prepared(s[accept], t[accept], v[accept], duplicates, rejected, examples, order[accept])
 
     def _lookup(self, sid: np.ndarray, ts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Index of each (sid, ts) among the head rows of those series (or -1), and those rows' value bits."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
+import numpy as np
+
 from storage.batch import SampleBatch
 from storage.labels import Labels
 from storage.matchers import Matcher
@@ -18,6 +20,9 @@ class AppendResult:
     duplicates: int = 0  # same series+timestamp+value: idempotent, counted but not an error
     rejected: dict[str, int] = field(default_factory=dict)  # reason -> count
     errors: list[str] = field(default_factory=list)  # first few human-readable reasons
+    # bool per batch sample, in batch order: True = stored by this append; False = rejected, or a
+    # duplicate (already stored, or repeated earlier in the same batch). None = not computed.
+    accepted_mask: np.ndarray | None = None
 
     @property
     def rejected_total(self) -> int:

@@ -238,3 +238,47 @@ def test_time_bounded_reads_match_filtering(tmp_path):
             got = {(ss.labels[k], int(t)): float(v) for k in range(len(ss)) for t, v in zip(*ss.series(k))}
             want = {k: v for k, v in truth.items() if lo <= k[1] <= hi}
             assert got == want
+
+
+def test_accepted_mask_marks_exactly_the_stored_samples_in_batch_order(tmp_path):
+    """accepted_mask is per batch sample, in batch order (not the sorted order storage validates
+    in): True only for samples this append stored; rejected samples, duplicates of stored samples and
+    repeats within the batch are False."""
+    with open_db(tmp_path) as db:
+        a, b = lbl(job="a"), lbl(job="b")
+        r = db.append(batch((a, [T0, T0 + 1000], [1.0, 2.0]), (b, [T0], [7.0])))
+        assert r.accepted_mask.tolist() == [True, True, True]
+        series = [a, b]
+        # positions:      0: a new        1: b out of order  2: a exact dup   3: b new
+        #                 4: a conflict   5: a in-batch repeat of 0 (same value)  6: b future
+        #                 7: a in-batch repeat of 0 (other value)  8: b new (before 3 in time)
+        idx = [0, 1, 0, 1, 0, 0, 1, 0, 1]
+        ts = [T0 + 5000, T0 - 1000, T0 + 1000, T0 + 9000, T0, T0 + 5000, NOW + HOUR_MS, T0 + 5000, T0 + 8000]
+        vs = [5.0, 0.5, 2.0, 9.0, 1.5, 5.0, 1.0, 6.0, 8.0]
+        r = db.append(SampleBatch(series, np.array(idx), np.array(ts), np.array(vs)))
+        assert r.accepted == 3 and r.duplicates == 2
+        assert r.rejected == {"out_of_order": 1, "duplicate_timestamp": 2, "too_far_in_future": 1}
+        assert r.accepted_mask.dtype == bool
+        assert r.accepted_mask.tolist() == [True, False, False, True, False, False, False, False, True]
+        # the mask selects exactly what a read returns as new
+        ss = db.select([Matcher("job", "=~", "a|b")], T0 + 2000, NOW)
+        got = sorted((dict(ss.labels[k])["job"], int(t)) for k in range(len(ss)) for t in ss.series(k)[0])
+        m = r.accepted_mask
+        want = sorted((dict(series[i])["job"], t) for i, t in zip(np.array(idx)[m].tolist(), np.array(ts)[m].tolist()))
+        assert got == want
+        # a retry of the whole batch stores nothing
+        r = db.append(SampleBatch(series, np.array(idx), np.array(ts), np.array(vs)))
+        assert r.accepted == 0 and not r.accepted_mask.any()
+
+
+def test_accepted_mask_with_out_of_order_window_and_blocks(tmp_path):
+    with open_db(tmp_path, out_of_order_window_ms=HOUR_MS) as db:
+        a = lbl(job="a")
+        db.append(batch((a, [T0, T0 + 60_000], [1.0, 2.0])))
+        db.flush_head()  # T0.. now persisted: older samples are too old, equal ones duplicates
+        db.append(batch((a, [T0 + 3 * HOUR_MS], [3.0])))
+        # 0: in window, 1: duplicate of a block sample, 2: too old (persisted range), 3: new
+        r = db.append(batch((a, [T0 + 3 * HOUR_MS - 1000, T0 + 60_000, T0 + 30_000, T0 + 3 * HOUR_MS + 1000],
+                             [4.0, 2.0, 9.0, 5.0])))
+        assert (r.accepted, r.duplicates, r.rejected) == (2, 1, {"too_old": 1})
+        assert r.accepted_mask.tolist() == [True, False, False, True]

@@ -36,8 +36,11 @@ class Model:
         self.last: dict[int, tuple[int, int]] = {}  # series -> (ts, bits) newest accepted this process
         self.head_maxt = MIN
         self.mvt = MIN  # min valid time: end of what blocks hold
+        self.accepted_positions: list[int] = []  # batch positions stored by the last append
 
     def append(self, samples: list[tuple[int, int, float]]) -> tuple[int, int, dict[str, int]]:
+        """Counts (accepted, duplicates, rejected by reason); ``self.accepted_positions`` is set to
+        the batch positions this append stored."""
         acc, dup, rej = 0, 0, {}
 
         def reject(reason: str) -> None:
@@ -48,7 +51,7 @@ class Model:
         ordered = sorted(enumerate(samples), key=lambda x: (x[1][0], x[1][1], x[0]))
         first: dict[tuple[int, int], int] = {}
         accepted = []
-        for _, (s, t, v) in ordered:
+        for pos, (s, t, v) in ordered:
             b = bits(v)
             if (s, t) in first:
                 if first[(s, t)] == b:
@@ -59,7 +62,7 @@ class Model:
             first[(s, t)] = b
             prev_t, prev_b = self.last.get(s, (MIN, 0))
             if t > prev_t and t >= self.mvt:
-                accepted.append((s, t, b))
+                accepted.append((s, t, b, pos))
             elif t == prev_t:
                 if b == prev_b:
                     dup += 1
@@ -71,12 +74,13 @@ class Model:
                 else:
                     reject("duplicate_timestamp")
             elif self.window > 0 and t >= ooo_min:
-                accepted.append((s, t, b))
+                accepted.append((s, t, b, pos))
             elif t < prev_t and self.window == 0:
                 reject("out_of_order")
             else:
                 reject("too_old")
-        for s, t, b in accepted:
+        self.accepted_positions = sorted(pos for *_, pos in accepted)
+        for s, t, b, _ in accepted:
             acc += 1
             self.stored[(s, t)] = b
             self.head.add((s, t))
@@ -145,6 +149,9 @@ def run_model(window: int, ops: list) -> None:
                     # the model works in seconds; the window too
                     want = model.append(arg)
                     assert (r.accepted, r.duplicates, r.rejected) == want, (arg, r)
+                    # the per-sample answer the ingest sinks split batches by
+                    assert r.accepted_mask is not None and r.accepted_mask.dtype == bool and len(r.accepted_mask) == len(arg)
+                    assert np.flatnonzero(r.accepted_mask).tolist() == model.accepted_positions, (arg, r)
                 elif name == "flush":
                     db.flush_head()
                     model.flush()

@@ -52,3 +52,46 @@ def test_out_of_order_window_and_durability_through_server(tmp_path):
         res = query(srv2.url, 'st_ooo{job="a"}[5m]', T + 90)
         [series] = res["data"]["result"]
         assert [(int(float(t)), v) for t, v in series["values"]] == [(T, "1"), (T + 30, "2"), (T + 60, "3")]
+
+
+def metric_value(url: str, name: str) -> float | None:
+    with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + " ") or line.startswith(name + "{}"):
+                return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def test_partially_rejected_batch_still_reaches_the_ingest_sinks(tmp_path):
+    """storage's per-sample accepted_mask lets the ingest pipeline hand the stored part of a
+    partially rejected batch to its sinks (here the congestion tracker) instead of skipping it."""
+    srv = ServerProcess(tmp_path / "data").start()
+    try:
+        now = int(time.time()) * 1000
+        q = 'vllm:num_requests_waiting{cluster="c1",model_name="m1",instance="w9"}'
+        assert post_text(srv.url, f'{q} 3 {now - 2000}\nst_other{{job="x"}} 1 {now - 1000}\n')[0] == 204
+        # one batch: a duplicate of a stored sample, an out-of-order sample, a conflicting value,
+        # and the one new sample the tracker must see
+        body = (f'{q} 3 {now - 2000}\n'
+                f'st_other{{job="x"}} 5 {now - 60_000}\n'
+                f'st_other{{job="x"}} 2 {now - 1000}\n'
+                f'{q} 7 {now}\n')
+        code, text = post_text(srv.url, body)
+        assert code == 400 and "partial import: 1 samples written" in text, text
+        deadline = time.time() + 15
+        inst = None
+        while time.time() < deadline:
+            with urllib.request.urlopen(srv.url + "/api/v1/congestion?instance=w9", timeout=10) as r:
+                data = json.loads(r.read())["data"]
+            inst = next((d for d in data["instances"] if d["instance"] == "w9"), None)
+            if inst is not None and inst["queue_length"] == 7.0:
+                break
+            time.sleep(0.1)
+        assert inst is not None and inst["queue_length"] == 7.0, inst
+        assert metric_value(srv.url, "turboprom_ingest_sink_skipped_batches_total") == 0.0
+        # storage holds exactly what it reported: the new sample, not the rejected ones
+        res = query(srv.url, 'st_other{job="x"}[5m]', now / 1000)
+        [series] = res["data"]["result"]
+        assert [(float(t), v) for t, v in series["values"]] == [((now - 1000) / 1000, "1")]
+    finally:
+        srv.stop()

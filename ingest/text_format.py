@@ -17,13 +17,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ingest.errors import IngestError
-from ingest.validation import LABEL_NAME_RE, METRIC_NAME_RE
+from ingest.validation import LABEL_NAME_RE, valid_label_name, valid_metric_name
 from storage.batch import MetricMetadata
 
-_SAMPLE_RE = (r'^[ \t]*(?P<series>[a-zA-Z_:][a-zA-Z0-9_:]*(?:[ \t]*\{(?:[^"}]|"(?:[^"\\]|\\.)*")*\})?)'
+# The series is `name{labels}`, `name`, or (UTF-8 names, text format 1.0) `{"quoted.name", labels}`.
+_BRACES = r'\{(?:[^"}]|"(?:[^"\\]|\\.)*")*\}'
+_SAMPLE_RE = (r'^[ \t]*(?P<series>[a-zA-Z_:][a-zA-Z0-9_:]*(?:[ \t]*' + _BRACES + r')?|' + _BRACES + r')'
               r'[ \t]+(?P<value>[^ \t#]+)(?:[ \t]+(?P<ts>[^ \t#]+))?(?P<exemplar>[ \t]+#.*)?[ \t\r]*$')
-_META_RE = r'^#[ \t]+(?P<kind>TYPE|HELP|UNIT)[ \t]+(?P<name>[^ \t]+)(?:[ \t](?P<rest>.*))?$'
-_LABEL_PAIR = re.compile(r'[ \t]*([^ \t=,{}"]+)[ \t]*=[ \t]*"((?:[^"\\]|\\.)*)"[ \t]*(?:,|$)')
+_META_RE = r'^#[ \t]+(?P<kind>TYPE|HELP|UNIT)[ \t]+(?P<name>"(?:[^"\\]|\\.)*"|[^ \t]+)(?:[ \t](?P<rest>.*))?$'
+# name="value" where the name may be quoted ("my.label"="value"), and a lone quoted metric name.
+_LABEL_PAIR = re.compile(r'[ \t]*(?:([^ \t=,{}"]+)|"((?:[^"\\]|\\.)*)")[ \t]*=[ \t]*"((?:[^"\\]|\\.)*)"[ \t]*(?:,|$)')
+_QUOTED_NAME = re.compile(r'[ \t]*"((?:[^"\\]|\\.)*)"[ \t]*(?:,|$)')
 _UNESCAPE = re.compile(r'\\(.)')
 _HELP_UNESCAPE = re.compile(r'\\([n\\])')
 _TYPES = {"counter", "gauge", "histogram", "gaugehistogram", "summary", "untyped", "unknown", "info", "stateset"}
@@ -59,10 +63,15 @@ def parse_series_key(key: str, line: int | None = None) -> SeriesPairs:
         name, body = key.strip(), ""
     else:
         name, body = key[:brace].strip(), key[brace + 1:key.rfind("}")]
-    if not METRIC_NAME_RE.match(name):
+    pos, n = 0, len(body)
+    if not name:  # {"quoted.name", ...}: the name is the first item inside the braces
+        m = _QUOTED_NAME.match(body)
+        if not m:
+            raise IngestError("invalid_metric_name", f"{where}series without a metric name: {key[:200]!r}")
+        name, pos = _unescape_value(m.group(1)), m.end()
+    if not valid_metric_name(name):
         raise IngestError("invalid_metric_name", f"{where}invalid metric name {name!r}")
     pairs = [("__name__", name)]
-    pos, n = 0, len(body)
     seen = {"__name__"}
     while pos < n:
         if body[pos:].strip() == "":
@@ -70,13 +79,18 @@ def parse_series_key(key: str, line: int | None = None) -> SeriesPairs:
         m = _LABEL_PAIR.match(body, pos)
         if not m:
             raise IngestError("bad_text", f"{where}cannot parse labels of {key[:200]!r} at {body[pos:pos + 40]!r}")
-        lname = m.group(1)
-        if not LABEL_NAME_RE.match(lname):
+        if m.group(1) is not None:  # unquoted names keep the legacy syntax; others must be quoted
+            lname = m.group(1)
+            ok = LABEL_NAME_RE.match(lname) is not None
+        else:
+            lname = _unescape_value(m.group(2))
+            ok = valid_label_name(lname)
+        if not ok:
             raise IngestError("invalid_label_name", f"{where}invalid label name {lname!r} in {key[:200]!r}")
         if lname in seen:
             raise IngestError("duplicate_label", f"{where}duplicate label name {lname!r} in {key[:200]!r}")
         seen.add(lname)
-        pairs.append((lname, _unescape_value(m.group(2))))
+        pairs.append((lname, _unescape_value(m.group(3))))
         pos = m.end()
     return tuple(pairs)
 
@@ -184,6 +198,8 @@ def _metadata(comments: pa.Array, pos: np.ndarray, lines: list[str]) -> list[Met
     fam: dict[str, MetricMetadata] = {}
     for (kind, name, rest), ln in zip(zip(ex.field("kind").to_pylist(), ex.field("name").to_pylist(),
                                           ex.field("rest").to_pylist()), lines_no.tolist()):
+        if name.startswith('"'):
+            name = _unescape_value(name[1:-1])
         m = fam.get(name)
         if m is None:
             m = fam[name] = MetricMetadata(name)

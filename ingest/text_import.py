@@ -5,7 +5,7 @@ import numpy as np
 
 from ingest.errors import IngestError
 from ingest.text_format import ParsedText, parse_series_key, parse_text
-from ingest.validation import LABEL_NAME_RE, check_future, now_ms, validate_pairs
+from ingest.validation import check_future, now_ms, valid_label_name, validate_pairs
 from storage.batch import SampleBatch
 from storage.labels import Labels
 
@@ -15,7 +15,7 @@ def parse_extra_labels(values: list[str]) -> list[tuple[str, str]]:
     out = []
     for item in values:
         name, sep, value = item.partition("=")
-        if not sep or not LABEL_NAME_RE.match(name):
+        if not sep or not valid_label_name(name):
             raise IngestError("bad_param", f"invalid extra_label {item!r}: expected name=value with a valid label name")
         out.append((name, value))
     return out

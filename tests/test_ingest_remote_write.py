@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import struct
+import urllib.parse
 
 import numpy as np
 import pytest
@@ -10,7 +11,7 @@ import pytest
 from ingest.proto.messages import WriteRequest
 from storage.labels import make_labels
 from storage.stale import STALE_NAN, is_stale
-from tests.helpers import ServerProcess
+from tests.helpers import ServerProcess, http_json
 from tests.test_ingest_support import (error_of, metric_value, name_is, now_ms, post, read_stored, remote_write,
                                        v1_payload, v2_payload)
 
@@ -87,21 +88,48 @@ def test_text_import_values_timestamps_extra_labels(srv):
     assert ts.tolist() == [t + 1000] and vs.tolist() == [7.0]
 
 
-BAD_V1 = [
+BAD_V1 = [  # invalid under the default (Prometheus 3, UTF-8) name validation
+    ("empty label name", {"__name__": "ok", "": "x"}, "invalid label name"),
+    ("missing name", {"job": "x"}, "without a metric name"),
+]
+BAD_V1_LEGACY = [  # additionally invalid under global.metric_name_validation_scheme: legacy
     ("invalid metric name", {"__name__": "1bad"}, "invalid metric name"),
     ("invalid label name", {"__name__": "ok", "bad-label": "x"}, "invalid label name"),
-    ("missing name", {"job": "x"}, "without a metric name"),
 ]
 
 
 def test_v1_invalid_labels_rejected_whole(srv):
+    _rejected_whole(srv, BAD_V1)
+
+
+def test_v1_legacy_name_validation_rejects_whole(tmp_path):
+    cfg = tmp_path / "config.yml"
+    cfg.write_text("global:\n  metric_name_validation_scheme: legacy\n")
+    with ServerProcess(tmp_path / "data", extra_args=["--config", str(cfg)]) as srv:
+        _rejected_whole(srv, BAD_V1 + BAD_V1_LEGACY)
+
+
+def test_v1_utf8_names_accepted_and_queryable(srv):
+    t = now_ms() - 1000
+    payload = v1_payload([({"__name__": "gpu.util", "k8s.pod": "p-0", "bad-label": "x"}, [(t, 0.5)]),
+                          ({"__name__": "1bad"}, [(t, 2.0)])])
+    code, _, body = remote_write(srv.url, payload)
+    assert code == 204, body
+    st, out, _ = http_json(srv.url + "/api/v1/query?" + urllib.parse.urlencode({"query": '{"gpu.util", "k8s.pod"="p-0"}', "time": t / 1000}))
+    assert st == 200 and out["data"]["result"] == [
+        {"metric": {"__name__": "gpu.util", "k8s.pod": "p-0", "bad-label": "x"}, "value": [t / 1000, "0.5"]}]
+    st, out, _ = http_json(srv.url + "/api/v1/query?" + urllib.parse.urlencode({"query": '{"1bad"}', "time": t / 1000}))
+    assert [r["value"][1] for r in out["data"]["result"]] == ["2"]
+
+
+def _rejected_whole(srv, cases):
     t = now_ms()
-    for what, labels, needle in BAD_V1:
+    for what, labels, needle in cases:
         payload = v1_payload([({"__name__": "good_one", "case": what}, [(t, 1.0)]), (labels, [(t, 2.0)])])
         code, _, body = remote_write(srv.url, payload)
         assert code == 400, (what, body)
         assert needle in error_of(body), what
-    assert metric_value(srv.url, "turboprom_ingest_rejected_requests_total", protocol="remote_write") >= 3
+    assert metric_value(srv.url, "turboprom_ingest_rejected_requests_total", protocol="remote_write") >= len(cases)
     srv.stop()
     assert read_stored(srv.data_dir, name_is("good_one")) == {}  # nothing half-applied
 

@@ -12,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from ingest.errors import IngestError
 from ingest.text_format import parse_series_key, parse_text
 from ingest.text_import import TextImporter
+from ingest.validation import set_name_validation_scheme
 from tests.helpers import free_port, require_binary, wait_http
 
 
@@ -83,3 +84,35 @@ def test_agrees_with_reference_parser_on_node_exporter():
     ref = sorted((tuple(sorted({"__name__": s.name, **s.labels}.items())), repr(float(s.value)))
                  for fam in text_string_to_metric_families(body) for s in fam.samples)
     assert len(ours) > 200 and ours == ref
+
+
+def test_quoted_utf8_names():
+    """Text format 1.0 / OpenMetrics with UTF-8 names (what exporters send for escaping=allow-utf-8)."""
+    body = ('# HELP "gpu.util" GPU \\\\ utilisation\n# TYPE "gpu.util" gauge\n'
+            '{"gpu.util", "k8s.pod"="p-0", job="x"} 0.5\n'
+            '{"gpu.util","k8s.pod"="p-1"} 0.25 1700000000000\n'
+            'plain{"esc\\"aped"="v"} 1\n').encode()
+    parsed = parse_text(body)
+    pairs = [parse_series_key(k) for k in parsed.keys]
+    assert pairs == [(("__name__", "gpu.util"), ("k8s.pod", "p-0"), ("job", "x")),
+                     (("__name__", "gpu.util"), ("k8s.pod", "p-1")),
+                     (("__name__", "plain"), ('esc"aped', "v"))]
+    assert parsed.values.tolist() == [0.5, 0.25, 1.0]
+    (meta,) = parsed.metadata
+    assert (meta.metric_family, meta.type, meta.help) == ("gpu.util", "gauge", "GPU \\ utilisation")
+    for bad, needle in [('{job="x"} 1\n', "without a metric name"), ('{} 1\n', "without a metric name"),
+                        ('{"a" "b"} 1\n', "without a metric name"), ('x{"" = "v"} 1\n', "invalid label name")]:
+        with pytest.raises(IngestError, match=needle):
+            TextImporter().to_batch(bad.encode())
+
+
+def test_quoted_names_refused_under_legacy_scheme():
+    set_name_validation_scheme("legacy")
+    try:
+        with pytest.raises(IngestError, match="invalid metric name 'gpu.util'"):
+            TextImporter().to_batch(b'{"gpu.util"} 1\n')
+        with pytest.raises(IngestError, match="invalid label name 'k8s.pod'"):
+            TextImporter().to_batch(b'x{"k8s.pod"="a"} 1\n')
+        TextImporter().to_batch(b'{"quoted_but_legacy_ok"} 1\n')
+    finally:
+        set_name_validation_scheme("utf8")

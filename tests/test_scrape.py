@@ -172,3 +172,36 @@ scrape_configs:
     assert ts.tolist()[0] == t_exposed and vs[0] == 42.0  # honor_timestamps default true
     plain = read_stored(s.data_dir, name_is("hl_plain"))
     assert make_labels({"__name__": "hl_plain", "job": "honored", "instance": f"127.0.0.1:{port}"}) in plain
+
+
+@pytest.mark.parametrize("scheme", ["utf8", "legacy"])
+def test_scrape_utf8_metric_names(tmp_path, scheme):
+    """prometheus_client answers our Accept header (escaping=allow-utf-8) with quoted UTF-8 names:
+    they are parsed and kept; under metric_name_validation_scheme: legacy we ask for
+    escaping=underscores and get the escaped names, as Prometheus 3 does."""
+    reg = CollectorRegistry()
+    Gauge("gpu.util", "GPU utilisation.", ["k8s.pod"], registry=reg).labels("p-0").set(0.5)
+    Gauge("vllm:num_requests_waiting", "Queue.", registry=reg).set(3)
+    port = free_port()
+    exporter, _ = start_http_server(port, addr="127.0.0.1", registry=reg)
+    cfg = tmp_path / "config.yml"
+    cfg.write_text(f"global:\n  scrape_interval: 1s\n  metric_name_validation_scheme: {scheme}\n"
+                   f"scrape_configs:\n  - job_name: u\n    static_configs:\n      - targets: ['127.0.0.1:{port}']\n")
+    server = ServerProcess(tmp_path / "data", extra_args=["--config", str(cfg)]).start()
+    try:
+        time.sleep(2.5)  # two or three scrapes at 1s
+    finally:
+        server.stop()
+        exporter.shutdown()
+    name, label = ("gpu.util", "k8s.pod") if scheme == "utf8" else ("gpu_util", "k8s_pod")
+    inst = {"job": "u", "instance": f"127.0.0.1:{port}"}
+    got = read_stored(server.data_dir, name_is(name))
+    _, vs = got[make_labels({"__name__": name, label: "p-0", **inst})]
+    assert len(vs) >= 1 and np.all(vs == 0.5)
+    # prometheus-client's escaping=underscores also rewrites ':' (a legal legacy character): vLLM's names
+    # arrive as vllm_* under the legacy scheme, exactly as a Prometheus 3 server in legacy mode sees them.
+    qname = "vllm:num_requests_waiting" if scheme == "utf8" else "vllm_num_requests_waiting"
+    _, qv = read_stored(server.data_dir, name_is(qname))[make_labels({"__name__": qname, **inst})]
+    assert np.all(qv == 3.0)
+    (_, up), = read_stored(server.data_dir, [Matcher("__name__", "=", "up"), Matcher("job", "=", "u")]).values()
+    assert len(up) >= 1 and np.all(up == 1.0)

@@ -23,7 +23,9 @@ def build_context(config: ServerConfig) -> ServerContext:
     from ingest.metadata_store import MetadataStore
     from ingest.pipeline import IngestPipeline
     from ingest.scrape.manager import ScrapeManager
+    from ingest.validation import set_name_validation_scheme
 
+    set_name_validation_scheme(str((config.raw.get("global") or {}).get("metric_name_validation_scheme", "utf8")))
     ctx.components["metadata"] = MetadataStore()
     ctx.components["ingest"] = IngestPipeline.from_config(storage, config.raw, executor=ctx.executor, metadata=ctx.components["metadata"])
     ctx.components["scraper"] = ScrapeManager.from_config(config.raw, ctx.components["ingest"].append_sync, ctx.executor,

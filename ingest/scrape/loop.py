@@ -15,14 +15,18 @@ from ingest.errors import IngestError
 from ingest.scrape.config import ScrapeConfig, format_duration
 from ingest.scrape.process import SeriesState, merge, process_scrape, report_batch, stale_batch
 from ingest.scrape.targets import TargetSpec
+from ingest.validation import name_validation_scheme
 from storage.labels import Labels
 
 log = logging.getLogger("turboprom.scrape")
 
 # As Prometheus 3 asks: with escaping=allow-utf-8, exporters keep names such as vLLM's
-# "vllm:num_requests_waiting" (prometheus-client >= 0.21 otherwise escapes ':' to '_' in OpenMetrics).
+# "vllm:num_requests_waiting" (prometheus-client >= 0.21 otherwise escapes ':' to '_' in OpenMetrics)
+# and send UTF-8 names quoted ({"my.metric"}), which the text parser reads. Under
+# metric_name_validation_scheme: legacy we ask for escaping=underscores instead, as Prometheus does.
 ACCEPT = ("application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.6,application/openmetrics-text;version=0.0.1;q=0.5,"
           "text/plain;version=1.0.0;escaping=allow-utf-8;q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2")
+ACCEPT_LEGACY = ACCEPT.replace("escaping=allow-utf-8", "escaping=underscores")
 REPORT = ("up", "scrape_duration_seconds", "scrape_samples_scraped", "scrape_samples_post_metric_relabeling",
           "scrape_series_added")
 
@@ -103,7 +107,7 @@ class ScrapeLoop:
         body = b""
         ctype = ""
         try:
-            headers = {"Accept": ACCEPT, "X-Prometheus-Scrape-Timeout-Seconds": f"{timeout_s:g}",
+            headers = {"Accept": ACCEPT if name_validation_scheme() == "utf8" else ACCEPT_LEGACY, "X-Prometheus-Scrape-Timeout-Seconds": f"{timeout_s:g}",
                        "User-Agent": "TurboProm-scraper/0.1"}
             async with self.session.get(self.spec.url, headers=headers,
                                         timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:

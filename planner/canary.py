@@ -1,8 +1,8 @@
 """Accuracy canary: re-evaluates a sample of summary-served sub-trees on raw data, exports the error.
 
 Exact algorithms: maximum relative error over the served (series, step) points (a presence mismatch
-counts as an infinite error). KLL: observed normalized rank error of the returned value among the
-window's raw samples, compared with the stated bound. Runs on its own worker thread, off the query.
+counts as an infinite error). KLL / REQ: observed normalized rank error of the returned value among
+the window's raw samples, compared with the stated bound at the query's phi (``SDS.rank_bound``). Runs on its own worker thread, off the query.
 """
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ from typing import Any
 import numpy as np
 from prometheus_client import Counter, Gauge, Histogram
 
-from planner.kll_store import rank_error
 from planner.rewrite import Served
 from promql.eval_context import QueryBudget
 from promql.eval_selectors import eval_matrix_selector
@@ -51,8 +50,12 @@ def exact_error(summary: np.ndarray, summary_present: np.ndarray, raw: np.ndarra
     return float(rel.max())
 
 
-def kll_rank_errors(values: np.ndarray, present: np.ndarray, rw: Any, phi: float, limit: int = 400) -> list[float]:
-    """Normalized rank error of each served quantile among its window's raw samples (sampled)."""
+def kll_rank_errors(values: np.ndarray, present: np.ndarray, rw: Any, phi: float, limit: int = 400,
+                    tol: np.ndarray | None = None) -> list[float]:
+    """Normalized rank error of each served quantile among its window's raw samples (sampled).
+
+    ``tol`` (per series): the value's representation error (REQ keeps float32 of ``v - c``), so the
+    served value stands for any sample within ``v +- tol``."""
     out = []
     idx = np.argwhere(present)
     if len(idx) > limit:
@@ -64,8 +67,9 @@ def kll_rank_errors(values: np.ndarray, present: np.ndarray, rw: Any, phi: float
         if n == 0:
             continue
         v = values[s, j]
-        r_lo = np.searchsorted(w, v, side="left") / n
-        r_hi = np.searchsorted(w, v, side="right") / n
+        t = float(tol[s]) if tol is not None else 0.0
+        r_lo = np.searchsorted(w, v - t, side="left") / n
+        r_hi = np.searchsorted(w, v + t, side="right") / n
         out.append(0.0 if r_lo <= phi <= r_hi else float(min(abs(r_lo - phi), abs(r_hi - phi))))
     return out
 
@@ -125,9 +129,17 @@ class Canary:
                 errs = [err]
             else:
                 # rank errors need the raw windows of the served series, in served order
-                errs = kll_rank_errors(sv, sp & rp, _reorder_windows(rw, served.value.labels), served.phi or 0.0)
+                tol = None
+                if alg == "req":  # float32 payload: |v - c| * 2^-24 rounding (2^-23 for safety)
+                    st = served.sds.store
+                    ids = [served.sds.registry.index.get(l, -1) for l in served.value.labels]
+                    c = np.array([st.shift[i] if 0 <= i < len(st.shift) else 0.0 for i in ids])
+                    c = np.nan_to_num(c, nan=0.0)
+                    tol = np.nanmax(np.abs(np.where(sp, sv, c[:, None]) - c[:, None]), axis=1) * 2.0 ** -23 if sv.size else None
+                errs = kll_rank_errors(sv, sp & rp, _reorder_windows(rw, served.value.labels), served.phi or 0.0,
+                                       tol=tol)
                 err = max(errs) if errs else 0.0
-                bound = rank_error(served.sds.store.k)
+                bound = served.sds.rank_bound(served.phi if served.phi is not None else 0.5)
             for e in errs:
                 CANARY_ERROR.labels(alg).observe(e if np.isfinite(e) else float("inf"))
             within = sum(1 for e in errs if e <= bound)

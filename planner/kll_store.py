@@ -1,4 +1,13 @@
-"""KLL pane payloads (datasketches ``kll_doubles_sketch``) for one SDS, plus a dyadic merge cache.
+"""Quantile-sketch pane payloads for one SDS, plus a dyadic merge cache.
+
+Two sketches from ``datasketches``, one store:
+
+* ``kll``: ``kll_doubles_sketch(k)``; additive normalized rank error ``rank_error(k)`` at every rank.
+* ``req``: ``req_floats_sketch(k, is_hra=True)`` (relative-error quantiles, high ranks accurate): the
+  rank error shrinks with ``1 - phi``, so tail quantiles (phi >= 0.9) are far more accurate than KLL's
+  for a similar size (``req_rank_error(k, phi)``). REQ holds float32: each series' values are stored
+  as ``float32(v - c)`` with a per-series shift ``c`` (its first finite value), so the returned value
+  is within ``|v - c| * 2^-24`` of a real sample.
 
 A window's whole-pane part is answered by merging O(log K) cached dyadic nodes (node (l, j) = panes
 [j*2^l, (j+1)*2^l)) instead of every pane, and the merged result for a given (series, klo, khi) is
@@ -11,9 +20,11 @@ import threading
 from collections import OrderedDict
 
 import numpy as np
-from datasketches import kll_doubles_sketch
+from datasketches import kll_doubles_sketch, req_floats_sketch
 
 DEFAULT_K = 200
+REQ_DEFAULT_K = 20
+REQ_CONFIDENCE_SD = 3  # stated REQ bounds are 3 standard deviations (~99.7%)
 
 
 class ResultCache:
@@ -47,10 +58,36 @@ def rank_error(k: int) -> float:
     return float(kll_doubles_sketch.get_normalized_rank_error(k, False))
 
 
+def req_rank_error(k: int, phi: float) -> float:
+    """A-priori normalized rank error of a high-rank-accuracy REQ sketch at rank ``phi`` (3 sd).
+
+    The library's ``get_RSE(k, rank, hra, n)`` returns the one-standard-deviation *lower rank bound*
+    for ``rank`` (its C++ source: ``get_rank_lb(k, 2, rank, 1, n, hra)``), so one sd is
+    ``rank - get_RSE(...)``; ``n`` large = the estimation-mode bound.
+    """
+    p = min(max(float(phi), 0.0), 1.0)
+    sd = p - float(req_floats_sketch.get_RSE(int(k), p, True, 1 << 40))
+    return REQ_CONFIDENCE_SD * max(sd, 0.0)
+
+
+def sketch_rank_bound(sk: object, phi: float) -> float:
+    """Per-window rank error bound of one (merged) sketch at ``phi`` from the sketch's own bounds."""
+    p = min(max(float(phi), 0.0), 1.0)
+    if isinstance(sk, req_floats_sketch):
+        return max(sk.get_rank_upper_bound(p, REQ_CONFIDENCE_SD) - p, p - sk.get_rank_lower_bound(p, REQ_CONFIDENCE_SD))
+    return float(sk.normalized_rank_error(False))
+
+
 class KLLPaneStore:
-    def __init__(self, pane_ms: int, k: int = DEFAULT_K, cache_entries: int = 50_000):
+    """Panes of one quantile sketch kind (``kind`` = "kll" or "req")."""
+
+    def __init__(self, pane_ms: int, k: int = DEFAULT_K, cache_entries: int = 50_000, kind: str = "kll"):
+        if kind not in ("kll", "req"):
+            raise ValueError(f"unknown quantile sketch kind {kind!r}")
+        self.kind = kind
         self.pane_ms = int(pane_ms)
         self.k = int(k)
+        self.shift = np.zeros(0)  # req: per-series shift constant c (NaN = not chosen yet); kll: unused (0)
         self.lock = threading.RLock()
         self.panes: dict[tuple[int, int], kll_doubles_sketch] = {}
         self.last_t = np.zeros(0, np.int64)
@@ -61,10 +98,34 @@ class KLLPaneStore:
         self._newest_pane = np.iinfo(np.int64).min
         self.ns = 0
 
+    def new_sketch(self) -> kll_doubles_sketch | req_floats_sketch:
+        return req_floats_sketch(self.k, True) if self.kind == "req" else kll_doubles_sketch(self.k)
+
+    def deserialize(self, blob: bytes) -> kll_doubles_sketch | req_floats_sketch:
+        return (req_floats_sketch if self.kind == "req" else kll_doubles_sketch).deserialize(blob)
+
+    def encode(self, sid: np.ndarray, vals: np.ndarray) -> np.ndarray:
+        """Sketch input for samples of series ``sid`` (req: float32 of the shifted values)."""
+        if self.kind != "req":
+            return vals
+        return (vals - np.nan_to_num(self.shift[sid], nan=0.0)).astype(np.float32)
+
+    def decode(self, s: int, q: float) -> float:
+        return q if self.kind != "req" else float(q) + float(np.nan_to_num(self.shift[s], nan=0.0))
+
+    def _choose_shift(self, sid: np.ndarray, vals: np.ndarray) -> None:
+        fin = np.isfinite(vals)
+        if self.kind != "req" or not fin.any():
+            return
+        u, first = np.unique(sid[fin], return_index=True)
+        unset = np.isnan(self.shift[u])
+        self.shift[u[unset]] = vals[fin][first[unset]]
+
     def ensure_series(self, n: int) -> None:
         if n > len(self.last_t):
             grow = max(n, 2 * len(self.last_t), 16) - len(self.last_t)
             self.last_t = np.concatenate([self.last_t, np.full(grow, np.iinfo(np.int64).min)])
+            self.shift = np.concatenate([self.shift, np.full(grow, np.nan if self.kind == "req" else 0.0)])
         self.ns = max(self.ns, n)
 
     def nbytes(self) -> int:
@@ -93,12 +154,14 @@ class KLLPaneStore:
         ge = np.append(gs[1:], n)
         keys = list(zip(sid[gs].tolist(), k[gs].tolist()))
         with self.lock:
+            self._choose_shift(sid, vals)
+            x = self.encode(sid, vals)
             # per (series, pane) group, not per sample: the sketch takes the whole array at once
             for key, a, b in zip(keys, gs.tolist(), ge.tolist()):
                 sk = self.panes.get(key)
                 if sk is None:
-                    sk = self.panes[key] = kll_doubles_sketch(self.k)
-                sk.update(vals[a:b])
+                    sk = self.panes[key] = self.new_sketch()
+                sk.update(x[a:b])
             # Cached merges/answers only cover sealed panes; live ingest touches the open panes, so
             # only backfill or late samples (panes behind the newest one) invalidate.
             newest = int(k.max())
@@ -112,7 +175,8 @@ class KLLPaneStore:
             if live:
                 last = np.ones(n, bool)
                 last[:-1] = sid[1:] != sid[:-1]
-                self.last_t[sid[last]] = ts[last]
+                # late samples (folded too: sketches are order-independent) never move the chain back
+                self.last_t[sid[last]] = np.maximum(self.last_t[sid[last]], ts[last])
 
     def _node(self, s: int, level: int, j: int) -> kll_doubles_sketch | None:
         key = (s, level, j)
@@ -126,13 +190,13 @@ class KLLPaneStore:
             if a is None or b is None:
                 res = a if b is None else b
             else:
-                res = kll_doubles_sketch(self.k)
+                res = self.new_sketch()
                 res.merge(a)
                 res.merge(b)
         self._nodes[key] = res
         return res
 
-    def range_sketch(self, s: int, klo: int, khi: int) -> kll_doubles_sketch | None:
+    def range_sketch(self, s: int, klo: int, khi: int) -> kll_doubles_sketch | req_floats_sketch | None:
         """Merged sketch of panes [klo, khi) of series s (None when empty). Do not mutate it."""
         key = (s, klo, khi)
         with self.lock:
@@ -158,7 +222,7 @@ class KLLPaneStore:
             elif len(nodes) == 1:
                 res = nodes[0]
             else:
-                res = kll_doubles_sketch(self.k)
+                res = self.new_sketch()
                 for n in nodes:
                     res.merge(n)
             self._windows[key] = res
@@ -175,6 +239,6 @@ class KLLPaneStore:
     def import_rows(self, rows: dict[str, list]) -> None:
         with self.lock:
             for s, k, blob in zip(rows["series"], rows["pane"], rows["sketch"]):
-                self.panes[(int(s), int(k))] = kll_doubles_sketch.deserialize(bytes(blob))
+                self.panes[(int(s), int(k))] = self.deserialize(bytes(blob))
             if rows["series"]:
                 self.ensure_series(int(max(rows["series"])) + 1)

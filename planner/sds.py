@@ -5,6 +5,8 @@
 * algorithm: ``exact`` (moments + counter panes: sum/count/avg/min/max/stddev/stdvar/last/first/
   present_over_time, rate/increase/delta/resets/changes, all exact) or ``kll`` (quantile_over_time,
   rank error ``rank_error(k)``);
+  or ``req`` (quantile_over_time with phi >= ``min_phi``, default 0.9: REQ high-rank-accuracy sketch,
+  rank error ``req_rank_error(k, phi)``, shrinking with 1 - phi);
 * pane width: tumbling panes aligned to the epoch;
 * coverage: panes [cov_lo, cov_hi) are complete (backfilled history + sealed live panes).
 
@@ -22,7 +24,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from planner.exact_store import ExactPaneStore
-from planner.kll_store import DEFAULT_K, KLLPaneStore, rank_error
+from planner.kll_store import DEFAULT_K, REQ_DEFAULT_K, KLLPaneStore, rank_error, req_rank_error
+from planner.late_samples import fold_late_sketch, rebuild_exact
 from storage.labels import Labels, metric_name
 from storage.matchers import Matcher
 
@@ -32,13 +35,17 @@ EXACT_FUNCS = {
     "rate", "increase", "delta", "resets", "changes",
 }
 KLL_FUNCS = {"quantile_over_time"}
-ALGORITHMS = ("exact", "kll")
+ALGORITHMS = ("exact", "kll", "req")
+REQ_MIN_PHI = 0.9  # quantile_over_time with a literal phi >= this is a REQ candidate (planner.req_min_phi)
 
 
-def algorithm_for(func: str) -> str | None:
+def algorithm_for(func: str, phi: float | None = None, req_min_phi: float = REQ_MIN_PHI) -> str | None:
+    """The algorithm serving ``func`` (for quantile_over_time: REQ for a literal tail phi, else KLL)."""
     if func in EXACT_FUNCS:
         return "exact"
     if func in KLL_FUNCS:
+        if phi is not None and req_min_phi <= phi <= 1.0:
+            return "req"
         return "kll"
     return None
 
@@ -46,7 +53,7 @@ def algorithm_for(func: str) -> str | None:
 @dataclass(frozen=True)
 class SDSSpec:
     metric: str
-    algorithm: str  # "exact" | "kll"
+    algorithm: str  # "exact" | "kll" | "req"
     pane_ms: int = 60_000
     matchers: tuple[tuple[str, str, str], ...] = ()  # extra scope matchers (name, op, value)
     params: tuple[tuple[str, Any], ...] = ()  # e.g. (("k", 200),)
@@ -141,7 +148,9 @@ class SDSStats:
     created: float = field(default_factory=time.time)
     ingest_cpu_s: float = 0.0
     ingested_samples: int = 0
-    late_dropped: int = 0  # live samples not newer than the series' last one (out of order / concurrent)
+    late_dropped: int = 0  # late samples that could not be folded (no raw storage to rebuild exact panes from)
+    late_folded: int = 0  # late samples folded into their panes (sketches) or whose panes were rebuilt (exact)
+    late_rebuilt_samples: int = 0  # raw samples re-read to rebuild exact panes after late samples
 
 
 class SDS:
@@ -154,6 +163,8 @@ class SDS:
             self.store: Any = ExactPaneStore(spec.pane_ms)
         elif spec.algorithm == "kll":
             self.store = KLLPaneStore(spec.pane_ms, int(spec.param("k", DEFAULT_K)))
+        elif spec.algorithm == "req":
+            self.store = KLLPaneStore(spec.pane_ms, int(spec.param("k", REQ_DEFAULT_K)), kind="req")
         else:
             raise ValueError(f"unknown SDS algorithm {spec.algorithm!r}")
         # Live panes start at live_from; history [cov_lo, live_from) is backfilled from raw storage.
@@ -169,6 +180,7 @@ class SDS:
         self._pending_n = 0
         self._pending_kmin: int | None = None
         self._flush_lock = threading.RLock()
+        self.raw_source: Any = None  # raw storage (set by the summarizer): exact panes hit by late samples are rebuilt from it
 
     FLUSH_SAMPLES = 50_000
 
@@ -185,9 +197,22 @@ class SDS:
             if self._pending_n >= self.FLUSH_SAMPLES or crossed:
                 self.flush_pending()
 
+    def fold_floor_ms(self) -> int | None:
+        """Oldest sample time live ingest may fold: the live start, or below it the history the
+        backfill has already folded (a late sample there is folded / rebuilt; older ones are left to
+        the running backfill, which reads raw storage)."""
+        if self.live_from is None:
+            return None
+        if self.cov_lo is None:
+            return self.live_from
+        return min(self.live_from, self.cov_lo * self.spec.pane_ms)
+
     def flush_pending(self) -> None:
-        """Fold queued live samples into the panes: sort by (series, time), keep only samples newer
-        than each series' last folded one (storage's in-order rule), then one bulk ``ingest_sorted``."""
+        """Fold queued live samples into the panes: sort by (series, time); samples newer than each
+        series' last folded one continue its chain (one bulk ``ingest_sorted``); late samples (older
+        than that, or older than the live start) are folded order-independently into sketch panes, or
+        rebuild the exact panes they touch from raw storage (``planner/late_samples.py``). A sample
+        equal in time to the last folded one is a duplicate storage did not store again."""
         with self._flush_lock:
             if not self._pending:
                 return
@@ -198,14 +223,34 @@ class SDS:
             vals = np.concatenate([p[2] for p in parts])
             order = np.lexsort((ts, sid))
             sid, ts, vals = sid[order], ts[order], vals[order]
+            live_from = self.live_from if self.live_from is not None else np.iinfo(np.int64).min
+            floor = self.fold_floor_ms()
+            floor = live_from if floor is None else floor
             with self.store.lock:
-                ok = ts > self.store.last_t[sid]
-                ok[1:] &= ~((sid[1:] == sid[:-1]) & (ts[1:] == ts[:-1]))
+                last = self.store.last_t[sid]
+                dup = np.zeros(len(ts), bool)
+                dup[1:] = (sid[1:] == sid[:-1]) & (ts[1:] == ts[:-1])
+                ok = (ts > last) & (ts >= live_from) & ~dup
+                late = ((ts < last) | (ts < live_from)) & (ts >= floor) & ~dup
                 self.store.ingest_sorted(sid[ok], ts[ok], vals[ok], live=True)
-            n_ok = int(ok.sum())
+            n_ok, n_late = int(ok.sum()), int(late.sum())
+            if n_late:
+                self._fold_late(sid[late], ts[late], vals[late])
             self.stats.ingest_cpu_s += time.thread_time() - t0
             self.stats.ingested_samples += n_ok
-            self.stats.late_dropped += len(ok) - n_ok
+
+    def _fold_late(self, sid: np.ndarray, ts: np.ndarray, vals: np.ndarray) -> None:
+        if self.spec.algorithm != "exact":
+            fold_late_sketch(self.store, sid, ts, vals)
+            self.stats.late_folded += len(ts)
+            self.stats.ingested_samples += len(ts)
+            return
+        floor = self.fold_floor_ms()
+        if self.raw_source is None or floor is None:
+            self.stats.late_dropped += len(ts)
+            return
+        self.stats.late_rebuilt_samples += rebuild_exact(self, self.raw_source, sid, ts, floor)
+        self.stats.late_folded += len(ts)
 
     @property
     def id(self) -> str:
@@ -215,10 +260,25 @@ class SDS:
     def metric(self) -> str:
         return self.spec.metric
 
-    def error_bound(self) -> str:
+    def error_bound(self, phi: float | None = None) -> str:
         if self.spec.algorithm == "kll":
             return f"rank error <= {rank_error(self.store.k):.4f} (99% confidence)"
+        if self.spec.algorithm == "req":
+            p = self.min_phi if phi is None else phi
+            return (f"rank error <= {req_rank_error(self.store.k, p):.2e} at phi={p:g} (REQ k={self.store.k}, "
+                    f"high-rank accuracy, 3 sd ~ 99.7%; {req_rank_error(self.store.k, 0.5) * 2:.4f}*(1-phi) for "
+                    f"phi >= 0.5); value within |v - c| * 2^-24 of a sample (float32)")
         return "exact"
+
+    def rank_bound(self, phi: float) -> float:
+        """Stated normalized rank error at ``phi`` (sketch algorithms)."""
+        if self.spec.algorithm == "req":
+            return req_rank_error(self.store.k, phi)
+        return rank_error(self.store.k)
+
+    @property
+    def min_phi(self) -> float:
+        return float(self.spec.param("min_phi", REQ_MIN_PHI))
 
     def coverage(self) -> tuple[int, int]:
         """Complete panes [lo, hi) usable for queries."""
@@ -258,6 +318,8 @@ class SDS:
             "ingest_cpu_seconds": round(self.stats.ingest_cpu_s, 6),
             "ingested_samples": self.stats.ingested_samples,
             "late_dropped": self.stats.late_dropped,
+            "late_folded": self.stats.late_folded,
+            "late_rebuilt_samples": self.stats.late_rebuilt_samples,
         }
 
 

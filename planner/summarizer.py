@@ -2,9 +2,11 @@
 
 ``consume(batch)`` maps the batch's K series to each SDS's local ids once (per-series Python, cached
 by label set), then hands the in-scope samples to the SDS's store in bulk (numpy). Samples are split
-between the live path and backfill by time: live takes ``t >= live_from_ts`` (and only newer than the
-series' last sample, like storage's in-order rule), backfill reads everything older from raw storage,
-so no sample is counted twice. ``backfill`` runs newest chunk first and widens coverage as it goes.
+between the live path and backfill by time: live takes ``t >= live_from_ts``, backfill reads everything
+older from raw storage, so no sample is counted twice. Late samples (not newer than their series' last
+folded sample, or older than the live start but inside the history the backfill has already folded)
+are folded too: into sketch panes directly, or by rebuilding the exact panes they touch from raw
+storage (``planner/late_samples.py``). ``backfill`` runs newest chunk first and widens coverage as it goes.
 """
 from __future__ import annotations
 
@@ -40,6 +42,8 @@ class Summarizer:
     def add(self, sds: SDS) -> None:
         with self.lock:
             self.sds[sds.id] = sds
+            if sds.raw_source is None:
+                sds.raw_source = self.storage
             self.by_metric.setdefault(sds.metric, []).append(sds)
             if self.max_ts is not None:
                 sds.max_ts = self.max_ts
@@ -81,7 +85,8 @@ class Summarizer:
         """Map the batch onto the SDS's series and buffer its in-scope samples; the buffer is folded in
         bulk (``SDS.flush_pending``) every ``FLUSH_SAMPLES`` samples, at pane boundaries and before any
         read of the panes, so scrape-shaped batches do not pay the fold's fixed cost each."""
-        if sds.live_from is None:
+        floor = sds.fold_floor_ms()
+        if floor is None:
             return
         t0 = time.thread_time()
         index = sds.registry.index
@@ -97,7 +102,7 @@ class Summarizer:
         m[np.asarray(pos, np.int64)] = ids_l
         sid = m[batch.series_index]
         ts = batch.timestamps
-        keep = (sid >= 0) & ~stale & (ts >= sds.live_from)
+        keep = (sid >= 0) & ~stale & (ts >= floor)
         if not keep.any():
             return
         sds.buffer(sid[keep], ts[keep], batch.values[keep])
@@ -170,6 +175,13 @@ class Summarizer:
             if live_there is not None and len(sid):
                 fix = ~live_there
                 store.fix_entries(lsid[fix], vals[last][fix], next_pane)
+            # Series whose live chain has not started yet continue from their newest backfilled sample
+            # (chunks run newest first), so the entry pair of their first live pane is exact.
+            if len(sid):
+                unset = store.last_t[lsid] == np.iinfo(np.int64).min
+                store.last_t[lsid[unset]] = ts[last][unset]
+                if hasattr(store, "last_v"):
+                    store.last_v[lsid[unset]] = vals[last][unset]
         sds.stats.ingest_cpu_s += time.thread_time() - t0
         sds.stats.ingested_samples += len(ts)
 

@@ -2,11 +2,12 @@
 
 API (read by turboprom/routes/metadata_api.py):
     store = ctx.components["metadata"]          # MetadataStore
-    store.get(metric=None, limit=None, limit_per_metric=None) -> dict[str, list[dict]]
+    store.get(metric=None, limit=None, limit_per_metric=None, tenant="default") -> dict[str, list[dict]]
         {"http_requests_total": [{"type": "counter", "help": "...", "unit": ""}], ...}
         ``limit`` caps the number of metrics, ``limit_per_metric`` the entries per metric
         (both None/negative = no limit), matching Prometheus's /api/v1/metadata parameters.
-    store.update(list[storage.batch.MetricMetadata]) records entries (distinct per metric).
+    store.update(list[storage.batch.MetricMetadata], tenant="default") records entries (distinct per metric).
+Kept per tenant (X-Scope-OrgID): one tenant's HELP/TYPE never shows up in, or evicts, another's.
 Memory: in-memory only (rebuilt as scrapes and remote writes arrive, as in Prometheus).
 """
 from __future__ import annotations
@@ -17,25 +18,27 @@ from typing import Iterable
 from storage.batch import MetricMetadata
 
 _MAX_PER_METRIC = 16
+DEFAULT_TENANT = "default"
 
 
 class MetadataStore:
     def __init__(self, max_metrics: int = 200_000):
         self._lock = threading.Lock()
-        self._data: dict[str, dict[tuple[str, str, str], None]] = {}
-        self.max_metrics = max_metrics
+        self._tenants: dict[str, dict[str, dict[tuple[str, str, str], None]]] = {}
+        self.max_metrics = max_metrics  # per tenant
 
-    def update(self, items: Iterable[MetricMetadata]) -> None:
+    def update(self, items: Iterable[MetricMetadata], tenant: str | None = None) -> None:
         with self._lock:
+            data = self._tenants.setdefault(tenant or DEFAULT_TENANT, {})
             for m in items:
                 if not m.metric_family:
                     continue
                 entry = ((m.type or "unknown").lower(), m.help or "", m.unit or "")
-                d = self._data.get(m.metric_family)
+                d = data.get(m.metric_family)
                 if d is None:
-                    if len(self._data) >= self.max_metrics:
+                    if len(data) >= self.max_metrics:
                         continue
-                    d = self._data[m.metric_family] = {}
+                    d = data[m.metric_family] = {}
                 if entry in d:
                     continue
                 if len(d) >= _MAX_PER_METRIC:
@@ -43,14 +46,15 @@ class MetadataStore:
                 d[entry] = None
 
     def get(self, metric: str | None = None, limit: int | None = None,
-            limit_per_metric: int | None = None) -> dict[str, list[dict]]:
+            limit_per_metric: int | None = None, tenant: str | None = None) -> dict[str, list[dict]]:
         with self._lock:
-            names = [metric] if metric else sorted(self._data)
+            data = self._tenants.get(tenant or DEFAULT_TENANT, {})
+            names = [metric] if metric else sorted(data)
             out: dict[str, list[dict]] = {}
             for name in names:
                 if limit is not None and limit >= 0 and len(out) >= limit:
                     break
-                d = self._data.get(name)
+                d = data.get(name)
                 if not d:
                     continue
                 entries = [{"type": t, "help": h, "unit": u} for t, h, u in d]
@@ -60,4 +64,4 @@ class MetadataStore:
             return out
 
     def __len__(self) -> int:
-        return len(self._data)
+        return sum(len(d) for d in self._tenants.values())

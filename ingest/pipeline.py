@@ -57,6 +57,9 @@ class IngestPipeline:
         self.executor = executor
         self.metadata = metadata  # ingest.metadata_store.MetadataStore or None
         self.sinks: list[Sink] = []
+        # Tenants whose samples reach the sinks (None = all). The server sets it to the default tenant:
+        # summaries and congestion signals are the operator's and never mix tenants.
+        self.sink_tenants: frozenset[str] | None = None
         self._in_flight = 0
         self._lock = threading.Lock()
 
@@ -120,11 +123,11 @@ class IngestPipeline:
         if not batch.tenant:
             batch.tenant = self.tenant_default
         if batch.metadata and self.metadata is not None:
-            self.metadata.update(batch.metadata)
+            self.metadata.update(batch.metadata, tenant=batch.tenant)
         if len(batch) == 0:
             return AppendResult()
         result = self.storage.append(batch)
-        if self.sinks:
+        if self.sinks and (self.sink_tenants is None or batch.tenant in self.sink_tenants):
             part = accepted_part(batch, result)
             if part is not None and len(part):
                 for sink in self.sinks:

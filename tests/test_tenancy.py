@@ -6,6 +6,8 @@ import time
 import urllib.parse
 from pathlib import Path
 
+import numpy as np
+
 from tests.helpers import ServerProcess, http_json
 
 
@@ -83,18 +85,40 @@ def test_tenants_cannot_see_each_other(tmp_path: Path) -> None:
 
 
 def test_summaries_and_congestion_only_see_the_default_tenant(tmp_path: Path) -> None:
-    """Every ingest sink is wrapped so other tenants' samples never reach the operator's summaries or
-    congestion signals, even after route setup re-attaches the tracker."""
+    """Other tenants' samples never reach the ingest sinks (the operator's summaries and congestion
+    signals), including sinks attached after wiring; metadata is kept per tenant."""
+    from storage.batch import MetricMetadata, SampleBatch
+    from storage.labels import make_labels
     from turboprom.config import ServerConfig
     from turboprom.server import create_app
-    from turboprom.tenancy import DefaultTenantOnly
+    from turboprom.tenancy import label_batch
     from turboprom.wiring import build_context
+
+    class Recorder:  # a late-attached sink, recording what reaches it
+        def __init__(self) -> None:
+            self.tenants: list[str] = []
+
+        def consume(self, batch: SampleBatch) -> None:
+            self.tenants.append(batch.tenant)
 
     ctx = build_context(ServerConfig(data_dir=str(tmp_path / "d")))
     try:
         create_app(ctx)
-        sinks = ctx.components["ingest"].sinks
-        assert sinks and all(isinstance(s, DefaultTenantOnly) for s in sinks)
-        assert {type(s.sink).__name__ for s in sinks} >= {"CongestionTracker", "Summarizer"}
+        pipeline = ctx.components["ingest"]
+        assert pipeline.sink_tenants == {"default"}
+        assert {type(s).__name__ for s in pipeline.sinks} >= {"CongestionTracker", "Summarizer"}
+        assert len(pipeline.sinks) == len(set(map(id, pipeline.sinks)))  # the tracker is attached once
+        rec = Recorder()
+        pipeline.add_sink(rec)
+        now = int(time.time() * 1000)
+        for tenant, help_text in (("default", "ops help"), ("team-a", "team-a help")):
+            b = SampleBatch([make_labels({"__name__": "m_total"})], np.zeros(1, np.int64), np.array([now], np.int64),
+                            np.ones(1), metadata=[MetricMetadata("m_total", "counter", help_text)], tenant=tenant)
+            res = pipeline.append_sync(label_batch(b, tenant) if tenant != "default" else b)
+            assert res.accepted == 1
+        assert rec.tenants == ["default"]
+        md = ctx.components["metadata"]
+        assert md.get("m_total") == {"m_total": [{"type": "counter", "help": "ops help", "unit": ""}]}
+        assert md.get("m_total", tenant="team-a") == {"m_total": [{"type": "counter", "help": "team-a help", "unit": ""}]}
     finally:
         ctx.storage.close()

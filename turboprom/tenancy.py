@@ -171,30 +171,8 @@ def tenant_storage(ctx: Any, request: Any) -> TenantView:
     return TenantView(ctx.storage, request_tenant(request))
 
 
-class DefaultTenantOnly:
-    """Wraps an ingest sink (summarizer, congestion tracker) so it only sees the default tenant's
-    samples: summaries and congestion signals are the operator's, never mixed across tenants."""
-
-    def __init__(self, sink: Any):
-        self.sink = sink
-
-    def consume(self, batch: SampleBatch) -> None:
-        if (batch.tenant or DEFAULT_TENANT) == DEFAULT_TENANT:
-            self.sink.consume(batch)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.sink, name)
-
-    # Equal to the sink it wraps, so "is this sink registered?" checks (e.g. an idempotent attach)
-    # see the wrapped sink and do not register it a second time, unfiltered.
-    def __eq__(self, other: object) -> bool:
-        return other is self or other is self.sink
-
-    def __hash__(self) -> int:
-        return hash(id(self.sink))
-
-
 def restrict_sinks(pipeline: Any) -> None:
-    if pipeline is None:
-        return
-    pipeline.sinks = [s if isinstance(s, DefaultTenantOnly) else DefaultTenantOnly(s) for s in pipeline.sinks]
+    """Only the default tenant's samples reach the ingest sinks (summarizer, congestion tracker), also
+    sinks attached later: summaries and congestion signals are the operator's, never mixed across tenants."""
+    if pipeline is not None:
+        pipeline.sink_tenants = frozenset({DEFAULT_TENANT})

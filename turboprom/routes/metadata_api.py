@@ -139,13 +139,14 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
         metric = params.get("metric")
         store = ctx.components.get("metadata")
         view = tenant_storage(ctx, request)
+        tenant = view.tenant
 
         def build() -> dict[str, list[dict[str, str]]]:
-            # Metadata is kept per metric family; a tenant sees only families it has series of.
+            # Metadata is kept per tenant and metric family; a tenant sees only families it has series of.
             # Runs off the event loop: the store can hold hundreds of thousands of families.
             visible = set(view.label_values("__name__", MIN_TIME_MS, MAX_TIME_MS, []))
             if store is not None and hasattr(store, "get") and not isinstance(store, Mapping):
-                got = store.get(metric or None, None, per_metric if per_metric > 0 else None)
+                got = store.get(metric or None, None, per_metric if per_metric > 0 else None, tenant=tenant)
                 got = {k: v for k, v in got.items() if _family_visible(k, visible)}
                 return dict(list(got.items())[:limit]) if limit >= 0 else got
             snap = {k: v for k, v in metadata_snapshot(store).items() if _family_visible(k, visible)}

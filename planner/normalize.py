@@ -13,7 +13,7 @@ from typing import Any
 
 import promql_parser
 
-from planner.sds import algorithm_for
+from planner.sds import REQ_MIN_PHI, algorithm_for
 from promql.eval_selectors import duration_ms, to_matchers
 
 _QUANTILE_PARAM_FUNCS = {"quantile_over_time", "histogram_quantile"}
@@ -124,18 +124,34 @@ def servable_call(node: Any) -> tuple[str, Any, Any] | None:
     return func, ms, param
 
 
-def candidates(query_or_node: Any) -> list[Candidate]:
+def _literal(node: Any) -> float | None:
+    k = _kind(node)
+    if k == "NumberLiteral":
+        return float(node.val)
+    if k == "ParenExpr":
+        return _literal(node.expr)
+    if k == "UnaryExpr":
+        v = _literal(node.expr)
+        return None if v is None else -v
+    return None
+
+
+def candidates(query_or_node: Any, req_min_phi: float = REQ_MIN_PHI) -> list[Candidate]:
+    """Servable sub-trees; ``quantile_over_time`` with a literal phi >= ``req_min_phi`` is a REQ
+    candidate (tail quantiles: relative rank error), any other phi a KLL one."""
     node = promql_parser.parse(query_or_node) if isinstance(query_or_node, str) else query_or_node
     out: list[Candidate] = []
 
     def walk(n: Any) -> None:
         hit = servable_call(n)
         if hit is not None:
-            func, ms, _ = hit
+            func, ms, param = hit
             vs = ms.vector_selector
             ms_list = to_matchers(vs)[0]
             extra = tuple(sorted((m.name, m.op, m.value) for m in ms_list if m.name != "__name__"))
-            out.append(Candidate(vs.name, extra, algorithm_for(func) or "", func, duration_ms(ms.range)))
+            phi = _literal(param) if param is not None else None
+            alg = algorithm_for(func, phi, req_min_phi) or ""
+            out.append(Candidate(vs.name, extra, alg, func, duration_ms(ms.range)))
             return
         for attr in ("lhs", "rhs", "expr", "param"):
             child = getattr(n, attr, None) if _kind(n) not in ("NumberLiteral", "StringLiteral", "VectorSelector", "MatrixSelector") else None

@@ -23,6 +23,7 @@ Config (``ctx.config.raw["planner"]``), all optional::
       seal_delay: 10s         # panes seal this long after the newest sample passes them
       canary_fraction: 0.05
       cost_based: true        # per sub-tree: use a summary only where it beats the raw path
+      req_min_phi: 0.9        # quantile_over_time(phi >= this) adopts a REQ SDS (tail quantiles), else KLL
       pinned: [{metric: foo_total, algorithm: exact}, {metric: lat, algorithm: kll, params: {k: 200}}]
 """
 from __future__ import annotations
@@ -40,7 +41,8 @@ import promql_parser
 from planner import cost_model
 from planner.normalize import Candidate, candidates, normalize
 from planner.query_log import LogEntry, QueryLog
-from planner.sds import SDS, SDSSpec
+from planner.kll_store import REQ_DEFAULT_K
+from planner.sds import REQ_MIN_PHI, SDS, SDSSpec
 from planner.summarizer import Summarizer
 from planner.window import plan_windows
 from storage.matchers import Matcher
@@ -99,6 +101,7 @@ class PlannerConfig:
     canary_fraction: float = 0.05
     background_backfill: bool = True
     cost_based: bool = True  # per sub-tree choice of summary vs raw (False: summary whenever it covers)
+    req_min_phi: float = REQ_MIN_PHI  # quantile_over_time phi from which REQ (tail quantiles) is adopted
     pinned: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
@@ -117,6 +120,9 @@ class PlannerConfig:
         c.canary_fraction = float(d.get("canary_fraction", c.canary_fraction))
         c.background_backfill = bool(d.get("background_backfill", True))
         c.cost_based = bool(d.get("cost_based", True))
+        c.req_min_phi = float(d.get("req_min_phi", REQ_MIN_PHI))
+        if not 0.0 < c.req_min_phi <= 1.0:
+            raise ValueError(f"planner.req_min_phi must be in (0, 1], got {c.req_min_phi}")
         c.pinned = list(d.get("pinned", []) or [])
         if c.pane_ms <= 0:
             raise ValueError("planner.pane must be positive")
@@ -209,7 +215,7 @@ class Planner:
             return
         if cands is None:
             try:
-                cands = candidates(entry.expr)
+                cands = candidates(entry.expr, self.config.req_min_phi)
             except Exception:  # noqa: BLE001 - unparsable: nothing to learn
                 return
         if not cands:
@@ -255,7 +261,11 @@ class Planner:
         )
         ks.last_decision = est.reason
         if est.pays:
-            params = (("k", 200),) if c.algorithm == "kll" else ()
+            params: tuple = ()
+            if c.algorithm == "kll":
+                params = (("k", 200),)
+            elif c.algorithm == "req":
+                params = (("k", REQ_DEFAULT_K), ("min_phi", self.config.req_min_phi))
             spec = SDSSpec(metric=c.metric, algorithm=c.algorithm, pane_ms=self.config.pane_ms, params=params)
             self.adopt(spec, reason=f"recurred {len(ks.arrivals)}x in {self.config.period_ms // 1000}s; {est.reason}",
                        history_ms=hist)
@@ -325,7 +335,7 @@ class Planner:
         """Which path each servable sub-tree would take, and why."""
         expr = promql_parser.parse(query)
         out: dict[str, Any] = {"query": query, "pattern": normalize(query), "subtrees": []}
-        for c in candidates(expr):
+        for c in candidates(expr, self.config.req_min_phi):
             ms = [Matcher("__name__", "=", c.metric)] + [Matcher(n, o, v) for n, o, v in c.matchers]
             sds = self.find_sds(c.metric, c.algorithm, ms)
             item: dict[str, Any] = {"function": c.func, "metric": c.metric, "range_ms": c.range_ms,

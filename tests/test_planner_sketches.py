@@ -1,0 +1,141 @@
+"""REQ (relative-error quantiles, high ranks accurate) for tail quantile_over_time: observed rank error
+within the library's stated bound in >= 99% of windows over random data, honesty (paths + infos),
+fallbacks, planner adoption from the query pattern, persistence across a restart."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from planner.canary import Canary
+from planner.kll_store import rank_error, req_rank_error
+from planner.normalize import candidates
+from planner.planner import PlannerConfig
+from planner.rewrite import RewriteContext, RewriteHook
+from planner.rewrite_sketch import ordered_rules
+from planner.stack import build
+from promql.engine import Engine
+from storage.labels import make_labels
+from tests.test_planner_fixtures import T0, feed, load, summarized
+
+
+def _lat_items(seed: int, n_series: int = 4, n: int = 20_000) -> list:
+    rng = np.random.default_rng(seed)
+    items = []
+    for i in range(n_series):
+        ts = T0 + np.cumsum(rng.integers(500, 1500, n))
+        # heavy-tailed latencies around a large offset (the float32 shift keeps them precise)
+        vals = 250.0 + rng.lognormal(0, 1.2, n) * (i + 1)
+        items.append((make_labels({"__name__": "lat", "inst": str(i)}), ts, vals))
+    return items
+
+
+@pytest.fixture(scope="module")
+def req_world():
+    src, batch = load(_lat_items(3))
+    tmin, tmax = int(batch.timestamps.min()), int(batch.timestamps.max())
+    summ, sdss = summarized(src, batch, [("lat", "req"), ("lat", "kll")], live_from=tmin + (tmax - tmin) // 3)
+    by = {s.spec.algorithm: s for s in sdss}
+    return src, by, tmin, tmax
+
+
+def _hook(by, served):
+    return RewriteHook(RewriteContext(lambda m, a, ms: by.get(a) if m == "lat" else None,
+                                      lambda s, ctx: served.append((s, ctx)), cost_based=False), rules=ordered_rules())
+
+
+def test_req_rank_error_within_stated_bound(req_world):
+    src, by, tmin, tmax = req_world
+    served: list = []
+    hook, eng, canary = _hook(by, served), Engine(src), Canary(fraction=0.0)
+    within = total = 0
+    for phi, rng_s, step in [(0.9, 3600, 60), (0.95, 1800, 97), (0.99, 7200, 300), (0.999, 5400, 120), (0.9, 600, 15)]:
+        q = f"quantile_over_time({phi}, lat[{rng_s}s])"
+        res = eng.range_query(q, tmin + 2 * 3_600_000, tmin + 4 * 3_600_000, step * 1000, node_hooks=[hook])
+        assert any(p.startswith("summary:req-lat") for p in res.stats.paths), q
+        assert any("algorithm req" in i and "rank error <=" in i for i in res.annotations.infos), res.annotations.infos
+        rec = canary.check_now(*served[-1])
+        assert rec["algorithm"] == "req" and rec["checked"] > 0
+        assert rec["bound"] == pytest.approx(req_rank_error(by["req"].store.k, phi))
+        within += rec["within_bound"]
+        total += rec["checked"]
+    assert within / total >= 0.99, (within, total)
+    # the stated tail bound is far tighter than KLL's
+    assert req_rank_error(20, 0.99) < rank_error(200) / 20
+
+
+def test_req_bound_comes_from_the_library():
+    from datasketches import req_floats_sketch
+
+    for k, phi in [(12, 0.9), (20, 0.99), (40, 0.999)]:
+        one_sd = phi - req_floats_sketch.get_RSE(k, phi, True, 1 << 40)
+        assert req_rank_error(k, phi) == pytest.approx(3 * one_sd)
+    # estimation-mode bound at phi matches the sketch instance's own 3-sd rank bounds
+    sk = req_floats_sketch(20, True)
+    sk.update(np.random.default_rng(0).random(200_000).astype(np.float32))
+    assert sk.is_estimation_mode()
+    assert sk.get_rank_upper_bound(0.95, 3) - 0.95 == pytest.approx(req_rank_error(20, 0.95), rel=1e-6)
+
+
+def test_low_phi_uses_kll_and_non_literal_phi_runs_raw(req_world):
+    src, by, tmin, tmax = req_world
+    served: list = []
+    hook, eng = _hook(by, served), Engine(src)
+    t = tmin + 3 * 3_600_000 + 123
+    res = eng.instant_query("quantile_over_time(0.5, lat[1h])", t, node_hooks=[hook])
+    assert res.stats.paths[0].startswith("summary:kll-lat")
+    res = eng.instant_query("quantile_over_time(scalar(vector(0.99)), lat[1h])", t, node_hooks=[hook])
+    assert res.stats.paths == ["raw"]
+    # phi above 1 follows Prometheus (+Inf) from the summary; exact=true-style (no hook) is raw
+    res = eng.instant_query("quantile_over_time(0.99, lat[1h])", t)
+    assert res.stats.paths == ["raw"]
+
+
+def test_req_value_is_a_sample_within_float32_rounding(req_world):
+    src, by, tmin, tmax = req_world
+    hook, eng = _hook(by, []), Engine(src)
+    t = tmin + 3 * 3_600_000 + 777
+    res = eng.instant_query("quantile_over_time(0.99, lat[10m])", t, node_hooks=[hook])
+    assert res.stats.paths[0].startswith("summary:req-")
+    items = {l: (ts, v) for l, ts, v in _lat_items(3)}
+    for lbl, v in zip(res.labels, res.values):
+        full = next(val for key, val in items.items() if dict(key)["inst"] == dict(lbl)["inst"])
+        w = full[1][(full[0] > t - 600_000) & (full[0] <= t)]
+        assert np.min(np.abs(w - v)) <= abs(v - 250.0) * 2.0 ** -22 + 1e-9
+
+
+def test_candidates_choose_req_for_tail_quantiles():
+    cs = candidates("quantile_over_time(0.99, lat[5m]) - quantile_over_time(0.5, lat[5m])")
+    assert {(c.algorithm, c.func) for c in cs} == {("req", "quantile_over_time"), ("kll", "quantile_over_time")}
+    assert [c.algorithm for c in candidates("quantile_over_time(0.95, lat[5m])", req_min_phi=0.97)] == ["kll"]
+    with pytest.raises(ValueError):
+        PlannerConfig.from_raw({"req_min_phi": 1.5})
+
+
+def test_planner_adopts_req_and_it_survives_a_restart(tmp_path):
+    items = _lat_items(4, n_series=3, n=12_000)
+    src, batch = load(items)
+    tmax = int(batch.timestamps.max())
+    cfg = {"background_backfill": False, "seal_delay": "0s", "canary_fraction": 0.0}
+    st = build(src, Engine(src), tmp_path, cfg)
+    feed(st.summarizer, batch)
+    q = "quantile_over_time(0.99, lat[1h])"
+    for _ in range(3):  # recurring panel: adopted after the third (default min_count)
+        st.engine.range_query(q, tmax - 3 * 3_600_000, tmax, 300_000)
+    assert [s.spec.algorithm for s in st.planner.sds.values()] == ["req"]
+    fast = st.engine.range_query(q, tmax - 3 * 3_600_000, tmax, 300_000)
+    assert fast.stats.paths[0].startswith("summary:req-lat")
+    ex = st.planner.explain(q)
+    assert ex["subtrees"][0]["path"].startswith("summary:req-") and "REQ" in ex["subtrees"][0]["error_bound"]
+    st.planner.stop()
+    st.query_log.close()
+    st2 = build(src, Engine(src), tmp_path, cfg)
+    try:
+        (sds2,) = st2.planner.sds.values()
+        assert sds2.spec.algorithm == "req" and sds2.backfill_state == "restored"
+        again = st2.engine.range_query(q, tmax - 3 * 3_600_000, tmax, 300_000)
+        assert again.stats.paths[0].startswith("summary:req-lat")
+        np.testing.assert_array_equal(again.values, fast.values)
+        np.testing.assert_array_equal(again.present, fast.present)
+    finally:
+        st2.planner.stop()
+        st2.query_log.close()

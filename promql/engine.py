@@ -25,6 +25,7 @@ import promql_parser as pp
 
 from promql.errors import BadData, ExecutionError, PromQLError
 from promql.eval_context import EvalContext, NodeHook, QueryBudget
+from promql.eval_histogram import refuse_result
 from promql.eval_labels import SAME_LABELSET, apply_name_drop, drop_metric_name, merge_same_labels
 from promql.eval_positions import locate_all
 from promql.evaluator import Evaluator
@@ -181,6 +182,7 @@ class Engine:
 
     def _shape(self, val: Any, steps: np.ndarray, is_range: bool) -> QueryResult:
         t0 = int(steps[0])
+        refuse_result(val)  # results are float-only: a native histogram in them is an error
         if isinstance(val, StringValue):
             if is_range:
                 raise BadData('invalid expression type "string" for range query, must be Scalar or instant Vector')

@@ -20,6 +20,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from promql.errors import ExecutionError
+from promql.eval_histogram import aggregate_histograms, has_hist, ignored_in_aggregation, strip, union_presence, unsupported
 from promql.eval_labels import dense_ids, grouping_keys, grouping_labels, merge_same_labels
 from promql.types import Annotations, Scalar, StringValue, VectorSteps
 from storage.labels import METRIC_NAME, Labels
@@ -426,24 +427,63 @@ def _first_step_order(key: np.ndarray, g: Groups) -> np.ndarray:
     return np.lexsort((np.arange(key.shape[0]), key[:, 0], g.gid))
 
 
-def _output(vec: VectorSteps, g: Groups, values: np.ndarray) -> VectorSteps:
-    present = g.reduce(np.logical_or, vec.present)
+def _output(vec: VectorSteps, g: Groups, values: np.ndarray, present: np.ndarray | None = None,
+            plane: np.ndarray | None = None) -> VectorSteps:
+    """One row per group; ``present``/``plane`` override the float presence and add a histogram
+    plane (sum/avg over native histograms)."""
+    if present is None:
+        present = g.reduce(np.logical_or, vec.present)
+    alive = present if plane is None else (present | np.not_equal(plane, None))
     drop = None
     if vec.drop_name is not None and vec.drop_name.any() and g.n:
-        dp = g.reduce(np.logical_or, vec.present & vec.drop_name[:, None])
+        inp = vec.present if plane is None else vec.any_present()
+        dp = g.reduce(np.logical_or, inp & vec.drop_name[:, None])
         t = vec.num_steps
-        last = t - 1 - np.argmax(present[:, ::-1], axis=1)
+        last = t - 1 - np.argmax(alive[:, ::-1], axis=1)
         drop = dp[np.arange(g.n), last]
-    out = VectorSteps(list(g.labels), np.where(present, values, 0.0), present, drop)  # type: ignore[arg-type]
-    keep = present.any(axis=1)
+    out = VectorSteps(list(g.labels), np.where(present, values, 0.0), present, drop, None, plane)  # type: ignore[arg-type]
+    keep = alive.any(axis=1)
     if not keep.all():
         idx = np.flatnonzero(keep)
-        out = VectorSteps([out.labels[i] for i in idx.tolist()], out.values[idx], present[idx], None if drop is None else drop[idx])
+        out = VectorSteps([out.labels[i] for i in idx.tolist()], out.values[idx], present[idx], None if drop is None else drop[idx],
+                          None, None if plane is None else plane[idx])
     return out
 
 
-def aggregate(op: str, vec: VectorSteps, names: list[str], without: bool, param: Any, ann: Annotations, pos: str = "") -> VectorSteps:
+# Aggregations that ignore native-histogram samples (with an info annotation), as Prometheus.
+_IGNORE_HIST = {"min", "max", "quantile", "stddev", "stdvar", "topk", "bottomk"}
+
+
+def _aggregate_histograms(op: str, vec: VectorSteps, names: list[str], without: bool, param: Any, ann: Annotations,
+                          pos: str, expr_pos: str, agg_pos: str) -> VectorSteps:
+    """``vec`` carries native-histogram samples (never on the float-only storage path)."""
+    if op in _IGNORE_HIST:
+        # topk/bottomk name the whole aggregation's position, the others their argument's
+        ann.info(ignored_in_aggregation(op, agg_pos if op in ("topk", "bottomk") else expr_pos))
+        return aggregate(op, strip(vec), names, without, param, ann, pos)  # type: ignore[arg-type]
+    if op in ("count", "group"):
+        return aggregate(op, union_presence(vec), names, without, param, ann, pos)
+    if op in ("sum", "avg"):
+        fvec = strip(vec)
+        assert isinstance(fvec, VectorSteps)
+        g = Groups(vec.labels, names, without)
+        with np.errstate(all="ignore"):
+            vals = _sum(fvec, g) if op == "sum" else _avg(fvec, g)
+        fpres = g.reduce(np.logical_or, fvec.present)
+        plane, mixed = aggregate_histograms(op, vec, g.gid, g.n, fpres, ann, expr_pos)
+        return _output(vec, g, vals, fpres & ~mixed, plane)
+    raise unsupported(f"the {op} aggregation")
+
+
+def aggregate(op: str, vec: VectorSteps, names: list[str], without: bool, param: Any, ann: Annotations, pos: str = "",
+              expr_pos: str = "", agg_pos: str = "") -> VectorSteps:
+    """``pos``: position suffix of the parameter; ``expr_pos`` / ``agg_pos``: of the aggregated
+    expression / the aggregation (for annotations about native histograms)."""
     t = vec.num_steps
+    if vec.hist is not None:
+        if has_hist(vec):
+            return _aggregate_histograms(op, vec, names, without, param, ann, pos, expr_pos, agg_pos)
+        vec = strip(vec)  # type: ignore[assignment]
     if op == "count_values":
         return count_values(vec, names, without, param)
     if op in ("topk", "bottomk", "limitk", "limit_ratio"):

@@ -23,6 +23,7 @@ from promql.eval_labels import (
     match_signatures,
     merge_same_labels,
 )
+from promql.eval_histogram import empty_plane, pair_cells, union_presence, unsupported, vector_scalar_hist
 from promql.types import Scalar, VectorSteps
 from storage.labels import Labels
 
@@ -71,8 +72,17 @@ def scalar_scalar(op: str, a: Scalar, b: Scalar) -> Scalar:
     return Scalar(arith(op, a.values, b.values))
 
 
-def vector_scalar(op: str, vec: VectorSteps, sc: Scalar, swap: bool, return_bool: bool) -> VectorSteps:
-    """``vec op scalar`` (or ``scalar op vec`` when ``swap``)."""
+def vector_scalar(op: str, vec: VectorSteps, sc: Scalar, swap: bool, return_bool: bool,
+                  hctx: tuple[str, Any] | None = None) -> VectorSteps:
+    """``vec op scalar`` (or ``scalar op vec`` when ``swap``). ``hctx`` = (position suffix,
+    annotations) when ``vec`` carries native-histogram samples."""
+    out = _vector_scalar(op, vec, sc, swap, return_bool)
+    if hctx is not None and vec.hist is not None:
+        out = vector_scalar_hist(op, vec, out, sc.values, swap, return_bool, hctx[0], hctx[1])
+    return out
+
+
+def _vector_scalar(op: str, vec: VectorSteps, sc: Scalar, swap: bool, return_bool: bool) -> VectorSteps:
     s = sc.values[None, :]
     if op in COMPARE:
         lhs, rhs = (s, vec.values) if swap else (vec.values, s)
@@ -149,25 +159,34 @@ def _count_by_sig(sig: np.ndarray, present: np.ndarray, nsig: int) -> np.ndarray
     return out
 
 
+def _masked_plane(vec: VectorSteps, keep: np.ndarray) -> np.ndarray | None:
+    if vec.hist is None:
+        return None
+    return np.where(keep, vec.hist, None)
+
+
 def set_op(op: str, lhs: VectorSteps, rhs: VectorSteps, m: Matching) -> VectorSteps:
+    """and / or / unless: histogram samples take part like floats (they are kept or dropped whole)."""
     t = lhs.num_steps
     ls, rs, nsig, _ = _sig_ids(m, lhs, rhs)
-    if op == "and":
-        rp = _presence_by_sig(rs, rhs.present, nsig)
-        present = lhs.present & rp[ls]
-        return VectorSteps(lhs.labels, lhs.values, present, lhs.drop_name)
-    if op == "unless":
-        rp = _presence_by_sig(rs, rhs.present, nsig)
-        present = lhs.present & ~rp[ls]
-        return VectorSteps(lhs.labels, lhs.values, present, lhs.drop_name)
+    if op in ("and", "unless"):
+        rp = _presence_by_sig(rs, rhs.any_present(), nsig)
+        keep = rp[ls] if op == "and" else ~rp[ls]
+        return VectorSteps(lhs.labels, lhs.values, lhs.present & keep, lhs.drop_name, None, _masked_plane(lhs, keep))
     # or
-    lp = _presence_by_sig(ls, lhs.present, nsig)
-    rpres = rhs.present & ~lp[rs]
+    lp = _presence_by_sig(ls, lhs.any_present(), nsig)
+    rkeep = ~lp[rs]
+    rpres = rhs.present & rkeep
     labels = list(lhs.labels) + list(rhs.labels)
     values = np.concatenate([lhs.values, rhs.values], axis=0) if labels else np.empty((0, t))
     present = np.concatenate([lhs.present, rpres], axis=0) if labels else np.zeros((0, t), bool)
     drop = np.concatenate([lhs.drop_name_mask(), rhs.drop_name_mask()])
-    return merge_same_labels(VectorSteps(labels, values, present, drop if drop.any() else None))
+    plane = None
+    if lhs.hist is not None or rhs.hist is not None:
+        lpl = lhs.hist if lhs.hist is not None else empty_plane(lhs.values.shape)
+        rpl = _masked_plane(rhs, rkeep) if rhs.hist is not None else empty_plane(rhs.values.shape)
+        plane = np.concatenate([lpl, rpl], axis=0)
+    return merge_same_labels(VectorSteps(labels, values, present, drop if drop.any() else None, None, plane))
 
 
 def _result_labels(many: Labels, one: Labels, op: str, m: Matching) -> Labels:
@@ -198,10 +217,16 @@ def _match_labels(labels: Labels, m: Matching) -> Labels:
     return match_signature(labels, m.on, m.names)
 
 
-def vector_vector(op: str, lhs: VectorSteps, rhs: VectorSteps, m: Matching) -> VectorSteps:
+def vector_vector(op: str, lhs: VectorSteps, rhs: VectorSteps, m: Matching, hctx: tuple[str, Any] | None = None) -> VectorSteps:
     """Arithmetic / comparison between two vectors with one-to-one or many-to-one matching
-    (and the experimental fill()/fill_left()/fill_right() modifiers)."""
+    (and the experimental fill()/fill_left()/fill_right() modifiers). ``hctx`` = (position
+    suffix, annotations) when a side carries native-histogram samples: those take part in the
+    matching like floats and each pair involving one follows Prometheus's type table."""
     t = lhs.num_steps
+    planes = None
+    if hctx is not None and (lhs.hist is not None or rhs.hist is not None):
+        planes = (lhs.hist, rhs.hist, hctx)
+        lhs, rhs = union_presence(lhs), union_presence(rhs)
     if m.card == "ManyToMany":
         raise ExecutionError("many-to-many only allowed for set operators")
     no_fill = m.fill_lhs is None and m.fill_rhs is None
@@ -233,8 +258,18 @@ def vector_vector(op: str, lhs: VectorSteps, rhs: VectorSteps, m: Matching) -> V
             raise ExecutionError("multiple matches for labels: many-to-one matching must be explicit (group_left/group_right)")
 
     nm, no = many.num_series, one.num_series
+    side_planes = None
+    if planes is not None:
+        side_planes = (planes[1], planes[0]) if swap else (planes[0], planes[1])
     if not m.include and no_fill:
-        return _dense_binop(op, many, one, match, matched, swap, m)
+        return _dense_binop(op, many, one, match, matched, swap, m, side_planes, planes[2] if planes else None)
+    if side_planes is not None:
+        hm_many = np.not_equal(side_planes[0], None) if side_planes[0] is not None else np.zeros(called.shape, bool)
+        hm_one = np.not_equal(side_planes[1], None) if side_planes[1] is not None else np.zeros(one.present.shape, bool)
+        cr, ccol = np.nonzero(called)
+        ro = match[cr, ccol]
+        if (hm_many[cr, ccol] | ((ro >= 0) & hm_one[np.maximum(ro, 0), ccol] if no else False)).any():
+            raise unsupported("a binary operator with group_left/group_right labels or fill()")
     # cells: (kind/code, step, left value, right value) -- A matched pairs, B many row + fill,
     # C one row + fill (for one rows no many row matched at that step)
     rr, cc = np.nonzero(called)
@@ -298,9 +333,11 @@ def vector_vector(op: str, lhs: VectorSteps, rhs: VectorSteps, m: Matching) -> V
     return VectorSteps(list(out_labels), out_values, out_pres, drop)  # type: ignore[arg-type]
 
 
-def _dense_binop(op: str, many: VectorSteps, one: VectorSteps, match: np.ndarray, matched: np.ndarray, swap: bool, m: Matching) -> VectorSteps:
+def _dense_binop(op: str, many: VectorSteps, one: VectorSteps, match: np.ndarray, matched: np.ndarray, swap: bool, m: Matching,
+                 side_planes: tuple[np.ndarray | None, np.ndarray | None] | None = None,
+                 hctx: tuple[str, Any] | None = None) -> VectorSteps:
     """Common case (no group_x labels, no fill): output rows are the "many" rows, computed on
-    whole (S, T) matrices."""
+    whole (S, T) matrices. ``side_planes``: the (many, one) histogram planes, if any."""
     t = many.num_steps
     safe = np.where(matched, match, 0)
     ov = one.values[safe, np.arange(t)[None, :]]
@@ -312,9 +349,12 @@ def _dense_binop(op: str, many: VectorSteps, one: VectorSteps, match: np.ndarray
     else:
         values = arith(op, fl, fr)
         present = matched
+    plane = None
+    if side_planes is not None and hctx is not None:
+        values, present, plane = _hist_pairs(op, many, one, safe, matched, swap, m.return_bool, side_planes, values, present, hctx)
     labels = [_result_labels(l, (), op, m) for l in many.labels]
     drop = np.ones(len(labels), bool) if m.return_bool else None
-    out = VectorSteps(labels, values, present, drop)
+    out = VectorSteps(labels, values, present, drop, None, plane)
     if len(set(labels)) != len(labels):
         if m.card != "OneToOne":
             ids, uniq = dense_ids(labels)
@@ -351,8 +391,41 @@ def _raise_duplicate_one_side(cnt: np.ndarray, os_: np.ndarray, one: VectorSteps
     raise ExecutionError("many-to-many matching not allowed: matching labels must be unique on one side")
 
 
+def _hist_pairs(op: str, many: VectorSteps, one: VectorSteps, safe: np.ndarray, matched: np.ndarray, swap: bool,
+                return_bool: bool, side_planes: tuple[np.ndarray | None, np.ndarray | None], values: np.ndarray,
+                present: np.ndarray, hctx: tuple[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Replace the matched pairs involving a histogram (their float results are placeholders)."""
+    mp, op_ = side_planes
+    cols = np.arange(many.num_steps)[None, :]
+    hm_many = np.not_equal(mp, None) if mp is not None else np.zeros(matched.shape, bool)
+    hm_one = np.not_equal(op_, None)[safe, cols] if op_ is not None else np.zeros(matched.shape, bool)
+    hp = matched & (hm_many | hm_one)
+    if not hp.any():
+        return values, present, None
+    values = values.copy()
+    present = present & ~hp
+    r, c = np.nonzero(hp)
+    mine = np.where(hm_many[r, c], mp[r, c] if mp is not None else None, many.values[r, c]).astype(object)
+    o_r = safe[r, c]
+    theirs = np.where(hm_one[r, c], op_[o_r, c] if op_ is not None else None, one.values[o_r, c]).astype(object)
+    left, right = (theirs, mine) if swap else (mine, theirs)
+    keep, fval, hval = pair_cells(op, left, right, return_bool, hctx[0], hctx[1])
+    plane = empty_plane(values.shape)
+    if return_bool:
+        values[r[keep], c[keep]] = fval[keep]
+        present[r[keep], c[keep]] = True
+    else:
+        plane[r[keep], c[keep]] = hval[keep]
+    return values, present, plane
+
+
 def unary_minus(vec: VectorSteps) -> VectorSteps:
-    return VectorSteps(vec.labels, -vec.values, vec.present, np.ones(vec.num_series, bool))
+    plane = None
+    if vec.hist is not None:
+        plane = vec.hist.copy()
+        hm = np.not_equal(plane, None)
+        plane[hm] = [h.scale(-1.0) for h in plane[hm]]
+    return VectorSteps(vec.labels, -vec.values, vec.present, np.ones(vec.num_series, bool), None, plane)
 
 
 __all__ = [

@@ -125,15 +125,22 @@ def merge_same_labels(vec: VectorSteps) -> VectorSteps:
     ids, uniq = dense_ids(vec.labels)
     if len(uniq) == n:
         return vec
+    alive = vec.any_present()
     counts = np.zeros((len(uniq), vec.num_steps), dtype=np.int64)
-    np.add.at(counts, ids, vec.present.astype(np.int64))
+    np.add.at(counts, ids, alive.astype(np.int64))
     if (counts > 1).any():
         raise ExecutionError(SAME_LABELSET)
     values = np.zeros((len(uniq), vec.num_steps))
-    present = counts > 0
+    present = np.zeros((len(uniq), vec.num_steps), dtype=bool)
     # later rows fill in where earlier ones are absent (no overlaps, checked above)
     rows, cols = np.nonzero(vec.present)
     values[ids[rows], cols] = vec.values[rows, cols]
+    present[ids[rows], cols] = True
+    plane = None
+    if vec.hist is not None:
+        plane = np.full((len(uniq), vec.num_steps), None, dtype=object)
+        hr, hc = np.nonzero(np.not_equal(vec.hist, None))
+        plane[ids[hr], hc] = vec.hist[hr, hc]
     drop = None
     if vec.drop_name is not None:
         drop = np.zeros(len(uniq), dtype=bool)
@@ -142,16 +149,16 @@ def merge_same_labels(vec: VectorSteps) -> VectorSteps:
             if first[ids[i]] < 0:
                 first[ids[i]] = i
                 drop[ids[i]] = bool(vec.drop_name[i])
-    return VectorSteps(list(uniq), values, present, drop)  # type: ignore[arg-type]
+    return VectorSteps(list(uniq), values, present, drop, None, plane)  # type: ignore[arg-type]
 
 
 def apply_name_drop(vec: VectorSteps) -> VectorSteps:
     """Strip ``__name__`` from rows marked for delayed removal, then merge/check duplicates."""
     if vec.drop_name is None or not vec.drop_name.any():
-        out = VectorSteps(vec.labels, vec.values, vec.present, None, vec.sample_ts)
+        out = VectorSteps(vec.labels, vec.values, vec.present, None, vec.sample_ts, vec.hist)
     else:
         labels = [drop_metric_name(l) if d else l for l, d in zip(vec.labels, vec.drop_name.tolist())]
-        out = VectorSteps(labels, vec.values, vec.present, None, vec.sample_ts)
+        out = VectorSteps(labels, vec.values, vec.present, None, vec.sample_ts, vec.hist)
     return merge_same_labels(out)
 
 
@@ -159,7 +166,7 @@ def prune_absent(vec: VectorSteps) -> VectorSteps:
     """Drop rows that are absent at every step."""
     if vec.num_series == 0:
         return vec
-    keep = vec.present.any(axis=1)
+    keep = vec.any_present().any(axis=1)
     if keep.all():
         return vec
     idx = np.flatnonzero(keep)
@@ -174,6 +181,7 @@ def take_rows(vec: VectorSteps, idx: np.ndarray) -> VectorSteps:
         vec.present[idx],
         None if vec.drop_name is None else vec.drop_name[idx],
         None if vec.sample_ts is None else vec.sample_ts[idx],
+        None if vec.hist is None else vec.hist[idx],
     )
 
 

@@ -20,7 +20,8 @@ import numpy as np
 
 from promql.errors import BadData, TooManySamples
 from promql.eval_context import EvalContext
-from promql.types import RangeWindows, VectorSteps
+from promql.eval_histogram import align, select_histograms, vector_plane, window_plane
+from promql.types import HistogramSet, RangeWindows, VectorSteps
 from storage.labels import METRIC_NAME
 from storage.matchers import Matcher
 from storage.series_set import SeriesSet
@@ -238,35 +239,62 @@ def _guard_cells(ctx: EvalContext, s: int, t: int) -> None:
         raise TooManySamples()
 
 
+def _select_hist(ctx: EvalContext, vs: Any, mint: int, maxt: int, ss: SeriesSet) -> tuple[SeriesSet, HistogramSet | None]:
+    """Native-histogram samples of the selection (only sources holding them have any), with both
+    selections aligned onto the same series."""
+    if not hasattr(ctx.source, "select_histograms") or not getattr(ctx.source, "has_histograms", True):
+        return ss, None  # float-only source (the real storage): nothing to do
+    hs = select_histograms(ctx.source, to_matchers(vs), mint, maxt)
+    if hs is None:
+        return ss, None
+    ctx.stats.samples_scanned += hs.num_samples
+    ctx.stats.series_touched += len(set(hs.labels) - set(ss.labels))
+    return align(ss, hs)
+
+
 def eval_vector_selector(ctx: EvalContext, vs: Any) -> VectorSteps:
     e = effective_times(vs, ctx)
     lb = ctx.lookback_delta_ms
     t = ctx.num_steps
-    ss = select(ctx, vs, int(e.min()) - lb + 1, int(e.max()))
+    mint, maxt = int(e.min()) - lb + 1, int(e.max())
+    ss = select(ctx, vs, mint, maxt)
+    ss, hs = _select_hist(ctx, vs, mint, maxt, ss)
     s = len(ss.labels)
     if s == 0:
         return VectorSteps.empty(t)
     _guard_cells(ctx, s, t)
-    if ss.num_samples == 0:
+    if ss.num_samples == 0 and hs is None:
         return VectorSteps.empty(t)
     hi = window_index(ss.offsets, ss.timestamps, e)
     idx = hi - 1
     starts = ss.offsets[:-1, None]
     has = idx >= starts
-    safe = np.where(has, idx, 0)
-    sts = ss.timestamps[safe]
-    vals = ss.values[safe]
+    if ss.num_samples:
+        safe = np.where(has, idx, 0)
+        sts = ss.timestamps[safe]
+        vals = ss.values[safe]
+    else:
+        safe = np.zeros(has.shape, np.int64)
+        sts = np.zeros(has.shape, np.int64)
+        vals = np.zeros(has.shape)
     stale_n = is_stale(ss.values)
     present = has & (sts > (e - lb)[None, :])
+    plane = None
+    if hs is not None:  # a histogram newer than the newest float (stale marker included) wins
+        plane, wins, hts = vector_plane(hs, e, lb, present, sts)
+        present &= ~wins
+        sts = np.where(wins, hts, sts)
     if stale_n.any():
         present &= ~stale_n[safe]
-    _count_step_samples(ctx, present.sum(axis=0))
+    alive = present if plane is None else (present | wins)
+    _count_step_samples(ctx, alive.sum(axis=0))
     # absent cells keep whatever value was gathered: VectorSteps values are ignored there
-    out = VectorSteps(list(ss.labels), vals, present, None, sts)
-    keep = present.any(axis=1)
+    out = VectorSteps(list(ss.labels), vals, present, None, sts, plane)
+    keep = alive.any(axis=1)
     if not keep.all():
         idxs = np.flatnonzero(keep)
-        out = VectorSteps([out.labels[i] for i in idxs.tolist()], vals[idxs], present[idxs], None, sts[idxs])
+        out = VectorSteps([out.labels[i] for i in idxs.tolist()], vals[idxs], present[idxs], None, sts[idxs],
+                          None if plane is None else plane[idxs])
     return out
 
 
@@ -274,14 +302,16 @@ def eval_matrix_selector(ctx: EvalContext, ms: Any) -> RangeWindows:
     vs = ms.vector_selector
     rng = duration_ms(ms.range)
     e = effective_times(vs, ctx)
-    ss = select(ctx, vs, int(e.min()) - rng + 1, int(e.max()))
-    return windows_from_series(ctx, ss, e, rng)
+    mint, maxt = int(e.min()) - rng + 1, int(e.max())
+    ss = select(ctx, vs, mint, maxt)
+    ss, hs = _select_hist(ctx, vs, mint, maxt, ss)
+    return windows_from_series(ctx, ss, e, rng, hs=hs)
 
 
 def windows_from_series(ctx: EvalContext, ss: SeriesSet, e: np.ndarray, rng: int, drop_name: np.ndarray | None = None,
-                        count_samples: bool = True) -> RangeWindows:
+                        count_samples: bool = True, hs: HistogramSet | None = None) -> RangeWindows:
     """RangeWindows over a CSR selection for window ends ``e`` and range ``rng`` (stale markers
-    removed)."""
+    removed); ``hs``: histogram samples of the same series (aligned), if any."""
     _guard_cells(ctx, len(ss.labels), len(e))
     ts, vals, off = ss.timestamps, ss.values, ss.offsets
     stale = is_stale(vals)
@@ -304,4 +334,5 @@ def windows_from_series(ctx: EvalContext, ss: SeriesSet, e: np.ndarray, rng: int
         held = 0
     ctx.budget.charge(held, ctx.stats)
     ctx.budget.release(held)
-    return RangeWindows(list(ss.labels), off, ts, vals, lo, hi, e.astype(np.int64), rng, drop_name)
+    hw = window_plane(hs, e, rng) if hs is not None else None
+    return RangeWindows(list(ss.labels), off, ts, vals, lo, hi, e.astype(np.int64), rng, drop_name, hw)

@@ -35,6 +35,7 @@ from promql.eval_binary import (
     vector_vector,
 )
 from promql.eval_context import EvalContext
+from promql.eval_histogram import call_with_histograms, empty_plane, has_hist, plane_to_set, strip
 from promql.eval_labels import go_quote_bytes, merge_same_labels, raw_string_literal_bytes
 from promql.eval_positions import line_col
 from promql.eval_selectors import (
@@ -45,7 +46,7 @@ from promql.eval_selectors import (
     windows_from_series,
 )
 from promql.functions import FUNCTIONS, FunctionContext, load_all
-from promql.types import RangeWindows, Scalar, StringValue, Value, VectorSteps
+from promql.types import HistWindows, RangeWindows, Scalar, StringValue, Value, VectorSteps
 from storage.series_set import SeriesSet
 
 _HOOKED = (pp.Call, pp.AggregateExpr, pp.VectorSelector, pp.MatrixSelector, pp.SubqueryExpr)
@@ -60,6 +61,11 @@ def slice_windows(w: RangeWindows, a: int, b: int) -> RangeWindows:
     """Series a..b of a RangeWindows, re-based onto its own CSR slice (views, no copies)."""
     base = int(w.offsets[a])
     end = int(w.offsets[b])
+    hw = None
+    if w.hist is not None:
+        hb, he = int(w.hist.offsets[a]), int(w.hist.offsets[b])
+        hw = HistWindows(w.hist.offsets[a:b + 1] - hb, w.hist.ts[hb:he], w.hist.objs[hb:he],
+                         w.hist.lo[a:b] - hb, w.hist.hi[a:b] - hb)
     return RangeWindows(
         w.labels[a:b],
         w.offsets[a:b + 1] - base,
@@ -70,6 +76,7 @@ def slice_windows(w: RangeWindows, a: int, b: int) -> RangeWindows:
         w.window_end,
         w.range_ms,
         None if w.drop_name is None else w.drop_name[a:b],
+        hw,
     )
 
 
@@ -86,8 +93,11 @@ def concat_vectors(parts: list[VectorSteps], t: int) -> VectorSteps:
     sts = None
     if all(p.sample_ts is not None for p in parts):
         sts = np.concatenate([p.sample_ts for p in parts], axis=0)
+    plane = None
+    if any(p.hist is not None for p in parts):
+        plane = np.concatenate([p.hist if p.hist is not None else empty_plane(p.values.shape) for p in parts], axis=0)
     return VectorSteps(labels, np.concatenate([p.values for p in parts], axis=0),
-                       np.concatenate([p.present for p in parts], axis=0), drop, sts)
+                       np.concatenate([p.present for p in parts], axis=0), drop, sts, plane)
 
 
 def _ensure_functions() -> None:
@@ -99,7 +109,7 @@ def _ensure_functions() -> None:
 
 def value_size(v: Value) -> int:
     if isinstance(v, VectorSteps):
-        return int(v.present.sum())
+        return int(v.any_present().sum()) if v.hist is not None else int(v.present.sum())
     if isinstance(v, RangeWindows):
         # a step-wise engine holds one step's windows at a time
         if v.lo.size == 0:
@@ -153,7 +163,7 @@ class Evaluator:
             if isinstance(v, Scalar):
                 return Scalar(-v.values)
             if isinstance(v, VectorSteps):
-                return unary_minus(v)
+                return unary_minus(v)  # histograms are negated bucket-wise
             raise BadData("unary expression only allowed on expressions of type scalar or instant vector")
         if isinstance(node, pp.VectorSelector):
             return eval_vector_selector(ctx, node)
@@ -192,7 +202,8 @@ class Evaluator:
         rows, cols = np.nonzero(p)
         ts = inner_times[cols] if len(inner_times) else np.empty(0, np.int64)
         ss = SeriesSet(list(inner.labels), off, ts.astype(np.int64), inner.values[rows, cols])
-        return windows_from_series(ctx, ss, e, rng, inner.drop_name, count_samples=False)
+        hs = plane_to_set(list(inner.labels), inner.hist, inner_times)
+        return windows_from_series(ctx, ss, e, rng, inner.drop_name, count_samples=False, hs=hs)
 
     # -- function calls -------------------------------------------------------------------
     def eval_call(self, node: Any, ctx: EvalContext) -> Value:
@@ -220,7 +231,10 @@ class Evaluator:
         )
         fctx.position = self.pos(node, ctx)
         fctx.arg_positions = [self.pos(a, ctx) for a in node.args]  # type: ignore[misc]  # None: unknown
-        res = self._call_chunked(name, impl, fctx, args)
+        if any(has_hist(a) for a in args):
+            res = call_with_histograms(name, lambda a: self._call_chunked(name, impl, fctx, a), args, fctx)
+        else:
+            res = self._call_chunked(name, impl, fctx, [strip(a) for a in args])
         if isinstance(res, VectorSteps):
             res = merge_same_labels(res)
         return res
@@ -266,7 +280,8 @@ class Evaluator:
         pos = self.pos_suffix(node.param, ctx) if node.param is not None else ""
         if op == "count_values" and isinstance(param, StringValue):
             self._check_label_name(node.param, param.value, ctx)
-        return aggregate(op, vec, names, without, param, ctx.annotations, pos)
+        return aggregate(op, vec, names, without, param, ctx.annotations, pos,
+                         expr_pos=self.pos_suffix(node.expr, ctx), agg_pos=self.pos_suffix(node, ctx))
 
     def _check_label_name(self, lit: Any, value: str, ctx: EvalContext) -> None:
         """count_values' label must be a valid (UTF-8, non-empty) label name, judged on the
@@ -290,16 +305,19 @@ class Evaluator:
         lhs = self.eval(node.lhs, ctx)
         rhs = self.eval(node.rhs, ctx)
         m = Matching(node.modifier, op)
+        hctx = None
+        if (isinstance(lhs, VectorSteps) and lhs.hist is not None) or (isinstance(rhs, VectorSteps) and rhs.hist is not None):
+            hctx = (self.pos_suffix(node, ctx), ctx.annotations)  # histogram samples involved
         if isinstance(lhs, Scalar) and isinstance(rhs, Scalar):
             return scalar_scalar(op, lhs, rhs)
         if isinstance(lhs, VectorSteps) and isinstance(rhs, Scalar):
-            return vector_scalar(op, lhs, rhs, False, m.return_bool)
+            return vector_scalar(op, lhs, rhs, False, m.return_bool, hctx)
         if isinstance(lhs, Scalar) and isinstance(rhs, VectorSteps):
-            return vector_scalar(op, rhs, lhs, True, m.return_bool)
+            return vector_scalar(op, rhs, lhs, True, m.return_bool, hctx)
         if isinstance(lhs, VectorSteps) and isinstance(rhs, VectorSteps):
             if op in SET_OPS:
                 return set_op(op, lhs, rhs, m)
-            return vector_vector(op, lhs, rhs, m)
+            return vector_vector(op, lhs, rhs, m, hctx)
         raise BadData(f"binary expression must contain only scalar and instant vector types (operator {op})")
 
 

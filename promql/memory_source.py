@@ -5,6 +5,11 @@ Writes accumulate per series; the first ``select`` after a write freezes everyth
 layout (all samples of series ``i`` at ``ts[off[i]:off[i+1]]``) plus an inverted label index, so
 a read is a few vectorised ``searchsorted`` calls over a composite (series, time) key rather than
 a Python loop over series or samples.
+
+Native-histogram samples (``add_histograms``, used by the conformance runner for ``{{...}}``
+values) live in a second, histogram-only store whose float values are indices into an object
+table, and are read with ``select_histograms`` (the optional HistogramSource extension of
+promql/source.py). ``HistogramOverlay`` adds such a store to any float source.
 """
 from __future__ import annotations
 
@@ -16,6 +21,8 @@ from storage.batch import SampleBatch
 from storage.labels import Labels
 from storage.matchers import Matcher
 from storage.series_set import SeriesSet
+
+from promql.types import FloatHistogram, HistogramSet
 
 # Composite key layout: series rank in the high bits, time (shifted to be non-negative) below.
 _TIME_BITS = 43
@@ -40,6 +47,9 @@ class MemorySource:
         self._keys: np.ndarray | None = None
         self._index: dict[str, dict[str, np.ndarray]] = {}
         self._dirty = False
+        self._hstore: MemorySource | None = None  # histogram samples: values index self._hobjs
+        self._hobjs: list[FloatHistogram] = []
+        self._hobj_array: np.ndarray | None = None
 
     # -- writes ---------------------------------------------------------------------------
     def add_series(self, labels: Labels, timestamps: np.ndarray | Sequence[int], values: np.ndarray | Sequence[float]) -> None:
@@ -49,6 +59,35 @@ class MemorySource:
             raise ValueError("timestamps and values must have the same length")
         self._pending.setdefault(labels, []).append((ts, vs))
         self._dirty = True
+
+    def add_histograms(self, labels: Labels, timestamps: np.ndarray | Sequence[int], hists: Sequence[FloatHistogram]) -> None:
+        """Add native-histogram samples of one series (a later write of the same timestamp wins)."""
+        ts = np.asarray(timestamps, dtype=np.int64)
+        if ts.shape != (len(hists),):
+            raise ValueError("timestamps and histograms must have the same length")
+        if self._hstore is None:
+            self._hstore = MemorySource()
+        base = len(self._hobjs)
+        self._hobjs.extend(hists)
+        self._hobj_array = None
+        self._hstore.add_series(labels, ts, np.arange(base, base + len(hists), dtype=np.float64))
+
+    @property
+    def has_histograms(self) -> bool:
+        return self._hstore is not None
+
+    def select_histograms(self, matchers: Sequence[Matcher], mint: int, maxt: int) -> HistogramSet | None:
+        """Histogram samples with mint <= t <= maxt (series sorted by labels); None when none."""
+        if self._hstore is None:
+            return None
+        ss = self._hstore.select(matchers, mint, maxt)
+        if ss.num_samples == 0:
+            return None
+        if self._hobj_array is None:
+            arr = np.empty(len(self._hobjs), dtype=object)
+            arr[:] = self._hobjs
+            self._hobj_array = arr
+        return HistogramSet(ss.labels, ss.offsets, ss.timestamps, self._hobj_array[ss.values.astype(np.int64)])
 
     def append(self, batch: SampleBatch) -> int:
         """Add a SampleBatch (the ingest path's format); returns the number of samples taken."""
@@ -158,6 +197,28 @@ class MemorySource:
                 index.setdefault(name, {}).setdefault(value, []).append(i)
         self._index = {k: {v: np.asarray(ids, np.int64) for v, ids in d.items()} for k, d in index.items()}
         self._dirty = False
+
+
+class HistogramOverlay:
+    """A float source plus a histogram store: ``select`` reads ``floats``, ``select_histograms``
+    reads ``histograms``; every other attribute is the float source's."""
+
+    def __init__(self, floats: object, histograms: MemorySource) -> None:
+        self.floats = floats
+        self.histograms = histograms
+
+    def select(self, matchers: Sequence[Matcher], mint: int, maxt: int) -> SeriesSet:
+        return self.floats.select(matchers, mint, maxt)  # type: ignore[attr-defined]
+
+    @property
+    def has_histograms(self) -> bool:
+        return self.histograms.has_histograms
+
+    def select_histograms(self, matchers: Sequence[Matcher], mint: int, maxt: int) -> HistogramSet | None:
+        return self.histograms.select_histograms(matchers, mint, maxt)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.floats, name)
 
 
 def from_series(items: Iterable[tuple[Labels, Sequence[int], Sequence[float]]]) -> MemorySource:

@@ -28,7 +28,7 @@ from storage.batch import SampleBatch
 from storage.labels import Labels
 
 from promql.errors import PromQLError
-from promql.memory_source import MemorySource
+from promql.memory_source import HistogramOverlay, MemorySource
 from promql.printer import to_promql
 from promql.promqltest_classify import EXP, NH, PLAIN, LoadedState, classify, walk
 from promql.promqltest_compare import Actual, check_annotations, check_expected_failure, compare, from_query_result
@@ -68,16 +68,30 @@ class Outcome:
 
 
 class _Store:
-    """The storage the evals read: MemorySource, or the real TSDB (storage.tsdb) in a temp dir."""
+    """The storage the evals read: MemorySource, or the real TSDB (storage.tsdb) in a temp dir.
+
+    The real storage is float-only: native-histogram samples of a ``load`` go to an in-memory
+    histogram store beside it, and the engine reads both through ``engine_source`` (the float
+    source itself while no histogram was loaded)."""
 
     def __init__(self, kind: str):
         self.kind = kind
         self.tmp: str | None = None
         self.source: Any = None
+        self.hists: MemorySource | None = None
         self.reset()
+
+    @property
+    def engine_source(self) -> Any:
+        if self.hists is None:
+            return self.source
+        if self.source is self.hists:
+            return self.source
+        return HistogramOverlay(self.source, self.hists)
 
     def reset(self) -> None:
         self.close()
+        self.hists = None
         if self.kind == "memory":
             self.source = MemorySource()
         elif self.kind == "tsdb":
@@ -97,6 +111,12 @@ class _Store:
     def load(self, cmd: LoadCmd) -> None:
         items: list[tuple[Labels, np.ndarray, np.ndarray]] = []
         for lbl, vals in cmd.series.items():
+            hidx = [i for i, v in enumerate(vals) if isinstance(v, Hist) and v.value is not None]
+            if hidx:
+                if self.hists is None:
+                    self.hists = self.source if isinstance(self.source, MemorySource) else MemorySource()
+                self.hists.add_histograms(lbl, np.asarray(hidx, np.int64) * cmd.interval_ms,
+                                          [vals[i].value for i in hidx])  # type: ignore[union-attr]
             idx = [i for i, v in enumerate(vals) if v is not None and not isinstance(v, Hist)]
             if not idx:
                 continue
@@ -315,7 +335,7 @@ class FileRunner:
                             continue
                     if engine is None and engine_error is None:
                         try:
-                            engine = self.engine_factory(store.source)
+                            engine = self.engine_factory(store.engine_source)
                         except Exception as e:  # noqa: BLE001 - reported per eval
                             engine_error = f"engine unavailable: {type(e).__name__}: {e}"
                     if engine is None:

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from storage.labels import Labels
 from storage.stale import STALE_NAN
 
+from promql.types import FloatHistogram
+
 
 class ScriptError(Exception):
     def __init__(self, line: int, msg: str):
@@ -21,9 +23,67 @@ class ScriptError(Exception):
 
 @dataclass(frozen=True)
 class Hist:
-    """A native-histogram sample literal (kept as text: native histograms are out of scope)."""
+    """A native-histogram sample literal: its text and the parsed value (None when unparseable:
+    such a sample is then not loaded)."""
 
     text: str
+    value: FloatHistogram | None = field(default=None, compare=False)
+
+
+_HIST_FIELD = re.compile(r"([A-Za-z_]+):\s*(\[[^\]]*\]|[^\s\]]+)")
+_RESET_HINTS = {"unknown", "reset", "not_reset", "gauge"}
+
+
+def parse_histogram(text: str) -> FloatHistogram:
+    """``{{schema:1 sum:3 count:22 buckets:[5 10 7] offset:1 ...}}`` (FORMAT.md 3.2)."""
+    body = text.strip()
+    if not (body.startswith("{{") and body.endswith("}}")):
+        raise ValueError(f"invalid histogram literal {text!r}")
+    body = body[2:-2]
+    fields: dict[str, str] = {}
+    for m in _HIST_FIELD.finditer(body):
+        fields[m.group(1)] = m.group(2)
+    leftover = _HIST_FIELD.sub("", body).strip()
+    if leftover:
+        raise ValueError(f"invalid histogram literal {text!r}: unexpected {leftover!r}")
+
+    def num(key: str) -> float:
+        return parse_number(fields[key]) if key in fields else 0.0
+
+    def lst(key: str) -> list[float]:
+        v = fields.get(key)
+        if v is None:
+            return []
+        if not (v.startswith("[") and v.endswith("]")):
+            raise ValueError(f"histogram field {key} must be a list")
+        return [parse_number(x) for x in v[1:-1].split()]
+
+    unknown = set(fields) - {"schema", "sum", "count", "z_bucket", "z_bucket_w", "buckets", "offset", "n_buckets",
+                             "n_offset", "custom_values", "counter_reset_hint"}
+    if unknown:
+        raise ValueError(f"unknown histogram field(s) {sorted(unknown)} in {text!r}")
+    hint = fields.get("counter_reset_hint", "unknown")
+    if hint not in _RESET_HINTS:
+        raise ValueError(f"invalid counter_reset_hint {hint!r}")
+    off, noff = int(num("offset")), int(num("n_offset"))
+    return FloatHistogram(
+        schema=int(num("schema")),
+        count=num("count"),
+        sum=num("sum"),
+        zero_threshold=num("z_bucket_w"),
+        zero_count=num("z_bucket"),
+        positive=tuple((off + i, c) for i, c in enumerate(lst("buckets"))),
+        negative=tuple((noff + i, c) for i, c in enumerate(lst("n_buckets"))),
+        custom_values=tuple(lst("custom_values")),
+        counter_reset_hint=hint,
+    )
+
+
+def _hist_or_none(text: str) -> FloatHistogram | None:
+    try:
+        return parse_histogram(text)
+    except (ValueError, IndexError):
+        return None
 
 
 MISSING = None  # an omitted position (``_``)
@@ -214,7 +274,22 @@ def expand_values(text: str) -> list[SeqValue]:
             if not hm:
                 raise ValueError(f"invalid histogram item {item!r}")
             count = int(hm.group(4)) + 1 if hm.group(4) is not None else 1
-            out.extend([Hist(item)] * count)
+            a = _hist_or_none(hm.group(1))
+            if hm.group(2) is None or a is None:
+                out.extend([Hist(item, a)] * count)
+                continue
+            b = _hist_or_none(hm.group(3))
+            sign = -1.0 if hm.group(2) == "-" else 1.0
+            cur: FloatHistogram | None = a
+            for _ in range(count):  # A, A+B, A+2B, ... (bucket-wise, like Prometheus)
+                out.append(Hist(item, cur))
+                if cur is not None and b is not None:
+                    try:
+                        cur = cur.add(b, sign)
+                    except ValueError:
+                        cur = None
+                else:
+                    cur = None
             continue
         rm = _PAT_REPEAT.match(item)
         if rm:

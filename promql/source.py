@@ -11,3 +11,14 @@ class SampleSource(Protocol):
     def select(self, matchers: Sequence[Matcher], mint: int, maxt: int) -> SeriesSet:
         """Samples with mint <= t <= maxt (int64 ms, inclusive), series sorted by labels."""
         ...
+
+
+class HistogramSource(Protocol):
+    """Optional extension (added by engineer N, session 2): a source that also holds native
+    histogram samples (the in-memory source the conformance runner loads ``{{...}}`` into).
+    The evaluator calls it only when the source has the method; the real storage is float-only
+    and does not."""
+
+    def select_histograms(self, matchers: Sequence[Matcher], mint: int, maxt: int):  # -> promql.types.HistogramSet | None
+        """Histogram samples with mint <= t <= maxt, series sorted by labels; None when none."""
+        ...

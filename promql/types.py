@@ -12,15 +12,127 @@ Every expression is evaluated once for all T evaluation steps (an instant query 
 
 Function implementations (``promql/functions``) and the evaluator (``promql/evaluator.py``) only
 exchange these types.
+
+Native histograms (``FloatHistogram``) travel in a separate, optional *histogram plane*:
+``VectorSteps.hist`` is an object (S, T) array holding a FloatHistogram where a series' sample at
+that step is a histogram (``present`` is False there: the float plane never sees histograms), and
+``RangeWindows.hist`` holds the histogram samples of the windows in their own CSR
+(``HistWindows``). Both are None on the float-only path (always, for the real storage), so float
+code stays columnar and untouched; code that does not know histograms simply drops them, which is
+what Prometheus does for float-only functions. See promql/eval_histogram.py.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 from typing import Union
 
 import numpy as np
 
 from storage.labels import Labels
+
+
+class HistogramError(ValueError):
+    """Two histograms cannot be combined (exponential vs custom buckets, other custom bounds)."""
+
+
+@dataclass(frozen=True)
+class FloatHistogram:
+    """A native-histogram sample (Prometheus's FloatHistogram), kept minimal.
+
+    Buckets are sparse ``(index, count)`` pairs sorted by index (absolute counts, not deltas).
+    Exponential schemas -4..8: bucket ``i`` covers ``(2^((i-1)/2^schema), 2^(i/2^schema)]``.
+    Schema -53 = custom buckets: ``custom_values`` are the upper bounds, bucket ``i`` is
+    ``(custom_values[i-1], custom_values[i]]`` (index 0 starts at -Inf, index len is +Inf).
+    Hand-written: no Python library models Prometheus's native histograms.
+    """
+
+    schema: int = 0
+    count: float = 0.0
+    sum: float = 0.0
+    zero_threshold: float = 0.0
+    zero_count: float = 0.0
+    positive: tuple[tuple[int, float], ...] = ()
+    negative: tuple[tuple[int, float], ...] = ()
+    custom_values: tuple[float, ...] = ()
+    counter_reset_hint: str = "unknown"  # unknown | reset | not_reset | gauge
+
+    @property
+    def uses_custom_buckets(self) -> bool:
+        return self.schema == -53
+
+    # -- arithmetic (bucket-wise; schemas reconciled by merging to the coarser one) ----------
+    def scale(self, f: float) -> "FloatHistogram":
+        return replace(
+            self, count=self.count * f, sum=self.sum * f, zero_count=self.zero_count * f,
+            positive=tuple((i, c * f) for i, c in self.positive),
+            negative=tuple((i, c * f) for i, c in self.negative),
+        )
+
+    def divide(self, f: float) -> "FloatHistogram":
+        def div(a: float) -> float:
+            if f == 0:
+                return math.nan if a == 0 or math.isnan(a) else math.copysign(math.inf, a)
+            return a / f
+
+        return replace(
+            self, count=div(self.count), sum=div(self.sum), zero_count=div(self.zero_count),
+            positive=tuple((i, div(c)) for i, c in self.positive),
+            negative=tuple((i, div(c)) for i, c in self.negative),
+        )
+
+    def add(self, other: "FloatHistogram", sign: float = 1.0) -> "FloatHistogram":
+        """``self + sign * other``; raises HistogramError for incompatible bucket layouts."""
+        if self.uses_custom_buckets != other.uses_custom_buckets:
+            raise HistogramError("cannot combine exponential and custom-bucket histograms")
+        if self.uses_custom_buckets and self.custom_values != other.custom_values:
+            raise HistogramError("custom-bucket histograms with different bounds")
+        schema = min(self.schema, other.schema)
+        a_pos, a_neg = self._buckets_at(schema)
+        b_pos, b_neg = other._buckets_at(schema)
+        for i, c in b_pos.items():
+            a_pos[i] = a_pos.get(i, 0.0) + sign * c
+        for i, c in b_neg.items():
+            a_neg[i] = a_neg.get(i, 0.0) + sign * c
+        return FloatHistogram(
+            schema=schema,
+            count=self.count + sign * other.count,
+            sum=self.sum + sign * other.sum,
+            zero_threshold=max(self.zero_threshold, other.zero_threshold),
+            zero_count=self.zero_count + sign * other.zero_count,
+            positive=tuple(sorted(a_pos.items())),
+            negative=tuple(sorted(a_neg.items())),
+            custom_values=self.custom_values,
+            counter_reset_hint="gauge" if sign < 0 else "unknown",
+        )
+
+    def _buckets_at(self, schema: int) -> tuple[dict[int, float], dict[int, float]]:
+        """Bucket counts re-binned to a coarser (or the same) exponential schema."""
+        d = self.schema - schema if not self.uses_custom_buckets else 0
+        pos: dict[int, float] = {}
+        neg: dict[int, float] = {}
+        for src, dst in ((self.positive, pos), (self.negative, neg)):
+            for i, c in src:
+                j = ((i - 1) >> d) + 1 if d > 0 else i
+                dst[j] = dst.get(j, 0.0) + c
+        return pos, neg
+
+    def compact(self) -> "FloatHistogram":
+        """Empty buckets removed (Prometheus compares and prints compacted histograms)."""
+        return replace(self, positive=tuple(p for p in self.positive if p[1] != 0),
+                       negative=tuple(p for p in self.negative if p[1] != 0))
+
+    def equals(self, other: "FloatHistogram") -> bool:
+        """Prometheus's FloatHistogram.Equals on compacted histograms (NaN sums equal NaN)."""
+        a, b = self.compact(), other.compact()
+
+        def same(x: float, y: float) -> bool:
+            return x == y or (math.isnan(x) and math.isnan(y))
+
+        return (a.schema == b.schema and same(a.count, b.count) and same(a.sum, b.sum)
+                and a.zero_threshold == b.zero_threshold and same(a.zero_count, b.zero_count)
+                and a.positive == b.positive and a.negative == b.negative
+                and a.custom_values == b.custom_values)
 
 
 @dataclass
@@ -43,6 +155,9 @@ class VectorSteps:
     # Sample timestamps (int64 ms, S x T) when this came straight from a vector selector;
     # None means "the step time" (what timestamp() returns for computed values).
     sample_ts: np.ndarray | None = None
+    # Histogram plane: object (S, T), a FloatHistogram where the sample is a native histogram
+    # (``present`` is False there), None elsewhere. None = no histogram anywhere.
+    hist: np.ndarray | None = None
 
     @property
     def num_series(self) -> int:
@@ -61,6 +176,17 @@ class VectorSteps:
             return np.zeros(len(self.labels), dtype=bool)
         return self.drop_name
 
+    def hist_mask(self) -> np.ndarray | None:
+        """bool (S, T): where the sample is a histogram; None when there is none."""
+        if self.hist is None:
+            return None
+        return np.not_equal(self.hist, None)
+
+    def any_present(self) -> np.ndarray:
+        """bool (S, T): a float or a histogram sample."""
+        hm = self.hist_mask()
+        return self.present if hm is None else (self.present | hm)
+
 
 @dataclass
 class RangeWindows:
@@ -73,6 +199,8 @@ class RangeWindows:
     window_end: np.ndarray  # int64 (T,) right edge (inclusive) of each step's window, after offset/@
     range_ms: int  # window length: window is (window_end - range_ms, window_end]
     drop_name: np.ndarray | None = None  # bool (S,)
+    # Histogram samples of the same series and windows (None: no histogram sample anywhere).
+    hist: "HistWindows | None" = None
 
     @property
     def num_series(self) -> int:
@@ -84,6 +212,36 @@ class RangeWindows:
 
     def counts(self) -> np.ndarray:
         return self.hi - self.lo
+
+
+@dataclass
+class HistWindows:
+    """The native-histogram samples of a RangeWindows' series, CSR like the floats:
+    series ``s`` holds ``ts[offsets[s]:offsets[s+1]]`` / ``objs[...]`` (FloatHistogram objects),
+    and ``[lo, hi)`` is each (series, step) window's slice."""
+
+    offsets: np.ndarray  # int64 (S+1,)
+    ts: np.ndarray  # int64 (N,)
+    objs: np.ndarray  # object (N,)
+    lo: np.ndarray  # int64 (S, T)
+    hi: np.ndarray  # int64 (S, T)
+
+    def counts(self) -> np.ndarray:
+        return self.hi - self.lo
+
+
+@dataclass
+class HistogramSet:
+    """Native-histogram samples read from a source: S series (sorted by labels) in CSR form."""
+
+    labels: list[Labels]
+    offsets: np.ndarray  # int64 (S+1,)
+    timestamps: np.ndarray  # int64 (N,)
+    hists: np.ndarray  # object (N,) FloatHistogram
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.offsets[-1]) if len(self.offsets) else 0
 
 
 Value = Union[Scalar, StringValue, VectorSteps, RangeWindows]

@@ -130,14 +130,16 @@ def scatter_back(order: np.ndarray, slot_values: np.ndarray, shape: tuple[int, .
     return out.reshape(shape)
 
 
-def window_vector(rw: RangeWindows, values: np.ndarray, present: np.ndarray, keep_name: bool = False) -> VectorSteps:
-    """Result of a range-vector function: one output series per input series."""
+def window_vector(rw: RangeWindows, values: np.ndarray, present: np.ndarray, keep_name: bool = False,
+                  plane: np.ndarray | None = None) -> VectorSteps:
+    """Result of a range-vector function: one output series per input series (``plane``: a
+    histogram plane for results that are native histograms)."""
     if keep_name:
         dn = rw.drop_name if rw.drop_name is not None else np.zeros(rw.num_series, dtype=bool)
     else:
         dn = np.ones(rw.num_series, dtype=bool)
     vals = np.where(present, values, 0.0) if values.size else values
-    out = VectorSteps(list(rw.labels), np.asarray(vals, dtype=np.float64), np.asarray(present, dtype=bool), dn)
+    out = VectorSteps(list(rw.labels), np.asarray(vals, dtype=np.float64), np.asarray(present, dtype=bool), dn, None, plane)
     return drop_empty_series(out)
 
 
@@ -145,7 +147,7 @@ def drop_empty_series(vec: VectorSteps) -> VectorSteps:
     """Remove series that have no output at any step (they are not part of the result)."""
     if vec.num_series == 0:
         return vec
-    keep = vec.present.any(axis=1)
+    keep = vec.present.any(axis=1) if vec.hist is None else vec.any_present().any(axis=1)
     if keep.all():
         return vec
     idx = np.flatnonzero(keep)
@@ -155,6 +157,7 @@ def drop_empty_series(vec: VectorSteps) -> VectorSteps:
         vec.present[idx],
         None if vec.drop_name is None else vec.drop_name[idx],
         None if vec.sample_ts is None else vec.sample_ts[idx],
+        None if vec.hist is None else vec.hist[idx],
     )
 
 

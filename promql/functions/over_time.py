@@ -13,6 +13,11 @@
   Prometheus's compensated Welford recurrence (its rounding then matters).
 * quantile/mad: per-window sorts of dense blocks grouped by window length.
 * ts_of_min/ts_of_max: the kernel (last occurrence of the extreme, NaN rules as Prometheus).
+
+Native-histogram samples (``RangeWindows.hist``, only from sources that hold them) are counted by
+count/present, returned by first/last (as the histogram plane), summed/averaged by sum/avg when a
+window holds only histograms (a mix warns and gives no sample), and ignored with an info
+annotation by the float-only functions (min, max, quantile, stddev, stdvar, mad, ts_of_min/max).
 """
 from __future__ import annotations
 
@@ -29,7 +34,9 @@ from promql.functions.common import (
     window_vector,
     windows_arg,
 )
-from promql.types import RangeWindows, Value, VectorSteps
+from promql.eval_histogram import mixed_floats_histograms, mixed_range_ignored, sum_histograms
+from promql.types import HistogramError, RangeWindows, Value, VectorSteps
+from storage.labels import metric_name
 
 _EXACT_LIMIT = float(2**53)
 
@@ -38,10 +45,49 @@ def _nonempty(rw: RangeWindows) -> np.ndarray:
     return (rw.hi - rw.lo) > 0
 
 
+def _hist_counts(rw: RangeWindows) -> np.ndarray | None:
+    """Histogram samples per window, or None when the windows hold none."""
+    if rw.hist is None:
+        return None
+    nh = rw.hist.hi - rw.hist.lo
+    return nh if nh.any() else None
+
+
+def _info_mixed(ctx: FunctionContext, rw: RangeWindows, arg: int) -> None:
+    """Float-only functions: an info per series whose window mixes floats and histograms."""
+    nh = _hist_counts(rw)
+    if nh is None:
+        return
+    mixed = (nh > 0) & ((rw.hi - rw.lo) > 0)
+    for s in np.flatnonzero(mixed.any(axis=1)).tolist():
+        ctx.annotations.info(mixed_range_ignored(metric_name(rw.labels[s]), ctx.pos(arg)))
+
+
+def _ignores_histograms(range_arg: int = 0, pos_arg: int = 0):
+    """Decorator: the function works on the float samples only; mixed windows are annotated
+    (at argument ``pos_arg``'s position, as Prometheus does)."""
+
+    def deco(fn):
+        def wrapped(ctx: FunctionContext, args: list[Value]) -> Value:
+            rw = args[range_arg]
+            if isinstance(rw, RangeWindows):
+                _info_mixed(ctx, rw, pos_arg)
+            return fn(ctx, args)
+
+        wrapped.__name__ = fn.__name__
+        wrapped.__doc__ = fn.__doc__
+        return wrapped
+
+    return deco
+
+
 @register("count_over_time")
 def count_over_time(ctx: FunctionContext, args: list[Value]) -> Value:
     rw = windows_arg(args[0])
     n = (rw.hi - rw.lo).astype(np.float64)
+    nh = _hist_counts(rw)
+    if nh is not None:  # histogram samples count too
+        n = n + nh
     return window_vector(rw, n, n > 0)
 
 
@@ -49,7 +95,36 @@ def count_over_time(ctx: FunctionContext, args: list[Value]) -> Value:
 def present_over_time(ctx: FunctionContext, args: list[Value]) -> Value:
     rw = windows_arg(args[0])
     p = _nonempty(rw)
+    nh = _hist_counts(rw)
+    if nh is not None:
+        p = p | (nh > 0)
     return window_vector(rw, np.ones(p.shape), p)
+
+
+def _edge_with_histograms(rw: RangeWindows, vals: np.ndarray, ts: np.ndarray, n: np.ndarray, last: bool,
+                          keep_name: bool, as_timestamp: bool) -> VectorSteps | None:
+    """first/last sample of windows that may hold histograms: the older (first) or newer (last)
+    of the window's first/last float and first/last histogram. None when no histogram."""
+    nh = _hist_counts(rw)
+    if nh is None:
+        return None
+    hw = rw.hist
+    assert hw is not None
+    top = max(len(hw.ts) - 1, 0)
+    hidx = np.clip(hw.hi - 1 if last else hw.lo, 0, top)
+    hts = hw.ts[hidx] if len(hw.ts) else np.zeros(n.shape, np.int64)
+    hhas = nh > 0
+    fhas = n > 0
+    if last:
+        hwins = hhas & (~fhas | (hts > ts))
+    else:
+        hwins = hhas & (~fhas | (hts < ts))
+    if as_timestamp:
+        out = np.where(hwins, hts / 1000.0, vals)
+        return window_vector(rw, out, fhas | hhas, keep_name=keep_name)
+    plane = np.full(n.shape, None, dtype=object)
+    plane[hwins] = hw.objs[hidx[hwins]]
+    return window_vector(rw, vals, fhas & ~hwins, keep_name=keep_name, plane=plane)
 
 
 @register("last_over_time")
@@ -57,6 +132,11 @@ def last_over_time(ctx: FunctionContext, args: list[Value]) -> Value:
     rw = windows_arg(args[0])
     _, last, n = window_first_last(rw)
     vals = rw.vals[last] if len(rw.vals) else np.zeros(n.shape)
+    if rw.hist is not None:
+        ts = rw.ts[last] if len(rw.ts) else np.zeros(n.shape, np.int64)
+        out = _edge_with_histograms(rw, vals, ts, n, True, True, False)
+        if out is not None:
+            return out
     return window_vector(rw, vals, n > 0, keep_name=True)
 
 
@@ -65,6 +145,11 @@ def first_over_time(ctx: FunctionContext, args: list[Value]) -> Value:
     rw = windows_arg(args[0])
     first, _, n = window_first_last(rw)
     vals = rw.vals[first] if len(rw.vals) else np.zeros(n.shape)
+    if rw.hist is not None:
+        ts = rw.ts[first] if len(rw.ts) else np.zeros(n.shape, np.int64)
+        out = _edge_with_histograms(rw, vals, ts, n, False, True, False)
+        if out is not None:
+            return out
     return window_vector(rw, vals, n > 0, keep_name=True)
 
 
@@ -73,6 +158,11 @@ def ts_of_last_over_time(ctx: FunctionContext, args: list[Value]) -> Value:
     rw = windows_arg(args[0])
     _, last, n = window_first_last(rw)
     vals = rw.ts[last] / 1000.0 if len(rw.ts) else np.zeros(n.shape)
+    if rw.hist is not None:
+        ts = rw.ts[last] if len(rw.ts) else np.zeros(n.shape, np.int64)
+        out = _edge_with_histograms(rw, vals, ts, n, True, False, True)
+        if out is not None:
+            return out
     return window_vector(rw, vals, n > 0)
 
 
@@ -81,6 +171,11 @@ def ts_of_first_over_time(ctx: FunctionContext, args: list[Value]) -> Value:
     rw = windows_arg(args[0])
     first, _, n = window_first_last(rw)
     vals = rw.ts[first] / 1000.0 if len(rw.ts) else np.zeros(n.shape)
+    if rw.hist is not None:
+        ts = rw.ts[first] if len(rw.ts) else np.zeros(n.shape, np.int64)
+        out = _edge_with_histograms(rw, vals, ts, n, False, False, True)
+        if out is not None:
+            return out
     return window_vector(rw, vals, n > 0)
 
 
@@ -108,11 +203,13 @@ def _minmax(rw: RangeWindows, ufunc: np.ufunc) -> VectorSteps:
 
 
 @register("max_over_time")
+@_ignores_histograms()
 def max_over_time(ctx: FunctionContext, args: list[Value]) -> Value:
     return _minmax(windows_arg(args[0]), np.fmax)
 
 
 @register("min_over_time")
+@_ignores_histograms()
 def min_over_time(ctx: FunctionContext, args: list[Value]) -> Value:
     return _minmax(windows_arg(args[0]), np.fmin)
 
@@ -140,11 +237,13 @@ def _ts_of_extreme(rw: RangeWindows, want_max: bool) -> VectorSteps:
 
 
 @register("ts_of_max_over_time")
+@_ignores_histograms()
 def ts_of_max_over_time(ctx: FunctionContext, args: list[Value]) -> Value:
     return _ts_of_extreme(windows_arg(args[0]), True)
 
 
 @register("ts_of_min_over_time")
+@_ignores_histograms()
 def ts_of_min_over_time(ctx: FunctionContext, args: list[Value]) -> Value:
     return _ts_of_extreme(windows_arg(args[0]), False)
 
@@ -251,16 +350,43 @@ def _window_sums(rw: RangeWindows, avg: bool) -> np.ndarray:
     return out.reshape(rw.lo.shape)
 
 
+def _sum_avg_with_histograms(ctx: FunctionContext, rw: RangeWindows, vals: np.ndarray, avg: bool) -> VectorSteps | None:
+    """Windows holding histograms: only histograms -> their sum (mean); floats and histograms
+    mixed -> a warning and no sample (Prometheus). None when no window holds a histogram."""
+    nh = _hist_counts(rw)
+    if nh is None:
+        return None
+    hw = rw.hist
+    assert hw is not None
+    nf = rw.hi - rw.lo
+    mixed = (nh > 0) & (nf > 0)
+    for s in np.flatnonzero(mixed.any(axis=1)).tolist():
+        ctx.annotations.warn(mixed_floats_histograms(metric_name(rw.labels[s]), ctx.pos(0)))
+    plane = np.full(nf.shape, None, dtype=object)
+    for r, c in zip(*np.nonzero((nh > 0) & (nf == 0))):  # histogram-only windows
+        hs = list(hw.objs[int(hw.lo[r, c]):int(hw.hi[r, c])])
+        try:
+            total = sum_histograms(hs)
+        except HistogramError:
+            continue
+        plane[r, c] = total.divide(float(len(hs))) if avg else total
+    return window_vector(rw, vals, (nf > 0) & ~mixed, plane=plane)
+
+
 @register("sum_over_time")
 def sum_over_time(ctx: FunctionContext, args: list[Value]) -> Value:
     rw = windows_arg(args[0])
-    return window_vector(rw, _window_sums(rw, False), (rw.hi - rw.lo) > 0)
+    vals = _window_sums(rw, False)
+    out = _sum_avg_with_histograms(ctx, rw, vals, False) if rw.hist is not None else None
+    return out if out is not None else window_vector(rw, vals, (rw.hi - rw.lo) > 0)
 
 
 @register("avg_over_time")
 def avg_over_time(ctx: FunctionContext, args: list[Value]) -> Value:
     rw = windows_arg(args[0])
-    return window_vector(rw, _window_sums(rw, True), (rw.hi - rw.lo) > 0)
+    vals = _window_sums(rw, True)
+    out = _sum_avg_with_histograms(ctx, rw, vals, True) if rw.hist is not None else None
+    return out if out is not None else window_vector(rw, vals, (rw.hi - rw.lo) > 0)
 
 
 def _variance_kernel(vals: np.ndarray, lo: np.ndarray, n: np.ndarray) -> np.ndarray:
@@ -397,12 +523,14 @@ def _variance(rw: RangeWindows) -> np.ndarray:
 
 
 @register("stdvar_over_time")
+@_ignores_histograms()
 def stdvar_over_time(ctx: FunctionContext, args: list[Value]) -> Value:
     rw = windows_arg(args[0])
     return window_vector(rw, _variance(rw), (rw.hi - rw.lo) > 0)
 
 
 @register("stddev_over_time")
+@_ignores_histograms()
 def stddev_over_time(ctx: FunctionContext, args: list[Value]) -> Value:
     rw = windows_arg(args[0])
     with np.errstate(invalid="ignore"):
@@ -467,6 +595,7 @@ def _quantile_rows(q: np.ndarray, mat: np.ndarray, counts: np.ndarray) -> np.nda
 
 
 @register("quantile_over_time")
+@_ignores_histograms(range_arg=1, pos_arg=0)
 def quantile_over_time(ctx: FunctionContext, args: list[Value]) -> Value:
     rw = windows_arg(args[1])
     qs = scalar_arg(args[0], rw.num_steps)
@@ -484,6 +613,7 @@ def quantile_over_time(ctx: FunctionContext, args: list[Value]) -> Value:
 
 
 @register("mad_over_time")
+@_ignores_histograms()
 def mad_over_time(ctx: FunctionContext, args: list[Value]) -> Value:
     rw = windows_arg(args[0])
     n = rw.hi - rw.lo

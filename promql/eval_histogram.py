@@ -1,0 +1,500 @@
+"""Native-histogram awareness of the evaluator: reading histogram samples beside floats, the
+histogram plane of vectors and windows, and what each consumer does with it.
+
+Histogram samples only exist when the source implements ``select_histograms`` (the in-memory
+source of the conformance runner); the real storage is float-only, so every function here is
+behind an ``is None`` check and the float path pays nothing. The plane layout is described in
+promql/types.py: a histogram cell is never ``present`` in the float plane, so code that does not
+know histograms ignores them -- which is Prometheus's behaviour for float-only functions
+(``abs``, ``clamp``, ``sort``, ``scalar``, date functions...). Consumers where ignoring is not
+what Prometheus does are handled here: ``count``/``group``/``absent``/``timestamp``/set operators
+see histogram samples; ``min``/``max``/``topk``/... ignore them with an info annotation; ``sum``/
+``avg`` over a mix warn; binary operators on histograms follow Prometheus's type table. What a
+histogram result would need and is not implemented is refused with an error, never answered
+with a wrong value. Per-cell Python appears only on histogram cells.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from promql.errors import ExecutionError
+from promql.eval_labels import go_quote
+from promql.types import FloatHistogram, HistogramError, HistogramSet, HistWindows, RangeWindows, Value, VectorSteps
+from storage.labels import Labels, metric_name
+from storage.matchers import Matcher
+from storage.series_set import SeriesSet
+
+# --- annotation wording (Prometheus util/annotations/annotations.go) ---------------------------
+
+
+def ignored_in_aggregation(op: str, pos: str) -> str:
+    return f"PromQL info: ignored histogram in {op} aggregation{pos}"
+
+
+def mixed_aggregation(pos: str) -> str:
+    return f"PromQL warning: encountered a mix of histograms and floats for aggregation{pos}"
+
+
+def mixed_range_ignored(name: str, pos: str) -> str:
+    return ("PromQL info: ignored histograms in a range containing both floats and histograms for metric name "
+            f"{go_quote(name)}{pos}")
+
+
+def mixed_floats_histograms(name: str, pos: str) -> str:
+    return f"PromQL warning: encountered a mix of histograms and floats for metric name {go_quote(name)}{pos}"
+
+
+def incompatible_binop(lhs_type: str, op: str, rhs_type: str, pos: str) -> str:
+    return f"PromQL info: incompatible sample types encountered for binary operator {go_quote(op)}: {lhs_type} {op} {rhs_type}{pos}"
+
+
+def mixed_exponential_custom(name: str, pos: str) -> str:
+    return ("PromQL warning: vector contains a mix of histograms with exponential and custom buckets schemas for "
+            f"metric name {go_quote(name)}{pos}")
+
+
+def unsupported(what: str) -> ExecutionError:
+    return ExecutionError(f"{what} is not supported for native histogram samples")
+
+
+# --- reading --------------------------------------------------------------------------------
+
+
+def select_histograms(source: Any, matcher_sets: Sequence[Sequence[Matcher]], mint: int, maxt: int) -> HistogramSet | None:
+    fn = getattr(source, "select_histograms", None)
+    if fn is None:
+        return None
+    parts = [p for p in (fn(ms, mint, maxt) for ms in matcher_sets) if p is not None and p.num_samples]
+    if not parts:
+        return None
+    if len(parts) == 1:
+        return parts[0]
+    seen: dict[Labels, tuple[np.ndarray, np.ndarray]] = {}
+    for p in parts:  # per series (the parser's `or` matcher sets)
+        for i, lbl in enumerate(p.labels):
+            if lbl not in seen:
+                a, b = int(p.offsets[i]), int(p.offsets[i + 1])
+                seen[lbl] = (p.timestamps[a:b], p.hists[a:b])
+    labels = sorted(seen)
+    off = np.zeros(len(labels) + 1, np.int64)
+    np.cumsum([len(seen[l][0]) for l in labels], out=off[1:])
+    return HistogramSet(labels, off, np.concatenate([seen[l][0] for l in labels]),
+                        np.concatenate([seen[l][1] for l in labels]))
+
+
+def _reoffset(src_labels: list[Labels], offsets: np.ndarray, labels: list[Labels]) -> np.ndarray:
+    """Offsets of a sorted CSR re-indexed onto a sorted superset of its labels (data unchanged)."""
+    lens = dict(zip(src_labels, np.diff(offsets).tolist()))
+    out = np.zeros(len(labels) + 1, np.int64)
+    np.cumsum([lens.get(l, 0) for l in labels], out=out[1:])
+    return out
+
+
+def align(ss: SeriesSet, hs: HistogramSet) -> tuple[SeriesSet, HistogramSet]:
+    """Both selections over the same (sorted) union of series."""
+    if list(ss.labels) == list(hs.labels):
+        return ss, hs
+    labels = sorted(set(ss.labels) | set(hs.labels))
+    fs = SeriesSet(labels, _reoffset(list(ss.labels), ss.offsets, labels), ss.timestamps, ss.values)
+    hh = HistogramSet(labels, _reoffset(list(hs.labels), hs.offsets, labels), hs.timestamps, hs.hists)
+    return fs, hh
+
+
+def vector_plane(hs: HistogramSet, e: np.ndarray, lookback: int, f_has: np.ndarray, f_ts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Instant selection of histograms: (hist object (S, T), hist-wins mask, its timestamps).
+
+    A histogram is the series' sample at a step when it is inside the lookback and newer than the
+    newest float sample (stale markers included) at or before that step."""
+    from promql.eval_selectors import window_index
+
+    hi = window_index(hs.offsets, hs.timestamps, e)
+    idx = hi - 1
+    has = idx >= hs.offsets[:-1, None]
+    safe = np.where(has, idx, 0)
+    hts = hs.timestamps[safe]
+    inside = has & (hts > (e - lookback)[None, :])
+    wins = inside & (~f_has | (hts > f_ts))
+    plane = np.full(wins.shape, None, dtype=object)
+    plane[wins] = hs.hists[safe[wins]]
+    return plane, wins, hts
+
+
+def window_plane(hs: HistogramSet, e: np.ndarray, rng: int) -> HistWindows:
+    from promql.eval_selectors import window_index
+
+    return HistWindows(hs.offsets, hs.timestamps, hs.hists,
+                       window_index(hs.offsets, hs.timestamps, e - rng), window_index(hs.offsets, hs.timestamps, e))
+
+
+def plane_to_set(labels: list[Labels], plane: np.ndarray | None, times: np.ndarray) -> HistogramSet | None:
+    """A vector's histogram plane as CSR samples at ``times`` (a subquery's inner steps)."""
+    if plane is None:
+        return None
+    hm = np.not_equal(plane, None)
+    if not hm.any():
+        return None
+    rows, cols = np.nonzero(hm)
+    off = np.zeros(len(labels) + 1, np.int64)
+    np.cumsum(hm.sum(axis=1), out=off[1:])
+    return HistogramSet(list(labels), off, times[cols].astype(np.int64), plane[rows, cols])
+
+
+# --- plane helpers --------------------------------------------------------------------------
+
+
+def has_hist(v: Value) -> bool:
+    if isinstance(v, VectorSteps):
+        return v.hist is not None and bool(np.not_equal(v.hist, None).any())
+    if isinstance(v, RangeWindows):
+        return v.hist is not None and bool((v.hist.hi > v.hist.lo).any())
+    return False
+
+
+def strip(v: Value) -> Value:
+    """The float plane only."""
+    if isinstance(v, VectorSteps) and v.hist is not None:
+        return VectorSteps(v.labels, v.values, v.present, v.drop_name, v.sample_ts)
+    if isinstance(v, RangeWindows) and v.hist is not None:
+        return RangeWindows(v.labels, v.offsets, v.ts, v.vals, v.lo, v.hi, v.window_end, v.range_ms, v.drop_name)
+    return v
+
+
+def union_presence(vec: VectorSteps) -> VectorSteps:
+    """Every sample present (histograms as NaN placeholders) and no histogram plane: for consumers
+    that only look at which samples exist (count, group, absent, timestamp, matching)."""
+    hm = vec.hist_mask()
+    if hm is None:
+        return vec
+    return VectorSteps(vec.labels, np.where(hm, np.nan, vec.values), vec.present | hm, vec.drop_name, vec.sample_ts)
+
+
+def with_plane(vec: VectorSteps, plane: np.ndarray | None) -> VectorSteps:
+    """``vec`` (same rows) with histogram cells ``plane`` (taken out of its float plane)."""
+    if plane is None:
+        return vec
+    hm = np.not_equal(plane, None)
+    if not hm.any():
+        return vec
+    return VectorSteps(vec.labels, vec.values, vec.present & ~hm, vec.drop_name, vec.sample_ts, plane)
+
+
+def empty_plane(shape: tuple[int, int]) -> np.ndarray:
+    return np.full(shape, None, dtype=object)
+
+
+def window_counts(rw: RangeWindows) -> tuple[np.ndarray, np.ndarray]:
+    """(float samples, histogram samples) per (series, step) window."""
+    nf = rw.hi - rw.lo
+    nh = rw.hist.hi - rw.hist.lo if rw.hist is not None else np.zeros_like(nf)
+    return nf, nh
+
+
+# --- aggregation ------------------------------------------------------------------------------
+
+
+def sum_histograms(hs: Sequence[FloatHistogram]) -> FloatHistogram:
+    acc = hs[0]
+    for h in hs[1:]:
+        acc = acc.add(h)
+    return acc
+
+
+def aggregate_histograms(op: str, vec: VectorSteps, gid: np.ndarray, n_groups: int, float_present: np.ndarray,
+                         ann: Any, expr_pos: str) -> tuple[np.ndarray, np.ndarray]:
+    """sum/avg of the histogram plane per (group, step).
+
+    Returns (histogram plane (G, T), bool (G, T) cells to drop from the float result: groups that
+    mix floats and histograms, which Prometheus answers with a warning and no sample)."""
+    hm = vec.hist_mask()
+    t = vec.num_steps
+    plane = empty_plane((n_groups, t))
+    drop = np.zeros((n_groups, t), dtype=bool)
+    if hm is None:
+        return plane, drop
+    rows, cols = np.nonzero(hm)
+    cells: dict[tuple[int, int], list[FloatHistogram]] = {}
+    for r, c in zip(rows.tolist(), cols.tolist()):  # histogram cells only
+        cells.setdefault((int(gid[r]), c), []).append(vec.hist[r, c])
+    for (g, c), hs in cells.items():
+        if float_present[g, c]:
+            ann.warn(mixed_aggregation(expr_pos))
+            drop[g, c] = True
+            continue
+        try:
+            total = sum_histograms(hs)
+        except HistogramError:
+            ann.warn(mixed_exponential_custom(metric_name(vec.labels[int(rows[0])]), expr_pos))
+            continue
+        plane[g, c] = total if op == "sum" else total.divide(float(len(hs)))
+    return plane, drop
+
+
+# --- binary operators -------------------------------------------------------------------------
+
+_TYPE = {True: "histogram", False: "float"}
+
+
+def elem_binop(op: str, lv: float | FloatHistogram, rv: float | FloatHistogram, pos: str, ann: Any) -> tuple[bool, float | FloatHistogram | None]:
+    """One sample pair of which at least one is a histogram (Prometheus's vectorElemBinop).
+
+    Returns (keep, value): value is the result (a float for ``==``/``!=`` of two histograms: the
+    left-hand value stays the histogram) or None when the pair gives no sample (annotated)."""
+    lh, rh = isinstance(lv, FloatHistogram), isinstance(rv, FloatHistogram)
+    if lh and rh:
+        if op in ("+", "-"):
+            try:
+                return True, lv.add(rv, 1.0 if op == "+" else -1.0)  # type: ignore[union-attr, arg-type]
+            except HistogramError:
+                ann.warn(f"PromQL warning: incompatible bucket layout encountered for binary operator {op}{pos}")
+                return False, None
+        if op == "==":
+            return lv.equals(rv), lv  # type: ignore[union-attr, arg-type]
+        if op == "!=":
+            return not lv.equals(rv), lv  # type: ignore[union-attr, arg-type]
+    elif lh:
+        if op == "*":
+            return True, lv.scale(float(rv))  # type: ignore[union-attr, arg-type]
+        if op == "/":
+            return True, lv.divide(float(rv))  # type: ignore[union-attr, arg-type]
+    elif rh:
+        if op == "*":
+            return True, rv.scale(float(lv))  # type: ignore[union-attr, arg-type]
+    ann.info(incompatible_binop(_TYPE[lh], op, _TYPE[rh], pos))
+    return False, None
+
+
+def vector_scalar_hist(op: str, vec: VectorSteps, out: VectorSteps, scalar: np.ndarray, swap: bool, return_bool: bool,
+                       pos: str, ann: Any) -> VectorSteps:
+    """Histogram cells of ``vec op scalar`` added to the float result ``out`` (same rows)."""
+    hm = vec.hist_mask()
+    if hm is None or not hm.any():
+        return out
+    plane = empty_plane(hm.shape)
+    values = out.values.copy()
+    present = out.present.copy()
+    rows, cols = np.nonzero(hm)
+    is_cmp = op in ("==", "!=", ">", "<", ">=", "<=")
+    for r, c in zip(rows.tolist(), cols.tolist()):  # histogram cells only
+        h, s = vec.hist[r, c], float(scalar[c])
+        keep, res = elem_binop(op, s if swap else h, h if swap else s, pos, ann)
+        if res is None:
+            continue  # incompatible: no sample, even with bool
+        if is_cmp:
+            res = h  # the vector's own sample
+        if return_bool:
+            values[r, c] = 1.0 if keep else 0.0
+            present[r, c] = True
+        elif keep:
+            plane[r, c] = res
+    return with_plane(VectorSteps(out.labels, values, present, out.drop_name, out.sample_ts), plane)
+
+
+def pair_cells(op: str, lhs_cells: np.ndarray, rhs_cells: np.ndarray, return_bool: bool, pos: str, ann: Any
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Element-wise ``elem_binop`` over matched pairs given as object arrays (floats or
+    histograms, at least one histogram per pair). Returns (keep, float value, histogram value)."""
+    n = len(lhs_cells)
+    keep = np.zeros(n, dtype=bool)
+    fval = np.zeros(n)
+    hval = np.full(n, None, dtype=object)
+    for i in range(n):  # histogram pairs only
+        k, res = elem_binop(op, lhs_cells[i], rhs_cells[i], pos, ann)
+        if res is None:
+            continue
+        if return_bool:
+            keep[i], fval[i] = True, 1.0 if k else 0.0
+        elif k:
+            keep[i] = True
+            hval[i] = res
+    return keep, fval, hval
+
+
+# --- functions --------------------------------------------------------------------------------
+
+# range-vector functions that ignore histogram samples, with an info when a window mixes them
+_FLOATS_OF_MIXED_RANGE = {"deriv", "predict_linear", "double_exponential_smoothing", "holt_winters"}
+_EXTRAPOLATED = {"rate", "increase", "delta"}
+_INSTANT_PAIR = {"irate", "idelta"}
+# vector functions reading the histograms themselves
+_HIST_PROPERTIES: dict[str, Callable[[FloatHistogram], float]] = {
+    "histogram_count": lambda h: h.count,
+    "histogram_sum": lambda h: h.sum,
+    "histogram_avg": lambda h: h.sum / h.count if h.count else float("nan"),
+}
+_HIST_UNSUPPORTED = {"histogram_quantile", "histogram_fraction", "histogram_stddev", "histogram_stdvar",
+                     "histogram_quantiles", "sort_by_label", "sort_by_label_desc", "info", "limitk", "limit_ratio"}
+_ROW_PRESERVING = {"label_replace", "label_join"}
+# range functions in promql/functions/over_time.py: they read RangeWindows.hist themselves
+HIST_AWARE_RANGE = {
+    "count_over_time", "present_over_time", "last_over_time", "first_over_time", "ts_of_last_over_time",
+    "ts_of_first_over_time", "min_over_time", "max_over_time", "ts_of_min_over_time", "ts_of_max_over_time",
+    "sum_over_time", "avg_over_time", "stddev_over_time", "stdvar_over_time", "quantile_over_time", "mad_over_time",
+}
+
+
+def call_with_histograms(name: str, call: Callable[[list[Value]], Value], args: list[Value], fctx: Any) -> Value:
+    """Evaluate function ``name`` whose arguments carry histogram samples."""
+    ann = fctx.annotations
+    if name in HIST_AWARE_RANGE:
+        return call(args)
+    if name in _HIST_UNSUPPORTED:
+        raise unsupported(f"{name}()")
+    if name in _HIST_PROPERTIES:
+        return _hist_property(_HIST_PROPERTIES[name], args[0])  # type: ignore[arg-type]
+    if name in ("absent", "timestamp"):
+        return call([union_presence(a) if isinstance(a, VectorSteps) else a for a in args])
+    if name == "absent_over_time":
+        rw = args[0]
+        assert isinstance(rw, RangeWindows)
+        nf, nh = window_counts(rw)
+        n = nf + nh
+        z = np.zeros_like(n)
+        return call([RangeWindows(rw.labels, np.zeros(rw.num_series + 1, np.int64), np.empty(0, np.int64), np.empty(0),
+                                  z, n, rw.window_end, rw.range_ms, rw.drop_name)])
+    if name in _ROW_PRESERVING:
+        vec = args[0]
+        assert isinstance(vec, VectorSteps)
+        out = call([union_presence(vec)] + list(args[1:]))
+        hm = vec.hist_mask()
+        if not isinstance(out, VectorSteps) or out.num_series != vec.num_series or hm is None:
+            raise unsupported(f"{name}() merging series")
+        return VectorSteps(out.labels, out.values, out.present & ~hm, out.drop_name, out.sample_ts, vec.hist)
+    wi = [i for i, a in enumerate(args) if isinstance(a, RangeWindows)]
+    if not wi:
+        return call([strip(a) for a in args])  # float-only functions ignore histograms
+    rw = args[wi[0]]
+    assert isinstance(rw, RangeWindows)
+    nf, nh = window_counts(rw)
+    out = call([strip(a) for a in args])
+    pos = fctx.pos(wi[0])
+    if name in _FLOATS_OF_MIXED_RANGE:
+        _info_mixed_rows(rw, (nh > 0) & (nf > 0), ann, pos)
+        return out
+    if name in _EXTRAPOLATED:
+        if ((nh >= 2) & (nf == 0)).any():
+            raise unsupported(f"{name}()")
+        mixed = (nh > 0) & (nf > 0)
+        for s in np.flatnonzero(mixed.any(axis=1)).tolist():
+            ann.warn(mixed_floats_histograms(metric_name(rw.labels[s]), pos))
+        return _mask_cells(out, rw, mixed)
+    if name in _INSTANT_PAIR:
+        kinds = _last_two_kinds(rw)
+        if (kinds == 2).any():
+            raise unsupported(f"{name}()")
+        mixed = kinds == 1
+        for s in np.flatnonzero(mixed.any(axis=1)).tolist():
+            ann.warn(mixed_floats_histograms(metric_name(rw.labels[s]), pos))
+        return _mask_cells(out, rw, mixed)
+    if name == "changes":
+        return _changes(rw, out, nh)
+    raise unsupported(f"{name}()")
+
+
+def _info_mixed_rows(rw: RangeWindows, mixed: np.ndarray, ann: Any, pos: str) -> None:
+    for s in np.flatnonzero(mixed.any(axis=1)).tolist():
+        ann.info(mixed_range_ignored(metric_name(rw.labels[s]), pos))
+
+
+def _mask_cells(out: Value, rw: RangeWindows, cells: np.ndarray) -> Value:
+    """Remove the (series, step) cells of a per-series function result."""
+    if not cells.any() or not isinstance(out, VectorSteps):
+        return out
+    pos = {l: i for i, l in enumerate(rw.labels)}
+    rows = np.array([pos.get(l, -1) for l in out.labels], dtype=np.int64)
+    kill = np.where(rows[:, None] >= 0, cells[np.maximum(rows, 0)], False)
+    return VectorSteps(out.labels, out.values, out.present & ~kill, out.drop_name, out.sample_ts)
+
+
+def _last_two_kinds(rw: RangeWindows) -> np.ndarray:
+    """Per window, the kinds of its last two samples: 0 both floats (or fewer than two samples),
+    1 a float and a histogram, 2 both histograms."""
+    assert rw.hist is not None
+    nf, nh = window_counts(rw)
+    big = np.iinfo(np.int64).min
+
+    def ts_at(ts: np.ndarray, idx: np.ndarray, ok: np.ndarray) -> np.ndarray:
+        return np.where(ok, ts[np.clip(idx, 0, max(len(ts) - 1, 0))] if len(ts) else big, big)
+
+    f1 = ts_at(rw.ts, rw.hi - 1, nf >= 1)
+    f2 = ts_at(rw.ts, rw.hi - 2, nf >= 2)
+    h1 = ts_at(rw.hist.ts, rw.hist.hi - 1, nh >= 1)
+    h2 = ts_at(rw.hist.ts, rw.hist.hi - 2, nh >= 2)
+    # the two newest timestamps among f1, f2, h1, h2 and how many of them are histograms
+    stack = np.stack([f1, f2, h1, h2])
+    is_h = np.array([0, 0, 1, 1])[:, None, None]
+    order = np.argsort(-stack, axis=0, kind="stable")[:2]
+    hcount = np.take_along_axis(np.broadcast_to(is_h, stack.shape), order, axis=0).sum(axis=0)
+    valid = (nf + nh) >= 2
+    return np.where(valid, hcount, 0)
+
+
+def _changes(rw: RangeWindows, out: Value, nh: np.ndarray) -> Value:
+    """changes() over windows holding histograms: a change between samples of different kinds,
+    between unequal histograms or unequal floats (Prometheus's funcChanges), per affected cell."""
+    assert rw.hist is not None and isinstance(out, VectorSteps)
+    pos = {l: i for i, l in enumerate(out.labels)}
+    t = rw.num_steps
+    rows_needed = [s for s in np.flatnonzero((nh > 0).any(axis=1)).tolist()]
+    values = out.values
+    present = out.present
+    labels = list(out.labels)
+    extra_l, extra_v, extra_p = [], [], []
+    for s in rows_needed:  # series with histogram samples
+        vals_row = np.zeros(t)
+        pres_row = np.zeros(t, dtype=bool)
+        for c in range(t):
+            fl, fh = int(rw.lo[s, c]), int(rw.hi[s, c])
+            hl, hh = int(rw.hist.lo[s, c]), int(rw.hist.hi[s, c])
+            if fh - fl + hh - hl == 0:
+                continue
+            seq = sorted([(int(rw.ts[i]), float(rw.vals[i])) for i in range(fl, fh)]
+                         + [(int(rw.hist.ts[i]), rw.hist.objs[i]) for i in range(hl, hh)], key=lambda p: p[0])
+            n = 0
+            for (_, a), (_, b) in zip(seq, seq[1:]):
+                ah, bh = isinstance(a, FloatHistogram), isinstance(b, FloatHistogram)
+                if ah != bh:
+                    n += 1
+                elif ah:
+                    n += 0 if a.equals(b) else 1
+                elif a != b and not (np.isnan(a) and np.isnan(b)):
+                    n += 1
+            vals_row[c], pres_row[c] = n, True
+        r = pos.get(rw.labels[s])
+        if r is None:
+            extra_l.append(rw.labels[s])
+            extra_v.append(vals_row)
+            extra_p.append(pres_row)
+        else:
+            values = values.copy() if values is out.values else values
+            present = present.copy() if present is out.present else present
+            values[r] = np.where(pres_row, vals_row, values[r])
+            present[r] = present[r] | pres_row
+    drop = out.drop_name
+    if extra_l:
+        labels += extra_l
+        values = np.concatenate([values, np.array(extra_v)], axis=0)
+        present = np.concatenate([present, np.array(extra_p)], axis=0)
+        drop = np.concatenate([out.drop_name_mask(), np.ones(len(extra_l), dtype=bool)])
+    return VectorSteps(labels, values, present, drop)
+
+
+def _hist_property(fn: Callable[[FloatHistogram], float], vec: VectorSteps) -> VectorSteps:
+    """histogram_count/sum/avg: one float per histogram sample (float samples are ignored)."""
+    hm = vec.hist_mask()
+    values = np.zeros(vec.values.shape)
+    if hm is None:
+        return VectorSteps(vec.labels, values, np.zeros(values.shape, dtype=bool), np.ones(vec.num_series, dtype=bool))
+    rows, cols = np.nonzero(hm)
+    values[rows, cols] = [fn(h) for h in vec.hist[rows, cols]]
+    keep = hm.any(axis=1)
+    idx = np.flatnonzero(keep)
+    return VectorSteps([vec.labels[i] for i in idx.tolist()], values[idx], hm[idx], np.ones(len(idx), dtype=bool))
+
+
+def refuse_result(v: Value) -> None:
+    """The API and the runner's result types are float-only: a histogram in the final result is
+    refused rather than silently dropped."""
+    if has_hist(v):
+        raise ExecutionError("the query result contains native histogram samples, which this engine cannot return")

@@ -139,3 +139,24 @@ def test_planner_adopts_req_and_it_survives_a_restart(tmp_path):
     finally:
         st2.planner.stop()
         st2.query_log.close()
+
+
+def test_quantile_by_over_rates_is_served_exactly_from_per_series_panes():
+    """The bench's "quantile by" pattern: per-series rates (exact SDS), then the phi-quantile across
+    the series of each group at each step (the engine, on S values). No cross-series sketch is used:
+    a sketch of all samples of the group would be a different quantity."""
+    from planner.rewrite import RewriteHook
+    from tests.test_planner_exact import _compare
+    from tests.test_planner_fixtures import random_series
+
+    src, batch = load(random_series(seed=9))
+    tmin, tmax = int(batch.timestamps.min()), int(batch.timestamps.max())
+    _, (sds,) = summarized(src, batch, [("x_total", "exact")], live_from=tmin + (tmax - tmin) // 2)
+    hook = RewriteHook(RewriteContext(lambda m, a, ms: sds if (m, a) == ("x_total", "exact") else None,
+                                      cost_based=False), rules=ordered_rules())
+    eng = Engine(src)
+    for q in ["quantile by (job) (0.9, rate(x_total[1h]))", "quantile(0.5, increase(x_total[30m]))"]:
+        raw = eng.range_query(q, tmin + 3_600_000, tmax, 600_000)
+        fast = eng.range_query(q, tmin + 3_600_000, tmax, 600_000, node_hooks=[hook])
+        assert fast.stats.paths[0].startswith("summary:exact-x_total")
+        _compare(raw, fast, q)

@@ -424,7 +424,7 @@ def _last_two_kinds(rw: RangeWindows) -> np.ndarray:
     # the two newest timestamps among f1, f2, h1, h2 and how many of them are histograms
     stack = np.stack([f1, f2, h1, h2])
     is_h = np.array([0, 0, 1, 1])[:, None, None]
-    order = np.argsort(-stack, axis=0, kind="stable")[:2]
+    order = np.argsort(stack, axis=0, kind="stable")[-2:]  # (no negation: the sentinel is int64 min)
     hcount = np.take_along_axis(np.broadcast_to(is_h, stack.shape), order, axis=0).sum(axis=0)
     valid = (nf + nh) >= 2
     return np.where(valid, hcount, 0)

@@ -1,0 +1,325 @@
+"""Native-histogram samples beside floats: the ``{{...}}`` literal, the in-memory histogram store,
+and what the engine does when a selection holds histograms (Prometheus 3 semantics: which
+operations ignore them with an info annotation, which count them, which warn on a mix, and which
+are refused because the result would be a histogram this engine cannot return).
+
+The data are small literals; every expected value follows from the data by hand (comments say
+how), and annotation texts are Prometheus's wording (util/annotations) with its " (line:col)"
+position of the node Prometheus names.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from promql.engine import Engine
+from promql.errors import PromQLError
+from promql.memory_source import HistogramOverlay, MemorySource
+from promql.promqltest import FileRunner
+from promql.promqltest_classify import PLAIN
+from promql.promqltest_script import Hist, expand_values, parse_histogram
+from promql.types import FloatHistogram, HistogramError
+from storage.matchers import Matcher
+
+M = 60_000
+
+
+def L(name: str, **kv: str) -> tuple:
+    return tuple(sorted([("__name__", name)] + list(kv.items())))
+
+
+H1 = parse_histogram("{{schema:0 count:4 sum:10 buckets:[1 2 1]}}")
+H2 = parse_histogram("{{schema:0 count:6 sum:20 z_bucket:1 buckets:[2 2 1]}}")
+
+
+def _source() -> MemorySource:
+    """job="api": three float series (1, 2, 4) and one histogram series, all at t=0.
+    mixed{}: floats at 0m and 1m, a histogram at 2m, a float at 3m, a histogram at 4m."""
+    src = MemorySource()
+    src.add_series(L("req", job="api", i="0"), [0], [1.0])
+    src.add_series(L("req", job="api", i="1"), [0], [2.0])
+    src.add_series(L("req", job="api", i="2"), [0], [4.0])
+    src.add_histograms(L("req_hist", job="api", i="3"), [0], [H1])
+    src.add_series(L("mixed"), [0, M, 3 * M], [5.0, 7.0, 6.0])
+    src.add_histograms(L("mixed"), [2 * M, 4 * M], [H1, H2])
+    return src
+
+
+@pytest.fixture(scope="module")
+def eng() -> Engine:
+    return Engine(_source())
+
+
+def _vec(res) -> dict:
+    return {dict(l).get("i", dict(l).get("__name__", "")): float(v) for l, v in zip(res.labels, res.values)}
+
+
+# --- literal parsing and the store -------------------------------------------------------------
+
+
+def test_histogram_literal_fields():
+    h = parse_histogram("{{schema:1 count:25 sum:3.5 z_bucket:4 z_bucket_w:0.001 buckets:[1 2] offset:3 "
+                        "n_buckets:[5] n_offset:-1 counter_reset_hint:gauge}}")
+    assert (h.schema, h.count, h.sum, h.zero_count, h.zero_threshold) == (1, 25.0, 3.5, 4.0, 0.001)
+    assert h.positive == ((3, 1.0), (4, 2.0)) and h.negative == ((-1, 5.0),)
+    assert h.counter_reset_hint == "gauge"
+    c = parse_histogram("{{schema:-53 sum:1 count:1 custom_values:[5 10] buckets:[1]}}")
+    assert c.uses_custom_buckets and c.custom_values == (5.0, 10.0)
+    with pytest.raises(ValueError):
+        parse_histogram("{{schema:0 bogus:1}}")
+
+
+def test_histogram_series_expansion_adds_bucketwise():
+    vals = expand_values("{{schema:0 count:1 sum:2 buckets:[1]}}+{{schema:0 count:2 sum:1 buckets:[1 1]}}x2")
+    assert len(vals) == 3 and all(isinstance(v, Hist) for v in vals)
+    counts = [v.value.count for v in vals]  # type: ignore[union-attr]
+    assert counts == [1.0, 3.0, 5.0]
+    assert vals[2].value.positive == ((0, 3.0), (1, 2.0))  # type: ignore[union-attr]
+
+
+def test_histogram_add_reconciles_schema_and_refuses_custom_mix():
+    fine = FloatHistogram(schema=1, count=3, sum=1, positive=((1, 1.0), (2, 2.0)))
+    coarse = FloatHistogram(schema=0, count=1, sum=1, positive=((1, 1.0),))
+    s = fine.add(coarse)
+    # schema 1 buckets 1 and 2 both fall into schema 0 bucket 1: (1-1)>>1+1 = 1, (2-1)>>1+1 = 1
+    assert s.schema == 0 and s.positive == ((1, 4.0),) and s.count == 4
+    with pytest.raises(HistogramError):
+        coarse.add(FloatHistogram(schema=-53, custom_values=(1.0,)))
+    assert H1.equals(parse_histogram("{{schema:0 count:4 sum:10 buckets:[1 2 1 0]}}"))
+    assert not H1.equals(H2)
+
+
+def test_memory_source_keeps_histograms_apart():
+    src = _source()
+    ms = [Matcher("__name__", "=", "mixed")]
+    ss = src.select(ms, 0, 10 * M)
+    assert ss.num_samples == 3  # floats only
+    hs = src.select_histograms(ms, 0, 10 * M)
+    assert hs is not None and hs.timestamps.tolist() == [2 * M, 4 * M] and hs.hists[1] is H2
+    assert src.select_histograms(ms, 5 * M, 10 * M) is None
+    over = HistogramOverlay(MemorySource(), src)
+    assert over.select(ms, 0, 10 * M).num_samples == 0 and over.select_histograms(ms, 0, 10 * M) is not None
+    assert not MemorySource().has_histograms
+
+
+# --- aggregations --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("op,expect", [("max", 4.0), ("min", 1.0), ("quantile(0.5,", 2.0), ("stdvar", 14 / 9)])
+def test_aggregations_ignore_histograms_with_info(eng, op, expect):
+    q = f'{op}({{job="api"}})' if not op.endswith(",") else f'{op} {{job="api"}})'
+    res = eng.instant_query(q, 0)
+    assert [float(v) for v in res.values] == pytest.approx([expect])  # floats 1, 2, 4 only
+    name = op.split("(")[0]
+    col = q.index("{") + 1
+    assert res.annotations.infos == [f"PromQL info: ignored histogram in {name} aggregation (1:{col})"]
+    assert res.annotations.warnings == []
+
+
+def test_aggregation_over_histograms_only_is_empty_with_info(eng):
+    res = eng.instant_query('max(req_hist)', 0)
+    assert res.labels == [] and res.annotations.infos == ["PromQL info: ignored histogram in max aggregation (1:5)"]
+
+
+def test_topk_ignores_histograms_naming_the_aggregation(eng):
+    res = eng.instant_query('topk(10, {job="api"})', 0)
+    assert sorted(_vec(res).values()) == [1.0, 2.0, 4.0]
+    assert res.annotations.infos == ["PromQL info: ignored histogram in topk aggregation (1:1)"]
+    res = eng.instant_query('sum(bottomk by (job) (1, {job="api"}))', 0)
+    assert [float(v) for v in res.values] == [1.0]
+    assert res.annotations.infos == ["PromQL info: ignored histogram in bottomk aggregation (1:5)"]
+
+
+def test_count_and_group_see_histograms(eng):
+    assert [float(v) for v in eng.instant_query('count({job="api"})', 0).values] == [4.0]
+    assert [float(v) for v in eng.instant_query('count(group by (i) ({job="api"}))', 0).values] == [4.0]
+    res = eng.instant_query('count(req_hist)', 0)
+    assert [float(v) for v in res.values] == [1.0] and not res.annotations.infos
+
+
+def test_sum_of_floats_and_histograms_warns_and_drops_the_group(eng):
+    res = eng.instant_query('sum({job="api"})', 0)
+    assert res.labels == []
+    assert res.annotations.warnings == ["PromQL warning: encountered a mix of histograms and floats for aggregation (1:5)"]
+    # per name: the float group sums to 7, the histogram group is a histogram: no mix, no warning
+    res = eng.instant_query('count(sum by (__name__) ({job="api"}))', 0)
+    assert res.values.tolist() == [2.0] and not res.annotations.warnings
+    res = eng.instant_query('sum by (__name__) ({job="api"}) unless on(__name__) req_hist', 0)
+    assert res.values.tolist() == [7.0]
+
+
+def test_sum_and_avg_of_histograms_add_bucketwise():
+    src = MemorySource()
+    src.add_histograms(L("h", i="a"), [0], [H1])
+    src.add_histograms(L("h", i="b"), [0], [H2])
+    eng = Engine(src)
+    # counts 4 + 6, sums 10 + 20; avg halves them
+    assert [float(v) for v in eng.instant_query("histogram_count(sum(h))", 0).values] == [10.0]
+    assert [float(v) for v in eng.instant_query("histogram_sum(avg(h))", 0).values] == [15.0]
+    assert [float(v) for v in eng.instant_query("histogram_avg(h)", 0).values] == [2.5, 20 / 6]
+    with pytest.raises(PromQLError, match="native histogram"):
+        eng.instant_query("sum(h)", 0)  # a histogram result is refused, not dropped
+
+
+# --- selection -------------------------------------------------------------------------------------
+
+
+def test_newest_sample_wins_between_float_and_histogram(eng):
+    # at 2m30s the newest sample of `mixed` is the histogram at 2m; at 3m30s the float 6 at 3m
+    assert eng.instant_query("histogram_count(mixed)", 150_000).values.tolist() == [4.0]
+    assert eng.instant_query("mixed + 0", 150_000).labels == []  # no float sample then (the histogram wins)
+    assert eng.instant_query("mixed", 210_000).values.tolist() == [6.0]
+    assert eng.instant_query("timestamp(mixed)", 150_000).values.tolist() == [120.0]
+
+
+def test_top_level_histogram_result_is_refused(eng):
+    with pytest.raises(PromQLError, match="native histogram"):
+        eng.instant_query("mixed", 150_000)
+    with pytest.raises(PromQLError, match="native histogram"):
+        eng.range_query("mixed", 0, 5 * M, M)
+
+
+# --- binary operators ------------------------------------------------------------------------------
+
+
+def test_comparison_with_histogram_is_incompatible(eng):
+    res = eng.instant_query('{job="api"} > 1', 0)
+    assert sorted(_vec(res)) == ["1", "2"]
+    assert res.annotations.infos == [
+        'PromQL info: incompatible sample types encountered for binary operator ">": histogram > float (1:1)']
+    res = eng.instant_query('1 < bool {job="api"}', 0)
+    assert sorted(_vec(res).values()) == [0.0, 1.0, 1.0]  # the histogram gives no sample even with bool
+    assert res.annotations.infos == [
+        'PromQL info: incompatible sample types encountered for binary operator "<": float < histogram (1:1)']
+
+
+def test_histogram_arithmetic(eng):
+    # histogram * scalar scales, histogram + scalar is incompatible
+    assert eng.instant_query("histogram_count(req_hist * 3)", 0).values.tolist() == [12.0]
+    assert eng.instant_query("histogram_sum(2 * req_hist)", 0).values.tolist() == [20.0]
+    assert eng.instant_query("histogram_sum(-req_hist)", 0).values.tolist() == [-10.0]
+    res = eng.instant_query("count(req_hist + 1)", 0)
+    assert res.labels == []
+    assert res.annotations.infos == [
+        'PromQL info: incompatible sample types encountered for binary operator "+": histogram + float (1:7)']
+    # vector/vector: histogram + histogram adds, histogram / histogram is incompatible
+    assert eng.instant_query("histogram_count(req_hist + req_hist)", 0).values.tolist() == [8.0]
+    res = eng.instant_query("count(req_hist / req_hist)", 0)
+    assert res.labels == [] and res.annotations.infos == [
+        'PromQL info: incompatible sample types encountered for binary operator "/": histogram / histogram (1:7)']
+    assert eng.instant_query("count(req_hist == req_hist)", 0).values.tolist() == [1.0]
+
+
+def test_set_operators_keep_histograms(eng):
+    assert eng.instant_query('count({job="api"} and on(i) {job="api", i=~"2|3"})', 0).values.tolist() == [2.0]
+    assert eng.instant_query('count({job="api"} unless on(i) req)', 0).values.tolist() == [1.0]
+    assert eng.instant_query('count(req or on(i) req_hist)', 0).values.tolist() == [4.0]
+
+
+# --- range functions -------------------------------------------------------------------------------
+
+
+def test_over_time_functions_with_mixed_ranges(eng):
+    t = 4 * M  # window (0, 4m]: floats 7 @1m, 6 @3m; histograms @2m, @4m
+    assert eng.instant_query("count_over_time(mixed[4m])", t).values.tolist() == [4.0]
+    assert eng.instant_query("present_over_time(mixed[4m])", t).values.tolist() == [1.0]
+    res = eng.instant_query("max_over_time(mixed[4m])", t)
+    assert res.values.tolist() == [7.0]
+    assert res.annotations.infos == [
+        'PromQL info: ignored histograms in a range containing both floats and histograms for metric name "mixed" (1:15)']
+    res = eng.instant_query("quantile_over_time(0.5, mixed[4m])", t)
+    assert res.values.tolist() == [6.5]  # Prometheus names the q argument's position here
+    assert res.annotations.infos[0].endswith('"mixed" (1:20)')
+    res = eng.instant_query("sum_over_time(mixed[4m])", t)
+    assert res.labels == []
+    assert res.annotations.warnings == [
+        'PromQL warning: encountered a mix of histograms and floats for metric name "mixed" (1:15)']
+    # last sample is the histogram H2 @4m, first the float 7 @1m
+    assert eng.instant_query("histogram_count(last_over_time(mixed[4m]))", t).values.tolist() == [6.0]
+    assert eng.instant_query("first_over_time(mixed[4m])", t).values.tolist() == [7.0]
+    assert eng.instant_query("ts_of_last_over_time(mixed[4m])", t).values.tolist() == [240.0]
+    # changes: 7 -> H1 -> 6 -> H2 is three changes of kind
+    assert eng.instant_query("changes(mixed[4m])", t).values.tolist() == [3.0]
+    assert eng.instant_query("histogram_sum(sum_over_time(req_hist[1m]))", 0).values.tolist() == [10.0]
+
+
+def test_rate_over_histograms(eng):
+    res = eng.instant_query("rate(mixed[4m])", 4 * M)
+    assert res.labels == [] and res.annotations.warnings == [
+        'PromQL warning: encountered a mix of histograms and floats for metric name "mixed" (1:6)']
+    src = MemorySource()
+    src.add_histograms(L("h"), [0, M], [H1, H2])
+    with pytest.raises(PromQLError, match="rate"):
+        Engine(src).instant_query("count(rate(h[5m]))", M)  # a histogram rate is refused
+
+
+def test_subquery_carries_histograms(eng):
+    # inner steps 1m..4m at t=4m: float 7, histogram (2m), float 6, histogram (4m)
+    assert eng.instant_query("count_over_time(mixed[4m:1m])", 4 * M).values.tolist() == [4.0]
+    assert eng.instant_query("absent_over_time(mixed[1m:1m])", 150_000).labels == []
+
+
+def test_float_only_functions_drop_histograms(eng):
+    res = eng.instant_query('abs({job="api"})', 0)
+    assert sorted(res.values.tolist()) == [1.0, 2.0, 4.0]  # the histogram series has no output
+    assert not res.annotations.infos and not res.annotations.warnings
+    assert eng.instant_query('scalar({job="api", i=~"2|3"})', 0).scalar == 4.0  # the one float
+    assert math.isnan(eng.instant_query("scalar(req_hist)", 0).scalar)
+    assert eng.instant_query("absent(req_hist)", 0).labels == []
+
+
+# --- the runner: histograms loaded beside the real storage -----------------------------------------
+
+SCRIPT = """
+load 5m
+  m{job="a", i="0"} 1 2
+  m{job="a", i="1"} 3 4
+  m_hist{job="a", i="2"} {{schema:0 count:4 sum:10 buckets:[1 2 1]}}x1
+
+eval instant at 5m max({job="a"})
+  expect info msg: PromQL info: ignored histogram in max aggregation (1:5)
+  {} 4
+
+eval instant at 5m count({job="a"})
+  expect no_info
+  {} 3
+
+eval instant at 5m sum({job="a"})
+  expect warn msg: PromQL warning: encountered a mix of histograms and floats for aggregation (1:5)
+
+eval instant at 5m {job="a"} == 4
+  expect info
+  m{job="a", i="1"} 4
+
+eval range from 0 to 5m step 5m count_over_time({job="a"}[10m])
+  {i="0", job="a"} 1 2
+  {i="1", job="a"} 1 2
+  {i="2", job="a"} 1 2
+"""
+
+
+@pytest.mark.parametrize("storage", ["memory", "tsdb"])
+def test_runner_loads_histograms_beside_the_storage(storage):
+    outs = FileRunner(storage=storage).run_text("hist.test", SCRIPT)
+    assert [o.kind for o in outs] == [PLAIN] * 5
+    bad = [f"{o.case_id}: {o.message}" for o in outs if o.status != "pass"]
+    assert not bad, bad
+
+
+def test_runner_catches_a_wrong_histogram_annotation():
+    wrong = SCRIPT.replace("ignored histogram in max aggregation", "ignored histogram in min aggregation")
+    outs = FileRunner(storage="memory").run_text("hist.test", wrong)
+    assert outs[0].status == "fail" and all(o.status == "pass" for o in outs[1:])
+
+
+def test_float_path_has_no_histogram_plane():
+    src = MemorySource()
+    src.add_series(L("x"), np.arange(10) * M, np.arange(10.0))
+    eng = Engine(src)
+    from promql.eval_context import EvalContext  # noqa: F401 - documents where the plane would live
+
+    res = eng.range_query("sum(rate(x[5m]))", 5 * M, 9 * M, M)
+    assert res.values.shape == (1, 5)
+    assert not src.has_histograms

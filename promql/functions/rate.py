@@ -21,84 +21,144 @@ from storage.labels import metric_name
 _COUNTER_SUFFIXES = ("_total", "_sum", "_count", "_bucket")
 
 
+# Windows per pass of the extrapolation arithmetic: about 30 elementwise passes run over each
+# chunk, so its temporaries (a few 256 KiB arrays) stay cache-resident instead of streaming
+# (series x steps)-sized temporaries through memory once per pass.
+_CHUNK_WINDOWS = 1 << 15
+
+
 def _extrapolated(ctx: FunctionContext, rw: RangeWindows, is_counter: bool, is_rate: bool) -> VectorSteps:
-    """Prometheus's extrapolatedRate for every window at once (in-place arithmetic on (S, T)
-    arrays: this is the hottest function of dashboard queries)."""
+    """Prometheus's extrapolatedRate for every window at once: the hottest function of
+    dashboard queries. Counter-reset windows are found from the (usually few) reset samples and
+    corrected up front (``_reset_corrected``); the extrapolation then runs over row chunks of
+    the (S, T) window grid with in-place arithmetic in Prometheus's operation order, so results
+    are bit-identical to its float64 evaluation."""
     ts = np.asarray(rw.ts, dtype=np.int64)
     vals = np.asarray(rw.vals, dtype=np.float64)
     lo = np.asarray(rw.lo, dtype=np.int64)
     hi = np.asarray(rw.hi, dtype=np.int64)
+    S, T = lo.shape
     n = hi - lo
     present = n >= 2
+    out = np.zeros((S, T))
     if not len(vals) or not present.any():
-        return window_vector(rw, np.zeros(n.shape), np.zeros(n.shape, dtype=bool))
+        return window_vector(rw, out, present)
+    ends = np.asarray(rw.window_end, dtype=np.int64)
+    starts = ends - rw.range_ms
+    range_s = rw.range_ms / 1000.0
     top = len(vals) - 1
-    first = np.minimum(lo, top)
-    last = hi - 1
-    np.clip(last, 0, top, out=last)
+    reset_w, reset_res = _reset_corrected(rw, lo, hi, n, vals) if is_counter else (None, None)
+    rows = max(1, _CHUNK_WINDOWS // max(T, 1))
     with np.errstate(all="ignore"):
-        v_first = vals[first]
-        result = vals[last]
-        result -= v_first
-        if is_counter:
-            # Counter resets inside the window: each drop adds the value before it (the counter
-            # is assumed to have restarted from zero).
-            prev, same = pairwise_prev(rw)
-            is_reset = same & (vals < prev)
-            if is_reset.any():
-                has_reset = (window_count_of(is_reset, lo, hi) > 0) & present
-                if has_reset.any():
-                    # Only windows containing a reset: add the pre-reset values one at a time, in
-                    # sample order like Prometheus (the order matters under cancellation).
-                    sel = np.flatnonzero(has_reset.reshape(-1))
-                    order, it = iterate_window_positions(lo.reshape(-1)[sel], n.reshape(-1)[sel])
-                    acc = result.reshape(-1)[sel][order]
-                    reset_add = np.where(is_reset, prev, 0.0)
-                    for k, m, idx in it:
-                        if k:
-                            acc[:m] += reset_add[idx]
-                    flat = result.reshape(-1)
-                    flat[sel[order]] = acc
-        t_first = ts[first]
-        t_last = ts[last]
-        range_end = np.asarray(rw.window_end, dtype=np.int64)[None, :]
-        # durations in seconds
-        sampled = (t_last - t_first).astype(np.float64)
-        sampled /= 1000.0
-        dur_start = (t_first - (range_end - rw.range_ms)).astype(np.float64)
-        dur_start /= 1000.0
-        dur_end = (range_end - t_last).astype(np.float64)
-        dur_end /= 1000.0
-        half = np.maximum(n - 1, 1).astype(np.float64)
-        np.divide(sampled, half, out=half)  # average interval between samples
-        threshold = half * 1.1
-        half *= 0.5
-        np.copyto(dur_start, half, where=dur_start >= threshold)
-        if is_counter:
-            # Counters cannot go below zero: stop the extrapolation at the zero point.
-            dur_zero = v_first / result
-            dur_zero *= sampled
-            clamp = (result > 0) & (v_first >= 0) & (dur_zero < dur_start)
-            np.copyto(dur_start, dur_zero, where=clamp)
-        np.copyto(dur_end, half, where=dur_end >= threshold)
-        dur_start += sampled
-        dur_start += dur_end
-        factor = dur_start
-        np.divide(factor, sampled, out=factor, where=sampled != 0)
-        factor[sampled == 0] = 1.0
-        if is_rate:
-            factor /= rw.range_ms / 1000.0
-        result *= factor
-    out = window_vector(rw, result, present)
+        for a in range(0, S, rows):
+            b = min(S, a + rows)
+            nn = n[a:b]
+            first = np.minimum(lo[a:b], top)  # an empty window past the last sample: clamp (value unused)
+            last = hi[a:b] - 1  # -1 for an empty window at index 0 wraps around (value unused)
+            v_first = vals[first]
+            res = out[a:b]
+            np.take(vals, last, out=res, mode="wrap")
+            res -= v_first
+            if reset_w is not None and reset_w.size:
+                i0, i1 = np.searchsorted(reset_w, (a * T, b * T))
+                if i1 > i0:
+                    res.reshape(-1)[reset_w[i0:i1] - a * T] = reset_res[i0:i1]
+            t_first = ts[first]
+            t_last = np.take(ts, last, mode="wrap")
+            sampled = (t_last - t_first).astype(np.float64)
+            sampled /= 1000.0
+            avg = (nn - 1).astype(np.float64)
+            np.divide(sampled, avg, out=avg)  # average interval between samples
+            threshold = avg * 1.1
+            avg *= 0.5  # extrapolate by half an interval where the window edge is far
+            d_start = (t_first - starts).astype(np.float64)
+            d_start /= 1000.0
+            np.copyto(d_start, avg, where=d_start >= threshold)
+            if is_counter:
+                # Counters cannot go below zero: stop the extrapolation at the zero point.
+                d_zero = v_first / res
+                d_zero *= sampled
+                clamp = res > 0
+                clamp &= v_first >= 0
+                clamp &= d_zero < d_start
+                np.copyto(d_start, d_zero, where=clamp)
+            d_end = (ends - t_last).astype(np.float64)
+            d_end /= 1000.0
+            np.copyto(d_end, avg, where=d_end >= threshold)
+            d_start += sampled
+            d_start += d_end
+            d_start /= sampled  # the extrapolation factor
+            if is_rate:
+                d_start /= range_s
+            res *= d_start
+    out = window_vector(rw, out, present)
     if is_counter:
         _possible_non_counter(ctx, out)
     return out
 
 
+def _reset_corrected(rw: RangeWindows, lo: np.ndarray, hi: np.ndarray, n: np.ndarray,
+                     vals: np.ndarray, allow_sparse: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Windows holding a counter reset and their reset-corrected ``last - first``.
+
+    Returns (flat window indices ascending, corrected increase). A reset is a sample below its
+    predecessor in the same series; each adds the value before it, one at a time in sample order
+    like Prometheus (the order matters under cancellation).
+    """
+    N = len(vals)
+    S, T = lo.shape
+    W = S * T
+    with np.errstate(invalid="ignore"):
+        # drop[i - 1]: sample i is below sample i - 1. A "drop" onto a series' first sample
+        # (from the previous series' last) is harmless: no window has that sample strictly
+        # inside, so it is never counted.
+        drop = vals[1:] < vals[:-1]
+    resets = np.flatnonzero(drop) + 1
+    empty = (np.zeros(0, np.int64), np.zeros(0))
+    if not resets.size:
+        return empty
+    lo_f = lo.reshape(-1)
+    hi_f = hi.reshape(-1)
+    n_f = n.reshape(-1)
+    ends = np.asarray(rw.window_end, dtype=np.int64)
+    win = None
+    if allow_sparse and resets.size * 8 < W and (T < 2 or (np.diff(ends) >= 0).all()):
+        # Window ends never decrease, so lo and hi never decrease in row-major order (each
+        # series' windows lie inside its CSR slice): the windows with lo < i < hi for a reset
+        # at sample i are one contiguous run, found by two binary searches per reset.
+        a = np.searchsorted(hi_f, resets, side="right")
+        b = np.searchsorted(lo_f, resets, side="left")
+        cnt = np.maximum(b - a, 0)
+        total = int(cnt.sum())
+        if total <= W:
+            run_start = np.cumsum(cnt) - cnt
+            win = np.unique(np.repeat(a - run_start, cnt) + np.arange(total))
+    if win is None:
+        # Many resets (or unordered window ends): count them per window with an integer prefix.
+        upto = np.zeros(N, np.int64)  # upto[i]: resets at samples 1..i
+        np.cumsum(drop, out=upto[1:])
+        first = np.minimum(lo_f, N - 1)
+        last = np.clip(hi_f - 1, 0, N - 1)
+        win = np.flatnonzero((upto[last] > upto[first]) & (n_f >= 2))
+    if not win.size:
+        return empty
+    lo_w = lo_f[win]
+    n_w = n_f[win]
+    order, it = iterate_window_positions(lo_w, n_w)
+    acc = (vals[lo_w + n_w - 1] - vals[lo_w])[order]
+    with np.errstate(invalid="ignore"):
+        for k, m, idx in it:
+            if k:
+                prev = vals[idx - 1]
+                acc[:m] += np.where(vals[idx] < prev, prev, 0.0)
+    res = np.empty(win.size)
+    res[order] = acc
+    return win, res
+
+
 def _possible_non_counter(ctx: FunctionContext, out: VectorSteps) -> None:
     """Prometheus's info for rate()/increase() over a metric whose name does not look like a counter."""
-    for lbls in out.labels:
-        name = metric_name(lbls)
+    for name in dict.fromkeys(metric_name(lbls) for lbls in out.labels):
         if name and not name.endswith(_COUNTER_SUFFIXES):
             ctx.annotations.info(
                 f'PromQL info: metric might not be a counter, name does not end in '
@@ -286,10 +346,17 @@ def _regression_prefix(rw: RangeWindows, intercept_ms: np.ndarray | None, sel: n
         k = lens[s_idx].astype(np.float64) + 2
         e_y_err = k * _EPS_LD * a_y[hi_c]
         e_dy_err = k * _EPS_LD * a_dy[hi_c] + np.abs(d0) * e_y_err
-        e_cov = e_dy_err / 1000 + np.abs(sx / nf) * e_y_err + 4 * _EPS * (np.abs(sxy) + np.abs(sx * sy / nf))
-        ok = fits & np.isfinite(slope) & (e_cov <= _REG_REL_ERR * np.abs(cov))
+        # Prometheus's own rounding: the products x*y (each x = (t - t0) / 1000 rounded) up to
+        # max|x| * sum|y| ulps, and varX = sumX2 - sumX^2/n, relative error ~ ulps of
+        # sumX2 / varX (large when the intercept time is far from the window).
+        say = a_y[hi_c] - a_y[lo_c]
+        e_cov = (e_dy_err / 1000 + np.abs(sx / nf) * e_y_err + 4 * _EPS * (np.abs(sxy) + np.abs(sx * sy / nf))
+                 + 8 * _EPS * (far / 1000) * say)
+        rel = e_cov / np.abs(cov) + 8 * _EPS * sx2 / np.abs(var)
+        ok = fits & np.isfinite(slope) & (rel <= _REG_REL_ERR)
         if need_intercept:
-            e_int = e_y_err / nf + np.abs(sx / nf) * np.abs(slope) * (e_cov / np.abs(cov)) + 4 * _EPS * np.abs(sy / nf)
+            e_int = (e_y_err / nf + np.abs(sx / nf) * np.abs(slope) * rel
+                     + 4 * _EPS * (np.abs(sy / nf) + np.abs(slope * sx / nf)))
             ok &= np.isfinite(intercept) & (e_int <= _REG_REL_ERR * np.abs(intercept))
         const = (e_chg[hi_c] - e_chg[np.minimum(lo_c + 1, hi_c)]) == 0
         y0 = vals[lo_g]
@@ -300,12 +367,115 @@ def _regression_prefix(rw: RangeWindows, intercept_ms: np.ndarray | None, sel: n
     return slope, intercept, ok
 
 
+# Windows of at most this many samples take the dense path (``_regression_dense``): a gather of
+# their samples costs about as much as the per-window arithmetic of the prefix-sum path once
+# windows reach a few dozen samples.
+_DENSE_MAX_N = 20
+_DENSE_CHUNK = 1 << 16  # samples gathered per dense block (cache-sized temporaries)
+
+
+def _width_groups(lo_sel: np.ndarray, n_sel: np.ndarray, chunk: int):
+    """Windows grouped by sample count and chunked: yields (positions, idx) with idx the
+    (width, rows) sample indices of those windows (one row of the matrix per position inside
+    the window, so per-window sums are contiguous vector adds down axis 0)."""
+    if n_sel.size and n_sel.min() == n_sel.max():
+        order = np.arange(n_sel.size)
+        bounds = [0, n_sel.size]
+    else:
+        order = np.argsort(n_sel, kind="stable")
+        ns = n_sel[order]
+        bounds = [0, *(np.flatnonzero(np.diff(ns)) + 1).tolist(), n_sel.size]
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        width = int(n_sel[order[a]])
+        rows = max(1, chunk // max(width, 1))
+        offs = np.arange(width, dtype=np.int64)[:, None]
+        for c0 in range(a, b, rows):
+            pos = order[c0:min(b, c0 + rows)]
+            yield pos, lo_sel[pos][None, :] + offs
+
+
+def _regression_dense(rw: RangeWindows, intercept_ms: np.ndarray | None, sel: np.ndarray,
+                      need_intercept: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Slope/intercept of short windows from a dense gather of their samples, grouped by
+    width: time sums are exact integers (ms relative to the window's first sample), the
+    covariance is the two-pass centred sum, so our rounding error is a few ulps of the centred
+    terms. Prometheus's one-pass formula (covXY = sumXY - sumX*sumY/n over compensated sums)
+    has its own rounding of about eps * sum(|x| |y|); a window is reported ok only when both
+    errors together stay below 1e-9 of the result, the rest (ill-conditioned, non-finite,
+    constant-infinite) go to the bit-exact replica. Returns (slope, intercept, ok) for ``sel``.
+    """
+    T = rw.lo.shape[1]
+    ts = np.asarray(rw.ts, dtype=np.int64)
+    vals = np.asarray(rw.vals, dtype=np.float64)
+    lo_sel = np.asarray(rw.lo, dtype=np.int64).reshape(-1)[sel]
+    n_sel = np.asarray(rw.hi, dtype=np.int64).reshape(-1)[sel] - lo_sel
+    W = sel.size
+    slope_o = np.zeros(W)
+    icpt_o = np.zeros(W)
+    ok_o = np.zeros(W, dtype=bool)
+    with np.errstate(all="ignore"):
+        for pos, idx in _width_groups(lo_sel, n_sel, _DENSE_CHUNK):
+            width = idx.shape[0]
+            y = vals[idx]
+            t = ts[idx]
+            base = t[0].copy()
+            t -= base  # ms since the window's first sample: small exact integers
+            if width * width * float(t[-1].max()) ** 2 >= 2.0**62:
+                continue  # integer sums could overflow: leave these to the exact replica
+            su = t.sum(axis=0)
+            suu = (t * t).sum(axis=0)
+            var_n = width * suu - su * su  # n * sum((u - mean u)^2), exact
+            sy = y.sum(axis=0)
+            ybar = sy / width
+            ubar = su / width
+            y -= ybar  # centred values
+            uc = t - ubar  # centred times (float)
+            cov = (uc * y).sum(axis=0)  # sum((u - mean u)(y - mean y)), u in ms
+            np.abs(uc, out=uc)
+            np.abs(y, out=y)
+            abs_cov = (uc * y).sum(axis=0)
+            slope = cov * width / var_n * 1000.0  # per second
+            # Error terms (seconds units): ours ~ (n + 3) ulps of sum(|u - mean u| |y - mean y|)
+            # plus the mean's rounding carried through sum(u - mean u) ~ n ulps of mean u;
+            # Prometheus's ~ ulps of |cov| and of sum(|x| |y|) <= max|x| * sum|y| (the products
+            # x*y, sumX*sumY/n and the final subtraction), with x = (t - t0) / 1000 and t0 the
+            # window's first sample (deriv) or the evaluation time (predict_linear).
+            y0 = vals[idx[0]]
+            say = np.abs(vals[idx]).sum(axis=0)
+            if intercept_ms is None:
+                xbar = ubar / 1000.0
+                xmax = t[-1] / 1000.0
+            else:
+                d0 = base - intercept_ms[sel[pos] % T]
+                xbar = (d0 + ubar) / 1000.0
+                xmax = np.maximum(np.abs(d0), np.abs(d0 + t[-1])) / 1000.0
+            cov_s = cov / 1000.0
+            err = _EPS * (4 * width * abs_cov / 1000.0 + 8 * (np.abs(cov_s) + xmax * say)
+                          + width * width * _EPS * say * ubar / 1000.0)
+            # plus Prometheus's varX = sumX2 - sumX^2/n: ~ ulps of sumX2 / varX (ours is exact)
+            var_s = var_n / (width * 1e6)
+            rel = err / np.abs(cov_s) + 8 * _EPS * (var_s + width * xbar * xbar) / var_s
+            ok = np.isfinite(sy) & np.isfinite(slope) & (rel <= _REG_REL_ERR)
+            icpt = ybar - slope * xbar
+            if need_intercept:
+                e_int = 8 * _EPS * (np.abs(ybar) + np.abs(slope * xbar)) + np.abs(slope * xbar) * rel
+                ok &= np.isfinite(icpt) & (e_int <= _REG_REL_ERR * np.abs(icpt))
+            # Prometheus: a window whose values all equal the first has slope 0 and intercept
+            # that value (NaN/NaN when it is infinite; NaN never equals itself).
+            const = (vals[idx[1:]] == y0).all(axis=0)
+            slope_o[pos] = np.where(const, 0.0, slope)
+            icpt_o[pos] = np.where(const, y0, icpt)
+            ok_o[pos] = np.where(const, np.isfinite(y0), ok)
+    return slope_o, icpt_o, ok_o
+
+
 def _linear_regression(rw: RangeWindows, intercept_ms: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Least-squares slope and intercept per window (windows with at least two samples).
 
     intercept_ms: (T,) intercept time per step, or None for "the window's first sample".
-    Most windows come from per-series prefix sums with an error bound (``_regression_prefix``);
-    the others (cancellation, NaN/Inf, huge windows) use the exact replica of Prometheus's
+    Short windows come from a dense gather (``_regression_dense``), longer ones from per-series
+    prefix sums (``_regression_prefix``), each with an error bound; the windows neither can
+    vouch for (cancellation, NaN/Inf, huge windows) use the exact replica of Prometheus's
     compensated-sum algorithm, so results agree with Prometheus even where its own rounding
     dominates. Returns (slope, intercept, present).
     """
@@ -313,7 +483,6 @@ def _linear_regression(rw: RangeWindows, intercept_ms: np.ndarray | None) -> tup
     lo = np.asarray(rw.lo, dtype=np.int64)
     n = np.asarray(rw.hi, dtype=np.int64) - lo
     ts = np.asarray(rw.ts, dtype=np.int64)
-    vals = np.asarray(rw.vals, dtype=np.float64)
     present = n >= 2
     slope = np.zeros(S * T)
     intercept = np.zeros(S * T)
@@ -323,16 +492,27 @@ def _linear_regression(rw: RangeWindows, intercept_ms: np.ndarray | None) -> tup
     lo_f = lo.reshape(-1)
     n_f = n.reshape(-1)
     steps = None if intercept_ms is None else np.asarray(intercept_ms, dtype=np.int64)
-    # Fast path: prefix sums with a per-window error bound; the rest below.
-    p_slope, p_icpt, p_ok = _regression_prefix(rw, steps, sel, need_intercept=steps is not None)
-    slope[sel[p_ok]] = p_slope[p_ok]
-    intercept[sel[p_ok]] = p_icpt[p_ok]
-    sel = sel[~p_ok]
-    if sel.size:
-        # Windows the fast path cannot vouch for (ill-conditioned, non-finite, huge): the exact
+    need_icpt = steps is not None
+    short = n_f[sel] <= _DENSE_MAX_N
+    todo = []
+    if short.any():
+        d_sel = sel[short]
+        d_slope, d_icpt, d_ok = _regression_dense(rw, steps, d_sel, need_icpt)
+        slope[d_sel[d_ok]] = d_slope[d_ok]
+        intercept[d_sel[d_ok]] = d_icpt[d_ok]
+        todo.append(d_sel[~d_ok])
+    long_sel = sel[~short]
+    if long_sel.size:
+        p_slope, p_icpt, p_ok = _regression_prefix(rw, steps, long_sel, need_intercept=need_icpt)
+        slope[long_sel[p_ok]] = p_slope[p_ok]
+        intercept[long_sel[p_ok]] = p_icpt[p_ok]
+        todo.append(long_sel[~p_ok])
+    rest = np.sort(np.concatenate(todo)) if todo else np.zeros(0, np.int64)
+    if rest.size:
+        # Windows the fast paths cannot vouch for (ill-conditioned, non-finite, huge): the exact
         # replica of Prometheus's algorithm, so even its rounding is reproduced.
-        t0 = ts[lo_f[sel]] if steps is None else steps[sel % T]
-        slope[sel], intercept[sel] = _regression_kernel(rw, lo_f[sel], n_f[sel], t0)
+        t0 = ts[lo_f[rest]] if steps is None else steps[rest % T]
+        slope[rest], intercept[rest] = _regression_kernel(rw, lo_f[rest], n_f[rest], t0)
     return slope.reshape(S, T), intercept.reshape(S, T), present
 
 

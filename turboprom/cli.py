@@ -41,6 +41,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--web.config.file", dest="web_config_file", default=None,
                    help="auth and TLS config (basic_auth_users, bearer_tokens, roles, tenants, tls_server_config)")
     s.add_argument("--insecure", action="store_true", help="allow listening beyond loopback without auth (logged loudly)")
+    s.add_argument("--query.timeout", dest="query_timeout", type=_duration, default=120_000,
+                   help="maximum time a query may take before it is aborted (default 2m), like Prometheus's flag")
+    s.add_argument("--query.max-samples", dest="query_max_samples", type=int, default=50_000_000,
+                   help="maximum samples a single query may hold in memory (default 50000000), like Prometheus's flag")
+    s.add_argument("--query.lookback-delta", dest="query_lookback_delta", type=_duration, default=300_000,
+                   help="how far back an instant vector selector looks for a sample (default 5m), like Prometheus's flag")
     s.add_argument("--web.enable-admin-api", dest="enable_admin_api", action="store_true",
                    help="enable /api/v1/admin/* (delete_series, clean_tombstones), like Prometheus's flag")
     s.add_argument("--log-level", default="info")
@@ -169,6 +175,11 @@ def _config_from_args(a: argparse.Namespace) -> ServerConfig:
     cfg.web_config_file = a.web_config_file
     cfg.insecure = a.insecure
     cfg.enable_admin_api = a.enable_admin_api
+    if a.query_timeout <= 0 or a.query_max_samples <= 0 or a.query_lookback_delta <= 0:
+        raise SystemExit("turboprom: --query.timeout, --query.max-samples and --query.lookback-delta must be positive")
+    cfg.query_timeout_s = a.query_timeout / 1000.0
+    cfg.query_max_samples = a.query_max_samples
+    cfg.lookback_delta_ms = a.query_lookback_delta
     cfg.load_file()
     return cfg
 

@@ -36,6 +36,8 @@ QUERIES = Counter("turboprom_queries", "PromQL queries evaluated, by serving pat
                   "from a summary; raw: none) and kind.", ["path", "kind"])
 QUERY_CPU = Histogram("turboprom_query_cpu_seconds", "CPU time per PromQL query by serving path.", ["path"],
                       buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 120))
+CANCELED_BY_CLIENT = Counter("turboprom_queries_canceled_by_client", "PromQL queries stopped early because the client "
+                             "disconnected before the answer was ready.")
 QUERY_SAMPLES = Counter("turboprom_query_samples_scanned", "Raw samples read by PromQL queries, by serving path.", ["path"])
 
 

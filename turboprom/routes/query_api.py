@@ -8,6 +8,7 @@ queries go there; ``exact=true`` is passed on to it and forces the raw path.
 """
 from __future__ import annotations
 
+import asyncio
 import inspect
 import threading
 import time
@@ -25,8 +26,11 @@ from turboprom.api_common import (GZIP_MIN_BYTES, APIError, accepts_gzip, add_ge
 from turboprom.api_params import MAX_RANGE_POINTS, MAX_TIME_MS, MIN_TIME_MS, Params, invalid_param
 from turboprom.api_params import parse_query as parse_promql
 from turboprom.context import ServerContext
-from turboprom.self_metrics import observe_query
+from turboprom.self_metrics import CANCELED_BY_CLIENT, observe_query
 from turboprom.tenancy import DEFAULT_TENANT, request_tenant
+
+
+DISCONNECT_POLL_S = 0.1
 
 
 def _now_ms() -> int:
@@ -152,8 +156,19 @@ async def _evaluate(request: web.Request, ctx: ServerContext, params: Params, ti
             return gzip_body(body), True
         return body, False
 
+    fut = asyncio.ensure_future(run_off_loop(ctx, job))
     try:
-        body, gzipped = await run_off_loop(ctx, job)
+        # aiohttp does not cancel a handler when its client disconnects (handler_cancellation is off),
+        # so watch the connection: a client that went away (Grafana panel closed, curl ^C) stops the
+        # engine at its next budget check instead of burning a worker thread until the timeout.
+        while not fut.done():
+            await asyncio.wait({fut}, timeout=DISCONNECT_POLL_S)
+            transport = request.transport
+            if not fut.done() and (transport is None or transport.is_closing()):
+                cancel.set()
+                CANCELED_BY_CLIENT.inc()
+                break
+        body, gzipped = await fut
     except BaseException:
         cancel.set()  # client went away or the server is stopping: let the engine stop early
         raise

@@ -20,6 +20,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from planner.rewrite import Served
 from promql.eval_context import QueryBudget
 from promql.eval_selectors import eval_matrix_selector
+from promql.evaluator import Evaluator
 from promql.functions import FUNCTIONS, FunctionContext, load_all
 from promql.types import Annotations, QueryStats, Scalar
 
@@ -101,13 +102,17 @@ class Canary:
             ctx = replace(ectx, stats=QueryStats(), annotations=Annotations(), hooks=(),
                           budget=QueryBudget(max_samples=ectx.budget.max_samples, deadline=time.monotonic() + 300,
                                              timeout_s=300))
-            ms = served.node.args[-1]
-            rw = eval_matrix_selector(ctx, ms)
-            fctx = FunctionContext(step_times=ctx.step_times, annotations=ctx.annotations, node=served.node,
-                                   lookback_delta_ms=ctx.lookback_delta_ms, query_start_ms=ctx.query_start_ms,
-                                   query_end_ms=ctx.query_end_ms, query_step_ms=ctx.query_step_ms)
-            args = [Scalar(np.full(len(ctx.step_times), served.phi)), rw] if served.phi is not None else [rw]
-            raw = FUNCTIONS[served.func](fctx, args)
+            if type(served.node).__name__ == "AggregateExpr":  # group SDS: the whole aggregate, raw
+                rw = None
+                raw = Evaluator().eval(served.node, ctx)
+            else:
+                ms = served.node.args[-1]
+                rw = eval_matrix_selector(ctx, ms)
+                fctx = FunctionContext(step_times=ctx.step_times, annotations=ctx.annotations, node=served.node,
+                                       lookback_delta_ms=ctx.lookback_delta_ms, query_start_ms=ctx.query_start_ms,
+                                       query_end_ms=ctx.query_end_ms, query_step_ms=ctx.query_step_ms)
+                args = [Scalar(np.full(len(ctx.step_times), served.phi)), rw] if served.phi is not None else [rw]
+                raw = FUNCTIONS[served.func](fctx, args)
             # align series by labels
             pos = {l: i for i, l in enumerate(raw.labels)}
             sv, sp = served.value.values, served.value.present
@@ -123,7 +128,7 @@ class Canary:
             extra = len(set(pos) - set(served.value.labels)) > 0 and any(
                 raw.present[pos[l]].any() for l in set(pos) - set(served.value.labels))
             alg = served.sds.spec.algorithm
-            if alg == "exact":
+            if alg in ("exact", "group"):
                 err = float("inf") if (missing or extra) else exact_error(sv, sp, rv, rp)
                 bound = 1e-9
                 errs = [err]

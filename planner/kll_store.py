@@ -97,6 +97,8 @@ class KLLPaneStore:
         self.results = ResultCache(4 * cache_entries)
         self._newest_pane = np.iinfo(np.int64).min
         self.ns = 0
+        self.version = 0  # bumped by every write
+        self._totals: tuple[int, int, np.ndarray] | None = None
 
     def new_sketch(self) -> kll_doubles_sketch | req_floats_sketch:
         return req_floats_sketch(self.k, True) if self.kind == "req" else kll_doubles_sketch(self.k)
@@ -128,6 +130,22 @@ class KLLPaneStore:
             self.shift = np.concatenate([self.shift, np.full(grow, np.nan if self.kind == "req" else 0.0)])
         self.ns = max(self.ns, n)
 
+    def pane_totals(self) -> tuple[int, np.ndarray]:
+        """(first pane, samples per pane over all series): the raw-read cost model's density
+        (``planner/window.coalesce_reads``); recomputed once per write batch (per pane item, not per sample)."""
+        with self.lock:
+            t = self._totals
+            if t is None or t[0] != self.version:
+                if self.panes:
+                    ks = np.fromiter((k for _, k in self.panes), np.int64, len(self.panes))
+                    ns = np.fromiter((sk.n for sk in self.panes.values()), np.int64, len(self.panes))
+                    k0 = int(ks.min())
+                    tot = np.bincount(ks - k0, weights=ns).astype(np.int64)
+                else:
+                    k0, tot = 0, np.zeros(0, np.int64)
+                t = self._totals = (self.version, k0, tot)
+            return t[1], t[2]
+
     def nbytes(self) -> int:
         with self.lock:
             # ~ serialized size: 8 bytes per retained item plus a small header and level table
@@ -154,6 +172,7 @@ class KLLPaneStore:
         ge = np.append(gs[1:], n)
         keys = list(zip(sid[gs].tolist(), k[gs].tolist()))
         with self.lock:
+            self.version += 1
             self._choose_shift(sid, vals)
             x = self.encode(sid, vals)
             # per (series, pane) group, not per sample: the sketch takes the whole array at once
@@ -238,6 +257,7 @@ class KLLPaneStore:
 
     def import_rows(self, rows: dict[str, list]) -> None:
         with self.lock:
+            self.version += 1
             for s, k, blob in zip(rows["series"], rows["pane"], rows["sketch"]):
                 self.panes[(int(s), int(k))] = self.deserialize(bytes(blob))
             if rows["series"]:

@@ -73,4 +73,7 @@ def rebuild_exact(sds: Any, storage: Any, sid: np.ndarray, ts: np.ndarray, floor
                 store.last_t[s] = INT64_MIN
                 store.last_v[s] = np.nan
         store.ingest_sorted(rsid, rts, rvals, live=True)
+        if hasattr(store, "epoch"):  # readers caching results over sealed panes must see the rewrite
+            store.epoch += 1
+            store.version += 1
     return len(rts)

@@ -17,6 +17,8 @@ from planner.sds import REQ_MIN_PHI, algorithm_for
 from promql.eval_selectors import duration_ms, to_matchers
 
 _QUANTILE_PARAM_FUNCS = {"quantile_over_time", "histogram_quantile"}
+# (aggregation, range function) pairs a cross-series ``group`` SDS serves exactly (planner/group_store.py)
+GROUP_PAIRS = {("sum", "sum_over_time"), ("sum", "count_over_time"), ("max", "max_over_time"), ("min", "min_over_time")}
 
 
 def _kind(node: Any) -> str:
@@ -91,11 +93,14 @@ class Candidate:
     algorithm: str
     func: str
     range_ms: int
+    grouping: tuple[str, ...] = ()  # group candidates: the aggregation's by (...) labels
 
     @property
     def key(self) -> tuple[str, str]:
         """SDS sharing key: one SDS per (metric, algorithm) serves every matcher subset, range, step,
-        quantile and grouping above it."""
+        quantile and grouping above it; a group SDS is specific to its scope and grouping."""
+        if self.algorithm == "group":
+            return (self.metric, f"group|{self.matchers}|{self.grouping}")
         return (self.metric, self.algorithm)
 
 
@@ -136,6 +141,25 @@ def _literal(node: Any) -> float | None:
     return None
 
 
+def group_shape(node: Any) -> tuple[str, tuple[str, ...], str, Any] | None:
+    """(op, by labels, func, matrix selector) when ``node`` is ``op [by (L)] (func(sel[r]))`` with an
+    (op, func) pair in ``GROUP_PAIRS``; None otherwise (``without``, a parameter, other shapes)."""
+    if _kind(node) != "AggregateExpr" or node.param is not None:
+        return None
+    op = str(node.op)
+    mod = node.modifier
+    if mod is not None and "Without" in str(mod.type):
+        return None
+    by = tuple(mod.labels) if mod is not None else ()
+    inner = node.expr
+    while _kind(inner) == "ParenExpr":
+        inner = inner.expr
+    hit = servable_call(inner)
+    if hit is None or (op, hit[0]) not in GROUP_PAIRS:
+        return None
+    return op, by, hit[0], hit[1]
+
+
 def candidates(query_or_node: Any, req_min_phi: float = REQ_MIN_PHI) -> list[Candidate]:
     """Servable sub-trees; ``quantile_over_time`` with a literal phi >= ``req_min_phi`` is a REQ
     candidate (tail quantiles: relative rank error), any other phi a KLL one."""
@@ -143,6 +167,13 @@ def candidates(query_or_node: Any, req_min_phi: float = REQ_MIN_PHI) -> list[Can
     out: list[Candidate] = []
 
     def walk(n: Any) -> None:
+        shape = group_shape(n)
+        if shape is not None:  # cross-series aggregate of a mergeable range function: one group SDS
+            op, by, func, ms = shape
+            vs = ms.vector_selector
+            extra = tuple(sorted((m.name, m.op, m.value) for m in to_matchers(vs)[0] if m.name != "__name__"))
+            out.append(Candidate(vs.name, extra, "group", func, duration_ms(ms.range), tuple(sorted(set(by)))))
+            return
         hit = servable_call(n)
         if hit is not None:
             func, ms, param = hit

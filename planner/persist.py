@@ -4,6 +4,7 @@ Layout under ``<data_dir>/planner/``::
 
     planner.duckdb                 query_log + sds_catalog tables
     sds/<id>/series.parquet        local id -> labels (JSON), shift constant
+    sds/<id>/groups.parquet        group SDSs: group id -> grouping values (JSON), group shift constant
     sds/<id>/panes-<lo>-<hi>.parquet   one file per flush: non-empty panes [lo, hi)
 
 After a restart ``load`` restores every SDS from its files; panes after the last flush (the open panes
@@ -75,6 +76,10 @@ class SDSPersistence:
         sh = np.full(len(labels), np.nan)
         sh[: min(len(labels), len(shift))] = shift[: len(labels)]
         pq.write_table(pa.table({"labels": [json.dumps(l) for l in labels], "shift": sh}), d / "series.parquet")
+        if hasattr(sds.store, "export_meta"):
+            meta = sds.store.export_meta()
+            pq.write_table(pa.table({"key": [json.dumps(k) for k in meta["key"]], "shift": meta["shift"]}),
+                           d / "groups.parquet")
         self._catalog(sds)
         return n
 
@@ -101,6 +106,9 @@ class SDSPersistence:
             try:
                 sds = SDS(SDSSpec.from_json(json.loads(spec_json)), pinned=bool(pinned), reason=reason or "")
                 d = self.dir(sds_id)
+                if hasattr(sds.store, "import_meta") and (d / "groups.parquet").exists():
+                    g = pq.read_table(d / "groups.parquet").to_pydict()  # group numbering before series
+                    sds.store.import_meta({"key": [json.loads(k) for k in g["key"]], "shift": g["shift"]})
                 if (d / "series.parquet").exists():
                     t = pq.read_table(d / "series.parquet").to_pydict()
                     labels = [tuple(tuple(p) for p in json.loads(s)) for s in t["labels"]]

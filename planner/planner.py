@@ -175,6 +175,35 @@ class Planner:
                 best = s
         return best
 
+    def find_group_sds(self, metric: str, matchers: list[Matcher], by: tuple[str, ...]) -> SDS | None:
+        """A covering ``group`` SDS whose scope is exactly the selector's matchers (a group payload
+        cannot drop series) and whose grouping contains ``by``; the one with the fewest groups."""
+        if not self.config.enabled:
+            return None
+        have = {(m.name, m.op, m.value) for m in matchers if m.name != "__name__"}
+        best, best_g = None, None
+        for s in self.summarizer.by_metric.get(metric, []):
+            if s.spec.algorithm != "group" or set(s.spec.matchers) != have or not set(by) <= set(s.spec.grouping):
+                continue
+            lo, hi = s.coverage()
+            if hi <= lo:
+                continue
+            g = len(s.store.group_keys)
+            if best is None or g < best_g:
+                best, best_g = s, g
+        return best
+
+    def _has_plan_for(self, c: Candidate) -> bool:
+        for s in self.summarizer.by_metric.get(c.metric, []):
+            if s.spec.algorithm != c.algorithm:
+                continue
+            if c.algorithm == "group":
+                if set(s.spec.matchers) == set(c.matchers) and set(c.grouping) <= set(s.spec.grouping):
+                    return True
+            elif not s.spec.matchers:
+                return True
+        return False
+
     # --- adoption ----------------------------------------------------------------------------
     def adopt(self, spec: SDSSpec, *, pinned: bool = False, reason: str = "", history_ms: int | None = None,
               background: bool | None = None) -> SDS:
@@ -240,7 +269,7 @@ class Planner:
                 ks.windows.append(max(entry.result_series, 1) * steps)
                 ks.series = max(ks.series, entry.result_series)
                 ks.patterns.add(entry.pattern)
-                if any(s.spec.algorithm == c.algorithm and not s.spec.matchers for s in self.summarizer.by_metric.get(c.metric, [])):
+                if self._has_plan_for(c):
                     continue
                 if len(ks.arrivals) >= self.config.min_count and ks.raw_cpu:
                     to_adopt.append((c, ks))
@@ -266,7 +295,11 @@ class Planner:
                 params = (("k", 200),)
             elif c.algorithm == "req":
                 params = (("k", REQ_DEFAULT_K), ("min_phi", self.config.req_min_phi))
-            spec = SDSSpec(metric=c.metric, algorithm=c.algorithm, pane_ms=self.config.pane_ms, params=params)
+            if c.algorithm == "group":  # scope = the selector's matchers, payload per group of its by (...)
+                spec = SDSSpec(metric=c.metric, algorithm="group", pane_ms=self.config.pane_ms, matchers=c.matchers,
+                               grouping=c.grouping)
+            else:
+                spec = SDSSpec(metric=c.metric, algorithm=c.algorithm, pane_ms=self.config.pane_ms, params=params)
             self.adopt(spec, reason=f"recurred {len(ks.arrivals)}x in {self.config.period_ms // 1000}s; {est.reason}",
                        history_ms=hist)
 
@@ -337,7 +370,8 @@ class Planner:
         out: dict[str, Any] = {"query": query, "pattern": normalize(query), "subtrees": []}
         for c in candidates(expr, self.config.req_min_phi):
             ms = [Matcher("__name__", "=", c.metric)] + [Matcher(n, o, v) for n, o, v in c.matchers]
-            sds = self.find_sds(c.metric, c.algorithm, ms)
+            sds = self.find_group_sds(c.metric, ms, c.grouping) if c.algorithm == "group" else \
+                self.find_sds(c.metric, c.algorithm, ms)
             item: dict[str, Any] = {"function": c.func, "metric": c.metric, "range_ms": c.range_ms,
                                     "algorithm": c.algorithm}
             if sds is None:

@@ -4,21 +4,33 @@
   from a REQ SDS (high-rank-accuracy relative-error quantiles): its rank error shrinks with ``1 - φ``,
   e.g. k=20: <= 2.0e-3 at φ=0.9 and 2.0e-4 at φ=0.99 (3 sd), against KLL k=200's 0.0133 everywhere.
 
+* ``rule_group`` (an *aggregate* rule, see ``SketchRewriteHook``): ``sum/max/min by (L)
+  (sum/count/max/min_over_time(x{scope}[r]))`` from a ``group`` SDS whose scope equals the selector's
+  matchers and whose grouping contains L (``planner/group_store.py``): exact, G groups instead of S series.
+
 ``ordered_rules()`` is the rule list the stack uses: the more accurate REQ rule is tried before KLL,
-so a metric with both SDSs answers tail quantiles from REQ.
+so a metric with both SDSs answers tail quantiles from REQ. ``SketchRewriteHook`` is ``RewriteHook``
+plus rules for ``AggregateExpr`` nodes (``RewriteHook`` itself only looks at calls).
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+import logging
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from planner.group_scan import scan_group
+from planner.normalize import group_shape
 from planner.raw_segments import RawPrefix
-from planner.rewrite import RULES, RewriteContext, Rule, Served, _number, _prepare, _vector, rule_kll
+from planner.rewrite import RULES, RewriteContext, RewriteHook, Rule, Served, _number, _prepare, _vector, rule_kll, worth_it
+from promql.eval_selectors import duration_ms, effective_times, to_matchers
+from promql.types import VectorSteps
 from planner.sds import SDS
 from planner.summary_scan import RawSource, ScanResult, _read_raw
 from planner.window import plan_windows
 from storage.matchers import Matcher
+
+log = logging.getLogger("turboprom.planner")
 
 
 def scan_quantile(sds: SDS, source: RawSource, matchers: Sequence[Matcher], phi: float, ends: np.ndarray,
@@ -109,3 +121,54 @@ def ordered_rules() -> list[Rule]:
     rules = [r for r in RULES if r is not rule_req]
     pos = rules.index(rule_kll) if rule_kll in rules else len(rules)
     return rules[:pos] + [rule_req] + rules[pos:]
+
+
+GroupFinder = Callable[[str, list, tuple], "SDS | None"]
+
+
+def rule_group(node: Any, ectx: Any, rctx: RewriteContext, find_group: GroupFinder) -> Served | None:
+    shape = group_shape(node)
+    if shape is None:
+        return None
+    op, by, func, ms = shape
+    vs = ms.vector_selector
+    matchers = to_matchers(vs)[0]
+    sds = find_group(vs.name, matchers, by)
+    if sds is None:
+        return None
+    range_ms = duration_ms(ms.range)
+    if range_ms <= 0:
+        return None
+    ends = effective_times(vs, ectx)
+    lo, hi = sds.coverage()
+    plan = plan_windows(ends, range_ms, sds.spec.pane_ms, lo, hi)
+    if plan.summary_panes == 0:
+        return None
+    if rctx.cost_based and not worth_it(func, plan, range_ms, sds.spec.pane_ms):
+        return None
+    scan = scan_group(sds, ectx.source, matchers, op, func, by, ends, range_ms)
+    val = VectorSteps(scan.labels, np.where(scan.present, scan.values, 0.0), scan.present,
+                      drop_name=np.zeros(len(scan.labels), bool))
+    return Served(sds, func, val, scan, node, ends, range_ms, None)
+
+
+class SketchRewriteHook(RewriteHook):
+    """``RewriteHook`` plus aggregate rules: ``AggregateExpr`` nodes are offered to ``rule_group``
+    first; every other node goes through the call rules unchanged."""
+
+    def __init__(self, rctx: RewriteContext, rules: list[Rule] | None = None, find_group: GroupFinder | None = None):
+        super().__init__(rctx, rules)
+        self.find_group = find_group
+
+    def __call__(self, node: Any, ectx: Any) -> Any:
+        if self.find_group is not None and type(node).__name__ == "AggregateExpr" and not ectx.extra.get("exact"):
+            try:
+                served = rule_group(node, ectx, self.rctx, self.find_group)
+            except Exception:  # noqa: BLE001 - a summary problem must never fail the query: go raw
+                log.exception("group summary rewrite failed; evaluating raw")
+                return None
+            if served is not None:
+                self._report(served, ectx)
+                return served.value
+            return None
+        return super().__call__(node, ectx)

@@ -7,6 +7,9 @@
   rank error ``rank_error(k)``);
   or ``req`` (quantile_over_time with phi >= ``min_phi``, default 0.9: REQ high-rank-accuracy sketch,
   rank error ``req_rank_error(k, phi)``, shrinking with 1 - phi);
+  or ``group`` (an SDS with a grouping and a fixed scope: one payload per group per pane, merged across
+  the group's series; serves ``sum/max/min by (L) (sum/count/max/min_over_time(x{scope}[w]))`` exactly,
+  see ``planner/group_store.py``);
 * pane width: tumbling panes aligned to the epoch;
 * coverage: panes [cov_lo, cov_hi) are complete (backfilled history + sealed live panes).
 
@@ -24,6 +27,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from planner.exact_store import ExactPaneStore
+from planner.group_store import GroupPaneStore
 from planner.kll_store import DEFAULT_K, REQ_DEFAULT_K, KLLPaneStore, rank_error, req_rank_error
 from planner.late_samples import fold_late_sketch, rebuild_exact
 from storage.labels import Labels, metric_name
@@ -35,7 +39,7 @@ EXACT_FUNCS = {
     "rate", "increase", "delta", "resets", "changes",
 }
 KLL_FUNCS = {"quantile_over_time"}
-ALGORITHMS = ("exact", "kll", "req")
+ALGORITHMS = ("exact", "kll", "req", "group")
 REQ_MIN_PHI = 0.9  # quantile_over_time with a literal phi >= this is a REQ candidate (planner.req_min_phi)
 
 
@@ -53,7 +57,7 @@ def algorithm_for(func: str, phi: float | None = None, req_min_phi: float = REQ_
 @dataclass(frozen=True)
 class SDSSpec:
     metric: str
-    algorithm: str  # "exact" | "kll" | "req"
+    algorithm: str  # "exact" | "kll" | "req" | "group"
     pane_ms: int = 60_000
     matchers: tuple[tuple[str, str, str], ...] = ()  # extra scope matchers (name, op, value)
     params: tuple[tuple[str, Any], ...] = ()  # e.g. (("k", 200),)
@@ -62,6 +66,8 @@ class SDSSpec:
     @property
     def id(self) -> str:
         raw = f"{self.metric}|{self.algorithm}|{self.pane_ms}|{self.matchers}|{self.params}"
+        if self.grouping:  # only group SDSs hold a grouping in their payload (older ids unchanged)
+            raw += f"|{self.grouping}"
         return f"{self.algorithm}-{self.metric}-{hashlib.sha1(raw.encode()).hexdigest()[:8]}"
 
     def scope_matchers(self) -> list[Matcher]:
@@ -163,6 +169,8 @@ class SDS:
             self.store: Any = ExactPaneStore(spec.pane_ms)
         elif spec.algorithm == "kll":
             self.store = KLLPaneStore(spec.pane_ms, int(spec.param("k", DEFAULT_K)))
+        elif spec.algorithm == "group":
+            self.store = GroupPaneStore(spec.pane_ms, spec.grouping)
         elif spec.algorithm == "req":
             self.store = KLLPaneStore(spec.pane_ms, int(spec.param("k", REQ_DEFAULT_K)), kind="req")
         else:
@@ -226,10 +234,18 @@ class SDS:
             live_from = self.live_from if self.live_from is not None else np.iinfo(np.int64).min
             floor = self.fold_floor_ms()
             floor = live_from if floor is None else floor
+            dup = np.zeros(len(ts), bool)
+            dup[1:] = (sid[1:] == sid[:-1]) & (ts[1:] == ts[:-1])
+            if self.spec.algorithm == "group":  # order-independent fields only: every sample folds as is
+                keep = ~dup & (ts >= floor)
+                self.store.ingest_sorted(sid[keep], ts[keep], vals[keep], live=True)
+                n_keep = int(keep.sum())
+                self.stats.late_folded += int((keep & (ts < live_from)).sum())
+                self.stats.ingest_cpu_s += time.thread_time() - t0
+                self.stats.ingested_samples += n_keep
+                return
             with self.store.lock:
                 last = self.store.last_t[sid]
-                dup = np.zeros(len(ts), bool)
-                dup[1:] = (sid[1:] == sid[:-1]) & (ts[1:] == ts[:-1])
                 ok = (ts > last) & (ts >= live_from) & ~dup
                 late = ((ts < last) | (ts < live_from)) & (ts >= floor) & ~dup
                 self.store.ingest_sorted(sid[ok], ts[ok], vals[ok], live=True)
@@ -268,6 +284,8 @@ class SDS:
             return (f"rank error <= {req_rank_error(self.store.k, p):.2e} at phi={p:g} (REQ k={self.store.k}, "
                     f"high-rank accuracy, 3 sd ~ 99.7%; {req_rank_error(self.store.k, 0.5) * 2:.4f}*(1-phi) for "
                     f"phi >= 0.5); value within |v - c| * 2^-24 of a sample (float32)")
+        if self.spec.algorithm == "group":
+            return f"exact (cross-series panes per group of {', '.join(self.spec.grouping)})"
         return "exact"
 
     def rank_bound(self, phi: float) -> float:
@@ -297,6 +315,8 @@ class SDS:
     def register(self, labels: list[Labels]) -> np.ndarray:
         ids = np.fromiter((self.registry.sid(l) for l in labels), dtype=np.int64, count=len(labels))
         self.store.ensure_series(len(self.registry.labels))
+        if hasattr(self.store, "assign"):  # group panes: series -> group (per new series only)
+            self.store.assign(ids, labels)
         return ids
 
     def describe(self) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from planner.planned_engine import PlannedEngine
 from planner.planner import Planner, PlannerConfig
 from planner.query_log import QueryLog
 from planner.rewrite import RewriteContext, RewriteHook
-from planner.rewrite_sketch import ordered_rules
+from planner.rewrite_sketch import SketchRewriteHook, ordered_rules
 from planner.summarizer import Summarizer
 
 
@@ -35,7 +35,8 @@ def build(storage: Any, engine: Any, data_dir: str | Path | None, raw_config: di
     summ = Summarizer(storage)
     planner = Planner(cfg, summ, qlog, persistence, storage)
     canary = Canary(cfg.canary_fraction)
-    hook = RewriteHook(RewriteContext(planner.find_sds, canary, cost_based=cfg.cost_based), rules=ordered_rules())
+    hook = SketchRewriteHook(RewriteContext(planner.find_sds, canary, cost_based=cfg.cost_based), rules=ordered_rules(),
+                             find_group=planner.find_group_sds)
     planned = PlannedEngine(engine, hook, qlog, planner) if engine is not None else None
     if persistence is not None:
         # restore SDSs and rebuild their open panes from raw storage before ingestion starts

@@ -1,5 +1,6 @@
 """Over real HTTP (remote write into a real server with an out-of-order window): the planner adopts a
-REQ SDS for a recurring tail-quantile panel without configuration and reports its bound; late samples
+REQ SDS for a recurring tail-quantile panel and a group SDS for a recurring ``sum by (job)
+(sum_over_time(...))`` panel without configuration and reports the bound; late samples
 accepted by storage are folded so exact answers stay equal to exact=true; both survive a restart."""
 from __future__ import annotations
 
@@ -63,10 +64,15 @@ def test_req_adoption_and_late_samples_over_http(ooo_server):
                 end=(end - 60_000) / 1000, step="300")
     rate = dict(query="sum by (job) (rate(req_total[1h]))", start=(end - 2 * 3_600_000) / 1000,
                 end=(end - 60_000) / 1000, step="600")
+    group = dict(query="sum by (job) (sum_over_time(req_total[1h]))", start=(end - 2 * 3_600_000) / 1000,
+                 end=(end - 60_000) / 1000, step="600")
     for _ in range(4):  # recurring panels, nothing configured for them
         assert _get(url, "/api/v1/query_range", **tail)["status"] == "success"
         assert _get(url, "/api/v1/query_range", **rate)["status"] == "success"
-    plans = _wait_plans(url, {"req", "exact"})
+        assert _get(url, "/api/v1/query_range", **group)["status"] == "success"
+    plans = _wait_plans(url, {"req", "exact", "group"})
+    grp = next(p for p in plans if p["algorithm"] == "group")
+    assert grp["metric"] == "req_total" and grp["grouping"] == ["job"]
     req = next(p for p in plans if p["algorithm"] == "req")
     assert req["metric"] == "lat_seconds" and "REQ" in req["error_bound"]
     fast = _get(url, "/api/v1/query_range", **tail, stats="all")
@@ -94,14 +100,18 @@ def test_req_adoption_and_late_samples_over_http(ooo_server):
         late.append((labels, ts[idx] + 5_000, lv))
     _write(url, late)
     for q, step in [("sum by (job) (rate(req_total[1h]))", "600"), ("resets(req_total[2h])", "900"),
-                    ("increase(req_total[30m])", "300")]:
+                    ("increase(req_total[30m])", "300"), ("sum by (job) (sum_over_time(req_total[1h]))", "600"),
+                    ("sum(sum_over_time(req_total[2h]))", "900")]:
         p = dict(query=q, start=(end - 2 * 3_600_000) / 1000, end=(end - 60_000) / 1000, step=step)
         f = _get(url, "/api/v1/query_range", **p)
         e = _get(url, "/api/v1/query_range", **p, exact="true")
         assert any("served from summary" in i for i in f.get("infos", [])), q
         _same(_matrix(f), _matrix(e))
-    ex = next(p for p in _get(url, "/api/v1/planner/plans")["data"]["plans"] if p["algorithm"] == "exact")
+    plans = _get(url, "/api/v1/planner/plans")["data"]["plans"]
+    ex = next(p for p in plans if p["algorithm"] == "exact")
     assert ex["late_folded"] == 36 and ex["late_dropped"] == 0
+    grp = next(p for p in plans if p["algorithm"] == "group")
+    assert grp["late_dropped"] == 0
 
     srv.stop()
     srv2 = ServerProcess(srv.data_dir, ["--config", str(cfg), "--wal-fsync", "never", "--out-of-order-window", "3h"],
@@ -109,12 +119,14 @@ def test_req_adoption_and_late_samples_over_http(ooo_server):
     srv2.start()
     try:
         plans2 = _get(url, "/api/v1/planner/plans")["data"]["plans"]
-        assert {p["algorithm"] for p in plans2} == {"req", "exact"}
+        assert {p["algorithm"] for p in plans2} == {"req", "exact", "group"}
         assert all(p["backfill"]["state"] == "restored" for p in plans2)
         again = _get(url, "/api/v1/query_range", **tail)
         assert any("algorithm req" in i for i in again.get("infos", []))
         _same(_matrix(again), _matrix(fast))
-        f = _get(url, "/api/v1/query_range", **rate)
-        _same(_matrix(f), _matrix(_get(url, "/api/v1/query_range", **rate, exact="true")))
+        for p in (rate, group):
+            f = _get(url, "/api/v1/query_range", **p)
+            assert any("served from summary" in i for i in f.get("infos", [])), p
+            _same(_matrix(f), _matrix(_get(url, "/api/v1/query_range", **p, exact="true")))
     finally:
         srv2.stop()

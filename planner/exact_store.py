@@ -8,6 +8,11 @@ numpy only: group by (series, pane), reduce each group, then merge groups into e
 Each pane also keeps its *entry* pair (previous sample of the series -> first sample of the pane):
 ``entry_corr`` / ``entry_resets`` / ``entry_changes``. A pane range subtracts the entry of its first
 non-empty pane, so ranges that start anywhere stay exact.
+
+Change tracking for readers that keep derived results (``planner/summary_scan.py``'s step cache):
+``version`` counts every write; ``epoch`` counts writes that may change a pane below ``seal_mark``
+(the highest sealed-pane boundary a cached result relied on): backfill, restored rows, entry fixes,
+and live samples that land in such a pane (late or lagging series, rebuilds after late samples).
 """
 from __future__ import annotations
 
@@ -43,6 +48,11 @@ class ExactPaneStore:
         self.shift = np.zeros(0)  # per-series shift constant c (NaN = not chosen yet)
         self.last_t = np.zeros(0, np.int64)  # chain state for live ingest
         self.last_v = np.zeros(0)
+        self.version = 0  # bumped by every write
+        self.epoch = 0  # bumped by writes that may touch panes below seal_mark
+        self.seal_mark = np.iinfo(np.int64).min  # set by result caches: panes below it were sealed when cached
+        self._totals: tuple[int, int, np.ndarray] | None = None  # (version, k0, samples per pane)
+        self.step_cache: object | None = None  # planner.summary_scan.StepCache, attached on first use
 
     # --- capacity --------------------------------------------------------------------------
     # Physical arrays have slack on both sides; ``cols[f]`` is a view whose column 0 is pane ``k0``,
@@ -133,6 +143,9 @@ class ExactPaneStore:
             has_prev = prev_same | ((self.last_t[g_sid] != np.iinfo(np.int64).min) if live else False)
             bc, br, bch = boundary(prev_v, seg.first_v, has_prev)
             self.ensure_panes(int(g_k.min()), int(g_k.max()))
+            self.version += 1
+            if not live or int(g_k.min()) < self.seal_mark:
+                self.epoch += 1
             c = g_k - self.k0
             existing = self.cols["count"][g_sid, c] > 0
             if existing.any():
@@ -167,6 +180,8 @@ class ExactPaneStore:
             if c0 >= self.nk or len(sid) == 0:
                 return
             c0 = max(c0, 0)
+            self.version += 1
+            self.epoch += 1
             cnt = self.cols["count"][sid, c0 : self.nk] > 0
             has = cnt.any(axis=1)
             first = np.argmax(cnt, axis=1) + c0
@@ -228,3 +243,14 @@ class ExactPaneStore:
             c = rows["pane"] - self.k0
             for f in ALL_FIELDS:
                 self.cols[f][s, c] = rows[f]
+            self.version += 1
+            self.epoch += 1
+
+    def pane_totals(self) -> tuple[int, np.ndarray]:
+        """(first pane, samples per pane summed over all series): the raw-read cost model's density."""
+        with self.lock:
+            t = self._totals
+            if t is None or t[0] != self.version:
+                tot = self.cols["count"][: self.ns, : self.nk].sum(axis=0) if self.nk else np.zeros(0, np.int64)
+                t = self._totals = (self.version, self.k0, tot)
+            return t[1], t[2]

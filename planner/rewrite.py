@@ -69,26 +69,51 @@ def _number(node: Any) -> float | None:
 
 
 def _prepare(node: Any, ectx: Any, rctx: RewriteContext, algorithm: str) -> tuple | None:
+    prep, _ = prepare_or_why(node, ectx, rctx, algorithm)
+    return prep
+
+
+def prepare_or_why(node: Any, ectx: Any, rctx: RewriteContext, algorithm: str) -> tuple[tuple | None, str]:
+    """(func, ms, param, matchers, sds, range_ms, ends) when the summary path serves ``node``, else
+    (None, why); why == "cost" carries (sds, func, matchers, range_ms, ends) in ``_LAST_COSTLY``."""
     hit = servable_call(node)
     if hit is None:
-        return None
+        return None, "shape"
     func, ms, param = hit
     vs = ms.vector_selector
     matchers = to_matchers(vs)[0]
     sds = rctx.find_sds(vs.name, algorithm, matchers)
     if sds is None:
-        return None
+        return None, "no sds"
     range_ms = duration_ms(ms.range)
     if range_ms <= 0:
-        return None
+        return None, "range"
     ends = effective_times(vs, ectx)
     lo, hi = sds.coverage()
     plan = plan_windows(ends, range_ms, sds.spec.pane_ms, lo, hi)
     if plan.summary_panes == 0:
-        return None  # no whole covered pane in any window: raw is as cheap
+        return None, "no pane"  # no whole covered pane in any window: raw is as cheap
     if rctx.cost_based and not worth_it(func, plan, range_ms, sds.spec.pane_ms):
-        return None
-    return func, ms, param, matchers, sds, range_ms, ends
+        # a refresh whose steps mostly come from the step cache pays even when the edges are wide
+        if not worth_it_cached(sds, matchers, func, ends, range_ms, plan):
+            return None, "cost"
+    return (func, ms, param, matchers, sds, range_ms, ends), ""
+
+
+def worth_it_cached(sds: SDS, matchers: list, func: str, ends: np.ndarray, range_ms: int, plan: Any) -> bool:
+    """The cost check for a refresh: only the steps the step cache does not hold are computed, so
+    compare their raw edges (not the whole query's) with the raw path's span."""
+    if len(ends) < 2 or sds.spec.algorithm != "exact":
+        return False
+    from planner.summary_scan import cached_mask
+
+    hit = cached_mask(sds, matchers, func, ends, range_ms)
+    if not hit.any():
+        return False
+    lo, hi = sds.coverage()
+    rest = plan_windows(ends[~hit], range_ms, sds.spec.pane_ms, lo, hi)
+    span = int(plan.end.max() - plan.start.min()) if len(plan.end) else 0
+    return edge_span(rest) <= MAX_EDGE_FRACTION * max(span, 1)
 
 
 # Raw evaluation of these costs O(samples in the window) per step; the others are O(samples) per query
@@ -98,18 +123,22 @@ WINDOW_HEAVY = {"sum_over_time", "avg_over_time", "stddev_over_time", "stdvar_ov
 MAX_EDGE_FRACTION = 0.35
 
 
+def edge_span(plan: Any) -> int:
+    """Milliseconds of raw data the summary path reads for ``plan`` (union of its edges)."""
+    iv = plan.raw_intervals()
+    if len(iv) == 0:
+        return 0
+    from planner.window import merge_intervals
+
+    return int(sum(b - a + 1 for a, b in merge_intervals(iv, max_reads=len(iv))))
+
+
 def edge_fraction(plan: Any) -> float:
     """Share of the raw path's time span that the summary path still reads raw (union of edges)."""
-    iv = plan.raw_intervals()
     span = int(plan.end.max() - plan.start.min()) if len(plan.end) else 0
     if span <= 0:
         return 1.0
-    if len(iv) == 0:
-        return 0.0
-    from planner.window import merge_intervals
-
-    covered = sum(b - a + 1 for a, b in merge_intervals(iv, max_reads=len(iv)))
-    return covered / span
+    return edge_span(plan) / span
 
 
 def worth_it(func: str, plan: Any, range_ms: int, pane_ms: int) -> bool:
@@ -127,7 +156,9 @@ def _vector(func: str, r: ScanResult) -> VectorSteps:
 
 def rule_exact(node: Any, ectx: Any, rctx: RewriteContext) -> Served | None:
     """sum/count/avg/min/max/stddev/stdvar/last/first/present_over_time, rate/increase/delta/resets/changes."""
-    prep = _prepare(node, ectx, rctx, "exact")
+    prep, why = prepare_or_why(node, ectx, rctx, "exact")
+    if why == "cost":
+        ectx.extra[_FILL_KEY] = id(node)  # the hook may keep the raw answer's sealed steps
     if prep is None or prep[0] == "quantile_over_time":
         return None
     func, ms, _, matchers, sds, range_ms, ends = prep
@@ -172,6 +203,8 @@ class RewriteHook:
             if served is not None:
                 self._report(served, ectx)
                 return served.value
+        if ectx.extra.pop(_FILL_KEY, None) == id(node):
+            return raw_and_fill(node, ectx, self.rctx)
         return None
 
     def _report(self, s: Served, ectx: Any) -> None:
@@ -183,9 +216,12 @@ class RewriteHook:
         ectx.stats.samples_scanned += s.scan.raw_samples
         ectx.stats.series_touched += len(s.scan.labels)
         ectx.stats.paths.append(f"summary:{sds.id}")
+        cached = s.scan.info.get("cached_steps", 0)
+        reuse = (f"; {cached} of {s.scan.info.get('steps', cached)} steps reused from its step cache (sealed panes, "
+                 f"unchanged since)") if cached else ""
         ectx.annotations.info(
             f"TurboProm info: {s.func}({sds.metric}[...]) served from summary {sds.id} "
-            f"(algorithm {sds.spec.algorithm}, pane {sds.spec.pane_ms // 1000}s, {sds.error_bound()}); "
+            f"(algorithm {sds.spec.algorithm}, pane {sds.spec.pane_ms // 1000}s, {sds.error_bound()}{reuse}); "
             f"pass exact=true for the raw path"
         )
         if s.func in ("rate", "increase"):
@@ -199,3 +235,30 @@ class RewriteHook:
                     break
         if self.rctx.on_served is not None:
             self.rctx.on_served(s, ectx)
+
+
+_FILL_KEY = "planner_fill_step_cache"  # rule_exact: cost check said raw; the hook may fill the step cache
+
+
+def raw_and_fill(node: Any, ectx: Any, rctx: RewriteContext) -> Any:
+    """Evaluate ``node`` on raw data (exactly what the engine would do) and keep the answers of its
+    sealed steps in the SDS's step cache, so the next refresh of this panel computes only its new steps
+    from the summary. The query itself is reported as raw. Range queries only (a refresh repeats steps)."""
+    if len(ectx.step_times) < 2 or ectx.subquery_depth:
+        return None
+    from dataclasses import replace
+
+    from promql.evaluator import Evaluator
+    from planner.summary_scan import fill_from_raw
+
+    val = Evaluator().eval(node, replace(ectx, hooks=()))
+    try:
+        func, ms, _ = servable_call(node)
+        vs = ms.vector_selector
+        matchers = to_matchers(vs)[0]
+        sds = rctx.find_sds(vs.name, "exact", matchers)
+        if sds is not None and isinstance(val, VectorSteps):
+            fill_from_raw(sds, matchers, func, effective_times(vs, ectx), duration_ms(ms.range), val)
+    except Exception:  # noqa: BLE001 - filling a cache must never fail the query
+        log.exception("step cache fill from the raw path failed")
+    return val

@@ -1,12 +1,23 @@
 """Answer ``func(selector[range])`` at every step from an SDS plus raw edge samples.
 
 For each step the window splits into raw left edge + whole covered panes + raw right edge
-(``planner/window.py``). Raw edges are read from storage in a few coalesced reads; exact algorithms
-merge the three parts with ``combine`` (so they equal the raw answer), KLL merges the cached pane-range
-sketch with the edge samples.
+(``planner/window.py``). Raw edges are read from storage in a few reads chosen by a cost model
+(``window.coalesce_reads``: gaps in sparse data are read through, dense stretches between edges are
+not); exact algorithms merge the three parts with ``combine`` (so they equal the raw answer), KLL
+merges the cached pane-range sketch with the edge samples.
+
+Step cache (exact algorithms): a refreshed dashboard asks again for the same step times, shifted by a
+step or two. The answers of steps whose whole window lies in sealed panes are kept per (function,
+matchers, range) and reused, so a refresh only computes its new steps. A cached step is reused only
+while it provably equals a recomputation: same store ``epoch`` (no write since into a pane the step
+relied on being sealed -- late samples, lagging series, backfill, restores all bump it), same coverage
+start and the same registered series; otherwise the entry is dropped. Reuse is reported in the
+query's infos (``rewrite.RewriteHook._report``) and in the plan's ``step_cache`` stats.
 """
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
@@ -17,7 +28,7 @@ from planner.algorithms import exact as ex
 from planner.pane_ranges import range_stats
 from planner.raw_segments import NEEDS, RawPrefix, RawSamples
 from planner.sds import SDS
-from planner.window import WindowPlan, merge_intervals, plan_windows
+from planner.window import WindowPlan, coalesce_reads, plan_windows
 from storage.labels import Labels
 from storage.matchers import Matcher
 from storage.stale import is_stale
@@ -37,9 +48,36 @@ class ScanResult:
     info: dict[str, Any] = field(default_factory=dict)
 
 
+def edge_density(sds: SDS) -> tuple[int, np.ndarray] | None:
+    """(first pane, samples per pane over the SDS's series) for the read cost model, or None."""
+    store = sds.store
+    if hasattr(store, "pane_totals"):
+        return store.pane_totals()
+    panes = getattr(store, "panes", None)
+    if not isinstance(panes, dict) or not panes:
+        return None
+    # sketch stores: per (series, pane) item, recomputed only when panes were added (cost-model input,
+    # so counts that grew by late folds since are fine to be slightly stale)
+    key = (len(panes), getattr(store, "_newest_pane", 0))
+    hit = _SKETCH_DENSITY.get(id(store))
+    if hit is not None and hit[0] == key and hit[1] is store:
+        return hit[2]
+    with store.lock:
+        items = list(panes.items())
+    ks = np.fromiter((k for (_, k), _ in items), np.int64, len(items))
+    ns = np.fromiter((sk.get_n() for _, sk in items), np.int64, len(items))
+    k0 = int(ks.min())
+    tot = np.bincount(ks - k0, weights=ns).astype(np.int64)
+    _SKETCH_DENSITY[id(store)] = (key, store, (k0, tot))
+    return k0, tot
+
+
+_SKETCH_DENSITY: dict[int, tuple] = {}
+
+
 def _read_raw(sds: SDS, source: RawSource, matchers: Sequence[Matcher], plan: WindowPlan,
-              max_reads: int = 2) -> tuple[np.ndarray, RawSamples]:
-    """Read the raw edges (coalesced into <= max_reads reads), register their series.
+              max_reads: int | None = None) -> tuple[np.ndarray, RawSamples]:
+    """Read the raw edges (in the reads ``coalesce_reads`` picks, or <= max_reads), register their series.
 
     Returns (global ids of the selected series, raw samples keyed by position in that list). Each read
     comes back sorted per series; blocks are put in (series, time) order with a block-level sort and
@@ -48,7 +86,14 @@ def _read_raw(sds: SDS, source: RawSource, matchers: Sequence[Matcher], plan: Wi
     blocks_sid, blocks_read, blocks_start, blocks_len = [], [], [], []
     ts_parts, val_parts = [], []
     base = 0
-    for r, (lo, hi) in enumerate(merge_intervals(plan.raw_intervals(), max_reads)):
+    iv = plan.raw_intervals()
+    if max_reads is not None:
+        from planner.window import merge_intervals
+
+        reads = merge_intervals(iv, max_reads)
+    else:
+        reads = coalesce_reads(iv, sds.spec.pane_ms, edge_density(sds) if len(iv) > 1 else None)
+    for r, (lo, hi) in enumerate(reads):
         ss = source.select(matchers, lo, hi)
         if len(ss) == 0:
             continue
@@ -98,12 +143,199 @@ def _ranges(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
     return np.cumsum(out)
 
 
+class _Entry:
+    __slots__ = ("ends", "vals", "present", "sel", "epoch", "cov_lo", "nreg")
+
+    def __init__(self, ends: np.ndarray, vals: np.ndarray, present: np.ndarray, sel: np.ndarray, epoch: int,
+                 cov_lo: int, nreg: int):
+        self.ends, self.vals, self.present, self.sel = ends, vals, present, sel
+        self.epoch, self.cov_lo, self.nreg = epoch, cov_lo, nreg
+
+
+class StepCache:
+    """Per-SDS answers of sealed steps, keyed (function, matchers, range); LRU over keys, the newest
+    ``max_steps`` step times per key."""
+
+    def __init__(self, max_keys: int = 128, max_steps: int = 4096):
+        self.max_keys = max_keys
+        self.max_steps = max_steps
+        self.d: OrderedDict[tuple, _Entry] = OrderedDict()
+        self.lock = threading.Lock()
+        self.hits = 0  # steps answered from the cache
+        self.computed = 0  # steps computed (summary + raw edges)
+        self.invalidations = 0
+
+    def get(self, key: tuple, epoch: int, cov_lo: int, nreg: int) -> _Entry | None:
+        with self.lock:
+            e = self.d.get(key)
+            if e is None:
+                return None
+            if e.epoch != epoch or e.cov_lo != cov_lo or e.nreg != nreg:
+                del self.d[key]
+                self.invalidations += 1
+                return None
+            self.d.move_to_end(key)
+            return e
+
+    def put(self, key: tuple, old: _Entry | None, ends: np.ndarray, vals: np.ndarray, present: np.ndarray,
+            sel: np.ndarray, epoch: int, cov_lo: int, nreg: int) -> None:
+        if len(ends) == 0:
+            return
+        if old is not None:
+            ends = np.concatenate([old.ends, ends])
+            vals = np.concatenate([old.vals, vals], axis=1)
+            present = np.concatenate([old.present, present], axis=1)
+        order = np.argsort(ends, kind="stable")[-self.max_steps:]
+        e = _Entry(ends[order], vals[:, order], present[:, order], sel, epoch, cov_lo, nreg)
+        with self.lock:
+            self.d[key] = e
+            self.d.move_to_end(key)
+            while len(self.d) > self.max_keys:
+                self.d.popitem(last=False)
+
+    def describe(self) -> dict[str, Any]:
+        return {"keys": len(self.d), "steps_reused": self.hits, "steps_computed": self.computed,
+                "invalidations": self.invalidations,
+                "bytes": int(sum(e.vals.nbytes + e.present.nbytes for e in list(self.d.values())))}
+
+
+_CACHE_LOCK = threading.Lock()
+
+
+def step_cache(store: Any) -> StepCache | None:
+    """The store's step cache (exact stores only: they track the ``epoch`` the cache relies on)."""
+    if not hasattr(store, "epoch"):
+        return None
+    c = getattr(store, "step_cache", None)
+    if c is None:
+        with _CACHE_LOCK:
+            c = store.step_cache
+            if c is None:
+                c = store.step_cache = StepCache()
+    return c
+
+
+def cached_mask(sds: SDS, matchers: Sequence[Matcher], func: str, ends: np.ndarray, range_ms: int) -> np.ndarray:
+    """Which of ``ends`` the step cache would answer now (for the rewrite's cost check)."""
+    ends = np.asarray(ends, np.int64)
+    cache = step_cache(sds.store)
+    if cache is None:
+        return np.zeros(len(ends), bool)
+    cov_lo, _ = sds.coverage()
+    e = cache.get((func, tuple(matchers), int(range_ms)), sds.store.epoch, cov_lo, len(sds.registry.labels))
+    if e is None or not len(e.ends):
+        return np.zeros(len(ends), bool)
+    pos = np.minimum(np.searchsorted(e.ends, ends), len(e.ends) - 1)
+    return e.ends[pos] == ends
+
+
+def fill_from_raw(sds: SDS, matchers: Sequence[Matcher], func: str, ends: np.ndarray, range_ms: int, val: Any) -> int:
+    """Keep the sealed steps of a raw-path answer ``val`` (VectorSteps of ``func(sel[range])`` at
+    ``ends``) in the step cache; returns the steps kept. Skipped unless every answered series is one
+    of the SDS's registered series in its ``matchers`` selection (the cache holds rows per series)."""
+    store = sds.store
+    cache = step_cache(store)
+    if cache is None or getattr(val, "hist", None) is not None:
+        return 0
+    ends = np.asarray(ends, np.int64)
+    cov_lo, cov_hi = sds.coverage()
+    sealed = ends < cov_hi * sds.spec.pane_ms
+    if not sealed.any():
+        return 0
+    epoch, nreg = store.epoch, len(sds.registry.labels)
+    sel = sds.registry.match(matchers)
+    row = {int(g): i for i, g in enumerate(sel.tolist())}
+    index = sds.registry.index
+    rows = []
+    for lbl in val.labels:  # per answered series
+        g = index.get(lbl)
+        r = row.get(g) if g is not None else None
+        if r is None:
+            return 0
+        rows.append(r)
+    S = len(sel)
+    vals = np.zeros((S, int(sealed.sum())))
+    present = np.zeros((S, int(sealed.sum())), bool)
+    if rows:
+        ri = np.asarray(rows, np.int64)
+        vals[ri] = val.values[:, sealed]
+        present[ri] = val.present[:, sealed]
+    key = (func, tuple(matchers), int(range_ms))
+    with store.lock:
+        store.seal_mark = max(store.seal_mark, cov_hi)
+        still = store.epoch == epoch
+    if not still:
+        return 0
+    entry = cache.get(key, epoch, cov_lo, nreg)
+    e_ends = ends[sealed]
+    if entry is not None and len(entry.ends):  # keep only steps the entry does not hold yet
+        pos = np.minimum(np.searchsorted(entry.ends, e_ends), len(entry.ends) - 1)
+        new = entry.ends[pos] != e_ends
+        e_ends, vals, present = e_ends[new], vals[:, new], present[:, new]
+    cache.put(key, entry, e_ends, vals, present, sel, epoch, cov_lo, nreg)
+    return len(e_ends)
+
+
 def scan_exact(sds: SDS, source: RawSource, matchers: Sequence[Matcher], func: str, ends: np.ndarray,
                range_ms: int) -> ScanResult:
+    store = sds.store
     cov_lo, cov_hi = sds.coverage()
+    ends = np.asarray(ends, np.int64)
+    cache = step_cache(store)
+    if cache is None:
+        return _scan_exact(sds, source, matchers, func, ends, range_ms, cov_lo, cov_hi)
+    key = (func, tuple(matchers), int(range_ms))
+    epoch, nreg = store.epoch, len(sds.registry.labels)
+    entry = cache.get(key, epoch, cov_lo, nreg)
+    T = len(ends)
+    hit = np.zeros(T, bool)
+    pos = np.zeros(T, np.int64)
+    if entry is not None and len(entry.ends):
+        pos = np.minimum(np.searchsorted(entry.ends, ends), len(entry.ends) - 1)
+        hit = entry.ends[pos] == ends
+    n_hit = int(hit.sum())
+    if n_hit == T:
+        res = ScanResult([sds.registry.labels[i] for i in entry.sel], entry.vals[:, pos], entry.present[:, pos])
+    else:
+        miss = ~hit
+        part = _scan_exact(sds, source, matchers, func, ends[miss], range_ms, cov_lo, cov_hi)
+        if len(sds.registry.labels) != nreg or store.epoch != epoch:
+            # series registered by the edge reads, or a write meanwhile: no reuse in this query
+            if n_hit:
+                part = _scan_exact(sds, source, matchers, func, ends, range_ms, *sds.coverage())
+            part.info.pop("sel", None)
+            part.info.update(cached_steps=0, steps=T)
+            return part
+        sel = part.info.pop("sel")
+        if n_hit:
+            S = len(sel)
+            vals = np.empty((S, T))
+            present = np.empty((S, T), bool)
+            vals[:, hit], present[:, hit] = entry.vals[:, pos[hit]], entry.present[:, pos[hit]]
+            vals[:, miss], present[:, miss] = part.values, part.present
+            res = ScanResult(part.labels, vals, present, raw_samples=part.raw_samples, summary_panes=part.summary_panes)
+        else:
+            res = part
+        sealed = ends[miss] < cov_hi * sds.spec.pane_ms
+        if sealed.any():
+            with store.lock:
+                store.seal_mark = max(store.seal_mark, cov_hi)
+                still = store.epoch == epoch
+            if still:
+                cache.put(key, entry, ends[miss][sealed], part.values[:, sealed], part.present[:, sealed], sel,
+                          epoch, cov_lo, nreg)
+    cache.hits += n_hit
+    cache.computed += T - n_hit
+    res.info["cached_steps"] = n_hit
+    res.info["steps"] = T
+    return res
+
+
+def _scan_exact(sds: SDS, source: RawSource, matchers: Sequence[Matcher], func: str, ends: np.ndarray,
+                range_ms: int, cov_lo: int, cov_hi: int) -> ScanResult:
     plan = plan_windows(ends, range_ms, sds.spec.pane_ms, cov_lo, cov_hi)
     sel, raw = _read_raw(sds, source, matchers, plan)
-    S, T = len(sel), len(ends)
+    S = len(sel)
     store = sds.store
     shift = np.nan_to_num(store.shift[sel], nan=0.0) if S else np.zeros(0)
     fields = NEEDS[func]
@@ -121,7 +353,7 @@ def scan_exact(sds: SDS, source: RawSource, matchers: Sequence[Matcher], func: s
         total = ex.combine(left, right)
     vals, present = finish_exact(func, total, shift[:, None], plan)
     return ScanResult([sds.registry.labels[i] for i in sel], vals, present,
-                      raw_samples=len(raw.ts), summary_panes=plan.summary_panes)
+                      raw_samples=len(raw.ts), summary_panes=plan.summary_panes, info={"sel": sel})
 
 
 def finish_exact(func: str, st: ex.SegStats, shift: np.ndarray, plan: WindowPlan) -> tuple[np.ndarray, np.ndarray]:
@@ -163,34 +395,60 @@ def scan_kll(sds: SDS, source: RawSource, matchers: Sequence[Matcher], phi: floa
              range_ms: int) -> ScanResult:
     """quantile_over_time(phi, sel[range]) per series and step: cached pane-range sketch + raw edges.
 
-    Per (series, step) Python (sketch objects) -- bounded by S x T, never per sample.
+    The store's answer cache is consulted first: raw edges are read and sketches merged only for the
+    steps with a missing answer (a dashboard refresh: its new steps). Per (series, step) Python
+    (sketch objects) -- bounded by S x T, never per sample.
     """
     cov_lo, cov_hi = sds.coverage()
-    plan = plan_windows(ends, range_ms, sds.spec.pane_ms, cov_lo, cov_hi)
-    sel, raw = _read_raw(sds, source, matchers, plan)
-    S, T = len(sel), len(ends)
+    ends = np.asarray(ends, np.int64)
+    T = len(ends)
+    store = sds.store
+    cache = store.results  # whole-window answers reused across dashboard refreshes (sealed windows only)
+    ends_all = ends.tolist()
+    sel0 = sds.registry.match(matchers)
+    got: dict[tuple[int, int], float] = {}
+    need = np.ones(T, bool)
+    if len(sel0):
+        need[:] = False
+        for gs in sel0.tolist():
+            for j, e in enumerate(ends_all):
+                v = cache.get((gs, e, range_ms, phi))
+                if v is None:
+                    need[j] = True
+                else:
+                    got[(gs, j)] = v
+    idx = np.nonzero(need)[0]
+    sub = ends[idx]
+    plan = plan_windows(sub, range_ms, sds.spec.pane_ms, cov_lo, cov_hi)
+    if len(sub):
+        sel, raw = _read_raw(sds, source, matchers, plan)
+    else:
+        sel, raw = sel0, RawSamples(np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0), len(sel0))
+    S = len(sel)
+    vals = np.full((S, T), np.nan)
+    present = np.zeros((S, T), bool)
+    if got:
+        row = {g: i for i, g in enumerate(sel.tolist())}
+        for (gs, j), v in got.items():
+            i = row.get(gs)
+            if i is not None:
+                present[i, j], vals[i, j] = True, v
     pre = RawPrefix(raw, np.zeros(S), frozenset({"count"}))
     llo, lhi = pre.bounds(*plan.left)
     rlo, rhi = pre.bounds(*plan.right)
-    vals = np.full((S, T), np.nan)
-    present = np.zeros((S, T), bool)
-    store = sds.store
     rv = raw.vals
     klo = plan.klo.tolist()
     khi = plan.khi.tolist()
     ends_l = plan.end.tolist()
+    cols = idx.tolist()
     sealed_ms = cov_hi * sds.spec.pane_ms
-    cache = store.results  # whole-window answers reused across dashboard refreshes (sealed windows only)
     for si in range(S):
         gs = int(sel[si])
-        for j in range(T):
-            key = (gs, ends_l[j], range_ms, phi)
-            hit = cache.get(key)
-            if hit is not None:
-                present[si, j], vals[si, j] = True, hit
+        for jj, j in enumerate(cols):
+            if present[si, j]:
                 continue
-            mid = store.range_sketch(gs, klo[j], khi[j]) if khi[j] > klo[j] else None
-            a, b, c, d = llo[si, j], lhi[si, j], rlo[si, j], rhi[si, j]
+            mid = store.range_sketch(gs, klo[jj], khi[jj]) if khi[jj] > klo[jj] else None
+            a, b, c, d = llo[si, jj], lhi[si, jj], rlo[si, jj], rhi[si, jj]
             if b == a and d == c:
                 if mid is None:
                     continue
@@ -214,7 +472,8 @@ def scan_kll(sds: SDS, source: RawSource, matchers: Sequence[Matcher], phi: floa
                 vals[si, j] = np.nan
             else:
                 vals[si, j] = sk.get_quantile(phi)
-            if ends_l[j] < sealed_ms:
-                cache.put(key, float(vals[si, j]))
+            if ends_l[jj] < sealed_ms:
+                cache.put((gs, ends_l[jj], range_ms, phi), float(vals[si, j]))
     return ScanResult([sds.registry.labels[i] for i in sel], vals, present,
-                      raw_samples=len(raw.ts), summary_panes=plan.summary_panes)
+                      raw_samples=len(raw.ts), summary_panes=plan.summary_panes,
+                      info={"cached_steps": int(T - len(idx)), "steps": T})

@@ -74,3 +74,62 @@ def merge_intervals(iv: np.ndarray, max_reads: int = 8) -> list[tuple[int, int]]
         starts = np.concatenate([starts[:1], starts[idx + 1]])
         ends = np.concatenate([ends[idx], ends[-1:]])
     return [(int(a), int(b)) for a, b in zip(starts, ends)]
+
+
+# One more storage read costs about as much as scanning this many samples (index match, a searchsorted
+# per head run / block, the result's concatenation); measured with bench/planner_profile.py.
+READ_COST_SAMPLES = 20_000
+MAX_EDGE_READS = 48
+
+
+def coalesce_reads(iv: np.ndarray, pane_ms: int, density: tuple[int, np.ndarray] | None,
+                   read_cost_samples: float = READ_COST_SAMPLES, max_reads: int = MAX_EDGE_READS) -> list[tuple[int, int]]:
+    """Raw edge intervals -> the storage reads that fetch them at the least estimated cost.
+
+    The union of the intervals is taken first; two neighbouring runs are then read as one only when
+    the samples in the gap between them (estimated from ``density`` = (first pane, samples per pane
+    over all series of the SDS)) cost less than one more read. So edges in sparse history coalesce
+    into one read while edges in dense recent data are read one by one, instead of reading the whole
+    dense stretch between them. Without a density the old rule applies (at most 2 reads).
+    """
+    if density is None:
+        return merge_intervals(iv, max_reads=2)
+    runs = merge_intervals(iv, max_reads=max(len(iv), 1))
+    if len(runs) <= 1:
+        return runs
+    k0, tot = density
+    a = np.array([r[0] for r in runs], np.int64)
+    b = np.array([r[1] for r in runs], np.int64)
+    gap_lo, gap_hi = b[:-1] + 1, a[1:]  # gap i = [b_i + 1, a_{i+1})
+    est = samples_between(gap_lo, gap_hi, int(pane_ms), k0, tot)
+    split = est >= read_cost_samples
+    if int(split.sum()) > max_reads - 1:
+        idx = np.argsort(est, kind="stable")[::-1][: max_reads - 1]
+        split = np.zeros(len(est), bool)
+        split[idx] = True
+    cut = np.nonzero(split)[0]
+    starts = np.concatenate([a[:1], a[cut + 1]])
+    ends = np.concatenate([b[cut], b[-1:]])
+    return [(int(x), int(y)) for x, y in zip(starts, ends)]
+
+
+def samples_between(lo: np.ndarray, hi: np.ndarray, pane_ms: int, k0: int, tot: np.ndarray) -> np.ndarray:
+    """Estimated samples in [lo, hi) from per-pane totals (panes k0.. ; partial panes prorated; time
+    outside the known panes at their mean density)."""
+    n = len(tot)
+    if n == 0:
+        return (hi - lo).astype(np.float64)  # nothing known: one sample per ms (never merges far)
+    mean = float(tot.mean())
+    cum = np.zeros(n + 1)
+    np.cumsum(tot, out=cum[1:])
+
+    def F(t: np.ndarray) -> np.ndarray:  # samples before time t (relative to pane k0's start)
+        x = (t - k0 * pane_ms) / pane_ms  # in panes
+        below = np.minimum(x, 0.0) * mean
+        xi = np.clip(x, 0.0, float(n))
+        k = np.minimum(np.floor(xi).astype(np.int64), n - 1)
+        inside = cum[k] + (xi - k) * tot[k]
+        above = np.maximum(x - n, 0.0) * mean
+        return below + inside + above
+
+    return np.maximum(F(hi.astype(np.float64)) - F(lo.astype(np.float64)), 0.0)

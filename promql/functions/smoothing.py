@@ -10,6 +10,14 @@ from promql.functions.common import iterate_window_positions, scalar_arg, scatte
 from promql.types import Value
 
 
+def _go_f(x: float) -> str:
+    """Go's %f: six decimals, infinities as +Inf/-Inf."""
+    x = float(x)
+    if np.isinf(x):
+        return "+Inf" if x > 0 else "-Inf"
+    return f"{x:f}"
+
+
 @register("double_exponential_smoothing", "holt_winters")
 def double_exponential_smoothing(ctx: FunctionContext, args: list[Value]) -> Value:
     rw = windows_arg(args[0])
@@ -18,12 +26,15 @@ def double_exponential_smoothing(ctx: FunctionContext, args: list[Value]) -> Val
     tf_t = scalar_arg(args[2], T)
     n = rw.hi - rw.lo
     active_steps = (n > 0).any(axis=0)
-    bad_sf = active_steps & ~((sf_t > 0) & (sf_t < 1))
+    # Prometheus refuses sf <= 0 || sf >= 1 (likewise tf): a NaN factor passes that test and
+    # yields NaN results, it is not an error.
+    with np.errstate(invalid="ignore"):
+        bad_sf = active_steps & ((sf_t <= 0) | (sf_t >= 1))
+        bad_tf = active_steps & ((tf_t <= 0) | (tf_t >= 1))
     if bad_sf.any():
-        raise ExecutionError(f"invalid smoothing factor. Expected: 0 < sf < 1, got: {sf_t[bad_sf][0]:f}")
-    bad_tf = active_steps & ~((tf_t > 0) & (tf_t < 1))
+        raise ExecutionError(f"invalid smoothing factor. Expected: 0 < sf < 1, got: {_go_f(sf_t[bad_sf][0])}")
     if bad_tf.any():
-        raise ExecutionError(f"invalid trend factor. Expected: 0 < tf < 1, got: {tf_t[bad_tf][0]:f}")
+        raise ExecutionError(f"invalid trend factor. Expected: 0 < tf < 1, got: {_go_f(tf_t[bad_tf][0])}")
     order, it = iterate_window_positions(rw.lo, n)
     W = order.size
     step_of = order % T if T else order

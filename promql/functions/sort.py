@@ -60,6 +60,12 @@ def sort_desc(ctx: FunctionContext, args: list[Value]) -> Value:
     return _by_value(vector_arg(args[0]), True)
 
 
+def _atoi_ok(chunk: str) -> bool:
+    """Whether Go's strconv.Atoi accepts a chunk: ASCII digits within int64 (longer digit runs
+    fail there with a range error, and such chunks compare as strings)."""
+    return chunk.isascii() and chunk.isdigit() and int(chunk) <= 2**63 - 1
+
+
 def natsort_less(a: str, b: str) -> bool:
     """Natural-order "a < b" as the facette/natsort package Prometheus uses compares strings:
     digit runs compare as integers, other runs as strings."""
@@ -69,7 +75,7 @@ def natsort_less(a: str, b: str) -> bool:
         if i >= len(cb):
             return False
         xb = cb[i]
-        if xa.isdigit() and xb.isdigit() and xa.isascii() and xb.isascii():
+        if _atoi_ok(xa) and _atoi_ok(xb):
             ia, ib = int(xa), int(xb)
             if ia == ib:
                 if i == len(ca) - 1:

@@ -23,16 +23,38 @@ def timestamp(ctx: FunctionContext, args: list[Value]) -> Value:
     return VectorSteps(list(vec.labels), ts / 1000.0, vec.present.copy(), np.ones(vec.num_series, dtype=bool))
 
 
+_I64_MIN = np.iinfo(np.int64).min
+# Go's time package adds this to Unix seconds to get its "absolute" calendar seconds, in uint64:
+# Unix times below -_GO_ABS_SHIFT wrap around by 2**64 (NaN/Inf/out-of-range values convert to
+# the minimum int64 on amd64, which therefore reads as 292277026596-12-04 15:30:08 UTC there).
+_GO_ABS_SHIFT = 9223372028683721448
+_TWO63_DAYS, _TWO63_SOD = divmod(2**63, 86400)
+
+
 def _seconds(v: np.ndarray) -> np.ndarray:
-    """Go's int64(float) conversion (truncation; NaN/Inf give the minimum int64 on amd64)."""
+    """Go's int64(float) conversion on amd64: truncation toward zero; NaN, Inf and values outside
+    [-2^63, 2^63) give the minimum int64."""
     with np.errstate(invalid="ignore"):
-        bad = ~np.isfinite(v) | (np.abs(v) >= 9.2e18)
-        return np.where(bad, np.iinfo(np.int64).min, np.trunc(np.where(bad, 0, v))).astype(np.int64)
+        bad = ~np.isfinite(v) | (v >= 2.0**63) | (v < -(2.0**63))
+        return np.where(bad, _I64_MIN, np.trunc(np.where(bad, 0, v))).astype(np.int64)
+
+
+def _days_and_seconds(secs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Days since 1970-01-01 and second of the day of Unix seconds, as Go's calendar sees them
+    (times below -_GO_ABS_SHIFT wrap around by 2**64, like Go's uint64 absolute seconds)."""
+    days = np.floor_divide(secs, 86400)
+    sod = secs - days * 86400
+    wrap = secs < -_GO_ABS_SHIFT
+    if wrap.any():
+        a = (secs[wrap] + np.int64(2**62)) + np.int64(2**62)  # secs + 2**63, in [0, 2**63)
+        rem = a % 86400 + _TWO63_SOD
+        days[wrap] = a // 86400 + _TWO63_DAYS + rem // 86400  # (secs + 2**64) // 86400
+        sod[wrap] = rem % 86400
+    return days, sod
 
 
 def _civil(secs: np.ndarray) -> dict[str, np.ndarray]:
-    days = np.floor_divide(secs, 86400)
-    sod = secs - days * 86400
+    days, sod = _days_and_seconds(secs)
     d64 = days.astype("datetime64[D]")
     years = d64.astype("datetime64[Y]")
     months = d64.astype("datetime64[M]")

@@ -1,7 +1,8 @@
 """Remote write 1.0 (prometheus.WriteRequest) and 2.0 (io.prometheus.write.v2.Request) decoding.
 
 Input: the snappy-decoded protobuf bytes. Output: a validated columnar SampleBatch plus counts of
-what was not taken (native histograms are out of scope and refused; exemplars are dropped).
+what was not taken (native histograms are out of scope and refused). Exemplars are decoded per
+exemplar (they are sparse) into ``DecodedWrite.exemplar_list`` for ingest/exemplars.py.
 
 Speed: a known series is found by its raw label bytes (v1) or its label strings (v2) in a
 bounded cache, so no Label objects are built for it; samples are decoded column-wise
@@ -15,7 +16,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ingest.errors import IngestError
-from ingest.proto.messages import V1_TYPE_NAMES, V2_TYPE_NAMES, Label, RawWriteRequest, SplitWriteRequest, V2RawRequest
+from ingest.exemplars import Exemplar
+from ingest.proto.messages import (V1_TYPE_NAMES, V2_TYPE_NAMES, Label, RawWriteRequest, SplitWriteRequest, V1Exemplar,
+                                   V2Exemplar, V2RawRequest)
 from ingest.rw_fast import label_keys, walk
 from ingest.sample_columns import decode_sample_region, decode_samples
 from ingest.validation import check_future, validate_pairs
@@ -30,8 +33,9 @@ V2 = "io.prometheus.write.v2.Request"
 class DecodedWrite:
     batch: SampleBatch
     histograms: int = 0  # native histogram samples refused
-    exemplars: int = 0  # exemplars dropped
+    exemplars: int = 0  # exemplars in the request
     metadata: list[MetricMetadata] = field(default_factory=list)
+    exemplar_list: list[Exemplar] = field(default_factory=list)
 
 
 class _SeriesCache:
@@ -84,7 +88,10 @@ class RemoteWriteDecoder:
         check_future(timestamps, sidx, series, self.future_tolerance_ms)
         meta = self._meta_v1(split.metadata)
         batch = SampleBatch(series, sidx, timestamps, values, metadata=meta, tenant=tenant)
-        return DecodedWrite(batch, w.n_histograms, w.n_exemplars, meta)
+        raw = w.raw  # exemplar offsets index the concatenated timeseries bytes
+        exs = [_v1_exemplar(raw[off:off + ln], series[int(ts_local[sid])], sid)
+               for off, ln, sid in zip(w.exemplar_off.tolist(), w.exemplar_len.tolist(), w.exemplar_sid.tolist())]
+        return DecodedWrite(batch, w.n_histograms, w.n_exemplars, meta, exs)
 
     def _new_v1_raw(self, key: bytes, i: int) -> Labels:
         """Validate a series first seen as raw label-field bytes (cached by those bytes)."""
@@ -113,6 +120,7 @@ class RemoteWriteDecoder:
         counts: list[int] = []
         samples: list[bytes] = []
         hist = ex = 0
+        exs: list[Exemplar] = []
         for i, ts in enumerate(req.timeseries):
             key = tuple(ts.labels)
             li = local.get(key)
@@ -131,10 +139,11 @@ class RemoteWriteDecoder:
                 hist += len(ts.histograms)
             if ts.exemplars:
                 ex += len(ts.exemplars)
+                exs.extend(_v1_exemplar(b, series[li], i) for b in ts.exemplars)
         batch = self._batch(series, ts_local, counts, samples, tenant)
         meta = self._meta_v1(req.metadata)
         batch.metadata = meta
-        return DecodedWrite(batch, hist, ex, meta)
+        return DecodedWrite(batch, hist, ex, meta, exs)
 
     def _new_v1(self, key: tuple, i: int) -> Labels:
         pairs = []
@@ -168,6 +177,7 @@ class RemoteWriteDecoder:
         counts: list[int] = []
         samples: list[bytes] = []
         hist = ex = 0
+        exs: list[Exemplar] = []
         meta: dict[str, MetricMetadata] = {}
         for i, ts in enumerate(req.timeseries):
             refs = ts.labels_refs
@@ -201,9 +211,10 @@ class RemoteWriteDecoder:
                 hist += len(ts.histograms)
             if ts.exemplars:
                 ex += len(ts.exemplars)
+                exs.extend(_v2_exemplar(b, series[li], i, symbols) for b in ts.exemplars)
         batch = self._batch(series, ts_local, counts, samples, tenant)
         batch.metadata = list(meta.values())
-        return DecodedWrite(batch, hist, ex, batch.metadata)
+        return DecodedWrite(batch, hist, ex, batch.metadata, exs)
 
     def _new_v2(self, key: tuple, i: int) -> Labels:
         if len(key) % 2:
@@ -222,6 +233,27 @@ class RemoteWriteDecoder:
         sidx = np.repeat(np.asarray(ts_local, np.int64), np.asarray(counts, np.int64))
         check_future(timestamps, sidx, series, self.future_tolerance_ms)
         return SampleBatch(series, sidx, timestamps, values, tenant=tenant)
+
+
+def _v1_exemplar(data: bytes, series: Labels, i: int) -> Exemplar:
+    try:
+        e = V1Exemplar.FromString(data)
+    except Exception as err:  # noqa: BLE001
+        raise IngestError("bad_protobuf", f"protobuf: malformed Exemplar in timeseries {i}: {err}") from None
+    return Exemplar(series, tuple(sorted((lb.name, lb.value) for lb in e.labels)), e.value, e.timestamp)
+
+
+def _v2_exemplar(data: bytes, series: Labels, i: int, symbols: list[str]) -> Exemplar:
+    try:
+        e = V2Exemplar.FromString(data)
+        refs = [symbols[r] for r in e.labels_refs]
+    except IndexError:
+        raise IngestError("bad_protobuf", f"timeseries {i}: exemplar label reference out of range of the symbols table") from None
+    except Exception as err:  # noqa: BLE001
+        raise IngestError("bad_protobuf", f"protobuf: malformed Exemplar in timeseries {i}: {err}") from None
+    if len(refs) % 2:
+        raise IngestError("bad_protobuf", f"timeseries {i}: odd number of exemplar label references ({len(refs)})")
+    return Exemplar(series, tuple(sorted(zip(refs[0::2], refs[1::2]))), e.value, e.timestamp)
 
 
 def _varint(n: int) -> bytes:

@@ -17,7 +17,8 @@ _PAD = 16
 
 
 class Walk:
-    __slots__ = ("starts", "label_end", "sample_off", "sample_len", "sample_sid", "n_exemplars", "n_histograms", "buf", "raw")
+    __slots__ = ("starts", "label_end", "sample_off", "sample_len", "sample_sid", "n_exemplars", "n_histograms", "buf", "raw",
+                 "exemplar_off", "exemplar_len", "exemplar_sid")
 
 
 def walk(tss: list[bytes]) -> Walk | None:
@@ -34,6 +35,9 @@ def walk(tss: list[bytes]) -> Walk | None:
     s_off: list[np.ndarray] = []
     s_len: list[np.ndarray] = []
     s_sid: list[np.ndarray] = []
+    e_off: list[np.ndarray] = []
+    e_len: list[np.ndarray] = []
+    e_sid: list[np.ndarray] = []
     n_ex = n_h = 0
     sid = np.arange(n, dtype=np.int64)
     pos = starts.copy()
@@ -89,7 +93,11 @@ def walk(tss: list[bytes]) -> Walk | None:
                 s_off.append(payload[is_sample])
                 s_len.append(length[is_sample])
                 s_sid.append(sid[is_sample])
-            n_ex += int(is_ex.sum())
+            if is_ex.any():
+                e_off.append(payload[is_ex])
+                e_len.append(length[is_ex])
+                e_sid.append(sid[is_ex])
+                n_ex += int(is_ex.sum())
             n_h += int(is_h.sum())
         pos = nxt
         act = pos < end
@@ -106,6 +114,10 @@ def walk(tss: list[bytes]) -> Walk | None:
     else:
         w.sample_off = w.sample_len = w.sample_sid = np.zeros(0, np.int64)
     w.n_exemplars, w.n_histograms = n_ex, n_h
+    if e_off:
+        w.exemplar_off, w.exemplar_len, w.exemplar_sid = np.concatenate(e_off), np.concatenate(e_len), np.concatenate(e_sid)
+    else:
+        w.exemplar_off = w.exemplar_len = w.exemplar_sid = np.zeros(0, np.int64)
     return w
 
 

@@ -44,6 +44,7 @@ class ParsedText:
     has_ts: np.ndarray  # bool
     lines: np.ndarray  # 1-based line number per sample (messages)
     metadata: list[MetricMetadata] = field(default_factory=list)
+    exemplars: list[tuple[int, str]] = field(default_factory=list)  # (sample row, text after '#'), OpenMetrics
 
     def __len__(self) -> int:
         return len(self.values)
@@ -183,7 +184,39 @@ def parse_text(body: bytes | str, *, openmetrics: bool | None = None) -> ParsedT
     enc = series.dictionary_encode()
     keys = enc.dictionary.to_pylist()
     sidx = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-    return ParsedText(keys, sidx, values, timestamps, has_ts, sample_pos + 1, meta)
+    exemplars: list[tuple[int, str]] = []
+    ex_s = ex.field("exemplar")
+    if openmetrics and ex_s.null_count < len(ex_s):
+        has_ex = pc.fill_null(pc.greater(pc.utf8_length(ex_s), 0), False).to_numpy(zero_copy_only=False)
+        rows = np.nonzero(has_ex)[0]
+        exemplars = list(zip(rows.tolist(), ex_s.filter(pa.array(has_ex)).to_pylist()))
+    return ParsedText(keys, sidx, values, timestamps, has_ts, sample_pos + 1, meta, exemplars)
+
+
+_EXEMPLAR_RE = re.compile(r'^[ \t]*#[ \t]*\{((?:[^"}]|"(?:[^"\\]|\\.)*")*)\}[ \t]+([^ \t]+)(?:[ \t]+([^ \t]+))?[ \t\r]*$')
+
+
+def parse_exemplar(text: str, line: int) -> tuple[tuple[tuple[str, str], ...], float, int | None]:
+    """OpenMetrics ``# {trace_id="abc"} 0.67 [1520879607.789]`` -> (labels, value, ts ms or None)."""
+    m = _EXEMPLAR_RE.match(text)
+    if not m:
+        raise IngestError("bad_text", f"line {line}: invalid exemplar {text.strip()[:200]!r}")
+    body, val, ts = m.groups()
+    pairs: list[tuple[str, str]] = []
+    pos = 0
+    while pos < len(body) and body[pos:].strip():
+        lm = _LABEL_PAIR.match(body, pos)
+        if not lm:
+            raise IngestError("bad_text", f"line {line}: cannot parse exemplar labels {body[:200]!r}")
+        name = lm.group(1) if lm.group(1) is not None else _unescape_value(lm.group(2))
+        pairs.append((name, _unescape_value(lm.group(3))))
+        pos = lm.end()
+    try:
+        value = _parse_float_slow(val)
+        ts_ms = None if ts is None else int(round(float(ts) * 1000.0))
+    except ValueError:
+        raise IngestError("bad_text", f"line {line}: invalid exemplar value or timestamp {text.strip()[:200]!r}") from None
+    return tuple(sorted(pairs)), value, ts_ms
 
 
 def _metadata(comments: pa.Array, pos: np.ndarray, lines: list[str]) -> list[MetricMetadata]:

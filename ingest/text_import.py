@@ -4,7 +4,8 @@ from __future__ import annotations
 import numpy as np
 
 from ingest.errors import IngestError
-from ingest.text_format import ParsedText, parse_series_key, parse_text
+from ingest.exemplars import Exemplar
+from ingest.text_format import ParsedText, parse_exemplar, parse_series_key, parse_text
 from ingest.validation import check_future, now_ms, valid_label_name, validate_pairs
 from storage.batch import SampleBatch
 from storage.labels import Labels
@@ -53,9 +54,25 @@ class TextImporter:
 
     def to_batch(self, body: bytes, *, default_ts_ms: int | None = None, extra_labels: list[tuple[str, str]] = (),
                  openmetrics: bool | None = None, tenant: str = "default") -> SampleBatch:
+        return self.decode(body, default_ts_ms=default_ts_ms, extra_labels=extra_labels, openmetrics=openmetrics,
+                           tenant=tenant)[0]
+
+    def decode(self, body: bytes, *, default_ts_ms: int | None = None, extra_labels: list[tuple[str, str]] = (),
+               openmetrics: bool | None = None, tenant: str = "default") -> tuple[SampleBatch, list[Exemplar]]:
+        """The samples as a batch, plus the OpenMetrics exemplars attached to them."""
         parsed = parse_text(body, openmetrics=openmetrics)
         series = self.labels_for(parsed, tuple(extra_labels))
         ts = parsed.timestamps.copy()
         ts[~parsed.has_ts] = now_ms() if default_ts_ms is None else default_ts_ms
         check_future(ts, parsed.series_index, series, self.future_tolerance_ms)
-        return SampleBatch(series, parsed.series_index, ts, parsed.values, metadata=parsed.metadata, tenant=tenant)
+        batch = SampleBatch(series, parsed.series_index, ts, parsed.values, metadata=parsed.metadata, tenant=tenant)
+        return batch, exemplars_of(parsed, series, ts)
+
+
+def exemplars_of(parsed: ParsedText, series: list[Labels], sample_ts: np.ndarray) -> list[Exemplar]:
+    """Exemplars of the parsed samples; one without a timestamp takes its sample's (as Prometheus's scraper)."""
+    out = []
+    for row, text in parsed.exemplars:
+        labels, value, ts = parse_exemplar(text, int(parsed.lines[row]))
+        out.append(Exemplar(series[int(parsed.series_index[row])], labels, value, int(sample_ts[row]) if ts is None else ts))
+    return out

@@ -205,3 +205,31 @@ def test_scrape_utf8_metric_names(tmp_path, scheme):
     assert np.all(qv == 3.0)
     (_, up), = read_stored(server.data_dir, [Matcher("__name__", "=", "up"), Matcher("job", "=", "u")]).values()
     assert len(up) >= 1 and np.all(up == 1.0)
+
+
+def test_scrape_keeps_openmetrics_exemplars(tmp_path):
+    """A prometheus_client counter incremented with an exemplar: the scraper (OpenMetrics) stores it under
+    the series' final labels, served by /api/v1/query_exemplars."""
+    import urllib.parse
+
+    from tests.helpers import http_json
+
+    reg = CollectorRegistry()
+    c = Counter("tokens", "Tokens generated.", ["model"], registry=reg)
+    c.labels("m").inc(5, exemplar={"trace_id": "4bf92f3577b34da6"})
+    port = free_port()
+    exporter, _ = start_http_server(port, addr="127.0.0.1", registry=reg)
+    cfg = tmp_path / "config.yml"
+    cfg.write_text(f"global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: ex\n    static_configs:\n"
+                   f"      - targets: ['127.0.0.1:{port}']\n")
+    try:
+        with ServerProcess(tmp_path / "data", extra_args=["--config", str(cfg)]) as server:
+            q = urllib.parse.urlencode({"query": 'tokens_total{job="ex"}', "start": time.time() - 60, "end": time.time() + 60})
+            got = []
+            assert _wait_for(lambda: bool(got.extend(http_json(server.url + "/api/v1/query_exemplars?" + q)[1]["data"]) or got))
+    finally:
+        exporter.shutdown()
+    (series,) = got
+    assert series["seriesLabels"] == {"__name__": "tokens_total", "model": "m", "job": "ex", "instance": f"127.0.0.1:{port}"}
+    (ex,) = series["exemplars"]  # one exemplar, however often it was scraped (duplicates are no-ops)
+    assert ex["labels"] == {"trace_id": "4bf92f3577b34da6"} and ex["value"] == "5"

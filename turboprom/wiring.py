@@ -25,11 +25,17 @@ def build_context(config: ServerConfig) -> ServerContext:
     from ingest.scrape.manager import ScrapeManager
     from ingest.validation import set_name_validation_scheme
 
+    from ingest.exemplars import DEFAULT_MAX_EXEMPLARS, ExemplarStore
+
     set_name_validation_scheme(str((config.raw.get("global") or {}).get("metric_name_validation_scheme", "utf8")))
     ctx.components["metadata"] = MetadataStore()
+    # Prometheus's config key: storage.exemplars.max_exemplars (0 disables exemplar storage).
+    ex_cfg = ((config.raw.get("storage") or {}).get("exemplars") or {})
+    ctx.components["exemplars"] = ExemplarStore(int(ex_cfg.get("max_exemplars", DEFAULT_MAX_EXEMPLARS)))
     ctx.components["ingest"] = IngestPipeline.from_config(storage, config.raw, executor=ctx.executor, metadata=ctx.components["metadata"])
     ctx.components["scraper"] = ScrapeManager.from_config(config.raw, ctx.components["ingest"].append_sync, ctx.executor,
                                                           self_url=config.listen, self_interval_s=config.self_scrape_interval_s)
+    ctx.components["scraper"].exemplars = ctx.components["exemplars"]
     # --- G: congestion tracker (ingest sink; writes turboprom_congestion_* back through ingest) ---
     from scheduler_metrics.congestion import CongestionConfig, CongestionTracker
 

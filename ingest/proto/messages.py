@@ -103,6 +103,8 @@ V2TimeSeries = _cls("io.prometheus.write.v2.TimeSeries")
 V2Sample = _cls("io.prometheus.write.v2.Sample")
 V2Metadata = _cls("io.prometheus.write.v2.Metadata")
 V2RawRequest = _cls("io.prometheus.write.v2.RawRequest")
+V2Exemplar = _cls("io.prometheus.write.v2.Exemplar")
+V1Exemplar = Exemplar
 
 V1_TYPE_NAMES = ["unknown", "counter", "gauge", "histogram", "gaugehistogram", "summary", "info", "stateset"]
 V2_TYPE_NAMES = V1_TYPE_NAMES  # same order; 0 = unspecified -> unknown

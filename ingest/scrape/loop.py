@@ -16,7 +16,8 @@ from ingest.scrape.config import ScrapeConfig, format_duration
 from ingest.scrape.process import SeriesState, merge, process_scrape, report_batch, stale_batch
 from ingest.scrape.targets import TargetSpec
 from ingest.validation import name_validation_scheme
-from storage.labels import Labels
+
+DEFAULT_TENANT = "default"  # scraped targets belong to the operatorfrom storage.labels import Labels
 
 log = logging.getLogger("turboprom.scrape")
 
@@ -33,8 +34,9 @@ REPORT = ("up", "scrape_duration_seconds", "scrape_samples_scraped", "scrape_sam
 
 class ScrapeLoop:
     def __init__(self, cfg: ScrapeConfig, spec: TargetSpec, session: aiohttp.ClientSession, append, executor,
-                 *, max_body_bytes: int = 64 * 1024 * 1024):
+                 *, max_body_bytes: int = 64 * 1024 * 1024, exemplars=None):
         self.cfg = cfg
+        self.exemplars = exemplars  # ingest.exemplars.ExemplarStore or None
         self.spec = spec
         self.session = session
         self.append = append  # callable(SampleBatch) -> AppendResult, runs in a worker thread
@@ -154,6 +156,8 @@ class ScrapeLoop:
         self.last_samples = out.scraped
         rep = report_batch(self.spec.labels, scrape_ts, 1.0, dur, out.scraped, out.post_relabel, out.added)
         self.append(merge(out.batch, rep))
+        if out.exemplars and self.exemplars is not None:
+            self.exemplars.add(DEFAULT_TENANT, out.exemplars)
         return ""
 
     def _work_fail(self, _body: bytes, _ctype: str, scrape_ts: int, start: float, err: str) -> str:

@@ -32,6 +32,7 @@ class ScrapeManager:
     def __init__(self, configs: list[ScrapeConfig], append: Callable, executor=None, *, file_sd_poll_s: float = 5.0):
         self.configs = configs
         self.append = append
+        self.exemplars = None  # ingest.exemplars.ExemplarStore: OpenMetrics exemplars of scraped samples
         self.executor = executor
         self.file_sd_poll_s = file_sd_poll_s
         self.loops: dict[str, dict[tuple, ScrapeLoop]] = {c.job_name: {} for c in configs}
@@ -102,7 +103,7 @@ class ScrapeManager:
                 await loops.pop(k).stop(stale=True)
             for k, spec in wanted.items():
                 if k not in loops:
-                    lp = ScrapeLoop(cfg, spec, self._session, self.append, self.executor)
+                    lp = ScrapeLoop(cfg, spec, self._session, self.append, self.executor, exemplars=self.exemplars)
                     loops[k] = lp
                     lp.start()
 

@@ -11,7 +11,8 @@ import numpy as np
 
 from ingest.errors import IngestError
 from ingest.relabel import RelabelConfig, relabel
-from ingest.text_format import parse_series_key, parse_text
+from ingest.exemplars import Exemplar
+from ingest.text_format import parse_exemplar, parse_series_key, parse_text
 from ingest.validation import validate_pairs
 from storage.batch import MetricMetadata, SampleBatch
 from storage.labels import Labels
@@ -38,6 +39,7 @@ class ScrapeOutcome:
     post_relabel: int = 0
     added: int = 0
     metadata: list[MetricMetadata] = field(default_factory=list)
+    exemplars: list[Exemplar] = field(default_factory=list)  # of kept samples, with their final series labels
 
 
 def target_series_labels(pairs: tuple[tuple[str, str], ...], target: Labels, honor_labels: bool,
@@ -100,7 +102,15 @@ def process_scrape(body: bytes, content_type: str, scrape_ts: int, target: Label
     out_ts = np.concatenate([np.asarray(ts, np.int64), np.full(len(extra_series), scrape_ts, np.int64)])
     out_vals = np.concatenate([vals, np.full(len(extra_series), STALE_NAN)])
     batch = SampleBatch(out_series, out_idx, out_ts, out_vals, metadata=parsed.metadata)
-    return ScrapeOutcome(batch, n, post, added, parsed.metadata)
+    exemplars = []
+    if parsed.exemplars:  # sparse: per exemplar; one without a timestamp takes its sample's
+        rows = np.array([r for r, _ in parsed.exemplars], np.int64)
+        kept = np.cumsum(keep) - 1
+        for (row, text), ok in zip(parsed.exemplars, keep[rows].tolist()):
+            if ok:
+                lab, val, ets = parse_exemplar(text, int(parsed.lines[row]))
+                exemplars.append(Exemplar(labels[int(parsed.series_index[row])], lab, val, int(ts[kept[row]]) if ets is None else ets))
+    return ScrapeOutcome(batch, n, post, added, parsed.metadata, exemplars)
 
 
 def report_batch(target: Labels, scrape_ts: int, up: float, duration_s: float, scraped: int, post: int, added: int,

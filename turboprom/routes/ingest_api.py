@@ -115,6 +115,20 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
         lim = ctx.components.get("limits")
         return lim.check_batch(batch, tenant) if lim is not None else batch
 
+    async def store_exemplars(protocol: str, tenant: str, exemplars: list) -> int:
+        """Exemplars go to the in-memory exemplar store (ingest/exemplars.py) after their samples;
+        refused ones (out of order, label set too long) are counted, not errors, as in Prometheus."""
+        store = ctx.components.get("exemplars")
+        if not exemplars:
+            return 0
+        if store is None:
+            metrics.EXEMPLARS_DROPPED.labels(protocol=protocol).inc(len(exemplars))
+            return 0
+        res = await asyncio.get_running_loop().run_in_executor(ctx.executor, store.add, tenant, exemplars)
+        if res.out_of_order or res.invalid:
+            metrics.EXEMPLARS_DROPPED.labels(protocol=protocol).inc(res.out_of_order + res.invalid)
+        return res.added + res.duplicates
+
     def answer_storage_error(protocol: str, e: OSError) -> web.Response:
         """Disk full (or another I/O failure) while writing the WAL: nothing of the request was
         acknowledged or applied; 503 + Retry-After so senders back off and retry."""
@@ -153,6 +167,7 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
                 decoded = await loop.run_in_executor(ctx.executor, decode)
                 batch = await loop.run_in_executor(ctx.executor, lambda: limited(label_batch(decoded.batch, tenant), tenant))
                 result = await pipeline.submit(batch, reserved=True)
+                ex_written = await store_exemplars(protocol, tenant, decoded.exemplar_list)
         except IngestError as e:
             return answer_error(protocol, e)
         except OSError as e:
@@ -163,11 +178,9 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
         for reason, n in result.rejected.items():
             metrics.reject(protocol, reason, n)
         metrics.reject(protocol, "native_histogram_unsupported", decoded.histograms)
-        if decoded.exemplars:
-            metrics.EXEMPLARS_DROPPED.labels(protocol=protocol).inc(decoded.exemplars)
         headers = {}
         if proto == V2:
-            headers = dict(zip(V2_HEADERS, (str(result.accepted + result.duplicates), "0", "0")))
+            headers = dict(zip(V2_HEADERS, (str(result.accepted + result.duplicates), "0", str(ex_written))))
         problems = []
         if result.rejected_total:
             detail = ", ".join(f"{n} {r.replace('_', ' ')}" for r, n in sorted(result.rejected.items()))
@@ -208,11 +221,12 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
                         data = bytes(decompress(data, max_decoded))
                     elif enc not in ("", "identity"):
                         raise IngestError("bad_encoding", f"unsupported Content-Encoding {enc!r}", status=415)
-                    return importer.to_batch(data, default_ts_ms=default_ts, extra_labels=extra, openmetrics=openmetrics)
+                    return importer.decode(data, default_ts_ms=default_ts, extra_labels=extra, openmetrics=openmetrics)
 
-                batch = await loop.run_in_executor(ctx.executor, decode)
+                batch, exemplars = await loop.run_in_executor(ctx.executor, decode)
                 batch = await loop.run_in_executor(ctx.executor, lambda: limited(label_batch(batch, tenant), tenant))
                 result = await pipeline.submit(batch, reserved=True)
+                await store_exemplars(protocol, tenant, exemplars)
         except IngestError as e:
             return answer_error(protocol, e)
         except OSError as e:

@@ -17,6 +17,7 @@ from typing import Any
 from aiohttp import web
 
 from promql.errors import PromQLError
+from promql.eval_selectors import to_matchers
 from promql.types import QueryResult
 from turboprom import api_json
 from turboprom.api_ast import translate_ast
@@ -263,14 +264,40 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
             raise APIError("bad_data", str(e)) from None
         if not _has_selector(expr):
             return web.Response(status=204)  # Prometheus: nothing to select, no content
-        # No exemplar storage: every selector has no exemplars (a well-formed empty answer).
-        return ok([])
+        try:
+            matcher_sets = [ms for vs in _vector_selectors(expr) for ms in to_matchers(vs)]
+        except PromQLError as e:
+            raise APIError("bad_data", str(e)) from None
+        store = ctx.components.get("exemplars")
+        if store is None:
+            return ok([])
+        tenant = request_tenant(request)
+        found = await run_off_loop(ctx, lambda: store.query(tenant, matcher_sets, start, end))
+        return ok([{"seriesLabels": dict(series),
+                    "exemplars": [{"labels": dict(e.labels), "value": api_json.format_value(e.value),
+                                   "timestamp": e.ts / 1000} for e in exs]} for series, exs in found])
 
     add_get_post(app, "/api/v1/query", query)
     add_get_post(app, "/api/v1/query_range", query_range)
     add_get_post(app, "/api/v1/format_query", format_query)
     add_get_post(app, "/api/v1/parse_query", parse_query)
     add_get_post(app, "/api/v1/query_exemplars", query_exemplars)
+
+
+def _vector_selectors(node: Any) -> list[Any]:
+    kind = type(node).__name__
+    if kind == "VectorSelector":
+        return [node]
+    if kind == "MatrixSelector":
+        return [node.vector_selector]
+    out: list[Any] = []
+    for attr in ("expr", "lhs", "rhs", "param"):
+        child = getattr(node, attr, None)
+        if child is not None and not isinstance(child, (str, int, float)):
+            out.extend(_vector_selectors(child))
+    for c in getattr(node, "args", None) or []:
+        out.extend(_vector_selectors(c))
+    return out
 
 
 def _has_selector(node: Any) -> bool:

@@ -1,11 +1,14 @@
 """The in-memory head: recent samples as columnar runs.
 
 Accepted batches are appended as (sid, ts, value) column triples to a pending list (O(1) per batch,
-no sort on the ingest path). A read or a block cut seals pending data into a *run*: the same columns
+no sort on the ingest path). The maintenance thread (every second), a block cut, or a read that finds
+more than ``SEAL_ON_READ_ROWS`` unsealed rows seals pending data into a *run*: the same columns
 sorted by (sid, ts). Runs are merged LSM-style (a run is merged into its predecessor while that one is
-at most twice its size), so a read touches a few sorted runs and finds a series by binary search.
+at most twice its size), so a read touches a few sorted runs. Each run carries its time range and a
+composite key (sid, ts) built when the run is built (off the read path), so a time-bounded read of k
+series costs O(k log n + result) per run and skips runs and pending pieces outside its time range.
 Runs are immutable once built; readers take a snapshot of the run list under the lock and work
-outside it.
+outside it. One seal lock orders everything that replaces the run list (seal, merges, deletions).
 
 Validation (``prepare``) is vectorized over the batch: future timestamps, in-batch duplicates,
 out-of-order against each series' last timestamp, exact duplicates (idempotent) and conflicting
@@ -15,10 +18,11 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
-from storage.columns import (EMPTY_I64, INT64_MAX, INT64_MIN, dedupe_sorted, find_keys, group_bounds, grow, merge_sorted_parts,
+from storage.columns import (INT64_MAX, INT64_MIN, dedupe_sorted, find_keys, group_bounds, grow, merge_sorted_parts,
                              order_by_series_time, sort_by_series_time, take_ranges, unique)
 
 R_FUTURE = "too_far_in_future"
@@ -27,38 +31,67 @@ R_TOO_OLD = "too_old"
 R_DUP_TS = "duplicate_timestamp"
 
 
-@dataclass(frozen=True)
+# A read that finds more unsealed rows than this sorts them into a run first (when no other seal is
+# running): bounded scan work per read; the sort is paid once for all later reads.
+SEAL_ON_READ_ROWS = 1 << 16
+
+
 class Run:
-    sid: np.ndarray
-    ts: np.ndarray
-    val: np.ndarray
-    # (tmin, span, key) with key = sid * span + (ts - tmin), monotone over the run; built on the
-    # first time-bounded read so a short range is found by binary search, not a scan + filter.
-    _key: list = field(default_factory=list, compare=False, repr=False)
+    """Rows sorted by (sid, ts) without repeated keys, plus what bounded reads search in.
+
+    ``key = sid * span + (ts - tmin)`` is monotone over the run (8 bytes per row); it is None when it
+    would not fit in int64 (huge time spans), and reads then filter the series' rows instead."""
+
+    __slots__ = ("sid", "ts", "val", "tmin", "tmax", "span", "key")
+
+    def __init__(self, sid: np.ndarray, ts: np.ndarray, val: np.ndarray) -> None:
+        self.sid, self.ts, self.val = sid, ts, val
+        self.key: np.ndarray | None = None
+        if len(sid) == 0:
+            self.tmin, self.tmax, self.span = INT64_MAX, INT64_MIN, 0
+            return
+        self.tmin, self.tmax = int(ts.min()), int(ts.max())
+        self.span = self.tmax - self.tmin + 1
+        if int(sid[0]) >= 0 and (int(sid[-1]) + 1) * self.span < (1 << 62):
+            key = sid * np.int64(self.span)
+            key += ts
+            key -= np.int64(self.tmin)
+            self.key = key
 
     def __len__(self) -> int:
         return len(self.sid)
 
+    def overlaps(self, mint: int, maxt: int) -> bool:
+        return self.tmin <= maxt and self.tmax >= mint
+
     def bounds(self, sids: np.ndarray, mint: int, maxt: int) -> tuple[np.ndarray, np.ndarray] | None:
-        """[lo, hi) row ranges of ``sids`` restricted to [mint, maxt], or None if the composite
-        key would not fit in int64 (caller filters instead)."""
-        if not self._key:
-            tmin, tmax = int(self.ts.min()), int(self.ts.max())
-            span = tmax - tmin + 1
-            if (int(self.sid[-1]) + 1) * span >= (1 << 62):
-                self._key.append(None)
-            else:
-                self._key.append((tmin, tmax, span, self.sid * np.int64(span) + (self.ts - np.int64(tmin))))
-        k = self._key[0]
-        if k is None:
-            return None
-        tmin, tmax, span, key = k
-        lo_t, hi_t = max(mint, tmin), min(maxt, tmax)
+        """[lo, hi) row ranges of ``sids`` restricted to [mint, maxt], or None if the run has no
+        composite key (caller filters instead)."""
+        lo_t, hi_t = max(mint, self.tmin), min(maxt, self.tmax)
         if lo_t > hi_t:
-            return EMPTY_I64, EMPTY_I64
-        base = sids * np.int64(span)
-        return (np.searchsorted(key, base + np.int64(lo_t - tmin), "left"),
-                np.searchsorted(key, base + np.int64(hi_t - tmin), "right"))
+            none = np.zeros(len(sids), dtype=np.int64)
+            return none, none
+        key = self.key
+        if key is None:
+            return None
+        # One search for both ends, needles interleaved (lo_0, hi_0, lo_1, ...; ascending): each end
+        # is found next to the other (cache-warm). "right of hi" == "left of hi + 1" on int keys.
+        base = sids * np.int64(self.span)
+        needles = np.empty(2 * len(sids), dtype=np.int64)
+        np.add(base, np.int64(lo_t - self.tmin), out=needles[0::2])
+        np.add(base, np.int64(hi_t - self.tmin + 1), out=needles[1::2])
+        pos = np.searchsorted(key, needles, "left")
+        return pos[0::2], pos[1::2]
+
+
+class Piece(NamedTuple):
+    """Accepted rows not yet sealed (in no particular order), with their time range."""
+
+    sid: np.ndarray
+    ts: np.ndarray
+    val: np.ndarray
+    tmin: int
+    tmax: int
 
 
 @dataclass
@@ -86,9 +119,10 @@ class Prepared:
 class Head:
     def __init__(self) -> None:
         self.lock = threading.RLock()
+        self._seal_lock = threading.RLock()  # held by whatever replaces the run list
         self._runs: list[Run] = []
-        self._pending: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-        self._sealing: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self._pending: list[Piece] = []
+        self._sealing: list[Piece] = []
         self._pending_n = 0
         self.num_samples = 0
         self.mint = INT64_MAX
@@ -211,103 +245,134 @@ class Head:
         self.last_bits[u[newer]] = val[last[newer]].view(np.uint64)
         self.series_min[u] = np.minimum(self.series_min[u], ts[starts])
         self.series_max[u] = np.maximum(self.series_max[u], ts[last])
+        tmin, tmax = int(ts.min()), int(ts.max())
+        if as_run:
+            run = Run(sid, ts, val)
+            with self._seal_lock:
+                self.seal(merge=False)  # earlier pending rows stay ahead of this run
+                with self.lock:
+                    self._runs = self._runs + [run]
+                    self._account(len(sid), tmin, tmax)
+            return
         with self.lock:
-            if as_run:
-                self._seal()
-                self._runs = self._runs + [Run(sid, ts, val)]
-                self.num_samples += len(sid)
-                self.mint = min(self.mint, int(ts.min()))
-                self.maxt = max(self.maxt, int(ts.max()))
-                return
-            self._pending.append((sid, ts, val))
+            self._pending.append(Piece(sid, ts, val, tmin, tmax))
             self._pending_n += len(sid)
-            self.num_samples += len(sid)
-            self.mint = min(self.mint, int(ts.min()))
-            self.maxt = max(self.maxt, int(ts.max()))
+            self._account(len(sid), tmin, tmax)
             if len(self._pending) > 64:
                 self._pending = [self._concat_pending()]
 
-    def _concat_pending(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _account(self, n: int, tmin: int, tmax: int) -> None:
+        self.num_samples += n
+        self.mint = min(self.mint, tmin)
+        self.maxt = max(self.maxt, tmax)
+
+    def _concat_pending(self) -> Piece:
         p = self._pending
         if len(p) == 1:
             return p[0]
-        return (np.concatenate([x[0] for x in p]), np.concatenate([x[1] for x in p]), np.concatenate([x[2] for x in p]))
+        return Piece(np.concatenate([x.sid for x in p]), np.concatenate([x.ts for x in p]), np.concatenate([x.val for x in p]),
+                     min(x.tmin for x in p), max(x.tmax for x in p))
 
-    def seal(self) -> list[Run]:
-        """Sort pending rows into a run (LSM merges included) and return the run list.
+    def seal(self, merge: bool = True) -> list[Run]:
+        """Sort pending rows into a run, then (``merge``) do the LSM merges; return the run list.
 
-        The sort runs outside the lock; meanwhile readers still see the rows as unsorted pieces.
-        Callers serialise seal with truncation/deletion (the TSDB maintenance lock, or a single
-        thread during replay)."""
-        with self.lock:
-            if not self._pending:
+        The sort and the merges run outside the read lock: readers see the rows as unsorted pieces
+        until the sorted run is published (right after the sort), and the runs before a merge until
+        the merged run replaces them."""
+        with self._seal_lock:
+            with self.lock:
+                pieces = self._pending
+                if pieces:
+                    self._sealing = pieces
+                    self._pending = []
+                    self._pending_n = 0
+            if pieces:
+                s, t, v = sort_by_series_time(np.concatenate([x.sid for x in pieces]), np.concatenate([x.ts for x in pieces]),
+                                              np.concatenate([x.val for x in pieces]))
+                run = Run(s, t, v)
+                with self.lock:
+                    self._runs = self._runs + [run]
+                    self._sealing = []
+            if merge:
+                runs = list(self._runs)  # only seal-lock holders replace the run list
+                merged = False
+                while len(runs) >= 2 and len(runs[-2]) <= 2 * len(runs[-1]):
+                    b = runs.pop()
+                    a = runs.pop()
+                    runs.append(Run(*merge_sorted_parts([(a.sid, a.ts, a.val), (b.sid, b.ts, b.val)])))
+                    merged = True
+                if merged:
+                    with self.lock:
+                        self._runs = runs
+            with self.lock:
                 return list(self._runs)
-            pieces = self._pending
-            self._sealing = pieces
-            self._pending = []
-            self._pending_n = 0
-            runs = list(self._runs)
-        s, t, v = sort_by_series_time(np.concatenate([x[0] for x in pieces]), np.concatenate([x[1] for x in pieces]),
-                                      np.concatenate([x[2] for x in pieces]))
-        runs.append(Run(s, t, v))
-        while len(runs) >= 2 and len(runs[-2]) <= 2 * len(runs[-1]):
-            b = runs.pop()
-            a = runs.pop()
-            runs.append(Run(*merge_sorted_parts([(a.sid, a.ts, a.val), (b.sid, b.ts, b.val)])))
-        with self.lock:
-            self._runs = runs
-            self._sealing = []
-            return list(runs)
+
+    def _seal_for_read(self) -> None:
+        """Sort pending rows into a run (no merges) unless another seal is running right now."""
+        if self._seal_lock.acquire(blocking=False):
+            try:
+                self.seal(merge=False)
+            finally:
+                self._seal_lock.release()
 
     _seal = seal
 
     # --- read path ----------------------------------------------------------------------------
 
-    def _snapshot(self) -> tuple[list[Run], list[tuple[np.ndarray, np.ndarray, np.ndarray]]]:
+    def _snapshot(self) -> tuple[list[Run], list[Piece]]:
         with self.lock:
             return list(self._runs), list(self._pending) + list(self._sealing)
 
     snapshot = _snapshot
 
     @staticmethod
-    def rows_of(snap: tuple[list[Run], list[tuple[np.ndarray, np.ndarray, np.ndarray]]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def rows_of(snap: tuple[list[Run], list[Piece]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """All rows of a snapshot, sorted by (sid, ts)."""
         runs, pieces = snap
         parts = [(r.sid, r.ts, r.val) for r in runs]
         if pieces:
-            parts.append(dedupe_sorted(*sort_by_series_time(np.concatenate([p[0] for p in pieces]),
-                                                            np.concatenate([p[1] for p in pieces]),
-                                                            np.concatenate([p[2] for p in pieces]))))
+            parts.append(dedupe_sorted(*sort_by_series_time(np.concatenate([p.sid for p in pieces]),
+                                                            np.concatenate([p.ts for p in pieces]),
+                                                            np.concatenate([p.val for p in pieces]))))
         return merge_sorted_parts(parts)
 
     def gather(self, sids: np.ndarray, mint: int = INT64_MIN, maxt: int = INT64_MAX) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Rows of the given sorted unique series ids within [mint, maxt], sorted by (sid, ts)."""
         runs, pieces = self._snapshot()
+        if sum(len(p.sid) for p in pieces) > SEAL_ON_READ_ROWS:
+            self._seal_for_read()
+            runs, pieces = self._snapshot()
         bounded = mint != INT64_MIN or maxt != INT64_MAX
         parts = []
         for r in runs:
-            b = r.bounds(sids, mint, maxt) if bounded and len(r) else None
+            if not r.overlaps(mint, maxt):
+                continue
+            b = r.bounds(sids, mint, maxt) if bounded else None
             if b is not None:
-                idx = take_ranges(*b)
-                s, t, v = r.sid[idx], r.ts[idx], r.val[idx]
+                lo, hi = b
+                idx = take_ranges(lo, hi)
+                # the series ids of the result are known: no gather of r.sid
+                s, t, v = np.repeat(sids, hi - lo), r.ts[idx], r.val[idx]
             else:
                 lo = np.searchsorted(r.sid, sids, "left")
                 hi = np.searchsorted(r.sid, sids, "right")
                 idx = take_ranges(lo, hi)
-                s, t, v = r.sid[idx], r.ts[idx], r.val[idx]
+                s, t, v = np.repeat(sids, hi - lo), r.ts[idx], r.val[idx]
                 if bounded and len(s):
                     m = (t >= mint) & (t <= maxt)
                     if not m.all():
                         s, t, v = s[m], t[m], v[m]
             if len(s):
                 parts.append((s, t, v))
-        if pieces:
-            # Not yet sealed: a vectorized scan with a membership mask, then sort what matched.
-            sel = np.zeros(max(int(sids[-1]) + 1 if len(sids) else 0, len(self.last_ts)), dtype=bool)
-            sel[sids] = True
+        pieces = [p for p in pieces if p.tmin <= maxt and p.tmax >= mint]
+        if pieces and len(sids):
+            # Not yet sealed (at most about SEAL_ON_READ_ROWS rows, unless a seal is running): a
+            # vectorized membership test by binary search in the wanted ids, then sort what matched.
             got = []
-            for ps, pt, pv in pieces:
-                m = sel[np.minimum(ps, len(sel) - 1)] & (ps < len(sel))
+            last = len(sids) - 1
+            for ps, pt, pv, _, _ in pieces:
+                pos = np.minimum(np.searchsorted(sids, ps), last)
+                m = sids[pos] == ps
                 if bounded:
                     m &= (pt >= mint) & (pt <= maxt)
                 if m.any():
@@ -323,10 +388,13 @@ class Head:
         runs = self.seal()
         parts = []
         for r in runs:
-            m = (r.ts >= mint) & (r.ts <= maxt)
-            if m.all():
+            if not r.overlaps(mint, maxt):
+                continue
+            if mint <= r.tmin and r.tmax <= maxt:
                 parts.append((r.sid, r.ts, r.val))
-            elif m.any():
+                continue
+            m = (r.ts >= mint) & (r.ts <= maxt)
+            if m.any():
                 parts.append((r.sid[m], r.ts[m], r.val[m]))
         return merge_sorted_parts(parts)
 
@@ -345,8 +413,8 @@ class Head:
 
     def drop_rows(self, drop) -> None:  # drop: callable(Run) -> bool mask of rows to remove
         """Rebuild runs without the rows ``drop`` selects. Caller holds the write lock."""
-        runs = self._seal()
-        with self.lock:
+        with self._seal_lock:  # no seal may publish a run list built before this one
+            runs = self._seal()
             new_runs = []
             for r in runs:
                 m = drop(r)
@@ -356,8 +424,9 @@ class Head:
                         new_runs.append(Run(r.sid[keep], r.ts[keep], r.val[keep]))
                 else:
                     new_runs.append(r)
-            self._runs = new_runs
-            self._recompute_ranges()
+            with self.lock:
+                self._runs = new_runs
+                self._recompute_ranges()
 
     def truncate_before(self, t: int) -> None:
         self.drop_rows(lambda r: r.ts < t)

@@ -37,6 +37,7 @@ from storage.series_set import SeriesSet
 from storage.wal import WAL, Handler, replay_wal
 
 log = logging.getLogger("turboprom.storage")
+_IN_ORDER = np.empty(0, dtype=np.int64)  # order cache marker: ids already in label order
 
 
 class TSDB:
@@ -54,6 +55,7 @@ class TSDB:
         self.min_valid_time = INT64_MIN
         self._maint_lock = threading.Lock()  # one maintenance pass at a time
         self._json_ids: dict[str, int] = {}
+        self._order_cache: dict[bytes, np.ndarray] = {}  # sorted ids (bytes) -> output order by labels
         self._load_blocks()
         if self._blocks:
             self._catalog_changed()
@@ -134,15 +136,17 @@ class TSDB:
         raise AssertionError("unreachable")
 
     def _select_ids(self, sids: np.ndarray, mint: int, maxt: int) -> SeriesSet:
+        # The head first, then the blocks: a head cut adds its block before it truncates the head,
+        # so rows being persisted are seen in one or both (merged without repeats), never in neither.
         parts = []
+        s, t, v = self.head.gather(sids, mint, maxt)
+        if len(s):
+            parts.append((s, t, v))
         for b in self._blocks_snapshot():
             if b.maxt >= mint and b.mint <= maxt:
                 s, t, v = b.gather(sids, mint, maxt)
                 if len(s):
                     parts.append((s, t, v))
-        s, t, v = self.head.gather(sids, mint, maxt)
-        if len(s):
-            parts.append((s, t, v))
         if not parts:
             return SeriesSet.empty()
         return self._to_series_set(*merge_sorted_parts(parts))
@@ -166,13 +170,22 @@ class TSDB:
         u, starts, ends = group_bounds(s)
         labels_all = self.index.labels
         lbls = [labels_all[i] for i in u.tolist()]
-        perm = sorted(range(len(u)), key=lbls.__getitem__)
-        if perm != list(range(len(u))):
-            p = np.asarray(perm, dtype=np.int64)
+        # Output order (by labels) of a set of ids: cached, since dashboards and the planner read the
+        # same series again and again and an id's labels never change (ids are never reused).
+        ck = u.tobytes() if len(u) <= 16384 else None
+        p = self._order_cache.get(ck) if ck is not None else None
+        if p is None:
+            perm = sorted(range(len(u)), key=lbls.__getitem__)
+            p = _IN_ORDER if perm == list(range(len(u))) else np.asarray(perm, dtype=np.int64)
+            if ck is not None:
+                if len(self._order_cache) >= 512:
+                    self._order_cache.clear()
+                self._order_cache[ck] = p
+        if p is not _IN_ORDER:
             idx = ranges_index(starts[p], ends[p])
             t, v = t[idx], v[idx]
             lens = (ends - starts)[p]
-            lbls = [lbls[i] for i in perm]
+            lbls = [lbls[i] for i in p.tolist()]
         else:
             lens = ends - starts
         offsets = np.zeros(len(u) + 1, dtype=np.int64)

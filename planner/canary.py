@@ -132,6 +132,16 @@ class Canary:
                 err = float("inf") if (missing or extra) else exact_error(sv, sp, rv, rp)
                 bound = 1e-9
                 errs = [err]
+            elif alg == "cpc":  # distinct count: relative error per step against the stated 3-RSE bound
+                bound = served.sds.relative_bound()
+                errs = []
+                if missing or extra or (sp != rp).any():
+                    errs = [float("inf")]
+                else:
+                    with np.errstate(all="ignore"):
+                        rel = np.abs(sv[sp] - rv[sp]) / np.maximum(np.abs(rv[sp]), 1.0)
+                    errs = [float(e) for e in rel]
+                err = max(errs) if errs else 0.0
             else:
                 # rank errors need the raw windows of the served series, in served order
                 tol = None

@@ -99,8 +99,8 @@ class Candidate:
     def key(self) -> tuple[str, str]:
         """SDS sharing key: one SDS per (metric, algorithm) serves every matcher subset, range, step,
         quantile and grouping above it; a group SDS is specific to its scope and grouping."""
-        if self.algorithm == "group":
-            return (self.metric, f"group|{self.matchers}|{self.grouping}")
+        if self.algorithm in ("group", "cpc"):
+            return (self.metric, f"{self.algorithm}|{self.matchers}|{self.grouping}")
         return (self.metric, self.algorithm)
 
 
@@ -160,6 +160,36 @@ def group_shape(node: Any) -> tuple[str, tuple[str, ...], str, Any] | None:
     return op, by, hit[0], hit[1]
 
 
+# range functions present exactly when the series has a sample in the window (distinct-count patterns)
+DISTINCT_FUNCS = {"count_over_time", "present_over_time", "last_over_time"}
+SERIES_ITEM = "__series__"
+
+
+def distinct_shape(node: Any) -> tuple[tuple[str, ...], str, Any] | None:
+    """(item labels, func, matrix selector) for ``count(count by (L) (f(sel[r])))`` (distinct L tuples
+    among the series active in the window; item labels = sorted L) or ``count(f(sel[r]))`` (active
+    series; item labels = ``(SERIES_ITEM,)``), f in ``DISTINCT_FUNCS``; None otherwise."""
+    if _kind(node) != "AggregateExpr" or str(node.op) != "count" or node.param is not None or node.modifier is not None:
+        return None
+    inner = node.expr
+    while _kind(inner) == "ParenExpr":
+        inner = inner.expr
+    items: tuple[str, ...] = (SERIES_ITEM,)
+    if _kind(inner) == "AggregateExpr":
+        mod = inner.modifier
+        if (str(inner.op) != "count" or inner.param is not None or mod is None or "Without" in str(mod.type)
+                or not mod.labels):
+            return None
+        items = tuple(sorted(set(mod.labels)))
+        inner = inner.expr
+        while _kind(inner) == "ParenExpr":
+            inner = inner.expr
+    hit = servable_call(inner)
+    if hit is None or hit[0] not in DISTINCT_FUNCS:
+        return None
+    return items, hit[0], hit[1]
+
+
 def candidates(query_or_node: Any, req_min_phi: float = REQ_MIN_PHI) -> list[Candidate]:
     """Servable sub-trees; ``quantile_over_time`` with a literal phi >= ``req_min_phi`` is a REQ
     candidate (tail quantiles: relative rank error), any other phi a KLL one."""
@@ -167,6 +197,14 @@ def candidates(query_or_node: Any, req_min_phi: float = REQ_MIN_PHI) -> list[Can
     out: list[Candidate] = []
 
     def walk(n: Any) -> None:
+        dshape = distinct_shape(n)
+        if dshape is not None:  # distinct count over a window: one CPC SDS for the scope and items
+            items, func, ms = dshape
+            vs = ms.vector_selector
+            extra = tuple(sorted((m.name, m.op, m.value) for m in to_matchers(vs)[0] if m.name != "__name__"))
+            out.append(Candidate(vs.name, extra, "cpc", func, duration_ms(ms.range), items))
+            # the per-series exact panes serve the same query exactly: the planner picks CPC only at
+            # high cardinality (planner.cpc_min_series), so the inner call stays a candidate too
         shape = group_shape(n)
         if shape is not None:  # cross-series aggregate of a mergeable range function: one group SDS
             op, by, func, ms = shape

@@ -24,6 +24,7 @@ Config (``ctx.config.raw["planner"]``), all optional::
       canary_fraction: 0.05
       cost_based: true        # per sub-tree: use a summary only where it beats the raw path
       req_min_phi: 0.9        # quantile_over_time(phi >= this) adopts a REQ SDS (tail quantiles), else KLL
+      cpc_min_series: 10000   # distinct-count patterns adopt a CPC SDS from this many series in scope
       pinned: [{metric: foo_total, algorithm: exact}, {metric: lat, algorithm: kll, params: {k: 200}}]
 """
 from __future__ import annotations
@@ -102,6 +103,7 @@ class PlannerConfig:
     background_backfill: bool = True
     cost_based: bool = True  # per sub-tree choice of summary vs raw (False: summary whenever it covers)
     req_min_phi: float = REQ_MIN_PHI  # quantile_over_time phi from which REQ (tail quantiles) is adopted
+    cpc_min_series: int = 10_000  # below this many series, exact per-series panes serve distinct counts exactly
     pinned: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
@@ -121,6 +123,7 @@ class PlannerConfig:
         c.background_backfill = bool(d.get("background_backfill", True))
         c.cost_based = bool(d.get("cost_based", True))
         c.req_min_phi = float(d.get("req_min_phi", REQ_MIN_PHI))
+        c.cpc_min_series = int(d.get("cpc_min_series", c.cpc_min_series))
         if not 0.0 < c.req_min_phi <= 1.0:
             raise ValueError(f"planner.req_min_phi must be in (0, 1], got {c.req_min_phi}")
         c.pinned = list(d.get("pinned", []) or [])
@@ -175,20 +178,25 @@ class Planner:
                 best = s
         return best
 
-    def find_group_sds(self, metric: str, matchers: list[Matcher], by: tuple[str, ...]) -> SDS | None:
+    def find_group_sds(self, metric: str, matchers: list[Matcher], by: tuple[str, ...], algorithm: str = "group") -> SDS | None:
         """A covering ``group`` SDS whose scope is exactly the selector's matchers (a group payload
-        cannot drop series) and whose grouping contains ``by``; the one with the fewest groups."""
+        cannot drop series) and whose grouping contains ``by``, the one with the fewest groups; or
+        (``algorithm="cpc"``) a distinct-count SDS for exactly these item labels."""
         if not self.config.enabled:
             return None
         have = {(m.name, m.op, m.value) for m in matchers if m.name != "__name__"}
         best, best_g = None, None
         for s in self.summarizer.by_metric.get(metric, []):
-            if s.spec.algorithm != "group" or set(s.spec.matchers) != have or not set(by) <= set(s.spec.grouping):
+            if s.spec.algorithm != algorithm or set(s.spec.matchers) != have:
+                continue
+            if algorithm == "cpc" and tuple(sorted(by)) != tuple(sorted(s.spec.grouping)):
+                continue
+            if algorithm == "group" and not set(by) <= set(s.spec.grouping):
                 continue
             lo, hi = s.coverage()
             if hi <= lo:
                 continue
-            g = len(s.store.group_keys)
+            g = len(getattr(s.store, "group_keys", ()))
             if best is None or g < best_g:
                 best, best_g = s, g
         return best
@@ -199,6 +207,9 @@ class Planner:
                 continue
             if c.algorithm == "group":
                 if set(s.spec.matchers) == set(c.matchers) and set(c.grouping) <= set(s.spec.grouping):
+                    return True
+            elif c.algorithm == "cpc":
+                if set(s.spec.matchers) == set(c.matchers) and tuple(c.grouping) == tuple(s.spec.grouping):
                     return True
             elif not s.spec.matchers:
                 return True
@@ -276,7 +287,26 @@ class Planner:
         for c, ks in to_adopt:
             self._consider(c, ks)
 
+    def _scope_series(self, c: Candidate, range_ms: int) -> int:
+        """Series in the candidate's scope with data in the last ``range_ms`` (storage index)."""
+        if self.storage is None:
+            return 0
+        ms = [Matcher("__name__", "=", c.metric)] + [Matcher(n, o, v) for n, o, v in c.matchers]
+        hi = self.summarizer.max_ts if self.summarizer.max_ts is not None else int(time.time() * 1000)
+        try:
+            if hasattr(self.storage, "series"):
+                return len(self.storage.series([ms], hi - max(range_ms, 1), hi))
+            return len(self.storage.select(ms, hi - max(range_ms, 1), hi).labels)
+        except Exception:  # noqa: BLE001 - unknown cardinality: stay exact
+            return 0
+
     def _consider(self, c: Candidate, ks: KeyStats) -> None:
+        if c.algorithm == "cpc":
+            n = self._scope_series(c, ks.max_range_ms)
+            if n < self.config.cpc_min_series:
+                ks.last_decision = (f"{n} series in scope < cpc_min_series {self.config.cpc_min_series}: "
+                                    "exact per-series panes answer this distinct count exactly")
+                return
         raw_cpu = sum(ks.raw_cpu) / len(ks.raw_cpu)
         hist = min(max(self.config.history_ms, 2 * ks.max_range_ms), self.config.max_history_ms)
         used = sum(s.nbytes() for s in self.sds.values())
@@ -295,8 +325,8 @@ class Planner:
                 params = (("k", 200),)
             elif c.algorithm == "req":
                 params = (("k", REQ_DEFAULT_K), ("min_phi", self.config.req_min_phi))
-            if c.algorithm == "group":  # scope = the selector's matchers, payload per group of its by (...)
-                spec = SDSSpec(metric=c.metric, algorithm="group", pane_ms=self.config.pane_ms, matchers=c.matchers,
+            if c.algorithm in ("group", "cpc"):  # scope = the selector's matchers; groups / distinct items
+                spec = SDSSpec(metric=c.metric, algorithm=c.algorithm, pane_ms=self.config.pane_ms, matchers=c.matchers,
                                grouping=c.grouping)
             else:
                 spec = SDSSpec(metric=c.metric, algorithm=c.algorithm, pane_ms=self.config.pane_ms, params=params)
@@ -370,7 +400,7 @@ class Planner:
         out: dict[str, Any] = {"query": query, "pattern": normalize(query), "subtrees": []}
         for c in candidates(expr, self.config.req_min_phi):
             ms = [Matcher("__name__", "=", c.metric)] + [Matcher(n, o, v) for n, o, v in c.matchers]
-            sds = self.find_group_sds(c.metric, ms, c.grouping) if c.algorithm == "group" else \
+            sds = self.find_group_sds(c.metric, ms, c.grouping, c.algorithm) if c.algorithm in ("group", "cpc") else \
                 self.find_sds(c.metric, c.algorithm, ms)
             item: dict[str, Any] = {"function": c.func, "metric": c.metric, "range_ms": c.range_ms,
                                     "algorithm": c.algorithm}

@@ -8,6 +8,10 @@
   (sum/count/max/min_over_time(x{scope}[r]))`` from a ``group`` SDS whose scope equals the selector's
   matchers and whose grouping contains L (``planner/group_store.py``): exact, G groups instead of S series.
 
+* ``rule_distinct`` (aggregate rule): ``count(count by (L) (f(x{scope}[r])))`` and ``count(f(x{scope}[r]))``
+  (f = count/present/last_over_time) from a ``cpc`` SDS counting distinct L tuples / series
+  (``planner/distinct_store.py``), with the CPC relative error stated.
+
 ``ordered_rules()`` is the rule list the stack uses: the more accurate REQ rule is tried before KLL,
 so a metric with both SDSs answers tail quantiles from REQ. ``SketchRewriteHook`` is ``RewriteHook``
 plus rules for ``AggregateExpr`` nodes (``RewriteHook`` itself only looks at calls).
@@ -20,7 +24,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from planner.group_scan import scan_group
-from planner.normalize import group_shape
+from planner.distinct_store import cpc_sketch, cpc_union
+from planner.normalize import distinct_shape, group_shape
 from planner.raw_segments import RawPrefix
 from planner.rewrite import RULES, RewriteContext, RewriteHook, Rule, Served, _number, _prepare, _vector, rule_kll, worth_it
 from promql.eval_selectors import duration_ms, effective_times, to_matchers
@@ -123,7 +128,7 @@ def ordered_rules() -> list[Rule]:
     return rules[:pos] + [rule_req] + rules[pos:]
 
 
-GroupFinder = Callable[[str, list, tuple], "SDS | None"]
+GroupFinder = Callable[..., "SDS | None"]  # (metric, matchers, by[, algorithm]) -> SDS
 
 
 def rule_group(node: Any, ectx: Any, rctx: RewriteContext, find_group: GroupFinder) -> Served | None:
@@ -152,6 +157,75 @@ def rule_group(node: Any, ectx: Any, rctx: RewriteContext, find_group: GroupFind
     return Served(sds, func, val, scan, node, ends, range_ms, None)
 
 
+def scan_distinct(sds: SDS, source: RawSource, matchers: Sequence[Matcher], ends: np.ndarray, range_ms: int) -> ScanResult:
+    """Distinct items (label tuples / series) with a sample in each window: union of the cached dyadic
+    pane sketches and the items of the series in the raw edges (per step x item Python: bounded by
+    the number of distinct items in the edges, never per sample)."""
+    store = sds.store
+    cov_lo, cov_hi = sds.coverage()
+    plan = plan_windows(ends, range_ms, sds.spec.pane_ms, cov_lo, cov_hi)
+    sel, raw = _read_raw(sds, source, matchers, plan)
+    S, T = len(sel), len(ends)
+    pre = RawPrefix(raw, np.zeros(S), frozenset({"count"}))
+    llo, lhi = pre.bounds(*plan.left)
+    rlo, rhi = pre.bounds(*plan.right)
+    edge = (lhi > llo) | (rhi > rlo)  # (S, T) series with a raw edge sample in the window
+    with store.lock:
+        item_of = store.item_of[sel] if S else np.zeros(0, np.int64)
+        hashes = np.asarray(store.items, dtype=np.int64)
+    vals = np.zeros((1, T))
+    present = np.zeros((1, T), bool)
+    klo, khi = plan.klo.tolist(), plan.khi.tolist()
+    for j in range(T):
+        parts = store.range_parts(klo[j], khi[j]) if khi[j] > klo[j] else []
+        its = np.unique(item_of[edge[:, j]]) if S else np.zeros(0, np.int64)
+        its = its[its >= 0]
+        if not parts and not len(its):
+            continue
+        u = cpc_union(store.lg_k)
+        for p in parts:
+            u.update(p)
+        if len(its):
+            e = cpc_sketch(store.lg_k)
+            for h in hashes[its].tolist():
+                e.update(h)
+            u.update(e)
+        res = u.get_result()
+        if res.is_empty():
+            continue
+        present[0, j] = True
+        vals[0, j] = float(round(res.get_estimate()))  # a count: the estimate rounded to an integer
+    return ScanResult([()], vals, present, raw_samples=len(raw.ts), summary_panes=plan.summary_panes)
+
+
+def rule_distinct(node: Any, ectx: Any, rctx: RewriteContext, find_agg: GroupFinder) -> Served | None:
+    shape = distinct_shape(node)
+    if shape is None:
+        return None
+    items, func, ms = shape
+    vs = ms.vector_selector
+    matchers = to_matchers(vs)[0]
+    sds = find_agg(vs.name, matchers, items, "cpc")
+    if sds is None:
+        return None
+    range_ms = duration_ms(ms.range)
+    if range_ms <= 0:
+        return None
+    ends = effective_times(vs, ectx)
+    lo, hi = sds.coverage()
+    plan = plan_windows(ends, range_ms, sds.spec.pane_ms, lo, hi)
+    if plan.summary_panes == 0:
+        return None
+    scan = scan_distinct(sds, ectx.source, matchers, ends, range_ms)
+    val = VectorSteps(scan.labels, np.where(scan.present, scan.values, 0.0), scan.present, drop_name=np.zeros(1, bool))
+    if not scan.present.any():
+        val = VectorSteps.empty(len(ends))
+    return Served(sds, func, val, scan, node, ends, range_ms, None)
+
+
+AGGREGATE_RULES = [rule_group, rule_distinct]
+
+
 class SketchRewriteHook(RewriteHook):
     """``RewriteHook`` plus aggregate rules: ``AggregateExpr`` nodes are offered to ``rule_group``
     first; every other node goes through the call rules unchanged."""
@@ -162,11 +236,15 @@ class SketchRewriteHook(RewriteHook):
 
     def __call__(self, node: Any, ectx: Any) -> Any:
         if self.find_group is not None and type(node).__name__ == "AggregateExpr" and not ectx.extra.get("exact"):
-            try:
-                served = rule_group(node, ectx, self.rctx, self.find_group)
-            except Exception:  # noqa: BLE001 - a summary problem must never fail the query: go raw
-                log.exception("group summary rewrite failed; evaluating raw")
-                return None
+            served = None
+            for rule in AGGREGATE_RULES:
+                try:
+                    served = rule(node, ectx, self.rctx, self.find_group)
+                except Exception:  # noqa: BLE001 - a summary problem must never fail the query: go raw
+                    log.exception("aggregate summary rewrite failed; evaluating raw")
+                    return None
+                if served is not None:
+                    break
             if served is not None:
                 self._report(served, ectx)
                 return served.value

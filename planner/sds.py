@@ -9,7 +9,8 @@
   rank error ``req_rank_error(k, phi)``, shrinking with 1 - phi);
   or ``group`` (an SDS with a grouping and a fixed scope: one payload per group per pane, merged across
   the group's series; serves ``sum/max/min by (L) (sum/count/max/min_over_time(x{scope}[w]))`` exactly,
-  see ``planner/group_store.py``);
+  see ``planner/group_store.py``) or ``cpc`` (distinct label tuples / active series over a window:
+  one CPC sketch per pane, ``planner/distinct_store.py``);
 * pane width: tumbling panes aligned to the epoch;
 * coverage: panes [cov_lo, cov_hi) are complete (backfilled history + sealed live panes).
 
@@ -27,6 +28,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from planner.exact_store import ExactPaneStore
+from planner.distinct_store import DEFAULT_LG_K, CPCPaneStore, rse
 from planner.group_store import GroupPaneStore
 from planner.kll_store import DEFAULT_K, REQ_DEFAULT_K, KLLPaneStore, rank_error, req_rank_error
 from planner.late_samples import fold_late_sketch, rebuild_exact
@@ -39,7 +41,7 @@ EXACT_FUNCS = {
     "rate", "increase", "delta", "resets", "changes",
 }
 KLL_FUNCS = {"quantile_over_time"}
-ALGORITHMS = ("exact", "kll", "req", "group")
+ALGORITHMS = ("exact", "kll", "req", "group", "cpc")
 REQ_MIN_PHI = 0.9  # quantile_over_time with a literal phi >= this is a REQ candidate (planner.req_min_phi)
 
 
@@ -57,7 +59,7 @@ def algorithm_for(func: str, phi: float | None = None, req_min_phi: float = REQ_
 @dataclass(frozen=True)
 class SDSSpec:
     metric: str
-    algorithm: str  # "exact" | "kll" | "req" | "group"
+    algorithm: str  # "exact" | "kll" | "req" | "group" | "cpc"
     pane_ms: int = 60_000
     matchers: tuple[tuple[str, str, str], ...] = ()  # extra scope matchers (name, op, value)
     params: tuple[tuple[str, Any], ...] = ()  # e.g. (("k", 200),)
@@ -171,6 +173,10 @@ class SDS:
             self.store = KLLPaneStore(spec.pane_ms, int(spec.param("k", DEFAULT_K)))
         elif spec.algorithm == "group":
             self.store = GroupPaneStore(spec.pane_ms, spec.grouping)
+        elif spec.algorithm == "cpc":
+            if not spec.grouping:
+                raise ValueError("a cpc SDS needs the labels whose distinct values it counts")
+            self.store = CPCPaneStore(spec.pane_ms, spec.grouping, int(spec.param("lg_k", DEFAULT_LG_K)))
         elif spec.algorithm == "req":
             self.store = KLLPaneStore(spec.pane_ms, int(spec.param("k", REQ_DEFAULT_K)), kind="req")
         else:
@@ -236,7 +242,7 @@ class SDS:
             floor = live_from if floor is None else floor
             dup = np.zeros(len(ts), bool)
             dup[1:] = (sid[1:] == sid[:-1]) & (ts[1:] == ts[:-1])
-            if self.spec.algorithm == "group":  # order-independent fields only: every sample folds as is
+            if self.spec.algorithm in ("group", "cpc"):  # order-independent payloads: every sample folds as is
                 keep = ~dup & (ts >= floor)
                 self.store.ingest_sorted(sid[keep], ts[keep], vals[keep], live=True)
                 n_keep = int(keep.sum())
@@ -286,7 +292,15 @@ class SDS:
                     f"phi >= 0.5); value within |v - c| * 2^-24 of a sample (float32)")
         if self.spec.algorithm == "group":
             return f"exact (cross-series panes per group of {', '.join(self.spec.grouping)})"
+        if self.spec.algorithm == "cpc":
+            r = rse(self.store.lg_k)
+            return (f"distinct count relative error <= {2 * r:.2%} (95%), <= {3 * r:.2%} (99.7%) "
+                    f"(CPC lg_k={self.store.lg_k}, RSE {r:.2%})")
         return "exact"
+
+    def relative_bound(self) -> float:
+        """Stated relative error of a cpc distinct count (3 RSE)."""
+        return 3 * rse(self.store.lg_k)
 
     def rank_bound(self, phi: float) -> float:
         """Stated normalized rank error at ``phi`` (sketch algorithms)."""

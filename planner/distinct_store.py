@@ -1,0 +1,187 @@
+"""Distinct counts over windows (algorithm ``cpc``): one ``cpc_sketch`` per pane of the *items* of the
+series that have a sample in the pane, for
+
+    count(count by (L) (f(x{scope}[w])))  -- distinct values of the label tuple L among active series
+    count(f(x{scope}[w]))                  -- series active in the window (item = the whole label set)
+
+with ``f`` in count_over_time / present_over_time / last_over_time (present exactly when the series has
+a sample in the window). A window's answer is the estimate of the union of its whole panes' sketches
+(dyadic union cache, O(log K) unions per window) and the items of the series in its raw edges: the same
+set Prometheus counts, so the only error is CPC's own (``error_bound``: the library's 2- and 3-sd
+bounds; relative standard error ~0.6/sqrt(2^lg_k), e.g. lg_k=12: ~0.9%, 95% within ~1.8%). Set sketches
+are idempotent, so late and repeated samples need nothing special.
+
+Folding is per (pane, new item), not per sample: a batch's (item, pane) pairs are made unique with
+numpy and each pane keeps a bitmap of items already added while it is recent.
+"""
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+from typing import Sequence
+
+import numpy as np
+from datasketches import cpc_sketch, cpc_union
+
+from storage.labels import Labels
+
+DEFAULT_LG_K = 12
+SERIES_ITEM = "__series__"  # grouping marker: the item is the series' whole label set
+_I64 = (1 << 63)
+
+
+def item_hash(text: str) -> int:
+    """Stable 64-bit item id (Python's hash() of str is salted per process; sketches are persisted)."""
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") - _I64
+
+
+def rse(lg_k: int) -> float:
+    """Approximate relative standard error of CPC's estimator (DataSketches' figure 0.6/sqrt(k))."""
+    return 0.6 / np.sqrt(float(1 << int(lg_k)))
+
+
+class CPCPaneStore:
+    def __init__(self, pane_ms: int, grouping: Sequence[str], lg_k: int = DEFAULT_LG_K, cache_entries: int = 20_000):
+        self.pane_ms = int(pane_ms)
+        self.grouping = tuple(grouping)
+        self.lg_k = int(lg_k)
+        self.lock = threading.RLock()
+        self.panes: dict[int, cpc_sketch] = {}
+        self.items: list[int] = []  # local item id -> stable 64-bit hash
+        self.item_index: dict[int, int] = {}
+        self.item_of = np.zeros(0, np.int64)  # per series (registry id) -> local item id (-1 unknown)
+        self.last_t = np.zeros(0, np.int64)
+        self.ns = 0
+        self.version = 0
+        self._seen: OrderedDict[int, np.ndarray] = OrderedDict()  # recent panes: items already added
+        self._nodes: dict[tuple[int, int], cpc_sketch | None] = {}
+        self._cache_entries = cache_entries
+
+    # --- series and items ---------------------------------------------------------------------
+    def ensure_series(self, n: int) -> None:
+        if n > len(self.item_of):
+            grow = max(n, 2 * len(self.item_of), 16) - len(self.item_of)
+            self.item_of = np.concatenate([self.item_of, np.full(grow, -1, np.int64)])
+            self.last_t = np.concatenate([self.last_t, np.full(grow, np.iinfo(np.int64).min)])
+        self.ns = max(self.ns, n)
+
+    def item_text(self, lbl: Labels) -> str:
+        if self.grouping == (SERIES_ITEM,):
+            return "\xff".join(f"{n}\xfe{v}" for n, v in lbl)
+        d = dict(lbl)
+        return "\xff".join(d.get(g, "") for g in self.grouping)
+
+    def assign(self, ids: np.ndarray, labels: Sequence[Labels]) -> None:
+        with self.lock:
+            self.ensure_series(int(ids.max()) + 1 if len(ids) else 0)
+            for i in np.nonzero(self.item_of[ids] < 0)[0].tolist():  # new series only
+                h = item_hash(self.item_text(labels[i]))
+                loc = self.item_index.get(h)
+                if loc is None:
+                    loc = self.item_index[h] = len(self.items)
+                    self.items.append(h)
+                self.item_of[ids[i]] = loc
+
+    def nbytes(self) -> int:
+        with self.lock:
+            return int(sum(len(s.serialize()) for s in list(self.panes.values())[-64:]) / max(min(len(self.panes), 64), 1)
+                       * len(self.panes)) if self.panes else 0
+
+    def pane_totals(self) -> tuple[int, np.ndarray] | None:
+        return None  # no per-pane sample counts: the raw-read cost model falls back to its default
+
+    # --- ingest ------------------------------------------------------------------------------
+    def ingest_sorted(self, sid: np.ndarray, ts: np.ndarray, vals: np.ndarray, *, live: bool = True) -> None:
+        n = len(ts)
+        if n == 0:
+            return
+        with self.lock:
+            it = self.item_of[sid]
+            ok = it >= 0
+            k = ts[ok] // self.pane_ms
+            it = it[ok]
+            if not len(it):
+                return
+            self.version += 1
+            pairs = np.unique(np.stack([k, it], axis=1), axis=0)
+            n_items = len(self.items)
+            touched = set()
+            for pane in np.unique(pairs[:, 0]).tolist():  # per pane, then per new item in it
+                new_items = pairs[pairs[:, 0] == pane, 1]
+                seen = self._seen.get(pane)
+                if seen is None or len(seen) < n_items:
+                    grown = np.zeros(max(n_items, 16), bool)
+                    if seen is not None:
+                        grown[: len(seen)] = seen
+                    seen = grown
+                self._seen[pane] = seen
+                self._seen.move_to_end(pane)
+                new_items = new_items[~seen[new_items]]
+                if not len(new_items):
+                    continue
+                seen[new_items] = True
+                sk = self.panes.get(pane)
+                if sk is None:
+                    sk = self.panes[pane] = cpc_sketch(self.lg_k)
+                for loc in new_items.tolist():
+                    sk.update(self.items[loc])
+                touched.add(pane)
+            while len(self._seen) > 8:  # bitmaps for the few most recent panes only
+                self._seen.popitem(last=False)
+            if touched and self._nodes:
+                lo = min(touched)
+                self._nodes = {key: v for key, v in self._nodes.items()
+                               if not (key[1] << key[0] <= max(touched) and (key[1] + 1) << key[0] > lo)}
+            np.maximum.at(self.last_t, sid[ok], ts[ok])
+
+    # --- reads -------------------------------------------------------------------------------
+    def _node(self, level: int, j: int) -> cpc_sketch | None:
+        key = (level, j)
+        if key in self._nodes:
+            return self._nodes[key]
+        if level == 0:
+            res = self.panes.get(j)
+        else:
+            a, b = self._node(level - 1, 2 * j), self._node(level - 1, 2 * j + 1)
+            if a is None or b is None:
+                res = a if b is None else b
+            else:
+                u = cpc_union(self.lg_k)
+                u.update(a)
+                u.update(b)
+                res = u.get_result()
+        if len(self._nodes) > self._cache_entries:
+            self._nodes.clear()
+        self._nodes[key] = res
+        return res
+
+    def range_parts(self, klo: int, khi: int) -> list[cpc_sketch]:
+        """Cached dyadic sketches covering panes [klo, khi)."""
+        parts = []
+        lo, hi, level = klo, khi, 0
+        with self.lock:
+            while lo < hi:
+                if lo & 1:
+                    parts.append(self._node(level, lo))
+                    lo += 1
+                if hi & 1:
+                    hi -= 1
+                    parts.append(self._node(level, hi))
+                lo >>= 1
+                hi >>= 1
+                level += 1
+        return [p for p in parts if p is not None]
+
+    # --- persistence ---------------------------------------------------------------------------
+    def export_rows(self, k_lo: int, k_hi: int) -> dict[str, list]:
+        with self.lock:
+            items = [(k, sk.serialize()) for k, sk in self.panes.items() if k_lo <= k < k_hi]
+        return {"pane": [i[0] for i in items], "sketch": [i[1] for i in items]}
+
+    def import_rows(self, rows: dict[str, list]) -> None:
+        with self.lock:
+            self.version += 1
+            for k, blob in zip(rows["pane"], rows["sketch"]):
+                self.panes[int(k)] = cpc_sketch.deserialize(bytes(blob))
+            self._nodes.clear()

@@ -145,3 +145,15 @@ def test_planner_adopts_group_sds_and_restores_it(tmp_path):
     finally:
         st2.planner.stop()
         st2.query_log.close()
+
+
+def test_topk_over_group_sums_is_exact(group_world):
+    """topk(k, sum by (L) (sum_over_time(...))): the inner aggregate from group panes (exact), topk by
+    the engine on top: no frequent-items approximation is needed for this shape."""
+    src, sdss, hook, served, tmin, tmax, live_from = group_world
+    eng = Engine(src)
+    q = "topk(2, sum by (inst, job) (sum_over_time(x_total[2h])))"
+    raw = eng.range_query(q, live_from - 3_600_000, tmax, 600_000)
+    fast = eng.range_query(q, live_from - 3_600_000, tmax, 600_000, node_hooks=[hook])
+    assert fast.stats.paths[0].startswith("summary:group-x_total")
+    _compare(raw, fast, q)

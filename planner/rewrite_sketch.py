@@ -26,7 +26,7 @@ import numpy as np
 from planner.group_scan import scan_group
 from planner.distinct_store import cpc_sketch, cpc_union
 from planner.normalize import distinct_shape, group_shape
-from planner.raw_segments import RawPrefix
+from planner.raw_segments import RawPrefix, RawSamples
 from planner.rewrite import RULES, RewriteContext, RewriteHook, Rule, Served, _number, _prepare, _vector, rule_kll, worth_it
 from promql.eval_selectors import duration_ms, effective_times, to_matchers
 from promql.types import VectorSteps
@@ -43,36 +43,61 @@ def scan_quantile(sds: SDS, source: RawSource, matchers: Sequence[Matcher], phi:
     """quantile_over_time(phi, sel[range]) per series and step from a quantile-sketch SDS of any kind
     (KLL or REQ): cached pane-range sketch merged with the raw edge samples.
 
-    Per (series, step) Python (sketch objects) -- bounded by S x T, never per sample.
+    The store's answer cache (sealed windows) is consulted first; raw edges are read and sketches merged
+    only for the steps with a missing answer (a dashboard refresh: its new steps). Per (series, step)
+    Python (sketch objects) -- bounded by S x T, never per sample.
     """
     cov_lo, cov_hi = sds.coverage()
-    plan = plan_windows(ends, range_ms, sds.spec.pane_ms, cov_lo, cov_hi)
-    sel, raw = _read_raw(sds, source, matchers, plan)
-    S, T = len(sel), len(ends)
+    ends = np.asarray(ends, np.int64)
+    T = len(ends)
+    store = sds.store
+    cache = store.results
+    ends_all = ends.tolist()
+    sel0 = sds.registry.match(matchers)
+    got: dict[tuple[int, int], float] = {}
+    need = np.ones(T, bool)
+    if len(sel0):
+        need[:] = False
+        for gs in sel0.tolist():
+            for j, e in enumerate(ends_all):
+                v = cache.get((gs, e, range_ms, phi))
+                if v is None:
+                    need[j] = True
+                else:
+                    got[(gs, j)] = v
+    idx = np.nonzero(need)[0]
+    plan = plan_windows(ends[idx], range_ms, sds.spec.pane_ms, cov_lo, cov_hi)
+    if len(idx):
+        sel, raw = _read_raw(sds, source, matchers, plan)
+    else:
+        sel, raw = sel0, RawSamples(np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0), len(sel0))
+    S = len(sel)
+    vals = np.full((S, T), np.nan)
+    present = np.zeros((S, T), bool)
+    if got:
+        row = {g: i for i, g in enumerate(sel.tolist())}
+        for (gs, j), v in got.items():
+            i = row.get(gs)
+            if i is not None:
+                present[i, j], vals[i, j] = True, v
     pre = RawPrefix(raw, np.zeros(S), frozenset({"count"}))
     llo, lhi = pre.bounds(*plan.left)
     rlo, rhi = pre.bounds(*plan.right)
-    vals = np.full((S, T), np.nan)
-    present = np.zeros((S, T), bool)
-    store = sds.store
     gsid = sel[raw.sid] if len(raw.sid) else np.zeros(0, np.int64)
     with store.lock:  # edge samples in the store's encoding (REQ: float32 of v - c of their series)
         store.ensure_series(len(sds.registry.labels))
         store._choose_shift(gsid, raw.vals)  # noqa: SLF001 - a series first seen at the edges
         rx = store.encode(gsid, raw.vals)
     klo, khi, ends_l = plan.klo.tolist(), plan.khi.tolist(), plan.end.tolist()
+    cols = idx.tolist()
     sealed_ms = cov_hi * sds.spec.pane_ms
-    cache = store.results
     for si in range(S):
         gs = int(sel[si])
-        for j in range(T):
-            key = (gs, ends_l[j], range_ms, phi)
-            hit = cache.get(key)
-            if hit is not None:
-                present[si, j], vals[si, j] = True, hit
+        for jj, j in enumerate(cols):
+            if present[si, j]:
                 continue
-            mid = store.range_sketch(gs, klo[j], khi[j]) if khi[j] > klo[j] else None
-            a, b, c, d = llo[si, j], lhi[si, j], rlo[si, j], rhi[si, j]
+            mid = store.range_sketch(gs, klo[jj], khi[jj]) if khi[jj] > klo[jj] else None
+            a, b, c, d = llo[si, jj], lhi[si, jj], rlo[si, jj], rhi[si, jj]
             if b == a and d == c:
                 if mid is None:
                     continue
@@ -96,8 +121,8 @@ def scan_quantile(sds: SDS, source: RawSource, matchers: Sequence[Matcher], phi:
                 vals[si, j] = np.nan
             else:
                 vals[si, j] = store.decode(gs, sk.get_quantile(phi))
-            if ends_l[j] < sealed_ms:
-                cache.put(key, float(vals[si, j]))
+            if ends_l[jj] < sealed_ms:
+                cache.put((gs, ends_l[jj], range_ms, phi), float(vals[si, j]))
     return ScanResult([sds.registry.labels[i] for i in sel], vals, present,
                       raw_samples=len(raw.ts), summary_panes=plan.summary_panes)
 

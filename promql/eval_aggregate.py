@@ -463,6 +463,16 @@ def _aggregate_histograms(op: str, vec: VectorSteps, names: list[str], without: 
         return aggregate(op, strip(vec), names, without, param, ann, pos)  # type: ignore[arg-type]
     if op in ("count", "group"):
         return aggregate(op, union_presence(vec), names, without, param, ann, pos)
+    if op in ("limitk", "limit_ratio") and len(set(vec.labels)) == len(vec.labels):
+        # histograms are selected like floats; the chosen rows keep their histogram samples
+        out = select_k(op, union_presence(vec), names, without, param, ann, pos)
+        hm = vec.hist_mask()
+        assert hm is not None and vec.hist is not None
+        row = {l: i for i, l in enumerate(vec.labels)}
+        idx = np.array([row[l] for l in out.labels], dtype=np.int64)
+        hsel = out.present & hm[idx] if len(idx) else np.zeros(out.present.shape, dtype=bool)
+        plane = np.where(hsel, vec.hist[idx], None) if len(idx) else None
+        return VectorSteps(out.labels, out.values, out.present & ~hsel, out.drop_name, None, plane)
     if op in ("sum", "avg"):
         fvec = strip(vec)
         assert isinstance(fvec, VectorSteps)

@@ -324,7 +324,7 @@ _HIST_PROPERTIES: dict[str, Callable[[FloatHistogram], float]] = {
     "histogram_avg": lambda h: h.sum / h.count if h.count else float("nan"),
 }
 _HIST_UNSUPPORTED = {"histogram_quantile", "histogram_fraction", "histogram_stddev", "histogram_stdvar",
-                     "histogram_quantiles", "sort_by_label", "sort_by_label_desc", "info", "limitk", "limit_ratio"}
+                     "histogram_quantiles", "sort_by_label", "sort_by_label_desc", "info"}
 _ROW_PRESERVING = {"label_replace", "label_join"}
 # range functions in promql/functions/over_time.py: they read RangeWindows.hist themselves
 HIST_AWARE_RANGE = {

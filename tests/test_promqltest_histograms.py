@@ -139,6 +139,12 @@ def test_count_and_group_see_histograms(eng):
     assert [float(v) for v in res.values] == [1.0] and not res.annotations.infos
 
 
+def test_limitk_keeps_histograms(eng):
+    assert eng.instant_query('count(limitk(10, {job="api"}))', 0).values.tolist() == [4.0]
+    assert eng.instant_query("histogram_count(limitk(1, req_hist))", 0).values.tolist() == [4.0]
+    assert eng.instant_query('count(limit_ratio(1, {job="api"}))', 0).values.tolist() == [4.0]
+
+
 def test_sum_of_floats_and_histograms_warns_and_drops_the_group(eng):
     res = eng.instant_query('sum({job="api"})', 0)
     assert res.labels == []

@@ -23,7 +23,7 @@ from typing import NamedTuple
 import numpy as np
 
 from storage.columns import (INT64_MAX, INT64_MIN, dedupe_sorted, find_keys, group_bounds, grow, merge_sorted_parts,
-                             order_by_series_time, sort_by_series_time, take_ranges, unique)
+                             order_by_series_time, ranges_index, sort_by_series_time, take_ranges, unique)
 
 R_FUTURE = "too_far_in_future"
 R_OOO = "out_of_order"
@@ -114,6 +114,40 @@ class Prepared:
         if self.positions is not None:
             mask[self.positions] = True
         return mask
+
+
+def _merge_segments(sids: np.ndarray, segs: list[tuple[Run, np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Rows ``lo[i]:hi[i]`` of each run for series ``sids[i]``, as one (sid, ts) sorted result, by
+    an O(result) scatter: per series, run after run in time order. None when, for some series, a
+    run's rows do not all follow the earlier runs' rows in time (the caller then merges generically)."""
+    segs = sorted(segs, key=lambda x: x[0].tmin)
+    if len(segs) == 1:
+        r, lo, hi = segs[0]
+        idx = take_ranges(lo, hi)
+        return np.repeat(sids, hi - lo), r.ts[idx], r.val[idx]
+    lens = np.stack([hi - lo for _, lo, hi in segs])  # runs x series
+    has = lens > 0
+    first = np.full(lens.shape, INT64_MAX, dtype=np.int64)
+    last = np.full(lens.shape, INT64_MIN, dtype=np.int64)
+    for j, (r, lo, hi) in enumerate(segs):
+        h = has[j]
+        first[j, h] = r.ts[lo[h]]
+        last[j, h] = r.ts[hi[h] - 1]
+    if not (first[1:] > np.maximum.accumulate(last, axis=0)[:-1]).all():
+        return None
+    total = lens.sum(axis=0)
+    n = int(total.sum())
+    out_t = np.empty(n, dtype=np.int64)
+    out_v = np.empty(n, dtype=np.float64)
+    off = np.cumsum(total) - total
+    for j, (r, lo, hi) in enumerate(segs):
+        if has[j].any():
+            src = take_ranges(lo, hi)
+            dest = ranges_index(off, off + lens[j])
+            out_t[dest] = r.ts[src]
+            out_v[dest] = r.val[src]
+            off = off + lens[j]
+    return np.repeat(sids, total), out_t, out_v
 
 
 class Head:
@@ -344,26 +378,34 @@ class Head:
             runs, pieces = self._snapshot()
         bounded = mint != INT64_MIN or maxt != INT64_MAX
         parts = []
+        segs = []  # (run, lo, hi): keyed runs, rows of sids[i] in [mint, maxt] are lo[i]:hi[i]
         for r in runs:
             if not r.overlaps(mint, maxt):
                 continue
             b = r.bounds(sids, mint, maxt) if bounded else None
             if b is not None:
-                lo, hi = b
-                idx = take_ranges(lo, hi)
-                # the series ids of the result are known: no gather of r.sid
-                s, t, v = np.repeat(sids, hi - lo), r.ts[idx], r.val[idx]
-            else:
-                lo = np.searchsorted(r.sid, sids, "left")
-                hi = np.searchsorted(r.sid, sids, "right")
-                idx = take_ranges(lo, hi)
-                s, t, v = np.repeat(sids, hi - lo), r.ts[idx], r.val[idx]
-                if bounded and len(s):
-                    m = (t >= mint) & (t <= maxt)
-                    if not m.all():
-                        s, t, v = s[m], t[m], v[m]
+                segs.append((r, b[0], b[1]))
+                continue
+            lo = np.searchsorted(r.sid, sids, "left")
+            hi = np.searchsorted(r.sid, sids, "right")
+            if not bounded:
+                segs.append((r, lo, hi))
+                continue
+            idx = take_ranges(lo, hi)
+            s, t, v = np.repeat(sids, hi - lo), r.ts[idx], r.val[idx]
+            m = (t >= mint) & (t <= maxt)
+            if not m.all():
+                s, t, v = s[m], t[m], v[m]
             if len(s):
                 parts.append((s, t, v))
+        if segs:
+            merged = _merge_segments(sids, segs)
+            if merged is not None:
+                parts.append(merged)
+            else:  # runs interleave in time for some series (out-of-order data): generic merge
+                for r, lo, hi in segs:
+                    idx = take_ranges(lo, hi)
+                    parts.append((np.repeat(sids, hi - lo), r.ts[idx], r.val[idx]))
         pieces = [p for p in pieces if p.tmin <= maxt and p.tmax >= mint]
         if pieces and len(sids):
             # Not yet sealed (at most about SEAL_ON_READ_ROWS rows, unless a seal is running): a

@@ -154,3 +154,31 @@ def test_bounded_reads_exact_under_concurrent_ingest_seals_and_deletes(tmp_path,
         db.maintain()
         got = as_dict(db.select([Matcher("__name__", "=~", "hr_m.")], T0, T0 + n_sec * 10_000))
         assert got == acked
+
+
+def test_gather_across_runs_in_order_and_interleaved():
+    """Runs that follow each other in time per series are merged by a scatter; runs that interleave
+    for some series (out-of-order data) by the generic merge: both give (sid, ts) order."""
+    h = Head()
+    h.ensure(3)
+
+    def run(pairs):
+        sid = np.array([p[0] for p in pairs], dtype=np.int64)
+        ts = np.array([p[1] for p in pairs], dtype=np.int64)
+        h.commit(sid, ts, ts * 10.0 + sid, as_run=True)
+
+    run([(0, 0), (0, 10), (1, 0), (1, 10), (2, 4)])
+    run([(0, 20), (0, 30), (2, 40)])
+    run([(1, 20), (1, 30)])  # later than run 1 for every shared series: scatter path
+    want = {0: [0, 10, 20, 30], 1: [0, 10, 20, 30], 2: [4, 40]}
+    for lo, hi in ((0, 40), (5, 25), (-5, 100), (11, 19), (4, 4)):
+        s, t, v = h.gather(np.array([0, 1, 2], dtype=np.int64), lo, hi)
+        exp = [(k, x) for k in (0, 1, 2) for x in want[k] if lo <= x <= hi]
+        assert list(zip(s.tolist(), t.tolist())) == exp
+        assert v.tolist() == [x * 10.0 + k for k, x in exp]
+    run([(0, 15), (1, 25)])  # interleaves with earlier runs
+    s, t, _ = h.gather(np.array([0, 1], dtype=np.int64), 0, 100)
+    assert list(zip(s.tolist(), t.tolist())) == [(0, 0), (0, 10), (0, 15), (0, 20), (0, 30),
+                                                  (1, 0), (1, 10), (1, 20), (1, 25), (1, 30)]
+    s, t, _ = h.gather(np.array([1], dtype=np.int64))  # unbounded
+    assert t.tolist() == [0, 10, 20, 25, 30]

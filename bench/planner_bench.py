@@ -193,11 +193,14 @@ class Prom:
 
 
 def query(url: str, path: str, params: dict, timeout: float = 600) -> tuple[dict, float]:
+    """(parsed body, latency): latency = request sent -> whole response body received (the client's
+    JSON parsing is not the server's latency and is left out, for all three paths alike)."""
     qs = urllib.parse.urlencode(params)
     t0 = time.perf_counter()
     with urllib.request.urlopen(f"{url}{path}?{qs}", timeout=timeout) as r:
-        out = json.loads(r.read())
-    return out, time.perf_counter() - t0
+        body = r.read()
+    dt = time.perf_counter() - t0
+    return json.loads(body), dt
 
 
 def matrix(res: dict) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -341,7 +344,7 @@ def run_workload(wi: int, panels: list[dict], ours: ServerProcess, prom: Prom, p
                  recent_end: int, args: argparse.Namespace) -> dict:
     lat = {"summary": [], "raw": [], "prometheus": []}
     cpu = {"summary": [], "raw": [], "prometheus": []}
-    served_pairs: list[tuple[float, float, float, float, float]] = []  # (summary lat, raw lat, prom lat, summary cpu, raw cpu)
+    served_pairs: list[tuple[float, ...]] = []  # (summary lat, raw lat, prom lat, summary cpu, raw cpu, prom cpu)
     errors: list[float] = []
     rank_errs: list[float] = []
     served = 0
@@ -372,7 +375,7 @@ def run_workload(wi: int, panels: list[dict], ours: ServerProcess, prom: Prom, p
             cpu["summary"].append(c1 - c0)
             if is_served:
                 served += 1
-                served_pairs.append((l_fast, l_raw, l_prom, c1 - c0, c2 - c1))
+                served_pairs.append((l_fast, l_raw, l_prom, c1 - c0, c2 - c1, pc1 - pc0))
                 fm, rm = matrix(fast), matrix(raw)
                 if "quantile_over_time" in p["query"] and any("kll" in x for x in paths):
                     times_s = sorted({float(t) for v in fm.values() for t in v[0]})
@@ -399,6 +402,10 @@ def run_workload(wi: int, panels: list[dict], ours: ServerProcess, prom: Prom, p
             "prom_p50_ms": pct([x[2] for x in served_pairs], 50) * 1000,
             "summary_p99_cpu_s": pct([x[3] for x in served_pairs], 99),
             "raw_p99_cpu_s": pct([x[4] for x in served_pairs], 99),
+            "prom_p99_cpu_s": pct([x[5] for x in served_pairs], 99),
+            "summary_p99_ms": pct([x[0] for x in served_pairs], 99) * 1000,
+            "summary_cpu_s": float(sum(x[3] for x in served_pairs)),
+            "raw_cpu_s": float(sum(x[4] for x in served_pairs)),
         },
         "max_rel_error_exact": max(errors) if errors else None,
         "kll_rank_errors": {"n": len(rank_errs), "max": max(rank_errs) if rank_errs else None,

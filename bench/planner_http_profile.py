@@ -87,6 +87,9 @@ def main() -> int:
         for ch in np.array_split(np.arange(len(rec_ts)), max(1, len(rec_ts) // max(1, 40_000 // S))):
             post_write(srv.url, write_request(defs, rec_ts[ch], values_for(defs, rec_ts[ch], rng, state)))
         panels = [p for p in PANELS if not args.only or args.only in p[0]]
+        # baselines: HTTP + engine with no data (vector(1)) and an uncovered selector (planner overhead only)
+        panels += [("baseline vector(1) 24h", "vector(1)", 24 * 3_600_000),
+                   ("baseline sum(gpu_util) 1h", "sum by (job) (gpu_util)", 3_600_000)]
         shapes = []
         for name, q, span in panels:
             step = max(15, span // 1000 // 120 // 15 * 15)

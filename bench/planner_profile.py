@@ -91,6 +91,7 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--refresh-s", type=int, default=30)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--overhead-reps", type=int, default=30)
     ap.add_argument("--only", default="")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="planner-profile-"))
@@ -148,6 +149,19 @@ def main() -> int:
                 s = io.StringIO()
                 pstats.Stats(pr, stream=s).sort_stats("cumulative").print_stats(28)
                 print(s.getvalue())
+        # planner overhead on queries no SDS serves: planned vs plain engine, same query, interleaved
+        for q in ("sum by (job) (gpu_util)", "vector(1)", "sum(rate(req_total[5m]))"):
+            end = recent_end // 30_000 * 30_000
+            plain, planned = [], []
+            for r in range(args.overhead_reps):
+                t = time.perf_counter()
+                eng.range_query(q, end - 3_600_000, end, 30_000)
+                plain.append(time.perf_counter() - t)
+                t = time.perf_counter()
+                res = pe.range_query(q, end - 3_600_000, end, 30_000, exact=q.startswith("sum(rate"))
+                planned.append(time.perf_counter() - t)
+            print(f"overhead {q:32s} plain {med(plain):7.2f} ms  planned {med(planned):7.2f} ms  "
+                  f"(+{med(planned) - med(plain):.2f} ms) {','.join(res.stats.paths)}", flush=True)
         st.query_log.close()
         db.close()
     finally:

@@ -24,6 +24,15 @@ def _planner(ctx: ServerContext) -> Any:
     return p
 
 
+def _describe(sds: Any) -> dict[str, Any]:
+    """An SDS's description plus its step cache's counters (exact SDS; planner/summary_scan.py)."""
+    d = sds.describe()
+    cache = getattr(sds.store, "step_cache", None)
+    if cache is not None:
+        d["step_cache"] = cache.describe()
+    return d
+
+
 def setup(app: web.Application, ctx: ServerContext) -> None:
     @api_handler
     async def plans(request: web.Request, params: Params) -> web.Response:
@@ -32,7 +41,7 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
         def build() -> dict[str, Any]:
             summ = p.summarizer
             return {
-                "plans": p.plans(),
+                "plans": [_describe(s) for s in sorted(p.sds.values(), key=lambda s: s.id)],
                 "summarizer": {"cpu_seconds": summ.cpu_seconds, "samples": summ.samples, "max_ts": summ.max_ts},
                 "decisions": [{"time": t, "action": a, "sds": i, "reason": r} for t, a, i, r in list(p.decisions)],
                 "budget_bytes": p.config.budget_bytes,
@@ -46,7 +55,7 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
         sds = p.sds.get(request.match_info["id"])
         if sds is None:
             raise APIError("not_found", f"no plan with id {request.match_info['id']!r}")
-        return ok(await run_off_loop(ctx, sds.describe))
+        return ok(await run_off_loop(ctx, lambda: _describe(sds)))
 
     @api_handler
     async def explain(request: web.Request, params: Params) -> web.Response:

@@ -9,7 +9,8 @@ gpu_util, 8-bucket lat_bucket; ``--minutes`` at ``--rate`` samples/s), ``--repea
    affected panes rebuilt from raw) vs the same data in order;
 3. query: quantile_over_time(0.99, gpu_util[1h]) over the last 6h at a 5m step from REQ, KLL and raw,
    with the observed rank error of the sketch answers; sum by (job) (sum_over_time(gpu_util[1h])) from
-   group panes, per-series exact panes and raw. Cold (first) and warm (refresh) timings.
+   group panes, per-series exact panes and raw; count(count by (job) (count_over_time(...))) from CPC,
+   per-series exact panes and raw. Cold (first) and warm (refresh) timings.
 
     .venv/bin/python bench/sketch_bench.py [--minutes 20] [--rate 8000] [--repeats 3]
 """
@@ -74,6 +75,7 @@ def main() -> int:
     ap.add_argument("--minutes", type=float, default=20)
     ap.add_argument("--chunk", type=int, default=40)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--sections", default="fold,late,query", help="comma list of fold, late, query")
     ap.add_argument("--late-pct", type=float, default=1.0)
     ap.add_argument("--late-minutes", type=float, default=5.0)
     ap.add_argument("--late-delay", type=int, default=90, help="late samples arrive this many batches later")
@@ -87,9 +89,11 @@ def main() -> int:
 
     # 1. fold cost per algorithm
     specs = {"none (sink only)": None, "exact": SDSSpec("gpu_util", "exact"), "kll k=200": SDSSpec("gpu_util", "kll"),
-             "req k=20": SDSSpec("gpu_util", "req"), "group by job": SDSSpec("gpu_util", "group", grouping=("job",))}
+             "req k=20": SDSSpec("gpu_util", "req"), "group by job": SDSSpec("gpu_util", "group", grouping=("job",)),
+             "cpc (series)": SDSSpec("gpu_util", "cpc", grouping=("__series__",))}
     base = None
-    for name, spec in specs.items():
+    secs = set(a.sections.split(","))
+    for name, spec in (specs.items() if "fold" in secs else ()):
         runs = [fold_cost(batches, spec, t0)[0] for _ in range(a.repeats)]
         med = statistics.median(runs)
         if spec is None:
@@ -136,16 +140,19 @@ def main() -> int:
         sds.flush_pending()
         return cpu + time.thread_time() - c0, sds
 
-    r_in = [run_late(seq_in)[0] for _ in range(a.repeats)]
+    r_in = [run_late(seq_in)[0] for _ in range(a.repeats)] if "late" in secs else []
     r_late = []
-    for _ in range(a.repeats):
+    for _ in range(a.repeats if "late" in secs else 0):
         cpu, sds = run_late(mixed)
         r_late.append(cpu)
-    n_req = sds.stats.ingested_samples + sds.stats.late_folded
-    print(f"late  exact req_total ({len(lb)} batches, {n_req} samples): in order {statistics.median(r_in):.3f} CPU-s; "
-          f"with {a.late_pct:g}% late ({int(held.sum())} samples of all metrics; late_folded={sds.stats.late_folded}, "
-          f"raw samples re-read={sds.stats.late_rebuilt_samples}, dropped={sds.stats.late_dropped}) "
-          f"{statistics.median(r_late):.3f} CPU-s")
+    if r_late:
+        n_req = sds.stats.ingested_samples + sds.stats.late_folded
+        print(f"late  exact req_total ({len(lb)} batches, {n_req} samples): in order {statistics.median(r_in):.3f} CPU-s; "
+              f"with {a.late_pct:g}% late ({int(held.sum())} samples of all metrics; late_folded={sds.stats.late_folded}, "
+              f"raw samples re-read={sds.stats.late_rebuilt_samples}, dropped={sds.stats.late_dropped}) "
+              f"{statistics.median(r_late):.3f} CPU-s")
+    if "query" not in secs:
+        return 0
     src = MemorySource()
     for b in batches:
         src.append(b)
@@ -155,7 +162,8 @@ def main() -> int:
     summ = Summarizer(src)
     sdss = {}
     live_from = t0 + int(a.minutes * 60_000) // 3
-    for alg, kw in (("req", {}), ("kll", {}), ("exact", {}), ("group", {"grouping": ("job",)})):
+    for alg, kw in (("req", {}), ("kll", {}), ("exact", {}), ("group", {"grouping": ("job",)}),
+                    ("cpc", {"grouping": ("job",)})):
         s = SDS(SDSSpec("gpu_util", alg, **kw))
         s.seal_delay_ms = 0
         summ.start_live(s, live_from_ts=live_from)
@@ -172,12 +180,14 @@ def main() -> int:
     def hook_for(alg):
         return SketchRewriteHook(RewriteContext(lambda m, al, ms: sdss.get(al) if al == alg else None, cost_based=False),
                                  rules=ordered_rules(),
-                                 find_group=(lambda m, ms, by: sdss["group"]) if alg == "group" else None)
+                                 find_group=(lambda m, ms, by, al="group": sdss.get(al) if al == alg else None)
+                                 if alg in ("group", "cpc") else None)
 
     eng = Engine(src)
     r = f"{rng_ms // 1000}s"
     for q, algs in ((f"quantile_over_time(0.99, gpu_util[{r}])", ("req", "kll", None)),
-                    (f"sum by (job) (sum_over_time(gpu_util[{r}]))", ("group", "exact", None))):
+                    (f"sum by (job) (sum_over_time(gpu_util[{r}]))", ("group", "exact", None)),
+                    (f"count(count by (job) (count_over_time(gpu_util[{r}])))", ("cpc", "exact", None))):
         raw_vals = None
         for alg in algs[::-1]:
             hooks = [hook_for(alg)] if alg else []

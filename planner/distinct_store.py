@@ -104,11 +104,14 @@ class CPCPaneStore:
             if not len(it):
                 return
             self.version += 1
-            pairs = np.unique(np.stack([k, it], axis=1), axis=0)
             n_items = len(self.items)
+            kmin = int(k.min())
+            u = np.unique((k - kmin) * n_items + it)  # distinct (pane, item) pairs, one int64 key each
+            u_pane, u_item = u // n_items + kmin, u % n_items
+            cuts = np.flatnonzero(np.diff(u_pane)) + 1
             touched = set()
-            for pane in np.unique(pairs[:, 0]).tolist():  # per pane, then per new item in it
-                new_items = pairs[pairs[:, 0] == pane, 1]
+            for a, b in zip(np.concatenate([[0], cuts]).tolist(), np.concatenate([cuts, [len(u)]]).tolist()):
+                pane = int(u_pane[a])  # per pane, then per item not yet in its sketch
                 seen = self._seen.get(pane)
                 if seen is None or len(seen) < n_items:
                     grown = np.zeros(max(n_items, 16), bool)
@@ -117,6 +120,7 @@ class CPCPaneStore:
                     seen = grown
                 self._seen[pane] = seen
                 self._seen.move_to_end(pane)
+                new_items = u_item[a:b]
                 new_items = new_items[~seen[new_items]]
                 if not len(new_items):
                     continue

@@ -287,7 +287,7 @@ class SDS:
             return f"rank error <= {rank_error(self.store.k):.4f} (99% confidence)"
         if self.spec.algorithm == "req":
             p = self.min_phi if phi is None else phi
-            return (f"rank error <= {req_rank_error(self.store.k, p):.2e} at phi={p:g} (REQ k={self.store.k}, "
+            return (f"rank error <= {req_rank_error(self.store.k, p):.2e} for phi >= {p:g} (REQ k={self.store.k}, "
                     f"high-rank accuracy, 3 sd ~ 99.7%; {req_rank_error(self.store.k, 0.5) * 2:.4f}*(1-phi) for "
                     f"phi >= 0.5); value within |v - c| * 2^-24 of a sample (float32)")
         if self.spec.algorithm == "group":

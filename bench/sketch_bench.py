@@ -172,6 +172,9 @@ def main() -> int:
         summ.consume(b)
     for s in sdss.values():
         summ.backfill(s, 86_400_000)
+    for alg, sd in sdss.items():
+        print(f"store {alg:6} {sd.nbytes() / 1e6:8.2f} MB for {sd.describe()['coverage']['panes']} panes, "
+              f"{len(sd.registry.labels)} series")
     end = t0 + int(a.minutes * 60_000) - 1
     rng_ms = min(3_600_000, int(a.minutes * 60_000) // 2)
     start = t0 + rng_ms

@@ -329,3 +329,39 @@ def test_float_path_has_no_histogram_plane():
     res = eng.range_query("sum(rate(x[5m]))", 5 * M, 9 * M, M)
     assert res.values.shape == (1, 5)
     assert not src.has_histograms
+
+
+# --- native histogram_quantile / histogram_fraction / histogram_stddev ------------------------------
+
+
+def test_native_quantile_fraction_stddev():
+    # H1: schema 0 buckets (0.5,1]:1 (1,2]:2 (2,4]:1, count 4, sum 10
+    src = MemorySource()
+    src.add_histograms(L("h", k="exp"), [0], [H1])
+    src.add_histograms(L("h", k="nhcb"), [0], [parse_histogram("{{schema:-53 count:4 sum:6 custom_values:[1 2] buckets:[1 2 1]}}")])
+    eng = Engine(src)
+
+    def one(q: str, k: str) -> float:
+        res = eng.instant_query(q.replace("SEL", f'h{{k="{k}"}}'), 0)
+        assert len(res.labels) == 1 and dict(res.labels[0]) == {"k": k}  # name dropped
+        return float(res.values[0])
+
+    # q=0.25: rank 1 lands at the top of (0.5,1]: exponential interpolation gives 2^0 = 1
+    assert one("histogram_quantile(0.25, SEL)", "exp") == pytest.approx(1.0)
+    # q=0.5 (from the top): 1 of the 2 observations of (1,2] -> 2^(0 + 0.5) = sqrt(2)
+    assert one("histogram_quantile(0.5, SEL)", "exp") == pytest.approx(math.sqrt(2))
+    # custom buckets interpolate linearly; the +Inf bucket answers its lower bound
+    assert one("histogram_quantile(0.5, SEL)", "nhcb") == pytest.approx(1.5)
+    assert one("histogram_quantile(0.99, SEL)", "nhcb") == pytest.approx(2.0)
+    # fraction of observations in (0, 2]: buckets 1 and 2 = 3 of 4
+    assert one("histogram_fraction(0, 2, SEL)", "exp") == pytest.approx(0.75)
+    # (1.5, 3]: log-scale share of (1,2] above 1.5 plus share of (2,4] below 3
+    expect = (2 * (1 - math.log2(1.5)) + 1 * (math.log2(3) - 1)) / 4
+    assert one("histogram_fraction(1.5, 3, SEL)", "exp") == pytest.approx(expect)
+    mids = [(math.sqrt(0.5), 1), (math.sqrt(2), 2), (math.sqrt(8), 1)]  # geometric bucket means
+    var = sum(c * (m - 2.5) ** 2 for m, c in mids) / 4
+    assert one("histogram_stdvar(SEL)", "exp") == pytest.approx(var)
+    assert one("histogram_stddev(SEL)", "exp") == pytest.approx(math.sqrt(var))
+    res = eng.instant_query('histogram_quantile(1.5, h{k="exp"})', 0)
+    assert res.values.tolist() == [math.inf]
+    assert res.annotations.warnings == ["PromQL warning: quantile value should be between 0 and 1, got 1.5 (1:20)"]

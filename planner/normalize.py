@@ -204,14 +204,15 @@ def candidates(query_or_node: Any, req_min_phi: float = REQ_MIN_PHI) -> list[Can
             extra = tuple(sorted((m.name, m.op, m.value) for m in to_matchers(vs)[0] if m.name != "__name__"))
             out.append(Candidate(vs.name, extra, "cpc", func, duration_ms(ms.range), items))
             # the per-series exact panes serve the same query exactly: the planner picks CPC only at
-            # high cardinality (planner.cpc_min_series), so the inner call stays a candidate too
+            # high cardinality (planner.cpc_min_series), so the inner call follows as a candidate too
         shape = group_shape(n)
         if shape is not None:  # cross-series aggregate of a mergeable range function: one group SDS
             op, by, func, ms = shape
             vs = ms.vector_selector
             extra = tuple(sorted((m.name, m.op, m.value) for m in to_matchers(vs)[0] if m.name != "__name__"))
             out.append(Candidate(vs.name, extra, "group", func, duration_ms(ms.range), tuple(sorted(set(by)))))
-            return
+            # per-series exact panes serve it exactly too: the planner prefers group panes only at high
+            # cardinality (planner.group_min_series); the inner call follows as the alternative candidate
         hit = servable_call(n)
         if hit is not None:
             func, ms, param = hit

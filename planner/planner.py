@@ -25,6 +25,7 @@ Config (``ctx.config.raw["planner"]``), all optional::
       cost_based: true        # per sub-tree: use a summary only where it beats the raw path
       req_min_phi: 0.9        # quantile_over_time(phi >= this) adopts a REQ SDS (tail quantiles), else KLL
       cpc_min_series: 10000   # distinct-count patterns adopt a CPC SDS from this many series in scope
+      group_min_series: 1000  # sum/max/min by (L) (..._over_time) adopt cross-series group panes from this many
       pinned: [{metric: foo_total, algorithm: exact}, {metric: lat, algorithm: kll, params: {k: 200}}]
 """
 from __future__ import annotations
@@ -104,6 +105,7 @@ class PlannerConfig:
     cost_based: bool = True  # per sub-tree choice of summary vs raw (False: summary whenever it covers)
     req_min_phi: float = REQ_MIN_PHI  # quantile_over_time phi from which REQ (tail quantiles) is adopted
     cpc_min_series: int = 10_000  # below this many series, exact per-series panes serve distinct counts exactly
+    group_min_series: int = 1_000  # below this many series, per-series exact panes (shared) serve group sums
     pinned: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
@@ -124,6 +126,7 @@ class PlannerConfig:
         c.cost_based = bool(d.get("cost_based", True))
         c.req_min_phi = float(d.get("req_min_phi", REQ_MIN_PHI))
         c.cpc_min_series = int(d.get("cpc_min_series", c.cpc_min_series))
+        c.group_min_series = int(d.get("group_min_series", c.group_min_series))
         if not 0.0 < c.req_min_phi <= 1.0:
             raise ValueError(f"planner.req_min_phi must be in (0, 1], got {c.req_min_phi}")
         c.pinned = list(d.get("pinned", []) or [])
@@ -157,6 +160,7 @@ class Planner:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.decisions: deque = deque(maxlen=200)
+        self._scope_cache: dict[tuple[str, str], tuple[float, int]] = {}
 
     # --- catalog lookups -------------------------------------------------------------------
     @property
@@ -258,6 +262,7 @@ class Planner:
                 cands = candidates(entry.expr, self.config.req_min_phi)
             except Exception:  # noqa: BLE001 - unparsable: nothing to learn
                 return
+        cands = self._prefer_aggregates(cands)
         if not cands:
             return
         now = time.time()
@@ -287,6 +292,42 @@ class Planner:
         for c, ks in to_adopt:
             self._consider(c, ks)
 
+    def _prefer_aggregates(self, cands: list[Candidate]) -> list[Candidate]:
+        """A ``group`` / ``cpc`` candidate is followed by its inner per-series candidate (``normalize``).
+        Keep the aggregate one (and drop the inner) when the scope has enough series for it to pay
+        (``group_min_series`` / ``cpc_min_series``); otherwise keep the inner one, which per-series exact
+        panes serve exactly and share with every other pattern on the metric."""
+        out: list[Candidate] = []
+        skip_next = False
+        for i, c in enumerate(cands):
+            if skip_next:
+                skip_next = False
+                continue
+            if c.algorithm not in ("group", "cpc"):
+                out.append(c)
+                continue
+            need = self.config.group_min_series if c.algorithm == "group" else self.config.cpc_min_series
+            n = self._scope_series_cached(c)
+            ks = self.keys.setdefault(c.key, KeyStats())
+            if n >= need:
+                out.append(c)
+                nxt = cands[i + 1] if i + 1 < len(cands) else None
+                skip_next = nxt is not None and nxt.algorithm == "exact" and (nxt.metric, nxt.func, nxt.range_ms, nxt.matchers) \
+                    == (c.metric, c.func, c.range_ms, c.matchers)
+            else:
+                ks.last_decision = (f"{n} series in scope < {c.algorithm}_min_series {need}: per-series exact panes "
+                                    "serve this exactly")
+        return out
+
+    def _scope_series_cached(self, c: Candidate) -> int:
+        now = time.time()
+        hit = self._scope_cache.get(c.key)
+        if hit is not None and now - hit[0] < 60:
+            return hit[1]
+        n = self._scope_series(c, max(c.range_ms, 60_000))
+        self._scope_cache[c.key] = (now, n)
+        return n
+
     def _scope_series(self, c: Candidate, range_ms: int) -> int:
         """Series in the candidate's scope with data in the last ``range_ms`` (storage index)."""
         if self.storage is None:
@@ -301,12 +342,6 @@ class Planner:
             return 0
 
     def _consider(self, c: Candidate, ks: KeyStats) -> None:
-        if c.algorithm == "cpc":
-            n = self._scope_series(c, ks.max_range_ms)
-            if n < self.config.cpc_min_series:
-                ks.last_decision = (f"{n} series in scope < cpc_min_series {self.config.cpc_min_series}: "
-                                    "exact per-series panes answer this distinct count exactly")
-                return
         raw_cpu = sum(ks.raw_cpu) / len(ks.raw_cpu)
         hist = min(max(self.config.history_ms, 2 * ks.max_range_ms), self.config.max_history_ms)
         used = sum(s.nbytes() for s in self.sds.values())

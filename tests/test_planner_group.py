@@ -113,10 +113,25 @@ def test_canary_reevaluates_the_aggregate(group_world):
     assert rec["algorithm"] == "group" and rec["max_error"] <= 1e-9 and rec["checked"] == 1
 
 
+def test_few_series_keep_shared_per_series_panes():
+    """Below group_min_series (default 1000) the pattern adopts the metric's per-series exact SDS,
+    which serves it exactly and is shared with every other pattern on the metric."""
+    src, batch = load(random_series(seed=44))
+    tmax = int(batch.timestamps.max())
+    st = build(src, Engine(src), None, {"background_backfill": False, "seal_delay": "0s", "canary_fraction": 0.0})
+    feed(st.summarizer, batch)
+    q = "sum by (job) (sum_over_time(g[1h]))"
+    for _ in range(3):
+        st.engine.range_query(q, tmax - 3 * 3_600_000, tmax, 600_000)
+    assert [s.spec.algorithm for s in st.planner.sds.values()] == ["exact"]
+    assert st.engine.range_query(q, tmax - 3 * 3_600_000, tmax, 600_000).stats.paths[0].startswith("summary:exact-g")
+    assert "group_min_series" in st.planner.keys[next(k for k in st.planner.keys if k[1].startswith("group"))].last_decision
+
+
 def test_planner_adopts_group_sds_and_restores_it(tmp_path):
     src, batch = load(random_series(seed=43))
     tmax = int(batch.timestamps.max())
-    cfg = {"background_backfill": False, "seal_delay": "0s", "canary_fraction": 0.0}
+    cfg = {"background_backfill": False, "seal_delay": "0s", "canary_fraction": 0.0, "group_min_series": 4}
     st = build(src, Engine(src), tmp_path, cfg)
     feed(st.summarizer, batch)
     q = "sum by (job) (sum_over_time(g[1h]))"

@@ -18,7 +18,8 @@ STEP_MS = 15_000
 @pytest.fixture
 def ooo_server(tmp_path):
     cfg = tmp_path / "turboprom.yml"
-    cfg.write_text("planner:\n  seal_delay: 0s\n  canary_fraction: 1.0\n")
+    # group_min_series: this test's 3 series stand in for a high-cardinality scope (default 1000)
+    cfg.write_text("planner:\n  seal_delay: 0s\n  canary_fraction: 1.0\n  group_min_series: 3\n")
     srv = ServerProcess(tmp_path / "data", ["--config", str(cfg), "--wal-fsync", "never", "--out-of-order-window", "3h"])
     yield srv, cfg
     srv.stop()

@@ -12,6 +12,7 @@ counted as skipped). Exit status 1 when a stable eval failed.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import shutil
@@ -33,6 +34,7 @@ from promql.printer import to_promql
 from promql.promqltest_classify import EXP, NH, PLAIN, LoadedState, classify, walk
 from promql.promqltest_compare import Actual, check_annotations, check_expected_failure, compare, from_query_result
 from promql.promqltest_script import ClearCmd, EvalCmd, Hist, LoadCmd, ScriptError, parse_script
+from promql.types import FloatHistogram
 
 import promql_parser as pp
 
@@ -108,15 +110,20 @@ class _Store:
         else:
             raise ValueError(f"unknown storage {self.kind!r} (memory|tsdb)")
 
+    def _add_histograms(self, lbl: Labels, ts: list[int], hists: list[Any]) -> None:
+        if self.hists is None:
+            self.hists = self.source if isinstance(self.source, MemorySource) else MemorySource()
+        self.hists.add_histograms(lbl, np.asarray(ts, np.int64), hists)
+
     def load(self, cmd: LoadCmd) -> None:
+        if cmd.with_nhcb:
+            for base, samples in nhcb_histograms(cmd).items():
+                self._add_histograms(base, [t for t, _ in samples], [h for _, h in samples])
         items: list[tuple[Labels, np.ndarray, np.ndarray]] = []
         for lbl, vals in cmd.series.items():
             hidx = [i for i, v in enumerate(vals) if isinstance(v, Hist) and v.value is not None]
             if hidx:
-                if self.hists is None:
-                    self.hists = self.source if isinstance(self.source, MemorySource) else MemorySource()
-                self.hists.add_histograms(lbl, np.asarray(hidx, np.int64) * cmd.interval_ms,
-                                          [vals[i].value for i in hidx])  # type: ignore[union-attr]
+                self._add_histograms(lbl, [i * cmd.interval_ms for i in hidx], [vals[i].value for i in hidx])
             idx = [i for i, v in enumerate(vals) if v is not None and not isinstance(v, Hist)]
             if not idx:
                 continue
@@ -141,6 +148,72 @@ class _Store:
         if self.tmp:
             shutil.rmtree(self.tmp, ignore_errors=True)
             self.tmp = None
+
+
+_NHCB_SUFFIXES = (("_bucket", "bucket"), ("_sum", "sum"), ("_count", "count"))
+
+
+def nhcb_histograms(cmd: LoadCmd) -> dict[Labels, list[tuple[int, FloatHistogram]]]:
+    """``load_with_nhcb`` (FORMAT.md 3.3): every classic histogram family of the block
+    (``X_bucket{le=...}``, ``X_count``, ``X_sum``) as custom-bucket native histograms (schema -53)
+    under ``X``, per timestamp. A timestamp whose buckets are not cumulative or whose count does
+    not match the +Inf bucket gets no histogram (Prometheus refuses such a load)."""
+    temp: dict[Labels, dict[int, dict[str, Any]]] = {}
+    for lbl, vals in cmd.series.items():  # per series, then per sample of the (small) script
+        d = dict(lbl)
+        name = d.get("__name__", "")
+        kind = next((k for suf, k in _NHCB_SUFFIXES if name.endswith(suf)), None)
+        if kind is None:
+            continue
+        base_name = name[: -len(next(suf for suf, k in _NHCB_SUFFIXES if k == kind))]
+        le = 0.0
+        if kind == "bucket":
+            try:
+                le = float(d.get("le", "nan"))
+            except ValueError:
+                continue
+            if math.isnan(le):
+                continue
+        base: Labels = tuple(sorted([(k, v) for k, v in lbl if k not in ("__name__", "le")] + [("__name__", base_name)]))
+        per_ts = temp.setdefault(base, {})
+        for i, v in enumerate(vals):
+            if v is None or isinstance(v, Hist):
+                continue
+            th = per_ts.setdefault(i * cmd.interval_ms, {"buckets": {}, "count": None, "sum": 0.0})
+            if kind == "bucket":
+                th["buckets"].setdefault(le, float(v))
+            elif kind == "count":
+                th["count"] = float(v)
+            else:
+                th["sum"] = float(v)
+    out: dict[Labels, list[tuple[int, FloatHistogram]]] = {}
+    for base, per_ts in temp.items():
+        samples = []
+        for t in sorted(per_ts):
+            h = _convert_nhcb(per_ts[t])
+            if h is not None:
+                samples.append((t, h))
+        if samples:
+            out[base] = samples
+    return out
+
+
+def _convert_nhcb(th: dict[str, Any]) -> FloatHistogram | None:
+    les = sorted(th["buckets"])
+    cum = [th["buckets"][le] for le in les]
+    if any(c < 0 for c in cum) or any(b < a for a, b in zip(cum, cum[1:])):
+        return None
+    count = th["count"] if th["count"] is not None else (cum[-1] if cum else 0.0)
+    if count < 0:
+        return None
+    if not les or les[-1] != math.inf:
+        les.append(math.inf)
+        cum.append(count)
+    if count != cum[-1]:
+        return None
+    deltas = [b - a for a, b in zip([0.0] + cum[:-1], cum)]
+    return FloatHistogram(schema=-53, count=count, sum=th["sum"], positive=tuple(enumerate(deltas)),
+                          custom_values=tuple(les[:-1]))
 
 
 def default_storage() -> str:

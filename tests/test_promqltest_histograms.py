@@ -365,3 +365,44 @@ def test_native_quantile_fraction_stddev():
     res = eng.instant_query('histogram_quantile(1.5, h{k="exp"})', 0)
     assert res.values.tolist() == [math.inf]
     assert res.annotations.warnings == ["PromQL warning: quantile value should be between 0 and 1, got 1.5 (1:20)"]
+
+
+def test_load_with_nhcb_builds_custom_bucket_histograms():
+    from promql.promqltest import nhcb_histograms
+    from promql.promqltest_script import LoadCmd, parse_script
+
+    cmds = parse_script("""
+load_with_nhcb 1m
+  lat_bucket{job="a", le="0.5"} 1 2
+  lat_bucket{job="a", le="1"} 3 5
+  lat_bucket{job="a", le="+Inf"} 4 5
+  lat_sum{job="a"} 2 3
+  lat_count{job="a"} 4 5
+""")
+    load = cmds[0]
+    assert isinstance(load, LoadCmd) and load.with_nhcb
+    hs = nhcb_histograms(load)
+    (base, samples), = hs.items()
+    assert dict(base) == {"__name__": "lat", "job": "a"}
+    assert [t for t, _ in samples] == [0, M]
+    h0, h1 = samples[0][1], samples[1][1]
+    # cumulative 1, 3, 4 -> per-bucket 1, 2, 1 over bounds (0.5, 1, +Inf)
+    assert h0.schema == -53 and h0.custom_values == (0.5, 1.0)
+    assert h0.positive == ((0, 1.0), (1, 2.0), (2, 1.0)) and (h0.count, h0.sum) == (4.0, 2.0)
+    assert h1.positive == ((0, 2.0), (1, 3.0), (2, 0.0)) and h1.count == 5.0
+    # the runner stores them beside the floats: a label selector sees both kinds
+    # (two bucket series + the count series + the histogram `lat` = 4)
+    outs = FileRunner(storage="tsdb").run_text("nhcb.test", """
+load_with_nhcb 1m
+  lat_bucket{job="a", le="0.5"} 1 2
+  lat_bucket{job="a", le="+Inf"} 4 5
+  lat_count{job="a"} 4 5
+
+eval instant at 1m count({job="a"})
+  {} 4
+
+eval instant at 1m max({job="a"})
+  expect info msg: PromQL info: ignored histogram in max aggregation (1:5)
+  {} 5
+""")
+    assert [(o.kind, o.status) for o in outs] == [(PLAIN, "pass"), (PLAIN, "pass")], [o.message for o in outs]

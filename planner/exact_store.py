@@ -10,9 +10,13 @@ Each pane also keeps its *entry* pair (previous sample of the series -> first sa
 non-empty pane, so ranges that start anywhere stay exact.
 
 Change tracking for readers that keep derived results (``planner/summary_scan.py``'s step cache):
-``version`` counts every write; ``epoch`` counts writes that may change a pane below ``seal_mark``
-(the highest sealed-pane boundary a cached result relied on): backfill, restored rows, entry fixes,
-and live samples that land in such a pane (late or lagging series, rebuilds after late samples).
+``version`` counts every write; ``epoch`` counts writes that may change a pane a cached result relied
+on, i.e. a pane in [``cache_floor``, ``seal_mark``) (the lowest coverage start and the highest sealed
+boundary of any cached result): live samples that land there (late or lagging series, rebuilds after
+late samples), restored rows, a backfill reaching into it. Backfill below ``cache_floor`` (coverage
+growing into the past) does not count: a cached window took that part from raw edges. Its entry fix
+at the old coverage start does not either: a pane range always subtracts the entry of its own first
+non-empty pane, so only ranges starting below that pane see the fixed entry.
 """
 from __future__ import annotations
 
@@ -51,6 +55,7 @@ class ExactPaneStore:
         self.version = 0  # bumped by every write
         self.epoch = 0  # bumped by writes that may touch panes below seal_mark
         self.seal_mark = np.iinfo(np.int64).min  # set by result caches: panes below it were sealed when cached
+        self.cache_floor = np.iinfo(np.int64).max  # set by result caches: lowest coverage start they relied on
         self._totals: tuple[int, int, np.ndarray] | None = None  # (version, k0, samples per pane)
         self.step_cache: object | None = None  # planner.summary_scan.StepCache, attached on first use
 
@@ -144,8 +149,9 @@ class ExactPaneStore:
             bc, br, bch = boundary(prev_v, seg.first_v, has_prev)
             self.ensure_panes(int(g_k.min()), int(g_k.max()))
             self.version += 1
-            if not live or int(g_k.min()) < self.seal_mark:
-                self.epoch += 1
+            if int(g_k.min()) < self.seal_mark and int(g_k.max()) >= self.cache_floor:
+                if bool(((g_k >= self.cache_floor) & (g_k < self.seal_mark)).any()):
+                    self.epoch += 1
             c = g_k - self.k0
             existing = self.cols["count"][g_sid, c] > 0
             if existing.any():
@@ -181,7 +187,8 @@ class ExactPaneStore:
                 return
             c0 = max(c0, 0)
             self.version += 1
-            self.epoch += 1
+            if from_pane > self.cache_floor:  # a cached range may start below the fixed pane
+                self.epoch += 1
             cnt = self.cols["count"][sid, c0 : self.nk] > 0
             has = cnt.any(axis=1)
             first = np.argmax(cnt, axis=1) + c0

@@ -249,16 +249,17 @@ def raw_and_fill(node: Any, ectx: Any, rctx: RewriteContext) -> Any:
     from dataclasses import replace
 
     from promql.evaluator import Evaluator
-    from planner.summary_scan import fill_from_raw
+    from planner.summary_scan import arm, fill_from_raw
 
+    func, ms, _ = servable_call(node)
+    vs = ms.vector_selector
+    matchers = to_matchers(vs)[0]
+    sds = rctx.find_sds(vs.name, "exact", matchers)
+    armed = arm(sds) if sds is not None else None  # before the raw read: later writes invalidate
     val = Evaluator().eval(node, replace(ectx, hooks=()))
     try:
-        func, ms, _ = servable_call(node)
-        vs = ms.vector_selector
-        matchers = to_matchers(vs)[0]
-        sds = rctx.find_sds(vs.name, "exact", matchers)
-        if sds is not None and isinstance(val, VectorSteps):
-            fill_from_raw(sds, matchers, func, effective_times(vs, ectx), duration_ms(ms.range), val)
+        if armed is not None and isinstance(val, VectorSteps):
+            fill_from_raw(sds, matchers, func, effective_times(vs, ectx), duration_ms(ms.range), val, armed)
     except Exception:  # noqa: BLE001 - filling a cache must never fail the query
         log.exception("step cache fill from the raw path failed")
     return val

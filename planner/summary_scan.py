@@ -10,8 +10,9 @@ Step cache (exact algorithms): a refreshed dashboard asks again for the same ste
 step or two. The answers of steps whose whole window lies in sealed panes are kept per (function,
 matchers, range) and reused, so a refresh only computes its new steps. A cached step is reused only
 while it provably equals a recomputation: same store ``epoch`` (no write since into a pane the step
-relied on being sealed -- late samples, lagging series, backfill, restores all bump it), same coverage
-start and the same registered series; otherwise the entry is dropped. Reuse is reported in the
+relied on -- late samples, lagging series, restores bump it), coverage not shrunk (backfill growing it
+into the past keeps entries: their windows took that part from raw edges) and the same registered
+series; otherwise the entry is dropped. Reuse is reported in the
 query's infos (``rewrite.RewriteHook._report``) and in the plan's ``step_cache`` stats.
 """
 from __future__ import annotations
@@ -170,7 +171,7 @@ class StepCache:
             e = self.d.get(key)
             if e is None:
                 return None
-            if e.epoch != epoch or e.cov_lo != cov_lo or e.nreg != nreg:
+            if e.epoch != epoch or cov_lo > e.cov_lo or e.nreg != nreg:  # coverage may only grow into the past
                 del self.d[key]
                 self.invalidations += 1
                 return None
@@ -215,6 +216,17 @@ def step_cache(store: Any) -> StepCache | None:
     return c
 
 
+def arm(sds: SDS) -> tuple[int, int, int, int]:
+    """Before computing anything that may be cached: declare the panes it relies on (so any later write
+    into them bumps the epoch) and read (cov_lo, cov_hi, epoch, registered series) after that."""
+    cov_lo, cov_hi = sds.coverage()
+    store = sds.store
+    with store.lock:
+        store.seal_mark = max(store.seal_mark, cov_hi)
+        store.cache_floor = min(store.cache_floor, cov_lo)
+        return cov_lo, cov_hi, store.epoch, len(sds.registry.labels)
+
+
 def cached_mask(sds: SDS, matchers: Sequence[Matcher], func: str, ends: np.ndarray, range_ms: int) -> np.ndarray:
     """Which of ``ends`` the step cache would answer now (for the rewrite's cost check)."""
     ends = np.asarray(ends, np.int64)
@@ -229,20 +241,21 @@ def cached_mask(sds: SDS, matchers: Sequence[Matcher], func: str, ends: np.ndarr
     return e.ends[pos] == ends
 
 
-def fill_from_raw(sds: SDS, matchers: Sequence[Matcher], func: str, ends: np.ndarray, range_ms: int, val: Any) -> int:
+def fill_from_raw(sds: SDS, matchers: Sequence[Matcher], func: str, ends: np.ndarray, range_ms: int, val: Any,
+                  armed: tuple[int, int, int, int]) -> int:
     """Keep the sealed steps of a raw-path answer ``val`` (VectorSteps of ``func(sel[range])`` at
-    ``ends``) in the step cache; returns the steps kept. Skipped unless every answered series is one
-    of the SDS's registered series in its ``matchers`` selection (the cache holds rows per series)."""
+    ``ends``) in the step cache; returns the steps kept. ``armed`` = ``arm(sds)`` taken before the raw
+    evaluation started. Skipped unless every answered series is one of the SDS's registered series in
+    its ``matchers`` selection (the cache holds rows per series)."""
     store = sds.store
     cache = step_cache(store)
     if cache is None or getattr(val, "hist", None) is not None:
         return 0
     ends = np.asarray(ends, np.int64)
-    cov_lo, cov_hi = sds.coverage()
+    cov_lo, cov_hi, epoch, nreg = armed
     sealed = ends < cov_hi * sds.spec.pane_ms
     if not sealed.any():
         return 0
-    epoch, nreg = store.epoch, len(sds.registry.labels)
     sel = sds.registry.match(matchers)
     row = {int(g): i for i, g in enumerate(sel.tolist())}
     index = sds.registry.index
@@ -261,10 +274,7 @@ def fill_from_raw(sds: SDS, matchers: Sequence[Matcher], func: str, ends: np.nda
         vals[ri] = val.values[:, sealed]
         present[ri] = val.present[:, sealed]
     key = (func, tuple(matchers), int(range_ms))
-    with store.lock:
-        store.seal_mark = max(store.seal_mark, cov_hi)
-        still = store.epoch == epoch
-    if not still:
+    if store.epoch != epoch or len(sds.registry.labels) != nreg:
         return 0
     entry = cache.get(key, epoch, cov_lo, nreg)
     e_ends = ends[sealed]
@@ -279,13 +289,12 @@ def fill_from_raw(sds: SDS, matchers: Sequence[Matcher], func: str, ends: np.nda
 def scan_exact(sds: SDS, source: RawSource, matchers: Sequence[Matcher], func: str, ends: np.ndarray,
                range_ms: int) -> ScanResult:
     store = sds.store
-    cov_lo, cov_hi = sds.coverage()
     ends = np.asarray(ends, np.int64)
     cache = step_cache(store)
     if cache is None:
-        return _scan_exact(sds, source, matchers, func, ends, range_ms, cov_lo, cov_hi)
+        return _scan_exact(sds, source, matchers, func, ends, range_ms, *sds.coverage())
     key = (func, tuple(matchers), int(range_ms))
-    epoch, nreg = store.epoch, len(sds.registry.labels)
+    cov_lo, cov_hi, epoch, nreg = arm(sds)
     entry = cache.get(key, epoch, cov_lo, nreg)
     T = len(ends)
     hit = np.zeros(T, bool)
@@ -318,10 +327,7 @@ def scan_exact(sds: SDS, source: RawSource, matchers: Sequence[Matcher], func: s
             res = part
         sealed = ends[miss] < cov_hi * sds.spec.pane_ms
         if sealed.any():
-            with store.lock:
-                store.seal_mark = max(store.seal_mark, cov_hi)
-                still = store.epoch == epoch
-            if still:
+            if store.epoch == epoch:  # nothing it relied on changed while it was computed
                 cache.put(key, entry, ends[miss][sealed], part.values[:, sealed], part.present[:, sealed], sel,
                           epoch, cov_lo, nreg)
     cache.hits += n_hit

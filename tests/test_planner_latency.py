@@ -168,16 +168,36 @@ def test_lagging_new_series_in_sealed_panes_invalidates_the_cache():
     assert any(dict(l).get("inst") == "late" for l in fast.labels) and _reused(fast) == 0
 
 
-def test_coverage_change_drops_cached_steps():
+def test_coverage_growth_keeps_entries_shrink_drops_them():
     src, summ, sdss, hook, eng, tmin, cut, tmax, more = _world(seed=73)
     q, step = "avg_over_time(g[10m])", 60_000
     end = cut // step * step - 5 * step
     eng.range_query(q, end - 1_800_000, end, step, node_hooks=[hook])
     sds = sdss["g"]
-    sds.cov_lo += 30  # as a (re)backfill would move it
+    sds.cov_lo -= 30  # coverage grows into the past (a backfill chunk): cached windows stay valid
+    res = eng.range_query(q, end - 1_800_000, end, step, node_hooks=[hook])
+    assert _reused(res) == 31
+    sds.cov_lo += 60  # coverage shrank: nothing cached is trusted
     res = eng.range_query(q, end - 1_800_000, end, step, node_hooks=[hook])
     assert _reused(res) == 0
     _compare(eng.range_query(q, end - 1_800_000, end, step), res, q)
+
+
+def test_backfill_into_cached_panes_invalidates():
+    src, summ, sdss, hook, eng, tmin, cut, tmax, more = _world(seed=76)
+    q, step = "sum_over_time(g[10m])", 60_000
+    end = cut // step * step - 5 * step
+    eng.range_query(q, end - 1_800_000, end, step, node_hooks=[hook])
+    store = sdss["g"].store
+    e0 = store.epoch
+    # a write (e.g. restored rows) into a pane the cached steps relied on
+    lbl = sdss["g"].registry.labels[0]
+    ss = src.select([*sdss["g"].spec.scope_matchers()], end - 900_000, end - 800_000)
+    sid = np.zeros(1, np.int64)
+    store.ingest_sorted(sid, np.array([int(ss.timestamps[0]) + 1]), np.array([1.0]), live=False)
+    assert store.epoch == e0 + 1 and lbl is not None
+    res = eng.range_query(q, end - 1_800_000, end, step, node_hooks=[hook])
+    assert _reused(res) == 0
 
 
 def test_unsealed_steps_are_never_cached():

@@ -255,10 +255,34 @@ def test_rate_over_histograms(eng):
     res = eng.instant_query("rate(mixed[4m])", 4 * M)
     assert res.labels == [] and res.annotations.warnings == [
         'PromQL warning: encountered a mix of histograms and floats for metric name "mixed" (1:6)']
+
+    def hist(count: float, s: float) -> FloatHistogram:
+        return FloatHistogram(schema=0, count=count, sum=s, positive=((0, count),))
+
     src = MemorySource()
-    src.add_histograms(L("h"), [0, M], [H1, H2])
-    with pytest.raises(PromQLError, match="rate"):
-        Engine(src).instant_query("count(rate(h[5m]))", M)  # a histogram rate is refused
+    src.add_histograms(L("h"), [0, M, 2 * M], [hist(1, 1), hist(3, 5), hist(5, 9)])
+    src.add_histograms(L("r"), [0, M, 2 * M], [hist(5, 5), hist(2, 2), hist(4, 4)])
+    e2 = Engine(src)
+
+    def val(q: str) -> float:
+        res = e2.instant_query(q, 2 * M)
+        assert len(res.values) == 1, q
+        return float(res.values[0])
+
+    # window (0, 2m] holds 1m and 2m: raw increase count 5-3 = 2, sum 9-5 = 4; the first sample
+    # is one interval (60 s, below 1.1 x average) from the window start -> extrapolated x2
+    assert val("histogram_count(increase(h[2m]))") == pytest.approx(4.0)
+    assert val("histogram_sum(rate(h[2m]))") == pytest.approx(8.0 / 120)
+    assert val("histogram_count(irate(h[2m]))") == pytest.approx(2.0 / 60)
+    # r resets between 0 and 1m (count 5 -> 2): increase = 2 + 2 = 4 over 120 s sampled,
+    # extrapolated by 60 s at the start -> 6
+    assert val("histogram_count(increase(r[3m]))") == pytest.approx(6.0)
+    assert val("resets(r[3m])") == 1.0 and val("resets(h[3m])") == 0.0
+    res = e2.instant_query("histogram_count(delta(h[2m]))", 2 * M)
+    assert res.values.tolist() == [4.0]
+    assert res.annotations.warnings == ['PromQL warning: this native histogram metric is not a gauge: "h" (1:23)']
+    with pytest.raises(PromQLError, match="native histogram"):
+        e2.instant_query("rate(h[2m])", 2 * M)  # a histogram result is refused at the top
 
 
 def test_subquery_carries_histograms(eng):

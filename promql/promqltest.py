@@ -1,13 +1,15 @@
 """Runner for Prometheus's promqltest conformance scripts (../shared/promqltest/FORMAT.md).
 
-    python -m promql.promqltest FILE... [--storage memory|tsdb] [-v] [--write-known-failures PATH]
+    python -m promql.promqltest FILE... [--storage memory|tsdb] [-v] [--native-histograms]
+                                        [--write-known-failures PATH]
 
 Runs every ``eval`` in-process against our storage and ``promql.engine.Engine``, including the two
 cross-checks upstream performs for instant evals (FORMAT.md 4.4): the re-run with ``@ t`` attached
 at other evaluation times, and the re-run as a range query around t. Prints one line per failure
 (``file:line: query: diff``), per-file counts, and closes with ``N passed, N failed, N skipped``
 (stable float evals only; experimental and native-histogram evals are reported separately and
-counted as skipped). Exit status 1 when a stable eval failed.
+counted as skipped). Exit status 1 when a stable eval failed. ``--native-histograms`` also runs
+the native-histogram evals whose expected output holds no histogram (reported on their own line).
 """
 from __future__ import annotations
 
@@ -366,6 +368,9 @@ class FileRunner:
     storage: str = "memory"
     engine_factory: EngineFactory = default_engine_factory
     run_experimental: bool = True
+    # Also run native-histogram evals whose expected output has no histogram (the engine gives
+    # histogram samples Prometheus's semantics); reported separately, never in the closing counts.
+    run_native_histograms: bool = False
     only_lines: set[int] | None = None  # run just these eval lines (loads/clears always run)
     # Called with each eval before it runs (after classification); may change its expectations in
     # place (the mutation sweep in tests/test_promqltest_mutations.py). Returns a description, or
@@ -396,7 +401,8 @@ class FileRunner:
                     if self.only_lines is not None and cmd.line not in self.only_lines:
                         continue
                     cl = classify(cmd, state)
-                    if cl.kind == NH:
+                    if cl.kind == NH and not (self.run_native_histograms and cl.parse_error is None
+                                              and not cmd.uses_histogram_expectation()):
                         out.append(Outcome(name, cmd.line, cmd.expr, NH, "skip", f"native histograms: {cl.reason}"))
                         continue
                     if cl.kind == EXP and (cl.parse_error is not None or not self.run_experimental):
@@ -451,9 +457,9 @@ class Summary:
 
 
 def run_files(paths: Iterable[str | Path], storage: str = "memory", engine_factory: EngineFactory = default_engine_factory,
-              out=sys.stdout, verbose: bool = False) -> Summary:
+              out=sys.stdout, verbose: bool = False, native_histograms: bool = False) -> Summary:
     summary = Summary()
-    runner = FileRunner(storage=storage, engine_factory=engine_factory)
+    runner = FileRunner(storage=storage, engine_factory=engine_factory, run_native_histograms=native_histograms)
     for path in paths:
         t0 = time.monotonic()
         outs = runner.run_file(path)
@@ -467,11 +473,18 @@ def run_files(paths: Iterable[str | Path], storage: str = "memory", engine_facto
         fs = Summary(outs)
         print(f"{Path(path).name}: plain {fs.count(PLAIN, 'pass')} passed, {fs.count(PLAIN, 'fail')} failed; "
               f"experimental {fs.count(EXP, 'pass')} passed, {fs.count(EXP, 'fail')} failed, {fs.count(EXP, 'skip')} not parseable; "
-              f"native-histogram {fs.count(NH, 'skip')} skipped ({time.monotonic() - t0:.1f}s)", file=out)
+              f"native-histogram {_nh_counts(fs)} ({time.monotonic() - t0:.1f}s)", file=out)
     print(f"experimental (counted as skipped below): {summary.count(EXP, 'pass')} passed, {summary.count(EXP, 'fail')} failed, "
-          f"{summary.count(EXP, 'skip')} not parseable; native-histogram skipped: {summary.count(NH, 'skip')}", file=out)
+          f"{summary.count(EXP, 'skip')} not parseable; native-histogram {'skipped: ' if not native_histograms else ''}"
+          f"{_nh_counts(summary) if native_histograms else summary.count(NH, 'skip')}", file=out)
     print(f"{summary.passed} passed, {summary.failed} failed, {summary.skipped} skipped", file=out)
     return summary
+
+
+def _nh_counts(s: Summary) -> str:
+    if s.count(NH, "pass") or s.count(NH, "fail"):
+        return f"{s.count(NH, 'pass')} passed, {s.count(NH, 'fail')} failed, {s.count(NH, 'skip')} skipped"
+    return f"{s.count(NH, 'skip')} skipped"
 
 
 def default_files() -> list[Path]:
@@ -494,12 +507,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--storage", choices=("memory", "tsdb"), default=None,
                     help="data source: in-memory arrays or the real TSDB (default: tsdb when it imports)")
     ap.add_argument("-v", "--verbose", action="store_true", help="also print experimental failures and skips")
+    ap.add_argument("--native-histograms", action="store_true",
+                    help="also run native-histogram evals whose expected output has no histogram (reported separately)")
     ap.add_argument("--write-known-failures", metavar="PATH", nargs="?",
                     const=str(Path(__file__).resolve().parent.parent / "tests" / "promqltest_known_failures.txt"),
                     help="write the failing stable evals (file:line) to PATH (default tests/promqltest_known_failures.txt)")
     args = ap.parse_args(argv)
     files = [Path(f) for f in args.files] or default_files()
-    summary = run_files(files, storage=args.storage or default_storage(), verbose=args.verbose)
+    summary = run_files(files, storage=args.storage or default_storage(), verbose=args.verbose,
+                        native_histograms=args.native_histograms)
     if args.write_known_failures:
         write_known_failures(summary, Path(args.write_known_failures))
         print(f"wrote {summary.failed} known failures to {args.write_known_failures}")

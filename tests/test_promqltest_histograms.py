@@ -430,3 +430,25 @@ eval instant at 1m max({job="a"})
   {} 5
 """)
     assert [(o.kind, o.status) for o in outs] == [(PLAIN, "pass"), (PLAIN, "pass")], [o.message for o in outs]
+
+
+def test_runner_can_run_native_histogram_evals_on_request():
+    from promql.promqltest_classify import NH
+
+    script = """
+load 1m
+  lat{job="a"} {{schema:0 count:4 sum:10 buckets:[1 2 1]}}x2
+
+eval instant at 1m histogram_count(lat)
+  {job="a"} 4
+
+eval instant at 1m lat
+  lat{job="a"} {{schema:0 count:4 sum:10 buckets:[1 2 1]}}
+"""
+    default = FileRunner(storage="memory").run_text("nh.test", script)
+    assert [(o.kind, o.status) for o in default] == [(NH, "skip"), (NH, "skip")]
+    opted = FileRunner(storage="memory", run_native_histograms=True).run_text("nh.test", script)
+    # the first has a float expectation and runs; the second expects a histogram: still skipped
+    assert [(o.kind, o.status) for o in opted] == [(NH, "pass"), (NH, "skip")], [o.message for o in opted]
+    wrong = FileRunner(storage="memory", run_native_histograms=True).run_text("nh.test", script.replace("} 4", "} 5"))
+    assert wrong[0].status == "fail"

@@ -64,6 +64,8 @@ QUERIES = [
     ("topk_avg", "topk(5, avg by (instance) (gpu_utilization))"),
     ("avg_over_time", "avg_over_time(gpu_utilization[1h])"),
     ("quantile_over_time", "quantile_over_time(0.95, gpu_utilization[1h])"),
+    ("deriv", "deriv(gpu_utilization[1h])"),
+    ("predict_linear", "predict_linear(gpu_utilization[1h], 3600)"),
 ]
 RANGES = [("1h", 3600, 15), ("24h", 86400, 60), ("7d", 7 * 86400, 600)]
 

@@ -100,3 +100,25 @@ def test_dense_threshold_splits_mixed_widths(monkeypatch):
     np.testing.assert_allclose(slope.reshape(-1)[sel], ref_s, rtol=1e-9)
     np.testing.assert_allclose(icpt.reshape(-1)[sel], ref_i, rtol=1e-9)
     assert np.array_equal(present.reshape(-1), n >= 2)
+
+
+def test_repeated_windows_regressed_once_still_match_replica():
+    """Steps finer than the sample interval select the same samples several times in a row:
+    those windows share one regression, but predict_linear's intercept (and its error check)
+    still follows each step's own time."""
+    rs = np.random.default_rng(8)
+    series = [(np.arange(1, 241, dtype=np.int64) * 60_000 + 7_000, 1e3 * s + rs.normal(0, 1, 240).cumsum())
+              for s in range(4)]
+    steps = np.arange(20 * 60_000, 200 * 60_000, 10_000, dtype=np.int64)  # 6 steps per sample
+    rw = build(series, steps, 10 * 60_000)
+    n = (rw.hi - rw.lo).reshape(-1)
+    sel = np.flatnonzero(n >= 2)
+    lo_sel = rw.lo.reshape(-1)[sel]
+    assert np.unique(lo_sel).size * 3 < sel.size  # mostly repeats
+    for intercept in (None, steps + 600_000):
+        slope, icpt, ok = rmod._regression_dense(rw, intercept, sel, intercept is not None)
+        assert ok.mean() > 0.95
+        t0 = rw.ts[lo_sel] if intercept is None else intercept[sel % len(steps)]
+        ref_s, ref_i = rmod._regression_kernel(rw, lo_sel, n[sel], t0)
+        np.testing.assert_allclose(slope[ok], ref_s[ok], rtol=1e-9, atol=0)
+        np.testing.assert_allclose(icpt[ok], ref_i[ok], rtol=1e-9, atol=0)

@@ -377,32 +377,110 @@ _DENSE_CHUNK = 1 << 16  # samples gathered per dense block (cache-sized temporar
 def _width_groups(lo_sel: np.ndarray, n_sel: np.ndarray, chunk: int):
     """Windows grouped by sample count and chunked: yields (positions, idx) with idx the
     (width, rows) sample indices of those windows (one row of the matrix per position inside
-    the window, so per-window sums are contiguous vector adds down axis 0)."""
-    if n_sel.size and n_sel.min() == n_sel.max():
-        order = np.arange(n_sel.size)
+    the window, so per-window sums are contiguous vector adds down axis 0). Positions are a
+    slice when every window has the same width (the common case: no scatter needed)."""
+    if not n_sel.size:
+        return
+    uniform = n_sel.min() == n_sel.max()
+    if uniform:
+        order = None
         bounds = [0, n_sel.size]
     else:
         order = np.argsort(n_sel, kind="stable")
         ns = n_sel[order]
         bounds = [0, *(np.flatnonzero(np.diff(ns)) + 1).tolist(), n_sel.size]
     for a, b in zip(bounds[:-1], bounds[1:]):
-        width = int(n_sel[order[a]])
+        width = int(n_sel[a] if order is None else n_sel[order[a]])
         rows = max(1, chunk // max(width, 1))
         offs = np.arange(width, dtype=np.int64)[:, None]
         for c0 in range(a, b, rows):
-            pos = order[c0:min(b, c0 + rows)]
+            c1 = min(b, c0 + rows)
+            pos = slice(c0, c1) if order is None else order[c0:c1]
             yield pos, lo_sel[pos][None, :] + offs
+
+
+_STAT_FIELDS = ("base", "span", "sy", "say", "var_n", "ubar", "cov", "syy", "const", "y0", "usable")
+
+
+def _dense_stats(ts: np.ndarray, vals: np.ndarray, idx: np.ndarray) -> dict[str, np.ndarray]:
+    """Per-window sums of one (width, rows) block of sample indices: first timestamp, span
+    (ms), sum y, sum |y|, n * sum((u - mean u)^2) (exact integers, u = ms since the first
+    sample), mean u, centred covariance sum((u - mean u)(y - mean y)) and sum((y - mean y)^2)
+    (two-pass), whether all values equal the first, the first value, and usable (False where
+    the integer sums could overflow: those go to the exact replica)."""
+    width, rows = idx.shape
+    y = vals[idx]
+    t = ts[idx]
+    base = t[0].copy()
+    t -= base
+    span = t[-1]
+    if width * width * float(span.max()) ** 2 >= 2.0**62:
+        z = np.zeros(rows)
+        return dict(base=base, span=span, sy=z, say=z, var_n=np.ones(rows, np.int64), ubar=z, cov=z, syy=z,
+                    const=np.zeros(rows, bool), y0=z, usable=np.zeros(rows, bool))
+    first = y[0].copy()
+    # Prometheus: a window whose values all equal the first has slope 0 and intercept that
+    # value (NaN/NaN when it is infinite; NaN never equals itself).
+    const = (y[1:] == first).all(axis=0)
+    say = np.abs(y).sum(axis=0)
+    sy = y.sum(axis=0)
+    su = t.sum(axis=0)
+    var_n = width * np.einsum("ij,ij->j", t, t) - su * su
+    ubar = su / width
+    y -= sy / width  # centred values
+    uc = t - ubar  # centred times (float)
+    cov = np.einsum("ij,ij->j", uc, y)
+    syy = np.einsum("ij,ij->j", y, y)
+    return dict(base=base, span=span, sy=sy, say=say, var_n=var_n, ubar=ubar, cov=cov, syy=syy,
+                const=const, y0=first, usable=np.ones(rows, bool))
+
+
+def _dense_finish(st: dict[str, np.ndarray], width: np.ndarray | float, t0: np.ndarray | None,
+                  need_intercept: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Slope, intercept at t0 (None: the window's first sample) and ok, from ``_dense_stats``.
+
+    Error terms (seconds units): ours ~ (n + 3) ulps of sum(|u - mean u| |y - mean y|) <=
+    sqrt(sum (u - mean u)^2 * sum (y - mean y)^2) (Cauchy-Schwarz), plus the mean's rounding
+    carried through sum(u - mean u) ~ n ulps of mean u. Prometheus's: ~ ulps of |cov| and of
+    sum(|x| |y|) <= max|x| * sum|y| (the products x*y, sumX*sumY/n and the final subtraction),
+    x = (t - t0) / 1000; and of its varX = sumX2 - sumX^2/n, ~ ulps of sumX2 / varX (ours is
+    exact). ok only when they stay below 1e-9 of the result.
+    """
+    var_n, cov, say, sy = st["var_n"], st["cov"], st["say"], st["sy"]
+    slope = cov * width / var_n * 1000.0  # per second
+    ybar = sy / width
+    cov_s = cov / 1000.0
+    var_s = var_n / (width * 1e6)
+    ubar, span = st["ubar"], st["span"]
+    if t0 is None:
+        xbar = ubar / 1000.0
+        xmax = span / 1000.0
+    else:
+        d0 = st["base"] - t0
+        xbar = (d0 + ubar) / 1000.0
+        xmax = np.maximum(np.abs(d0), np.abs(d0 + span)) / 1000.0
+    err = _EPS * (4 * width * np.sqrt(var_n / width * st["syy"]) / 1000.0
+                  + width * width * _EPS * say * ubar / 1000.0
+                  + 8 * (np.abs(cov_s) + xmax * say))
+    rel = err / np.abs(cov_s) + 8 * _EPS * (var_s + width * xbar * xbar) / var_s
+    usable, const, y0 = st["usable"], st["const"], st["y0"]
+    ok = usable & np.isfinite(sy) & np.isfinite(slope) & (rel <= _REG_REL_ERR)
+    icpt = ybar - slope * xbar
+    if need_intercept:
+        e_int = 8 * _EPS * (np.abs(ybar) + np.abs(slope * xbar)) + np.abs(slope * xbar) * rel
+        ok &= np.isfinite(icpt) & (e_int <= _REG_REL_ERR * np.abs(icpt))
+    return (np.where(const, 0.0, slope), np.where(const, y0, icpt),
+            np.where(const, usable & np.isfinite(y0), ok))
 
 
 def _regression_dense(rw: RangeWindows, intercept_ms: np.ndarray | None, sel: np.ndarray,
                       need_intercept: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Slope/intercept of short windows from a dense gather of their samples, grouped by
-    width: time sums are exact integers (ms relative to the window's first sample), the
-    covariance is the two-pass centred sum, so our rounding error is a few ulps of the centred
-    terms. Prometheus's one-pass formula (covXY = sumXY - sumX*sumY/n over compensated sums)
-    has its own rounding of about eps * sum(|x| |y|); a window is reported ok only when both
-    errors together stay below 1e-9 of the result, the rest (ill-conditioned, non-finite,
-    constant-infinite) go to the bit-exact replica. Returns (slope, intercept, ok) for ``sel``.
+    width (``_dense_stats``: exact integer time sums, two-pass centred covariance) with an
+    error bound covering both our rounding and Prometheus's (``_dense_finish``); windows it
+    cannot vouch for (ill-conditioned, non-finite, constant-infinite) are reported not ok and go
+    to the bit-exact replica. Windows that repeat (steps finer than the sample interval select
+    the same samples again) are summed once. Returns (slope, intercept, ok) for ``sel``.
     """
     T = rw.lo.shape[1]
     ts = np.asarray(rw.ts, dtype=np.int64)
@@ -410,63 +488,38 @@ def _regression_dense(rw: RangeWindows, intercept_ms: np.ndarray | None, sel: np
     lo_sel = np.asarray(rw.lo, dtype=np.int64).reshape(-1)[sel]
     n_sel = np.asarray(rw.hi, dtype=np.int64).reshape(-1)[sel] - lo_sel
     W = sel.size
-    slope_o = np.zeros(W)
-    icpt_o = np.zeros(W)
-    ok_o = np.zeros(W, dtype=bool)
+    t0_all = None if intercept_ms is None else intercept_ms[sel % T]
+    # The same window again is the next one in row-major order (lo never decreases along a
+    # series' steps, and different series hold different samples).
+    new = np.ones(W, dtype=bool)
+    new[1:] = (lo_sel[1:] != lo_sel[:-1]) | (n_sel[1:] != n_sel[:-1])
+    uniq = np.flatnonzero(new)
+    slope = np.zeros(W)
+    icpt = np.zeros(W)
+    ok = np.zeros(W, dtype=bool)
     with np.errstate(all="ignore"):
-        for pos, idx in _width_groups(lo_sel, n_sel, _DENSE_CHUNK):
-            width = idx.shape[0]
-            y = vals[idx]
-            t = ts[idx]
-            base = t[0].copy()
-            t -= base  # ms since the window's first sample: small exact integers
-            if width * width * float(t[-1].max()) ** 2 >= 2.0**62:
-                continue  # integer sums could overflow: leave these to the exact replica
-            su = t.sum(axis=0)
-            suu = (t * t).sum(axis=0)
-            var_n = width * suu - su * su  # n * sum((u - mean u)^2), exact
-            sy = y.sum(axis=0)
-            ybar = sy / width
-            ubar = su / width
-            y -= ybar  # centred values
-            uc = t - ubar  # centred times (float)
-            cov = (uc * y).sum(axis=0)  # sum((u - mean u)(y - mean y)), u in ms
-            np.abs(uc, out=uc)
-            np.abs(y, out=y)
-            abs_cov = (uc * y).sum(axis=0)
-            slope = cov * width / var_n * 1000.0  # per second
-            # Error terms (seconds units): ours ~ (n + 3) ulps of sum(|u - mean u| |y - mean y|)
-            # plus the mean's rounding carried through sum(u - mean u) ~ n ulps of mean u;
-            # Prometheus's ~ ulps of |cov| and of sum(|x| |y|) <= max|x| * sum|y| (the products
-            # x*y, sumX*sumY/n and the final subtraction), with x = (t - t0) / 1000 and t0 the
-            # window's first sample (deriv) or the evaluation time (predict_linear).
-            y0 = vals[idx[0]]
-            say = np.abs(vals[idx]).sum(axis=0)
-            if intercept_ms is None:
-                xbar = ubar / 1000.0
-                xmax = t[-1] / 1000.0
-            else:
-                d0 = base - intercept_ms[sel[pos] % T]
-                xbar = (d0 + ubar) / 1000.0
-                xmax = np.maximum(np.abs(d0), np.abs(d0 + t[-1])) / 1000.0
-            cov_s = cov / 1000.0
-            err = _EPS * (4 * width * abs_cov / 1000.0 + 8 * (np.abs(cov_s) + xmax * say)
-                          + width * width * _EPS * say * ubar / 1000.0)
-            # plus Prometheus's varX = sumX2 - sumX^2/n: ~ ulps of sumX2 / varX (ours is exact)
-            var_s = var_n / (width * 1e6)
-            rel = err / np.abs(cov_s) + 8 * _EPS * (var_s + width * xbar * xbar) / var_s
-            ok = np.isfinite(sy) & np.isfinite(slope) & (rel <= _REG_REL_ERR)
-            icpt = ybar - slope * xbar
-            if need_intercept:
-                e_int = 8 * _EPS * (np.abs(ybar) + np.abs(slope * xbar)) + np.abs(slope * xbar) * rel
-                ok &= np.isfinite(icpt) & (e_int <= _REG_REL_ERR * np.abs(icpt))
-            # Prometheus: a window whose values all equal the first has slope 0 and intercept
-            # that value (NaN/NaN when it is infinite; NaN never equals itself).
-            const = (vals[idx[1:]] == y0).all(axis=0)
-            slope_o[pos] = np.where(const, 0.0, slope)
-            icpt_o[pos] = np.where(const, y0, icpt)
-            ok_o[pos] = np.where(const, np.isfinite(y0), ok)
-    return slope_o, icpt_o, ok_o
+        if uniq.size >= 0.8 * W:
+            for pos, idx in _width_groups(lo_sel, n_sel, _DENSE_CHUNK):
+                st = _dense_stats(ts, vals, idx)
+                t0 = None if t0_all is None else t0_all[pos]
+                slope[pos], icpt[pos], ok[pos] = _dense_finish(st, float(idx.shape[0]), t0, need_intercept)
+            return slope, icpt, ok
+        lo_u, n_u = lo_sel[uniq], n_sel[uniq]
+        U = uniq.size
+        acc = {k: np.zeros(U, dtype=np.int64 if k in ("base", "span", "var_n") else bool if k in ("const", "usable") else np.float64)
+               for k in _STAT_FIELDS}
+        for pos, idx in _width_groups(lo_u, n_u, _DENSE_CHUNK):
+            st = _dense_stats(ts, vals, idx)
+            for k in _STAT_FIELDS:
+                acc[k][pos] = st[k]
+        inv = np.cumsum(new) - 1
+        for a in range(0, W, 1 << 16):  # per output window, in cache-sized chunks
+            part = slice(a, min(W, a + (1 << 16)))
+            iv = inv[part]
+            st = {k: v[iv] for k, v in acc.items()}
+            t0 = None if t0_all is None else t0_all[part]
+            slope[part], icpt[part], ok[part] = _dense_finish(st, n_u[iv].astype(np.float64), t0, need_intercept)
+    return slope, icpt, ok
 
 
 def _linear_regression(rw: RangeWindows, intercept_ms: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

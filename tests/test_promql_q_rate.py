@@ -143,3 +143,25 @@ def test_reset_windows_sparse_and_dense_paths_agree():
     assert np.array_equal(sparse_w, dense_w)
     assert np.array_equal(sparse_r, dense_r)
     compare(rw, "increase", True, False)
+
+
+def test_rows_out_of_csr_order_use_the_dense_reset_path():
+    """A RangeWindows whose rows are permuted against its CSR (as the planner's canary builds
+    them) must not be searched as if row-major order were sample order."""
+    rs = np.random.default_rng(12)
+    series = []
+    for _ in range(16):  # counters with a few resets: few enough for the binary-search path
+        ts = np.arange(1, 121, dtype=np.int64) * 15_000
+        v = np.cumsum(rs.exponential(5.0, 120))
+        for cut in rs.integers(1, 120, 2):
+            v[cut:] -= v[cut] - 1.0
+        series.append((ts, v))
+    steps = np.arange(60, 1_800, 30, dtype=np.int64) * 1000
+    rw = build(series, steps, 240_000)
+    w, _ = rate_mod._reset_corrected(rw, rw.lo, rw.hi, rw.hi - rw.lo, rw.vals)
+    assert 0 < w.size < rw.lo.size // 4
+    perm = rs.permutation(len(series))
+    shuffled = RangeWindows([rw.labels[i] for i in perm], rw.offsets, rw.ts, rw.vals, rw.lo[perm], rw.hi[perm],
+                            rw.window_end, rw.range_ms)
+    compare(shuffled, "increase", True, False)
+    compare(shuffled, "rate", True, True)

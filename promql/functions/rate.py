@@ -122,10 +122,13 @@ def _reset_corrected(rw: RangeWindows, lo: np.ndarray, hi: np.ndarray, n: np.nda
     n_f = n.reshape(-1)
     ends = np.asarray(rw.window_end, dtype=np.int64)
     win = None
-    if allow_sparse and resets.size * 8 < W and (T < 2 or (np.diff(ends) >= 0).all()):
-        # Window ends never decrease, so lo and hi never decrease in row-major order (each
-        # series' windows lie inside its CSR slice): the windows with lo < i < hi for a reset
-        # at sample i are one contiguous run, found by two binary searches per reset.
+    ordered = ((T < 2 or (np.diff(ends) >= 0).all())
+               and (S < 2 or ((lo[1:, 0] >= lo[:-1, -1]).all() and (hi[1:, 0] >= hi[:-1, -1]).all())))
+    if allow_sparse and resets.size * 8 < W and ordered:
+        # Window ends never decrease and rows follow the CSR order, so lo and hi never decrease
+        # in row-major order (each series' windows lie inside its CSR slice): the windows with
+        # lo < i < hi for a reset at sample i are one contiguous run, found by two binary
+        # searches per reset.
         a = np.searchsorted(hi_f, resets, side="right")
         b = np.searchsorted(lo_f, resets, side="left")
         cnt = np.maximum(b - a, 0)

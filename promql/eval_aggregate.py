@@ -20,7 +20,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from promql.errors import ExecutionError
-from promql.eval_histogram import aggregate_histograms, has_hist, ignored_in_aggregation, strip, union_presence, unsupported
+from promql.eval_histogram import aggregate_histograms, histogram_string, has_hist, ignored_in_aggregation, strip, union_presence, unsupported
 from promql.eval_labels import dense_ids, grouping_keys, grouping_labels, merge_same_labels
 from promql.types import Annotations, Scalar, StringValue, VectorSteps
 from storage.labels import METRIC_NAME, Labels
@@ -463,6 +463,8 @@ def _aggregate_histograms(op: str, vec: VectorSteps, names: list[str], without: 
         return aggregate(op, strip(vec), names, without, param, ann, pos)  # type: ignore[arg-type]
     if op in ("count", "group"):
         return aggregate(op, union_presence(vec), names, without, param, ann, pos)
+    if op == "count_values":
+        return count_values(vec, names, without, param)
     if op in ("limitk", "limit_ratio") and len(set(vec.labels)) == len(vec.labels):
         # histograms are selected like floats; the chosen rows keep their histogram samples
         out = select_k(op, union_presence(vec), names, without, param, ann, pos)
@@ -572,11 +574,20 @@ def count_values(vec: VectorSteps, names: list[str], without: bool, param: Any) 
     if not label:
         raise ExecutionError('invalid label name ""')
     rows, cols = np.nonzero(vec.present)
-    if len(rows) == 0:
-        return VectorSteps.empty(t)
     vals = vec.values[rows, cols]
     uv, vid = np.unique(vals, return_inverse=True)
-    nv = len(uv)
+    value_str: list[str | None] = [None] * len(uv)
+    hm = vec.hist_mask()
+    if hm is not None and hm.any():  # native histograms count under their String() form
+        hr, hc = np.nonzero(hm)
+        hs = [histogram_string(h) for h in vec.hist[hr, hc]]  # type: ignore[index]
+        uh, hid = np.unique(np.array(hs, dtype=object), return_inverse=True)
+        rows, cols = np.concatenate([rows, hr]), np.concatenate([cols, hc])
+        vid = np.concatenate([vid, len(uv) + hid])
+        value_str += list(uh)
+    if len(rows) == 0:
+        return VectorSteps.empty(t)
+    nv = len(value_str)
     # the series' own `label` is overwritten by the value, so it never takes part in the key
     if without:
         base = [grouping_labels(tuple(p for p in l if p[0] != label), names, True) for l in vec.labels]
@@ -595,7 +606,7 @@ def count_values(vec: VectorSteps, names: list[str], without: bool, param: Any) 
         lb = list(bases[b_])  # type: ignore[arg-type]
         if v_ < nv:
             if v_ not in strs:
-                strs[v_] = go_format_float(float(uv[v_]))
+                strs[v_] = value_str[v_] or go_format_float(float(uv[v_]))
             lb.append((label, strs[v_]))
         out_labels.append(tuple(sorted(lb)))
     counts = np.bincount(oid * t + cols, minlength=len(uc) * t).reshape(len(uc), t).astype(np.float64)

@@ -1005,3 +1005,26 @@ def resets_with_histograms(rw: RangeWindows, out: Value) -> Value:
                 n += 1
         values[s, c] = n
     return _attach(out, rw, values, cells, None)
+
+
+def histogram_string(h: FloatHistogram) -> str:
+    """Prometheus's FloatHistogram.String(): count, sum, then the non-empty buckets from the most
+    negative up, e.g. ``{count:20, sum:10, [-2,-1):2, [-0.001,0.001]:2, (0.5,1]:1}`` (Go %g
+    numbers). count_values uses it as the label value of a histogram sample."""
+    from promql.eval_aggregate import _fmt_g as g
+
+    parts = [f"{{count:{g(h.count)}, sum:{g(h.sum)}"]
+    if h.uses_custom_buckets:
+        for (i, _), (lo, hi, c) in zip(h.positive, all_buckets(h)):
+            if c != 0:
+                parts.append(f"{'[' if i == 0 else '('}{g(lo)},{g(hi)}]:{g(c)}")
+    else:
+        for i, c in reversed(h.negative):
+            if c != 0:
+                parts.append(f"[{g(-exp_bound(i, h.schema))},{g(-exp_bound(i - 1, h.schema))}):{g(c)}")
+        if h.zero_count != 0:
+            parts.append(f"[{g(-h.zero_threshold)},{g(h.zero_threshold)}]:{g(h.zero_count)}")
+        for i, c in h.positive:
+            if c != 0:
+                parts.append(f"({g(exp_bound(i - 1, h.schema))},{g(exp_bound(i, h.schema))}]:{g(c)}")
+    return ", ".join(parts) + "}"

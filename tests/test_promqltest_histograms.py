@@ -452,3 +452,20 @@ eval instant at 1m lat
     assert [(o.kind, o.status) for o in opted] == [(NH, "pass"), (NH, "skip")], [o.message for o in opted]
     wrong = FileRunner(storage="memory", run_native_histograms=True).run_text("nh.test", script.replace("} 4", "} 5"))
     assert wrong[0].status == "fail"
+
+
+def test_count_values_names_histograms_by_their_string_form():
+    from promql.eval_histogram import histogram_string
+
+    h = parse_histogram("{{schema:0 sum:10 count:20 z_bucket_w:0.001 z_bucket:2 buckets:[1 2] n_buckets:[1 2]}}")
+    # negative buckets from the most negative, the zero bucket, then positive; empty ones left out
+    assert histogram_string(h) == "{count:20, sum:10, [-2,-1):2, [-1,-0.5):1, [-0.001,0.001]:2, (0.5,1]:1, (1,2]:2}"
+    c = parse_histogram("{{schema:-53 sum:1 count:3 custom_values:[5 10] buckets:[1 0 2]}}")
+    assert histogram_string(c) == "{count:3, sum:1, [-Inf,5]:1, (10,+Inf]:2}"
+    src = MemorySource()
+    src.add_series(L("v", i="0"), [0], [6.0])
+    src.add_histograms(L("v", i="1"), [0], [h])
+    src.add_histograms(L("v", i="2"), [0], [h])
+    res = Engine(src).instant_query('count_values("version", v)', 0)
+    got = {dict(l)["version"]: float(x) for l, x in zip(res.labels, res.values)}
+    assert got == {"6": 1.0, histogram_string(h): 2.0}

@@ -271,14 +271,21 @@ class Head:
         ``as_run``: the rows become a sorted run directly (bulk loads such as WAL replay)."""
         if len(sid) == 0:
             return
-        self.ensure(int(sid.max()) + 1)
-        u, starts, ends = group_bounds(sid)
-        last = ends - 1
-        newer = ts[last] > self.last_ts[u]
-        self.last_ts[u[newer]] = ts[last[newer]]
-        self.last_bits[u[newer]] = val[last[newer]].view(np.uint64)
-        self.series_min[u] = np.minimum(self.series_min[u], ts[starts])
-        self.series_max[u] = np.maximum(self.series_max[u], ts[last])
+        self.ensure(int(sid[-1]) + 1)  # rows are sorted by sid
+        if len(sid) == 1 or bool((sid[1:] != sid[:-1]).all()):
+            u, first_t, last_t, last_v = sid, ts, ts, val  # one row per series (scrape-shaped): no grouping
+        else:
+            u, starts, ends = group_bounds(sid)
+            first_t, last_t, last_v = ts[starts], ts[ends - 1], val[ends - 1]
+        newer = last_t > self.last_ts[u]
+        if newer.all():
+            self.last_ts[u] = last_t
+            self.last_bits[u] = last_v.view(np.uint64)
+        else:
+            self.last_ts[u[newer]] = last_t[newer]
+            self.last_bits[u[newer]] = last_v[newer].view(np.uint64)
+        self.series_min[u] = np.minimum(self.series_min[u], first_t)
+        self.series_max[u] = np.maximum(self.series_max[u], last_t)
         tmin, tmax = int(ts.min()), int(ts.max())
         if as_run:
             run = Run(sid, ts, val)
@@ -293,15 +300,17 @@ class Head:
             self._pending_n += len(sid)
             self._account(len(sid), tmin, tmax)
             if len(self._pending) > 64:
-                self._pending = [self._concat_pending()]
+                # bound the pieces a read iterates: the newest 64 become one (older such chunks stay
+                # as they are, so pending rows are not copied again and again)
+                self._pending = self._pending[:-64] + [self._concat_pending(self._pending[-64:])]
 
     def _account(self, n: int, tmin: int, tmax: int) -> None:
         self.num_samples += n
         self.mint = min(self.mint, tmin)
         self.maxt = max(self.maxt, tmax)
 
-    def _concat_pending(self) -> Piece:
-        p = self._pending
+    @staticmethod
+    def _concat_pending(p: list[Piece]) -> Piece:
         if len(p) == 1:
             return p[0]
         return Piece(np.concatenate([x.sid for x in p]), np.concatenate([x.ts for x in p]), np.concatenate([x.val for x in p]),

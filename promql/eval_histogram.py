@@ -215,18 +215,22 @@ def aggregate_histograms(op: str, vec: VectorSteps, gid: np.ndarray, n_groups: i
     if hm is None:
         return plane, drop
     rows, cols = np.nonzero(hm)
-    cells: dict[tuple[int, int], list[FloatHistogram]] = {}
+    cells: dict[tuple[int, int], list[int]] = {}
     for r, c in zip(rows.tolist(), cols.tolist()):  # histogram cells only
-        cells.setdefault((int(gid[r]), c), []).append(vec.hist[r, c])
-    for (g, c), hs in cells.items():
+        cells.setdefault((int(gid[r]), c), []).append(r)
+    for (g, c), members in cells.items():
         if float_present[g, c]:
             ann.warn(mixed_aggregation(expr_pos))
             drop[g, c] = True
             continue
+        hs = [vec.hist[r, c] for r in members]
+        total = hs[0]
         try:
-            total = sum_histograms(hs)
+            for r, h in zip(members[1:], hs[1:]):
+                failed = r
+                total = total.add(h)
         except HistogramError:
-            ann.warn(mixed_exponential_custom(metric_name(vec.labels[int(rows[0])]), expr_pos))
+            ann.warn(mixed_exponential_custom(metric_name(vec.labels[failed]), expr_pos))
             continue
         plane[g, c] = total if op == "sum" else total.divide(float(len(hs)))
     return plane, drop
@@ -322,11 +326,11 @@ _INSTANT_PAIR = {"irate", "idelta"}
 _HIST_PROPERTIES: dict[str, Callable[[FloatHistogram], float]] = {
     "histogram_count": lambda h: h.count,
     "histogram_sum": lambda h: h.sum,
-    "histogram_avg": lambda h: h.sum / h.count if h.count else float("nan"),
+    "histogram_avg": lambda h: h.divide(h.count).sum if h.count else FloatHistogram(sum=h.sum).divide(0.0).sum,
 }
-_HIST_UNSUPPORTED = {"histogram_quantiles", "sort_by_label", "sort_by_label_desc", "info"}
+_HIST_UNSUPPORTED = {"histogram_quantiles", "info"}
 _NATIVE_FUNCTIONS = {"histogram_quantile", "histogram_fraction", "histogram_stddev", "histogram_stdvar"}
-_ROW_PRESERVING = {"label_replace", "label_join"}
+_ROW_MAPPING = {"label_replace", "label_join", "sort_by_label", "sort_by_label_desc"}
 # range functions in promql/functions/over_time.py: they read RangeWindows.hist themselves
 HIST_AWARE_RANGE = {
     "count_over_time", "present_over_time", "last_over_time", "first_over_time", "ts_of_last_over_time",
@@ -356,14 +360,8 @@ def call_with_histograms(name: str, call: Callable[[list[Value]], Value], args: 
         z = np.zeros_like(n)
         return call([RangeWindows(rw.labels, np.zeros(rw.num_series + 1, np.int64), np.empty(0, np.int64), np.empty(0),
                                   z, n, rw.window_end, rw.range_ms, rw.drop_name)])
-    if name in _ROW_PRESERVING:
-        vec = args[0]
-        assert isinstance(vec, VectorSteps)
-        out = call([union_presence(vec)] + list(args[1:]))
-        hm = vec.hist_mask()
-        if not isinstance(out, VectorSteps) or out.num_series != vec.num_series or hm is None:
-            raise unsupported(f"{name}() merging series")
-        return VectorSteps(out.labels, out.values, out.present & ~hm, out.drop_name, out.sample_ts, vec.hist)
+    if name in _ROW_MAPPING:
+        return _via_row_ids(name, call, args)
     wi = [i for i, a in enumerate(args) if isinstance(a, RangeWindows)]
     if not wi:
         return call([strip(a) for a in args])  # float-only functions ignore histograms
@@ -382,6 +380,26 @@ def call_with_histograms(name: str, call: Callable[[list[Value]], Value], args: 
     if name == "resets":
         return resets_with_histograms(rw, out)
     raise unsupported(f"{name}()")
+
+
+def _via_row_ids(name: str, call: Callable[[list[Value]], Value], args: list[Value]) -> Value:
+    """Label-only functions keep histogram samples: run the function on a vector whose values are
+    the input row numbers, then fetch each output cell's sample (float or histogram) from the
+    row it came from -- whatever the function reorders or merges."""
+    vec = args[0]
+    assert isinstance(vec, VectorSteps) and vec.hist is not None
+    u = union_presence(vec)
+    s, t = vec.values.shape
+    ids = np.broadcast_to(np.arange(s, dtype=np.float64)[:, None], (s, t)).copy()
+    out = call([VectorSteps(u.labels, ids, u.present, u.drop_name, u.sample_ts)] + list(args[1:]))
+    if not isinstance(out, VectorSteps):
+        raise unsupported(f"{name}()")
+    src = np.where(out.present, out.values, 0).astype(np.int64)
+    cols = np.arange(t)[None, :]
+    hm = np.not_equal(vec.hist, None)[src, cols] & out.present
+    values = vec.values[src, cols]
+    plane = np.where(hm, vec.hist[src, cols], None)
+    return VectorSteps(out.labels, values, out.present & ~hm, out.drop_name, out.sample_ts, plane)
 
 
 def _info_mixed_rows(rw: RangeWindows, mixed: np.ndarray, ann: Any, pos: str) -> None:

@@ -469,3 +469,14 @@ def test_count_values_names_histograms_by_their_string_form():
     res = Engine(src).instant_query('count_values("version", v)', 0)
     got = {dict(l)["version"]: float(x) for l, x in zip(res.labels, res.values)}
     assert got == {"6": 1.0, histogram_string(h): 2.0}
+
+
+def test_label_functions_keep_histograms_whatever_they_reorder_or_merge(eng):
+    q = 'label_replace({job="api", i=~"2|3"}, "i", "x", "", "")'
+    assert eng.instant_query(f"count({q})", 0).values.tolist() == [2.0]  # req and req_hist: two series
+    # renaming both to one label set at the same step is Prometheus's duplicate-labelset error
+    with pytest.raises(PromQLError, match="same labelset"):
+        eng.instant_query(f'label_replace({q}, "__name__", "same", "", "")', 0)
+    assert eng.instant_query('histogram_count(label_replace(req_hist, "a", "b", "", ""))', 0).values.tolist() == [4.0]
+    assert eng.instant_query('count(sort_by_label_desc({job="api"}, "i"))', 0).values.tolist() == [4.0]
+    assert eng.instant_query('histogram_count(sort_by_label({job="api"}, "i"))', 0).values.tolist() == [4.0]

@@ -10,7 +10,7 @@ pipeline only hands *accepted* samples to sinks, so a late sample is always in r
   (a sample inserted between two others changes which pair is a reset or a change, and the entry pair
   of the next pane). So the affected panes are rebuilt from raw storage (``rebuild_exact``): for each
   affected series every pane from the late sample's pane on is cleared and refolded from a storage
-  read, chained to the last sample of the series' previous non-empty pane. The rebuild reproduces
+  read (one per series when few are affected, else one scope read), chained to the last sample of the series' previous non-empty pane. The rebuild reproduces
   exactly what raw evaluation sees, so a late sample never makes an ``exact`` answer wrong.
 
 The rebuild never reaches below ``floor_ms`` (the part of history the backfill has already folded, or
@@ -24,9 +24,11 @@ from typing import Any
 import numpy as np
 
 from planner.exact_store import ALL_FIELDS, _blank  # noqa: PLC2701 - the store's own blank values
+from storage.matchers import Matcher
 from storage.stale import is_stale
 
 INT64_MIN = np.iinfo(np.int64).min
+PER_SERIES_READS = 16  # up to this many affected series: one storage read each, else one scope read
 READ_MAX = np.iinfo(np.int64).max // 2
 
 
@@ -46,15 +48,35 @@ def rebuild_exact(sds: Any, storage: Any, sid: np.ndarray, ts: np.ndarray, floor
     first[1:] = sid[1:] != sid[:-1]
     aff = sid[first]
     start_ms = np.maximum(ts[first] // P * P, floor_ms)  # per affected series: rebuild from here
-    ss = storage.select(sds.spec.scope_matchers(), int(start_ms.min()), READ_MAX)
-    ids = sds.register(ss.labels) if len(ss) else np.empty(0, np.int64)
-    rsid = np.repeat(ids, np.diff(ss.offsets)) if len(ss) else np.empty(0, np.int64)
-    rts = ss.timestamps if len(ss) else np.empty(0, np.int64)
-    rvals = ss.values if len(ss) else np.empty(0)
+    if len(aff) <= PER_SERIES_READS:
+        # few affected series: one read per series, from its own rebuild start (label-equality matchers
+        # may also match series with more labels: keep only the series itself)
+        parts = []
+        for s, start in zip(aff.tolist(), start_ms.tolist()):
+            ms = [Matcher(n, "=", v) for n, v in sds.registry.labels[s]]
+            parts.append((storage.select(ms, int(start), READ_MAX), s))
+    else:  # many: one read of the whole scope from the oldest start, filtered below
+        parts = [(storage.select(sds.spec.scope_matchers(), int(start_ms.min()), READ_MAX), None)]
     from_ms = np.full(len(sds.registry.labels) + 1, READ_MAX, np.int64)
     from_ms[aff] = start_ms
-    keep = (rts >= from_ms[rsid]) & ~is_stale(rvals) if len(rts) else np.zeros(0, bool)
-    rsid, rts, rvals = rsid[keep], rts[keep], rvals[keep]
+    sid_p, ts_p, val_p = [], [], []
+    for ss, only in parts:
+        if not len(ss):
+            continue
+        if only is not None:  # the series itself only (never register the others a read returned)
+            ids = np.array([only if lbl == sds.registry.labels[only] else len(from_ms) - 1 for lbl in ss.labels], np.int64)
+        else:
+            ids = sds.register(ss.labels)
+        if len(from_ms) <= int(ids.max()):
+            from_ms = np.concatenate([from_ms, np.full(int(ids.max()) + 1 - len(from_ms), READ_MAX, np.int64)])
+        rs = np.repeat(ids, np.diff(ss.offsets))
+        keep = (ss.timestamps >= from_ms[rs]) & ~is_stale(ss.values)  # from_ms[-1] = READ_MAX: dropped
+        sid_p.append(rs[keep])
+        ts_p.append(ss.timestamps[keep])
+        val_p.append(ss.values[keep])
+    rsid = np.concatenate(sid_p) if sid_p else np.empty(0, np.int64)
+    rts = np.concatenate(ts_p) if ts_p else np.empty(0, np.int64)
+    rvals = np.concatenate(val_p) if val_p else np.empty(0)
     order = np.lexsort((rts, rsid))
     rsid, rts, rvals = rsid[order], rts[order], rvals[order]
     with store.lock:

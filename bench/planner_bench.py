@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -268,6 +269,21 @@ def make_workloads(n: int, seed: int) -> list[list[dict]]:
     return out
 
 
+def reused_steps(body: dict) -> tuple[int, int]:
+    """(steps reused from the step cache, steps) over the summary-served sub-trees of one answer."""
+    used = total = 0
+    for info in body.get("infos", []) or []:
+        if "served from summary" not in info:
+            continue
+        m = re.search(r"; (\d+) of (\d+) steps reused", info)
+        if m:
+            used += int(m.group(1))
+            total += int(m.group(2))
+        else:
+            total += 1  # served without reuse (step count not stated): counts as cold
+    return used, total
+
+
 def pct(a: list[float], p: float) -> float:
     return float(np.percentile(a, p)) if a else float("nan")
 
@@ -375,7 +391,7 @@ def run_workload(wi: int, panels: list[dict], ours: ServerProcess, prom: Prom, p
             cpu["summary"].append(c1 - c0)
             if is_served:
                 served += 1
-                served_pairs.append((l_fast, l_raw, l_prom, c1 - c0, c2 - c1, pc1 - pc0))
+                served_pairs.append((l_fast, l_raw, l_prom, c1 - c0, c2 - c1, pc1 - pc0, *reused_steps(fast)))
                 fm, rm = matrix(fast), matrix(raw)
                 if "quantile_over_time" in p["query"] and any("kll" in x for x in paths):
                     times_s = sorted({float(t) for v in fm.values() for t in v[0]})
@@ -405,6 +421,14 @@ def run_workload(wi: int, panels: list[dict], ours: ServerProcess, prom: Prom, p
             "prom_p99_cpu_s": pct([x[5] for x in served_pairs], 99),
             "summary_p99_ms": pct([x[0] for x in served_pairs], 99) * 1000,
             "summary_cpu_s": float(sum(x[3] for x in served_pairs)),
+            # step-cache reuse (from the answers' infos): steps reused / steps of served sub-trees, and
+            # the served refreshes that reused nothing (cold: every step from panes + raw edges)
+            "steps_reused": int(sum(x[6] for x in served_pairs)),
+            "steps_total": int(sum(x[7] for x in served_pairs)),
+            "cold_n": sum(1 for x in served_pairs if x[6] == 0),
+            "cold_summary_p50_ms": pct([x[0] for x in served_pairs if x[6] == 0], 50) * 1000,
+            "cold_raw_p50_ms": pct([x[1] for x in served_pairs if x[6] == 0], 50) * 1000,
+            "cold_prom_p50_ms": pct([x[2] for x in served_pairs if x[6] == 0], 50) * 1000,
             "raw_cpu_s": float(sum(x[4] for x in served_pairs)),
         },
         "max_rel_error_exact": max(errors) if errors else None,

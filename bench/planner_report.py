@@ -49,6 +49,18 @@ def main(path: str) -> None:
         print(f"Served-only p50 ratios (median over workloads): summary/raw {np.median(a[:, 0]):.2f}, "
               f"summary/Prometheus {np.median(a[:, 1]):.2f}; per workload summary/raw "
               f"{', '.join(f'{x:.2f}' for x in a[:, 0])}; summary/Prometheus {', '.join(f'{x:.2f}' for x in a[:, 1])}.")
+        cold = [w["served_only"] for w in r["workloads"] if w["served_only"].get("cold_n")]
+        if cold:
+            reused = sum(w["served_only"].get("steps_reused", 0) for w in r["workloads"])
+            steps = sum(w["served_only"].get("steps_total", 0) for w in r["workloads"])
+            n_served = sum(w["served_only"]["n"] for w in r["workloads"])
+            print(f"Step cache: {reused} of {steps} served steps reused ({100 * reused / max(steps, 1):.0f}%); "
+                  f"{sum(c['cold_n'] for c in cold)} of {n_served} served refreshes reused nothing (cold). "
+                  f"Cold served p50 per workload, summary / raw / Prometheus ms: "
+                  + "; ".join(f"{fmt(c['cold_summary_p50_ms'])} / {fmt(c['cold_raw_p50_ms'])} / {fmt(c['cold_prom_p50_ms'])}"
+                              for c in cold)
+                  + f"; median ratios summary/raw {np.median([c['cold_summary_p50_ms'] / c['cold_raw_p50_ms'] for c in cold]):.2f}, "
+                  f"summary/Prometheus {np.median([c['cold_summary_p50_ms'] / c['cold_prom_p50_ms'] for c in cold]):.2f}.")
         c = np.array(cpur)
         print(f"Served-only p99 CPU per query, summary/raw per workload (CPU ticks are 10 ms; raw floored at 10 ms): "
               f"{', '.join(f'{x:.2f}' for x in c)}; <= 0.5x in {int((c <= 0.5).sum())} of {len(c)}.")

@@ -199,8 +199,10 @@ class RewriteHook:
                 served = rule(node, ectx, self.rctx)
             except Exception:  # noqa: BLE001 - a summary problem must never fail the query: go raw
                 log.exception("summary rewrite failed; evaluating raw")
+                ectx.extra.pop(_FILL_KEY, None)
                 return None
             if served is not None:
+                ectx.extra.pop(_FILL_KEY, None)
                 self._report(served, ectx)
                 return served.value
         if ectx.extra.pop(_FILL_KEY, None) == id(node):

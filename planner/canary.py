@@ -132,7 +132,7 @@ class Canary:
                 err = float("inf") if (missing or extra) else exact_error(sv, sp, rv, rp)
                 bound = 1e-9
                 errs = [err]
-            elif alg == "cpc":  # distinct count: relative error per step against the stated 3-RSE bound
+            elif alg in ("cpc", "fi"):  # relative error per point against the stated bound
                 bound = served.sds.relative_bound()
                 errs = []
                 if missing or extra or (sp != rp).any():

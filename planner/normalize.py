@@ -99,7 +99,7 @@ class Candidate:
     def key(self) -> tuple[str, str]:
         """SDS sharing key: one SDS per (metric, algorithm) serves every matcher subset, range, step,
         quantile and grouping above it; a group SDS is specific to its scope and grouping."""
-        if self.algorithm in ("group", "cpc"):
+        if self.algorithm in ("group", "cpc", "fi"):
             return (self.metric, f"{self.algorithm}|{self.matchers}|{self.grouping}")
         return (self.metric, self.algorithm)
 
@@ -190,6 +190,23 @@ def distinct_shape(node: Any) -> tuple[tuple[str, ...], str, Any] | None:
     return items, hit[0], hit[1]
 
 
+def topk_shape(node: Any) -> tuple[int, tuple[str, ...], str, Any] | None:
+    """(k, L, func, matrix selector) for ``topk(k, sum by (L) (count_over_time(sel[r])))`` with a literal
+    k >= 1 and non-empty L; None otherwise."""
+    if _kind(node) != "AggregateExpr" or str(node.op) != "topk" or node.modifier is not None or node.param is None:
+        return None
+    k = _literal(node.param)
+    if k is None or k < 1 or k != int(k):
+        return None
+    inner = node.expr
+    while _kind(inner) == "ParenExpr":
+        inner = inner.expr
+    shape = group_shape(inner)
+    if shape is None or shape[0] != "sum" or shape[2] != "count_over_time" or not shape[1]:
+        return None
+    return int(k), tuple(sorted(set(shape[1]))), shape[2], shape[3]
+
+
 def candidates(query_or_node: Any, req_min_phi: float = REQ_MIN_PHI) -> list[Candidate]:
     """Servable sub-trees; ``quantile_over_time`` with a literal phi >= ``req_min_phi`` is a REQ
     candidate (tail quantiles: relative rank error), any other phi a KLL one."""
@@ -197,6 +214,12 @@ def candidates(query_or_node: Any, req_min_phi: float = REQ_MIN_PHI) -> list[Can
     out: list[Candidate] = []
 
     def walk(n: Any) -> None:
+        tshape = topk_shape(n)
+        if tshape is not None:  # top-k by sample count: a frequent-items SDS (then the inner candidates)
+            _, items, func, ms = tshape
+            vs = ms.vector_selector
+            extra = tuple(sorted((m.name, m.op, m.value) for m in to_matchers(vs)[0] if m.name != "__name__"))
+            out.append(Candidate(vs.name, extra, "fi", func, duration_ms(ms.range), items))
         dshape = distinct_shape(n)
         if dshape is not None:  # distinct count over a window: one CPC SDS for the scope and items
             items, func, ms = dshape

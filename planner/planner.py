@@ -26,6 +26,7 @@ Config (``ctx.config.raw["planner"]``), all optional::
       req_min_phi: 0.9        # quantile_over_time(phi >= this) adopts a REQ SDS (tail quantiles), else KLL
       cpc_min_series: 10000   # distinct-count patterns adopt a CPC SDS from this many series in scope
       group_min_series: 1000  # sum/max/min by (L) (..._over_time) adopt cross-series group panes from this many
+      fi_min_series: 10000    # topk(k, sum by (L) (count_over_time)) adopts a frequent-items SDS from this many
       pinned: [{metric: foo_total, algorithm: exact}, {metric: lat, algorithm: kll, params: {k: 200}}]
 """
 from __future__ import annotations
@@ -106,6 +107,7 @@ class PlannerConfig:
     req_min_phi: float = REQ_MIN_PHI  # quantile_over_time phi from which REQ (tail quantiles) is adopted
     cpc_min_series: int = 10_000  # below this many series, exact per-series panes serve distinct counts exactly
     group_min_series: int = 1_000  # below this many series, per-series exact panes (shared) serve group sums
+    fi_min_series: int = 10_000  # below this many series, top-k by count stays on group / per-series panes
     pinned: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
@@ -127,6 +129,7 @@ class PlannerConfig:
         c.req_min_phi = float(d.get("req_min_phi", REQ_MIN_PHI))
         c.cpc_min_series = int(d.get("cpc_min_series", c.cpc_min_series))
         c.group_min_series = int(d.get("group_min_series", c.group_min_series))
+        c.fi_min_series = int(d.get("fi_min_series", c.fi_min_series))
         if not 0.0 < c.req_min_phi <= 1.0:
             raise ValueError(f"planner.req_min_phi must be in (0, 1], got {c.req_min_phi}")
         c.pinned = list(d.get("pinned", []) or [])
@@ -193,7 +196,7 @@ class Planner:
         for s in self.summarizer.by_metric.get(metric, []):
             if s.spec.algorithm != algorithm or set(s.spec.matchers) != have:
                 continue
-            if algorithm == "cpc" and tuple(sorted(by)) != tuple(sorted(s.spec.grouping)):
+            if algorithm in ("cpc", "fi") and tuple(sorted(by)) != tuple(sorted(s.spec.grouping)):
                 continue
             if algorithm == "group" and not set(by) <= set(s.spec.grouping):
                 continue
@@ -212,7 +215,7 @@ class Planner:
             if c.algorithm == "group":
                 if set(s.spec.matchers) == set(c.matchers) and set(c.grouping) <= set(s.spec.grouping):
                     return True
-            elif c.algorithm == "cpc":
+            elif c.algorithm in ("cpc", "fi"):
                 if set(s.spec.matchers) == set(c.matchers) and tuple(c.grouping) == tuple(s.spec.grouping):
                     return True
             elif not s.spec.matchers:
@@ -293,30 +296,31 @@ class Planner:
             self._consider(c, ks)
 
     def _prefer_aggregates(self, cands: list[Candidate]) -> list[Candidate]:
-        """A ``group`` / ``cpc`` candidate is followed by its inner per-series candidate (``normalize``).
-        Keep the aggregate one (and drop the inner) when the scope has enough series for it to pay
-        (``group_min_series`` / ``cpc_min_series``); otherwise keep the inner one, which per-series exact
-        panes serve exactly and share with every other pattern on the metric."""
+        """A ``fi`` / ``group`` / ``cpc`` candidate is followed by its inner candidates (``normalize``):
+        a group one and / or the per-series one. Keep an aggregate candidate (and drop the inner ones of
+        the same selector, range and function) when the scope has enough series for it to pay
+        (``fi_min_series`` / ``group_min_series`` / ``cpc_min_series``); otherwise drop it and keep the
+        inner ones (per-series exact panes serve those exactly, shared with every pattern on the metric)."""
+        need_of = {"group": self.config.group_min_series, "cpc": self.config.cpc_min_series,
+                   "fi": self.config.fi_min_series}
         out: list[Candidate] = []
-        skip_next = False
-        for i, c in enumerate(cands):
-            if skip_next:
-                skip_next = False
+        covered: set[tuple] = set()
+        for c in cands:
+            sig = (c.metric, c.func, c.range_ms, c.matchers)
+            if c.algorithm not in need_of:
+                if not (c.algorithm == "exact" and sig in covered):
+                    out.append(c)
                 continue
-            if c.algorithm not in ("group", "cpc"):
-                out.append(c)
+            if sig in covered:
                 continue
-            need = self.config.group_min_series if c.algorithm == "group" else self.config.cpc_min_series
             n = self._scope_series_cached(c)
-            ks = self.keys.setdefault(c.key, KeyStats())
-            if n >= need:
+            if n >= need_of[c.algorithm]:
                 out.append(c)
-                nxt = cands[i + 1] if i + 1 < len(cands) else None
-                skip_next = nxt is not None and nxt.algorithm == "exact" and (nxt.metric, nxt.func, nxt.range_ms, nxt.matchers) \
-                    == (c.metric, c.func, c.range_ms, c.matchers)
+                covered.add(sig)
             else:
-                ks.last_decision = (f"{n} series in scope < {c.algorithm}_min_series {need}: per-series exact panes "
-                                    "serve this exactly")
+                self.keys.setdefault(c.key, KeyStats()).last_decision = (
+                    f"{n} series in scope < {c.algorithm}_min_series {need_of[c.algorithm]}: inner per-series "
+                    "or group panes serve this exactly")
         return out
 
     def _scope_series_cached(self, c: Candidate) -> int:
@@ -360,7 +364,7 @@ class Planner:
                 params = (("k", 200),)
             elif c.algorithm == "req":
                 params = (("k", REQ_DEFAULT_K), ("min_phi", self.config.req_min_phi))
-            if c.algorithm in ("group", "cpc"):  # scope = the selector's matchers; groups / distinct items
+            if c.algorithm in ("group", "cpc", "fi"):  # scope = the selector's matchers; groups / items
                 spec = SDSSpec(metric=c.metric, algorithm=c.algorithm, pane_ms=self.config.pane_ms, matchers=c.matchers,
                                grouping=c.grouping)
             else:
@@ -435,7 +439,7 @@ class Planner:
         out: dict[str, Any] = {"query": query, "pattern": normalize(query), "subtrees": []}
         for c in candidates(expr, self.config.req_min_phi):
             ms = [Matcher("__name__", "=", c.metric)] + [Matcher(n, o, v) for n, o, v in c.matchers]
-            sds = self.find_group_sds(c.metric, ms, c.grouping, c.algorithm) if c.algorithm in ("group", "cpc") else \
+            sds = self.find_group_sds(c.metric, ms, c.grouping, c.algorithm) if c.algorithm in ("group", "cpc", "fi") else \
                 self.find_sds(c.metric, c.algorithm, ms)
             item: dict[str, Any] = {"function": c.func, "metric": c.metric, "range_ms": c.range_ms,
                                     "algorithm": c.algorithm}

@@ -12,6 +12,9 @@
   (f = count/present/last_over_time) from a ``cpc`` SDS counting distinct L tuples / series
   (``planner/distinct_store.py``), with the CPC relative error stated.
 
+* ``rule_topk`` (aggregate rule): ``topk(k, sum by (L) (count_over_time(x{scope}[r])))`` from an ``fi`` SDS
+  (``planner/topk_store.py``), only when every step's top-k set is provable from the sketch bounds.
+
 ``ordered_rules()`` is the rule list the stack uses: the more accurate REQ rule is tried before KLL,
 so a metric with both SDSs answers tail quantiles from REQ. ``SketchRewriteHook`` is ``RewriteHook``
 plus rules for ``AggregateExpr`` nodes (``RewriteHook`` itself only looks at calls).
@@ -25,7 +28,8 @@ import numpy as np
 
 from planner.group_scan import scan_group
 from planner.distinct_store import cpc_sketch, cpc_union
-from planner.normalize import distinct_shape, group_shape
+from planner.normalize import distinct_shape, group_shape, topk_shape
+from planner.topk_store import frequent_strings_sketch, provable_topk
 from planner.raw_segments import RawPrefix, RawSamples
 from planner.rewrite import RULES, RewriteContext, RewriteHook, Rule, Served, _number, _prepare, _vector, rule_kll, worth_it
 from promql.eval_selectors import duration_ms, effective_times, to_matchers
@@ -248,7 +252,79 @@ def rule_distinct(node: Any, ectx: Any, rctx: RewriteContext, find_agg: GroupFin
     return Served(sds, func, val, scan, node, ends, range_ms, None)
 
 
-AGGREGATE_RULES = [rule_group, rule_distinct]
+def scan_topk(sds: SDS, source: RawSource, matchers: Sequence[Matcher], k: int, ends: np.ndarray,
+              range_ms: int) -> ScanResult | None:
+    """Top-k items by samples in each window (merged pane sketches + raw edge counts per item); None
+    when some step's top-k set is not provable from the sketch's bounds (the caller goes raw)."""
+    store = sds.store
+    cov_lo, cov_hi = sds.coverage()
+    plan = plan_windows(ends, range_ms, sds.spec.pane_ms, cov_lo, cov_hi)
+    sel, raw = _read_raw(sds, source, matchers, plan)
+    S, T = len(sel), len(ends)
+    pre = RawPrefix(raw, np.zeros(S), frozenset({"count"}))
+    llo, lhi = pre.bounds(*plan.left)
+    rlo, rhi = pre.bounds(*plan.right)
+    edge = (lhi - llo) + (rhi - rlo)  # (S, T) raw edge samples per series and step
+    with store.lock:
+        item_of = store.item_of[sel] if S else np.zeros(0, np.int64)
+        texts = list(store.items)
+    rows: dict[str, int] = {}
+    vals: list[np.ndarray] = []
+    present: list[np.ndarray] = []
+    klo, khi = plan.klo.tolist(), plan.khi.tolist()
+    for j in range(T):
+        sk = frequent_strings_sketch(store.lg_max)
+        for p in (store.range_parts(klo[j], khi[j]) if khi[j] > klo[j] else []):
+            sk.merge(p)
+        m = (edge[:, j] > 0) & (item_of >= 0) if S else np.zeros(0, bool)
+        if m.any():
+            per_item = np.bincount(item_of[m], weights=edge[m, j])
+            for it in np.nonzero(per_item)[0].tolist():  # per distinct item in the edges
+                sk.update(texts[it], int(per_item[it]))
+        if sk.is_empty():
+            continue
+        top = provable_topk(sk, k)
+        if top is None:
+            return None
+        for text, est in top:
+            r = rows.get(text)
+            if r is None:
+                r = rows[text] = len(vals)
+                vals.append(np.zeros(T))
+                present.append(np.zeros(T, bool))
+            vals[r][j] = est
+            present[r][j] = True
+    labels = [store.item_labels(t) for t in rows]
+    return ScanResult(labels, np.array(vals).reshape(len(labels), T), np.array(present, bool).reshape(len(labels), T),
+                      raw_samples=len(raw.ts), summary_panes=plan.summary_panes)
+
+
+def rule_topk(node: Any, ectx: Any, rctx: RewriteContext, find_agg: GroupFinder) -> Served | None:
+    shape = topk_shape(node)
+    if shape is None:
+        return None
+    k, items, func, ms = shape
+    vs = ms.vector_selector
+    matchers = to_matchers(vs)[0]
+    sds = find_agg(vs.name, matchers, items, "fi")
+    if sds is None:
+        return None
+    range_ms = duration_ms(ms.range)
+    if range_ms <= 0:
+        return None
+    ends = effective_times(vs, ectx)
+    lo, hi = sds.coverage()
+    if plan_windows(ends, range_ms, sds.spec.pane_ms, lo, hi).summary_panes == 0:
+        return None
+    scan = scan_topk(sds, ectx.source, matchers, k, ends, range_ms)
+    if scan is None:
+        return None
+    val = VectorSteps(scan.labels, np.where(scan.present, scan.values, 0.0), scan.present,
+                      drop_name=np.zeros(len(scan.labels), bool))
+    return Served(sds, "topk", val, scan, node, ends, range_ms, None)
+
+
+AGGREGATE_RULES = [rule_topk, rule_group, rule_distinct]
 
 
 class SketchRewriteHook(RewriteHook):

@@ -10,7 +10,8 @@
   or ``group`` (an SDS with a grouping and a fixed scope: one payload per group per pane, merged across
   the group's series; serves ``sum/max/min by (L) (sum/count/max/min_over_time(x{scope}[w]))`` exactly,
   see ``planner/group_store.py``) or ``cpc`` (distinct label tuples / active series over a window:
-  one CPC sketch per pane, ``planner/distinct_store.py``);
+  one CPC sketch per pane, ``planner/distinct_store.py``) or ``fi`` (top-k label tuples by sample count:
+  one frequent-items sketch per pane, served only when the top-k set is provable, ``planner/topk_store.py``);
 * pane width: tumbling panes aligned to the epoch;
 * coverage: panes [cov_lo, cov_hi) are complete (backfilled history + sealed live panes).
 
@@ -30,6 +31,7 @@ import numpy as np
 from planner.exact_store import ExactPaneStore
 from planner.distinct_store import DEFAULT_LG_K, CPCPaneStore, rse
 from planner.group_store import GroupPaneStore
+from planner.topk_store import DEFAULT_LG_MAX, TopKPaneStore, epsilon_for
 from planner.kll_store import DEFAULT_K, REQ_DEFAULT_K, KLLPaneStore, rank_error, req_rank_error
 from planner.late_samples import fold_late_sketch, rebuild_exact
 from storage.labels import Labels, metric_name
@@ -41,7 +43,7 @@ EXACT_FUNCS = {
     "rate", "increase", "delta", "resets", "changes",
 }
 KLL_FUNCS = {"quantile_over_time"}
-ALGORITHMS = ("exact", "kll", "req", "group", "cpc")
+ALGORITHMS = ("exact", "kll", "req", "group", "cpc", "fi")
 REQ_MIN_PHI = 0.9  # quantile_over_time with a literal phi >= this is a REQ candidate (planner.req_min_phi)
 
 
@@ -59,7 +61,7 @@ def algorithm_for(func: str, phi: float | None = None, req_min_phi: float = REQ_
 @dataclass(frozen=True)
 class SDSSpec:
     metric: str
-    algorithm: str  # "exact" | "kll" | "req" | "group" | "cpc"
+    algorithm: str  # "exact" | "kll" | "req" | "group" | "cpc" | "fi"
     pane_ms: int = 60_000
     matchers: tuple[tuple[str, str, str], ...] = ()  # extra scope matchers (name, op, value)
     params: tuple[tuple[str, Any], ...] = ()  # e.g. (("k", 200),)
@@ -177,6 +179,10 @@ class SDS:
             if not spec.grouping:
                 raise ValueError("a cpc SDS needs the labels whose distinct values it counts")
             self.store = CPCPaneStore(spec.pane_ms, spec.grouping, int(spec.param("lg_k", DEFAULT_LG_K)))
+        elif spec.algorithm == "fi":
+            if not spec.grouping:
+                raise ValueError("an fi SDS needs the labels whose tuples it ranks")
+            self.store = TopKPaneStore(spec.pane_ms, spec.grouping, int(spec.param("lg_max", DEFAULT_LG_MAX)))
         elif spec.algorithm == "req":
             self.store = KLLPaneStore(spec.pane_ms, int(spec.param("k", REQ_DEFAULT_K)), kind="req")
         else:
@@ -242,7 +248,7 @@ class SDS:
             floor = live_from if floor is None else floor
             dup = np.zeros(len(ts), bool)
             dup[1:] = (sid[1:] == sid[:-1]) & (ts[1:] == ts[:-1])
-            if self.spec.algorithm in ("group", "cpc"):  # order-independent payloads: every sample folds as is
+            if self.spec.algorithm in ("group", "cpc", "fi"):  # order-independent payloads: every sample folds as is
                 keep = ~dup & (ts >= floor)
                 self.store.ingest_sorted(sid[keep], ts[keep], vals[keep], live=True)
                 n_keep = int(keep.sum())
@@ -292,6 +298,10 @@ class SDS:
                     f"phi >= 0.5); value within |v - c| * 2^-24 of a sample (float32)")
         if self.spec.algorithm == "group":
             return f"exact (cross-series panes per group of {', '.join(self.spec.grouping)})"
+        if self.spec.algorithm == "fi":
+            return (f"top-k set proven from the frequent-items bounds (else raw); counts exact while every item is "
+                    f"tracked, else within +-offset <= {epsilon_for(self.store.lg_max):.2%} of the window's samples "
+                    f"(lg_max={self.store.lg_max})")
         if self.spec.algorithm == "cpc":
             r = rse(self.store.lg_k)
             return (f"distinct count relative error <= {2 * r:.2%} (95%), <= {3 * r:.2%} (99.7%) "
@@ -299,7 +309,9 @@ class SDS:
         return "exact"
 
     def relative_bound(self) -> float:
-        """Stated relative error of a cpc distinct count (3 RSE)."""
+        """Stated relative error of a cpc distinct count (3 RSE) / an fi count (epsilon of the window)."""
+        if self.spec.algorithm == "fi":
+            return epsilon_for(self.store.lg_max)
         return 3 * rse(self.store.lg_k)
 
     def rank_bound(self, phi: float) -> float:

@@ -1,0 +1,183 @@
+"""Top-k by sample count (algorithm ``fi``): one ``frequent_strings_sketch`` per pane, item = the tuple of
+the grouping labels L of a sample's series, weight = its number of samples in the pane, for
+
+    topk(k, sum by (L) (count_over_time(x{scope}[w])))
+
+The per-item weights are additive across series and panes (a sample counts once wherever it lands), so
+the merged sketch of a window's whole panes plus the raw edges' counts holds exactly the quantity the
+query ranks: samples per L tuple in the window. The sketch bounds every item's count:
+``lower <= count <= upper`` with ``upper - lower`` = the sketch's current offset (0 while it tracks every
+item; after evictions at most ~epsilon x total weight, ``epsilon_for(lg_max)``), and an untracked item
+has ``count <= offset``. A window is answered only when the top-k *set* is provable: the k-th largest
+lower bound exceeds every other item's upper bound and the offset; the values returned are the
+estimates (exact while offset = 0, within +-offset otherwise, stated in the info). Any step that is not
+provable sends the whole query back to raw evaluation.
+
+Not served: ``topk(k, sum by (L) (increase/rate(x[w])))`` (per-series extrapolation is not a sum of
+per-pane weights, so a frequent-items bound would be about a different quantity) and anything whose
+weights could be negative.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Sequence
+
+import numpy as np
+from datasketches import frequent_strings_sketch
+
+from storage.labels import Labels
+
+DEFAULT_LG_MAX = 10
+_UNTRACKED = "\x00untracked\x00"
+
+
+def epsilon_for(lg_max: int) -> float:
+    return float(frequent_strings_sketch.get_epsilon_for_lg_size(int(lg_max)))
+
+
+def offset_of(sk: frequent_strings_sketch) -> float:
+    """The sketch's current maximum error (upper bound of an item it does not track)."""
+    return float(sk.get_upper_bound(_UNTRACKED))
+
+
+class TopKPaneStore:
+    def __init__(self, pane_ms: int, grouping: Sequence[str], lg_max: int = DEFAULT_LG_MAX, cache_entries: int = 20_000):
+        self.pane_ms = int(pane_ms)
+        self.grouping = tuple(grouping)
+        self.lg_max = int(lg_max)
+        self.lock = threading.RLock()
+        self.panes: dict[int, frequent_strings_sketch] = {}
+        self.items: list[str] = []  # local item id -> item text (grouping values joined by \xff)
+        self.item_index: dict[str, int] = {}
+        self.item_of = np.zeros(0, np.int64)
+        self.last_t = np.zeros(0, np.int64)
+        self.ns = 0
+        self.version = 0
+        self._nodes: dict[tuple[int, int], frequent_strings_sketch | None] = {}
+        self._cache_entries = cache_entries
+
+    def ensure_series(self, n: int) -> None:
+        if n > len(self.item_of):
+            grow = max(n, 2 * len(self.item_of), 16) - len(self.item_of)
+            self.item_of = np.concatenate([self.item_of, np.full(grow, -1, np.int64)])
+            self.last_t = np.concatenate([self.last_t, np.full(grow, np.iinfo(np.int64).min)])
+        self.ns = max(self.ns, n)
+
+    def item_text(self, lbl: Labels) -> str:
+        d = dict(lbl)
+        return "\xff".join(d.get(g, "") for g in self.grouping)
+
+    def item_labels(self, text: str) -> Labels:
+        return tuple(sorted((g, v) for g, v in zip(self.grouping, text.split("\xff")) if v != ""))
+
+    def assign(self, ids: np.ndarray, labels: Sequence[Labels]) -> None:
+        with self.lock:
+            self.ensure_series(int(ids.max()) + 1 if len(ids) else 0)
+            for i in np.nonzero(self.item_of[ids] < 0)[0].tolist():  # new series only
+                t = self.item_text(labels[i])
+                loc = self.item_index.get(t)
+                if loc is None:
+                    loc = self.item_index[t] = len(self.items)
+                    self.items.append(t)
+                self.item_of[ids[i]] = loc
+
+    def nbytes(self) -> int:
+        with self.lock:
+            return int(sum(s.get_serialized_size_bytes() for s in self.panes.values()))
+
+    def pane_totals(self) -> None:
+        return None
+
+    def ingest_sorted(self, sid: np.ndarray, ts: np.ndarray, vals: np.ndarray, *, live: bool = True) -> None:
+        """Fold samples (any order, each once): per (pane, item) one weighted update."""
+        if len(ts) == 0:
+            return
+        with self.lock:
+            it = self.item_of[sid]
+            ok = it >= 0
+            if not ok.any():
+                return
+            k, it = ts[ok] // self.pane_ms, it[ok]
+            self.version += 1
+            n_items = len(self.items)
+            kmin = int(k.min())
+            u, cnt = np.unique((k - kmin) * n_items + it, return_counts=True)
+            u_pane, u_item = u // n_items + kmin, u % n_items
+            touched = set()
+            for pane, item, c in zip(u_pane.tolist(), u_item.tolist(), cnt.tolist()):
+                sk = self.panes.get(pane)
+                if sk is None:
+                    sk = self.panes[pane] = frequent_strings_sketch(self.lg_max)
+                sk.update(self.items[item], c)
+                touched.add(pane)
+            if touched and self._nodes:
+                lo, hi = min(touched), max(touched)
+                self._nodes = {key: v for key, v in self._nodes.items()
+                               if not (key[1] << key[0] <= hi and (key[1] + 1) << key[0] > lo)}
+            np.maximum.at(self.last_t, sid[ok], ts[ok])
+
+    def _node(self, level: int, j: int) -> frequent_strings_sketch | None:
+        key = (level, j)
+        if key in self._nodes:
+            return self._nodes[key]
+        if level == 0:
+            res = self.panes.get(j)
+        else:
+            a, b = self._node(level - 1, 2 * j), self._node(level - 1, 2 * j + 1)
+            if a is None or b is None:
+                res = a if b is None else b
+            else:
+                res = frequent_strings_sketch(self.lg_max)
+                res.merge(a)
+                res.merge(b)
+        if len(self._nodes) > self._cache_entries:
+            self._nodes.clear()
+        self._nodes[key] = res
+        return res
+
+    def range_parts(self, klo: int, khi: int) -> list[frequent_strings_sketch]:
+        parts = []
+        lo, hi, level = klo, khi, 0
+        with self.lock:
+            while lo < hi:
+                if lo & 1:
+                    parts.append(self._node(level, lo))
+                    lo += 1
+                if hi & 1:
+                    hi -= 1
+                    parts.append(self._node(level, hi))
+                lo >>= 1
+                hi >>= 1
+                level += 1
+        return [p for p in parts if p is not None]
+
+    def export_rows(self, k_lo: int, k_hi: int) -> dict[str, list]:
+        with self.lock:
+            items = [(k, sk.serialize()) for k, sk in self.panes.items() if k_lo <= k < k_hi]
+        return {"pane": [i[0] for i in items], "sketch": [i[1] for i in items]}
+
+    def import_rows(self, rows: dict[str, list]) -> None:
+        with self.lock:
+            self.version += 1
+            for k, blob in zip(rows["pane"], rows["sketch"]):
+                self.panes[int(k)] = frequent_strings_sketch.deserialize(bytes(blob))
+            self._nodes.clear()
+
+
+def provable_topk(sk: frequent_strings_sketch, k: int) -> list[tuple[str, float]] | None:
+    """The top-k items by count with their estimates when the set is certain from the sketch's bounds
+    (k-th largest lower bound > every other upper bound and > the offset of untracked items); None
+    when it is not (a tie or overlapping bounds at the boundary)."""
+    from datasketches import frequent_items_error_type
+
+    rows = sk.get_frequent_items(frequent_items_error_type.NO_FALSE_NEGATIVES, 0)
+    rows = sorted(rows, key=lambda r: (-r[2], r[0]))  # (item, estimate, lower, upper) by lower bound
+    off = offset_of(sk)
+    if len(rows) <= k:
+        # every tracked item is in; untracked ones (count <= off) could be too unless off == 0
+        return [(r[0], float(r[1])) for r in rows] if off == 0 else None
+    kth_lower = rows[k - 1][2]
+    others = max(max(r[3] for r in rows[k:]), off)
+    if kth_lower <= others:
+        return None
+    return [(r[0], float(r[1])) for r in rows[:k]]

@@ -90,7 +90,8 @@ def main() -> int:
     # 1. fold cost per algorithm
     specs = {"none (sink only)": None, "exact": SDSSpec("gpu_util", "exact"), "kll k=200": SDSSpec("gpu_util", "kll"),
              "req k=20": SDSSpec("gpu_util", "req"), "group by job": SDSSpec("gpu_util", "group", grouping=("job",)),
-             "cpc (series)": SDSSpec("gpu_util", "cpc", grouping=("__series__",))}
+             "cpc (series)": SDSSpec("gpu_util", "cpc", grouping=("__series__",)),
+             "fi by inst": SDSSpec("gpu_util", "fi", grouping=("inst",))}
     base = None
     secs = set(a.sections.split(","))
     for name, spec in (specs.items() if "fold" in secs else ()):

@@ -6,8 +6,8 @@ is refreshed ``--refreshes`` times (the planner adopts an SDS after the third, b
 runs on our default path, our raw path (exact=true) and Prometheus, back to back. Reported: p50 latency
 of the refreshes our summary served, on all three paths, and the observed error (REQ: normalized rank
 error of each served value among its raw window; group: max relative error vs exact=true; CPC: relative
-error vs exact=true). The config lowers ``group_min_series`` / ``cpc_min_series`` (defaults 1,000 /
-10,000) so that this size exercises those paths.
+error vs exact=true). The config lowers ``group_min_series`` / ``cpc_min_series`` / ``fi_min_series``
+(defaults 1,000 / 10,000 / 10,000) so that this size exercises those paths.
 
     .venv/bin/python bench/sketch_peer_bench.py [--minutes 45] [--rate 2000] [--refreshes 10]
 """
@@ -34,6 +34,7 @@ PANELS = [
     ("REQ", "quantile_over_time(0.99, gpu_util[{r}])"),
     ("group", "sum by (job) (sum_over_time(gpu_util[{r}]))"),
     ("CPC", "count(count by (inst) (count_over_time(gpu_util[{r}])))"),
+    ("fi", "topk(3, sum by (inst) (count_over_time(gpu_util[{r}])))"),
 ]
 
 
@@ -70,7 +71,8 @@ def main() -> int:
     now = int(time.time() * 1000) // 60_000 * 60_000
     ts_all = np.arange(now - a.minutes * 60_000, now, interval)
     cfg = work / "turboprom.yml"
-    cfg.write_text("planner:\n  canary_fraction: 0\n  seal_delay: 0s\n  group_min_series: 10\n  cpc_min_series: 10\n")
+    cfg.write_text("planner:\n  canary_fraction: 0\n  seal_delay: 0s\n  group_min_series: 10\n  cpc_min_series: 10\n"
+                   "  fi_min_series: 10\n")
     ours = ServerProcess(work / "tp", ["--config", str(cfg), "--wal-fsync", "never"])
     prom = Prom(work)
     ours.start()

@@ -1,4 +1,5 @@
-"""Rewrite rules onto quantile-sketch SDSs beyond KLL, appended to ``planner.rewrite.RULES``.
+"""Rewrite rules beyond ``planner/rewrite.py``'s: REQ tail quantiles (a call rule appended to
+``planner.rewrite.RULES``) and the aggregate rules for group panes, CPC and frequent items.
 
 * ``rule_req``: ``quantile_over_time(φ, sel[r])`` with a literal ``φ`` in [min_phi, 1] (default 0.9)
   from a REQ SDS (high-rank-accuracy relative-error quantiles): its rank error shrinks with ``1 - φ``,
@@ -26,17 +27,17 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from planner.group_scan import scan_group
 from planner.distinct_store import cpc_sketch, cpc_union
+from planner.group_scan import scan_group
 from planner.normalize import distinct_shape, group_shape, topk_shape
-from planner.topk_store import frequent_strings_sketch, provable_topk
 from planner.raw_segments import RawPrefix, RawSamples
 from planner.rewrite import RULES, RewriteContext, RewriteHook, Rule, Served, _number, _prepare, _vector, rule_kll, worth_it
-from promql.eval_selectors import duration_ms, effective_times, to_matchers
-from promql.types import VectorSteps
 from planner.sds import SDS
 from planner.summary_scan import RawSource, ScanResult, _read_raw
+from planner.topk_store import frequent_strings_sketch, provable_topk
 from planner.window import plan_windows
+from promql.eval_selectors import duration_ms, effective_times, to_matchers
+from promql.types import VectorSteps
 from storage.matchers import Matcher
 
 log = logging.getLogger("turboprom.planner")

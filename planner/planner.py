@@ -297,8 +297,9 @@ class Planner:
 
     def _prefer_aggregates(self, cands: list[Candidate]) -> list[Candidate]:
         """A ``fi`` / ``group`` / ``cpc`` candidate is followed by its inner candidates (``normalize``):
-        a group one and / or the per-series one. Keep an aggregate candidate (and drop the inner ones of
-        the same selector, range and function) when the scope has enough series for it to pay
+        a group one and / or the per-series one. Keep an aggregate candidate (and, for group / cpc, drop
+        the inner ones of the same selector, range and function; an fi SDS falls back to raw on any
+        unprovable step, so its inner ones stay) when the scope has enough series for it to pay
         (``fi_min_series`` / ``group_min_series`` / ``cpc_min_series``); otherwise drop it and keep the
         inner ones (per-series exact panes serve those exactly, shared with every pattern on the metric)."""
         need_of = {"group": self.config.group_min_series, "cpc": self.config.cpc_min_series,
@@ -316,7 +317,8 @@ class Planner:
             n = self._scope_series_cached(c)
             if n >= need_of[c.algorithm]:
                 out.append(c)
-                covered.add(sig)
+                if c.algorithm != "fi":  # fi answers only provable steps: its inner candidates stay adoptable
+                    covered.add(sig)
             else:
                 self.keys.setdefault(c.key, KeyStats()).last_decision = (
                     f"{n} series in scope < {c.algorithm}_min_series {need_of[c.algorithm]}: inner per-series "

@@ -25,7 +25,7 @@ import promql_parser as pp
 
 from promql.errors import BadData, ExecutionError, PromQLError
 from promql.eval_context import EvalContext, NodeHook, QueryBudget
-from promql.eval_histogram import refuse_result
+from promql.eval_histogram import has_hist, histogram_points, refuse_result, strip
 from promql.eval_labels import SAME_LABELSET, apply_name_drop, drop_metric_name, merge_same_labels
 from promql.eval_positions import locate_all
 from promql.evaluator import Evaluator
@@ -79,8 +79,12 @@ class Engine:
         max_samples: int = 50_000_000,
         timeout_s: float = 120.0,
         default_subquery_step_ms: int = 60_000,
+        histogram_results: bool = False,
     ) -> None:
         self.source = source
+        # Return native-histogram samples in QueryResult.histograms instead of refusing them
+        # (only the conformance runner sets this; storage is float-only).
+        self.histogram_results = bool(histogram_results)
         self.lookback_delta_ms = int(lookback_delta_ms)
         self.max_samples = int(max_samples)
         self.timeout_s = float(timeout_s)
@@ -182,7 +186,12 @@ class Engine:
 
     def _shape(self, val: Any, steps: np.ndarray, is_range: bool) -> QueryResult:
         t0 = int(steps[0])
-        refuse_result(val)  # results are float-only: a native histogram in them is an error
+        if not self.histogram_results:
+            refuse_result(val)  # results are float-only: a native histogram in them is an error
+        elif has_hist(val):
+            res = self._shape(strip(val), steps, is_range)
+            res.histograms = histogram_points(val, steps)
+            return res
         if isinstance(val, StringValue):
             if is_range:
                 raise BadData('invalid expression type "string" for range query, must be Scalar or instant Vector')

@@ -139,7 +139,13 @@ def plane_to_set(labels: list[Labels], plane: np.ndarray | None, times: np.ndarr
     rows, cols = np.nonzero(hm)
     off = np.zeros(len(labels) + 1, np.int64)
     np.cumsum(hm.sum(axis=1), out=off[1:])
-    return HistogramSet(list(labels), off, times[cols].astype(np.int64), plane[rows, cols])
+    objs = plane[rows, cols]
+    # Prometheus forgets reset / not_reset hints of subquery samples (a subquery may skip or
+    # repeat samples), so counter resets are detected explicitly again
+    for k, h in enumerate(objs):
+        if h.counter_reset_hint in ("reset", "not_reset"):
+            objs[k] = _with_hint(h, "unknown")
+    return HistogramSet(list(labels), off, times[cols].astype(np.int64), objs)
 
 
 # --- plane helpers --------------------------------------------------------------------------
@@ -195,11 +201,85 @@ def window_counts(rw: RangeWindows) -> tuple[np.ndarray, np.ndarray]:
 # --- aggregation ------------------------------------------------------------------------------
 
 
-def sum_histograms(hs: Sequence[FloatHistogram]) -> FloatHistogram:
-    acc = hs[0]
+def _with_hint(h: FloatHistogram, hint: str) -> FloatHistogram:
+    return FloatHistogram(h.schema, h.count, h.sum, h.zero_threshold, h.zero_count, h.positive, h.negative,
+                          h.custom_values, hint)
+
+
+class _Kahan:
+    """Neumaier-compensated running sum of one float (Prometheus's kahansum.Inc)."""
+
+    __slots__ = ("s", "c")
+
+    def __init__(self) -> None:
+        self.s = 0.0
+        self.c = 0.0
+
+    def add(self, x: float) -> None:
+        t = self.s + x
+        if math.isinf(t):
+            self.c = 0.0
+        elif abs(self.s) >= abs(x):
+            self.c += (self.s - t) + x
+        else:
+            self.c += (x - t) + self.s
+        self.s = t
+
+    def value(self) -> float:
+        return self.s + self.c
+
+
+def sum_histograms(hs: Sequence[FloatHistogram], mean: bool = False) -> tuple[FloatHistogram, bool]:
+    """Compensated bucket-wise sum (or mean) of histograms, reconciled to the coarsest schema,
+    and whether their counter-reset hints collide (reset vs not_reset). The mean is the direct
+    one unless the sum overflows, then the sum of h/n (Prometheus switches to an incremental
+    mean there). Raises HistogramError for exponential mixed with custom buckets or different
+    custom bounds."""
+    first = hs[0]
     for h in hs[1:]:
-        acc = acc.add(h)
-    return acc
+        if h.uses_custom_buckets != first.uses_custom_buckets:
+            raise HistogramError("cannot combine exponential and custom-bucket histograms")
+        if h.uses_custom_buckets and h.custom_values != first.custom_values:
+            # Prometheus reconciles the bounds (intersection) with an info; not modelled here
+            raise unsupported("combining custom-bucket histograms with different bounds")
+    schema = min(h.schema for h in hs)
+    hint = first.counter_reset_hint
+    hints = {h.counter_reset_hint for h in hs}
+    collision = "reset" in hints and "not_reset" in hints
+    for h in hs[1:]:
+        hint = FloatHistogram(counter_reset_hint=hint).merged_hint(h)[0]
+    n = float(len(hs))
+
+    def total(div: float) -> tuple[FloatHistogram, bool]:
+        cnt, sm, zc = _Kahan(), _Kahan(), _Kahan()
+        pos: dict[int, _Kahan] = {}
+        neg: dict[int, _Kahan] = {}
+        for h in hs:
+            cnt.add(h.count / div)
+            sm.add(h.sum / div)
+            zc.add(h.zero_count / div)
+            p, q = h._buckets_at(schema)
+            for i, c in p.items():
+                pos.setdefault(i, _Kahan()).add(c / div)
+            for i, c in q.items():
+                neg.setdefault(i, _Kahan()).add(c / div)
+        out = FloatHistogram(schema, cnt.value(), sm.value(), max(h.zero_threshold for h in hs), zc.value(),
+                             tuple(sorted((i, k.value()) for i, k in pos.items())),
+                             tuple(sorted((i, k.value()) for i, k in neg.items())), first.custom_values, hint)
+        overflow = any(math.isinf(x) for x in (out.count, out.sum, out.zero_count)) or any(
+            math.isinf(c) for _, c in out.positive + out.negative)
+        return out, overflow
+
+    if not mean:
+        return total(1.0)[0], collision
+    direct, overflow = total(1.0)
+    if overflow:
+        return total(n)[0], collision
+    return direct.divide(n), collision
+
+
+def collision_warning(op: str, pos: str) -> str:
+    return f"PromQL warning: conflicting counter resets during histogram {op}{pos}"
 
 
 def aggregate_histograms(op: str, vec: VectorSteps, gid: np.ndarray, n_groups: int, float_present: np.ndarray,
@@ -224,15 +304,15 @@ def aggregate_histograms(op: str, vec: VectorSteps, gid: np.ndarray, n_groups: i
             drop[g, c] = True
             continue
         hs = [vec.hist[r, c] for r in members]
-        total = hs[0]
         try:
-            for r, h in zip(members[1:], hs[1:]):
-                failed = r
-                total = total.add(h)
+            total, collision = sum_histograms(hs, mean=(op == "avg"))
         except HistogramError:
-            ann.warn(mixed_exponential_custom(metric_name(vec.labels[failed]), expr_pos))
+            bad = next(r for r, h in zip(members, hs) if h.uses_custom_buckets != hs[0].uses_custom_buckets)
+            ann.warn(mixed_exponential_custom(metric_name(vec.labels[bad]), expr_pos))
             continue
-        plane[g, c] = total if op == "sum" else total.divide(float(len(hs)))
+        if collision:
+            ann.warn(collision_warning("aggregation", expr_pos))
+        plane[g, c] = total
     return plane, drop
 
 
@@ -249,8 +329,13 @@ def elem_binop(op: str, lv: float | FloatHistogram, rv: float | FloatHistogram, 
     lh, rh = isinstance(lv, FloatHistogram), isinstance(rv, FloatHistogram)
     if lh and rh:
         if op in ("+", "-"):
+            if lv.uses_custom_buckets and rv.uses_custom_buckets and lv.custom_values != rv.custom_values:  # type: ignore[union-attr]
+                raise unsupported("combining custom-bucket histograms with different bounds")
             try:
-                return True, lv.add(rv, 1.0 if op == "+" else -1.0)  # type: ignore[union-attr, arg-type]
+                res = lv.add(rv, 1.0 if op == "+" else -1.0)  # type: ignore[union-attr, arg-type]
+                if lv.merged_hint(rv)[1]:  # type: ignore[union-attr, arg-type]
+                    ann.warn(f"PromQL warning: conflicting counter resets during histogram {'addition' if op == '+' else 'subtraction'}{pos}")
+                return True, (res if op == "+" else _with_hint(res, "gauge"))
             except HistogramError:
                 ann.warn(f"PromQL warning: incompatible bucket layout encountered for binary operator {op}{pos}")
                 return False, None
@@ -1046,3 +1131,25 @@ def histogram_string(h: FloatHistogram) -> str:
             if c != 0:
                 parts.append(f"({g(exp_bound(i - 1, h.schema))},{g(exp_bound(i, h.schema))}]:{g(c)}")
     return ", ".join(parts) + "}"
+
+
+def histogram_points(v: Value, steps: np.ndarray) -> list[tuple[Labels, list[tuple[int, FloatHistogram]]]]:
+    """The histogram samples of a final result, per series (names dropped where marked)."""
+    from promql.eval_labels import apply_name_drop, drop_metric_name
+
+    out: dict[Labels, list[tuple[int, FloatHistogram]]] = {}
+    if isinstance(v, VectorSteps):
+        vec = apply_name_drop(v)
+        hm = vec.hist_mask()
+        if hm is not None:
+            for r in np.flatnonzero(hm.any(axis=1)).tolist():
+                cols = np.flatnonzero(hm[r]).tolist()
+                out.setdefault(vec.labels[r], []).extend((int(steps[c]), vec.hist[r, c]) for c in cols)  # type: ignore[index]
+    elif isinstance(v, RangeWindows) and v.hist is not None:
+        hw = v.hist
+        for s in range(v.num_series):
+            a, b = int(hw.lo[s, 0]), int(hw.hi[s, 0])
+            if b > a:
+                lbl = drop_metric_name(v.labels[s]) if v.drop_name is not None and v.drop_name[s] else v.labels[s]
+                out.setdefault(lbl, []).extend((int(hw.ts[i]), hw.objs[i]) for i in range(a, b))
+    return sorted((l, sorted(p, key=lambda x: x[0])) for l, p in out.items())

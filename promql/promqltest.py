@@ -9,7 +9,7 @@ at other evaluation times, and the re-run as a range query around t. Prints one 
 (``file:line: query: diff``), per-file counts, and closes with ``N passed, N failed, N skipped``
 (stable float evals only; experimental and native-histogram evals are reported separately and
 counted as skipped). Exit status 1 when a stable eval failed. ``--native-histograms`` also runs
-the native-histogram evals whose expected output holds no histogram (reported on their own line).
+the native-histogram evals (reported on their own line).
 """
 from __future__ import annotations
 
@@ -96,6 +96,7 @@ class _Store:
     def reset(self) -> None:
         self.close()
         self.hists = None
+        self._last: dict[Labels, FloatHistogram | None] = {}  # last sample per series (None = float)
         if self.kind == "memory":
             self.source = MemorySource()
         elif self.kind == "tsdb":
@@ -117,6 +118,36 @@ class _Store:
             self.hists = self.source if isinstance(self.source, MemorySource) else MemorySource()
         self.hists.add_histograms(lbl, np.asarray(ts, np.int64), hists)
 
+    def _storage_hints(self, lbl: Labels, vals: list[Any]) -> dict[int, FloatHistogram]:
+        """Counter-reset hints as Prometheus's TSDB hands histograms back: a sample continuing a
+        counter histogram chunk reads ``not_reset``; the first one of a chunk -- after a float
+        sample or a gauge, or at a detected counter reset -- ``unknown``; gauges stay gauges."""
+        from promql.eval_histogram import detect_reset
+
+        out: dict[int, FloatHistogram] = {}
+        prev = self._last.get(lbl)
+        for i, v in enumerate(vals):
+            if v is None:
+                continue
+            if not isinstance(v, Hist) or v.value is None:
+                prev = None
+                continue
+            h = v.value
+            hint = h.counter_reset_hint
+            if hint != "gauge":
+                cont = prev is not None and prev.counter_reset_hint != "gauge" \
+                    and prev.uses_custom_buckets == h.uses_custom_buckets
+                try:
+                    cont = cont and not detect_reset(h, prev)  # type: ignore[arg-type]
+                except PromQLError:
+                    cont = False
+                hint = "not_reset" if cont else "unknown"
+            out[i] = FloatHistogram(h.schema, h.count, h.sum, h.zero_threshold, h.zero_count, h.positive, h.negative,
+                                    h.custom_values, hint)
+            prev = h
+        self._last[lbl] = prev
+        return out
+
     def load(self, cmd: LoadCmd) -> None:
         if cmd.with_nhcb:
             for base, samples in nhcb_histograms(cmd).items():
@@ -125,7 +156,10 @@ class _Store:
         for lbl, vals in cmd.series.items():
             hidx = [i for i, v in enumerate(vals) if isinstance(v, Hist) and v.value is not None]
             if hidx:
-                self._add_histograms(lbl, [i * cmd.interval_ms for i in hidx], [vals[i].value for i in hidx])
+                hints = self._storage_hints(lbl, vals)
+                self._add_histograms(lbl, [i * cmd.interval_ms for i in hidx], [hints[i] for i in hidx])
+            elif any(v is not None for v in vals):
+                self._last[lbl] = None
             idx = [i for i, v in enumerate(vals) if v is not None and not isinstance(v, Hist)]
             if not idx:
                 continue
@@ -343,11 +377,13 @@ class EvalRunner:
         err = assert_matrix_sorted(ract.matrix)
         if err:
             raise _Fail(f"range mode: {err}{where}")
-        vec: list[tuple[Labels, float]] = []
+        vec: list[tuple[Labels, Any]] = []
         for s in ract.matrix:
             hit = np.flatnonzero(s.ts == t)
             if len(hit):
                 vec.append((s.labels, float(s.vals[hit[0]])))
+            else:
+                vec.extend((s.labels, h) for ht, h in s.hist if ht == t)
         if act.kind == "scalar":
             if not vec:
                 raise _Fail(f"range mode (t={t}ms): scalar query returned no point at t{where}")
@@ -368,8 +404,8 @@ class FileRunner:
     storage: str = "memory"
     engine_factory: EngineFactory = default_engine_factory
     run_experimental: bool = True
-    # Also run native-histogram evals whose expected output has no histogram (the engine gives
-    # histogram samples Prometheus's semantics); reported separately, never in the closing counts.
+    # Also run the native-histogram evals (the engine gives histogram samples Prometheus's
+    # semantics and returns histogram results); reported separately, never in the closing counts.
     run_native_histograms: bool = False
     only_lines: set[int] | None = None  # run just these eval lines (loads/clears always run)
     # Called with each eval before it runs (after classification); may change its expectations in
@@ -401,8 +437,7 @@ class FileRunner:
                     if self.only_lines is not None and cmd.line not in self.only_lines:
                         continue
                     cl = classify(cmd, state)
-                    if cl.kind == NH and not (self.run_native_histograms and cl.parse_error is None
-                                              and not cmd.uses_histogram_expectation()):
+                    if cl.kind == NH and not (self.run_native_histograms and cl.parse_error is None):
                         out.append(Outcome(name, cmd.line, cmd.expr, NH, "skip", f"native histograms: {cl.reason}"))
                         continue
                     if cl.kind == EXP and (cl.parse_error is not None or not self.run_experimental):
@@ -415,6 +450,8 @@ class FileRunner:
                     if engine is None and engine_error is None:
                         try:
                             engine = self.engine_factory(store.engine_source)
+                            if self.run_native_histograms and hasattr(engine, "histogram_results"):
+                                engine.histogram_results = True  # compare histogram results too
                         except Exception as e:  # noqa: BLE001 - reported per eval
                             engine_error = f"engine unavailable: {type(e).__name__}: {e}"
                     if engine is None:
@@ -508,7 +545,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="data source: in-memory arrays or the real TSDB (default: tsdb when it imports)")
     ap.add_argument("-v", "--verbose", action="store_true", help="also print experimental failures and skips")
     ap.add_argument("--native-histograms", action="store_true",
-                    help="also run native-histogram evals whose expected output has no histogram (reported separately)")
+                    help="also run the native-histogram evals (reported separately)")
     ap.add_argument("--write-known-failures", metavar="PATH", nargs="?",
                     const=str(Path(__file__).resolve().parent.parent / "tests" / "promqltest_known_failures.txt"),
                     help="write the failing stable evals (file:line) to PATH (default tests/promqltest_known_failures.txt)")

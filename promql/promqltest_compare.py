@@ -3,7 +3,7 @@ None when the result matches the expectation. Wording follows the upstream runne
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -11,6 +11,7 @@ from storage.labels import Labels, format_labels
 from storage.stale import is_stale_value
 
 from promql.promqltest_script import EvalCmd, Hist
+from promql.types import FloatHistogram
 
 EPSILON = 1e-6
 _MIN_NORMAL = 2.2250738585072014e-308
@@ -47,6 +48,36 @@ class Series:
     labels: Labels
     ts: np.ndarray  # int64
     vals: np.ndarray  # float64
+    hist: list[tuple[int, FloatHistogram]] = field(default_factory=list)  # native-histogram points
+
+
+def hist_text(h: FloatHistogram) -> str:
+    from promql.eval_histogram import histogram_string
+
+    return histogram_string(h)
+
+
+def histograms_match(exp: Hist, act: FloatHistogram) -> bool:
+    """FORMAT.md 4.3: compacted histograms; schema, zero threshold, bucket layout and custom
+    bounds equal, counts and sum within epsilon; the reset hint only when written explicitly."""
+    e = exp.value
+    if e is None:
+        return False
+    a, e = act.compact(), e.compact()
+    if a.schema != e.schema or a.zero_threshold != e.zero_threshold:
+        return False
+    if not (almost_equal(a.count, e.count) and almost_equal(a.sum, e.sum) and almost_equal(a.zero_count, e.zero_count)):
+        return False
+    for xa, xe in ((a.positive, e.positive), (a.negative, e.negative)):
+        if [i for i, _ in xa] != [i for i, _ in xe]:
+            return False
+        if not all(almost_equal(ca, ce) for (_, ca), (_, ce) in zip(xa, xe)):
+            return False
+    if e.uses_custom_buckets and a.custom_values != e.custom_values:
+        return False
+    if "counter_reset_hint" in exp.text and a.counter_reset_hint != e.counter_reset_hint:
+        return False
+    return True
 
 
 @dataclass
@@ -54,7 +85,7 @@ class Actual:
     """A query result in a shape the comparison understands."""
 
     kind: str  # vector | matrix | scalar | string
-    vector: list[tuple[Labels, float]] | None = None
+    vector: list[tuple[Labels, float | FloatHistogram]] | None = None
     matrix: list[Series] | None = None
     scalar: float = 0.0
     string: str = ""
@@ -67,9 +98,12 @@ def from_query_result(res) -> Actual:
         return Actual("scalar", scalar=float(res.scalar))
     if rt == "string":
         return Actual("string", string=res.string)
+    hists = getattr(res, "histograms", None) or []
     if rt == "vector":
         vals = np.asarray(res.values, dtype=np.float64).reshape(-1) if res.values is not None else np.empty(0)
-        return Actual("vector", vector=[(lbl, float(vals[i])) for i, lbl in enumerate(res.labels)])
+        vec: list[tuple[Labels, float | FloatHistogram]] = [(lbl, float(vals[i])) for i, lbl in enumerate(res.labels)]
+        vec += [(lbl, pts[0][1]) for lbl, pts in hists]
+        return Actual("vector", vector=vec)
     if rt == "matrix":
         out: list[Series] = []
         if res.csr is not None:
@@ -85,6 +119,13 @@ def from_query_result(res) -> Actual:
             for i, lbl in enumerate(res.labels):
                 m = present[i]
                 out.append(Series(lbl, tsteps[m], values[i][m]))
+        if hists:
+            by = {s.labels: s for s in out}
+            for lbl, pts in hists:
+                if lbl not in by:
+                    by[lbl] = Series(lbl, np.empty(0, np.int64), np.empty(0))
+                by[lbl].hist = list(pts)
+            out = [by[l] for l in sorted(by)]
         return Actual("matrix", matrix=out)
     raise ValueError(f"unknown result type {rt!r}")
 
@@ -92,7 +133,15 @@ def from_query_result(res) -> Actual:
 def _series_str(s: Series) -> str:
     pts = " ".join(f"{fmt_value(v)} @[{t}]" for t, v in zip(s.ts.tolist(), s.vals.tolist()))
     n = len(s.ts)
-    return f"{n} float point{'' if n == 1 else 's'} [{pts}]"
+    out = f"{n} float point{'' if n == 1 else 's'} [{pts}]"
+    if s.hist:
+        out += f" and {len(s.hist)} histogram point{'' if len(s.hist) == 1 else 's'} [" + " ".join(
+            f"{hist_text(h)} @[{t}]" for t, h in s.hist) + "]"
+    return out
+
+
+def _fmt_any(v: float | FloatHistogram) -> str:
+    return hist_text(v) if isinstance(v, FloatHistogram) else fmt_value(v)
 
 
 def assert_matrix_sorted(m: list[Series]) -> str | None:
@@ -122,19 +171,26 @@ def compare(cmd: EvalCmd, act: Actual) -> str | None:
             _, vals = exp[s.labels]
             exp_t: list[int] = []
             exp_v: list[float] = []
-            n_hist = 0
+            exp_h: list[tuple[int, Hist]] = []
             for i, v in enumerate(vals):
                 t = cmd.start_ms + i * cmd.step_ms
                 if t > cmd.end_ms:
                     return f"expected {len(vals)} points for {format_labels(s.labels)}, but query time range cannot return this many points"
                 if isinstance(v, Hist):
-                    n_hist += 1
+                    exp_h.append((t, v))
                 elif v is not None:
                     exp_t.append(t)
                     exp_v.append(v)
-            if len(exp_t) != len(s.ts) or n_hist:
-                return (f"expected {len(exp_t)} float points and {n_hist} histogram points for {format_labels(s.labels)}, "
+            if len(exp_t) != len(s.ts) or len(exp_h) != len(s.hist):
+                return (f"expected {len(exp_t)} float points and {len(exp_h)} histogram points for {format_labels(s.labels)}, "
                         f"but got {_series_str(s)}")
+            for i, ((t, eh), (at, ah)) in enumerate(zip(exp_h, s.hist)):
+                if t != at:
+                    return (f"expected histogram value at index {i} for {format_labels(s.labels)} to have timestamp {t}, "
+                            f"but it had timestamp {at} (result has {_series_str(s)})")
+                if not histograms_match(eh, ah):
+                    return (f"expected histogram value at index {i} (t={at}) for {format_labels(s.labels)} to be {eh.text}, "
+                            f"but got {hist_text(ah)}")
             for i, (t, v) in enumerate(zip(exp_t, exp_v)):
                 at, av = int(s.ts[i]), float(s.vals[i])
                 if t != at:
@@ -154,11 +210,18 @@ def compare(cmd: EvalCmd, act: Actual) -> str | None:
         seen = set()
         for pos, (lbl, v) in enumerate(act.vector):
             if lbl not in exp:
-                return f"unexpected metric {format_labels(lbl)} in result, has value {fmt_value(v)}"
+                return f"unexpected metric {format_labels(lbl)} in result, has value {_fmt_any(v)}"
             epos, vals = exp[lbl]
             if cmd.is_ordered and epos != pos + 1:
                 return f"expected metric {format_labels(lbl)} with {fmt_seq(vals)} at position {epos} but was at {pos + 1}"
             e0 = vals[0] if vals else None
+            if isinstance(v, FloatHistogram):
+                if not isinstance(e0, Hist):
+                    return f"expected float value {fmt_value(e0) if e0 is not None else '_'} for {format_labels(lbl)} but got histogram {hist_text(v)}"
+                if not histograms_match(e0, v):
+                    return f"expected histogram {e0.text} for {format_labels(lbl)} but got {hist_text(v)}"
+                seen.add(lbl)
+                continue
             if isinstance(e0, Hist):
                 return f"expected histogram {e0.text} for {format_labels(lbl)} but got float value {fmt_value(v)}"
             if e0 is None:
@@ -183,8 +246,8 @@ def compare(cmd: EvalCmd, act: Actual) -> str | None:
     return f"unexpected result type {act.kind}"
 
 
-def _vector_str(vec: list[tuple[Labels, float]]) -> str:
-    return "{" + ", ".join(f"{format_labels(l)} => {fmt_value(v)}" for l, v in vec) + "}"
+def _vector_str(vec: list[tuple[Labels, float | FloatHistogram]]) -> str:
+    return "{" + ", ".join(f"{format_labels(l)} => {_fmt_any(v)}" for l, v in vec) + "}"
 
 
 def check_annotations(cmd: EvalCmd, expr: str, warnings: list[str], infos: list[str]) -> str | None:

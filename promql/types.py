@@ -63,23 +63,43 @@ class FloatHistogram:
 
     # -- arithmetic (bucket-wise; schemas reconciled by merging to the coarser one) ----------
     def scale(self, f: float) -> "FloatHistogram":
+        """Every count and the sum times ``f`` (a negative factor makes it a gauge)."""
         return replace(
             self, count=self.count * f, sum=self.sum * f, zero_count=self.zero_count * f,
             positive=tuple((i, c * f) for i, c in self.positive),
             negative=tuple((i, c * f) for i, c in self.negative),
+            counter_reset_hint="gauge" if f < 0 else self.counter_reset_hint,
         )
 
     def divide(self, f: float) -> "FloatHistogram":
+        """Like ``scale(1/f)``; dividing by zero removes the buckets (as Prometheus)."""
+
         def div(a: float) -> float:
             if f == 0:
                 return math.nan if a == 0 or math.isnan(a) else math.copysign(math.inf, a)
             return a / f
 
+        if f == 0:
+            return replace(self, count=div(self.count), sum=div(self.sum), zero_count=div(self.zero_count),
+                           positive=(), negative=())
         return replace(
             self, count=div(self.count), sum=div(self.sum), zero_count=div(self.zero_count),
             positive=tuple((i, div(c)) for i, c in self.positive),
             negative=tuple((i, div(c)) for i, c in self.negative),
+            counter_reset_hint="gauge" if f < 0 else self.counter_reset_hint,
         )
+
+    def merged_hint(self, other: "FloatHistogram") -> tuple[str, bool]:
+        """The counter-reset hint of a sum or difference, and whether the two hints collide
+        (reset vs not_reset), following Prometheus's rules."""
+        a, b = self.counter_reset_hint, other.counter_reset_hint
+        if a == b or a == "gauge":
+            return a, False
+        if b == "gauge":
+            return "gauge", False
+        if a == "unknown" or b == "unknown":
+            return "unknown", False
+        return "unknown", True
 
     def add(self, other: "FloatHistogram", sign: float = 1.0) -> "FloatHistogram":
         """``self + sign * other``; raises HistogramError for incompatible bucket layouts."""
@@ -103,7 +123,7 @@ class FloatHistogram:
             positive=tuple(sorted(a_pos.items())),
             negative=tuple(sorted(a_neg.items())),
             custom_values=self.custom_values,
-            counter_reset_hint="gauge" if sign < 0 else "unknown",
+            counter_reset_hint=self.merged_hint(other)[0],
         )
 
     def _buckets_at(self, schema: int) -> tuple[dict[int, float], dict[int, float]]:
@@ -304,3 +324,7 @@ class QueryResult:
     string: str = ""
     annotations: Annotations = field(default_factory=Annotations)
     stats: QueryStats = field(default_factory=QueryStats)
+    # Native-histogram points, only from an Engine built with histogram_results=True (the
+    # conformance runner): (labels, [(timestamp ms, FloatHistogram), ...]) per series holding any.
+    # Otherwise a histogram in the result is an error (the HTTP API's result types are float-only).
+    histograms: list[tuple[Labels, list[tuple[int, FloatHistogram]]]] | None = None

@@ -34,7 +34,13 @@ from promql.functions.common import (
     window_vector,
     windows_arg,
 )
-from promql.eval_histogram import mixed_floats_histograms, mixed_range_ignored, sum_histograms
+from promql.eval_histogram import (
+    collision_warning,
+    mixed_exponential_custom,
+    mixed_floats_histograms,
+    mixed_range_ignored,
+    sum_histograms,
+)
 from promql.types import HistogramError, RangeWindows, Value, VectorSteps
 from storage.labels import metric_name
 
@@ -366,10 +372,13 @@ def _sum_avg_with_histograms(ctx: FunctionContext, rw: RangeWindows, vals: np.nd
     for r, c in zip(*np.nonzero((nh > 0) & (nf == 0))):  # histogram-only windows
         hs = list(hw.objs[int(hw.lo[r, c]):int(hw.hi[r, c])])
         try:
-            total = sum_histograms(hs)
+            total, collision = sum_histograms(hs, mean=avg)
         except HistogramError:
+            ctx.annotations.warn(mixed_exponential_custom(metric_name(rw.labels[r]), ctx.pos(0)))
             continue
-        plane[r, c] = total.divide(float(len(hs))) if avg else total
+        if collision:
+            ctx.annotations.warn(collision_warning("aggregation", ctx.pos(0)))
+        plane[r, c] = total
     return window_vector(rw, vals, (nf > 0) & ~mixed, plane=plane)
 
 

@@ -21,6 +21,7 @@ is folded with ``bincount`` / ``fmin.at`` / ``fmax.at`` over (group, pane) cells
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from typing import Sequence
 
 import numpy as np
@@ -54,6 +55,9 @@ class GroupPaneStore:
         self.k_lo = 0  # panes in use: [k_lo, k_hi)
         self.k_hi = 0
         self.a: dict[str, np.ndarray] = {f: _blank(f, (0, 0)) for f in FIELDS}
+        self.epoch = 0  # bumped by writes into panes behind the newest one (answer-cache validity)
+        self._newest = np.iinfo(np.int64).min
+        self.answers: OrderedDict = OrderedDict()  # planner/group_scan.py's answer cache
 
     # --- series and groups -------------------------------------------------------------------
     def ensure_series(self, n: int) -> None:
@@ -144,6 +148,9 @@ class GroupPaneStore:
                 unset = np.isnan(self.gshift[u])
                 self.gshift[u[unset]] = vals[fin][first[unset]]
             k = ts // self.pane_ms
+            if not live or int(k.min()) < self._newest:
+                self.epoch += 1
+            self._newest = max(self._newest, int(k.max()))
             self._ensure_panes(int(k.min()), int(k.max()))
             cap = self.a["count"].shape[1]
             flat = g * cap + (k - self.pk0)
@@ -200,6 +207,7 @@ class GroupPaneStore:
             self._ensure_panes(int(k.min()), int(k.max()))
             for f in FIELDS:
                 self.a[f][g, k - self.pk0] = np.asarray(rows[f])
+            self.epoch += 1
 
     def export_meta(self) -> dict[str, list]:
         with self.lock:

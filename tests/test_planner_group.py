@@ -172,3 +172,36 @@ def test_topk_over_group_sums_is_exact(group_world):
     fast = eng.range_query(q, live_from - 3_600_000, tmax, 600_000, node_hooks=[hook])
     assert fast.stats.paths[0].startswith("summary:group-x_total")
     _compare(raw, fast, q)
+
+
+def test_refresh_reuses_sealed_steps_and_late_samples_invalidate():
+    items = random_series(seed=45, n_series=4, n=1200)
+    _, full = load(items)
+    tmin, tmax = int(full.timestamps.min()), int(full.timestamps.max())
+    live_from = tmin + (tmax - tmin) // 3
+    held = (np.random.default_rng(46).random(len(full)) < 0.05) & (full.timestamps >= live_from)
+    on_time = SampleBatch(full.series, full.series_index[~held], full.timestamps[~held], full.values[~held])
+    late = SampleBatch(full.series, full.series_index[held], full.timestamps[held], full.values[held])
+    src, _ = load([])
+    src.append(on_time)
+    summ = Summarizer(src)
+    sds = SDS(SDSSpec("g", "group", 60_000, grouping=("job",)))
+    sds.seal_delay_ms = 0
+    summ.start_live(sds, live_from_ts=live_from)
+    feed(summ, on_time)
+    summ.backfill(sds, 30 * 86_400_000)
+    served: list = []
+    hook = SketchRewriteHook(RewriteContext(lambda m, a, ms: None, lambda s, c: served.append(s), cost_based=False),
+                             rules=ordered_rules(), find_group=lambda m, ms, by: sds)
+    eng = Engine(src)
+    q = "sum by (job) (sum_over_time(g[1h]))"
+    args = (live_from + 3_600_000, tmax, 300_000)
+    first = eng.range_query(q, *args, node_hooks=[hook])
+    again = eng.range_query(q, *args, node_hooks=[hook])
+    assert served[-2].scan.info["cached_steps"] == 0 and served[-1].scan.info["cached_steps"] > 0
+    _compare(first, again, q)
+    src.append(late)
+    summ.consume(late)
+    after = eng.range_query(q, *args, node_hooks=[hook])
+    assert served[-1].scan.info["cached_steps"] == 0  # the late samples bumped the store's epoch
+    _compare(eng.range_query(q, *args), after, q)

@@ -39,13 +39,16 @@ SEAL_ON_READ_ROWS = 1 << 16
 class Run:
     """Rows sorted by (sid, ts) without repeated keys, plus what bounded reads search in.
 
-    ``key = sid * span + (ts - tmin)`` is monotone over the run (8 bytes per row); it is None when it
-    would not fit in int64 (huge time spans), and reads then filter the series' rows instead."""
+    Rows are stored as ``key = sid * span + (ts - tmin)`` (monotone over the run), ``ts`` and
+    ``val``: the key replaces the series-id column (same 24 bytes per row) and ``sid`` is derived
+    from it when a background operation (merge, cut, deletion) needs it. When the key would not fit
+    in int64 (huge time spans) the run keeps ``sid`` instead and reads filter the series' rows."""
 
-    __slots__ = ("sid", "ts", "val", "tmin", "tmax", "span", "key")
+    __slots__ = ("_sid", "ts", "val", "tmin", "tmax", "span", "key")
 
     def __init__(self, sid: np.ndarray, ts: np.ndarray, val: np.ndarray) -> None:
-        self.sid, self.ts, self.val = sid, ts, val
+        self.ts, self.val = ts, val
+        self._sid: np.ndarray | None = sid
         self.key: np.ndarray | None = None
         if len(sid) == 0:
             self.tmin, self.tmax, self.span = INT64_MAX, INT64_MIN, 0
@@ -57,9 +60,17 @@ class Run:
             key += ts
             key -= np.int64(self.tmin)
             self.key = key
+            self._sid = None
+
+    @property
+    def sid(self) -> np.ndarray:
+        """Series id per row (derived from the key: O(n), for background operations, not reads)."""
+        if self._sid is not None:
+            return self._sid
+        return self.key // np.int64(self.span)
 
     def __len__(self) -> int:
-        return len(self.sid)
+        return len(self.ts)
 
     def overlaps(self, mint: int, maxt: int) -> bool:
         return self.tmin <= maxt and self.tmax >= mint
@@ -391,12 +402,13 @@ class Head:
         for r in runs:
             if not r.overlaps(mint, maxt):
                 continue
-            b = r.bounds(sids, mint, maxt) if bounded else None
+            b = r.bounds(sids, mint, maxt)
             if b is not None:
                 segs.append((r, b[0], b[1]))
                 continue
-            lo = np.searchsorted(r.sid, sids, "left")
-            hi = np.searchsorted(r.sid, sids, "right")
+            rs = r.sid  # no key: this run keeps its sid column
+            lo = np.searchsorted(rs, sids, "left")
+            hi = np.searchsorted(rs, sids, "right")
             if not bounded:
                 segs.append((r, lo, hi))
                 continue

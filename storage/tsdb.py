@@ -172,13 +172,13 @@ class TSDB:
         lbls = [labels_all[i] for i in u.tolist()]
         # Output order (by labels) of a set of ids: cached, since dashboards and the planner read the
         # same series again and again and an id's labels never change (ids are never reused).
-        ck = u.tobytes() if len(u) <= 16384 else None
+        ck = u.tobytes() if len(u) <= 4096 else None  # bounded: <= 256 x 4096 ids x 16 bytes
         p = self._order_cache.get(ck) if ck is not None else None
         if p is None:
             perm = sorted(range(len(u)), key=lbls.__getitem__)
             p = _IN_ORDER if perm == list(range(len(u))) else np.asarray(perm, dtype=np.int64)
             if ck is not None:
-                if len(self._order_cache) >= 512:
+                if len(self._order_cache) >= 256:
                     self._order_cache.clear()
                 self._order_cache[ck] = p
         if p is not _IN_ORDER:

@@ -57,6 +57,9 @@ class CPCPaneStore:
         self._seen: OrderedDict[int, np.ndarray] = OrderedDict()  # recent panes: items already added
         self._nodes: dict[tuple[int, int], cpc_sketch | None] = {}
         self._cache_entries = cache_entries
+        self.epoch = 0  # bumped by writes into panes behind the newest one (answer-cache validity)
+        self._newest = np.iinfo(np.int64).min
+        self.answers: OrderedDict = OrderedDict()  # (query key, step end) -> (stamp, count)
 
     # --- series and items ---------------------------------------------------------------------
     def ensure_series(self, n: int) -> None:
@@ -104,8 +107,11 @@ class CPCPaneStore:
             if not len(it):
                 return
             self.version += 1
-            n_items = len(self.items)
             kmin = int(k.min())
+            if not live or kmin < self._newest:
+                self.epoch += 1
+            self._newest = max(self._newest, int(k.max()))
+            n_items = len(self.items)
             u = np.unique((k - kmin) * n_items + it)  # distinct (pane, item) pairs, one int64 key each
             u_pane, u_item = u // n_items + kmin, u % n_items
             cuts = np.flatnonzero(np.diff(u_pane)) + 1
@@ -189,3 +195,4 @@ class CPCPaneStore:
             for k, blob in zip(rows["pane"], rows["sketch"]):
                 self.panes[int(k)] = cpc_sketch.deserialize(bytes(blob))
             self._nodes.clear()
+            self.epoch += 1

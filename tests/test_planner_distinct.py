@@ -134,3 +134,14 @@ def test_cpc_adopted_only_at_high_cardinality_and_restored(tmp_path):
     finally:
         st3.planner.stop()
         st3.query_log.close()
+
+
+def test_refresh_reuses_sealed_steps(cpc_world):
+    src, sdss, hook, served, tmin, tmax = cpc_world
+    eng = Engine(src)
+    q = "count(count by (model) (count_over_time(tokens[40m])))"
+    a = eng.range_query(q, tmin + 3_600_000, tmax, 300_000, node_hooks=[hook])
+    b = eng.range_query(q, tmin + 3_600_000, tmax, 300_000, node_hooks=[hook])
+    assert served[-2][0].scan.info["cached_steps"] == 0 and served[-1][0].scan.info["cached_steps"] > 0
+    np.testing.assert_array_equal(a.values, b.values)
+    np.testing.assert_array_equal(a.present, b.present)

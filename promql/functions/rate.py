@@ -515,13 +515,44 @@ def _regression_dense(rw: RangeWindows, intercept_ms: np.ndarray | None, sel: np
             st = _dense_stats(ts, vals, idx)
             for k in _STAT_FIELDS:
                 acc[k][pos] = st[k]
+        if t0_all is None:
+            # deriv: everything depends on the window only; finish once per distinct window
+            s_u, i_u, ok_u = _dense_finish(acc, n_u.astype(np.float64), None, False)
+            inv = np.cumsum(new) - 1
+            return s_u[inv], i_u[inv], ok_u[inv]
+        # predict_linear: the intercept time differs per step. What does not depend on it is
+        # finished once per distinct window; per output window remain the intercept and the
+        # error terms that grow with the distance to the intercept time (one gather of a
+        # (fields, windows) table, rows contiguous for the arithmetic that follows).
+        width = n_u.astype(np.float64)
+        var_n, cov, say, sy = acc["var_n"], acc["cov"], acc["say"], acc["sy"]
+        s_u = cov * width / var_n * 1000.0
+        cov_s = np.abs(cov / 1000.0)
+        var_s = var_n / (width * 1e6)
+        ours = _EPS * (4 * width * np.sqrt(var_n / width * acc["syy"]) / 1000.0
+                       + width * width * _EPS * say * acc["ubar"] / 1000.0 + 8 * cov_s)
+        ok_u = acc["usable"] & np.isfinite(sy) & np.isfinite(s_u)
+        const = acc["const"]
+        table = np.stack([acc["base"].astype(np.float64), acc["ubar"], acc["span"].astype(np.float64), s_u,
+                          sy / width, ours / cov_s, 8 * _EPS * say / cov_s, 8 * _EPS / var_s, var_s, width,
+                          np.where(const, 1.0, 0.0), acc["y0"], np.where(ok_u, 1.0, 0.0)])
         inv = np.cumsum(new) - 1
-        for a in range(0, W, 1 << 16):  # per output window, in cache-sized chunks
-            part = slice(a, min(W, a + (1 << 16)))
-            iv = inv[part]
-            st = {k: v[iv] for k, v in acc.items()}
-            t0 = None if t0_all is None else t0_all[part]
-            slope[part], icpt[part], ok[part] = _dense_finish(st, n_u[iv].astype(np.float64), t0, need_intercept)
+        for a in range(0, W, 1 << 15):  # per output window, in cache-sized chunks
+            part = slice(a, min(W, a + (1 << 15)))
+            (base, ubar, span, sl, ybar, rel0, rel_x, rel_v, var_w, wid, cst, first, okb) = np.take(
+                table, inv[part], axis=1)
+            d0 = base - t0_all[part]
+            xbar = (d0 + ubar) / 1000.0
+            xmax = np.maximum(np.abs(d0), np.abs(d0 + span)) / 1000.0
+            rel = rel0 + xmax * rel_x + rel_v * (var_w + wid * xbar * xbar)
+            ic = ybar - sl * xbar
+            sx = np.abs(sl * xbar)
+            e_int = 8 * _EPS * (np.abs(ybar) + sx) + sx * rel
+            good = (okb != 0) & (rel <= _REG_REL_ERR) & np.isfinite(ic) & (e_int <= _REG_REL_ERR * np.abs(ic))
+            c = cst != 0
+            slope[part] = np.where(c, 0.0, sl)
+            icpt[part] = np.where(c, first, ic)
+            ok[part] = np.where(c, (okb != 0) & np.isfinite(first), good)
     return slope, icpt, ok
 
 

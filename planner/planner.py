@@ -439,6 +439,7 @@ class Planner:
         """Which path each servable sub-tree would take, and why."""
         expr = promql_parser.parse(query)
         out: dict[str, Any] = {"query": query, "pattern": normalize(query), "subtrees": []}
+        served_outer: dict[tuple, str] = {}  # group / cpc sub-trees answered from a summary, by selector
         for c in candidates(expr, self.config.req_min_phi):
             ms = [Matcher("__name__", "=", c.metric)] + [Matcher(n, o, v) for n, o, v in c.matchers]
             sds = self.find_group_sds(c.metric, ms, c.grouping, c.algorithm) if c.algorithm in ("group", "cpc", "fi") else \
@@ -472,6 +473,14 @@ class Planner:
                         item["path"] = "raw"
                         item["why"] = (f"cost check: raw edges would cover {item['raw_edge_fraction']:.0%} of the raw "
                                        f"path's span and {c.func} is cheap on raw")
+            sig = (c.metric, c.func, c.range_ms, c.matchers)
+            if c.algorithm in ("group", "cpc") and item["path"].startswith("summary:"):
+                served_outer[sig] = item["path"]
+            elif c.algorithm == "fi" and item["path"].startswith("summary:"):
+                item["why"] = "when every step's top-k set is provable from the sketch bounds, else the inner path"
+            elif sig in served_outer and item["path"] == "raw":
+                item["path"] = "inside " + served_outer[sig]
+                item["why"] = "the enclosing aggregate is answered from its summary"
             out["subtrees"].append(item)
         if not out["subtrees"]:
             out["why"] = "no sub-tree is a function an SDS serves (func(metric{...}[range]))"

@@ -131,3 +131,18 @@ def test_planner_adopts_fi_above_threshold_and_restores(tmp_path):
     finally:
         st2.planner.stop()
         st2.query_log.close()
+
+
+def test_explain_names_the_aggregate_paths():
+    src, batch = load(_tenant_items(6))
+    tmax = T0 + HOURS * 3_600_000
+    st = build(src, Engine(src), None, {"background_backfill": False, "seal_delay": "0s", "fi_min_series": 10,
+                                        "group_min_series": 10})
+    feed(st.summarizer, batch)
+    q = "topk(3, sum by (tenant) (count_over_time(reqs[1h])))"
+    for _ in range(3):
+        st.engine.range_query(q, tmax - 7_200_000, tmax, 600_000)
+    paths = [(s["algorithm"], s["path"]) for s in st.planner.explain(q, tmax - 7_200_000, tmax, 600_000)["subtrees"]]
+    assert [a for a, _ in paths] == ["fi", "group", "exact"]
+    assert paths[0][1].startswith("summary:fi-") and paths[1][1].startswith("summary:group-")
+    assert paths[2][1].startswith("inside summary:group-")

@@ -207,14 +207,18 @@ class Head:
                         examples.append((reason, int(p), 0))
 
         positions = np.arange(n, dtype=np.int64)
+        s, t, v = sid, ts, val
         if future_tolerance_ms > 0:
             fut = ts > now_ms + future_tolerance_ms
             if fut.any():
                 reject(R_FUTURE, fut, positions)
                 positions = positions[~fut]
-        o = order_by_series_time(sid[positions], ts[positions])
-        order = positions if o is None else positions[o]
-        s, t, v = sid[order], ts[order], val[order]
+                s, t, v = sid[positions], ts[positions], val[positions]
+        o = order_by_series_time(s, t)
+        order = positions
+        if o is not None:  # (already sorted, the common case: no copies)
+            order = positions[o]
+            s, t, v = s[o], t[o], v[o]
         bits = v.view(np.uint64)
         duplicates = 0
         # In-batch repeats of a key: identical value -> duplicate, different -> conflict.
@@ -269,6 +273,10 @@ class Head:
                     ooo = (t[bad] < prev[bad]) & (ooo_window_ms == 0)
                     reject(R_OOO, bad[ooo], order)
                     reject(R_TOO_OLD, bad[~ooo], order)
+        if accept.all():
+            # the head keeps these arrays: never the caller's own (a sink may still use the batch)
+            return Prepared(s if s is not sid else s.copy(), t if t is not ts else t.copy(),
+                            v if v is not val else v.copy(), duplicates, rejected, examples, order)
         return Prepared(s[accept], t[accept], v[accept], duplicates, rejected, examples, order[accept])
 
     def _lookup(self, sid: np.ndarray, ts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -282,3 +282,15 @@ def test_accepted_mask_with_out_of_order_window_and_blocks(tmp_path):
                              [4.0, 2.0, 9.0, 5.0])))
         assert (r.accepted, r.duplicates, r.rejected) == (2, 1, {"too_old": 1})
         assert r.accepted_mask.tolist() == [True, False, False, True]
+
+
+def test_stored_samples_do_not_alias_the_callers_batch(tmp_path):
+    """The head keeps its own copies: a sink or caller reusing the batch arrays afterwards changes nothing."""
+    with open_db(tmp_path) as db:
+        a = lbl(job="alias")
+        b = batch((a, [T0, T0 + 1000], [1.0, 2.0]))
+        assert db.append(b).accepted == 2
+        b.values[:] = -1.0
+        b.timestamps[:] = 0
+        ss = db.select([Matcher("job", "=", "alias")], T0, T0 + 1000)
+        assert ss.timestamps.tolist() == [T0, T0 + 1000] and ss.values.tolist() == [1.0, 2.0]

@@ -9,9 +9,11 @@ pipeline only hands *accepted* samples to sinks, so a late sample is always in r
 * Exact payloads are order-independent in their moments but not in first/last and the counter state
   (a sample inserted between two others changes which pair is a reset or a change, and the entry pair
   of the next pane). So the affected panes are rebuilt from raw storage (``rebuild_exact``): for each
-  affected series every pane from the late sample's pane on is cleared and refolded from a storage
-  read (one per series when few are affected, else one scope read), chained to the last sample of the series' previous non-empty pane. The rebuild reproduces
-  exactly what raw evaluation sees, so a late sample never makes an ``exact`` answer wrong.
+  affected series the panes from its oldest to its newest late sample are cleared and refolded from a
+  storage read (one per series when few are affected, else one scope read), chained to the last sample
+  of the previous non-empty pane, and the entry pair of the next non-empty pane is recomputed. The
+  rebuild reproduces exactly what raw evaluation sees, so a late sample never makes an ``exact`` answer
+  wrong.
 
 The rebuild never reaches below ``floor_ms`` (the part of history the backfill has already folded, or
 the live start while the first backfill chunk is still pending), so backfill and rebuild never fold
@@ -38,39 +40,52 @@ def fold_late_sketch(store: Any, sid: np.ndarray, ts: np.ndarray, vals: np.ndarr
 
 
 def rebuild_exact(sds: Any, storage: Any, sid: np.ndarray, ts: np.ndarray, floor_ms: int) -> int:
-    """Rebuild the exact panes of the series in ``sid`` from the pane of their oldest late sample on.
+    """Rebuild the exact panes that hold the late samples ``sid``/``ts`` (sorted by series, then time).
 
-    ``sid``/``ts``: the late samples (sorted by series, then time). Returns the raw samples refolded.
+    Per affected series the span of panes from its oldest to its newest late sample is cleared and
+    refolded from raw storage (samples up to the series' last folded one: anything newer has not reached
+    the summarizer yet and will be folded when it does), chained to the last sample of the previous
+    non-empty pane; then the entry pair of the first non-empty pane after the span is recomputed from
+    the span's new last sample, and the live chain is left as it was (its last sample is unchanged).
+    Returns the raw samples refolded.
     """
     store = sds.store
     P = sds.spec.pane_ms
     first = np.ones(len(sid), bool)
     first[1:] = sid[1:] != sid[:-1]
+    last = np.append(first[1:], True)
     aff = sid[first]
-    start_ms = np.maximum(ts[first] // P * P, floor_ms)  # per affected series: rebuild from here
+    start_ms = np.maximum(ts[first] // P * P, floor_ms)  # per affected series: the span it rebuilds
+    span_hi = ts[last] // P  # last pane of the span
+    with store.lock:
+        chain_t = store.last_t[aff].copy()
+        chain_v = store.last_v[aff].copy()
+    end_ms = np.minimum((span_hi + 1) * P - 1, chain_t)
     if len(aff) <= PER_SERIES_READS:
-        # few affected series: one read per series, from its own rebuild start (label-equality matchers
-        # may also match series with more labels: keep only the series itself)
+        # few affected series: one read per series over its span (label-equality matchers may also
+        # match series with more labels: only the series itself is kept, nothing else is registered)
         parts = []
-        for s, start in zip(aff.tolist(), start_ms.tolist()):
+        for s, a0, b0 in zip(aff.tolist(), start_ms.tolist(), end_ms.tolist()):
             ms = [Matcher(n, "=", v) for n, v in sds.registry.labels[s]]
-            parts.append((storage.select(ms, int(start), READ_MAX), s))
-    else:  # many: one read of the whole scope from the oldest start, filtered below
-        parts = [(storage.select(sds.spec.scope_matchers(), int(start_ms.min()), READ_MAX), None)]
-    from_ms = np.full(len(sds.registry.labels) + 1, READ_MAX, np.int64)
-    from_ms[aff] = start_ms
+            parts.append((storage.select(ms, int(a0), int(b0)), s))
+    else:  # many: one read of the whole scope over the union of the spans, filtered below
+        parts = [(storage.select(sds.spec.scope_matchers(), int(start_ms.min()), int(end_ms.max())), None)]
+    n_reg = len(sds.registry.labels) + 1
+    lo_of = np.full(n_reg, READ_MAX, np.int64)
+    hi_of = np.full(n_reg, INT64_MIN, np.int64)
+    lo_of[aff] = start_ms
+    hi_of[aff] = end_ms
     sid_p, ts_p, val_p = [], [], []
     for ss, only in parts:
         if not len(ss):
             continue
-        if only is not None:  # the series itself only (never register the others a read returned)
-            ids = np.array([only if lbl == sds.registry.labels[only] else len(from_ms) - 1 for lbl in ss.labels], np.int64)
+        if only is not None:
+            ids = np.array([only if lbl == sds.registry.labels[only] else n_reg - 1 for lbl in ss.labels], np.int64)
         else:
-            ids = sds.register(ss.labels)
-        if len(from_ms) <= int(ids.max()):
-            from_ms = np.concatenate([from_ms, np.full(int(ids.max()) + 1 - len(from_ms), READ_MAX, np.int64)])
+            ids = np.array([sds.registry.index.get(lbl, n_reg - 1) for lbl in ss.labels], np.int64)
+            ids = np.minimum(ids, n_reg - 1)
         rs = np.repeat(ids, np.diff(ss.offsets))
-        keep = (ss.timestamps >= from_ms[rs]) & ~is_stale(ss.values)  # from_ms[-1] = READ_MAX: dropped
+        keep = (ss.timestamps >= lo_of[rs]) & (ss.timestamps <= hi_of[rs]) & ~is_stale(ss.values)
         sid_p.append(rs[keep])
         ts_p.append(ss.timestamps[keep])
         val_p.append(ss.values[keep])
@@ -80,13 +95,13 @@ def rebuild_exact(sds: Any, storage: Any, sid: np.ndarray, ts: np.ndarray, floor
     order = np.lexsort((rts, rsid))
     rsid, rts, rvals = rsid[order], rts[order], rvals[order]
     with store.lock:
-        # per affected series (not per sample): clear its panes from the rebuild start on and restore
-        # its chain to the last sample before that start (the last non-empty earlier pane)
-        for s, start in zip(aff.tolist(), start_ms.tolist()):
-            c0 = max(start // P - store.k0, 0)
-            if c0 < store.nk:
+        # per affected series (not per sample): clear its span, chain it to the sample before the span
+        for s, a0, k1 in zip(aff.tolist(), start_ms.tolist(), span_hi.tolist()):
+            c0 = max(a0 // P - store.k0, 0)
+            c1 = min(k1 - store.k0 + 1, store.nk)
+            if c0 < c1:
                 for f in ALL_FIELDS:
-                    store.cols[f][s, c0:store.nk] = _blank(f, (1, store.nk - c0))[0]
+                    store.cols[f][s, c0:c1] = _blank(f, (1, c1 - c0))[0]
             prev = np.nonzero(store.cols["count"][s, :min(c0, store.nk)] > 0)[0]
             if len(prev):
                 store.last_t[s] = store.cols["last_t"][s, prev[-1]]
@@ -95,6 +110,16 @@ def rebuild_exact(sds: Any, storage: Any, sid: np.ndarray, ts: np.ndarray, floor
                 store.last_t[s] = INT64_MIN
                 store.last_v[s] = np.nan
         store.ingest_sorted(rsid, rts, rvals, live=True)
+        # the pane after each span: its entry pair now starts from the span's last sample
+        if len(rsid):
+            lastr = np.append(rsid[1:] != rsid[:-1], True)
+            got_s, got_v = rsid[lastr], rvals[lastr]
+            nxt = dict(zip(aff.tolist(), (span_hi + 1).tolist()))
+            for k_next in sorted(set(nxt[s] for s in got_s.tolist())):
+                m = np.array([nxt[s] == k_next for s in got_s.tolist()])
+                store.fix_entries(got_s[m], got_v[m], int(k_next))
+        store.last_t[aff] = chain_t  # the newest sample of each series is unchanged by late ones
+        store.last_v[aff] = chain_v
         if hasattr(store, "epoch"):  # readers caching results over sealed panes must see the rewrite
             store.epoch += 1
             store.version += 1

@@ -14,7 +14,8 @@ from planner.summarizer import Summarizer
 from promql.engine import Engine
 from storage.batch import SampleBatch
 from tests.test_planner_exact import _compare
-from tests.test_planner_fixtures import feed, load, random_series
+from storage.labels import make_labels
+from tests.test_planner_fixtures import T0, feed, load, random_series
 
 QUERIES = [
     "sum_over_time(g[{r}])", "count_over_time(g[{r}])", "stddev_over_time(g[{r}])", "min_over_time(g[{r}])",
@@ -133,6 +134,53 @@ def test_without_raw_storage_exact_late_samples_are_counted_dropped():
     sds.flush_pending()
     n_x = int(np.isin(full.series_index[old], [i for i, l in enumerate(full.series) if dict(l)["__name__"] == "x_total"]).sum())
     assert sds.stats.late_dropped == n_x and sds.stats.ingested_samples == before
+
+
+def test_late_samples_at_pane_boundaries_fix_the_next_entry_pair():
+    """Step gauges (values from {0, 1, 2}) and counters resetting often, one sample per 20 s: late
+    samples that were the last of their pane change the next pane's entry pair (a change / a reset),
+    which the rebuild must recompute."""
+    rng = np.random.default_rng(31)
+    items = []
+    n = 2000
+    for i in range(4):
+        ts = T0 + np.arange(n) * 20_000 + i * 100
+        items.append((make_labels({"__name__": "st", "i": str(i)}), ts, rng.integers(0, 3, n).astype(float)))
+        c = np.cumsum(rng.random(n) * 3)
+        for r in np.nonzero(rng.random(n) < 0.2)[0]:
+            c[r:] -= c[r] - rng.random()
+        items.append((make_labels({"__name__": "rc_total", "i": str(i)}), ts, c))
+    _, full = load(items)
+    live_from = T0 + n * 20_000 // 3 + 5
+    # hold back exactly the last sample of many panes (the one before a pane boundary)
+    last_of_pane = (full.timestamps // 60_000) != ((full.timestamps + 20_000) // 60_000)
+    held = last_of_pane & (rng.random(len(full)) < 0.5) & (full.timestamps >= live_from)
+    on_time, late = _split(full, held)
+    src, _ = load([])
+    src.append(on_time)
+    summ = Summarizer(src)
+    sdss = {}
+    for metric in ("st", "rc_total"):
+        sds = SDS(SDSSpec(metric, "exact", 60_000))
+        sds.seal_delay_ms = 0
+        summ.start_live(sds, live_from_ts=live_from)
+        sdss[(metric, "exact")] = sds
+    feed(summ, on_time)
+    for sds in sdss.values():
+        summ.backfill(sds, 30 * 86_400_000)
+    src.append(late)
+    perm = rng.permutation(len(late))
+    for ch in np.array_split(perm, 9):
+        summ.consume(SampleBatch(late.series, late.series_index[ch], late.timestamps[ch], late.values[ch]))
+    eng, hook = Engine(src), _hook(sdss)
+    tmax = int(full.timestamps.max())
+    for q in ["changes(st[10m])", "changes(st[1h])", "resets(rc_total[10m])", "increase(rc_total[7m])",
+              "rate(rc_total[1h])"]:
+        args = (live_from + 600_000, tmax, 120_000)
+        raw = eng.range_query(q, *args)
+        fast = eng.range_query(q, *args, node_hooks=[hook])
+        assert fast.stats.paths[0].startswith("summary:"), q
+        _compare(raw, fast, q)
 
 
 def test_late_samples_after_cached_answers_still_equal_raw():

@@ -20,7 +20,8 @@ from typing import Any, Iterator
 import numpy as np
 
 from promql.errors import ExecutionError
-from promql.eval_histogram import aggregate_histograms, histogram_string, has_hist, ignored_in_aggregation, strip, union_presence, unsupported
+from promql.eval_histogram import aggregate_histograms, has_hist, ignored_in_aggregation, strip, union_presence, unsupported
+from promql.eval_histogram_buckets import histogram_string
 from promql.eval_labels import dense_ids, grouping_keys, grouping_labels, merge_same_labels
 from promql.types import Annotations, Scalar, StringValue, VectorSteps
 from storage.labels import METRIC_NAME, Labels
@@ -658,7 +659,6 @@ def select_k(op: str, vec: VectorSteps, names: list[str], without: bool, param: 
         if op in ("topk", "bottomk"):
             _heap_ties(op, V, P, key, g, k, sel)
         order_col0 = _first_step_order(key, g) if t == 1 else np.arange(s_)
-    out = VectorSteps(vec.labels, V, sel, vec.drop_name)
     if t == 1:
         idx = np.array([i for i in order_col0.tolist() if sel[i, 0]], dtype=np.int64)
     else:

@@ -122,7 +122,7 @@ class _Store:
         """Counter-reset hints as Prometheus's TSDB hands histograms back: a sample continuing a
         counter histogram chunk reads ``not_reset``; the first one of a chunk -- after a float
         sample or a gauge, or at a detected counter reset -- ``unknown``; gauges stay gauges."""
-        from promql.eval_histogram import detect_reset
+        from promql.eval_histogram_rate import detect_reset
 
         out: dict[int, FloatHistogram] = {}
         prev = self._last.get(lbl)

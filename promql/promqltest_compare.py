@@ -52,7 +52,7 @@ class Series:
 
 
 def hist_text(h: FloatHistogram) -> str:
-    from promql.eval_histogram import histogram_string
+    from promql.eval_histogram_buckets import histogram_string
 
     return histogram_string(h)
 

@@ -348,8 +348,6 @@ def test_float_path_has_no_histogram_plane():
     src = MemorySource()
     src.add_series(L("x"), np.arange(10) * M, np.arange(10.0))
     eng = Engine(src)
-    from promql.eval_context import EvalContext  # noqa: F401 - documents where the plane would live
-
     res = eng.range_query("sum(rate(x[5m]))", 5 * M, 9 * M, M)
     assert res.values.shape == (1, 5)
     assert not src.has_histograms
@@ -456,7 +454,7 @@ eval instant at 1m lat
 
 
 def test_count_values_names_histograms_by_their_string_form():
-    from promql.eval_histogram import histogram_string
+    from promql.eval_histogram_buckets import histogram_string
 
     h = parse_histogram("{{schema:0 sum:10 count:20 z_bucket_w:0.001 z_bucket:2 buckets:[1 2] n_buckets:[1 2]}}")
     # negative buckets from the most negative, the zero bucket, then positive; empty ones left out

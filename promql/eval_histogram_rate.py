@@ -1,0 +1,254 @@
+"""rate / increase / delta / irate / idelta / resets over windows holding native histograms,
+after Prometheus's extrapolatedRate, histogramRate, instantValue and funcResets: histogram-only
+windows give a histogram (counter resets found by DetectReset, the same extrapolation as for
+floats), windows mixing floats and histograms a warning and no sample. Per-window Python on
+histogram windows only.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from promql.eval_histogram import (
+    empty_plane,
+    mask_cells,
+    mixed_exponential_custom,
+    mixed_floats_histograms,
+    unsupported,
+    window_counts,
+)
+from promql.eval_labels import go_quote
+from promql.types import FloatHistogram, HistogramError, RangeWindows, Value, VectorSteps
+from storage.labels import metric_name
+
+EXTRAPOLATED = {"rate", "increase", "delta"}
+def _not_counter(name: str, pos: str) -> str:
+    return f"PromQL warning: this native histogram metric is not a counter: {go_quote(name)}{pos}"
+
+
+def _not_gauge(name: str, pos: str) -> str:
+    return f"PromQL warning: this native histogram metric is not a gauge: {go_quote(name)}{pos}"
+
+
+def detect_reset(cur: FloatHistogram, prev: FloatHistogram) -> bool:
+    """Prometheus's FloatHistogram.DetectReset: the hint if explicit, else any decrease (count,
+    zero bucket, any bucket at the current schema) or a layout change that implies a restart."""
+    if cur.counter_reset_hint == "reset":
+        return True
+    if cur.counter_reset_hint == "not_reset":
+        return False
+    if cur.count < prev.count:
+        return True
+    if cur.uses_custom_buckets:
+        if not prev.uses_custom_buckets:
+            return True
+        if cur.custom_values != prev.custom_values:
+            raise unsupported("counter-reset detection between different custom bucket bounds")
+    elif prev.uses_custom_buckets:
+        return True
+    if cur.schema > prev.schema:
+        return True
+    if cur.zero_threshold < prev.zero_threshold:
+        return True
+    if cur.zero_threshold != prev.zero_threshold:
+        raise unsupported("counter-reset detection across a widened zero bucket")
+    if cur.zero_count < prev.zero_count:
+        return True
+    c_pos, c_neg = cur._buckets_at(cur.schema)
+    p_pos, p_neg = prev._buckets_at(cur.schema if not cur.uses_custom_buckets else prev.schema)
+    for mine, theirs in ((c_pos, p_pos), (c_neg, p_neg)):
+        for i, c in theirs.items():
+            if mine.get(i, 0.0) < c:
+                return True
+    return False
+
+
+def _histogram_increase(points: list[tuple[int, FloatHistogram]], is_counter: bool, name: str, pos: str, ann: Any) -> FloatHistogram | None:
+    """Prometheus's histogramRate: last - first, plus the value before every counter reset."""
+    prev = points[0][1]
+    last = points[-1][1]
+    custom = prev.uses_custom_buckets
+    if is_counter and (prev.counter_reset_hint == "gauge" or last.counter_reset_hint == "gauge"):
+        ann.warn(_not_counter(name, pos))
+    if is_counter and detect_reset(points[1][1], prev):
+        second = points[1][1]
+        prev = FloatHistogram(schema=second.schema, custom_values=second.custom_values)
+        custom = second.uses_custom_buckets
+    if last.uses_custom_buckets != custom:
+        ann.warn(mixed_exponential_custom(name, pos))
+        return None
+    for _, cur in points[1:-1]:
+        if not is_counter:
+            continue
+        if cur.counter_reset_hint == "gauge":
+            ann.warn(_not_counter(name, pos))
+        if cur.uses_custom_buckets != custom:
+            ann.warn(mixed_exponential_custom(name, pos))
+            return None
+    try:
+        h = last.add(prev, -1.0)
+        if is_counter:
+            before = prev
+            for _, cur in points[1:]:
+                if detect_reset(cur, before):
+                    h = h.add(before)
+                before = cur
+    except HistogramError as e:
+        raise unsupported(f"rate over histograms with different bucket layouts ({e})") from e
+    if not is_counter and (points[0][1].counter_reset_hint != "gauge" or points[-1][1].counter_reset_hint != "gauge"):
+        ann.warn(_not_gauge(name, pos))
+    return FloatHistogram(h.schema, h.count, h.sum, h.zero_threshold, h.zero_count, h.positive, h.negative,
+                          h.custom_values, "gauge").compact()
+
+
+def extrapolated_histogram_rate(points: list[tuple[int, FloatHistogram]], range_start: int, range_end: int, range_ms: int,
+                                is_counter: bool, is_rate: bool, name: str, pos: str, ann: Any) -> FloatHistogram | None:
+    """rate / increase / delta of a window holding only histograms (Prometheus's extrapolatedRate)."""
+    if len(points) < 2:
+        return None
+    res = _histogram_increase(points, is_counter, name, pos, ann)
+    if res is None:
+        return None
+    first_t, last_t = points[0][0], points[-1][0]
+    to_start = (first_t - range_start) / 1000
+    to_end = (range_end - last_t) / 1000
+    sampled = (last_t - first_t) / 1000
+    avg = sampled / (len(points) - 1)
+    threshold = avg * 1.1
+    if to_start >= threshold:
+        to_start = avg / 2
+    if is_counter and res.count > 0 and points[0][1].count >= 0:
+        to_zero = sampled * (points[0][1].count / res.count)
+        to_start = min(to_start, to_zero)
+    if to_end >= threshold:
+        to_end = avg / 2
+    factor = (sampled + to_start + to_end) / sampled if sampled != 0 else 1.0
+    if is_rate:
+        factor /= range_ms / 1000
+    return res.scale(factor)
+
+
+def instant_histogram_rate(a: tuple[int, FloatHistogram], b: tuple[int, FloatHistogram], is_rate: bool, name: str, pos: str,
+                           ann: Any) -> FloatHistogram | None:
+    """irate / idelta from the last two samples, both histograms (Prometheus's instantValue)."""
+    (ta, ha), (tb, hb) = a, b
+    if tb == ta:
+        return None
+    if is_rate and (hb.counter_reset_hint == "gauge" or ha.counter_reset_hint == "gauge"):
+        ann.warn(_not_counter(name, pos))
+    if not is_rate and (hb.counter_reset_hint != "gauge" or ha.counter_reset_hint != "gauge"):
+        ann.warn(_not_gauge(name, pos))
+    res = hb
+    if not is_rate or not detect_reset(hb, ha):
+        if hb.uses_custom_buckets != ha.uses_custom_buckets:
+            ann.warn(mixed_exponential_custom(name, pos))
+            return None
+        try:
+            res = hb.add(ha, -1.0)
+        except HistogramError as e:
+            raise unsupported(f"idelta/irate over histograms with different bucket layouts ({e})") from e
+    res = FloatHistogram(res.schema, res.count, res.sum, res.zero_threshold, res.zero_count, res.positive, res.negative,
+                         res.custom_values, "gauge").compact()
+    return res.divide((tb - ta) / 1000) if is_rate else res
+
+
+def _window_samples(rw: RangeWindows, s: int, c: int) -> tuple[list[tuple[int, float]], list[tuple[int, FloatHistogram]]]:
+    assert rw.hist is not None
+    fl = [(int(rw.ts[i]), float(rw.vals[i])) for i in range(int(rw.lo[s, c]), int(rw.hi[s, c]))]
+    hl = [(int(rw.hist.ts[i]), rw.hist.objs[i]) for i in range(int(rw.hist.lo[s, c]), int(rw.hist.hi[s, c]))]
+    return fl, hl
+
+
+def _attach(out: Value, rw: RangeWindows, values: np.ndarray | None, present: np.ndarray | None, plane: np.ndarray | None,
+            drop_name: bool = True) -> Value:
+    """Add per-(window series, step) results computed here (floats and/or histograms) to a
+    per-series function result ``out`` (rows matched by labels; series missing from ``out``
+    are appended)."""
+    assert isinstance(out, VectorSteps)
+    t = rw.num_steps
+    rows = {l: i for i, l in enumerate(out.labels)}
+    labels = list(out.labels)
+    extra = [l for s, l in enumerate(rw.labels) if l not in rows and (
+        (present is not None and present[s].any()) or (plane is not None and np.not_equal(plane[s], None).any()))]
+    n_out = len(labels) + len(extra)
+    vals = np.zeros((n_out, t))
+    pres = np.zeros((n_out, t), dtype=bool)
+    vals[: out.num_series] = out.values
+    pres[: out.num_series] = out.present
+    out_plane = empty_plane((n_out, t))
+    if out.hist is not None:
+        out_plane[: out.num_series] = out.hist
+    for l in extra:
+        rows[l] = len(labels)
+        labels.append(l)
+    for s, l in enumerate(rw.labels):
+        r = rows.get(l)
+        if r is None:
+            continue
+        if present is not None and values is not None:
+            vals[r] = np.where(present[s], values[s], vals[r])
+            pres[r] |= present[s]
+        if plane is not None:
+            hm = np.not_equal(plane[s], None)
+            out_plane[r, hm] = plane[s, hm]
+            pres[r] &= ~hm
+    drop = np.concatenate([out.drop_name_mask(), np.full(len(extra), drop_name)])
+    return VectorSteps(labels, vals, pres, drop, None, out_plane)
+
+
+def rate_with_histograms(name: str, rw: RangeWindows, out: Value, fctx: Any) -> Value:
+    """rate/increase/delta/irate/idelta where windows hold histogram samples: histogram-only
+    windows give a histogram, windows mixing floats and histograms a warning and no sample."""
+    ann = fctx.annotations
+    pos = fctx.pos(0)
+    nf, nh = window_counts(rw)
+    plane = empty_plane(nf.shape)
+    kill = np.zeros(nf.shape, dtype=bool)
+    is_counter = name in ("rate", "increase", "irate")
+    is_rate = name in ("rate", "irate")
+    for s, c in zip(*np.nonzero(nh > 0)):  # windows holding histograms only
+        s, c = int(s), int(c)
+        fl, hl = _window_samples(rw, s, c)
+        mname = metric_name(rw.labels[s])
+        if name in EXTRAPOLATED:
+            if fl:
+                ann.warn(mixed_floats_histograms(mname, pos))
+                kill[s, c] = True
+                continue
+            end = int(rw.window_end[c])
+            plane[s, c] = extrapolated_histogram_rate(hl, end - rw.range_ms, end, rw.range_ms, is_counter, is_rate, mname, pos, ann)
+            continue
+        merged = sorted([(t, v) for t, v in fl] + list(hl), key=lambda p: p[0])[-2:]
+        if len(merged) < 2:
+            continue
+        kinds = [isinstance(v, FloatHistogram) for _, v in merged]
+        if kinds[0] != kinds[1]:
+            ann.warn(mixed_floats_histograms(mname, pos))
+            kill[s, c] = True
+        elif kinds[0]:
+            kill[s, c] = True
+            plane[s, c] = instant_histogram_rate(merged[0], merged[1], is_rate, mname, pos, ann)  # type: ignore[arg-type]
+    return _attach(mask_cells(out, rw, kill), rw, None, None, plane)
+
+
+def resets_with_histograms(rw: RangeWindows, out: Value) -> Value:
+    """resets() over windows holding histograms: a change of sample kind counts as a reset, a
+    histogram pair by DetectReset, a float pair by a decrease (Prometheus's funcResets)."""
+    nf, nh = window_counts(rw)
+    cells = nh > 0
+    values = np.zeros(nf.shape)
+    for s, c in zip(*np.nonzero(cells)):  # windows holding histograms only
+        fl, hl = _window_samples(rw, int(s), int(c))
+        seq = sorted(fl + hl, key=lambda p: p[0])  # type: ignore[operator]
+        n = 0
+        for (_, a), (_, b) in zip(seq, seq[1:]):
+            ah, bh = isinstance(a, FloatHistogram), isinstance(b, FloatHistogram)
+            if ah != bh:
+                n += 1
+            elif ah:
+                n += detect_reset(b, a)  # type: ignore[arg-type]
+            elif b < a:  # type: ignore[operator]
+                n += 1
+        values[s, c] = n
+    return _attach(out, rw, values, cells, None)

@@ -258,7 +258,13 @@ def raw_and_fill(node: Any, ectx: Any, rctx: RewriteContext) -> Any:
     matchers = to_matchers(vs)[0]
     sds = rctx.find_sds(vs.name, "exact", matchers)
     armed = arm(sds) if sds is not None else None  # before the raw read: later writes invalidate
-    val = Evaluator().eval(node, replace(ectx, hooks=()))
+    try:  # annotation positions as the engine gives them (first occurrence of the call in the text)
+        from promql.eval_positions import locate_all
+
+        positions = locate_all(node, ectx.query) if ectx.query else {}
+    except Exception:  # noqa: BLE001 - positions are best effort, as in the engine
+        positions = {}
+    val = Evaluator(positions).eval(node, replace(ectx, hooks=()))
     try:
         if armed is not None and isinstance(val, VectorSteps):
             fill_from_raw(sds, matchers, func, effective_times(vs, ectx), duration_ms(ms.range), val, armed)

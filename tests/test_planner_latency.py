@@ -226,6 +226,13 @@ def test_raw_path_fills_the_cache_when_the_cost_check_keeps_a_panel_raw():
     second = eng.range_query(q, end2 - 3_600_000, end2, step, node_hooks=[hook])
     assert _served(second) and _reused(second) == 119
     _compare(eng.range_query(q, end2 - 3_600_000, end2, step), second, q)
+    # the raw answer evaluated by the hook carries the engine's own annotations (with positions)
+    q2 = "sum(rate(g[5m]))"
+    a = eng.range_query(q2, end - 3_600_000, end, step, node_hooks=[hook])
+    b = eng.range_query(q2, end - 3_600_000, end, step)
+    assert a.stats.paths == ["raw"] and a.annotations.infos == b.annotations.infos and a.annotations.infos
+    assert a.annotations.warnings == b.annotations.warnings
+    _compare(b, a, q2)
 
 
 def test_edge_reads_skip_dense_stretches_between_edges():

@@ -157,9 +157,11 @@ class StepCache:
     """Per-SDS answers of sealed steps, keyed (function, matchers, range); LRU over keys, the newest
     ``max_steps`` step times per key."""
 
-    def __init__(self, max_keys: int = 128, max_steps: int = 4096):
+    def __init__(self, max_keys: int = 128, max_steps: int = 4096, max_bytes: int = 64 << 20):
         self.max_keys = max_keys
         self.max_steps = max_steps
+        self.max_bytes = max_bytes  # least recently used keys go first beyond this
+        self.nbytes = 0
         self.d: OrderedDict[tuple, _Entry] = OrderedDict()
         self.lock = threading.Lock()
         self.hits = 0  # steps answered from the cache
@@ -172,7 +174,7 @@ class StepCache:
             if e is None:
                 return None
             if e.epoch != epoch or cov_lo > e.cov_lo or e.nreg != nreg:  # coverage may only grow into the past
-                del self.d[key]
+                self.nbytes -= _size(self.d.pop(key))
                 self.invalidations += 1
                 return None
             self.d.move_to_end(key)
@@ -189,15 +191,21 @@ class StepCache:
         order = np.argsort(ends, kind="stable")[-self.max_steps:]
         e = _Entry(ends[order], vals[:, order], present[:, order], sel, epoch, cov_lo, nreg)
         with self.lock:
+            prev = self.d.pop(key, None)
+            if prev is not None:
+                self.nbytes -= _size(prev)
             self.d[key] = e
-            self.d.move_to_end(key)
-            while len(self.d) > self.max_keys:
-                self.d.popitem(last=False)
+            self.nbytes += _size(e)
+            while len(self.d) > 1 and (len(self.d) > self.max_keys or self.nbytes > self.max_bytes):
+                self.nbytes -= _size(self.d.popitem(last=False)[1])
 
     def describe(self) -> dict[str, Any]:
         return {"keys": len(self.d), "steps_reused": self.hits, "steps_computed": self.computed,
-                "invalidations": self.invalidations,
-                "bytes": int(sum(e.vals.nbytes + e.present.nbytes for e in list(self.d.values())))}
+                "invalidations": self.invalidations, "bytes": int(self.nbytes)}
+
+
+def _size(e: _Entry) -> int:
+    return int(e.vals.nbytes + e.present.nbytes + e.ends.nbytes + e.sel.nbytes)
 
 
 _CACHE_LOCK = threading.Lock()

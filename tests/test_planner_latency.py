@@ -15,7 +15,7 @@ import pytest
 from planner.rewrite import RewriteContext, RewriteHook
 from planner.sds import SDS, SDSSpec
 from planner.summarizer import Summarizer
-from planner.summary_scan import _read_raw, step_cache
+from planner.summary_scan import StepCache, _read_raw, step_cache
 from planner.window import coalesce_reads, plan_windows, samples_between
 from promql.engine import Engine
 from storage.batch import SampleBatch
@@ -313,3 +313,15 @@ def test_http_refresh_reuses_steps_reports_it_and_equals_exact(tmp_path):
         assert sc and sum(c["steps_reused"] for c in sc) > 0
     finally:
         srv.stop()
+
+
+def test_step_cache_is_bounded_lru():
+    c = StepCache(max_keys=3, max_bytes=10_000)
+    sel = np.arange(10, dtype=np.int64)
+    for k in range(5):
+        c.put(("f", k), None, np.arange(20, dtype=np.int64), np.zeros((10, 20)), np.ones((10, 20), bool), sel, 0, 0, 10)
+    assert len(c.d) <= 3 and c.nbytes <= 10_000 and ("f", 4) in c.d
+    big = np.arange(4000, dtype=np.int64)
+    c.put(("f", 9), None, big, np.zeros((10, 4000)), np.ones((10, 4000), bool), sel, 0, 0, 10)
+    assert list(c.d) == [("f", 9)]  # the newest entry stays even when alone over the budget
+    assert c.get(("f", 9), 1, 0, 10) is None and c.nbytes == 0 and c.invalidations == 1  # epoch moved

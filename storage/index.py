@@ -109,6 +109,26 @@ class SeriesIndex:
         return mask
 
     def match_ids(self, matchers: Sequence[Matcher], n: int | None = None) -> np.ndarray:
+        """Sorted ids of series satisfying all matchers."""
+        n = len(self.labels) if n is None else n
+        if matchers and all(m.op == "=" and m.value != "" for m in matchers):
+            # Equality matchers only (the planner's and dashboards' common case): intersect the
+            # sorted postings, O(postings) instead of a mask over every id.
+            lists = []
+            for m in matchers:
+                p = self._postings.get(m.name, {}).get(m.value)
+                if p is None:
+                    return np.empty(0, dtype=np.int64)
+                arr = p.array()
+                lists.append(arr[: np.searchsorted(arr, n)])  # ids are appended in ascending order
+            lists.sort(key=len)
+            ids = lists[0]
+            for arr in lists[1:]:  # the shortest list probed in the longer ones: O(k log N)
+                if not len(ids):
+                    break
+                pos = np.minimum(np.searchsorted(arr, ids), len(arr) - 1)
+                ids = ids[arr[pos] == ids] if len(arr) else ids[:0]
+            return ids.astype(np.int64, copy=False)
         return np.flatnonzero(self.match_mask(matchers, n)).astype(np.int64)
 
     def match_any_mask(self, matcher_sets: Sequence[Sequence[Matcher]], n: int | None = None) -> np.ndarray:

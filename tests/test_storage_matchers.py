@@ -68,3 +68,22 @@ def test_tsdb_select_series_labels_match_brute_force(series, ms, ms2, flush):
             assert db.series([ms, ms2], NOW - 60_000, NOW) == union
             assert db.label_names(NOW - 60_000, NOW, [ms]) == sorted({n for s in brute(recent, ms) for n, _ in s})
             assert db.label_values("job", 0, NOW, [ms]) == sorted({dict(s)["job"] for s in want if "job" in dict(s)})
+
+
+eq_matchers = st.lists(st.builds(Matcher, st.sampled_from(NAMES + ["missing"]), st.just("="),
+                                 st.sampled_from([v for v in VALUES if v])), min_size=1, max_size=3)
+
+
+@settings(max_examples=150, deadline=None)
+@given(label_sets, eq_matchers, st.integers(0, 30))
+def test_equality_matchers_intersect_postings_like_brute_force(series, ms, prefix):
+    """Equality-only matcher lists take the postings-intersection path; also over a prefix of ids
+    (a reader that saw only the first n series)."""
+    idx = SeriesIndex()
+    for s in series:
+        idx.get_or_create(s)
+    ids = idx.match_ids(ms)
+    assert ids.dtype == np.int64 and (np.diff(ids) > 0).all()
+    assert sorted(idx.labels[i] for i in ids) == brute(series, ms)
+    n = min(prefix, len(series))
+    assert idx.match_ids(ms, n).tolist() == np.flatnonzero(idx.match_mask(ms, n)).tolist()

@@ -373,7 +373,7 @@ def _regression_prefix(rw: RangeWindows, intercept_ms: np.ndarray | None, sel: n
 # Windows of at most this many samples take the dense path (``_regression_dense``): a gather of
 # their samples costs about as much as the per-window arithmetic of the prefix-sum path once
 # windows reach a few dozen samples.
-_DENSE_MAX_N = 20
+_DENSE_MAX_N = 32
 _DENSE_CHUNK = 1 << 16  # samples gathered per dense block (cache-sized temporaries)
 
 

@@ -1,6 +1,6 @@
 """Read path: select() latency from the head, from blocks, and across both.
 
-usage: .venv/bin/python bench/storage_select.py [--case all|bulk|edge] [--series 10000] [--hours 6] [--repeats 5]
+usage: .venv/bin/python bench/storage_select.py [--case all|bulk|edge|index] [--series 10000] [--hours 6] [--repeats 5]
                                                 [--edge-minutes 20] [--edge-reads 400]
 
 bulk: 10000 series at 15 s over 6 h (14.4M samples); selections of 10% of the series over the whole
@@ -14,6 +14,9 @@ scraped every second, arriving as 8 scrape-sized batches of 1000 samples per sec
   - stalled: maintenance has not sealed for 10 s (80k unsealed rows), then repeated reads;
   - unsealed: nothing sealed at all (the whole 20 minutes pending; background=False stores).
 Prints median / p90 / max latency per read kind.
+
+index: matchers -> series ids on an index of 200k series (1000 metrics x 200 instances), equality
+matchers through SeriesIndex.match_ids vs a boolean mask over every id.
 """
 from __future__ import annotations
 
@@ -115,15 +118,39 @@ def edge_case(minutes: int, reads: int) -> None:
             db.close()
 
 
+def index_case(n_series: int, repeats: int) -> None:
+    """Matchers -> ids on an index of n_series: equality matchers (postings probe) vs the mask path."""
+    from storage.index import SeriesIndex
+    idx = SeriesIndex()
+    for i in range(n_series):
+        idx.get_or_create(make_labels({"__name__": f"m{i % 1000}", "instance": f"h{i // 1000}", "job": "j"}))
+    cases = [[Matcher("__name__", "=", "m7")], [Matcher("__name__", "=", "m7"), Matcher("job", "=", "j")],
+             [Matcher("__name__", "=", "m7"), Matcher("instance", "=", "h3")]]
+    for ms in cases:
+        for name, f in (("mask over all ids", lambda m: np.flatnonzero(idx.match_mask(m))), ("match_ids", idx.match_ids)):
+            f(ms)
+            times = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                r = f(ms)
+                times.append(time.perf_counter() - t0)
+            desc = ", ".join(f"{m.name}={m.value}" for m in ms)
+            print(f"index {n_series} series  {desc:28s} {name:18s} median {statistics.median(times) * 1e6:8.1f} us  ({len(r)} ids)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--case", choices=("all", "bulk", "edge"), default="all")
+    ap.add_argument("--case", choices=("all", "bulk", "edge", "index"), default="all")
     ap.add_argument("--series", type=int, default=10_000)
     ap.add_argument("--hours", type=float, default=6)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--edge-minutes", type=int, default=20)
     ap.add_argument("--edge-reads", type=int, default=200)
     a = ap.parse_args()
+    if a.case in ("all", "index"):
+        index_case(200_000, 200)
+    if a.case == "index":
+        return
     if a.case in ("all", "edge"):
         edge_case(a.edge_minutes, a.edge_reads)
     if a.case == "edge":

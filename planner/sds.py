@@ -199,6 +199,7 @@ class SDS:
         self._pending: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self._pending_n = 0
         self._pending_kmin: int | None = None
+        self._flushed_k = np.iinfo(np.int64).min  # newest pane among the samples folded so far
         self._flush_lock = threading.RLock()
         self.raw_source: Any = None  # raw storage (set by the summarizer): exact panes hit by late samples are rebuilt from it
 
@@ -213,7 +214,9 @@ class SDS:
             self._pending_n += len(ts)
             kmin = int(ts.min()) // P
             self._pending_kmin = kmin if self._pending_kmin is None else min(self._pending_kmin, kmin)
-            crossed = kmax > self._pending_kmin
+            # fold when the stream reaches a pane newer than any folded so far (late samples ride along
+            # to the next such flush instead of forcing one per batch), or the buffer is full
+            crossed = kmax > self._flushed_k
             if self._pending_n >= self.FLUSH_SAMPLES or crossed:
                 self.flush_pending()
 
@@ -241,6 +244,7 @@ class SDS:
             sid = np.concatenate([p[0] for p in parts])
             ts = np.concatenate([p[1] for p in parts])
             vals = np.concatenate([p[2] for p in parts])
+            self._flushed_k = max(self._flushed_k, int(ts.max()) // self.spec.pane_ms)
             order = np.lexsort((ts, sid))
             sid, ts, vals = sid[order], ts[order], vals[order]
             live_from = self.live_from if self.live_from is not None else np.iinfo(np.int64).min

@@ -413,7 +413,7 @@ _HIST_PROPERTIES: dict[str, Callable[[FloatHistogram], float]] = {
     "histogram_sum": lambda h: h.sum,
     "histogram_avg": lambda h: h.divide(h.count).sum if h.count else FloatHistogram(sum=h.sum).divide(0.0).sum,
 }
-_HIST_UNSUPPORTED = {"histogram_quantiles", "info"}
+_HIST_UNSUPPORTED = {"info"}
 _NATIVE_FUNCTIONS = {"histogram_quantile", "histogram_fraction", "histogram_stddev", "histogram_stdvar"}
 _ROW_MAPPING = {"label_replace", "label_join", "sort_by_label", "sort_by_label_desc"}
 # range functions in promql/functions/over_time.py: they read RangeWindows.hist themselves
@@ -437,6 +437,10 @@ def call_with_histograms(name: str, call: Callable[[list[Value]], Value], args: 
         from promql.eval_histogram_buckets import native_histogram_function
 
         return native_histogram_function(name, call, args, fctx)
+    if name == "histogram_quantiles" and isinstance(args[0], VectorSteps):
+        from promql.eval_histogram_buckets import native_histogram_quantiles
+
+        return native_histogram_quantiles(call, args, fctx)
     if name in ("absent", "timestamp"):
         return call([union_presence(a) if isinstance(a, VectorSteps) else a for a in args])
     if name == "absent_over_time":

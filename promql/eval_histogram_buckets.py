@@ -314,3 +314,45 @@ def histogram_string(h: FloatHistogram) -> str:
             if c != 0:
                 parts.append(f"({g(exp_bound(i - 1, h.schema))},{g(exp_bound(i, h.schema))}]:{g(c)}")
     return ", ".join(parts) + "}"
+
+
+def native_histogram_quantiles(call: Callable[[list[Value]], Value], args: list[Value], fctx: Any) -> Value:
+    """histogram_quantiles(v, "label", q...) where ``v`` holds native histograms: one output
+    series per (histogram series, quantile), the quantile in ``label`` (OpenMetrics float form,
+    as the classic path in promql/functions/histogram.py writes it)."""
+    from promql.eval_labels import merge_same_labels
+    from promql.functions.histogram import format_openmetrics_float
+    from promql.types import Scalar, StringValue
+    from storage.labels import set_label
+
+    vec, lab = args[0], args[1]
+    assert isinstance(vec, VectorSteps) and isinstance(lab, StringValue) and vec.hist is not None
+    floats = call([strip(a) for a in args])  # classic buckets (and the quantile warnings)
+    hm = np.not_equal(vec.hist, None)
+    t = vec.num_steps
+    ann, pos = fctx.annotations, fctx.pos(0)
+    labels, rows, pres = [], [], []
+    for a in args[2:]:
+        qs = np.asarray(a.values, dtype=np.float64) if isinstance(a, Scalar) else np.full(t, math.nan)
+        used = qs[hm.any(axis=0)]
+        uniq = np.unique(used[~np.isnan(used)]).tolist() + ([math.nan] if np.isnan(used).any() else [])
+        for qv in uniq:
+            at = np.isnan(qs) if math.isnan(qv) else (qs == qv)
+            qstr = format_openmetrics_float(float(qv))
+            for r in np.flatnonzero((hm & at[None, :]).any(axis=1)).tolist():  # histogram series only
+                p = hm[r] & at
+                vals = np.zeros(t)
+                for c in np.flatnonzero(p).tolist():
+                    vals[c] = native_quantile(qv, vec.hist[r, c], metric_name(vec.labels[r]), pos, ann)
+                labels.append(set_label(vec.labels[r], lab.value, qstr))
+                rows.append(vals)
+                pres.append(p)
+    fs = floats if isinstance(floats, VectorSteps) else VectorSteps.empty(t)
+    fs = VectorSteps(fs.labels, fs.values, fs.present.copy(), fs.drop_name)
+    if not labels:
+        return fs
+    native = VectorSteps(labels, np.array(rows), np.array(pres, dtype=bool), np.ones(len(labels), dtype=bool))
+    _drop_classic_native_conflicts(fs, native, ann, pos)
+    return merge_same_labels(VectorSteps(list(fs.labels) + labels, np.concatenate([fs.values, native.values]),
+                                         np.concatenate([fs.present, native.present]),
+                                         np.concatenate([fs.drop_name_mask(), native.drop_name_mask()])))

@@ -503,3 +503,13 @@ load 1m
     # counts 1, 2, 3 continue a chunk; 1 is a counter reset (new chunk); after the float 5 a new chunk
     assert hints["c"] == ["unknown", "not_reset", "not_reset", "unknown", "unknown"]
     assert hints["g"] == ["gauge", "gauge"]
+
+
+def test_native_histogram_quantiles_labels_each_quantile():
+    src = MemorySource()
+    src.add_histograms(L("h", k="exp"), [0], [H1])
+    res = Engine(src).instant_query('histogram_quantiles(h, "q", 0.25, 0.5)', 0)
+    got = {dict(l)["q"]: float(v) for l, v in zip(res.labels, res.values)}
+    # same quantiles as histogram_quantile above: 1 and sqrt(2); the name is dropped
+    assert got == pytest.approx({"0.25": 1.0, "0.5": math.sqrt(2)})
+    assert all("__name__" not in dict(l) for l in res.labels)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.algorithms.exact import SegStats, boundary
+from planner.algorithms.exact import SegStats
 
 _TS_BITS = 42  # time offsets below 2^42 ms (~139 years) leave 21 bits for the series index
 
@@ -66,28 +66,56 @@ class RawPrefix:
         self.base = int(raw.ts.min()) - 1 if n else 0
         self.key = (raw.sid << _TS_BITS) | (raw.ts - self.base)
         v = raw.vals
+        sid = raw.sid
+        # every column is built straight into an array one longer than the samples (the trailing 0 /
+        # NaN closes the last run for ``reduceat``), and only the columns ``fields`` needs
         cols: dict[str, np.ndarray] = {}
+
+        def pad(dtype: type) -> np.ndarray:
+            return np.zeros(n + 1, dtype)
+
         if fields & {"s1", "s2"}:
-            fin = np.isfinite(v)
-            x = np.where(fin, v - (shift[raw.sid] if n else 0.0), 0.0)
+            x = pad(np.float64)
+            if n:
+                np.subtract(v, shift[sid], out=x[:n])
+                x[:n][~np.isfinite(v)] = 0.0
             cols["s1"] = x
             if "s2" in fields:
                 cols["s2"] = x * x
         if "nnan" in fields:
-            cols["nnan"] = np.isnan(v).astype(np.int64)
-            cols["npinf"] = (v == np.inf).astype(np.int64)
-            cols["nninf"] = (v == -np.inf).astype(np.int64)
-        if fields & {"corr", "resets", "changes"}:
-            prev = np.full(n, np.nan)
-            has_prev = np.zeros(n, bool)
-            if n > 1:
-                has_prev[1:] = raw.sid[1:] == raw.sid[:-1]
-                prev[1:] = v[:-1]
-            c, r, ch = boundary(prev, v, has_prev)
-            # the first sample of a run has its predecessor outside the run: zeroed per run below
-            cols["corr"], cols["resets"], cols["changes"] = c, r, ch
-        self.cols = {k: np.append(a, a.dtype.type(0)) for k, a in cols.items() if k in fields}
-        self.vals_pad = np.append(v, np.nan)
+            for k, m in (("nnan", np.isnan(v)), ("npinf", v == np.inf), ("nninf", v == -np.inf)):
+                a = pad(np.int64)
+                a[:n] = m
+                cols[k] = a
+        if fields & {"corr", "resets", "changes"} and n > 1:
+            # pair (i-1, i) inside one series, as ``exact.boundary``: a drop adds prev and counts a
+            # reset; a change is cur != prev unless both are NaN. The first sample of a run has its
+            # predecessor outside the run: zeroed per run in ``stats``.
+            same = sid[1:] == sid[:-1]
+            prev, cur = v[:-1], v[1:]
+            with np.errstate(invalid="ignore"):
+                if fields & {"corr", "resets"}:
+                    drop = same & (cur < prev)
+                    if "corr" in fields:
+                        c = pad(np.float64)
+                        c[1:n] = np.where(drop, prev, 0.0)
+                        cols["corr"] = c
+                    if "resets" in fields:
+                        r = pad(np.int64)
+                        r[1:n] = drop
+                        cols["resets"] = r
+                if "changes" in fields:
+                    ch = pad(np.int64)
+                    ch[1:n] = same & (cur != prev) & ~(np.isnan(cur) & np.isnan(prev))
+                    cols["changes"] = ch
+        elif fields & {"corr", "resets", "changes"}:
+            for k in ("corr", "resets", "changes"):
+                if k in fields:
+                    cols[k] = pad(np.float64 if k == "corr" else np.int64)
+        self.cols = {k: a for k, a in cols.items() if k in fields}
+        self.vals_pad = np.empty(n + 1)
+        self.vals_pad[:n] = v
+        self.vals_pad[n] = np.nan
 
     def bounds(self, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """[lo, hi) sample indexes of runs with x <= t <= y for every series (S, T)."""

@@ -118,9 +118,15 @@ def _read_raw(sds: SDS, source: RawSource, matchers: Sequence[Matcher], plan: Wi
     keep = (bsid >= 0) & (blen > 0)
     order = np.lexsort((bread[keep], bsid[keep]))
     bsid, bstart, blen = bsid[keep][order], bstart[keep][order], blen[keep][order]
-    idx = _ranges(bstart, blen)
-    ts = np.concatenate(ts_parts)[idx] if len(ts_parts) > 1 else ts_parts[0][idx]
-    vals = np.concatenate(val_parts)[idx] if len(val_parts) > 1 else val_parts[0][idx]
+    in_order = len(bstart) > 0 and int(bstart[0]) == 0 and int(blen.sum()) == base and \
+        bool((bstart[1:] == bstart[:-1] + blen[:-1]).all())
+    if in_order:  # one read whose series come in local order: no gather needed
+        ts = np.concatenate(ts_parts) if len(ts_parts) > 1 else ts_parts[0]
+        vals = np.concatenate(val_parts) if len(val_parts) > 1 else val_parts[0]
+    else:
+        idx = _ranges(bstart, blen)
+        ts = np.concatenate(ts_parts)[idx] if len(ts_parts) > 1 else ts_parts[0][idx]
+        vals = np.concatenate(val_parts)[idx] if len(val_parts) > 1 else val_parts[0][idx]
     sid = np.repeat(bsid, blen)
     fresh = ~is_stale(vals)
     if not fresh.all():

@@ -340,7 +340,7 @@ def scan_exact(sds: SDS, source: RawSource, matchers: Sequence[Matcher], func: s
         else:
             res = part
         sealed = ends[miss] < cov_hi * sds.spec.pane_ms
-        if sealed.any():
+        if sealed.any() and T > 1:  # instant queries (rules) move on every evaluation: nothing to reuse
             if store.epoch == epoch:  # nothing it relied on changed while it was computed
                 cache.put(key, entry, ends[miss][sealed], part.values[:, sealed], part.present[:, sealed], sel,
                           epoch, cov_lo, nreg)

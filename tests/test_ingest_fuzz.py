@@ -112,7 +112,7 @@ def text_bodies(draw):
                                       st.text(st.characters(blacklist_categories=("Cs",)), max_size=6), max_size=3))
         value = draw(st.floats(allow_nan=False, allow_infinity=True, width=64))
         esc = ",".join(f'{k}="' + v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"') + '"' for k, v in labels.items())
-        lines.append((name, labels, value, f"{name}{{{esc}}} {value!r}".replace("inf", "Inf")))
+        lines.append((name, labels, value, f"{name}{{{esc}}} " + repr(value).replace("inf", "Inf")))  # Go spelling, value only
     return lines
 
 

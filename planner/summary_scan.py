@@ -18,6 +18,7 @@ query's infos (``rewrite.RewriteHook._report``) and in the plan's ``step_cache``
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
@@ -54,26 +55,31 @@ def edge_density(sds: SDS) -> tuple[int, np.ndarray] | None:
     store = sds.store
     if hasattr(store, "pane_totals"):
         return store.pane_totals()
+    return _sketch_density(store)
+
+
+def _sketch_density(store: Any) -> tuple[int, np.ndarray] | None:
+    """Density of a sketch store without ``pane_totals``: from its (series, pane) -> sketch dict."""
     panes = getattr(store, "panes", None)
     if not isinstance(panes, dict) or not panes:
         return None
     # sketch stores: per (series, pane) item, recomputed only when panes were added (cost-model input,
     # so counts that grew by late folds since are fine to be slightly stale)
     key = (len(panes), getattr(store, "_newest_pane", 0))
-    hit = _SKETCH_DENSITY.get(id(store))
-    if hit is not None and hit[0] == key and hit[1] is store:
-        return hit[2]
+    hit = _SKETCH_DENSITY.get(store)
+    if hit is not None and hit[0] == key:
+        return hit[1]
     with store.lock:
         items = list(panes.items())
     ks = np.fromiter((k for (_, k), _ in items), np.int64, len(items))
-    ns = np.fromiter((sk.get_n() for _, sk in items), np.int64, len(items))
+    ns = np.fromiter((int(sk.n) for _, sk in items), np.int64, len(items))
     k0 = int(ks.min())
     tot = np.bincount(ks - k0, weights=ns).astype(np.int64)
-    _SKETCH_DENSITY[id(store)] = (key, store, (k0, tot))
+    _SKETCH_DENSITY[store] = (key, (k0, tot))
     return k0, tot
 
 
-_SKETCH_DENSITY: dict[int, tuple] = {}
+_SKETCH_DENSITY: "weakref.WeakKeyDictionary[Any, tuple]" = weakref.WeakKeyDictionary()  # retired stores go
 
 
 def _read_raw(sds: SDS, source: RawSource, matchers: Sequence[Matcher], plan: WindowPlan,

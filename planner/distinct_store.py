@@ -24,6 +24,7 @@ from typing import Sequence
 import numpy as np
 from datasketches import cpc_sketch, cpc_union
 
+from planner.dyadic_panes import DyadicPanes
 from storage.labels import Labels
 
 DEFAULT_LG_K = 12
@@ -41,8 +42,9 @@ def rse(lg_k: int) -> float:
     return 0.6 / np.sqrt(float(1 << int(lg_k)))
 
 
-class CPCPaneStore:
+class CPCPaneStore(DyadicPanes[cpc_sketch]):
     def __init__(self, pane_ms: int, grouping: Sequence[str], lg_k: int = DEFAULT_LG_K, cache_entries: int = 20_000):
+        super().__init__(cache_entries)
         self.pane_ms = int(pane_ms)
         self.grouping = tuple(grouping)
         self.lg_k = int(lg_k)
@@ -55,8 +57,6 @@ class CPCPaneStore:
         self.ns = 0
         self.version = 0
         self._seen: OrderedDict[int, np.ndarray] = OrderedDict()  # recent panes: items already added
-        self._nodes: dict[tuple[int, int], cpc_sketch | None] = {}
-        self._cache_entries = cache_entries
         self.epoch = 0  # bumped by writes into panes behind the newest one (answer-cache validity)
         self._newest = np.iinfo(np.int64).min
         self.answers: OrderedDict = OrderedDict()  # (query key, step end) -> (stamp, count)
@@ -139,60 +139,18 @@ class CPCPaneStore:
                 touched.add(pane)
             while len(self._seen) > 8:  # bitmaps for the few most recent panes only
                 self._seen.popitem(last=False)
-            if touched and self._nodes:
-                lo = min(touched)
-                self._nodes = {key: v for key, v in self._nodes.items()
-                               if not (key[1] << key[0] <= max(touched) and (key[1] + 1) << key[0] > lo)}
+            self.drop_nodes(touched)
             np.maximum.at(self.last_t, sid[ok], ts[ok])
 
     # --- reads -------------------------------------------------------------------------------
-    def _node(self, level: int, j: int) -> cpc_sketch | None:
-        key = (level, j)
-        if key in self._nodes:
-            return self._nodes[key]
-        if level == 0:
-            res = self.panes.get(j)
-        else:
-            a, b = self._node(level - 1, 2 * j), self._node(level - 1, 2 * j + 1)
-            if a is None or b is None:
-                res = a if b is None else b
-            else:
-                u = cpc_union(self.lg_k)
-                u.update(a)
-                u.update(b)
-                res = u.get_result()
-        if len(self._nodes) > self._cache_entries:
-            self._nodes.clear()
-        self._nodes[key] = res
-        return res
+    def merge(self, a: cpc_sketch, b: cpc_sketch) -> cpc_sketch:
+        u = cpc_union(self.lg_k)
+        u.update(a)
+        u.update(b)
+        return u.get_result()
 
-    def range_parts(self, klo: int, khi: int) -> list[cpc_sketch]:
-        """Cached dyadic sketches covering panes [klo, khi)."""
-        parts = []
-        lo, hi, level = klo, khi, 0
-        with self.lock:
-            while lo < hi:
-                if lo & 1:
-                    parts.append(self._node(level, lo))
-                    lo += 1
-                if hi & 1:
-                    hi -= 1
-                    parts.append(self._node(level, hi))
-                lo >>= 1
-                hi >>= 1
-                level += 1
-        return [p for p in parts if p is not None]
+    def deserialize(self, blob: bytes) -> cpc_sketch:
+        return cpc_sketch.deserialize(blob)
 
-    # --- persistence ---------------------------------------------------------------------------
-    def export_rows(self, k_lo: int, k_hi: int) -> dict[str, list]:
-        with self.lock:
-            items = [(k, sk.serialize()) for k, sk in self.panes.items() if k_lo <= k < k_hi]
-        return {"pane": [i[0] for i in items], "sketch": [i[1] for i in items]}
-
-    def import_rows(self, rows: dict[str, list]) -> None:
-        with self.lock:
-            self.version += 1
-            for k, blob in zip(rows["pane"], rows["sketch"]):
-                self.panes[int(k)] = cpc_sketch.deserialize(bytes(blob))
-            self._nodes.clear()
-            self.epoch += 1
+    def on_import(self) -> None:
+        self.epoch += 1

@@ -25,6 +25,7 @@ from typing import Sequence
 import numpy as np
 from datasketches import frequent_strings_sketch
 
+from planner.dyadic_panes import DyadicPanes
 from storage.labels import Labels
 
 DEFAULT_LG_MAX = 10
@@ -40,8 +41,9 @@ def offset_of(sk: frequent_strings_sketch) -> float:
     return float(sk.get_upper_bound(_UNTRACKED))
 
 
-class TopKPaneStore:
+class TopKPaneStore(DyadicPanes[frequent_strings_sketch]):
     def __init__(self, pane_ms: int, grouping: Sequence[str], lg_max: int = DEFAULT_LG_MAX, cache_entries: int = 20_000):
+        super().__init__(cache_entries)
         self.pane_ms = int(pane_ms)
         self.grouping = tuple(grouping)
         self.lg_max = int(lg_max)
@@ -53,8 +55,6 @@ class TopKPaneStore:
         self.last_t = np.zeros(0, np.int64)
         self.ns = 0
         self.version = 0
-        self._nodes: dict[tuple[int, int], frequent_strings_sketch | None] = {}
-        self._cache_entries = cache_entries
 
     def ensure_series(self, n: int) -> None:
         if n > len(self.item_of):
@@ -110,58 +110,17 @@ class TopKPaneStore:
                     sk = self.panes[pane] = frequent_strings_sketch(self.lg_max)
                 sk.update(self.items[item], c)
                 touched.add(pane)
-            if touched and self._nodes:
-                lo, hi = min(touched), max(touched)
-                self._nodes = {key: v for key, v in self._nodes.items()
-                               if not (key[1] << key[0] <= hi and (key[1] + 1) << key[0] > lo)}
+            self.drop_nodes(touched)
             np.maximum.at(self.last_t, sid[ok], ts[ok])
 
-    def _node(self, level: int, j: int) -> frequent_strings_sketch | None:
-        key = (level, j)
-        if key in self._nodes:
-            return self._nodes[key]
-        if level == 0:
-            res = self.panes.get(j)
-        else:
-            a, b = self._node(level - 1, 2 * j), self._node(level - 1, 2 * j + 1)
-            if a is None or b is None:
-                res = a if b is None else b
-            else:
-                res = frequent_strings_sketch(self.lg_max)
-                res.merge(a)
-                res.merge(b)
-        if len(self._nodes) > self._cache_entries:
-            self._nodes.clear()
-        self._nodes[key] = res
+    def merge(self, a: frequent_strings_sketch, b: frequent_strings_sketch) -> frequent_strings_sketch:
+        res = frequent_strings_sketch(self.lg_max)
+        res.merge(a)
+        res.merge(b)
         return res
 
-    def range_parts(self, klo: int, khi: int) -> list[frequent_strings_sketch]:
-        parts = []
-        lo, hi, level = klo, khi, 0
-        with self.lock:
-            while lo < hi:
-                if lo & 1:
-                    parts.append(self._node(level, lo))
-                    lo += 1
-                if hi & 1:
-                    hi -= 1
-                    parts.append(self._node(level, hi))
-                lo >>= 1
-                hi >>= 1
-                level += 1
-        return [p for p in parts if p is not None]
-
-    def export_rows(self, k_lo: int, k_hi: int) -> dict[str, list]:
-        with self.lock:
-            items = [(k, sk.serialize()) for k, sk in self.panes.items() if k_lo <= k < k_hi]
-        return {"pane": [i[0] for i in items], "sketch": [i[1] for i in items]}
-
-    def import_rows(self, rows: dict[str, list]) -> None:
-        with self.lock:
-            self.version += 1
-            for k, blob in zip(rows["pane"], rows["sketch"]):
-                self.panes[int(k)] = frequent_strings_sketch.deserialize(bytes(blob))
-            self._nodes.clear()
+    def deserialize(self, blob: bytes) -> frequent_strings_sketch:
+        return frequent_strings_sketch.deserialize(blob)
 
 
 def provable_topk(sk: frequent_strings_sketch, k: int) -> list[tuple[str, float]] | None:

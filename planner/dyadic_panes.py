@@ -1,0 +1,85 @@
+"""Per-pane sketches with a cache of merged dyadic nodes, shared by the CPC and frequent-items stores.
+
+A window covering panes [klo, khi) is answered from O(log n) cached nodes (node (level, j) = the merge
+of panes [j * 2^level, (j + 1) * 2^level)) instead of merging every pane on every query. Writes into
+panes drop the cached nodes that cover them. Subclasses hold ``panes``, ``lock``, ``version`` and say
+how two sketches merge and how a payload is read back.
+"""
+from __future__ import annotations
+
+from typing import Any, Generic, TypeVar
+
+S = TypeVar("S")
+
+
+class DyadicPanes(Generic[S]):
+    panes: dict[int, S]
+    lock: Any
+    version: int
+
+    def __init__(self, cache_entries: int):
+        self._nodes: dict[tuple[int, int], S | None] = {}
+        self._cache_entries = cache_entries
+
+    # --- what a subclass provides ----------------------------------------------------------------
+    def merge(self, a: S, b: S) -> S:
+        raise NotImplementedError
+
+    def deserialize(self, blob: bytes) -> S:
+        raise NotImplementedError
+
+    def on_import(self) -> None:
+        """Hook after payloads were restored (e.g. bump an answer-cache epoch)."""
+
+    # --- shared ------------------------------------------------------------------------------
+    def drop_nodes(self, touched: set[int]) -> None:
+        """Forget cached nodes covering any of the ``touched`` panes (caller holds the lock)."""
+        if touched and self._nodes:
+            lo, hi = min(touched), max(touched)
+            self._nodes = {key: v for key, v in self._nodes.items()
+                           if not (key[1] << key[0] <= hi and (key[1] + 1) << key[0] > lo)}
+
+    def _node(self, level: int, j: int) -> S | None:
+        key = (level, j)
+        if key in self._nodes:
+            return self._nodes[key]
+        if level == 0:
+            res = self.panes.get(j)
+        else:
+            a, b = self._node(level - 1, 2 * j), self._node(level - 1, 2 * j + 1)
+            res = (a if b is None else b) if a is None or b is None else self.merge(a, b)
+        if len(self._nodes) > self._cache_entries:
+            self._nodes.clear()
+        self._nodes[key] = res
+        return res
+
+    def range_parts(self, klo: int, khi: int) -> list[S]:
+        """Cached dyadic sketches covering panes [klo, khi)."""
+        parts = []
+        lo, hi, level = klo, khi, 0
+        with self.lock:
+            while lo < hi:
+                if lo & 1:
+                    parts.append(self._node(level, lo))
+                    lo += 1
+                if hi & 1:
+                    hi -= 1
+                    parts.append(self._node(level, hi))
+                lo >>= 1
+                hi >>= 1
+                level += 1
+        return [p for p in parts if p is not None]
+
+    # --- persistence ---------------------------------------------------------------------------
+    def export_rows(self, k_lo: int, k_hi: int) -> dict[str, list]:
+        with self.lock:
+            items = [(k, sk.serialize()) for k, sk in self.panes.items() if k_lo <= k < k_hi]  # type: ignore[attr-defined]
+        return {"pane": [i[0] for i in items], "sketch": [i[1] for i in items]}
+
+    def import_rows(self, rows: dict[str, list]) -> None:
+        with self.lock:
+            self.version += 1
+            for k, blob in zip(rows["pane"], rows["sketch"]):
+                self.panes[int(k)] = self.deserialize(bytes(blob))
+            self._nodes.clear()
+            self.on_import()

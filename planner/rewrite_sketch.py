@@ -30,10 +30,10 @@ import numpy as np
 from planner.distinct_store import cpc_sketch, cpc_union
 from planner.group_scan import scan_group
 from planner.normalize import distinct_shape, group_shape, topk_shape
-from planner.raw_segments import RawPrefix, RawSamples
+from planner.raw_segments import RawPrefix
 from planner.rewrite import RULES, RewriteContext, RewriteHook, Rule, Served, _number, _prepare, _vector, rule_kll, worth_it
 from planner.sds import SDS
-from planner.summary_scan import RawSource, ScanResult, _read_raw
+from planner.summary_scan import RawSource, ScanResult, _read_raw, scan_kll
 from planner.topk_store import frequent_strings_sketch, provable_topk
 from planner.window import plan_windows
 from promql.eval_selectors import duration_ms, effective_times, to_matchers
@@ -41,95 +41,6 @@ from promql.types import VectorSteps
 from storage.matchers import Matcher
 
 log = logging.getLogger("turboprom.planner")
-
-
-def scan_quantile(sds: SDS, source: RawSource, matchers: Sequence[Matcher], phi: float, ends: np.ndarray,
-                  range_ms: int) -> ScanResult:
-    """quantile_over_time(phi, sel[range]) per series and step from a quantile-sketch SDS of any kind
-    (KLL or REQ): cached pane-range sketch merged with the raw edge samples.
-
-    The store's answer cache (sealed windows) is consulted first; raw edges are read and sketches merged
-    only for the steps with a missing answer (a dashboard refresh: its new steps). Per (series, step)
-    Python (sketch objects) -- bounded by S x T, never per sample.
-    """
-    cov_lo, cov_hi = sds.coverage()
-    ends = np.asarray(ends, np.int64)
-    T = len(ends)
-    store = sds.store
-    cache = store.results
-    ends_all = ends.tolist()
-    sel0 = sds.registry.match(matchers)
-    got: dict[tuple[int, int], float] = {}
-    need = np.ones(T, bool)
-    if len(sel0):
-        need[:] = False
-        for gs in sel0.tolist():
-            for j, e in enumerate(ends_all):
-                v = cache.get((gs, e, range_ms, phi))
-                if v is None:
-                    need[j] = True
-                else:
-                    got[(gs, j)] = v
-    idx = np.nonzero(need)[0]
-    plan = plan_windows(ends[idx], range_ms, sds.spec.pane_ms, cov_lo, cov_hi)
-    if len(idx):
-        sel, raw = _read_raw(sds, source, matchers, plan)
-    else:
-        sel, raw = sel0, RawSamples(np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0), len(sel0))
-    S = len(sel)
-    vals = np.full((S, T), np.nan)
-    present = np.zeros((S, T), bool)
-    if got:
-        row = {g: i for i, g in enumerate(sel.tolist())}
-        for (gs, j), v in got.items():
-            i = row.get(gs)
-            if i is not None:
-                present[i, j], vals[i, j] = True, v
-    pre = RawPrefix(raw, np.zeros(S), frozenset({"count"}))
-    llo, lhi = pre.bounds(*plan.left)
-    rlo, rhi = pre.bounds(*plan.right)
-    gsid = sel[raw.sid] if len(raw.sid) else np.zeros(0, np.int64)
-    with store.lock:  # edge samples in the store's encoding (REQ: float32 of v - c of their series)
-        store.ensure_series(len(sds.registry.labels))
-        store._choose_shift(gsid, raw.vals)  # noqa: SLF001 - a series first seen at the edges
-        rx = store.encode(gsid, raw.vals)
-    klo, khi, ends_l = plan.klo.tolist(), plan.khi.tolist(), plan.end.tolist()
-    cols = idx.tolist()
-    sealed_ms = cov_hi * sds.spec.pane_ms
-    for si in range(S):
-        gs = int(sel[si])
-        for jj, j in enumerate(cols):
-            if present[si, j]:
-                continue
-            mid = store.range_sketch(gs, klo[jj], khi[jj]) if khi[jj] > klo[jj] else None
-            a, b, c, d = llo[si, jj], lhi[si, jj], rlo[si, jj], rhi[si, jj]
-            if b == a and d == c:
-                if mid is None:
-                    continue
-                sk = mid
-            else:
-                sk = store.new_sketch()
-                if mid is not None:
-                    sk.merge(mid)
-                if b > a:
-                    sk.update(rx[a:b])
-                if d > c:
-                    sk.update(rx[c:d])
-            if sk.is_empty():
-                continue
-            present[si, j] = True
-            if phi < 0:
-                vals[si, j] = -np.inf
-            elif phi > 1:
-                vals[si, j] = np.inf
-            elif np.isnan(phi):
-                vals[si, j] = np.nan
-            else:
-                vals[si, j] = store.decode(gs, sk.get_quantile(phi))
-            if ends_l[jj] < sealed_ms:
-                cache.put((gs, ends_l[jj], range_ms, phi), float(vals[si, j]))
-    return ScanResult([sds.registry.labels[i] for i in sel], vals, present,
-                      raw_samples=len(raw.ts), summary_panes=plan.summary_panes)
 
 
 def rule_req(node: Any, ectx: Any, rctx: RewriteContext) -> Served | None:
@@ -141,7 +52,7 @@ def rule_req(node: Any, ectx: Any, rctx: RewriteContext) -> Served | None:
     phi = _number(param)
     if phi is None or not (sds.min_phi <= phi <= 1.0):
         return None
-    scan = scan_quantile(sds, ectx.source, matchers, phi, ends, range_ms)
+    scan = scan_kll(sds, ectx.source, matchers, phi, ends, range_ms)
     return Served(sds, func, _vector(func, scan), scan, node, ends, range_ms, phi)
 
 

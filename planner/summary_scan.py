@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
 import numpy as np
-from datasketches import kll_doubles_sketch
 
 from planner.algorithms import exact as ex
 from planner.pane_ranges import range_stats
@@ -419,7 +418,8 @@ def finish_exact(func: str, st: ex.SegStats, shift: np.ndarray, plan: WindowPlan
 
 def scan_kll(sds: SDS, source: RawSource, matchers: Sequence[Matcher], phi: float, ends: np.ndarray,
              range_ms: int) -> ScanResult:
-    """quantile_over_time(phi, sel[range]) per series and step: cached pane-range sketch + raw edges.
+    """quantile_over_time(phi, sel[range]) per series and step from a quantile-sketch SDS of either kind
+    (KLL, or REQ for tail quantiles): cached pane-range sketch + raw edges, in the store's encoding.
 
     The store's answer cache is consulted first: raw edges are read and sketches merged only for the
     steps with a missing answer (a dashboard refresh: its new steps). Per (series, step) Python
@@ -462,7 +462,11 @@ def scan_kll(sds: SDS, source: RawSource, matchers: Sequence[Matcher], phi: floa
     pre = RawPrefix(raw, np.zeros(S), frozenset({"count"}))
     llo, lhi = pre.bounds(*plan.left)
     rlo, rhi = pre.bounds(*plan.right)
-    rv = raw.vals
+    gsid = sel[raw.sid] if len(raw.sid) else np.zeros(0, np.int64)
+    with store.lock:  # edge samples in the store's encoding (REQ: float32 of v - c of their series)
+        store.ensure_series(len(sds.registry.labels))
+        store._choose_shift(gsid, raw.vals)  # noqa: SLF001 - a series first seen at the edges
+        rv = store.encode(gsid, raw.vals)
     klo = plan.klo.tolist()
     khi = plan.khi.tolist()
     ends_l = plan.end.tolist()
@@ -480,7 +484,7 @@ def scan_kll(sds: SDS, source: RawSource, matchers: Sequence[Matcher], phi: floa
                     continue
                 sk = mid
             else:
-                sk = kll_doubles_sketch(store.k)
+                sk = store.new_sketch()
                 if mid is not None:
                     sk.merge(mid)
                 if b > a:
@@ -497,7 +501,7 @@ def scan_kll(sds: SDS, source: RawSource, matchers: Sequence[Matcher], phi: floa
             elif np.isnan(phi):
                 vals[si, j] = np.nan
             else:
-                vals[si, j] = sk.get_quantile(phi)
+                vals[si, j] = store.decode(gs, sk.get_quantile(phi))
             if ends_l[jj] < sealed_ms:
                 cache.put((gs, ends_l[jj], range_ms, phi), float(vals[si, j]))
     return ScanResult([sds.registry.labels[i] for i in sel], vals, present,

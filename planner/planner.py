@@ -248,6 +248,23 @@ class Planner:
         if self.persistence is not None:
             self.persistence.drop(sds_id)
 
+    def forget_deleted(self, matcher_sets: list[list[Any]]) -> list[str]:
+        """Series matching ``matcher_sets`` were deleted from storage: retire every SDS whose scope can
+        hold such series (its metric matches the set's ``__name__`` matchers; all of them when a set
+        names no metric), so no summary keeps answering with deleted samples. Recurring queries
+        re-adopt later, backfilled from what storage still holds. Returns the retired ids."""
+        retired = []
+        for sds in list(self.sds.values()):
+            for ms in matcher_sets:
+                names = [m for m in ms if m.name == "__name__"]
+                if all(m.matches(sds.metric) for m in names):
+                    self.retire(sds.id, "series deleted through the admin API")
+                    retired.append(sds.id)
+                    if sds.pinned:  # operator's plan: rebuilt from what storage still holds
+                        self.adopt(sds.spec, pinned=True, reason="pinned in config; rebuilt after series deletion")
+                    break
+        return retired
+
     def pin_from_config(self) -> None:
         for p in self.config.pinned:
             d = dict(p)

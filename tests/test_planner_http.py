@@ -170,3 +170,39 @@ def test_adopts_recurring_query_and_serves_it_exactly(planner_server):
         _same(_matrix(fast2), _matrix(exact2))
     finally:
         srv2.stop()
+
+
+def test_deleted_series_never_answered_from_a_summary(tmp_path):
+    """Admin delete_series retires the summaries that could hold the deleted series: afterwards the
+    default path answers exactly like exact=true (without the deleted data); a pinned plan is rebuilt."""
+    cfg = tmp_path / "turboprom.yml"
+    cfg.write_text("planner:\n  min_count: 2\n  period: 10m\n  pane: 1m\n  seal_delay: 0s\n  history: 1d\n"
+                   "  canary_fraction: 0\n  cost_based: false\n"
+                   "  pinned:\n  - {metric: req_total, algorithm: exact, pane: 1m, history: 1d}\n")
+    end = (int(time.time() * 1000) // 60_000) * 60_000 - 60_000
+    q = {"query": "sum by (job) (increase(req_total[30m]))", "start": (end - 7_200_000) / 1000, "end": end / 1000, "step": 60}
+    with ServerProcess(tmp_path / "data", ["--config", str(cfg), "--wal-fsync", "never", "--web.enable-admin-api"]) as srv:
+        _ingest_history(srv.url, end)
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            plans = _get(srv.url, "/api/v1/planner/plans")["data"]["plans"]
+            if plans and plans[0]["backfill"]["state"] == "done":
+                break
+            time.sleep(0.3)
+        served = _get(srv.url, "/api/v1/query_range", **q)
+        assert any(p.startswith("summary:") for p in served["data"].get("stats", {}).get("paths", [])) or \
+            any("served from summary" in i for i in served.get("infos", [])), served.get("infos")
+        req = urllib.request.Request(srv.url + "/api/v1/admin/tsdb/delete_series?" + urllib.parse.urlencode({"match[]": 'req_total{inst="i0"}'}),
+                                     method="POST")
+        with urllib.request.urlopen(req, timeout=60) as r:
+            assert r.status == 204
+        deadline = time.time() + 60
+        while time.time() < deadline:  # the pinned plan is rebuilt from storage without the deleted series
+            plans = _get(srv.url, "/api/v1/planner/plans")["data"]["plans"]
+            if plans and plans[0]["backfill"]["state"] == "done":
+                break
+            time.sleep(0.3)
+        assert plans and plans[0]["series"] == 3, plans
+        after, exact = _get(srv.url, "/api/v1/query_range", **q), _get(srv.url, "/api/v1/query_range", exact="true", **q)
+        _same(_matrix(after), _matrix(exact))
+        assert _matrix(after) != _matrix(served)  # the deleted series' increase is gone from job j0

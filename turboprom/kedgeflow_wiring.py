@@ -9,7 +9,7 @@ from scheduler_metrics.kedgeflow.service import KedgeFlowService
 from scheduler_metrics.kedgeflow.targets import FunctionTarget, HTTPTarget, IdempotencyStore
 from turboprom.api_params import parse_matchers_param, parse_time
 from turboprom.context import ServerContext
-from turboprom.tenancy import TenantView
+from turboprom.tenancy import TenantView, forget_deleted_summaries
 
 
 def congestion_signals(ctx: ServerContext):
@@ -61,6 +61,7 @@ def delete_series_target(ctx: ServerContext, store: IdempotencyStore) -> Functio
     def apply(action: Action) -> dict[str, Any]:
         sets, start, end = _delete_args(action)
         deleted = TenantView(ctx.storage, action.tenant).delete_series(sets, start, end)
+        forget_deleted_summaries(ctx, action.tenant, sets)
         return {"deleted_series": int(deleted) if deleted is not None else None}
 
     return FunctionTarget(store, apply)

@@ -186,3 +186,11 @@ def restrict_sinks(pipeline: Any) -> None:
     sinks attached later: summaries and congestion signals are the operator's, never mixed across tenants."""
     if pipeline is not None:
         pipeline.sink_tenants = frozenset({DEFAULT_TENANT})
+
+
+def forget_deleted_summaries(ctx: Any, tenant: str, matcher_sets: list) -> None:
+    """After a series deletion: summaries hold only the default tenant's data, so only its deletions
+    retire the plans that could contain the deleted series (planner.Planner.forget_deleted)."""
+    planner = ctx.components.get("planner")
+    if tenant == DEFAULT_TENANT and planner is not None and hasattr(planner, "forget_deleted"):
+        planner.forget_deleted(matcher_sets)

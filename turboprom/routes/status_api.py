@@ -31,7 +31,7 @@ from storage.matchers import Matcher
 from turboprom.api_common import APIError, api_handler, error_response, ok, run_off_loop, set_cors
 from turboprom.api_params import MAX_TIME_MS, MIN_TIME_MS, Params, invalid_param, parse_metric_selector
 from turboprom.context import ServerContext
-from turboprom.tenancy import tenant_storage
+from turboprom.tenancy import forget_deleted_summaries, tenant_storage
 
 # The Prometheus API level we implement; Grafana reads it to pick features.
 PROMETHEUS_COMPAT_VERSION = "2.42.0"
@@ -347,7 +347,9 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
             except ValueError as e:
                 raise invalid_param("match[]", str(e)) from None
         # Only the caller's tenant's series: the same selectors cannot reach another tenant's data.
-        await run_off_loop(ctx, tenant_storage(ctx, request).delete_series, sets, start, end)
+        view = tenant_storage(ctx, request)
+        await run_off_loop(ctx, view.delete_series, sets, start, end)
+        forget_deleted_summaries(ctx, view.tenant, sets)
         return web.Response(status=204)
 
     @api_handler

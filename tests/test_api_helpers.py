@@ -5,12 +5,16 @@
 from __future__ import annotations
 
 import json
+import math
+import shutil
 import subprocess
+import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from tests.helpers import free_port, require_binary, wait_http
 
@@ -168,3 +172,48 @@ class PeerPair:
     def __exit__(self, *exc: object) -> None:
         self.tp.stop()
         self.prom.stop()
+
+
+# ---------------------------------------------------------------------------------------------
+# Generated series (label dict, timestamps in s, values) held identically by a backfilled
+# Prometheus and our engine over an in-memory source: the differential function tests.
+
+def _om_label_value(v: str) -> str:
+    return v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _om_value(v: float) -> str:
+    if math.isnan(v):
+        return "NaN"
+    if math.isinf(v):
+        return "+Inf" if v > 0 else "-Inf"
+    return repr(v)
+
+
+def series_openmetrics(series: list) -> str:
+    lines = []
+    for lb, ts, vals in series:
+        inner = ",".join(f'{k}="{_om_label_value(v)}"' for k, v in lb.items() if k != "__name__")
+        head = f'{lb["__name__"]}{{{inner}}}'
+        lines.extend(f"{head} {_om_value(v)} {t}" for t, v in zip(ts.tolist(), vals.tolist()))
+    return "\n".join(lines) + "\n# EOF\n"
+
+
+@contextmanager
+def prometheus_and_engine(series: list, prefix: str, extra_args: list[str] | None = None) -> Iterator[tuple[str, Any]]:
+    """(URL of a Prometheus backfilled with ``series``, our Engine over the same series in memory)."""
+    from promql.engine import Engine
+    from promql.memory_source import MemorySource
+    from storage.labels import make_labels
+
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
+    prom = PrometheusPeer(tmp, openmetrics=series_openmetrics(series), extra_args=extra_args)
+    try:
+        prom.start()
+        src = MemorySource()
+        for lb, ts, vals in series:
+            src.add_series(make_labels(lb), ts * 1000, vals)
+        yield prom.url, Engine(src)
+    finally:
+        prom.stop()
+        shutil.rmtree(tmp, ignore_errors=True)

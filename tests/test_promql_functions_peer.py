@@ -12,9 +12,6 @@ first sample, where 2.42 and 3.x extrapolate rate() identically.
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
-import tempfile
 import time
 import urllib.parse
 import urllib.request
@@ -23,10 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from promql.engine import Engine
-from promql.memory_source import MemorySource
-from storage.labels import make_labels
-from tests.helpers import free_port, require_binary, wait_http
+from tests.test_api_helpers import prometheus_and_engine
 
 STEP_S = 15
 HOURS = 3
@@ -113,53 +107,11 @@ def _series(end_s: int) -> list[tuple[dict, np.ndarray, np.ndarray]]:
     return out
 
 
-def _escape(v: str) -> str:
-    return v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
 @pytest.fixture(scope="module")
 def peers():
-    prom_bin = require_binary("prometheus")
-    promtool = require_binary("promtool")
     end_s = (int(time.time()) // 7200) * 7200 - 7200
-    series = _series(end_s)
-    tmp = Path(tempfile.mkdtemp(prefix="functions-peer-"))
-    proc = None
-    try:
-        lines = []
-        for lb, ts, vals in series:
-            name = lb["__name__"]
-            inner = ",".join(f'{k}="{_escape(v)}"' for k, v in lb.items() if k != "__name__")
-            for t, v in zip(ts.tolist(), vals.tolist()):
-                lines.append(f"{name}{{{inner}}} {v!r} {t}")
-        om = tmp / "data.om"
-        om.write_text("\n".join(lines) + "\n# EOF\n")
-        subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", "-q", str(om), str(tmp / "data")],
-                       check=True, stdout=subprocess.DEVNULL, timeout=120)
-        port = free_port()
-        cfg = tmp / "prometheus.yml"
-        cfg.write_text("global:\n  scrape_interval: 1h\n")
-        log = open(tmp / "prometheus.log", "wb")
-        proc = subprocess.Popen([prom_bin, f"--config.file={cfg}", f"--storage.tsdb.path={tmp / 'data'}",
-                                 f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=30d"],
-                                stdout=log, stderr=subprocess.STDOUT)
-        url = f"http://127.0.0.1:{port}"
-        wait_http(url + "/-/ready", timeout=60, proc=proc)
-
-        src = MemorySource()
-        for lb, ts, vals in series:
-            src.add_series(make_labels(lb), ts * 1000, vals)
-        eng = Engine(src)
+    with prometheus_and_engine(_series(end_s), "functions-peer-", None) as (url, eng):
         yield url, eng, end_s
-    finally:
-        if proc is not None:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _prom_range(url: str, q: str, start: int, end: int, step: int) -> dict:

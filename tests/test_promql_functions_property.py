@@ -37,7 +37,8 @@ def window_sets(draw):
     return series, steps, rng
 
 
-def build(series, steps, rng) -> RangeWindows:
+def build(series, steps, rng, name: str = "x_total") -> RangeWindows:
+    """RangeWindows over ``series`` ([(ts, values)]) with Prometheus's left-open windows at ``steps``."""
     offs = np.concatenate(([0], np.cumsum([len(t) for t, _ in series]))).astype(np.int64)
     ts = np.concatenate([t for t, _ in series]) if offs[-1] else np.zeros(0, np.int64)
     vals = np.concatenate([v for _, v in series]) if offs[-1] else np.zeros(0)
@@ -47,8 +48,8 @@ def build(series, steps, rng) -> RangeWindows:
     for s, (t, _) in enumerate(series):
         lo[s] = offs[s] + np.searchsorted(t, steps - rng, side="right")
         hi[s] = offs[s] + np.searchsorted(t, steps, side="right")
-    labels = [make_labels({"__name__": "x_total", "i": str(s)}) for s in range(S)]
-    return RangeWindows(labels, offs, ts.astype(np.int64), vals, lo, hi, steps, rng)
+    labels = [make_labels({"__name__": name, "i": str(s)}) for s in range(S)]
+    return RangeWindows(labels, offs, ts.astype(np.int64), np.asarray(vals, np.float64), lo, hi, np.asarray(steps, np.int64), rng)
 
 
 def run(name, rw, *extra):

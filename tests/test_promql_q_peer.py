@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
-import subprocess
-import tempfile
 import time
 import urllib.error
 import urllib.parse
@@ -26,9 +23,7 @@ import numpy as np
 import pytest
 
 from promql.engine import Engine
-from promql.memory_source import MemorySource
-from storage.labels import make_labels
-from tests.helpers import free_port, require_binary, wait_http
+from tests.test_api_helpers import prometheus_and_engine
 
 STEP_S = 15
 HOURS = 3
@@ -59,60 +54,11 @@ def _series(end_s: int) -> list[tuple[dict, np.ndarray, np.ndarray]]:
     return out
 
 
-def _escape(v: str) -> str:
-    return v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def _om_value(v: float) -> str:
-    if math.isnan(v):
-        return "NaN"
-    if math.isinf(v):
-        return "+Inf" if v > 0 else "-Inf"
-    return repr(v)
-
-
 @pytest.fixture(scope="module")
 def peers():
-    prom_bin = require_binary("prometheus")
-    promtool = require_binary("promtool")
     end_s = (int(time.time()) // 7200) * 7200 - 7200
-    series = _series(end_s)
-    tmp = Path(tempfile.mkdtemp(prefix="q-peer-"))
-    proc = None
-    try:
-        lines = []
-        for lb, ts, vals in series:
-            name = lb["__name__"]
-            inner = ",".join(f'{k}="{_escape(v)}"' for k, v in lb.items() if k != "__name__")
-            for t, v in zip(ts.tolist(), vals.tolist()):
-                lines.append(f"{name}{{{inner}}} {_om_value(v)} {t}")
-        om = tmp / "data.om"
-        om.write_text("\n".join(lines) + "\n# EOF\n")
-        subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", "-q", str(om), str(tmp / "data")],
-                       check=True, stdout=subprocess.DEVNULL, timeout=120)
-        port = free_port()
-        cfg = tmp / "prometheus.yml"
-        cfg.write_text("global:\n  scrape_interval: 1h\n")
-        log = open(tmp / "prometheus.log", "wb")
-        proc = subprocess.Popen([prom_bin, f"--config.file={cfg}", f"--storage.tsdb.path={tmp / 'data'}",
-                                 f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=30d",
-                                 "--enable-feature=promql-at-modifier,promql-negative-offset"],
-                                stdout=log, stderr=subprocess.STDOUT)
-        url = f"http://127.0.0.1:{port}"
-        wait_http(url + "/-/ready", timeout=60, proc=proc)
-        src = MemorySource()
-        for lb, ts, vals in series:
-            src.add_series(make_labels(lb), ts * 1000, vals)
-        yield url, Engine(src), end_s
-    finally:
-        if proc is not None:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
-        shutil.rmtree(tmp, ignore_errors=True)
+    with prometheus_and_engine(_series(end_s), "q-peer-", ["--enable-feature=promql-at-modifier,promql-negative-offset"]) as (url, eng):
+        yield url, eng, end_s
 
 
 def prom_range(url: str, q: str, start: int, end: int, step: int) -> dict | str:

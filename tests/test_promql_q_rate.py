@@ -13,7 +13,7 @@ import pytest
 from promql.functions import FunctionContext, load_all
 from promql.functions import rate as rate_mod
 from promql.types import Annotations, RangeWindows
-from storage.labels import make_labels
+from tests.test_promql_functions_property import build
 
 F = load_all()
 
@@ -48,20 +48,6 @@ def prometheus_extrapolated_rate(ts: np.ndarray, v: np.ndarray, end: int, rng: i
     if per_second:
         factor /= rng / 1000
     return res * factor
-
-
-def build(series: list[tuple[np.ndarray, np.ndarray]], steps: np.ndarray, rng: int) -> RangeWindows:
-    offs = np.concatenate(([0], np.cumsum([len(t) for t, _ in series]))).astype(np.int64)
-    ts = np.concatenate([t for t, _ in series]).astype(np.int64)
-    vals = np.concatenate([v for _, v in series]).astype(np.float64)
-    S, T = len(series), len(steps)
-    lo = np.zeros((S, T), np.int64)
-    hi = np.zeros((S, T), np.int64)
-    for s, (t, _) in enumerate(series):
-        lo[s] = offs[s] + np.searchsorted(t, steps - rng, side="right")
-        hi[s] = offs[s] + np.searchsorted(t, steps, side="right")
-    labels = [make_labels({"__name__": "x_total", "i": str(s)}) for s in range(S)]
-    return RangeWindows(labels, offs, ts, vals, lo, hi, steps.astype(np.int64), rng)
 
 
 def random_series(rs: np.random.Generator, S: int, reset_p: float) -> list[tuple[np.ndarray, np.ndarray]]:

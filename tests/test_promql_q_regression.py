@@ -11,21 +11,7 @@ import pytest
 
 import promql.functions.rate as rmod
 from promql.types import RangeWindows
-from storage.labels import make_labels
-
-
-def build(series, steps: np.ndarray, rng: int) -> RangeWindows:
-    offs = np.concatenate(([0], np.cumsum([len(t) for t, _ in series]))).astype(np.int64)
-    ts = np.concatenate([t for t, _ in series]).astype(np.int64)
-    vals = np.concatenate([v for _, v in series]).astype(np.float64)
-    S, T = len(series), len(steps)
-    lo = np.zeros((S, T), np.int64)
-    hi = np.zeros((S, T), np.int64)
-    for s, (t, _) in enumerate(series):
-        lo[s] = offs[s] + np.searchsorted(t, steps - rng, side="right")
-        hi[s] = offs[s] + np.searchsorted(t, steps, side="right")
-    labels = [make_labels({"__name__": "g", "i": str(s)}) for s in range(S)]
-    return RangeWindows(labels, offs, ts, vals, lo, hi, steps.astype(np.int64), rng)
+from tests.test_promql_functions_property import build
 
 
 def adversarial_series(rs: np.random.Generator, S: int):
@@ -58,7 +44,7 @@ def test_fast_paths_agree_with_replica(range_s):
     series = adversarial_series(rs, 12)
     t_base = int(series[0][0][0])
     steps = t_base + np.arange(0, 4_000_000, 37_000, dtype=np.int64)
-    rw = build(series, steps, range_s * 1000)
+    rw = build(series, steps, range_s * 1000, name="g")
     n = (rw.hi - rw.lo).reshape(-1)
     sel = np.flatnonzero(n >= 2)
     assert n[sel].min() <= rmod._DENSE_MAX_N or n[sel].max() > rmod._DENSE_MAX_N
@@ -89,7 +75,7 @@ def test_dense_threshold_splits_mixed_widths(monkeypatch):
     rs = np.random.default_rng(3)
     series = [(np.cumsum(rs.integers(1_000, 9_000, 300)), rs.normal(0, 1, 300).cumsum()) for _ in range(7)]
     steps = np.arange(60_000, 1_500_000, 11_000, dtype=np.int64)
-    rw = build(series, steps, 120_000)
+    rw = build(series, steps, 120_000, name="g")
     monkeypatch.setattr(rmod, "_DENSE_CHUNK", 50)
     monkeypatch.setattr(rmod, "_DENSE_MAX_N", 20)
     n = (rw.hi - rw.lo).reshape(-1)
@@ -110,7 +96,7 @@ def test_repeated_windows_regressed_once_still_match_replica():
     series = [(np.arange(1, 241, dtype=np.int64) * 60_000 + 7_000, 1e3 * s + rs.normal(0, 1, 240).cumsum())
               for s in range(4)]
     steps = np.arange(20 * 60_000, 200 * 60_000, 10_000, dtype=np.int64)  # 6 steps per sample
-    rw = build(series, steps, 10 * 60_000)
+    rw = build(series, steps, 10 * 60_000, name="g")
     n = (rw.hi - rw.lo).reshape(-1)
     sel = np.flatnonzero(n >= 2)
     lo_sel = rw.lo.reshape(-1)[sel]

@@ -72,14 +72,12 @@ def ordered_rules() -> list[Rule]:
 GroupFinder = Callable[..., "SDS | None"]  # (metric, matchers, by[, algorithm]) -> SDS
 
 
-def rule_group(node: Any, ectx: Any, rctx: RewriteContext, find_group: GroupFinder) -> Served | None:
-    shape = group_shape(node)
-    if shape is None:
-        return None
-    op, by, func, ms = shape
+def _locate(ms: Any, ectx: Any, find: Callable[[str, list], SDS | None]) -> tuple | None:
+    """(matchers, sds, range_ms, ends, plan) for the matrix selector ``ms`` when ``find`` names an SDS
+    for it and some window holds a whole covered pane; None otherwise (raw is as cheap)."""
     vs = ms.vector_selector
     matchers = to_matchers(vs)[0]
-    sds = find_group(vs.name, matchers, by)
+    sds = find(vs.name, matchers)
     if sds is None:
         return None
     range_ms = duration_ms(ms.range)
@@ -90,6 +88,18 @@ def rule_group(node: Any, ectx: Any, rctx: RewriteContext, find_group: GroupFind
     plan = plan_windows(ends, range_ms, sds.spec.pane_ms, lo, hi)
     if plan.summary_panes == 0:
         return None
+    return matchers, sds, range_ms, ends, plan
+
+
+def rule_group(node: Any, ectx: Any, rctx: RewriteContext, find_group: GroupFinder) -> Served | None:
+    shape = group_shape(node)
+    if shape is None:
+        return None
+    op, by, func, ms = shape
+    loc = _locate(ms, ectx, lambda name, matchers: find_group(name, matchers, by))
+    if loc is None:
+        return None
+    matchers, sds, range_ms, ends, plan = loc
     if rctx.cost_based and not worth_it(func, plan, range_ms, sds.spec.pane_ms):
         return None
     scan = scan_group(sds, ectx.source, matchers, op, func, by, ends, range_ms)
@@ -171,19 +181,10 @@ def rule_distinct(node: Any, ectx: Any, rctx: RewriteContext, find_agg: GroupFin
     if shape is None:
         return None
     items, func, ms = shape
-    vs = ms.vector_selector
-    matchers = to_matchers(vs)[0]
-    sds = find_agg(vs.name, matchers, items, "cpc")
-    if sds is None:
+    loc = _locate(ms, ectx, lambda name, matchers: find_agg(name, matchers, items, "cpc"))
+    if loc is None:
         return None
-    range_ms = duration_ms(ms.range)
-    if range_ms <= 0:
-        return None
-    ends = effective_times(vs, ectx)
-    lo, hi = sds.coverage()
-    plan = plan_windows(ends, range_ms, sds.spec.pane_ms, lo, hi)
-    if plan.summary_panes == 0:
-        return None
+    matchers, sds, range_ms, ends, _ = loc
     scan = scan_distinct(sds, ectx.source, matchers, ends, range_ms)
     val = VectorSteps(scan.labels, np.where(scan.present, scan.values, 0.0), scan.present, drop_name=np.zeros(1, bool))
     if not scan.present.any():
@@ -243,18 +244,10 @@ def rule_topk(node: Any, ectx: Any, rctx: RewriteContext, find_agg: GroupFinder)
     if shape is None:
         return None
     k, items, func, ms = shape
-    vs = ms.vector_selector
-    matchers = to_matchers(vs)[0]
-    sds = find_agg(vs.name, matchers, items, "fi")
-    if sds is None:
+    loc = _locate(ms, ectx, lambda name, matchers: find_agg(name, matchers, items, "fi"))
+    if loc is None:
         return None
-    range_ms = duration_ms(ms.range)
-    if range_ms <= 0:
-        return None
-    ends = effective_times(vs, ectx)
-    lo, hi = sds.coverage()
-    if plan_windows(ends, range_ms, sds.spec.pane_ms, lo, hi).summary_panes == 0:
-        return None
+    matchers, sds, range_ms, ends, _ = loc
     scan = scan_topk(sds, ectx.source, matchers, k, ends, range_ms)
     if scan is None:
         return None

@@ -24,7 +24,7 @@ from typing import Sequence
 import numpy as np
 from datasketches import cpc_sketch, cpc_union
 
-from planner.dyadic_panes import DyadicPanes
+from planner.dyadic_panes import DyadicPanes, SeriesItems
 from storage.labels import Labels
 
 DEFAULT_LG_K = 12
@@ -42,19 +42,14 @@ def rse(lg_k: int) -> float:
     return 0.6 / np.sqrt(float(1 << int(lg_k)))
 
 
-class CPCPaneStore(DyadicPanes[cpc_sketch]):
+class CPCPaneStore(DyadicPanes[cpc_sketch], SeriesItems):
     def __init__(self, pane_ms: int, grouping: Sequence[str], lg_k: int = DEFAULT_LG_K, cache_entries: int = 20_000):
-        super().__init__(cache_entries)
+        DyadicPanes.__init__(self, cache_entries)
+        SeriesItems.__init__(self, grouping)  # items: stable 64-bit hashes of the item text
         self.pane_ms = int(pane_ms)
-        self.grouping = tuple(grouping)
         self.lg_k = int(lg_k)
         self.lock = threading.RLock()
         self.panes: dict[int, cpc_sketch] = {}
-        self.items: list[int] = []  # local item id -> stable 64-bit hash
-        self.item_index: dict[int, int] = {}
-        self.item_of = np.zeros(0, np.int64)  # per series (registry id) -> local item id (-1 unknown)
-        self.last_t = np.zeros(0, np.int64)
-        self.ns = 0
         self.version = 0
         self._seen: OrderedDict[int, np.ndarray] = OrderedDict()  # recent panes: items already added
         self.epoch = 0  # bumped by writes into panes behind the newest one (answer-cache validity)
@@ -62,29 +57,13 @@ class CPCPaneStore(DyadicPanes[cpc_sketch]):
         self.answers: OrderedDict = OrderedDict()  # (query key, step end) -> (stamp, count)
 
     # --- series and items ---------------------------------------------------------------------
-    def ensure_series(self, n: int) -> None:
-        if n > len(self.item_of):
-            grow = max(n, 2 * len(self.item_of), 16) - len(self.item_of)
-            self.item_of = np.concatenate([self.item_of, np.full(grow, -1, np.int64)])
-            self.last_t = np.concatenate([self.last_t, np.full(grow, np.iinfo(np.int64).min)])
-        self.ns = max(self.ns, n)
-
     def item_text(self, lbl: Labels) -> str:
         if self.grouping == (SERIES_ITEM,):
             return "\xff".join(f"{n}\xfe{v}" for n, v in lbl)
-        d = dict(lbl)
-        return "\xff".join(d.get(g, "") for g in self.grouping)
+        return super().item_text(lbl)
 
-    def assign(self, ids: np.ndarray, labels: Sequence[Labels]) -> None:
-        with self.lock:
-            self.ensure_series(int(ids.max()) + 1 if len(ids) else 0)
-            for i in np.nonzero(self.item_of[ids] < 0)[0].tolist():  # new series only
-                h = item_hash(self.item_text(labels[i]))
-                loc = self.item_index.get(h)
-                if loc is None:
-                    loc = self.item_index[h] = len(self.items)
-                    self.items.append(h)
-                self.item_of[ids[i]] = loc
+    def item_key(self, lbl: Labels) -> int:
+        return item_hash(self.item_text(lbl))
 
     def nbytes(self) -> int:
         with self.lock:

@@ -1,4 +1,5 @@
-"""Per-pane sketches with a cache of merged dyadic nodes, shared by the CPC and frequent-items stores.
+"""Per-pane sketches with a cache of merged dyadic nodes, and the series -> item mapping, shared by the
+CPC and frequent-items stores.
 
 A window covering panes [klo, khi) is answered from O(log n) cached nodes (node (level, j) = the merge
 of panes [j * 2^level, (j + 1) * 2^level)) instead of merging every pane on every query. Writes into
@@ -7,9 +8,54 @@ how two sketches merge and how a payload is read back.
 """
 from __future__ import annotations
 
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Hashable, Sequence, TypeVar
+
+import numpy as np
+
+from storage.labels import Labels
 
 S = TypeVar("S")
+
+
+class SeriesItems:
+    """Series (registry ids) -> items (what a sketch counts: the grouping label values). Per new
+    series Python only; ``item_of`` maps ids to local item ids in bulk (-1 = not yet assigned)."""
+
+    lock: Any
+
+    def __init__(self, grouping: Sequence[str]):
+        self.grouping = tuple(grouping)
+        self.items: list[Any] = []  # local item id -> item (as the sketch takes it)
+        self.item_index: dict[Hashable, int] = {}
+        self.item_of = np.zeros(0, np.int64)
+        self.last_t = np.zeros(0, np.int64)
+        self.ns = 0
+
+    def item_text(self, lbl: Labels) -> str:
+        d = dict(lbl)
+        return "\xff".join(d.get(g, "") for g in self.grouping)
+
+    def item_key(self, lbl: Labels) -> Hashable:
+        """The item a series counts as (default: its grouping values joined)."""
+        return self.item_text(lbl)
+
+    def ensure_series(self, n: int) -> None:
+        if n > len(self.item_of):
+            grow = max(n, 2 * len(self.item_of), 16) - len(self.item_of)
+            self.item_of = np.concatenate([self.item_of, np.full(grow, -1, np.int64)])
+            self.last_t = np.concatenate([self.last_t, np.full(grow, np.iinfo(np.int64).min)])
+        self.ns = max(self.ns, n)
+
+    def assign(self, ids: np.ndarray, labels: Sequence[Labels]) -> None:
+        with self.lock:
+            self.ensure_series(int(ids.max()) + 1 if len(ids) else 0)
+            for i in np.nonzero(self.item_of[ids] < 0)[0].tolist():  # new series only
+                key = self.item_key(labels[i])
+                loc = self.item_index.get(key)
+                if loc is None:
+                    loc = self.item_index[key] = len(self.items)
+                    self.items.append(key)
+                self.item_of[ids[i]] = loc
 
 
 class DyadicPanes(Generic[S]):

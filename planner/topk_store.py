@@ -25,7 +25,7 @@ from typing import Sequence
 import numpy as np
 from datasketches import frequent_strings_sketch
 
-from planner.dyadic_panes import DyadicPanes
+from planner.dyadic_panes import DyadicPanes, SeriesItems
 from storage.labels import Labels
 
 DEFAULT_LG_MAX = 10
@@ -41,45 +41,18 @@ def offset_of(sk: frequent_strings_sketch) -> float:
     return float(sk.get_upper_bound(_UNTRACKED))
 
 
-class TopKPaneStore(DyadicPanes[frequent_strings_sketch]):
+class TopKPaneStore(DyadicPanes[frequent_strings_sketch], SeriesItems):
     def __init__(self, pane_ms: int, grouping: Sequence[str], lg_max: int = DEFAULT_LG_MAX, cache_entries: int = 20_000):
-        super().__init__(cache_entries)
+        DyadicPanes.__init__(self, cache_entries)
+        SeriesItems.__init__(self, grouping)  # items: grouping values joined by \xff
         self.pane_ms = int(pane_ms)
-        self.grouping = tuple(grouping)
         self.lg_max = int(lg_max)
         self.lock = threading.RLock()
         self.panes: dict[int, frequent_strings_sketch] = {}
-        self.items: list[str] = []  # local item id -> item text (grouping values joined by \xff)
-        self.item_index: dict[str, int] = {}
-        self.item_of = np.zeros(0, np.int64)
-        self.last_t = np.zeros(0, np.int64)
-        self.ns = 0
         self.version = 0
-
-    def ensure_series(self, n: int) -> None:
-        if n > len(self.item_of):
-            grow = max(n, 2 * len(self.item_of), 16) - len(self.item_of)
-            self.item_of = np.concatenate([self.item_of, np.full(grow, -1, np.int64)])
-            self.last_t = np.concatenate([self.last_t, np.full(grow, np.iinfo(np.int64).min)])
-        self.ns = max(self.ns, n)
-
-    def item_text(self, lbl: Labels) -> str:
-        d = dict(lbl)
-        return "\xff".join(d.get(g, "") for g in self.grouping)
 
     def item_labels(self, text: str) -> Labels:
         return tuple(sorted((g, v) for g, v in zip(self.grouping, text.split("\xff")) if v != ""))
-
-    def assign(self, ids: np.ndarray, labels: Sequence[Labels]) -> None:
-        with self.lock:
-            self.ensure_series(int(ids.max()) + 1 if len(ids) else 0)
-            for i in np.nonzero(self.item_of[ids] < 0)[0].tolist():  # new series only
-                t = self.item_text(labels[i])
-                loc = self.item_index.get(t)
-                if loc is None:
-                    loc = self.item_index[t] = len(self.items)
-                    self.items.append(t)
-                self.item_of[ids[i]] = loc
 
     def nbytes(self) -> int:
         with self.lock:

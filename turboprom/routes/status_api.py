@@ -349,7 +349,7 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
         # Only the caller's tenant's series: the same selectors cannot reach another tenant's data.
         view = tenant_storage(ctx, request)
         await run_off_loop(ctx, view.delete_series, sets, start, end)
-        forget_deleted_summaries(ctx, view.tenant, sets)
+        await run_off_loop(ctx, forget_deleted_summaries, ctx, view.tenant, sets)  # Parquet drops: off the loop
         return web.Response(status=204)
 
     @api_handler

@@ -175,8 +175,11 @@ def load_turboprom_dir(ds: Dataset, path: Path) -> None:
         db.close()
 
 
-class TurboPromServer:
-    """A real `turboprom serve` over the loaded data dir (its HTTP API, TSDB, engine and planner)."""
+class _HTTPPeer:
+    """A server process answering the Prometheus HTTP API on a loopback port (ours or Prometheus)."""
+
+    name = "server"
+    query_params: dict[str, str] = {}
 
     def __init__(self, data_dir: Path, port: int):
         self.data_dir, self.port = data_dir, port
@@ -186,33 +189,15 @@ class TurboPromServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 900.0) -> None:
-        self.log = open(self.data_dir.parent / "turboprom.log", "wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "turboprom", "serve", "--data-dir", str(self.data_dir), "--listen", f"127.0.0.1:{self.port}",
-             "--retention-time", "60d", "--wal-fsync", "never"], cwd=REPO, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError("turboprom exited; see " + str(self.data_dir.parent / "turboprom.log"))
-            try:
-                with urllib.request.urlopen(self.url + "/-/ready", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except Exception:  # noqa: BLE001 - not ready yet
-                pass
-            time.sleep(0.5)
-        raise TimeoutError("turboprom did not become ready")
-
     def query_range(self, q: str, start_s: float, end_s: float, step_s: float) -> tuple[float, dict]:
-        params = urllib.parse.urlencode({"query": q, "start": start_s, "end": end_s, "step": step_s})
+        params = urllib.parse.urlencode({"query": q, "start": start_s, "end": end_s, "step": step_s, **self.query_params})
         t0 = time.perf_counter()
         with urllib.request.urlopen(f"{self.url}/api/v1/query_range?{params}", timeout=900) as r:
             body = r.read()
         wall = time.perf_counter() - t0
         doc = json.loads(body)
         if doc.get("status") != "success":
-            raise RuntimeError(f"turboprom error for {q}: {doc}")
+            raise RuntimeError(f"{self.name} error for {q}: {doc}")
         return wall, doc["data"]
 
     def hwm_bytes(self) -> int:
@@ -232,6 +217,30 @@ class TurboPromServer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(10)
+
+
+class TurboPromServer(_HTTPPeer):
+    """A real `turboprom serve` over the loaded data dir (its HTTP API, TSDB, engine and planner)."""
+
+    name = "turboprom"
+
+    def start(self, timeout: float = 900.0) -> None:
+        self.log = open(self.data_dir.parent / "turboprom.log", "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "turboprom", "serve", "--data-dir", str(self.data_dir), "--listen", f"127.0.0.1:{self.port}",
+             "--retention-time", "60d", "--wal-fsync", "never"], cwd=REPO, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError("turboprom exited; see " + str(self.data_dir.parent / "turboprom.log"))
+            try:
+                with urllib.request.urlopen(self.url + "/-/ready", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except Exception:  # noqa: BLE001 - not ready yet
+                pass
+            time.sleep(0.5)
+        raise TimeoutError("turboprom did not become ready")
 
 
 def compare_json(a: dict, b: dict, from_ms: int) -> str:
@@ -293,14 +302,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class Prometheus:
-    def __init__(self, data_dir: Path, port: int):
-        self.data_dir, self.port = data_dir, port
-        self.proc: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+class Prometheus(_HTTPPeer):
+    name = "prometheus"
+    query_params = {"stats": "all"}
 
     def start(self) -> None:
         cfg = self.data_dir.parent / "prometheus.yml"
@@ -343,35 +347,6 @@ class Prometheus:
                 last, stable_since = cur, time.time()
             elif time.time() - stable_since >= quiet_s:
                 return
-
-    def query_range(self, q: str, start_s: float, end_s: float, step_s: float) -> tuple[float, dict]:
-        params = urllib.parse.urlencode({"query": q, "start": start_s, "end": end_s, "step": step_s, "stats": "all"})
-        t0 = time.perf_counter()
-        with urllib.request.urlopen(f"{self.url}/api/v1/query_range?{params}", timeout=900) as r:
-            body = r.read()
-        wall = time.perf_counter() - t0
-        doc = json.loads(body)
-        if doc.get("status") != "success":
-            raise RuntimeError(f"prometheus error for {q}: {doc}")
-        return wall, doc["data"]
-
-    def hwm_bytes(self) -> int:
-        try:
-            for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-        except OSError:
-            pass
-        return 0
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,8 +1,11 @@
 """Accuracy canary: re-evaluates a sample of summary-served sub-trees on raw data, exports the error.
 
 Exact algorithms: maximum relative error over the served (series, step) points (a presence mismatch
-counts as an infinite error). KLL / REQ: observed normalized rank error of the returned value among
-the window's raw samples, compared with the stated bound at the query's phi (``SDS.rank_bound``). Runs on its own worker thread, off the query.
+counts as an infinite error). KLL / REQ: whether Prometheus's exact value (the raw evaluation) lies in
+the stated value interval of each window (``scan_kll``'s [low, high], in the value's units): a miss is
+recorded as its relative distance from the interval; the observed normalized rank error against the
+stated rank bound (``SDS.rank_bound``) is reported beside it. CPC / frequent items: relative count error
+against the stated bound. Runs on its own worker thread, off the query.
 """
 from __future__ import annotations
 
@@ -75,6 +78,20 @@ def kll_rank_errors(values: np.ndarray, present: np.ndarray, rw: Any, phi: float
     return out
 
 
+def value_interval_misses(lo: np.ndarray | None, hi: np.ndarray | None, raw: np.ndarray, present: np.ndarray) -> list[float]:
+    """Per checked window: 0 when the raw (Prometheus) value lies in the stated [lo, hi] interval, else
+    its distance from the interval relative to the value's magnitude."""
+    if lo is None or hi is None or lo.shape != raw.shape:
+        return [float("inf")] if present.any() else []
+    p = present & np.isfinite(raw)
+    r, a, b = raw[p], lo[p], hi[p]
+    tol = np.abs(r) * 1e-12  # float formatting of equal values
+    miss = np.where(r < a - tol, a - r, np.where(r > b + tol, r - b, 0.0))
+    with np.errstate(all="ignore"):
+        rel = miss / np.maximum(np.abs(r), 1e-300)
+    return [float(x) for x in rel]
+
+
 class Canary:
     def __init__(self, fraction: float = 0.05, seed: int | None = None):
         self.fraction = float(fraction)
@@ -128,11 +145,13 @@ class Canary:
             extra = len(set(pos) - set(served.value.labels)) > 0 and any(
                 raw.present[pos[l]].any() for l in set(pos) - set(served.value.labels))
             alg = served.sds.spec.algorithm
-            if alg in ("exact", "group"):
+            check = served.sds.algorithm.canary
+            extra_rec: dict[str, Any] = {}
+            if check == "exact":
                 err = float("inf") if (missing or extra) else exact_error(sv, sp, rv, rp)
                 bound = 1e-9
                 errs = [err]
-            elif alg in ("cpc", "fi"):  # relative error per point against the stated bound
+            elif check == "relative":  # relative error per point against the stated bound
                 bound = served.sds.relative_bound()
                 errs = []
                 if missing or extra or (sp != rp).any():
@@ -151,10 +170,16 @@ class Canary:
                     c = np.array([st.shift[i] if 0 <= i < len(st.shift) else 0.0 for i in ids])
                     c = np.nan_to_num(c, nan=0.0)
                     tol = np.nanmax(np.abs(np.where(sp, sv, c[:, None]) - c[:, None]), axis=1) * 2.0 ** -23 if sv.size else None
-                errs = kll_rank_errors(sv, sp & rp, _reorder_windows(rw, served.value.labels), served.phi or 0.0,
-                                       tol=tol)
+                rank_errs = kll_rank_errors(sv, sp & rp, _reorder_windows(rw, served.value.labels), served.phi or 0.0,
+                                            tol=tol)
+                # what the reader sees: Prometheus's exact value inside the stated [low, high] interval
+                errs = value_interval_misses(served.scan.info.get("lo"), served.scan.info.get("hi"), rv, sp & rp)
                 err = max(errs) if errs else 0.0
-                bound = served.sds.rank_bound(served.phi if served.phi is not None else 0.5)
+                bound = 0.0  # a miss is a raw value outside the stated interval (its distance from it, in units)
+                rank_bound = served.sds.rank_bound(served.phi if served.phi is not None else 0.5)
+                extra_rec = {"rank_bound": rank_bound, "max_rank_error": max(rank_errs) if rank_errs else 0.0,
+                             "rank_checked": len(rank_errs),
+                             "rank_within_bound": sum(1 for e in rank_errs if e <= rank_bound)}
             for e in errs:
                 CANARY_ERROR.labels(alg).observe(e if np.isfinite(e) else float("inf"))
             within = sum(1 for e in errs if e <= bound)
@@ -163,7 +188,7 @@ class Canary:
             prev = CANARY_MAX.labels(served.sds.id)._value.get()  # noqa: SLF001 - read back our own gauge
             CANARY_MAX.labels(served.sds.id).set(max(prev, err))
             rec = {"sds": served.sds.id, "algorithm": alg, "function": served.func, "max_error": err,
-                   "bound": bound, "checked": len(errs), "within_bound": within, "time": time.time()}
+                   "bound": bound, "checked": len(errs), "within_bound": within, "time": time.time(), **extra_rec}
             with self.lock:
                 self.results.append(rec)
                 del self.results[:-200]

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-BYTES_PER_PANE = {"exact": 15 * 8 + 3 * 8, "kll": 600}
+from planner.algorithm_registry import ALGORITHMS
+
 DEFAULT_FOLD_COST_S = 2e-6
-KLL_WINDOW_COST_S = 25e-6
 
 
 @dataclass
@@ -54,10 +54,11 @@ def estimate(
 ) -> Estimate:
     rate = queries / max(period_s, 1e-9)
     edge_fraction = min(1.0, 2.0 * pane_ms / max(range_ms, 1))
-    per_window = KLL_WINDOW_COST_S if algorithm == "kll" else 0.2e-6
+    alg = ALGORITHMS[algorithm]
+    per_window = alg.window_cost_s
     summary = raw_cpu_per_query * edge_fraction + per_window * windows_per_query
     ingest = ingest_samples_per_s * fold_cost_s
-    storage = int(max(series, 1) * (history_ms // max(pane_ms, 1) + 1) * BYTES_PER_PANE.get(algorithm, 200))
+    storage = int(max(series, 1) * (history_ms // max(pane_ms, 1) + 1) * alg.bytes_per_pane)
     if storage > budget_left_bytes:
         return Estimate(rate, raw_cpu_per_query, summary, ingest, storage, False,
                         f"storage {storage} B exceeds the remaining budget {budget_left_bytes} B")

@@ -13,7 +13,8 @@ import numpy as np
 from planner.algorithms import exact as ex
 from planner.normalize import GROUP_PAIRS
 from planner.pane_ranges import range_stats
-from planner.raw_segments import NEEDS, RawPrefix
+from planner.raw_segments import RawPrefix
+from planner.served_functions import SERVED as SERVED_FUNCTIONS
 from planner.sds import SDS
 from planner.summary_scan import RawSource, ScanResult, _read_raw
 from planner.window import plan_windows
@@ -97,7 +98,7 @@ def _scan_group(sds: SDS, source: RawSource, matchers: Sequence[Matcher], op: st
         gsel = store.gid_of[sel]
         gshift = np.nan_to_num(store.gshift[:G], nan=0.0)
         keys = list(store.group_keys)
-    fields = NEEDS[func]
+    fields = SERVED_FUNCTIONS[func].needs
     pre = RawPrefix(raw, gshift[gsel] if len(sel) else np.zeros(0), fields)
     left, right = pre.stats(*plan.left), pre.stats(*plan.right)
     tot = ex.SegStats.empty((G, T))

@@ -28,18 +28,18 @@ REQ_CONFIDENCE_SD = 3  # stated REQ bounds are 3 standard deviations (~99.7%)
 
 
 class ResultCache:
-    """LRU of final per-window answers keyed (series, window end, range, phi)."""
+    """LRU of final per-window answers keyed (series, window end, range, phi): (value, low, high)."""
 
     def __init__(self, capacity: int):
         self.capacity = capacity
-        self.d: OrderedDict[tuple, float] = OrderedDict()
+        self.d: OrderedDict[tuple, tuple[float, float, float]] = OrderedDict()
         self.lock = threading.Lock()
 
-    def get(self, key: tuple) -> float | None:
+    def get(self, key: tuple) -> tuple[float, float, float] | None:
         v = self.d.get(key)
         return v
 
-    def put(self, key: tuple, v: float) -> None:
+    def put(self, key: tuple, v: tuple[float, float, float]) -> None:
         with self.lock:
             self.d[key] = v
             if len(self.d) > self.capacity:

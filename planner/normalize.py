@@ -13,7 +13,7 @@ from typing import Any
 
 import promql_parser
 
-from planner.sds import REQ_MIN_PHI, algorithm_for
+from planner.served_functions import REQ_MIN_PHI, algorithm_for
 from promql.eval_selectors import duration_ms, to_matchers
 
 _QUANTILE_PARAM_FUNCS = {"quantile_over_time", "histogram_quantile"}

@@ -1,13 +1,18 @@
 """``PlannedEngine``: the engine's interface, with the rewrite hook attached, every query logged and
-fed to the planner. ``exact=True`` runs the raw path (still logged, marked exact)."""
+fed to the planner. ``exact=True`` runs the raw path (still logged, marked exact). ``approx`` (None: the
+tenant's ``planner.approximate``) says whether approximate algorithms may answer; by default answers
+equal the raw path."""
 from __future__ import annotations
 
 import time
 from typing import Any
 
+import promql_parser
+
 from planner.normalize import candidates, normalize
 from planner.query_log import LogEntry, QueryLog
-from planner.rewrite import RewriteHook
+from planner.rewrite import RewriteHook, with_policy
+from planner.step_answers import StepAnswers, cacheable
 from promql.types import QueryResult
 
 
@@ -21,23 +26,23 @@ def _result_size(res: QueryResult) -> tuple[int, int]:
 
 
 class _Patterns:
-    """query text -> (pattern, candidates), kept for the recurring texts of dashboards and rules (each
-    would otherwise be parsed twice more per query)."""
+    """query text -> (pattern, candidates, steps reusable), kept for the recurring texts of dashboards
+    and rules (each would otherwise be parsed twice more per query)."""
 
     def __init__(self, capacity: int = 4096):
         self.capacity = capacity
-        self.d: dict[str, tuple[str, list | None]] = {}
+        self.d: dict[str, tuple[str, list | None, bool]] = {}
 
-    def get(self, query: str, planner: Any) -> tuple[str, list | None]:
+    def get(self, query: str, planner: Any) -> tuple[str, list | None, bool]:
         hit = self.d.get(query)
         if hit is None:
             try:
-                cfg = getattr(planner, "config", None)
-                cands = candidates(query, cfg.req_min_phi) if cfg is not None and hasattr(cfg, "req_min_phi") \
-                    else candidates(query)
+                node = promql_parser.parse(query)
+                cands = candidates(node, planner.config.req_min_phi) if planner is not None else candidates(node)
+                reusable = cacheable(node)
             except Exception:  # noqa: BLE001 - unparsable: nothing to learn
-                cands = None
-            hit = (normalize(query), cands)
+                cands, reusable = None, False
+            hit = (normalize(query), cands, reusable)
             if len(self.d) >= self.capacity:
                 self.d.clear()
             self.d[query] = hit
@@ -46,8 +51,9 @@ class _Patterns:
 
 class PlannedEngine:
     def __init__(self, engine: Any, hook: RewriteHook, query_log: QueryLog | None = None, planner: Any = None,
-                 origin: str = "api"):
+                 origin: str = "api", step_answers: StepAnswers | None = None):
         self.engine = engine
+        self.step_answers = step_answers
         self.hook = hook
         self.query_log = query_log
         self.planner = planner
@@ -57,21 +63,37 @@ class PlannedEngine:
     def __getattr__(self, name: str) -> Any:  # parse(), source, ... pass through
         return getattr(self.engine, name)
 
-    def instant_query(self, query: str, time_ms: int, *, exact: bool = False, origin: str | None = None,
-                      tenant: str = "default", **kw: Any) -> QueryResult:
-        return self._run("instant", query, int(time_ms), int(time_ms), 0, exact, origin, tenant,
+    def instant_query(self, query: str, time_ms: int, *, exact: bool = False, approx: bool | None = None,
+                      origin: str | None = None, tenant: str = "default", **kw: Any) -> QueryResult:
+        return self._run("instant", query, int(time_ms), int(time_ms), 0, exact, approx, origin, tenant,
                          lambda hooks: self.engine.instant_query(query, time_ms, node_hooks=hooks, **kw))
 
     def range_query(self, query: str, start_ms: int, end_ms: int, step_ms: int, *, exact: bool = False,
-                    origin: str | None = None, tenant: str = "default", **kw: Any) -> QueryResult:
-        return self._run("range", query, int(start_ms), int(end_ms), int(step_ms), exact, origin, tenant,
-                         lambda hooks: self.engine.range_query(query, start_ms, end_ms, step_ms, node_hooks=hooks, **kw))
+                    approx: bool | None = None, origin: str | None = None, tenant: str = "default",
+                    **kw: Any) -> QueryResult:
+        def call(hooks: tuple) -> QueryResult:
+            if (self.step_answers is None or exact or end_ms - start_ms < step_ms
+                    or not self._patterns.get(query, self.planner)[2]):
+                return self.engine.range_query(query, start_ms, end_ms, step_ms, node_hooks=hooks, **kw)
+            key = (tenant, query, kw.get("lookback_delta_ms"), self.approximate_for(tenant, approx))
+            return self.step_answers.range_query(
+                key, int(start_ms), int(end_ms), int(step_ms),
+                lambda s, e: self.engine.range_query(query, s, e, step_ms, node_hooks=hooks, **kw))
 
-    def _run(self, kind: str, query: str, start: int, end: int, step: int, exact: bool, origin: str | None,
-             tenant: str, call: Any) -> QueryResult:
+        return self._run("range", query, int(start_ms), int(end_ms), int(step_ms), exact, approx, origin, tenant, call)
+
+    def approximate_for(self, tenant: str, approx: bool | None) -> bool:
+        if approx is not None:
+            return bool(approx)
+        cfg = self.planner.config if self.planner is not None else None
+        return cfg.approximate_for(tenant) if cfg is not None else False
+
+    def _run(self, kind: str, query: str, start: int, end: int, step: int, exact: bool, approx: bool | None,
+             origin: str | None, tenant: str, call: Any) -> QueryResult:
         arrival = int(time.time() * 1000)
         wall0, cpu0 = time.perf_counter(), time.thread_time()
-        hooks = () if exact else (self.hook,)
+        approximate = (not exact) and self.approximate_for(tenant, approx)
+        hooks = () if exact else (with_policy(self.hook, approximate),)
         err = ""
         res = None
         try:
@@ -84,12 +106,12 @@ class PlannedEngine:
             wall, cpu = time.perf_counter() - wall0, time.thread_time() - cpu0
             if self.query_log is not None or self.planner is not None:
                 series, points = _result_size(res) if res is not None else (0, 0)
-                pattern, cands = self._patterns.get(query, self.planner)
+                pattern, cands, _ = self._patterns.get(query, self.planner)
                 entry = LogEntry(
                     expr=query, pattern=pattern, kind=kind, start_ms=start, end_ms=end, step_ms=step,
                     wall_s=wall, cpu_s=cpu, samples=res.stats.samples_scanned if res is not None else 0,
                     paths=list(res.stats.paths) if res is not None else [], result_series=series,
-                    result_points=points, exact=exact, tenant=tenant, origin=origin or self.origin, error=err,
+                    result_points=points, exact=exact, approx=approximate, tenant=tenant, origin=origin or self.origin, error=err,
                     arrival_ms=arrival,
                 )
                 if self.query_log is not None:

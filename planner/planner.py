@@ -13,6 +13,8 @@ Config (``ctx.config.raw["planner"]``), all optional::
 
     planner:
       enabled: true
+      approximate: false      # sketches (KLL, REQ, CPC, frequent items) may answer; default: exact answers only
+      tenants: {team-a: {approximate: true}}   # per-tenant override of approximate
       min_count: 3            # recurrences ...
       period: 10m             # ... within this period
       pane: 1m
@@ -27,6 +29,7 @@ Config (``ctx.config.raw["planner"]``), all optional::
       cpc_min_series: 10000   # distinct-count patterns adopt a CPC SDS from this many series in scope
       group_min_series: 1000  # sum/max/min by (L) (..._over_time) adopt cross-series group panes from this many
       fi_min_series: 10000    # topk(k, sum by (L) (count_over_time)) adopts a frequent-items SDS from this many
+      step_cache_bytes: 256MB # answers of sealed steps reused by refreshes (0: every step evaluated each time)
       pinned: [{metric: foo_total, algorithm: exact}, {metric: lat, algorithm: kll, params: {k: 200}}]
 """
 from __future__ import annotations
@@ -42,6 +45,7 @@ from typing import Any
 import promql_parser
 
 from planner import cost_model
+from planner.algorithm_registry import ALGORITHMS, allowed
 from planner.normalize import Candidate, candidates, normalize
 from planner.query_log import LogEntry, QueryLog
 from planner.kll_store import REQ_DEFAULT_K
@@ -78,6 +82,17 @@ def _dur(v: Any, default: int) -> int:
     return parse_duration_ms(str(v))
 
 
+def _bool(d: dict[str, Any], name: str, default: bool) -> bool:
+    """A YAML boolean; anything else (``"false"`` quoted, ``maybe``, 1) is refused with a message
+    naming the field, so a typo never leaves a feature in the state the operator did not ask for."""
+    v = d.get(name, default)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise ValueError(f"planner.{name} must be true or false, got {v!r}")
+    return v
+
+
 def _size(v: Any, default: int) -> int:
     if v is None:
         return default
@@ -93,6 +108,8 @@ def _size(v: Any, default: int) -> int:
 @dataclass
 class PlannerConfig:
     enabled: bool = True
+    approximate: bool = False  # approximate algorithms may answer (else only exact ones: equal to raw within 1e-9)
+    tenant_approximate: dict[str, bool] = field(default_factory=dict)
     min_count: int = 3
     period_ms: int = 600_000
     pane_ms: int = 60_000
@@ -108,13 +125,31 @@ class PlannerConfig:
     cpc_min_series: int = 10_000  # below this many series, exact per-series panes serve distinct counts exactly
     group_min_series: int = 1_000  # below this many series, per-series exact panes (shared) serve group sums
     fi_min_series: int = 10_000  # below this many series, top-k by count stays on group / per-series panes
+    step_cache_bytes: int = 256 << 20  # answers of sealed steps kept for refreshes (planner/step_answers.py); 0: off
     pinned: list[dict[str, Any]] = field(default_factory=list)
+
+    def approximate_for(self, tenant: str) -> bool:
+        """Whether approximate algorithms may answer this tenant's queries when the request does not say."""
+        return self.tenant_approximate.get(tenant, self.approximate)
 
     @classmethod
     def from_raw(cls, d: dict[str, Any] | None) -> "PlannerConfig":
         d = d or {}
+        if not isinstance(d, dict):
+            raise ValueError("planner must be a mapping of settings")
+        unknown = sorted(set(d) - _KNOWN_KEYS)
+        if unknown:
+            raise ValueError(f"planner: unknown field(s) {', '.join(unknown)} (known: {', '.join(sorted(_KNOWN_KEYS))})")
         c = cls()
-        c.enabled = bool(d.get("enabled", True))
+        c.enabled = _bool(d, "enabled", True)
+        c.approximate = _bool(d, "approximate", False)
+        tenants = d.get("tenants") or {}
+        if not isinstance(tenants, dict):
+            raise ValueError("planner.tenants must map tenant names to {approximate: true|false}")
+        for name, t in tenants.items():
+            if not isinstance(t, dict) or set(t) - {"approximate"}:
+                raise ValueError(f"planner.tenants.{name}: only 'approximate: true|false' may be set per tenant")
+            c.tenant_approximate[str(name)] = _bool(t, "approximate", c.approximate)
         c.min_count = int(d.get("min_count", c.min_count))
         c.period_ms = _dur(d.get("period"), c.period_ms)
         c.pane_ms = _dur(d.get("pane"), c.pane_ms)
@@ -124,18 +159,26 @@ class PlannerConfig:
         c.retire_after_ms = _dur(d.get("retire_after"), c.retire_after_ms)
         c.seal_delay_ms = _dur(d.get("seal_delay"), c.seal_delay_ms)
         c.canary_fraction = float(d.get("canary_fraction", c.canary_fraction))
-        c.background_backfill = bool(d.get("background_backfill", True))
-        c.cost_based = bool(d.get("cost_based", True))
+        c.background_backfill = _bool(d, "background_backfill", True)
+        c.cost_based = _bool(d, "cost_based", True)
         c.req_min_phi = float(d.get("req_min_phi", REQ_MIN_PHI))
         c.cpc_min_series = int(d.get("cpc_min_series", c.cpc_min_series))
         c.group_min_series = int(d.get("group_min_series", c.group_min_series))
         c.fi_min_series = int(d.get("fi_min_series", c.fi_min_series))
+        c.step_cache_bytes = _size(d.get("step_cache_bytes"), c.step_cache_bytes)
         if not 0.0 < c.req_min_phi <= 1.0:
             raise ValueError(f"planner.req_min_phi must be in (0, 1], got {c.req_min_phi}")
         c.pinned = list(d.get("pinned", []) or [])
         if c.pane_ms <= 0:
             raise ValueError("planner.pane must be positive")
         return c
+
+
+_KNOWN_KEYS = frozenset({
+    "enabled", "approximate", "tenants", "min_count", "period", "pane", "history", "max_history", "budget",
+    "retire_after", "seal_delay", "canary_fraction", "background_backfill", "cost_based", "req_min_phi",
+    "cpc_min_series", "group_min_series", "fi_min_series", "pinned", "step_cache_bytes",
+})
 
 
 @dataclass
@@ -196,10 +239,10 @@ class Planner:
         for s in self.summarizer.by_metric.get(metric, []):
             if s.spec.algorithm != algorithm or set(s.spec.matchers) != have:
                 continue
-            if algorithm in ("cpc", "fi") and tuple(sorted(by)) != tuple(sorted(s.spec.grouping)):
-                continue
-            if algorithm == "group" and not set(by) <= set(s.spec.grouping):
-                continue
+            if not s.algorithm.exact and tuple(sorted(by)) != tuple(sorted(s.spec.grouping)):
+                continue  # distinct / top-k items are exactly these labels
+            if s.algorithm.exact and not set(by) <= set(s.spec.grouping):
+                continue  # exact group sums coarsen to any subset of their grouping
             lo, hi = s.coverage()
             if hi <= lo:
                 continue
@@ -212,13 +255,11 @@ class Planner:
         for s in self.summarizer.by_metric.get(c.metric, []):
             if s.spec.algorithm != c.algorithm:
                 continue
-            if c.algorithm == "group":
-                if set(s.spec.matchers) == set(c.matchers) and set(c.grouping) <= set(s.spec.grouping):
+            if s.algorithm.scope != "fixed":
+                if not s.spec.matchers:
                     return True
-            elif c.algorithm in ("cpc", "fi"):
-                if set(s.spec.matchers) == set(c.matchers) and tuple(c.grouping) == tuple(s.spec.grouping):
-                    return True
-            elif not s.spec.matchers:
+            elif set(s.spec.matchers) == set(c.matchers) and (
+                    set(c.grouping) <= set(s.spec.grouping) if s.algorithm.exact else tuple(c.grouping) == tuple(s.spec.grouping)):
                 return True
         return False
 
@@ -254,6 +295,7 @@ class Planner:
         names no metric), so no summary keeps answering with deleted samples. Recurring queries
         re-adopt later, backfilled from what storage still holds. Returns the retired ids."""
         retired = []
+        self.summarizer.frontier.invalidate_all()  # no kept step answer may hold deleted samples
         for sds in list(self.sds.values()):
             for ms in matcher_sets:
                 names = [m for m in ms if m.name == "__name__"]
@@ -282,7 +324,8 @@ class Planner:
                 cands = candidates(entry.expr, self.config.req_min_phi)
             except Exception:  # noqa: BLE001 - unparsable: nothing to learn
                 return
-        cands = self._prefer_aggregates(cands)
+        # approximate algorithms are candidates only for queries that allow approximation
+        cands = self._prefer_aggregates([c for c in cands if allowed(c.algorithm, entry.approx)])
         if not cands:
             return
         now = time.time()
@@ -295,7 +338,8 @@ class Planner:
                 ks.arrivals.append(now)
                 while ks.arrivals and ks.arrivals[0] < now - self.config.period_ms / 1000:
                     ks.arrivals.popleft()
-                served_raw = not any(p.startswith("summary:") for p in entry.paths)
+                # a raw execution's cost, unless earlier answers stood in for some of its steps
+                served_raw = not any(p.startswith(("summary:", "steps:reused")) for p in entry.paths)
                 if served_raw and not entry.exact:
                     ks.raw_cpu.append(raw_share)
                     data_ms = c.range_ms + max(entry.end_ms - entry.start_ms, 0)
@@ -319,8 +363,7 @@ class Planner:
         unprovable step, so its inner ones stay) when the scope has enough series for it to pay
         (``fi_min_series`` / ``group_min_series`` / ``cpc_min_series``); otherwise drop it and keep the
         inner ones (per-series exact panes serve those exactly, shared with every pattern on the metric)."""
-        need_of = {"group": self.config.group_min_series, "cpc": self.config.cpc_min_series,
-                   "fi": self.config.fi_min_series}
+        need_of = {a.name: getattr(self.config, a.min_series) for a in ALGORITHMS.values() if a.min_series}
         out: list[Candidate] = []
         covered: set[tuple] = set()
         for c in cands:
@@ -383,7 +426,7 @@ class Planner:
                 params = (("k", 200),)
             elif c.algorithm == "req":
                 params = (("k", REQ_DEFAULT_K), ("min_phi", self.config.req_min_phi))
-            if c.algorithm in ("group", "cpc", "fi"):  # scope = the selector's matchers; groups / items
+            if ALGORITHMS[c.algorithm].scope == "fixed":  # scope = the selector's matchers; groups / items
                 spec = SDSSpec(metric=c.metric, algorithm=c.algorithm, pane_ms=self.config.pane_ms, matchers=c.matchers,
                                grouping=c.grouping)
             else:
@@ -459,7 +502,7 @@ class Planner:
         served_outer: dict[tuple, str] = {}  # group / cpc sub-trees answered from a summary, by selector
         for c in candidates(expr, self.config.req_min_phi):
             ms = [Matcher("__name__", "=", c.metric)] + [Matcher(n, o, v) for n, o, v in c.matchers]
-            sds = self.find_group_sds(c.metric, ms, c.grouping, c.algorithm) if c.algorithm in ("group", "cpc", "fi") else \
+            sds = self.find_group_sds(c.metric, ms, c.grouping, c.algorithm) if ALGORITHMS[c.algorithm].scope == "fixed" else \
                 self.find_sds(c.metric, c.algorithm, ms)
             item: dict[str, Any] = {"function": c.func, "metric": c.metric, "range_ms": c.range_ms,
                                     "algorithm": c.algorithm}

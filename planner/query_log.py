@@ -57,6 +57,7 @@ class LogEntry:
     result_series: int = 0
     result_points: int = 0
     exact: bool = False
+    approx: bool = False  # approximate algorithms were allowed to answer (config or approx=true); not stored
     tenant: str = "default"
     origin: str = "api"
     error: str = ""

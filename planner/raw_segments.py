@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.algorithms.exact import SegStats
+from planner.served_functions import ALL_NEEDS as ALL
 
 _TS_BITS = 42  # time offsets below 2^42 ms (~139 years) leave 21 bits for the series index
 
@@ -34,24 +35,6 @@ class RawSamples:
         return cls(sid, ts, vals, num_series)
 
 
-# Fields each function needs (everything else is left at its empty value).
-NEEDS: dict[str, frozenset[str]] = {}
-_ORDER = frozenset({"count", "first_t", "first_v", "last_t", "last_v"})
-for _f in ("count_over_time", "present_over_time"):
-    NEEDS[_f] = frozenset({"count"})
-for _f in ("sum_over_time", "avg_over_time"):
-    NEEDS[_f] = frozenset({"count", "nnan", "npinf", "nninf", "s1"})
-for _f in ("stddev_over_time", "stdvar_over_time"):
-    NEEDS[_f] = frozenset({"count", "nnan", "npinf", "nninf", "s1", "s2"})
-NEEDS["min_over_time"] = frozenset({"count", "vmin"})
-NEEDS["max_over_time"] = frozenset({"count", "vmax"})
-for _f in ("last_over_time", "first_over_time", "delta"):
-    NEEDS[_f] = _ORDER
-for _f in ("rate", "increase"):
-    NEEDS[_f] = _ORDER | {"corr"}
-NEEDS["resets"] = _ORDER | {"resets"}
-NEEDS["changes"] = _ORDER | {"changes"}
-ALL = frozenset().union(*NEEDS.values())
 
 
 class RawPrefix:

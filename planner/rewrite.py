@@ -3,7 +3,9 @@
 The rewrite pass is a list of small rules (sqlglot style); each rule looks at one AST node and either
 returns a summary-served ``Value`` or ``None`` (not mine). The first rule that answers wins; when none
 does, the engine evaluates the node on raw data unchanged. ``exact=true`` (``eval_ctx.extra["exact"]``)
-disables every rule.
+disables every rule. Approximate algorithms (``planner/algorithm_registry.py``) answer only when the query
+allows approximation (``eval_ctx.extra["approx"]``, set per query by ``with_policy``: the operator's
+``planner.approximate`` or the request's ``approx=true``); by default every answer equals the raw path.
 
 Honesty: every summary-served sub-tree appends ``summary:<sds id>`` to ``stats.paths`` and an info
 annotation naming the SDS, its algorithm and error bound.
@@ -17,8 +19,10 @@ from typing import Any, Callable
 
 import numpy as np
 
+from planner.algorithm_registry import allowed
 from planner.normalize import servable_call
 from planner.sds import SDS
+from planner.served_functions import SERVED
 from planner.summary_scan import ScanResult, scan_exact, scan_kll
 from planner.window import plan_windows
 from promql.eval_selectors import duration_ms, effective_times, to_matchers
@@ -27,7 +31,6 @@ from storage.labels import metric_name
 
 log = logging.getLogger("turboprom.planner")
 
-_KEEP_NAME = {"last_over_time", "first_over_time"}
 _COUNTER_SUFFIXES = ("_total", "_sum", "_count", "_bucket")
 
 
@@ -50,10 +53,16 @@ class RewriteContext:
     """What rules need: the catalog lookup and the canary."""
 
     def __init__(self, find_sds: Callable[[str, str, list], SDS | None], on_served: Callable[[Served, Any], None] | None = None,
-                 cost_based: bool = True):
+                 cost_based: bool = True, approximate: bool = False):
         self.find_sds = find_sds
         self.on_served = on_served
         self.cost_based = cost_based  # False: serve from the summary whenever it covers (tests)
+        self.approximate = approximate  # for queries that do not say (``with_policy`` sets it per query)
+
+    def may_use(self, algorithm: str, ectx: Any) -> bool:
+        """Whether ``algorithm`` may answer in this query (exact ones always, others when approximation
+        is allowed for it)."""
+        return allowed(algorithm, bool(ectx.extra.get("approx", self.approximate)))
 
 
 def _number(node: Any) -> float | None:
@@ -76,6 +85,8 @@ def _prepare(node: Any, ectx: Any, rctx: RewriteContext, algorithm: str) -> tupl
 def prepare_or_why(node: Any, ectx: Any, rctx: RewriteContext, algorithm: str) -> tuple[tuple | None, str]:
     """(func, ms, param, matchers, sds, range_ms, ends) when the summary path serves ``node``, else
     (None, why); why == "cost" carries (sds, func, matchers, range_ms, ends) in ``_LAST_COSTLY``."""
+    if not rctx.may_use(algorithm, ectx):
+        return None, "approximation off"
     hit = servable_call(node)
     if hit is None:
         return None, "shape"
@@ -116,10 +127,6 @@ def worth_it_cached(sds: SDS, matchers: list, func: str, ends: np.ndarray, range
     return edge_span(rest) <= MAX_EDGE_FRACTION * max(span, 1)
 
 
-# Raw evaluation of these costs O(samples in the window) per step; the others are O(samples) per query
-# (prefix sums / first-last), so for those only a smaller raw read can make the summary path pay.
-WINDOW_HEAVY = {"sum_over_time", "avg_over_time", "stddev_over_time", "stdvar_over_time", "quantile_over_time",
-                "min_over_time", "max_over_time"}
 MAX_EDGE_FRACTION = 0.35
 
 
@@ -143,14 +150,14 @@ def edge_fraction(plan: Any) -> float:
 
 def worth_it(func: str, plan: Any, range_ms: int, pane_ms: int) -> bool:
     """Cost-based choice between the summary and the raw path for one sub-tree."""
-    if func in WINDOW_HEAVY and range_ms >= 4 * pane_ms:
+    if SERVED[func].window_heavy and range_ms >= 4 * pane_ms:
         return True
     return edge_fraction(plan) <= MAX_EDGE_FRACTION
 
 
 def _vector(func: str, r: ScanResult) -> VectorSteps:
     vals = np.where(r.present, r.values, 0.0)
-    dn = np.zeros(len(r.labels), bool) if func in _KEEP_NAME else np.ones(len(r.labels), bool)
+    dn = np.zeros(len(r.labels), bool) if SERVED[func].keeps_name else np.ones(len(r.labels), bool)
     return VectorSteps(r.labels, vals, r.present, drop_name=dn)
 
 
@@ -180,6 +187,14 @@ def rule_kll(node: Any, ectx: Any, rctx: RewriteContext) -> Served | None:
 
 
 RULES: list[Rule] = [rule_exact, rule_kll]
+
+
+def with_policy(hook: Callable[[Any, Any], Any], approximate: bool) -> Callable[[Any, Any], Any]:
+    """``hook`` for one query: approximate algorithms may answer only when ``approximate``."""
+    def bound(node: Any, ectx: Any) -> Any:
+        ectx.extra.setdefault("approx", approximate)
+        return hook(node, ectx)
+    return bound
 
 
 class RewriteHook:
@@ -223,8 +238,8 @@ class RewriteHook:
                  f"unchanged since)") if cached else ""
         ectx.annotations.info(
             f"TurboProm info: {s.func}({sds.metric}[...]) served from summary {sds.id} "
-            f"(algorithm {sds.spec.algorithm}, pane {sds.spec.pane_ms // 1000}s, {sds.error_bound()}{reuse}); "
-            f"pass exact=true for the raw path"
+            f"(algorithm {sds.spec.algorithm}, pane {sds.spec.pane_ms // 1000}s, {sds.error_bound(s.phi)}{reuse}"
+            f"{value_bound_note(s.scan, s.value)}); pass exact=true for the raw path"
         )
         if s.func in ("rate", "increase"):
             for lbl in s.value.labels:
@@ -237,6 +252,23 @@ class RewriteHook:
                     break
         if self.rctx.on_served is not None:
             self.rctx.on_served(s, ectx)
+
+
+def value_bound_note(scan: ScanResult, value: VectorSteps) -> str:
+    """The quantile interval in the value's own units: every answer lies in the interval of values its
+    window's sketch holds at ranks phi -/+ the stated rank error (``scan_kll``); states the widest."""
+    lo, hi = scan.info.get("lo"), scan.info.get("hi")
+    if lo is None or hi is None:
+        return ""
+    p = scan.present & np.isfinite(lo) & np.isfinite(hi)
+    if not p.any():
+        return ""
+    width = (hi - lo)[p]
+    with np.errstate(all="ignore"):
+        rel = width / np.maximum(np.abs(scan.values[p]), 1e-300)
+    i = int(np.argmax(width))
+    return (f"; value bound: each value lies in its window's [low, high] interval at ranks phi -/+ that error, "
+            f"widest here {float(width[i]):.6g} wide ({float(np.nanmax(rel)):.2%} of its value at most)")
 
 
 _FILL_KEY = "planner_fill_step_cache"  # rule_exact: cost check said raw; the hook may fill the step cache

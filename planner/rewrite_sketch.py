@@ -72,9 +72,13 @@ def ordered_rules() -> list[Rule]:
 GroupFinder = Callable[..., "SDS | None"]  # (metric, matchers, by[, algorithm]) -> SDS
 
 
-def _locate(ms: Any, ectx: Any, find: Callable[[str, list], SDS | None]) -> tuple | None:
-    """(matchers, sds, range_ms, ends, plan) for the matrix selector ``ms`` when ``find`` names an SDS
-    for it and some window holds a whole covered pane; None otherwise (raw is as cheap)."""
+def _locate(ms: Any, ectx: Any, rctx: RewriteContext, find: Callable[[str, list], SDS | None],
+            algorithm: str) -> tuple | None:
+    """(matchers, sds, range_ms, ends, plan) for the matrix selector ``ms`` when the query may use
+    ``algorithm``, ``find`` names an SDS for it and some window holds a whole covered pane; None
+    otherwise (raw is as cheap, or approximation is off)."""
+    if not rctx.may_use(algorithm, ectx):
+        return None
     vs = ms.vector_selector
     matchers = to_matchers(vs)[0]
     sds = find(vs.name, matchers)
@@ -96,7 +100,7 @@ def rule_group(node: Any, ectx: Any, rctx: RewriteContext, find_group: GroupFind
     if shape is None:
         return None
     op, by, func, ms = shape
-    loc = _locate(ms, ectx, lambda name, matchers: find_group(name, matchers, by))
+    loc = _locate(ms, ectx, rctx, lambda name, matchers: find_group(name, matchers, by), "group")
     if loc is None:
         return None
     matchers, sds, range_ms, ends, plan = loc
@@ -181,7 +185,7 @@ def rule_distinct(node: Any, ectx: Any, rctx: RewriteContext, find_agg: GroupFin
     if shape is None:
         return None
     items, func, ms = shape
-    loc = _locate(ms, ectx, lambda name, matchers: find_agg(name, matchers, items, "cpc"))
+    loc = _locate(ms, ectx, rctx, lambda name, matchers: find_agg(name, matchers, items, "cpc"), "cpc")
     if loc is None:
         return None
     matchers, sds, range_ms, ends, _ = loc
@@ -244,7 +248,7 @@ def rule_topk(node: Any, ectx: Any, rctx: RewriteContext, find_agg: GroupFinder)
     if shape is None:
         return None
     k, items, func, ms = shape
-    loc = _locate(ms, ectx, lambda name, matchers: find_agg(name, matchers, items, "fi"))
+    loc = _locate(ms, ectx, rctx, lambda name, matchers: find_agg(name, matchers, items, "fi"), "fi")
     if loc is None:
         return None
     matchers, sds, range_ms, ends, _ = loc

@@ -28,34 +28,14 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from planner.exact_store import ExactPaneStore
-from planner.distinct_store import DEFAULT_LG_K, CPCPaneStore, rse
-from planner.group_store import GroupPaneStore
-from planner.topk_store import DEFAULT_LG_MAX, TopKPaneStore, epsilon_for
-from planner.kll_store import DEFAULT_K, REQ_DEFAULT_K, KLLPaneStore, rank_error, req_rank_error
+from planner.algorithm_registry import algorithm
+from planner.distinct_store import rse
+from planner.kll_store import rank_error, req_rank_error
 from planner.late_samples import fold_late_sketch, rebuild_exact
+from planner.served_functions import REQ_MIN_PHI
+from planner.topk_store import epsilon_for
 from storage.labels import Labels, metric_name
 from storage.matchers import Matcher
-
-EXACT_FUNCS = {
-    "sum_over_time", "count_over_time", "avg_over_time", "min_over_time", "max_over_time",
-    "stddev_over_time", "stdvar_over_time", "last_over_time", "first_over_time", "present_over_time",
-    "rate", "increase", "delta", "resets", "changes",
-}
-KLL_FUNCS = {"quantile_over_time"}
-ALGORITHMS = ("exact", "kll", "req", "group", "cpc", "fi")
-REQ_MIN_PHI = 0.9  # quantile_over_time with a literal phi >= this is a REQ candidate (planner.req_min_phi)
-
-
-def algorithm_for(func: str, phi: float | None = None, req_min_phi: float = REQ_MIN_PHI) -> str | None:
-    """The algorithm serving ``func`` (for quantile_over_time: REQ for a literal tail phi, else KLL)."""
-    if func in EXACT_FUNCS:
-        return "exact"
-    if func in KLL_FUNCS:
-        if phi is not None and req_min_phi <= phi <= 1.0:
-            return "req"
-        return "kll"
-    return None
 
 
 @dataclass(frozen=True)
@@ -169,24 +149,8 @@ class SDS:
         self.pinned = pinned
         self.reason = reason
         self.registry = SeriesRegistry(spec.scope_matchers())
-        if spec.algorithm == "exact":
-            self.store: Any = ExactPaneStore(spec.pane_ms)
-        elif spec.algorithm == "kll":
-            self.store = KLLPaneStore(spec.pane_ms, int(spec.param("k", DEFAULT_K)))
-        elif spec.algorithm == "group":
-            self.store = GroupPaneStore(spec.pane_ms, spec.grouping)
-        elif spec.algorithm == "cpc":
-            if not spec.grouping:
-                raise ValueError("a cpc SDS needs the labels whose distinct values it counts")
-            self.store = CPCPaneStore(spec.pane_ms, spec.grouping, int(spec.param("lg_k", DEFAULT_LG_K)))
-        elif spec.algorithm == "fi":
-            if not spec.grouping:
-                raise ValueError("an fi SDS needs the labels whose tuples it ranks")
-            self.store = TopKPaneStore(spec.pane_ms, spec.grouping, int(spec.param("lg_max", DEFAULT_LG_MAX)))
-        elif spec.algorithm == "req":
-            self.store = KLLPaneStore(spec.pane_ms, int(spec.param("k", REQ_DEFAULT_K)), kind="req")
-        else:
-            raise ValueError(f"unknown SDS algorithm {spec.algorithm!r}")
+        self.algorithm = algorithm(spec.algorithm)  # the registry entry (planner/algorithm_registry.py)
+        self.store: Any = self.algorithm.make_store(spec)
         # Live panes start at live_from; history [cov_lo, live_from) is backfilled from raw storage.
         self.live_from: int | None = None
         self.cov_lo: int | None = None
@@ -252,7 +216,7 @@ class SDS:
             floor = live_from if floor is None else floor
             dup = np.zeros(len(ts), bool)
             dup[1:] = (sid[1:] == sid[:-1]) & (ts[1:] == ts[:-1])
-            if self.spec.algorithm in ("group", "cpc", "fi"):  # order-independent payloads: every sample folds as is
+            if self.algorithm.scope == "fixed":  # payloads per group / item: every sample folds as is
                 keep = ~dup & (ts >= floor)
                 self.store.ingest_sorted(sid[keep], ts[keep], vals[keep], live=True)
                 n_keep = int(keep.sum())
@@ -272,7 +236,7 @@ class SDS:
             self.stats.ingested_samples += n_ok
 
     def _fold_late(self, sid: np.ndarray, ts: np.ndarray, vals: np.ndarray) -> None:
-        if self.spec.algorithm != "exact":
+        if self.algorithm.order_independent:
             fold_late_sketch(self.store, sid, ts, vals)
             self.stats.late_folded += len(ts)
             self.stats.ingested_samples += len(ts)
@@ -293,24 +257,7 @@ class SDS:
         return self.spec.metric
 
     def error_bound(self, phi: float | None = None) -> str:
-        if self.spec.algorithm == "kll":
-            return f"rank error <= {rank_error(self.store.k):.4f} (99% confidence)"
-        if self.spec.algorithm == "req":
-            p = self.min_phi if phi is None else phi
-            return (f"rank error <= {req_rank_error(self.store.k, p):.2e} for phi >= {p:g} (REQ k={self.store.k}, "
-                    f"high-rank accuracy, 3 sd ~ 99.7%; {req_rank_error(self.store.k, 0.5) * 2:.4f}*(1-phi) for "
-                    f"phi >= 0.5); value within |v - c| * 2^-24 of a sample (float32)")
-        if self.spec.algorithm == "group":
-            return f"exact (cross-series panes per group of {', '.join(self.spec.grouping)})"
-        if self.spec.algorithm == "fi":
-            return (f"top-k set proven from the frequent-items bounds (else raw); counts exact while every item is "
-                    f"tracked, else within +-offset <= {epsilon_for(self.store.lg_max):.2%} of the window's samples "
-                    f"(lg_max={self.store.lg_max})")
-        if self.spec.algorithm == "cpc":
-            r = rse(self.store.lg_k)
-            return (f"distinct count relative error <= {2 * r:.2%} (95%), <= {3 * r:.2%} (99.7%) "
-                    f"(CPC lg_k={self.store.lg_k}, RSE {r:.2%})")
-        return "exact"
+        return self.algorithm.bound(self, phi)
 
     def relative_bound(self) -> float:
         """Stated relative error of a cpc distinct count (3 RSE) / an fi count (epsilon of the window)."""

@@ -12,6 +12,7 @@ from planner.planner import Planner, PlannerConfig
 from planner.query_log import QueryLog
 from planner.rewrite import RewriteContext, RewriteHook
 from planner.rewrite_sketch import SketchRewriteHook, ordered_rules
+from planner.step_answers import StepAnswers, WriteFrontier
 from planner.summarizer import Summarizer
 
 
@@ -32,12 +33,13 @@ def build(storage: Any, engine: Any, data_dir: str | Path | None, raw_config: di
     root = Path(data_dir) / "planner" if data_dir else None
     qlog = QueryLog(root / "planner.duckdb" if root else None)
     persistence = SDSPersistence(root, qlog.con, qlog.db_lock) if root else None
-    summ = Summarizer(storage)
+    summ = Summarizer(storage, WriteFrontier(cfg.seal_delay_ms))
     planner = Planner(cfg, summ, qlog, persistence, storage)
     canary = Canary(cfg.canary_fraction)
     hook = SketchRewriteHook(RewriteContext(planner.find_sds, canary, cost_based=cfg.cost_based), rules=ordered_rules(),
                              find_group=planner.find_group_sds)
-    planned = PlannedEngine(engine, hook, qlog, planner) if engine is not None else None
+    steps = StepAnswers(summ.frontier, cfg.step_cache_bytes) if cfg.step_cache_bytes > 0 and cfg.enabled else None
+    planned = PlannedEngine(engine, hook, qlog, planner, step_answers=steps) if engine is not None else None
     if persistence is not None:
         # restore SDSs and rebuild their open panes from raw storage before ingestion starts
         newest = None

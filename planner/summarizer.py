@@ -18,6 +18,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from planner.sds import SDS
+from planner.step_answers import WriteFrontier
 from storage.batch import SampleBatch
 from storage.labels import metric_name
 from storage.stale import is_stale
@@ -28,8 +29,9 @@ BACKFILL_CHUNK_PANES = 240
 
 
 class Summarizer:
-    def __init__(self, storage: Any = None):
+    def __init__(self, storage: Any = None, frontier: WriteFrontier | None = None):
         self.storage = storage
+        self.frontier = frontier if frontier is not None else WriteFrontier(10_000)  # what step answers rely on
         self.sds: dict[str, SDS] = {}
         self.by_metric: dict[str, list[SDS]] = {}
         self.max_ts: int | None = None
@@ -66,7 +68,9 @@ class Summarizer:
         if len(batch) == 0:
             return
         t0 = time.thread_time()
-        self.note_time(int(batch.timestamps.max()))
+        tmax = int(batch.timestamps.max())
+        self.frontier.observe(int(batch.timestamps.min()), tmax)
+        self.note_time(tmax)
         with self.lock:
             targets = [s for lst in self.by_metric.values() for s in lst]
         if targets:

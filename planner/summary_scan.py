@@ -27,7 +27,8 @@ import numpy as np
 
 from planner.algorithms import exact as ex
 from planner.pane_ranges import range_stats
-from planner.raw_segments import NEEDS, RawPrefix, RawSamples
+from planner.raw_segments import RawPrefix, RawSamples
+from planner.served_functions import SERVED
 from planner.sds import SDS
 from planner.window import WindowPlan, coalesce_reads, plan_windows
 from storage.labels import Labels
@@ -363,7 +364,7 @@ def _scan_exact(sds: SDS, source: RawSource, matchers: Sequence[Matcher], func: 
     S = len(sel)
     store = sds.store
     shift = np.nan_to_num(store.shift[sel], nan=0.0) if S else np.zeros(0)
-    fields = NEEDS[func]
+    fields = SERVED[func].needs
     pre = RawPrefix(raw, shift, fields)
     left = pre.stats(*plan.left)
     right = pre.stats(*plan.right)
@@ -382,38 +383,11 @@ def _scan_exact(sds: SDS, source: RawSource, matchers: Sequence[Matcher], func: 
 
 
 def finish_exact(func: str, st: ex.SegStats, shift: np.ndarray, plan: WindowPlan) -> tuple[np.ndarray, np.ndarray]:
-    present = st.count > 0
-    n = st.count.astype(np.float64)
+    f = SERVED.get(func)
+    if f is None or f.finish is None:
+        raise ValueError(f"function {func} is not served by the exact algorithm")
     with np.errstate(invalid="ignore", divide="ignore"):
-        if func == "count_over_time":
-            return n, present
-        if func == "sum_over_time":
-            return ex.sum_values(st, shift), present
-        if func == "avg_over_time":
-            return ex.sum_values(st, shift) / n, present
-        if func == "min_over_time":
-            return st.vmin, present
-        if func == "max_over_time":
-            return st.vmax, present
-        if func == "stdvar_over_time":
-            return ex.variance(st), present
-        if func == "stddev_over_time":
-            return np.sqrt(ex.variance(st)), present
-        if func == "last_over_time":
-            return st.last_v, present
-        if func == "first_over_time":
-            return st.first_v, present
-        if func == "present_over_time":
-            return np.ones_like(n), present
-        if func == "resets":
-            return st.resets.astype(np.float64), present
-        if func == "changes":
-            return st.changes.astype(np.float64), present
-        if func in ("rate", "increase", "delta"):
-            range_s = float((plan.end - plan.start)[0]) / 1000.0 if len(plan.end) else 1.0
-            return ex.extrapolated_rate(st, plan.start[None, :].astype(np.float64), plan.end[None, :].astype(np.float64),
-                                        range_s, is_counter=func != "delta", is_rate=func == "rate")
-    raise ValueError(f"function {func} is not served by the exact algorithm")
+        return f.finish(st, shift, plan)
 
 
 def scan_kll(sds: SDS, source: RawSource, matchers: Sequence[Matcher], phi: float, ends: np.ndarray,
@@ -424,6 +398,12 @@ def scan_kll(sds: SDS, source: RawSource, matchers: Sequence[Matcher], phi: floa
     The store's answer cache is consulted first: raw edges are read and sketches merged only for the
     steps with a missing answer (a dashboard refresh: its new steps). Per (series, step) Python
     (sketch objects) -- bounded by S x T, never per sample.
+
+    Each answer carries the interval of values consistent with the sketch's stated rank error ``eps``
+    (``info["lo"]`` / ``info["hi"]``, S x T): the window's quantiles at ranks ``phi -/+ (eps + 1/n)``
+    (the extra item covers Prometheus's interpolation between neighbouring samples), widened by the
+    float32 rounding of REQ payloads. Where the rank guarantee holds, Prometheus's exact answer lies
+    in it; the canary checks that it does.
     """
     cov_lo, cov_hi = sds.coverage()
     ends = np.asarray(ends, np.int64)
@@ -432,7 +412,7 @@ def scan_kll(sds: SDS, source: RawSource, matchers: Sequence[Matcher], phi: floa
     cache = store.results  # whole-window answers reused across dashboard refreshes (sealed windows only)
     ends_all = ends.tolist()
     sel0 = sds.registry.match(matchers)
-    got: dict[tuple[int, int], float] = {}
+    got: dict[tuple[int, int], tuple[float, float, float]] = {}
     need = np.ones(T, bool)
     if len(sel0):
         need[:] = False
@@ -452,13 +432,17 @@ def scan_kll(sds: SDS, source: RawSource, matchers: Sequence[Matcher], phi: floa
         sel, raw = sel0, RawSamples(np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0), len(sel0))
     S = len(sel)
     vals = np.full((S, T), np.nan)
+    lo_v = np.full((S, T), np.nan)
+    hi_v = np.full((S, T), np.nan)
     present = np.zeros((S, T), bool)
     if got:
         row = {g: i for i, g in enumerate(sel.tolist())}
-        for (gs, j), v in got.items():
+        for (gs, j), (v, a, b) in got.items():
             i = row.get(gs)
             if i is not None:
-                present[i, j], vals[i, j] = True, v
+                present[i, j], vals[i, j], lo_v[i, j], hi_v[i, j] = True, v, a, b
+    eps = sds.rank_bound(phi) if 0.0 <= phi <= 1.0 else 0.0
+    f32 = store.kind == "req"
     pre = RawPrefix(raw, np.zeros(S), frozenset({"count"}))
     llo, lhi = pre.bounds(*plan.left)
     rlo, rhi = pre.bounds(*plan.right)
@@ -495,15 +479,20 @@ def scan_kll(sds: SDS, source: RawSource, matchers: Sequence[Matcher], phi: floa
                 continue
             present[si, j] = True
             if phi < 0:
-                vals[si, j] = -np.inf
+                vals[si, j] = lo_v[si, j] = hi_v[si, j] = -np.inf
             elif phi > 1:
-                vals[si, j] = np.inf
+                vals[si, j] = lo_v[si, j] = hi_v[si, j] = np.inf
             elif np.isnan(phi):
-                vals[si, j] = np.nan
+                vals[si, j] = lo_v[si, j] = hi_v[si, j] = np.nan
             else:
                 vals[si, j] = store.decode(gs, sk.get_quantile(phi))
+                w = eps + 1.0 / max(sk.n, 1)
+                a_q, b_q = sk.get_quantile(max(0.0, phi - w)), sk.get_quantile(min(1.0, phi + w))
+                if f32:  # float32 payload: each item stands for any value within its rounding
+                    a_q, b_q = float(a_q) - abs(float(a_q)) * 2.0 ** -23, float(b_q) + abs(float(b_q)) * 2.0 ** -23
+                lo_v[si, j], hi_v[si, j] = store.decode(gs, a_q), store.decode(gs, b_q)
             if ends_l[jj] < sealed_ms:
-                cache.put((gs, ends_l[jj], range_ms, phi), float(vals[si, j]))
+                cache.put((gs, ends_l[jj], range_ms, phi), (float(vals[si, j]), float(lo_v[si, j]), float(hi_v[si, j])))
     return ScanResult([sds.registry.labels[i] for i in sel], vals, present,
                       raw_samples=len(raw.ts), summary_panes=plan.summary_panes,
-                      info={"cached_steps": int(T - len(idx)), "steps": T})
+                      info={"cached_steps": int(T - len(idx)), "steps": T, "lo": lo_v, "hi": hi_v})

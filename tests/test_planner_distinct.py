@@ -57,7 +57,7 @@ def cpc_world():
         return None
 
     served: list = []
-    hook = SketchRewriteHook(RewriteContext(lambda m, a, ms: None, lambda s, c: served.append((s, c)), cost_based=False),
+    hook = SketchRewriteHook(RewriteContext(lambda m, a, ms: None, lambda s, c: served.append((s, c)), cost_based=False, approximate=True),
                              rules=ordered_rules(), find_group=find)
     return src, sdss, hook, served, tmin, tmax
 
@@ -105,7 +105,8 @@ def test_cpc_adopted_only_at_high_cardinality_and_restored(tmp_path):
     src, batch = load(_churn_items(8, n_series=600, models=300))
     q = "count(count by (model) (count_over_time(tokens[1h])))"
     tmax = T0 + HOURS * 3_600_000
-    cfg = {"background_backfill": False, "seal_delay": "0s", "canary_fraction": 0.0}
+    # step answers off: each refresh here must reach the summaries this test is about
+    cfg = {"background_backfill": False, "seal_delay": "0s", "canary_fraction": 0.0, "step_cache_bytes": 0}
     st = build(src, Engine(src), None, cfg)  # default cpc_min_series: exact per-series panes instead
     feed(st.summarizer, batch)
     for _ in range(4):
@@ -115,7 +116,7 @@ def test_cpc_adopted_only_at_high_cardinality_and_restored(tmp_path):
     assert res.stats.paths[0].startswith("summary:exact-")
     _compare(st.engine.range_query(q, tmax - 3 * 3_600_000, tmax, 600_000, exact=True), res, q)
 
-    cfg2 = dict(cfg, cpc_min_series=100, min_count=2)
+    cfg2 = dict(cfg, cpc_min_series=100, min_count=2, approximate=True)  # CPC is approximate: the operator opts in
     st2 = build(src, Engine(src), tmp_path, cfg2)
     feed(st2.summarizer, batch)
     for _ in range(2):

@@ -106,9 +106,15 @@ def test_adopts_recurring_query_and_serves_it_exactly(planner_server):
     assert plans, "planner did not adopt the recurring query"
     assert plans[0]["metric"] == "req_total" and plans[0]["algorithm"] == "exact"
     assert plans[0]["backfill"]["state"] == "done"
-    fast = _get(url, "/api/v1/query_range", **params, stats="all")
-    exact = _get(url, "/api/v1/query_range", **params, exact="true")
+    # steps not answered before (another alignment: nothing to reuse), so the summary answers them
+    cold = dict(params, start=params["start"] - 300, end=params["end"] - 300)
+    fast = _get(url, "/api/v1/query_range", **cold, stats="all")
+    exact = _get(url, "/api/v1/query_range", **cold, exact="true")
     assert any("served from summary" in i for i in fast.get("infos", [])), fast.get("infos")
+    again = _get(url, "/api/v1/query_range", **cold, stats="all")  # the refresh reuses those steps' answers
+    assert any(p.startswith("steps:reused:") for p in again["data"]["stats"]["turboprom"]["paths"]), again["data"].get("stats")
+    assert not again.get("infos"), again.get("infos")  # exact reuse: the body is what Prometheus would send
+    _same(_matrix(again), _matrix(exact))
     assert not exact.get("infos") or not any("served from summary" in i for i in exact["infos"])
     _same(_matrix(fast), _matrix(exact))
     # explain over HTTP and the CLI

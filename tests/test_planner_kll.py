@@ -26,7 +26,7 @@ def test_kll_rank_error_within_bound():
     canary = Canary(fraction=0.0)
     served = []
     hook = RewriteHook(RewriteContext(lambda m, a, ms: sds if (m, a) == ("lat", "kll") else None,
-                                      lambda s, ctx: served.append((s, ctx)), cost_based=False))
+                                      lambda s, ctx: served.append((s, ctx)), cost_based=False, approximate=True))
     eng = Engine(src)
     bound = rank_error(sds.store.k)
     errors = []
@@ -38,12 +38,15 @@ def test_kll_rank_error_within_bound():
         assert any("rank error" in i for i in res.annotations.infos)
         s, ctx = served[-1]
         rec = canary.check_now(s, ctx)
-        assert rec["checked"] > 0
-        errors.append((rec["within_bound"], rec["checked"]))
-        assert rec["bound"] == bound
-    within = sum(a for a, _ in errors)
-    total = sum(b for _, b in errors)
+        assert rec["checked"] > 0 and rec["rank_checked"] > 0
+        errors.append((rec["rank_within_bound"], rec["rank_checked"], rec["within_bound"], rec["checked"]))
+        assert rec["rank_bound"] == bound
+        assert any("value bound:" in i for i in res.annotations.infos), res.annotations.infos
+    within = sum(e[0] for e in errors)
+    total = sum(e[1] for e in errors)
     assert within / total >= 0.99, (within, total, bound)
+    # the value the reader sees: Prometheus's answer inside the stated interval
+    assert sum(e[2] for e in errors) >= 0.99 * sum(e[3] for e in errors), errors
     # the served windows are a real mix of summary panes and raw edges
     assert sds.stats.raw_edge_samples > 0 and sds.stats.windows_served > 0
 
@@ -56,7 +59,7 @@ def test_kll_small_windows_are_exact_quantiles():
     items = [(make_labels({"__name__": "lat", "inst": "a"}), ts, rng.normal(0, 1, 3000))]
     src, batch = load(items)
     summ, (sds,) = summarized(src, batch, [("lat", "kll")], live_from=T0 + 5_000_000)
-    hook = RewriteHook(RewriteContext(lambda m, a, ms: sds, cost_based=False))
+    hook = RewriteHook(RewriteContext(lambda m, a, ms: sds, cost_based=False, approximate=True))
     res = Engine(src).instant_query("quantile_over_time(0.75, lat[10m])", T0 + 20_000_000 + 1234, node_hooks=[hook])
     assert res.stats.paths[0].startswith("summary:")
     w = items[0][2][(ts > T0 + 20_000_000 + 1234 - 600_000) & (ts <= T0 + 20_000_000 + 1234)]

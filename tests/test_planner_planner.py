@@ -17,7 +17,7 @@ from tests.test_planner_fixtures import feed, load, random_series
 
 
 def _stack(src, raw_cfg=None, data_dir=None):
-    cfg = {"background_backfill": False, "seal_delay": "0s"}
+    cfg = {"background_backfill": False, "seal_delay": "0s", "step_cache_bytes": 0}  # refreshes reach the summaries
     cfg.update(raw_cfg or {})
     return build(src, Engine(src), data_dir, cfg)
 

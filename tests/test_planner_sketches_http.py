@@ -19,7 +19,8 @@ STEP_MS = 15_000
 def ooo_server(tmp_path):
     cfg = tmp_path / "turboprom.yml"
     # group_min_series: this test's 3 series stand in for a high-cardinality scope (default 1000)
-    cfg.write_text("planner:\n  seal_delay: 0s\n  canary_fraction: 1.0\n  group_min_series: 3\n")
+    cfg.write_text("planner:\n  approximate: true\n  seal_delay: 0s\n  canary_fraction: 1.0\n  group_min_series: 3\n"
+                   "  step_cache_bytes: 0\n")  # refreshes reach the summaries this test is about
     srv = ServerProcess(tmp_path / "data", ["--config", str(cfg), "--wal-fsync", "never", "--out-of-order-window", "3h"])
     yield srv, cfg
     srv.stop()

@@ -48,7 +48,7 @@ def _world(lg_max: int, seed: int = 3):
     def find(metric, matchers, items, algorithm="group"):
         return sds if algorithm == "fi" and tuple(items) == ("tenant",) and not [m for m in matchers if m.name != "__name__"] else None
 
-    hook = SketchRewriteHook(RewriteContext(lambda m, a, ms: None, lambda s, c: served.append((s, c)), cost_based=False),
+    hook = SketchRewriteHook(RewriteContext(lambda m, a, ms: None, lambda s, c: served.append((s, c)), cost_based=False, approximate=True),
                              rules=ordered_rules(), find_group=find)
     return src, sds, hook, served
 
@@ -111,7 +111,8 @@ def test_planner_adopts_fi_above_threshold_and_restores(tmp_path):
     src, batch = load(_tenant_items(5))
     tmax = T0 + HOURS * 3_600_000
     q = "topk(3, sum by (tenant) (count_over_time(reqs[1h])))"
-    cfg = {"background_backfill": False, "seal_delay": "0s", "canary_fraction": 0.0, "fi_min_series": 100}
+    cfg = {"background_backfill": False, "seal_delay": "0s", "canary_fraction": 0.0, "fi_min_series": 100,
+           "approximate": True}
     st = build(src, Engine(src), tmp_path, cfg)
     feed(st.summarizer, batch)
     for _ in range(3):
@@ -137,7 +138,7 @@ def test_explain_names_the_aggregate_paths():
     src, batch = load(_tenant_items(6))
     tmax = T0 + HOURS * 3_600_000
     st = build(src, Engine(src), None, {"background_backfill": False, "seal_delay": "0s", "fi_min_series": 10,
-                                        "group_min_series": 10})
+                                        "group_min_series": 10, "approximate": True})
     feed(st.summarizer, batch)
     q = "topk(3, sum by (tenant) (count_over_time(reqs[1h])))"
     for _ in range(3):

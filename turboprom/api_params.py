@@ -212,8 +212,17 @@ class Params:
             raise invalid_param(name, "limit must be non-negative")
         return n
 
-    def flag(self, name: str) -> bool:
-        return self.get(name).lower() in ("1", "true", "yes", "on")
+    def boolean(self, name: str) -> bool | None:
+        """A true/false parameter (Go ``strconv.ParseBool`` spellings); None when absent. Anything else
+        is the caller's mistake and is refused, never read as false."""
+        val = self.get(name)
+        if val == "":
+            return None
+        if val in ("1", "t", "T", "true", "TRUE", "True"):
+            return True
+        if val in ("0", "f", "F", "false", "FALSE", "False"):
+            return False
+        raise invalid_param(name, f"strconv.ParseBool: parsing {go_quote(val)}: invalid syntax (use true or false)")
 
 
 _OPS = {"MatchOp.Equal": "=", "MatchOp.NotEqual": "!=", "MatchOp.Re": "=~", "MatchOp.NotRe": "!~"}

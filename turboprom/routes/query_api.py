@@ -4,7 +4,9 @@
 Evaluation and JSON encoding run on ``ctx.executor``; the event loop only parses parameters.
 The engine is ``ctx.components["engine"]`` (``promql.engine.Engine``). When the planner registers
 ``ctx.components["planned_engine"]`` (same interface, rewrites onto summaries and logs queries),
-queries go there; ``exact=true`` is passed on to it and forces the raw path.
+queries go there; ``exact=true`` is passed on to it and forces the raw path; ``approx=true|false``
+overrides the operator's ``planner.approximate`` for the request (a Grafana datasource's custom query
+parameter can set it, so an exact and a fast datasource can sit side by side).
 """
 from __future__ import annotations
 
@@ -187,12 +189,13 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
         tenant = request_tenant(request)
         limits = _check_limits(ctx, q, tenant)  # length limit before parsing
         _check_query_syntax(q)
-        exact = params.flag("exact")
+        exact = bool(params.boolean("exact"))
+        approx = params.boolean("approx")  # None: the operator's planner.approximate for this tenant
         engine = _pick_engine(ctx, exact, tenant)
         timeout_s = _effective_timeout(ctx, timeout)
 
         def run(cancel: threading.Event, remaining: float) -> QueryResult:
-            return observe_query(_call(engine.instant_query, q, t, exact=exact, lookback_delta_ms=lookback, timeout_s=remaining,
+            return observe_query(_call(engine.instant_query, q, t, exact=exact, approx=approx, lookback_delta_ms=lookback, timeout_s=remaining,
                                        cancel=cancel, tenant=tenant, **_max_samples(limits, tenant)), "instant")
 
         return await _limited_evaluate(limits, tenant, request, ctx, params, timeout_s, run)
@@ -223,12 +226,13 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
             parse_promql(q)
         except ValueError as e:  # Prometheus 2.42 does not name the parameter here
             raise APIError("bad_data", str(e)) from None
-        exact = params.flag("exact")
+        exact = bool(params.boolean("exact"))
+        approx = params.boolean("approx")  # None: the operator's planner.approximate for this tenant
         engine = _pick_engine(ctx, exact, tenant)
         timeout_s = _effective_timeout(ctx, timeout)
 
         def run(cancel: threading.Event, remaining: float) -> QueryResult:
-            return observe_query(_call(engine.range_query, q, start, end, step, exact=exact, lookback_delta_ms=lookback,
+            return observe_query(_call(engine.range_query, q, start, end, step, exact=exact, approx=approx, lookback_delta_ms=lookback,
                                        timeout_s=remaining, cancel=cancel, tenant=tenant, **_max_samples(limits, tenant)), "range")
 
         return await _limited_evaluate(limits, tenant, request, ctx, params, timeout_s, run)

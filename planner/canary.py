@@ -102,13 +102,17 @@ class Canary:
         self.results: list[dict[str, Any]] = []  # recent checks, for /api/v1/planner/canary and tests
         load_all()
 
+    SHADOW_FIRST = 8  # every SDS's first served sub-trees are shadowed: the planner retires plans on these
+
     def __call__(self, served: Served, ectx: Any) -> None:
-        if self.fraction <= 0 or self.rng.random() >= self.fraction:
+        first = served.sds.stats.shadow_runs < self.SHADOW_FIRST
+        if not first and (self.fraction <= 0 or self.rng.random() >= self.fraction):
             return
         with self.lock:
             if self.pending >= 4:
                 return
             self.pending += 1
+        served.sds.stats.shadow_runs += 1
         self.pool.submit(self._check, served, ectx)
 
     def check_now(self, served: Served, ectx: Any) -> dict[str, Any]:
@@ -119,6 +123,7 @@ class Canary:
             ctx = replace(ectx, stats=QueryStats(), annotations=Annotations(), hooks=(),
                           budget=QueryBudget(max_samples=ectx.budget.max_samples, deadline=time.monotonic() + 300,
                                              timeout_s=300))
+            w0, c0 = time.perf_counter(), time.thread_time()
             if type(served.node).__name__ == "AggregateExpr":  # group SDS: the whole aggregate, raw
                 rw = None
                 raw = Evaluator().eval(served.node, ctx)
@@ -130,6 +135,8 @@ class Canary:
                                        query_end_ms=ctx.query_end_ms, query_step_ms=ctx.query_step_ms)
                 args = [Scalar(np.full(len(ctx.step_times), served.phi)), rw] if served.phi is not None else [rw]
                 raw = FUNCTIONS[served.func](fctx, args)
+            raw_wall, raw_cpu = time.perf_counter() - w0, time.thread_time() - c0
+            served.sds.stats.shadow.append((served.wall_s, served.cpu_s, raw_wall, raw_cpu))
             # align series by labels
             pos = {l: i for i, l in enumerate(raw.labels)}
             sv, sp = served.value.values, served.value.present
@@ -188,7 +195,9 @@ class Canary:
             prev = CANARY_MAX.labels(served.sds.id)._value.get()  # noqa: SLF001 - read back our own gauge
             CANARY_MAX.labels(served.sds.id).set(max(prev, err))
             rec = {"sds": served.sds.id, "algorithm": alg, "function": served.func, "max_error": err,
-                   "bound": bound, "checked": len(errs), "within_bound": within, "time": time.time(), **extra_rec}
+                   "bound": bound, "checked": len(errs), "within_bound": within, "time": time.time(),
+                   "served_wall_s": served.wall_s, "served_cpu_s": served.cpu_s, "raw_wall_s": raw_wall,
+                   "raw_cpu_s": raw_cpu, **extra_rec}
             with self.lock:
                 self.results.append(rec)
                 del self.results[:-200]

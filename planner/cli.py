@@ -54,6 +54,12 @@ def run(a: argparse.Namespace, out: Any = sys.stdout) -> int:
             print(f"{p['id']:40} {p['algorithm']:5} {p['pane_ms'] // 1000:>5}s {p['series']:>7} {p['hits']:>6} "
                   f"{p['saved_samples']:>14} {_fmt_bytes(p['bytes']):>10} {bf['state']:9} {p['error_bound']}", file=out)
         print(f"summarizer: {d['summarizer']['samples']} samples folded, {d['summarizer']['cpu_seconds']:.3f} CPU-s", file=out)
+        sa = d.get("step_answers")
+        if sa:
+            print(f"step answers: {sa['reused_steps']} of {sa['steps']} steps reused ({sa['reuse_ratio']:.1%}), "
+                  f"{sa['invalidated_steps']} invalidated by late writes, {_fmt_bytes(sa['bytes'])} kept", file=out)
+        for r in d.get("retired") or []:
+            print(f"retired {r['id']}: {r['reason']}", file=out)
         return 0
     if a.action == "show":
         if not a.arg:

@@ -21,11 +21,11 @@ SELECT tenant, pattern,
        sum(cpu_s)                                       AS cpu_s_total,
        quantile_cont(cpu_s, 0.99)                       AS p99_cpu_s,
        sum(samples)                                     AS samples_scanned,
-       sum(CASE WHEN paths LIKE '%summary:%' THEN 1 ELSE 0 END)          AS summary_executions,
-       avg(CASE WHEN paths LIKE '%summary:%' THEN cpu_s END)             AS mean_cpu_summary_s,
-       avg(CASE WHEN paths NOT LIKE '%summary:%' THEN cpu_s END)         AS mean_cpu_raw_s,
-       avg(CASE WHEN paths LIKE '%summary:%' THEN wall_s END)            AS mean_wall_summary_s,
-       avg(CASE WHEN paths NOT LIKE '%summary:%' THEN wall_s END)        AS mean_wall_raw_s,
+       sum(CASE WHEN {SERVED} THEN 1 ELSE 0 END)          AS summary_executions,
+       avg(CASE WHEN {SERVED} THEN cpu_s END)             AS mean_cpu_summary_s,
+       avg(CASE WHEN NOT {SERVED} THEN cpu_s END)         AS mean_cpu_raw_s,
+       avg(CASE WHEN {SERVED} THEN wall_s END)            AS mean_wall_summary_s,
+       avg(CASE WHEN NOT {SERVED} THEN wall_s END)        AS mean_wall_raw_s,
        sum(CASE WHEN error IS NOT NULL AND error <> '' THEN 1 ELSE 0 END) AS errors,
        min(expr)                                        AS example
 FROM query_log
@@ -37,7 +37,7 @@ LIMIT ?
 
 _TOTALS_SQL = """
 SELECT count(*), coalesce(sum(cpu_s), 0), count(DISTINCT pattern),
-       sum(CASE WHEN paths LIKE '%summary:%' THEN 1 ELSE 0 END)
+       sum(CASE WHEN {SERVED} THEN 1 ELSE 0 END)
 FROM query_log WHERE arrival_ms >= ? {tenant_filter}
 """
 
@@ -47,6 +47,10 @@ FROM (SELECT pattern, unnest(CAST(json_extract_string(paths, '$[*]') AS VARCHAR[
 WHERE p LIKE 'summary:%'
 GROUP BY pattern
 """
+
+
+# planner-served: a summary answered a sub-tree, or earlier step answers stood in for some steps
+_SERVED = "(paths LIKE '%summary:%' OR paths LIKE '%steps:reused%')"
 
 
 def _f(x: Any) -> float | None:
@@ -61,7 +65,7 @@ def build_report(query_log: Any, planner: Any = None, canary: Any = None, storag
         query_log.flush()
     tf = "AND tenant = ?" if tenant else ""
     params: list[Any] = [since] + ([tenant] if tenant else []) + [limit]
-    rows = query_log.sql(_PATTERN_SQL.format(tenant_filter=tf), params) if query_log is not None else []
+    rows = query_log.sql(_PATTERN_SQL.format(tenant_filter=tf, SERVED=_SERVED), params) if query_log is not None else []
     cols = ["tenant", "pattern", "executions", "p50_latency_s", "p99_latency_s", "cpu_s_total", "p99_cpu_s", "samples_scanned",
             "summary_executions", "mean_cpu_summary_s", "mean_cpu_raw_s", "mean_wall_summary_s", "mean_wall_raw_s", "errors", "example"]
     sds_by_pattern: dict[str, list[str]] = {}
@@ -105,19 +109,22 @@ def build_report(query_log: Any, planner: Any = None, canary: Any = None, storag
     summaries = []
     ingest_cpu = 0.0
     summary_bytes = 0
+    retired: list[dict[str, Any]] = []
     if planner is not None:
         for p in planner.plans():
             summaries.append({k: p.get(k) for k in ("id", "metric", "algorithm", "pane_ms", "error_bound", "series", "bytes", "hits",
-                                                     "windows_served", "saved_samples", "ingest_cpu_seconds", "ingested_samples", "reason")})
+                                                     "windows_served", "saved_samples", "ingest_cpu_seconds", "ingested_samples", "reason",
+                                                     "measured")})
             ingest_cpu += float(p.get("ingest_cpu_seconds") or 0.0)
             summary_bytes += int(p.get("bytes") or 0)
+        retired = [dict(r) for r in planner.retired.values() if r.get("retired_at", 0) * 1000 >= since]
     storage_info: dict[str, Any] = {}
     if storage is not None and hasattr(storage, "stats"):
         st = storage.stats()
         storage_info = st if isinstance(st, dict) else json.loads(json.dumps(st, default=str))
     # Totals over every pattern in the window, not only the listed (top-``limit``) ones.
     if query_log is not None:
-        n_exec, raw_cpu, n_pat, n_summary = query_log.sql(_TOTALS_SQL.format(tenant_filter=tf), params[:-1])[0]
+        n_exec, raw_cpu, n_pat, n_summary = query_log.sql(_TOTALS_SQL.format(tenant_filter=tf, SERVED=_SERVED), params[:-1])[0]
         raw_cpu, n_exec, n_pat, n_summary = float(raw_cpu or 0.0), int(n_exec or 0), int(n_pat or 0), int(n_summary or 0)
     else:
         raw_cpu, n_exec, n_pat, n_summary = 0.0, 0, 0, 0
@@ -135,5 +142,5 @@ def build_report(query_log: Any, planner: Any = None, canary: Any = None, storag
             "patterns": n_pat, "executions": n_exec, "summary_served_executions": n_summary,
             "listed_patterns": len(patterns),
         },
-        "patterns": patterns, "summaries": summaries, "tenants": tenants, "storage": storage_info,
+        "patterns": patterns, "summaries": summaries, "retired": retired, "tenants": tenants, "storage": storage_info,
     }

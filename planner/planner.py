@@ -207,6 +207,8 @@ class Planner:
         self._thread: threading.Thread | None = None
         self.decisions: deque = deque(maxlen=200)
         self._scope_cache: dict[tuple[str, str], tuple[float, int]] = {}
+        self.retired: dict[str, dict[str, Any]] = {}  # recently retired plans with their reasons (plan list, cost report)
+        self._blocked: dict[str, tuple[float, str]] = {}  # spec id -> (time, reason): measured not to pay
 
     # --- catalog lookups -------------------------------------------------------------------
     @property
@@ -265,7 +267,11 @@ class Planner:
 
     # --- adoption ----------------------------------------------------------------------------
     def adopt(self, spec: SDSSpec, *, pinned: bool = False, reason: str = "", history_ms: int | None = None,
-              background: bool | None = None) -> SDS:
+              background: bool | None = None) -> SDS | None:
+        if not pinned:
+            blocked = self._blocked.get(spec.id)
+            if blocked is not None and time.time() - blocked[0] < self.config.retire_after_ms / 1000:
+                return None  # measured not to pay a short while ago
         with self.lock:
             existing = self.sds.get(spec.id)
             if existing is not None:
@@ -280,11 +286,20 @@ class Planner:
         self.summarizer.adopt(sds, hist, background=bg)
         return sds
 
-    def retire(self, sds_id: str, reason: str) -> None:
+    def retire(self, sds_id: str, reason: str, measured: bool = False) -> None:
+        """Drop a plan. ``measured``: it was not cheaper than raw, so the same plan is not adopted again
+        for ``retire_after`` (its candidates say why)."""
         sds = self.summarizer.remove(sds_id)
         if sds is None:
             return
-        self.decisions.append((time.time(), "retire", sds_id, reason))
+        now = time.time()
+        self.retired[sds_id] = {"id": sds_id, "metric": sds.metric, "algorithm": sds.spec.algorithm, "reason": reason,
+                                "retired_at": now, "measured": sds.stats.measured(), "hits": sds.stats.hits}
+        while len(self.retired) > 200:
+            self.retired.pop(next(iter(self.retired)))
+        if measured:
+            self._blocked[sds.spec.id] = (now, reason)
+        self.decisions.append((now, "retire", sds_id, reason))
         log.info("planner: retiring %s (%s)", sds_id, reason)
         if self.persistence is not None:
             self.persistence.drop(sds_id)
@@ -420,6 +435,9 @@ class Planner:
             budget_left_bytes=self.config.budget_bytes - used, fold_cost_s=fold,
         )
         ks.last_decision = est.reason
+        if est.pays and self._blocked_reason(c) is not None:
+            ks.last_decision = f"retired on measurement: {self._blocked_reason(c)}"
+            return
         if est.pays:
             params: tuple = ()
             if c.algorithm == "kll":
@@ -434,11 +452,43 @@ class Planner:
             self.adopt(spec, reason=f"recurred {len(ks.arrivals)}x in {self.config.period_ms // 1000}s; {est.reason}",
                        history_ms=hist)
 
+    def _blocked_reason(self, c: Candidate) -> str | None:
+        now = time.time()
+        for sid, (t, why) in list(self._blocked.items()):
+            if now - t >= self.config.retire_after_ms / 1000:
+                del self._blocked[sid]
+            elif sid.startswith(f"{c.algorithm}-{c.metric}-"):
+                return why
+        return None
+
     # --- maintenance -------------------------------------------------------------------------
+    MIN_SHADOW_RUNS = 6  # shadow runs before a plan's measured cost decides
+    GRACE_S = 300.0  # a plan's summarization CPU is weighed against its savings after this long
+
+    def measured_verdict(self, s: SDS, now: float) -> str | None:
+        """Why a plan must go, from its shadow runs (same sub-tree and steps on the raw path): its p50 is
+        not below raw, or its measured CPU savings (per hit, times hits, less summarization CPU) are negative."""
+        m = s.stats.measured()
+        if m is None or m["runs"] < self.MIN_SHADOW_RUNS:
+            return None
+        if m["served_p50_s"] >= m["raw_p50_s"]:
+            return (f"measured p50 {m['served_p50_s'] * 1e3:.2f} ms from the summary is not below the raw path's "
+                    f"{m['raw_p50_s'] * 1e3:.2f} ms ({m['runs']} shadow runs)")
+        if m["served_cpu_p50_s"] >= m["raw_cpu_p50_s"] or (
+                now - s.stats.created > self.GRACE_S and m["cpu_saved_s"] < 0):
+            return (f"measured CPU savings are negative: {m['cpu_saved_s']:.4f} CPU-s ({s.stats.hits} hits x "
+                    f"({m['raw_cpu_p50_s'] * 1e3:.2f} raw - {m['served_cpu_p50_s'] * 1e3:.2f} ms served) - "
+                    f"{s.stats.ingest_cpu_s:.4f} s summarization)")
+        return None
+
     def maintain(self) -> None:
         now = time.time()
         for s in list(self.sds.values()):
             if s.pinned:
+                continue
+            why = self.measured_verdict(s, now)
+            if why is not None:
+                self.retire(s.id, why, measured=True)
                 continue
             last = max(s.stats.last_hit, s.stats.created)
             if now - last > self.config.retire_after_ms / 1000:

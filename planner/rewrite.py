@@ -44,6 +44,8 @@ class Served:
     ends: np.ndarray
     range_ms: int
     phi: float | None
+    wall_s: float = 0.0  # what answering the sub-tree from the summary cost (measured in the hook)
+    cpu_s: float = 0.0
 
 
 Rule = Callable[[Any, Any, "RewriteContext"], "Served | None"]
@@ -210,6 +212,7 @@ class RewriteHook:
         if type(node).__name__ != "Call":
             return None
         for rule in self.rules:
+            w0, c0 = time.perf_counter(), time.thread_time()
             try:
                 served = rule(node, ectx, self.rctx)
             except Exception:  # noqa: BLE001 - a summary problem must never fail the query: go raw
@@ -217,6 +220,7 @@ class RewriteHook:
                 ectx.extra.pop(_FILL_KEY, None)
                 return None
             if served is not None:
+                served.wall_s, served.cpu_s = time.perf_counter() - w0, time.thread_time() - c0
                 ectx.extra.pop(_FILL_KEY, None)
                 self._report(served, ectx)
                 return served.value

@@ -23,6 +23,7 @@ plus rules for ``AggregateExpr`` nodes (``RewriteHook`` itself only looks at cal
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -274,6 +275,7 @@ class SketchRewriteHook(RewriteHook):
     def __call__(self, node: Any, ectx: Any) -> Any:
         if self.find_group is not None and type(node).__name__ == "AggregateExpr" and not ectx.extra.get("exact"):
             served = None
+            w0, c0 = time.perf_counter(), time.thread_time()
             for rule in AGGREGATE_RULES:
                 try:
                     served = rule(node, ectx, self.rctx, self.find_group)
@@ -283,6 +285,7 @@ class SketchRewriteHook(RewriteHook):
                 if served is not None:
                     break
             if served is not None:
+                served.wall_s, served.cpu_s = time.perf_counter() - w0, time.thread_time() - c0
                 self._report(served, ectx)
                 return served.value
             return None

@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
+from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
@@ -141,6 +142,19 @@ class SDSStats:
     late_dropped: int = 0  # late samples that could not be folded (no raw storage to rebuild exact panes from)
     late_folded: int = 0  # late samples folded into their panes (sketches) or whose panes were rebuilt (exact)
     late_rebuilt_samples: int = 0  # raw samples re-read to rebuild exact panes after late samples
+    # shadow runs (the canary): (served wall s, served CPU s, raw wall s, raw CPU s) of the same sub-tree
+    shadow: deque = field(default_factory=lambda: deque(maxlen=64))
+    shadow_runs: int = 0
+
+    def measured(self) -> dict[str, float] | None:
+        """Medians of the shadow runs: the summary path against the raw path, same sub-tree and steps."""
+        if not self.shadow:
+            return None
+        a = np.asarray(self.shadow, dtype=np.float64)
+        med = np.median(a, axis=0)
+        return {"runs": len(a), "served_p50_s": float(med[0]), "served_cpu_p50_s": float(med[1]),
+                "raw_p50_s": float(med[2]), "raw_cpu_p50_s": float(med[3]),
+                "cpu_saved_s": float((med[3] - med[1]) * self.hits - self.ingest_cpu_s)}
 
 
 class SDS:
@@ -317,6 +331,7 @@ class SDS:
             "late_dropped": self.stats.late_dropped,
             "late_folded": self.stats.late_folded,
             "late_rebuilt_samples": self.stats.late_rebuilt_samples,
+            "measured": self.stats.measured(),
         }
 
 

@@ -3,6 +3,8 @@ ranges/steps/groupings/quantiles, exact=true and uncovered queries on raw, retir
 pinned plans, normalization, and restart recovery of open panes from raw data."""
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from planner.normalize import candidates, normalize
@@ -166,3 +168,39 @@ def test_explain_reports_path_and_cost_check():
     # explain agrees with what the engine then does
     assert st.engine.range_query(q, tmax - 3_600_000, tmax, 600_000).stats.paths[0] == coarse["path"]
     assert st.engine.range_query(q, tmax - 3_600_000, tmax, 15_000).stats.paths == ["raw"]
+
+
+def test_plan_slower_than_raw_in_shadow_runs_is_retired_and_not_readopted():
+    """Never slower than raw: the canary shadows every new plan's first served sub-trees on the raw path;
+    a plan whose measured p50 is not below raw's is retired with the measurement as its reason, listed
+    as retired, and the recurring pattern is not adopted again for ``retire_after``."""
+    items = random_series(seed=11)
+    src, batch = load(items)
+    tmax = int(batch.timestamps.max())
+    st = _stack(src, {"canary_fraction": 0.0})
+    feed(st.summarizer, batch)
+    q = "sum by (job) (rate(x_total[30m]))"
+    for _ in range(4):
+        st.engine.range_query(q, tmax - 6 * 3_600_000, tmax, 300_000)
+    (sds,) = st.planner.sds.values()
+    for _ in range(8):
+        res = st.engine.range_query(q, tmax - 6 * 3_600_000, tmax, 300_000)
+        assert any(p.startswith("summary:") for p in res.stats.paths)
+        deadline = time.time() + 30
+        while st.canary.pending and time.time() < deadline:  # shadow runs are bounded in flight (4)
+            time.sleep(0.01)
+    assert sds.stats.shadow_runs >= 6 and len(sds.stats.shadow) >= 6  # measured on the real raw path
+    m = sds.stats.measured()
+    assert m["raw_p50_s"] > 0 and m["served_p50_s"] > 0
+    # the same plan measured as slower than raw (a loaded machine, a tiny scope): retired on measurement
+    sds.stats.shadow.clear()
+    for _ in range(6):
+        sds.stats.shadow.append((0.004, 0.004, 0.003, 0.003))
+    st.planner.maintain()
+    assert sds.id not in st.planner.sds
+    rec = st.planner.retired[sds.id]
+    assert "not below the raw path" in rec["reason"] and rec["measured"]["runs"] == 6
+    for _ in range(4):
+        st.engine.range_query(q, tmax - 6 * 3_600_000, tmax, 300_000)
+    assert sds.id not in st.planner.sds  # measured not to pay: not adopted again for retire_after
+    assert any("retired on measurement" in c["last_decision"] for c in st.planner.candidates_report())

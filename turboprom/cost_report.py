@@ -59,7 +59,8 @@ def render_text(rep: dict[str, Any]) -> str:
     lines = [
         f"TurboProm cost report, {_ts(rep['since_ms'])} .. {_ts(rep['generated_at_ms'])}" + (f", tenant {rep['tenant']}" if rep.get("tenant") else ""),
         "",
-        f"queries: {t['executions']} executions of {t['patterns']} patterns, {t['summary_served_executions']} served from summaries",
+        f"queries: {t['executions']} executions of {t['patterns']} patterns, {t['summary_served_executions']} planner-served "
+        "(from summaries and/or reused step answers)",
         f"query CPU: {t['query_cpu_s']:.3f} s   measured savings: {t['measured_savings_cpu_s']:.3f} s   "
         f"summary ingest CPU: {t['summary_ingest_cpu_s']:.3f} s   net: {t['net_savings_cpu_s']:+.3f} s   summary storage: {t['summary_bytes'] / 1024:.1f} KiB",
         "",
@@ -73,6 +74,10 @@ def render_text(rep: dict[str, Any]) -> str:
         lines += ["", f"{'summary (SDS)':<58} {'algorithm':>9} {'hits':>6} {'KiB':>9} {'ingest CPU s':>12}  error bound"]
         for s in rep["summaries"]:
             lines.append(f"{s['id']:<58} {s['algorithm']:>9} {s['hits'] or 0:>6} {(s['bytes'] or 0) / 1024:>9.1f} {s['ingest_cpu_seconds'] or 0:>12.4f}  {s['error_bound']}")
+    if rep.get("retired"):
+        lines += ["", "retired plans:"]
+        for r in rep["retired"]:
+            lines.append(f"  {r['id']}: {r['reason']}")
     srows = _storage_rows(rep)
     if srows:
         lines += ["", f"{'raw storage: metric':<58} {'series':>8} {'est. block bytes':>16}"]

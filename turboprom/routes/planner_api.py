@@ -38,12 +38,17 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
     async def plans(request: web.Request, params: Params) -> web.Response:
         p = _planner(ctx)
 
+        engine = ctx.components.get("planned_engine")
+
         def build() -> dict[str, Any]:
             summ = p.summarizer
             return {
                 "plans": [_describe(s) for s in sorted(p.sds.values(), key=lambda s: s.id)],
                 "summarizer": {"cpu_seconds": summ.cpu_seconds, "samples": summ.samples, "max_ts": summ.max_ts},
                 "decisions": [{"time": t, "action": a, "sds": i, "reason": r} for t, a, i, r in list(p.decisions)],
+                "retired": list(p.retired.values()),
+                "step_answers": (engine.step_answers.describe()
+                                 if engine is not None and engine.step_answers is not None else None),
                 "budget_bytes": p.config.budget_bytes,
             }
 

@@ -30,8 +30,11 @@ def demo_config(listen: str, worker_targets: list[str], scheduler_target: str | 
                      "static_configs": [{"targets": worker_targets, "labels": {"cluster": "demo"}}]})
     if scheduler_target:
         jobs.append({"job_name": "scheduler", "scrape_interval": "5s", "static_configs": [{"targets": [scheduler_target]}]})
+    # the demo opts in to sketches (a plain server answers exactly by default); approx=false or
+    # exact=true on a request turns them off again
+    planner = {"min_count": 3, "period": "5m", "pane": "1m", "approximate": True}
     return {"global": {"scrape_interval": "5s", "evaluation_interval": "15s"}, "scrape_configs": jobs,
-            "congestion": {"resolution": "5s"}, "planner": {"min_count": 3, "period": "5m", "pane": "1m"}}
+            "congestion": {"resolution": "5s"}, "planner": planner}
 
 
 def banner(listen: str, data_dir: str, fleet: bool) -> str:
@@ -50,7 +53,10 @@ def banner(listen: str, data_dir: str, fleet: bool) -> str:
         f"  Replay:        .venv/bin/turboprom replay --trace ../shared/traces/mooncake_conversation_trace.jsonl --instances 32 --scheduler vesta,smetric --load 0.5,0.9 --limit 3000",
         f"  Grafana:       add a Prometheus datasource with URL {base}; import docs/grafana/*.json",
         "",
-        "Summaries are adopted once dashboard queries recur (a few minutes). Stop with Ctrl-C.",
+        "Dashboard refreshes reuse the answers of steps no new sample touched, and summaries are adopted once",
+        "queries recur (a few minutes). This demo turns approximation on (planner.approximate: true): sketch",
+        "answers say so in their infos with a value bound; add approx=false or exact=true to a query for exact",
+        "answers (the default of a plain server). Stop with Ctrl-C.",
         "",
     ]
     return "\n".join(lines)

@@ -60,7 +60,9 @@ def rebuild_exact(sds: Any, storage: Any, sid: np.ndarray, ts: np.ndarray, floor
     with store.lock:
         chain_t = store.last_t[aff].copy()
         chain_v = store.last_v[aff].copy()
-    end_ms = np.minimum((span_hi + 1) * P - 1, chain_t)
+    # a series never folded before (its first samples arrive late) has no chain: rebuild its whole span
+    never = chain_t == INT64_MIN
+    end_ms = np.where(never, (span_hi + 1) * P - 1, np.minimum((span_hi + 1) * P - 1, chain_t))
     if len(aff) <= PER_SERIES_READS:
         # few affected series: one read per series over its span (label-equality matchers may also
         # match series with more labels: only the series itself is kept, nothing else is registered)
@@ -118,8 +120,10 @@ def rebuild_exact(sds: Any, storage: Any, sid: np.ndarray, ts: np.ndarray, floor
             for k_next in sorted(set(nxt[s] for s in got_s.tolist())):
                 m = np.array([nxt[s] == k_next for s in got_s.tolist()])
                 store.fix_entries(got_s[m], got_v[m], int(k_next))
-        store.last_t[aff] = chain_t  # the newest sample of each series is unchanged by late ones
-        store.last_v[aff] = chain_v
+        # the newest sample of each series is unchanged by late ones; a new series' chain now starts at
+        # its newest rebuilt sample
+        store.last_t[aff[~never]] = chain_t[~never]
+        store.last_v[aff[~never]] = chain_v[~never]
         if hasattr(store, "epoch"):  # readers caching results over sealed panes must see the rewrite
             store.epoch += 1
             store.version += 1

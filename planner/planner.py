@@ -174,6 +174,8 @@ class PlannerConfig:
         return c
 
 
+PANE_CHOICES_MS = (60_000, 30_000, 20_000, 15_000, 10_000, 5_000)  # divisors of a minute, coarsest first
+
 _KNOWN_KEYS = frozenset({
     "enabled", "approximate", "tenants", "min_count", "period", "pane", "history", "max_history", "budget",
     "retire_after", "seal_delay", "canary_fraction", "background_backfill", "cost_based", "req_min_phi",
@@ -186,6 +188,7 @@ class KeyStats:
     arrivals: deque = field(default_factory=deque)  # arrival times (s)
     raw_cpu: deque = field(default_factory=lambda: deque(maxlen=64))
     max_range_ms: int = 0
+    min_range_ms: int = 0  # shortest window seen: the pane must fit in it (several times) for the summary to pay
     windows: deque = field(default_factory=lambda: deque(maxlen=64))
     series: int = 0
     sample_rate: float = 0.0  # samples per second of data, estimated from raw scans
@@ -361,6 +364,7 @@ class Planner:
                     if entry.samples and data_ms:
                         ks.sample_rate = max(ks.sample_rate, entry.samples / len(cands) / (data_ms / 1000))
                 ks.max_range_ms = max(ks.max_range_ms, c.range_ms)
+                ks.min_range_ms = c.range_ms if not ks.min_range_ms else min(ks.min_range_ms, c.range_ms)
                 ks.windows.append(max(entry.result_series, 1) * steps)
                 ks.series = max(ks.series, entry.result_series)
                 ks.patterns.add(entry.pattern)
@@ -422,16 +426,30 @@ class Planner:
         except Exception:  # noqa: BLE001 - unknown cardinality: stay exact
             return 0
 
+    def pane_for(self, ks: KeyStats) -> int:
+        """The pane of a new plan: the configured one, or a finer divisor of a minute when the pattern's
+        shortest window would hold fewer than 4 whole panes (``rate(x[1m])`` with 1 m panes has none)."""
+        pane = self.config.pane_ms
+        if ks.min_range_ms and ks.min_range_ms < 4 * pane:
+            for p in PANE_CHOICES_MS:
+                if p <= pane and 4 * p <= ks.min_range_ms:
+                    return p
+            return min(pane, PANE_CHOICES_MS[-1])
+        return pane
+
     def _consider(self, c: Candidate, ks: KeyStats) -> None:
         raw_cpu = sum(ks.raw_cpu) / len(ks.raw_cpu)
-        hist = min(max(self.config.history_ms, 2 * ks.max_range_ms), self.config.max_history_ms)
+        pane_ms = self.pane_for(ks)
+        # a finer pane keeps the configured number of panes (memory), still at least 2x the largest range
+        history = self.config.history_ms * pane_ms // self.config.pane_ms
+        hist = min(max(history, 2 * ks.max_range_ms), self.config.max_history_ms)
         used = sum(s.nbytes() for s in self.sds.values())
         fold = (self.summarizer.cpu_seconds / self.summarizer.samples) if self.summarizer.samples > 1000 else cost_model.DEFAULT_FOLD_COST_S
         est = cost_model.estimate(
             algorithm=c.algorithm, queries=len(ks.arrivals), period_s=self.config.period_ms / 1000,
             raw_cpu_per_query=raw_cpu, range_ms=max(ks.max_range_ms, 1),
             windows_per_query=sum(ks.windows) / max(len(ks.windows), 1), series=ks.series,
-            ingest_samples_per_s=ks.sample_rate, pane_ms=self.config.pane_ms, history_ms=hist,
+            ingest_samples_per_s=ks.sample_rate, pane_ms=pane_ms, history_ms=hist,
             budget_left_bytes=self.config.budget_bytes - used, fold_cost_s=fold,
         )
         ks.last_decision = est.reason
@@ -445,10 +463,10 @@ class Planner:
             elif c.algorithm == "req":
                 params = (("k", REQ_DEFAULT_K), ("min_phi", self.config.req_min_phi))
             if ALGORITHMS[c.algorithm].scope == "fixed":  # scope = the selector's matchers; groups / items
-                spec = SDSSpec(metric=c.metric, algorithm=c.algorithm, pane_ms=self.config.pane_ms, matchers=c.matchers,
+                spec = SDSSpec(metric=c.metric, algorithm=c.algorithm, pane_ms=pane_ms, matchers=c.matchers,
                                grouping=c.grouping)
             else:
-                spec = SDSSpec(metric=c.metric, algorithm=c.algorithm, pane_ms=self.config.pane_ms, params=params)
+                spec = SDSSpec(metric=c.metric, algorithm=c.algorithm, pane_ms=pane_ms, params=params)
             self.adopt(spec, reason=f"recurred {len(ks.arrivals)}x in {self.config.period_ms // 1000}s; {est.reason}",
                        history_ms=hist)
 

@@ -23,8 +23,10 @@ class DashboardWorkload:
         self.errors = 0
 
     def run_once(self) -> None:
-        end = time.time()
-        start = end - self.range_s
+        # start and end on multiples of the step, as Grafana aligns them: refreshes repeat step times,
+        # so the steps no new sample touched are answered from earlier refreshes
+        end = time.time() // self.step_s * self.step_s
+        start = (end - self.range_s) // self.step_s * self.step_s
         for d in DASHBOARDS:
             for p in d.panels:
                 form = urllib.parse.urlencode({"query": p.expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": str(self.step_s)}).encode()

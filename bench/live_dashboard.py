@@ -485,6 +485,7 @@ class Bench:
         self.error_counts: dict[str, int] = {p: 0 for p in PATHS}
         self.mismatches: list[dict] = []
         self.rss: dict[str, list[int]] = {n: [] for n in SERVERS}
+        self.rss_t: list[tuple[float, str, int]] = []  # (time, server, VmRSS bytes)
         self.cpu_marks: list[tuple[float, str, dict[str, float]]] = []
         self.late_refreshes = 0
         self.last_refresh: dict[str, float] = {}
@@ -628,10 +629,12 @@ class Bench:
 
     def monitor(self) -> None:
         while not self.stop_ev.wait(2.0):
+            now = time.time()
             for n, s in self.servers.items():
                 kb = proc_status_kb(s.pid, "VmRSS")
                 if kb:
                     self.rss[n].append(kb * 1024)
+                    self.rss_t.append((now, n, kb * 1024))
 
     # queries -------------------------------------------------------------------------------
     def query(self, client: Client, path_name: str, params: dict, deadline: float) -> tuple[dict | None, float | None]:
@@ -852,6 +855,15 @@ class Bench:
                     secs[key] += t1 - t0
                     for n in self.servers:
                         cpu[key][n] += c1[n] - c0[n]
+        # the same per block (time profile: adoption, backfill and retirement show up where they happen)
+        blocks = []
+        for (t0, ph, c0), (t1, _, c1) in zip(marks, marks[1:]):
+            if ph not in ("check", "clean"):
+                continue
+            rss_max = {n: max((b for t, m, b in self.rss_t if m == n and t0 <= t < t1), default=None) for n in self.servers}
+            blocks.append({"from_s": round(t0 - marks[0][0], 1), "to_s": round(t1 - marks[0][0], 1), "phase": ph,
+                           "cpu_s": {n: round(c1[n] - c0[n], 2) for n in self.servers}, "rss_max_bytes": rss_max})
+        out["cpu_blocks"] = blocks
         out["cpu_s"] = cpu
         out["cpu_wall_s"] = secs
         out["cpu_ratio_on_off"] = {ph: (cpu[ph]["on"] / cpu[ph]["off"]) if cpu[ph].get("off") else None for ph in cpu}
@@ -936,6 +948,17 @@ def render(res: dict[str, Any]) -> str:
     for n in cpu["total"]:
         L.append(f"| {n} | " + " | ".join(f"{cpu[ph][n]:.1f}" for ph in ("total", "check", "clean")) + " |")
     L.append("| on/off | " + " | ".join(_f(ratio[ph], "{:.2f}") for ph in ("total", "check", "clean")) + " |")
+    if res.get("cpu_blocks"):
+        L.append("")
+        L.append("| block | phase | " + " | ".join(f"{n} CPU s" for n in cpu["total"]) + " | on/off | "
+                 + " | ".join(f"{n} max RSS MB" for n in cpu["total"]) + " |")
+        L.append("|---|---|" + "---|" * (2 * len(cpu["total"]) + 1))
+        for b in res["cpu_blocks"]:
+            c = b["cpu_s"]
+            rr = b["rss_max_bytes"]
+            L.append(f"| {b['from_s']:.0f}-{b['to_s']:.0f}s | {b['phase']} | " + " | ".join(f"{c[n]:.1f}" for n in c)
+                     + f" | {_f(c['on'] / c['off'] if c.get('off') else None, '{:.2f}')} | "
+                     + " | ".join(_f(rr[n] and rr[n] / 2**20, "{:.0f}") for n in rr) + " |")
     L.append("")
     L.append("| RSS MB | median | max | VmHWM |")
     L.append("|---|---|---|---|")

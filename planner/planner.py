@@ -18,7 +18,7 @@ Config (``ctx.config.raw["planner"]``), all optional::
       min_count: 3            # recurrences ...
       period: 10m             # ... within this period
       pane: 1m
-      history: 1d             # backfill horizon (at least 2x the largest range seen)
+      history: 1d             # backfill horizon at most (2x the widest span queried, at least 2x the largest range)
       max_history: 8d
       budget: 512MB
       retire_after: 1h
@@ -188,6 +188,7 @@ class KeyStats:
     arrivals: deque = field(default_factory=deque)  # arrival times (s)
     raw_cpu: deque = field(default_factory=lambda: deque(maxlen=64))
     max_range_ms: int = 0
+    max_span_ms: int = 0  # widest data span a query read (its range plus its window)
     min_range_ms: int = 0  # shortest window seen: the pane must fit in it (several times) for the summary to pay
     windows: deque = field(default_factory=lambda: deque(maxlen=64))
     series: int = 0
@@ -365,6 +366,7 @@ class Planner:
                         ks.sample_rate = max(ks.sample_rate, entry.samples / len(cands) / (data_ms / 1000))
                 ks.max_range_ms = max(ks.max_range_ms, c.range_ms)
                 ks.min_range_ms = c.range_ms if not ks.min_range_ms else min(ks.min_range_ms, c.range_ms)
+                ks.max_span_ms = max(ks.max_span_ms, c.range_ms + max(entry.end_ms - entry.start_ms, 0))
                 ks.windows.append(max(entry.result_series, 1) * steps)
                 ks.series = max(ks.series, entry.result_series)
                 ks.patterns.add(entry.pattern)
@@ -440,15 +442,21 @@ class Planner:
     def _consider(self, c: Candidate, ks: KeyStats) -> None:
         raw_cpu = sum(ks.raw_cpu) / len(ks.raw_cpu)
         pane_ms = self.pane_for(ks)
-        # a finer pane keeps the configured number of panes (memory), still at least 2x the largest range
-        history = self.config.history_ms * pane_ms // self.config.pane_ms
+        # the payload holds every series in the plan's scope (a per-metric plan: all of the metric's
+        # series), not the query's result series (e.g. sum by (le) leaves a dozen of 1,400)
+        scope = c if ALGORITHMS[c.algorithm].scope == "fixed" else Candidate(c.metric, (), c.algorithm, c.func, c.range_ms)
+        scope_series = max(self._scope_series_cached(scope), ks.series)
+        # history: twice the widest span the pattern's queries read (a 1 h dashboard needs ~2 h, not a
+        # day), at most the configured history (scaled to keep its pane count for finer panes), and at
+        # least twice the largest range
+        history = min(self.config.history_ms * pane_ms // self.config.pane_ms, max(2 * ks.max_span_ms, 3_600_000))
         hist = min(max(history, 2 * ks.max_range_ms), self.config.max_history_ms)
         used = sum(s.nbytes() for s in self.sds.values())
         fold = (self.summarizer.cpu_seconds / self.summarizer.samples) if self.summarizer.samples > 1000 else cost_model.DEFAULT_FOLD_COST_S
         est = cost_model.estimate(
             algorithm=c.algorithm, queries=len(ks.arrivals), period_s=self.config.period_ms / 1000,
             raw_cpu_per_query=raw_cpu, range_ms=max(ks.max_range_ms, 1),
-            windows_per_query=sum(ks.windows) / max(len(ks.windows), 1), series=ks.series,
+            windows_per_query=sum(ks.windows) / max(len(ks.windows), 1), series=scope_series,
             ingest_samples_per_s=ks.sample_rate, pane_ms=pane_ms, history_ms=hist,
             budget_left_bytes=self.config.budget_bytes - used, fold_cost_s=fold,
         )

@@ -158,3 +158,37 @@ def test_answers_that_read_outside_their_window_are_never_kept():
     for q, ok in [("rate(x[5m])", True), ("x offset 5m", True), ("x offset -5m", False), ("x @ 100", False),
                   ("max_over_time(rate(x[1m])[10m:1m] @ end())", False), ("sum(x) + y offset -1m", False)]:
         assert cacheable(promql_parser.parse(q)) is ok, q
+
+
+def test_lagging_senders_and_refreshes_at_any_phase_equal_raw():
+    """Engines whose samples arrive 0-5 s behind (each its own batch, as scrapes and remote writes do),
+    a write every 5 s, refreshes at every phase of the step grid: every refresh equals exact=true,
+    through summaries (adopted during the run) and reused steps alike."""
+    src = MemorySource()
+    st = build(src, Engine(src), None, {"canary_fraction": 0.0, "min_count": 2})  # backfill in the background, as served
+    fleet = Fleet(instances=8, seed=11)
+    rng = np.random.default_rng(5)
+    per = len(fleet.series) // 8
+    lag = rng.integers(0, 5_000, 8)
+    lag[:3] = 0  # some engines stamp exactly on the step and pane grid (window edges are (t - r, t])
+    t = T0 // 60_000 * 60_000
+    try:
+        for _ in range(2 * 3600 // 5):  # two hours of history, every 5 s, engines lagging
+            for i in np.argsort(lag)[::-1]:
+                rows = np.arange(i * per, (i + 1) * per)
+                write(src, st, fleet.batch(int(t - lag[i]), rows))
+            t += 5_000
+        for tick in range(40):
+            for i in np.argsort(lag)[::-1]:
+                rows = np.arange(i * per, (i + 1) * per)
+                write(src, st, fleet.batch(int(t - lag[i]), rows))
+            t += 5_000
+            if tick % 2:
+                continue
+            now = t - int(rng.integers(0, 15_000))  # the refresh lands anywhere in the step grid
+            start, end = grafana_range(now)
+            for q in PANELS[:4] + ["sum by (model_name) (increase(vllm:generation_tokens_total[10m]))"]:
+                same(st.engine.range_query(q, start, end, STEP), st.engine.range_query(q, start, end, STEP, exact=True), q)
+        assert any(s.spec.algorithm == "exact" for s in st.planner.sds.values())
+    finally:
+        st.planner.stop()

@@ -21,6 +21,7 @@ import numpy as np
 from prometheus_client import Counter, Gauge, Histogram
 
 from planner.rewrite import Served
+from planner.sds import shape_of
 from promql.eval_context import QueryBudget
 from promql.eval_selectors import eval_matrix_selector
 from promql.evaluator import Evaluator
@@ -102,10 +103,12 @@ class Canary:
         self.results: list[dict[str, Any]] = []  # recent checks, for /api/v1/planner/canary and tests
         load_all()
 
-    SHADOW_FIRST = 8  # every SDS's first served sub-trees are shadowed: the planner retires plans on these
+    SHADOW_FIRST = 8  # every SDS's first served sub-trees are shadowed, and each new shape of use: the
+    # rewrite skips a summary for shapes measured slower than raw, and the planner retires plans on these
 
     def __call__(self, served: Served, ectx: Any) -> None:
-        first = served.sds.stats.shadow_runs < self.SHADOW_FIRST
+        st = served.sds.stats
+        first = st.shadow_runs < self.SHADOW_FIRST or st.needs_probe(shape_of(served.func, served.range_ms, len(served.ends)))
         if not first and (self.fraction <= 0 or self.rng.random() >= self.fraction):
             return
         with self.lock:
@@ -136,7 +139,8 @@ class Canary:
                 args = [Scalar(np.full(len(ctx.step_times), served.phi)), rw] if served.phi is not None else [rw]
                 raw = FUNCTIONS[served.func](fctx, args)
             raw_wall, raw_cpu = time.perf_counter() - w0, time.thread_time() - c0
-            served.sds.stats.shadow.append((served.wall_s, served.cpu_s, raw_wall, raw_cpu))
+            served.sds.stats.record(shape_of(served.func, served.range_ms, len(served.ends)),
+                                    served.wall_s, served.cpu_s, raw_wall, raw_cpu)
             # align series by labels
             pos = {l: i for i, l in enumerate(raw.labels)}
             sv, sp = served.value.values, served.value.present

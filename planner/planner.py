@@ -49,7 +49,7 @@ from planner.algorithm_registry import ALGORITHMS, allowed
 from planner.normalize import Candidate, candidates, normalize
 from planner.query_log import LogEntry, QueryLog
 from planner.kll_store import REQ_DEFAULT_K
-from planner.sds import REQ_MIN_PHI, SDS, SDSSpec
+from planner.sds import REQ_MIN_PHI, SDS, SDSSpec, shape_of
 from planner.summarizer import Summarizer
 from planner.window import plan_windows
 from storage.matchers import Matcher
@@ -492,18 +492,18 @@ class Planner:
     GRACE_S = 300.0  # a plan's summarization CPU is weighed against its savings after this long
 
     def measured_verdict(self, s: SDS, now: float) -> str | None:
-        """Why a plan must go, from its shadow runs (same sub-tree and steps on the raw path): its p50 is
-        not below raw, or its measured CPU savings (per hit, times hits, less summarization CPU) are negative."""
+        """Why a plan must go, from its shadow runs (same sub-tree and steps on the raw path): every shape
+        of use measured so far is slower than raw (the rewrite already skips it for those), or its
+        measured CPU savings (per hit, times hits, less summarization CPU) are negative."""
         m = s.stats.measured()
         if m is None or m["runs"] < self.MIN_SHADOW_RUNS:
             return None
-        if m["served_p50_s"] >= m["raw_p50_s"]:
+        verdicts = [v for v in m["shapes"].values() if v is not None]
+        if verdicts and all(v == "slower" for v in verdicts):
             return (f"measured p50 {m['served_p50_s'] * 1e3:.2f} ms from the summary is not below the raw path's "
-                    f"{m['raw_p50_s'] * 1e3:.2f} ms ({m['runs']} shadow runs)")
-        if m["served_cpu_p50_s"] >= m["raw_cpu_p50_s"] or (
-                now - s.stats.created > self.GRACE_S and m["cpu_saved_s"] < 0):
-            return (f"measured CPU savings are negative: {m['cpu_saved_s']:.4f} CPU-s ({s.stats.hits} hits x "
-                    f"({m['raw_cpu_p50_s'] * 1e3:.2f} raw - {m['served_cpu_p50_s'] * 1e3:.2f} ms served) - "
+                    f"{m['raw_p50_s'] * 1e3:.2f} ms ({m['runs']} shadow runs; every shape of use slower)")
+        if now - s.stats.created > self.GRACE_S and m["cpu_saved_s"] < 0:
+            return (f"measured CPU savings are negative: {m['cpu_saved_s']:.4f} CPU-s ({s.stats.hits} hits; "
                     f"{s.stats.ingest_cpu_s:.4f} s summarization)")
         return None
 
@@ -605,6 +605,9 @@ class Planner:
                     if plan.summary_panes == 0:
                         item["path"] = "raw"
                         item["why"] = "no whole covered pane inside any window"
+                    elif self.config.cost_based and sds.stats.verdict(shape_of(c.func, c.range_ms, len(e))) == "slower":
+                        item["path"] = "raw"
+                        item["why"] = "shadow runs of this shape measured the summary slower than the raw path"
                     elif self.config.cost_based and not worth_it(c.func, plan, c.range_ms, sds.spec.pane_ms):
                         item["path"] = "raw"
                         item["why"] = (f"cost check: raw edges would cover {item['raw_edge_fraction']:.0%} of the raw "

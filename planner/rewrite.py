@@ -21,7 +21,7 @@ import numpy as np
 
 from planner.algorithm_registry import allowed
 from planner.normalize import servable_call
-from planner.sds import SDS
+from planner.sds import SDS, shape_of
 from planner.served_functions import SERVED
 from planner.summary_scan import ScanResult, scan_exact, scan_kll
 from planner.window import plan_windows
@@ -106,6 +106,8 @@ def prepare_or_why(node: Any, ectx: Any, rctx: RewriteContext, algorithm: str) -
     plan = plan_windows(ends, range_ms, sds.spec.pane_ms, lo, hi)
     if plan.summary_panes == 0:
         return None, "no pane"  # no whole covered pane in any window: raw is as cheap
+    if rctx.cost_based and sds.stats.verdict(shape_of(func, range_ms, len(ends))) == "slower":
+        return None, "measured slower"  # shadow runs of this shape: the raw path was faster
     if rctx.cost_based and not worth_it(func, plan, range_ms, sds.spec.pane_ms):
         # a refresh whose steps mostly come from the step cache pays even when the edges are wide
         if not worth_it_cached(sds, matchers, func, ends, range_ms, plan):

@@ -33,7 +33,7 @@ from planner.group_scan import scan_group
 from planner.normalize import distinct_shape, group_shape, topk_shape
 from planner.raw_segments import RawPrefix
 from planner.rewrite import RULES, RewriteContext, RewriteHook, Rule, Served, _number, _prepare, _vector, rule_kll, worth_it
-from planner.sds import SDS
+from planner.sds import SDS, shape_of
 from planner.summary_scan import RawSource, ScanResult, _read_raw, scan_kll
 from planner.topk_store import frequent_strings_sketch, provable_topk
 from planner.window import plan_windows
@@ -105,7 +105,8 @@ def rule_group(node: Any, ectx: Any, rctx: RewriteContext, find_group: GroupFind
     if loc is None:
         return None
     matchers, sds, range_ms, ends, plan = loc
-    if rctx.cost_based and not worth_it(func, plan, range_ms, sds.spec.pane_ms):
+    if rctx.cost_based and (not worth_it(func, plan, range_ms, sds.spec.pane_ms)
+                            or sds.stats.verdict(shape_of(func, range_ms, len(ends))) == "slower"):
         return None
     scan = scan_group(sds, ectx.source, matchers, op, func, by, ends, range_ms)
     val = VectorSteps(scan.labels, np.where(scan.present, scan.values, 0.0), scan.present,

@@ -145,16 +145,55 @@ class SDSStats:
     # shadow runs (the canary): (served wall s, served CPU s, raw wall s, raw CPU s) of the same sub-tree
     shadow: deque = field(default_factory=lambda: deque(maxlen=64))
     shadow_runs: int = 0
+    # the same per shape of use (function, range, steps bucket): (time, served wall s, raw wall s)
+    shapes: dict = field(default_factory=dict)
 
-    def measured(self) -> dict[str, float] | None:
-        """Medians of the shadow runs: the summary path against the raw path, same sub-tree and steps."""
+    SHAPE_TTL_S = 900.0  # a shape's verdict is re-measured after this long (data and load change)
+    SHAPE_MIN_RUNS = 3
+
+    def record(self, shape: tuple, served_wall: float, served_cpu: float, raw_wall: float, raw_cpu: float) -> None:
+        self.shadow.append((served_wall, served_cpu, raw_wall, raw_cpu))
+        self.shapes.setdefault(shape, deque(maxlen=16)).append((time.time(), served_wall, raw_wall))
+
+    def _recent(self, shape: tuple) -> list[tuple[float, float, float]]:
+        d = self.shapes.get(shape)
+        if not d:
+            return []
+        now = time.time()
+        return [x for x in d if now - x[0] < self.SHAPE_TTL_S]
+
+    def verdict(self, shape: tuple) -> str | None:
+        """"faster" / "slower" than raw for this shape of use (median of its recent shadow runs), or None
+        while fewer than ``SHAPE_MIN_RUNS`` are known."""
+        r = self._recent(shape)
+        if len(r) < self.SHAPE_MIN_RUNS:
+            return None
+        served = float(np.median([x[1] for x in r]))
+        raw = float(np.median([x[2] for x in r]))
+        return "faster" if served < raw else "slower"
+
+    def needs_probe(self, shape: tuple) -> bool:
+        return len(self._recent(shape)) < self.SHAPE_MIN_RUNS
+
+    def measured(self) -> dict[str, Any] | None:
+        """Medians of the shadow runs (the summary path against the raw path, same sub-tree and steps),
+        the measured CPU saving (mean saving per shadowed hit x hits - summarization CPU) and the
+        verdict per shape of use."""
         if not self.shadow:
             return None
         a = np.asarray(self.shadow, dtype=np.float64)
         med = np.median(a, axis=0)
+        per_hit = float(np.mean(a[:, 3] - a[:, 1]))
+        shapes = {f"{s[0]}[{s[1] // 1000}s] ~{1 << (2 * s[2])} steps": self.verdict(s) for s in list(self.shapes)}
         return {"runs": len(a), "served_p50_s": float(med[0]), "served_cpu_p50_s": float(med[1]),
                 "raw_p50_s": float(med[2]), "raw_cpu_p50_s": float(med[3]),
-                "cpu_saved_s": float((med[3] - med[1]) * self.hits - self.ingest_cpu_s)}
+                "cpu_saved_s": per_hit * self.hits - self.ingest_cpu_s, "shapes": shapes}
+
+
+def shape_of(func: str, range_ms: int, steps: int) -> tuple[str, int, int]:
+    """A shape of use of a summary: the function, its range and the number of steps (by powers of 4),
+    which is what decides whether the summary beats the raw path."""
+    return (func, int(range_ms), max(int(steps), 1).bit_length() // 2)
 
 
 class SDS:

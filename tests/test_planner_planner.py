@@ -192,14 +192,28 @@ def test_plan_slower_than_raw_in_shadow_runs_is_retired_and_not_readopted():
     assert sds.stats.shadow_runs >= 6 and len(sds.stats.shadow) >= 6  # measured on the real raw path
     m = sds.stats.measured()
     assert m["raw_p50_s"] > 0 and m["served_p50_s"] > 0
-    # the same plan measured as slower than raw (a loaded machine, a tiny scope): retired on measurement
+    # two shapes of use: this panel's measured slower than raw (a loaded machine, a tiny scope), a
+    # 24 h one faster -- the rewrite skips the summary for the slow shape only, and the plan stays
+    from planner.sds import shape_of
+
     sds.stats.shadow.clear()
+    sds.stats.shapes.clear()
+    slow = shape_of("rate", 30 * 60_000, 73)
     for _ in range(6):
-        sds.stats.shadow.append((0.004, 0.004, 0.003, 0.003))
+        sds.stats.record(slow, 0.004, 0.004, 0.003, 0.003)
+        sds.stats.record(shape_of("rate", 30 * 60_000, 1441), 0.010, 0.010, 0.050, 0.050)
+    res = st.engine.range_query(q, tmax - 6 * 3_600_000, tmax, 300_000)
+    assert not any(p.startswith("summary:") for p in res.stats.paths)  # measured slower for this shape: raw
+    st.planner.maintain()
+    assert sds.id in st.planner.sds  # still faster for the other shape
+    # every shape measured slower: retired on measurement
+    sds.stats.shapes.clear()
+    for _ in range(6):
+        sds.stats.record(slow, 0.004, 0.004, 0.003, 0.003)
     st.planner.maintain()
     assert sds.id not in st.planner.sds
     rec = st.planner.retired[sds.id]
-    assert "not below the raw path" in rec["reason"] and rec["measured"]["runs"] == 6
+    assert "not below the raw path" in rec["reason"] and rec["measured"]["runs"] == 18
     for _ in range(4):
         st.engine.range_query(q, tmax - 6 * 3_600_000, tmax, 300_000)
     assert sds.id not in st.planner.sds  # measured not to pay: not adopted again for retire_after

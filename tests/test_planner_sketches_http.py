@@ -31,12 +31,16 @@ def _history(url: str, end_ms: int, hours: float = 3.0) -> dict:
     n = int(hours * 3_600_000 / STEP_MS)
     ts = end_ms - (n - 1 - np.arange(n)) * STEP_MS
     data = []
+    # latencies every 3 s (a tail-quantile panel over 1 h windows of 1,200 samples: where a sketch pays)
+    m = 5 * n
+    lat_ts = end_ms - (m - 1 - np.arange(m)) * (STEP_MS // 5)
     for i in range(3):
-        data.append(({"__name__": "lat_seconds", "inst": f"i{i}"}, ts + i * 300, 0.2 + rng.lognormal(0, 1, n)))
+        data.append(({"__name__": "lat_seconds", "inst": f"i{i}"}, lat_ts + i * 300, 0.2 + rng.lognormal(0, 1, m)))
         data.append(({"__name__": "req_total", "job": f"j{i % 2}", "inst": f"i{i}"}, ts + i * 700,
                      np.cumsum(rng.random(n) * 5)))
-    for chunk in np.array_split(np.arange(n), 6):
-        _write(url, [(l, t[chunk], v[chunk]) for l, t, v in data])
+    parts = [np.array_split(np.arange(len(t)), 6) for _, t, _ in data]
+    for c in range(6):
+        _write(url, [(l, t[p[c]], v[p[c]]) for (l, t, v), p in zip(data, parts)])
     return {json_key(l): (t, v) for l, t, v in data}
 
 
@@ -53,7 +57,8 @@ def _wait_plans(url: str, algorithms: set[str]) -> list[dict]:
                 p["backfill"]["state"] == "done" and p["coverage"]["panes"] > 0 for p in plans):
             return plans
         time.sleep(0.3)
-    raise AssertionError(f"plans not adopted/backfilled: {plans}")
+    cands = _get(url, "/api/v1/planner/candidates")["data"]
+    raise AssertionError(f"plans not adopted/backfilled: {plans}; candidates: {cands}")
 
 
 def test_req_adoption_and_late_samples_over_http(ooo_server):

@@ -27,7 +27,6 @@ from planner.summary_scan import ScanResult, scan_exact, scan_kll
 from planner.window import plan_windows
 from promql.eval_selectors import duration_ms, effective_times, to_matchers
 from promql.types import VectorSteps
-from storage.labels import metric_name
 
 log = logging.getLogger("turboprom.planner")
 
@@ -247,15 +246,12 @@ class RewriteHook:
             f"(algorithm {sds.spec.algorithm}, pane {sds.spec.pane_ms // 1000}s, {sds.error_bound(s.phi)}{reuse}"
             f"{value_bound_note(s.scan, s.value)}); pass exact=true for the raw path"
         )
-        if s.func in ("rate", "increase"):
-            for lbl in s.value.labels:
-                name = metric_name(lbl)
-                if name and not name.endswith(_COUNTER_SUFFIXES):
-                    ectx.annotations.info(
-                        'PromQL info: metric might not be a counter, name does not end in '
-                        f'_total/_sum/_count/_bucket: "{name}"'
-                    )
-                    break
+        # an SDS holds one metric: its name decides the info (not a loop over the result's series)
+        if s.func in ("rate", "increase") and len(s.value.labels) and not sds.metric.endswith(_COUNTER_SUFFIXES):
+            ectx.annotations.info(
+                'PromQL info: metric might not be a counter, name does not end in '
+                f'_total/_sum/_count/_bucket: "{sds.metric}"'
+            )
         if self.rctx.on_served is not None:
             self.rctx.on_served(s, ectx)
 

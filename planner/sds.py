@@ -332,18 +332,15 @@ class SDS:
 
     def coverage(self) -> tuple[int, int]:
         """Complete panes [lo, hi) usable for queries."""
+        if self._pending_n:
+            # panes about to be read must hold every buffered sample (flushing only those of sealed
+            # panes measured faster but let live answers differ from raw: not done)
+            self.flush_pending()
         if self.live_from is None or self.cov_lo is None:
-            if self._pending_n:
-                self.flush_pending()
             return 0, 0
         sealed = (self.max_ts - self.seal_delay_ms) // self.spec.pane_ms  # panes before this are sealed
         # panes before the live start were filled by backfill from storage: complete once backfilled
         sealed = max(sealed, pane_of(self.live_from, self.spec.pane_ms))
-        kmin = self._pending_kmin
-        if self._pending_n and (kmin is None or kmin < sealed):
-            # panes about to be read must hold every buffered sample; live samples of the open panes
-            # (the usual case) wait for ingest's own flush instead of costing the query
-            self.flush_pending()
         return self.cov_lo, int(max(min(sealed, 1 << 60), self.cov_lo))
 
     def nbytes(self) -> int:

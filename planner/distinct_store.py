@@ -81,7 +81,7 @@ class CPCPaneStore(DyadicPanes[cpc_sketch], SeriesItems):
         with self.lock:
             it = self.item_of[sid]
             ok = it >= 0
-            k = (ts[ok] - 1) // self.pane_ms  # left-open panes (planner/window.py)
+            k = ts[ok] // self.pane_ms
             it = it[ok]
             if not len(it):
                 return

@@ -134,7 +134,7 @@ class ExactPaneStore:
             return
         with self.lock:
             self._choose_shift(sid, vals)
-            k = (ts - 1) // self.pane_ms  # left-open panes (planner/window.py)
+            k = ts // self.pane_ms
             new = np.ones(n, bool)
             new[1:] = (sid[1:] != sid[:-1]) | (k[1:] != k[:-1])
             gs = np.nonzero(new)[0]

@@ -147,7 +147,7 @@ class GroupPaneStore:
                 u, first = np.unique(g[fin], return_index=True)
                 unset = np.isnan(self.gshift[u])
                 self.gshift[u[unset]] = vals[fin][first[unset]]
-            k = (ts - 1) // self.pane_ms  # left-open panes (planner/window.py)
+            k = ts // self.pane_ms
             if not live or int(k.min()) < self._newest:
                 self.epoch += 1
             self._newest = max(self._newest, int(k.max()))

@@ -165,7 +165,7 @@ class KLLPaneStore:
         n = len(ts)
         if n == 0:
             return
-        k = (ts - 1) // self.pane_ms  # left-open panes (planner/window.py)
+        k = ts // self.pane_ms
         new = np.ones(n, bool)
         new[1:] = (sid[1:] != sid[:-1]) | (k[1:] != k[:-1])
         gs = np.nonzero(new)[0]

@@ -26,7 +26,6 @@ from typing import Any
 import numpy as np
 
 from planner.exact_store import ALL_FIELDS, _blank  # noqa: PLC2701 - the store's own blank values
-from planner.window import pane_first_ms, pane_last_ms, pane_of
 from storage.matchers import Matcher
 from storage.stale import is_stale
 
@@ -56,14 +55,14 @@ def rebuild_exact(sds: Any, storage: Any, sid: np.ndarray, ts: np.ndarray, floor
     first[1:] = sid[1:] != sid[:-1]
     last = np.append(first[1:], True)
     aff = sid[first]
-    start_ms = np.maximum(pane_first_ms(pane_of(ts[first], P), P), floor_ms)  # per affected series: its span
-    span_hi = pane_of(ts[last], P)  # last pane of the span
+    start_ms = np.maximum(ts[first] // P * P, floor_ms)  # per affected series: the span it rebuilds
+    span_hi = ts[last] // P  # last pane of the span
     with store.lock:
         chain_t = store.last_t[aff].copy()
         chain_v = store.last_v[aff].copy()
     # a series never folded before (its first samples arrive late) has no chain: rebuild its whole span
     never = chain_t == INT64_MIN
-    end_ms = np.where(never, pane_last_ms(span_hi, P), np.minimum(pane_last_ms(span_hi, P), chain_t))
+    end_ms = np.where(never, (span_hi + 1) * P - 1, np.minimum((span_hi + 1) * P - 1, chain_t))
     if len(aff) <= PER_SERIES_READS:
         # few affected series: one read per series over its span (label-equality matchers may also
         # match series with more labels: only the series itself is kept, nothing else is registered)
@@ -100,7 +99,7 @@ def rebuild_exact(sds: Any, storage: Any, sid: np.ndarray, ts: np.ndarray, floor
     with store.lock:
         # per affected series (not per sample): clear its span, chain it to the sample before the span
         for s, a0, k1 in zip(aff.tolist(), start_ms.tolist(), span_hi.tolist()):
-            c0 = max(pane_of(a0, P) - store.k0, 0)
+            c0 = max(a0 // P - store.k0, 0)
             c1 = min(k1 - store.k0 + 1, store.nk)
             if c0 < c1:
                 for f in ALL_FIELDS:

@@ -24,7 +24,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from planner.sds import SDS, SDSSpec
-from planner.window import PANE_LAYOUT, pane_first_ms
 from storage.stale import is_stale
 
 log = logging.getLogger("turboprom.planner")
@@ -105,10 +104,6 @@ class SDSPersistence:
         out = []
         for sds_id, spec_json, pinned, reason, cov_lo, persisted_hi in rows:
             try:
-                if json.loads(spec_json).get("pane_layout") != PANE_LAYOUT:
-                    log.info("SDS %s holds panes of an older layout; not restored (re-adopted when its queries recur)", sds_id)
-                    self.drop(sds_id)
-                    continue
                 sds = SDS(SDSSpec.from_json(json.loads(spec_json)), pinned=bool(pinned), reason=reason or "")
                 d = self.dir(sds_id)
                 if hasattr(sds.store, "import_meta") and (d / "groups.parquet").exists():
@@ -154,7 +149,7 @@ class SDSPersistence:
                 s = np.nonzero(has)[0]
                 store.last_t[s] = store.cols["last_t"][s, last_col[s]]
                 store.last_v[s] = store.cols["last_v"][s, last_col[s]]
-        ss = storage.select(sds.spec.scope_matchers(), pane_first_ms(hi, P), np.iinfo(np.int64).max // 2)
+        ss = storage.select(sds.spec.scope_matchers(), hi * P, np.iinfo(np.int64).max // 2)
         newest = None
         if len(ss):
             ids = sds.register(ss.labels)
@@ -168,5 +163,5 @@ class SDSPersistence:
             if len(ts):
                 newest = int(ts.max())
         sds.max_ts = max(sds.max_ts, hi * P + sds.seal_delay_ms)  # restored panes stay covered
-        sds.live_from = pane_first_ms(hi, P)  # per-series last_t keeps the recovered samples from being counted twice
+        sds.live_from = hi * P  # per-series last_t keeps the recovered samples from being counted twice
         return newest

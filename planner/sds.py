@@ -35,7 +35,6 @@ from planner.kll_store import rank_error, req_rank_error
 from planner.late_samples import fold_late_sketch, rebuild_exact
 from planner.served_functions import REQ_MIN_PHI
 from planner.topk_store import epsilon_for
-from planner.window import PANE_LAYOUT, pane_of
 from storage.labels import Labels, metric_name
 from storage.matchers import Matcher
 
@@ -65,7 +64,6 @@ class SDSSpec:
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["id"] = self.id
-        d["pane_layout"] = PANE_LAYOUT
         d["matchers"] = [f'{n}{o}"{v}"' for n, o, v in self.matchers]
         d["params"] = dict(self.params)
         return d
@@ -227,11 +225,11 @@ class SDS:
     def buffer(self, sid: np.ndarray, ts: np.ndarray, vals: np.ndarray) -> None:
         """Queue live samples (any order); folded in bulk by ``flush_pending``."""
         P = self.spec.pane_ms
-        kmax = pane_of(int(ts.max()), P)
+        kmax = int(ts.max()) // P
         with self._flush_lock:
             self._pending.append((sid, ts, vals))
             self._pending_n += len(ts)
-            kmin = pane_of(int(ts.min()), P)
+            kmin = int(ts.min()) // P
             self._pending_kmin = kmin if self._pending_kmin is None else min(self._pending_kmin, kmin)
             # fold when the stream reaches a pane newer than any folded so far (late samples ride along
             # to the next such flush instead of forcing one per batch), or the buffer is full
@@ -263,7 +261,7 @@ class SDS:
             sid = np.concatenate([p[0] for p in parts])
             ts = np.concatenate([p[1] for p in parts])
             vals = np.concatenate([p[2] for p in parts])
-            self._flushed_k = max(self._flushed_k, pane_of(int(ts.max()), self.spec.pane_ms))
+            self._flushed_k = max(self._flushed_k, int(ts.max()) // self.spec.pane_ms)
             order = np.lexsort((ts, sid))
             sid, ts, vals = sid[order], ts[order], vals[order]
             live_from = self.live_from if self.live_from is not None else np.iinfo(np.int64).min
@@ -340,7 +338,7 @@ class SDS:
             return 0, 0
         sealed = (self.max_ts - self.seal_delay_ms) // self.spec.pane_ms  # panes before this are sealed
         # panes before the live start were filled by backfill from storage: complete once backfilled
-        sealed = max(sealed, pane_of(self.live_from, self.spec.pane_ms))
+        sealed = max(sealed, self.live_from // self.spec.pane_ms)
         return self.cov_lo, int(max(min(sealed, 1 << 60), self.cov_lo))
 
     def nbytes(self) -> int:

@@ -19,7 +19,6 @@ import numpy as np
 
 from planner.sds import SDS
 from planner.step_answers import WriteFrontier
-from planner.window import pane_first_ms, pane_last_ms, pane_of
 from storage.batch import SampleBatch
 from storage.labels import metric_name
 from storage.stale import is_stale
@@ -128,11 +127,11 @@ class Summarizer:
         """
         if self.storage is None or sds.live_from is None:
             sds.backfill_state = "done"
-            sds.cov_lo = (pane_of(sds.live_from, sds.spec.pane_ms) + 1) if sds.live_from is not None else None
+            sds.cov_lo = (sds.live_from // sds.spec.pane_ms + 1) if sds.live_from is not None else None
             return
         P = sds.spec.pane_ms
-        live_pane = pane_of(sds.live_from, P)
-        lo_pane = pane_of(sds.live_from - history_ms, P)
+        live_pane = sds.live_from // P
+        lo_pane = (sds.live_from - history_ms) // P
         sds.backfill_total = live_pane + 1 - lo_pane
         sds.backfill_done = 0
         sds.backfill_state = "running"
@@ -144,8 +143,8 @@ class Summarizer:
                 sds.backfill_state = "stopped"
                 return
             c_lo = max(lo_pane, hi - chunk)
-            mint = pane_first_ms(c_lo, P)
-            maxt = min(pane_last_ms(hi - 1, P), sds.live_from - 1)
+            mint = c_lo * P
+            maxt = min(hi * P, sds.live_from) - 1
             ss = self.storage.select(scope, mint, maxt)
             # empty stretches (before the data starts) are skipped with growing chunks: O(log) reads
             chunk = BACKFILL_CHUNK_PANES if ss.num_samples else chunk * 4

@@ -70,7 +70,7 @@ class TopKPaneStore(DyadicPanes[frequent_strings_sketch], SeriesItems):
             ok = it >= 0
             if not ok.any():
                 return
-            k, it = (ts[ok] - 1) // self.pane_ms, it[ok]  # left-open panes (planner/window.py)
+            k, it = ts[ok] // self.pane_ms, it[ok]
             self.version += 1
             n_items = len(self.items)
             kmin = int(k.min())

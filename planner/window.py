@@ -1,35 +1,15 @@
 """Window geometry: split each step's window into raw left edge + whole panes + raw right edge.
 
 A window is (end - range, end] in ms (Prometheus 3: left-open), i.e. samples with
-``start < t <= end``. Pane k holds samples with ``k*P < t <= (k+1)*P``: left-open like the windows, so
-a window whose end and range are multiples of the pane is exactly its panes (a Grafana-aligned refresh
-reads nothing raw but the open panes). Whole panes inside a window and inside the SDS's coverage
-[cov_lo, cov_hi) are served from the summary; the remaining two edge runs come from raw samples, so
-exact algorithms are exact for any range and step.
+``start < t <= end``. Pane k holds samples with ``k*P <= t < (k+1)*P``. Whole panes inside a window
+and inside the SDS's coverage [cov_lo, cov_hi) are served from the summary; the remaining two edge
+runs come from raw samples, so exact algorithms are exact for any range and step.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
-
-
-PANE_LAYOUT = "left-open"  # persisted with each SDS: panes of another layout are not restored
-
-
-def pane_of(ts, pane_ms: int):
-    """Pane of a sample time (int or int64 array): pane k holds ``k*P < t <= (k+1)*P``."""
-    return (ts - 1) // pane_ms
-
-
-def pane_first_ms(k, pane_ms: int):
-    """First millisecond of pane k."""
-    return k * pane_ms + 1
-
-
-def pane_last_ms(k, pane_ms: int):
-    """Last millisecond of pane k (inclusive)."""
-    return (k + 1) * pane_ms
 
 
 @dataclass
@@ -57,16 +37,16 @@ def plan_windows(ends: np.ndarray, range_ms: int, pane_ms: int, cov_lo: int, cov
     end = np.asarray(ends, dtype=np.int64)
     start = end - int(range_ms)
     P = int(pane_ms)
-    klo = -((-start) // P)  # first pane starting after start: ceil(start / P)
-    khi = end // P  # one past the last pane ending at or before end
+    klo = -((-(start + 1)) // P)  # ceil((start+1)/P)
+    khi = (end + 1) // P
     klo = np.maximum(klo, cov_lo)
     khi = np.minimum(khi, cov_hi)
     none = khi <= klo
     klo = np.where(none, 0, klo)
     khi = np.where(none, 0, khi)
     lx = start + 1
-    ly = np.where(none, end, klo * P)  # left edge (start, klo*P]
-    rx = np.where(none, end + 1, khi * P + 1)  # right edge (khi*P, end]
+    ly = np.where(none, end, klo * P - 1)
+    rx = np.where(none, end + 1, khi * P)
     ry = end
     return WindowPlan(start, end, klo, khi, (lx, ly), (rx, ry))
 

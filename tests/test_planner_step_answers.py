@@ -192,18 +192,3 @@ def test_lagging_senders_and_refreshes_at_any_phase_equal_raw():
         assert any(s.spec.algorithm == "exact" for s in st.planner.sds.values())
     finally:
         st.planner.stop()
-
-
-def test_aligned_windows_are_exactly_their_panes():
-    """Panes are left-open like PromQL windows: (t - r, t] with t and r multiples of the pane is whole
-    panes only (a Grafana-aligned refresh reads no raw edge), and a sample at exactly k*P belongs to
-    the pane that ends there."""
-    from planner.window import pane_of, plan_windows
-
-    P = 60_000
-    ends = np.array([120 * P, 121 * P, 121 * P + 15_000])
-    plan = plan_windows(ends, 5 * P, P, 0, 1 << 40)
-    assert plan.klo.tolist()[:2] == [115, 116] and plan.khi.tolist()[:2] == [120, 121]
-    iv = plan.raw_intervals()
-    assert len(iv) == 2 and iv[0].tolist() == [116 * P + 15_001, 117 * P] and iv[1].tolist() == [121 * P + 1, 121 * P + 15_000]
-    assert pane_of(120 * P, P) == 119 and pane_of(120 * P + 1, P) == 120

@@ -183,13 +183,14 @@ def test_plan_slower_than_raw_in_shadow_runs_is_retired_and_not_readopted():
     for _ in range(4):
         st.engine.range_query(q, tmax - 6 * 3_600_000, tmax, 300_000)
     (sds,) = st.planner.sds.values()
-    for _ in range(8):
+    served = 0
+    for _ in range(8):  # served until this shape's shadow runs decide (on this tiny scope, raw may win)
         res = st.engine.range_query(q, tmax - 6 * 3_600_000, tmax, 300_000)
-        assert any(p.startswith("summary:") for p in res.stats.paths)
+        served += any(p.startswith("summary:") for p in res.stats.paths)
         deadline = time.time() + 30
         while st.canary.pending and time.time() < deadline:  # shadow runs are bounded in flight (4)
             time.sleep(0.01)
-    assert sds.stats.shadow_runs >= 6 and len(sds.stats.shadow) >= 6  # measured on the real raw path
+    assert served >= 3 and len(sds.stats.shadow) >= 3  # measured on the real raw path
     m = sds.stats.measured()
     assert m["raw_p50_s"] > 0 and m["served_p50_s"] > 0
     # two shapes of use: this panel's measured slower than raw (a loaded machine, a tiny scope), a

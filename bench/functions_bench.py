@@ -4,7 +4,7 @@
                                               [--ranges 1h,24h] [--only ID,...] [--write-doc]
 
 Reuses the dataset generator, the promtool backfill and the Prometheus runner of
-``bench/promql_bench.py`` (engineer C's engine benchmark, which covers the dashboard query mix);
+``bench/promql_bench.py`` (the engine benchmark, which covers the dashboard query mix);
 this script covers the function table itself: the rate family, the *_over_time family (including
 the ones computed by sort or by compensated sums), histogram_quantile/fraction, and element-wise
 functions, each as a range query at a Grafana-like step. It reports medians of our in-process time
@@ -61,7 +61,7 @@ QUERIES = [
     ("label_replace", 'label_replace(gpu_utilization, "host", "$1", "instance", "i-(.*)")'),
 ]
 RANGES = [("1h", 3600, 15), ("24h", 86400, 60)]
-DOC_HEADING = "## PromQL functions (engineer B)"
+DOC_HEADING = "## PromQL functions"
 
 
 def main() -> int:
@@ -122,7 +122,7 @@ def main() -> int:
         DOC_HEADING,
         "",
         f"Command: `python bench/functions_bench.py {' '.join(sys.argv[1:])}`  ",
-        f"Machine: {os.cpu_count()} vCPU, Python {sys.version.split()[0]}; shared with other engineers' jobs "
+        f"Machine: {os.cpu_count()} vCPU, Python {sys.version.split()[0]}; shared with other jobs "
         f"(noisy): medians of {args.reps} runs, ratios from the same run.  ",
         f"Data: {ds.num_series} series x {len(ds.ts_s)} points ({args.interval}s interval, {args.days}d), "
         "in-process MemorySource vs Prometheus 2.42 over promtool-backfilled blocks.",

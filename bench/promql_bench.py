@@ -416,7 +416,7 @@ def fmt_s(s: float) -> str:
 def render(rows: list[Row], meta: dict) -> str:
     out = [
         f"Command: `{meta['command']}`  ",
-        f"Machine: {meta['machine']} (shared with other engineers' jobs: noisy; medians of {meta['reps']} runs, ratios from the same run)  ",
+        f"Machine: {meta['machine']} (shared with other jobs: noisy; medians of {meta['reps']} runs, ratios from the same run)  ",
         f"Data: {meta['series']} series x {meta['points']} points ({meta['samples']/1e6:.1f}M samples, {meta['interval']}s interval over {meta['days']}d); "
         f"Prometheus 2.42 backfilled with promtool from the same values (OpenMetrics), ours loaded in-process into MemorySource.  ",
         f"Load: OpenMetrics write {meta['om_s']:.0f}s, promtool {meta['promtool_s']:.0f}s; ours {meta['load_ours_s']:.1f}s. "

@@ -1,4 +1,4 @@
-"""Sketch / group-pane / late-sample costs of the planner's newer algorithms (engineer K's section).
+"""Sketch / group-pane / late-sample costs of the planner's newer algorithms (its docs/benchmarks.md section).
 
 In process (no HTTP), same series shape as bench/planner_bench.py (``--inst`` instances x req_total,
 gpu_util, 8-bucket lat_bucket; ``--minutes`` at ``--rate`` samples/s), ``--repeats`` runs, medians:

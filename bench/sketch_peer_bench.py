@@ -1,4 +1,4 @@
-"""REQ / group-pane / CPC panels over HTTP, side by side with Prometheus 2.42 (engineer K's section).
+"""REQ / group-pane / CPC panels over HTTP, side by side with Prometheus 2.42 (its docs/benchmarks.md section).
 
 One run: ``--inst`` instances (bench/planner_bench.py's series shape) for the last ``--minutes`` at
 ``--rate`` samples/s, sent by the same remote-write payloads to our server and to Prometheus. Each panel

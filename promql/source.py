@@ -14,7 +14,7 @@ class SampleSource(Protocol):
 
 
 class HistogramSource(Protocol):
-    """Optional extension (added by engineer N, session 2): a source that also holds native
+    """Optional extension a source that also holds native
     histogram samples (the in-memory source the conformance runner loads ``{{...}}`` into).
     The evaluator calls it only when the source has the method; the real storage is float-only
     and does not."""

@@ -292,7 +292,7 @@ class QueryStats:
     cpu_seconds: float = 0.0
     # Which path served each sub-tree (raw / summary:<sds id>), for the query log and `stats`.
     paths: list[str] = field(default_factory=list)
-    # (added by the engine, engineer A) Prometheus's totalQueryableSamples: samples loaded summed
+    # Prometheus's totalQueryableSamples: samples loaded summed
     # over the evaluation steps (a sample counts once per step whose window holds it), and the
     # same per top-level step as (step_times int64 (T,), counts int64 (T,)).
     total_queryable_samples: int = 0

@@ -1,4 +1,4 @@
-"""Function semantics fixed or pinned by engineer Q (session 2), checked through the engine
+"""Function semantics fixed or pinned, checked through the engine
 against values worked out from Prometheus's definitions (the arithmetic is in the test):
 
 * predict_linear(v[r] @ T, d): the window stays pinned at T, the regression line is evaluated at

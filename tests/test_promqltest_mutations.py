@@ -105,7 +105,7 @@ def _apply(cmd: EvalCmd, kind: str) -> str:
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.xfail(not ENGINE, strict=True, reason="needs promql.engine.Engine (engineer A)")
+@pytest.mark.xfail(not ENGINE, strict=True, reason="needs promql.engine.Engine")
 def test_every_mutated_expectation_is_caught():
     passing: dict[tuple[str, int], None] = {}
     for path in FILES:

@@ -24,7 +24,7 @@ try:
 except Exception:  # noqa: BLE001
     ENGINE = False
 
-needs_engine = pytest.mark.xfail(not ENGINE, strict=True, reason="needs promql.engine.Engine (engineer A)")
+needs_engine = pytest.mark.xfail(not ENGINE, strict=True, reason="needs promql.engine.Engine")
 
 
 # ---------------------------------------------------------------------------------------------

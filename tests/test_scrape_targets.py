@@ -1,4 +1,4 @@
-"""Scraper state through the real server: self_scrape, /api/v1/targets (engineer F's route reading
+"""Scraper state through the real server: self_scrape, /api/v1/targets (the route reading
 ScrapeManager.targets_snapshot), a failing target, and bad scrape config refused at startup."""
 from __future__ import annotations
 

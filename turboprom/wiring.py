@@ -68,7 +68,7 @@ def build_context(config: ServerConfig) -> ServerContext:
         append = ctx.components["ingest"].append_sync if ctx.components.get("ingest") is not None else storage.append
         ctx.components["rules"] = RuleManager.from_config(config.raw, config.config_file,
                                                           plan.engine or ctx.components.get("engine"), append)
-    # --- lead: multi-tenancy (X-Scope-OrgID): one raw engine per other tenant, logged to the query log ---
+    # --- multi-tenancy (X-Scope-OrgID): one raw engine per other tenant, logged to the query log ---
     from planner.planned_engine import PlannedEngine
     from turboprom.tenancy import TenantEngines, restrict_sinks
 
@@ -82,7 +82,7 @@ def build_context(config: ServerConfig) -> ServerContext:
 
     ctx.components["limits"] = Limits.from_config(config.raw.get("limits"))
     restrict_sinks(ctx.components.get("ingest"))  # summaries and congestion signals: default tenant only
-    # --- lead: KedgeFlow control plane (grants, ledger, gateway, audit) ---
+    # --- KedgeFlow control plane (grants, ledger, gateway, audit) ---
     from turboprom.kedgeflow_wiring import build_kedgeflow
 
     ctx.components["kedgeflow"] = build_kedgeflow(ctx)

@@ -5,7 +5,7 @@ loop per target; ``stop()`` cancels them (no stale markers on shutdown, like Pro
 file_sd_configs files are polled for changes (every min(refresh_interval, 5s)); targets that
 disappear get stale markers for all their series.
 
-Read API for /api/v1/targets (engineer F):
+Read API for /api/v1/targets:
     targets_snapshot() -> list[dict]   # Prometheus activeTargets entries: discoveredLabels, labels,
                                        # scrapePool, scrapeUrl, globalUrl, lastError, lastScrape (RFC 3339),
                                        # lastScrapeDuration (s), health ("up"|"down"|"unknown"),

@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ingest.remote_write import encode_varint
+
 # vLLM's bucket bounds (vllm/v1/metrics/loggers.py), +Inf appended
 TTFT_LE = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
            40.0, 80.0, 160.0, 640.0, 2560.0]
@@ -218,20 +220,8 @@ class Fleet:
 
 
 # --- remote write 1.0 encoding --------------------------------------------------------------------
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
-
-
 def _field_bytes(num: int, payload: bytes) -> bytes:
-    return bytes([(num << 3) | 2]) + _varint(len(payload)) + payload
+    return bytes([(num << 3) | 2]) + encode_varint(len(payload)) + payload
 
 
 class Encoder:
@@ -264,7 +254,7 @@ class Encoder:
         out = []
         for i in rows if rows is not None else range(S):
             body = self.label_bytes[i] + sample_bytes[i].tobytes()
-            out.append(b"\x0a" + _varint(len(body)) + body)
+            out.append(b"\x0a" + encode_varint(len(body)) + body)
         return b"".join(out)
 
     def body(self, ts: np.ndarray, vals: np.ndarray) -> bytes:

@@ -96,7 +96,7 @@ class RemoteWriteDecoder:
     def _new_v1_raw(self, key: bytes, i: int) -> Labels:
         """Validate a series first seen as raw label-field bytes (cached by those bytes)."""
         try:
-            ts = RawWriteRequest.FromString(b"\x0a" + _varint(len(key)) + key).timeseries[0]
+            ts = RawWriteRequest.FromString(b"\x0a" + encode_varint(len(key)) + key).timeseries[0]
         except Exception as e:  # noqa: BLE001
             raise IngestError("bad_protobuf", f"protobuf: malformed labels in timeseries {i}: {e}") from None
         lbl = self._new_v1(tuple(ts.labels), i)
@@ -256,7 +256,8 @@ def _v2_exemplar(data: bytes, series: Labels, i: int, symbols: list[str]) -> Exe
     return Exemplar(series, tuple(sorted(zip(refs[0::2], refs[1::2]))), e.value, e.timestamp)
 
 
-def _varint(n: int) -> bytes:
+def encode_varint(n: int) -> bytes:
+    """Protobuf base-128 varint of a non-negative int (also used by encoders in bench/)."""
     out = bytearray()
     while True:
         b = n & 0x7F

@@ -329,14 +329,18 @@ class SDS:
         return float(self.spec.param("min_phi", REQ_MIN_PHI))
 
     def coverage(self) -> tuple[int, int]:
-        """Complete panes [lo, hi) usable for queries."""
-        if self._pending_n:
+        """Complete panes [lo, hi) usable for queries.
+
+        Taken under the fold lock: a fold in flight has already moved its samples out of the buffer,
+        so checking the buffer alone would let a read see panes the fold has not reached yet."""
+        with self._flush_lock:
             # panes about to be read must hold every buffered sample (flushing only those of sealed
             # panes measured faster but let live answers differ from raw: not done)
             self.flush_pending()
+            max_ts = self.max_ts
         if self.live_from is None or self.cov_lo is None:
             return 0, 0
-        sealed = (self.max_ts - self.seal_delay_ms) // self.spec.pane_ms  # panes before this are sealed
+        sealed = (max_ts - self.seal_delay_ms) // self.spec.pane_ms  # panes before this are sealed
         # panes before the live start were filled by backfill from storage: complete once backfilled
         sealed = max(sealed, self.live_from // self.spec.pane_ms)
         return self.cov_lo, int(max(min(sealed, 1 << 60), self.cov_lo))

@@ -70,7 +70,6 @@ class Summarizer:
         t0 = time.thread_time()
         tmax = int(batch.timestamps.max())
         self.frontier.observe(int(batch.timestamps.min()), tmax)
-        self.note_time(tmax)
         with self.lock:
             targets = [s for lst in self.by_metric.values() for s in lst]
         if targets:
@@ -82,6 +81,9 @@ class Summarizer:
                 pos = by_name.get(sds.metric)
                 if pos:
                     self._fold(sds, batch, pos, stale)
+        # the newest time advances only once the batch is buffered: a read in between must not count
+        # a pane as sealed whose samples are still on their way in
+        self.note_time(tmax)
         self.cpu_seconds += time.thread_time() - t0
         self.samples += len(batch)
 

@@ -103,6 +103,11 @@ class Canary:
         self.results: list[dict[str, Any]] = []  # recent checks, for /api/v1/planner/canary and tests
         load_all()
 
+    def records(self) -> list[dict[str, Any]]:
+        """The recent checks (newest last), copied under the lock."""
+        with self.lock:
+            return list(self.results)
+
     SHADOW_FIRST = 8  # every SDS's first served sub-trees are shadowed, and each new shape of use: the
     # rewrite skips a summary for shapes measured slower than raw, and the planner retires plans on these
 

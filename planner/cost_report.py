@@ -3,9 +3,12 @@ and what the summaries cost at ingest (CPU) and at rest (bytes), plus raw storag
 
 Sources: the query log (every evaluated query with its CPU, samples and serving path), the planner's
 SDS accounting (ingest CPU seconds, bytes, hits), the accuracy canary's shadow raw re-evaluations,
-and storage statistics. Savings are *measured*: for each pattern, the mean CPU of its raw executions
-(before adoption, ``exact=true`` runs, or shadow runs) minus the mean CPU of its summary-served
-executions, times the number of summary-served executions, less the summaries' ingest CPU.
+and storage statistics. Savings are *measured*, preferably in pairs: the canary's shadow runs time
+the raw path on the very sub-query a summary just answered (same data, same range, same moment), so a
+pattern's saving per served execution is the mean of (raw CPU - summary CPU) over its summaries'
+shadow pairs. Only a pattern none of whose summaries has a shadow pair falls back to the mean CPU of
+its raw executions (before adoption or ``exact=true``) minus that of its summary-served ones -- a
+weaker basis, since early raw executions ran over less data. Totals subtract the summaries' ingest CPU.
 """
 from __future__ import annotations
 
@@ -75,11 +78,11 @@ def build_report(query_log: Any, planner: Any = None, canary: Any = None, storag
                 sds_by_pattern[pat] = sorted(s.split(":", 1)[1] for s in lst)
         except Exception:  # noqa: BLE001 - older DuckDB without json helpers: no per-pattern SDS list
             pass
-    shadow: dict[str, list[float]] = {}
+    paired: dict[str, list[float]] = {}  # sds id -> raw CPU - summary CPU of each shadow pair
     if canary is not None:
-        for rec in list(getattr(canary, "results", [])):
-            if rec.get("raw_cpu_s") is not None:
-                shadow.setdefault(rec["sds"], []).append(float(rec["raw_cpu_s"]))
+        for rec in canary.records():
+            if rec.get("raw_cpu_s") is not None and rec.get("served_cpu_s") is not None:
+                paired.setdefault(rec["sds"], []).append(float(rec["raw_cpu_s"]) - float(rec["served_cpu_s"]))
     patterns = []
     total_saved = 0.0
     for r in rows:
@@ -89,17 +92,18 @@ def build_report(query_log: Any, planner: Any = None, canary: Any = None, storag
         d["path"] = "summary" if d["summary_executions"] == d["executions"] and d["executions"] else (
             "mixed" if d["summary_executions"] else "raw")
         d["sds"] = sds_by_pattern.get(d["pattern"], [])
-        raw_ref = d["mean_cpu_raw_s"]
-        basis = "raw executions"
-        if raw_ref is None:
-            sh = [v for s in d["sds"] for v in shadow.get(s, [])]
-            if sh:
-                raw_ref, basis = sum(sh) / len(sh), "shadow raw runs"
-        if raw_ref is not None and d["mean_cpu_summary_s"] is not None:
-            saved = (raw_ref - d["mean_cpu_summary_s"]) * d["summary_executions"]
+        pairs = [v for s in d["sds"] for v in paired.get(s, [])]
+        per_exec: float | None = None
+        if pairs and d["summary_executions"]:
+            per_exec, basis = sum(pairs) / len(pairs), f"{len(pairs)} paired shadow runs"
+        elif d["mean_cpu_raw_s"] is not None and d["mean_cpu_summary_s"] is not None:
+            per_exec, basis = d["mean_cpu_raw_s"] - d["mean_cpu_summary_s"], "raw executions"
+        if per_exec is not None:
+            saved = per_exec * d["summary_executions"]
             d["measured_savings_cpu_s"] = saved
             d["savings_basis"] = basis
-            d["speedup"] = raw_ref / d["mean_cpu_summary_s"] if d["mean_cpu_summary_s"] > 0 else None
+            summary_cpu = d["mean_cpu_summary_s"]
+            d["speedup"] = (summary_cpu + per_exec) / summary_cpu if summary_cpu else None
             total_saved += saved
         else:
             d["measured_savings_cpu_s"] = None

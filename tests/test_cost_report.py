@@ -58,3 +58,46 @@ def test_cost_report_api_and_cli(tmp_path: Path) -> None:
                             "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stderr
         assert "<h1>TurboProm cost report</h1>" in out.read_text()
+
+
+def test_savings_are_measured_in_paired_shadow_runs(tmp_path: Path) -> None:
+    """A summary-served pattern's savings come from the canary's shadow pairs (raw and summary timed on
+    the same sub-query at the same moment), not from raw executions that ran earlier over less data."""
+    cfg = tmp_path / "turboprom.yml"
+    cfg.write_text("planner:\n  min_count: 2\n  period: 10m\n  pane: 1m\n  seal_delay: 0s\n  history: 1d\n"
+                   "  canary_fraction: 1.0\n  cost_based: false\n"
+                   "  pinned:\n  - {metric: http_requests_total, algorithm: exact, pane: 1m, history: 1d}\n")
+    now = (int(time.time()) // 60) * 60
+    with ServerProcess(tmp_path / "data", ["--config", str(cfg), "--wal-fsync", "never"]) as srv:
+        lines = [f'http_requests_total{{code="{c}",pod="p{p}"}} {k * (p + 1) * 10} {(now - 7200 + k * 15) * 1000}'
+                 for k in range(480) for p in range(8) for c in ("200", "500")]
+        req = urllib.request.Request(srv.url + "/api/v1/import/prometheus", data=("\n".join(lines) + "\n").encode(), method="POST")
+        urllib.request.urlopen(req, timeout=60).read()
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            plans = json.loads(_get(srv.url + "/api/v1/planner/plans"))["data"]["plans"]
+            if plans and plans[0]["backfill"]["state"] == "done":
+                break
+            time.sleep(0.3)
+        q = urllib.parse.urlencode({"query": "sum by (code) (increase(http_requests_total[30m]))",
+                                    "start": now - 5400, "end": now - 60, "step": 60, "stats": "all"})
+        served = 0
+        for _ in range(6):
+            body = json.loads(_get(srv.url + "/api/v1/query_range?" + q))
+            served += any(p.startswith("summary:") for p in body["data"]["stats"]["turboprom"]["paths"])
+        assert served, "the pinned exact summary never answered"
+        deadline = time.time() + 30
+        while time.time() < deadline:  # shadow runs finish on the canary's own thread
+            checks = json.loads(_get(srv.url + "/api/v1/planner/canary"))["data"]["checks"]
+            if len(checks) >= served:
+                break
+            time.sleep(0.3)
+        time.sleep(1.5)  # query log flushes in the background
+        rep = json.loads(_get(srv.url + "/api/v1/cost_report?since=1h"))["data"]
+        pat = [p for p in rep["patterns"] if "increase(http_requests_total" in p["pattern"]]
+        assert len(pat) == 1, [p["pattern"] for p in rep["patterns"]]
+        p = pat[0]
+        pairs = [c["raw_cpu_s"] - c["served_cpu_s"] for c in checks if c["sds"] in p["sds"]]
+        assert pairs and p["savings_basis"] == f"{len(pairs)} paired shadow runs", p
+        expect = sum(pairs) / len(pairs) * p["summary_executions"]
+        assert abs(p["measured_savings_cpu_s"] - expect) <= 1e-9 + 1e-9 * abs(expect), (p, expect)

@@ -1,10 +1,12 @@
-"""Mutation sweep: for every stable float eval of the conformance corpus that passes, a mutated
+"""Mutation sweep: for every eval of the conformance corpus that passes (stable float,
+experimental and native-histogram alike, run as tests/test_promqltest.py runs them), a mutated
 expectation must be reported as a failure by the runner.
 
 Each passing eval gets one mutation, rotating through the kinds that apply to it: a changed
 expected value (scalar, vector or range point), a dropped expected series, an extra expected
 series, a changed expected error message/regex, a changed expected annotation message. One
-unmutated pass and one mutated pass over all files (in-memory storage: this tests the runner).
+unmutated pass and one mutated pass over all files (in-memory storage: this tests the runner),
+with native-histogram evals run.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import pytest
 from tests.helpers import SHARED
 
 from promql.promqltest import FileRunner
-from promql.promqltest_classify import PLAIN
+from promql.promqltest_classify import EXP, NH, PLAIN
 from promql.promqltest_script import EvalCmd, Hist
 
 try:
@@ -107,12 +109,13 @@ def _apply(cmd: EvalCmd, kind: str) -> str:
 @pytest.mark.timeout(900)
 @pytest.mark.xfail(not ENGINE, strict=True, reason="needs promql.engine.Engine")
 def test_every_mutated_expectation_is_caught():
-    passing: dict[tuple[str, int], None] = {}
+    passing: dict[tuple[str, int], str] = {}
     for path in FILES:
-        for o in FileRunner(storage="memory").run_file(path):
-            if o.kind == PLAIN and o.status == "pass":
-                passing[(path.name, o.line)] = None
-    assert len(passing) > 700
+        for o in FileRunner(storage="memory", run_native_histograms=True).run_file(path):
+            if o.status == "pass":
+                passing[(path.name, o.line)] = o.kind
+    per_kind = {k: sum(1 for v in passing.values() if v == k) for k in (PLAIN, EXP, NH)}
+    assert per_kind[PLAIN] > 700 and per_kind[EXP] > 200 and per_kind[NH] > 600, per_kind
 
     applied: dict[tuple[str, int], str] = {}
     counter = [0]
@@ -132,11 +135,13 @@ def test_every_mutated_expectation_is_caught():
 
     missed = []
     for path in FILES:
-        runner = FileRunner(storage="memory", mutate=mutate_for(path.name))
+        runner = FileRunner(storage="memory", run_native_histograms=True, mutate=mutate_for(path.name))
         for o in runner.run_file(path):
             key = (path.name, o.line)
             if key in applied and o.status != "fail":
                 missed.append(f"{path.name}:{o.line} [{applied[key]}] {o.expr}")
     kinds_used = sorted(set(applied.values()))
-    assert len(applied) > 700 and {"value", "drop_series", "extra_series", "fail_message"} <= set(kinds_used), kinds_used
+    mutated_kinds = {k: sum(1 for key in applied if passing[key] == k) for k in (PLAIN, EXP, NH)}
+    assert mutated_kinds[PLAIN] > 700 and mutated_kinds[EXP] > 200 and mutated_kinds[NH] > 600, mutated_kinds
+    assert {"value", "drop_series", "extra_series", "fail_message"} <= set(kinds_used), kinds_used
     assert not missed, missed[:20]

@@ -386,6 +386,7 @@ def compare(a: dict, b: dict) -> tuple[bool, str, float, float | None]:
     worst = 0.0
     first = ""
     t_first = None
+    bad_points: list[float] = []
     for k in ma:
         (ta, va), (tb, vb) = ma[k], mb[k]
         if ta != tb:
@@ -395,9 +396,13 @@ def compare(a: dict, b: dict) -> tuple[bool, str, float, float | None]:
                 continue
             rel = abs(x - y) / max(abs(x), abs(y)) if not (math.isinf(x) or math.isinf(y)) else math.inf
             worst = max(worst, rel)
-            if rel > REL_TOL and not first:
-                first = f"{dict(k)} at {t}: served {x!r} vs reference {y!r} (rel {rel:.3g})"
-                t_first = t
+            if rel > REL_TOL:
+                bad_points.append(t)
+                if not first:
+                    first = f"{dict(k)} at {t}: served {x!r} vs reference {y!r} (rel {rel:.3g})"
+                    t_first = t
+    if bad_points:
+        first += f"; {len(bad_points)} points differ, steps {min(bad_points):.0f}..{max(bad_points):.0f}"
     return worst <= REL_TOL, first, worst, t_first
 
 

@@ -350,9 +350,12 @@ class SDS:
 
     def register(self, labels: list[Labels]) -> np.ndarray:
         ids = np.fromiter((self.registry.sid(l) for l in labels), dtype=np.int64, count=len(labels))
-        self.store.ensure_series(len(self.registry.labels))
-        if hasattr(self.store, "assign"):  # group panes: series -> group (per new series only)
-            self.store.assign(ids, labels)
+        # under the store's lock: growing reallocates the per-series arrays, and a fold running in
+        # another ingest thread (or the backfill) would write into the old ones and be lost
+        with self.store.lock:
+            self.store.ensure_series(len(self.registry.labels))
+            if hasattr(self.store, "assign"):  # group panes: series -> group (per new series only)
+                self.store.assign(ids, labels)
         return ids
 
     def describe(self) -> dict[str, Any]:

@@ -1,8 +1,17 @@
 """Series identity and the inverted index.
 
 Canonical label set -> dense int64 series id, and label name -> value -> postings (ids). Matchers
-are resolved to a boolean mask over all ids: per distinct label *value* Python work (a regex test per
-value, as Prometheus does), never per series or per sample.
+are resolved per distinct label *value* (a regex test per value, as Prometheus does), never per
+series or per sample.
+
+Tenant partitions: besides the store-wide postings, the index keeps one partition per value of the
+reserved tenant label ``__tenant__`` (``""`` for the default tenant's series, which carry none),
+each with its own series ids and postings. A matcher list holding a ``__tenant__="<t>"`` equality
+matcher (every read of ``turboprom.tenancy.TenantView`` does) is resolved inside partition ``<t>``
+alone: the tenant restriction is applied *before* any value matcher is evaluated, so the regex
+tests, postings look-ups and label enumeration a query costs depend only on that tenant's own
+series. Another tenant's label values are never even handed to a matcher, so response times
+cannot reveal them (no timing oracle on another tenant's values).
 """
 from __future__ import annotations
 
@@ -13,6 +22,9 @@ import numpy as np
 
 from storage.labels import Labels
 from storage.matchers import Matcher
+
+TENANT_LABEL = "__tenant__"  # reserved label naming a non-default tenant's series (turboprom/tenancy.py)
+_EMPTY_IDS = np.empty(0, dtype=np.int64)
 
 
 class _Postings:
@@ -36,6 +48,101 @@ class _Postings:
         return arr
 
 
+def _below(arr: np.ndarray, n: int) -> np.ndarray:
+    return arr[: np.searchsorted(arr, n)]  # ids are appended in ascending order
+
+
+def _intersect_sorted(lists: list[np.ndarray]) -> np.ndarray:
+    """Intersection of sorted id arrays: the shortest probed in the longer ones, O(k log N)."""
+    lists = sorted(lists, key=len)
+    ids = lists[0]
+    for arr in lists[1:]:
+        if not len(ids):
+            break
+        pos = np.minimum(np.searchsorted(arr, ids), len(arr) - 1)
+        ids = ids[arr[pos] == ids] if len(arr) else ids[:0]
+    return ids.astype(np.int64, copy=False)
+
+
+class _Partition:
+    """One tenant's series: their ids (ascending) and postings over those ids only."""
+
+    __slots__ = ("ids", "postings", "name_postings")
+
+    def __init__(self) -> None:
+        self.ids = _Postings()
+        self.postings: dict[str, dict[str, _Postings]] = {}
+        self.name_postings: dict[str, _Postings] = {}
+
+    def add(self, sid: int, labels: Labels) -> None:
+        self.ids.add(sid)
+        for name, value in labels:
+            by_value = self.postings.get(name)
+            if by_value is None:
+                by_value = self.postings[name] = {}
+            p = by_value.get(value)
+            if p is None:
+                p = by_value[value] = _Postings()
+            p.add(sid)
+            np_ = self.name_postings.get(name)
+            if np_ is None:
+                np_ = self.name_postings[name] = _Postings()
+            np_.add(sid)
+
+    def match_ids(self, matchers: Sequence[Matcher], n: int) -> np.ndarray:
+        """Sorted ids (< n) of this partition's series satisfying all matchers. Equality matchers
+        intersect this partition's postings first; each other matcher is then tested once per
+        distinct value *this partition* holds, and not at all once nothing is left."""
+        eq = [m for m in matchers if m.op == "=" and m.value != ""]
+        rest = [m for m in matchers if not (m.op == "=" and m.value != "")]
+        if eq:
+            lists = []
+            for m in eq:
+                p = self.postings.get(m.name, {}).get(m.value)
+                if p is None:
+                    return _EMPTY_IDS
+                lists.append(_below(p.array(), n))
+            ids = _intersect_sorted(lists)
+        else:
+            ids = _below(self.ids.array(), n)
+        for m in rest:
+            if not len(ids):
+                break
+            by_value = self.postings.get(m.name, {})
+            empty_hit = m.matches("")  # series lacking the label read as ""
+            keep = np.full(n, empty_hit, dtype=bool)
+            for value, p in list(by_value.items()):
+                hit = m.matches(value)
+                if hit != empty_hit:
+                    arr = p.array()
+                    keep[_below(arr, n)] = hit
+            ids = ids[keep[ids]]
+        return ids.astype(np.int64, copy=False)
+
+    def names_in(self, sel: np.ndarray) -> list[str]:
+        n = len(sel)
+        return sorted(name for name, p in list(self.name_postings.items()) if sel[_below(p.array(), n)].any())
+
+    def values_in(self, name: str, sel: np.ndarray) -> list[str]:
+        n = len(sel)
+        return sorted(v for v, p in list(self.postings.get(name, {}).items()) if sel[_below(p.array(), n)].any())
+
+
+def _tenant_key(matchers: Sequence[Matcher]) -> tuple[str | None, bool, list[Matcher]]:
+    """(partition key or None, contradictory, the other matchers) of a matcher list: the key is the
+    value of a ``__tenant__="<t>"`` equality matcher ("" = the default tenant's series)."""
+    key: str | None = None
+    rest: list[Matcher] = []
+    for m in matchers:
+        if m.name == TENANT_LABEL and m.op == "=":
+            if key is not None and key != m.value:
+                return key, True, rest
+            key = m.value
+        else:
+            rest.append(m)
+    return key, False, rest
+
+
 class SeriesIndex:
     """Thread-safe: writers take the lock; readers see a consistent prefix of ids."""
 
@@ -45,6 +152,7 @@ class SeriesIndex:
         self.labels: list[Labels] = []
         self._postings: dict[str, dict[str, _Postings]] = {}
         self._name_postings: dict[str, _Postings] = {}
+        self._parts: dict[str, _Partition] = {}  # tenant label value ("" = none) -> that tenant's postings
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -61,7 +169,10 @@ class SeriesIndex:
             if sid is not None:
                 return sid, False
             sid = len(self.labels)
+            tenant = ""
             for name, value in labels:
+                if name == TENANT_LABEL:
+                    tenant = value
                 by_value = self._postings.get(name)
                 if by_value is None:
                     by_value = self._postings[name] = {}
@@ -73,6 +184,11 @@ class SeriesIndex:
                 if np_ is None:
                     np_ = self._name_postings[name] = _Postings()
                 np_.add(sid)
+            part = self._parts.get(tenant)
+            if part is None:
+                part = self._parts[tenant] = _Partition()
+            part.add(sid, labels)
+            # Published last: a reader holding this id finds it in every structure above.
             self.labels.append(labels)
             self._ids[labels] = sid
             return sid, True
@@ -98,9 +214,36 @@ class SeriesIndex:
 
     # --- matcher resolution -------------------------------------------------------------------
 
+    def _tenant_ids(self, matchers: Sequence[Matcher], n: int) -> np.ndarray | None:
+        """Ids for a tenant-restricted matcher list, resolved inside the tenant's partition; None
+        when the list names no tenant (then the store-wide postings answer)."""
+        key, contradictory, rest = _tenant_key(matchers)
+        if key is None:
+            return None
+        if contradictory:
+            return _EMPTY_IDS
+        part = self._parts.get(key)
+        return part.match_ids(rest, n) if part is not None else _EMPTY_IDS
+
+    def partition_of(self, matcher_sets: Sequence[Sequence[Matcher]]) -> str | None:
+        """The tenant partition every matcher set is restricted to, or None (mixed or unrestricted)."""
+        keys = set()
+        for ms in matcher_sets:
+            key, contradictory, _ = _tenant_key(ms)
+            if key is None:
+                return None
+            if not contradictory:
+                keys.add(key)
+        return keys.pop() if len(keys) == 1 else None
+
     def match_mask(self, matchers: Sequence[Matcher], n: int | None = None) -> np.ndarray:
         """Boolean mask over ids [0, n) of series satisfying all matchers."""
         n = len(self.labels) if n is None else n
+        ids = self._tenant_ids(matchers, n)
+        if ids is not None:
+            mask = np.zeros(n, dtype=bool)
+            mask[ids] = True
+            return mask
         mask = np.ones(n, dtype=bool)
         for m in matchers:
             mask &= self._matcher_mask(m, n)
@@ -111,6 +254,9 @@ class SeriesIndex:
     def match_ids(self, matchers: Sequence[Matcher], n: int | None = None) -> np.ndarray:
         """Sorted ids of series satisfying all matchers."""
         n = len(self.labels) if n is None else n
+        ids = self._tenant_ids(matchers, n)
+        if ids is not None:
+            return ids
         if matchers and all(m.op == "=" and m.value != "" for m in matchers):
             # Equality matchers only (the planner's and dashboards' common case): intersect the
             # sorted postings, O(postings) instead of a mask over every id.
@@ -119,16 +265,8 @@ class SeriesIndex:
                 p = self._postings.get(m.name, {}).get(m.value)
                 if p is None:
                     return np.empty(0, dtype=np.int64)
-                arr = p.array()
-                lists.append(arr[: np.searchsorted(arr, n)])  # ids are appended in ascending order
-            lists.sort(key=len)
-            ids = lists[0]
-            for arr in lists[1:]:  # the shortest list probed in the longer ones: O(k log N)
-                if not len(ids):
-                    break
-                pos = np.minimum(np.searchsorted(arr, ids), len(arr) - 1)
-                ids = ids[arr[pos] == ids] if len(arr) else ids[:0]
-            return ids.astype(np.int64, copy=False)
+                lists.append(_below(p.array(), n))
+            return _intersect_sorted(lists)
         return np.flatnonzero(self.match_mask(matchers, n)).astype(np.int64)
 
     def match_any_mask(self, matcher_sets: Sequence[Sequence[Matcher]], n: int | None = None) -> np.ndarray:
@@ -161,8 +299,12 @@ class SeriesIndex:
 
     # --- label enumeration --------------------------------------------------------------------
 
-    def names_in(self, sel: np.ndarray) -> list[str]:
-        """Label names carried by at least one series in the boolean mask ``sel``."""
+    def names_in(self, sel: np.ndarray, partition: str | None = None) -> list[str]:
+        """Label names carried by at least one series in the boolean mask ``sel`` (only the names of
+        tenant ``partition``'s series are looked at when given)."""
+        if partition is not None:
+            part = self._parts.get(partition)
+            return part.names_in(sel) if part is not None else []
         n = len(sel)
         out = []
         for name, p in list(self._name_postings.items()):
@@ -171,8 +313,12 @@ class SeriesIndex:
                 out.append(name)
         return sorted(out)
 
-    def values_in(self, name: str, sel: np.ndarray) -> list[str]:
-        """Values of label ``name`` over series in the boolean mask ``sel``: per distinct value work."""
+    def values_in(self, name: str, sel: np.ndarray, partition: str | None = None) -> list[str]:
+        """Values of label ``name`` over series in the boolean mask ``sel``: per distinct value work
+        (over tenant ``partition``'s values only when given)."""
+        if partition is not None:
+            part = self._parts.get(partition)
+            return part.values_in(name, sel) if part is not None else []
         by_value = self._postings.get(name, {})
         n = len(sel)
         out = []

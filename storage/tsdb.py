@@ -212,10 +212,11 @@ class TSDB:
         return sorted(labels_all[i] for i in np.flatnonzero(mask).tolist())
 
     def label_names(self, mint: int, maxt: int, matcher_sets: Sequence[Sequence[Matcher]] = ()) -> list[str]:
-        return self.index.names_in(self._selected(matcher_sets, mint, maxt))
+        # A tenant-restricted read enumerates only that tenant's names (storage/index.py partitions).
+        return self.index.names_in(self._selected(matcher_sets, mint, maxt), self.index.partition_of(matcher_sets))
 
     def label_values(self, name: str, mint: int, maxt: int, matcher_sets: Sequence[Sequence[Matcher]] = ()) -> list[str]:
-        return self.index.values_in(name, self._selected(matcher_sets, mint, maxt))
+        return self.index.values_in(name, self._selected(matcher_sets, mint, maxt), self.index.partition_of(matcher_sets))
 
     # ------------------------------------------------------------------------------------------
     # deletion
@@ -607,6 +608,32 @@ class TSDB:
             "walBytes": self.wal.size_bytes(),
             "minValidTime": int(self.min_valid_time),
         }
+
+    def head_stats_of(self, matchers: Sequence[Matcher]) -> dict:
+        """Head figures (Prometheus's headStats) of the series matching ``matchers`` only, e.g. one
+        tenant's: series, samples and time range of those series alone, never the store-wide ones.
+        ``blockBytes`` is those series' share of each block's bytes (by series count)."""
+        n = len(self.index)
+        ids = self.index.match_ids(matchers, n)
+        h = self.head
+        with h.lock:
+            smin, smax = h.series_min, h.series_max
+        ids_h = ids[ids < len(smin)]
+        lo, hi = smin[ids_h], smax[ids_h]
+        live = lo <= hi
+        in_head = ids_h[live]
+        num_samples = 0
+        if len(in_head):
+            _, t, _ = h.gather(in_head)
+            num_samples = int(len(t))
+        block_bytes = 0.0
+        for b in self._blocks_snapshot():
+            if b.num_series:
+                share = int(b.series_mask(n, INT64_MIN, INT64_MAX)[ids].sum()) if len(ids) else 0
+                block_bytes += b.size_bytes * share / b.num_series
+        return {"numSeries": int(len(in_head)), "numSamples": num_samples, "chunkCount": 0,
+                "minTime": int(lo[live].min()) if len(in_head) else 0, "maxTime": int(hi[live].max()) if len(in_head) else 0,
+                "blockBytes": int(round(block_bytes))}
 
     # ------------------------------------------------------------------------------------------
     # lifecycle

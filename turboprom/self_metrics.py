@@ -1,11 +1,20 @@
-"""Server-level self-metrics: every HTTP request timed by route, as Prometheus does for its handlers."""
+"""Server-level self-metrics: every HTTP request timed by route, as Prometheus does for its handlers.
+
+``/metrics`` exposes the process's own counters (samples appended, series created, queries, ingest
+requests, ...) summed over every tenant, as Prometheus and Mimir do. Like Mimir, which serves them to
+the operator's monitoring and never to tenants, it answers only callers who may act as any tenant
+(no auth configured, or a user without a ``tenants:`` entry in the web config); a caller restricted to
+some tenants gets 403 (errorType forbidden), since the totals would reveal the other tenants' volume.
+Tenants see their own volume through their own queries and /api/v1/status/tsdb.
+"""
 from __future__ import annotations
 
 import time
 from typing import Awaitable, Callable
 
+import orjson
 from aiohttp import web
-from prometheus_client import Counter, Histogram
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Histogram, generate_latest
 
 HTTP_REQUESTS = Counter("turboprom_http_requests", "HTTP requests served, by route and status code.", ["handler", "code"])
 HTTP_DURATION = Histogram(
@@ -52,3 +61,14 @@ def observe_query(result, kind: str):
     QUERY_CPU.labels(path).observe(max(0.0, float(st.cpu_seconds or 0.0)))
     QUERY_SAMPLES.labels(path).inc(max(0, int(st.samples_scanned or 0)))
     return result
+
+
+def exposition(request: web.Request, ctx) -> web.Response:
+    """The ``/metrics`` answer: every tenant's totals, for operators only (see the module docstring)."""
+    from turboprom.tenancy import OPERATOR_ONLY, is_operator
+
+    if not is_operator(request, ctx):
+        return web.Response(status=403, headers={"Content-Type": "application/json"},
+                            body=orjson.dumps({"status": "error", "errorType": "forbidden",
+                                               "error": f"/metrics: {OPERATOR_ONLY}"}))
+    return web.Response(body=generate_latest(REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -4,7 +4,16 @@ Series of a tenant other than the default carry a reserved label ``__tenant__`` 
 default tenant's series carry none. Every read goes through a ``TenantView``, which adds the
 tenant's matcher to each selection and removes the label from what it returns, so no endpoint built
 on it can see another tenant's series. The PromQL engine reads through the same view (one engine
-per tenant), so queries cannot either.
+per tenant), so queries cannot either. Storage resolves the tenant matcher first, inside a
+per-tenant partition of its index (storage/index.py), so value matchers only ever see the caller's
+own tenant's label values: no timing oracle on another tenant's values.
+
+Who sees what (docs/reliability.md, "Tenant isolation"): data-bearing routes answer for the
+caller's tenant (``X-Scope-OrgID``, checked against the user's ``tenants:`` by the auth middleware).
+What only the default tenant has (rules, alerts, scrape targets, summaries/planner state, congestion
+signals; ingest sinks see the default tenant only) is empty for every other tenant. Operator views
+that cover every tenant at once (``/metrics``, ``/api/v1/status/config``) need an *operator*: a
+caller who may act as any tenant (no auth configured, or a user without a ``tenants:`` entry).
 """
 from __future__ import annotations
 
@@ -15,11 +24,11 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from storage.batch import SampleBatch
+from storage.index import TENANT_LABEL  # storage partitions its index by this label
 from storage.labels import Labels
 from storage.matchers import Matcher
 from storage.series_set import SeriesSet
 
-TENANT_LABEL = "__tenant__"
 DEFAULT_TENANT = "default"
 MAX_TENANT_LEN = 150
 
@@ -102,11 +111,11 @@ class TenantView:
         return self.storage.delete_series(self._sets(matcher_sets), mint, maxt)
 
     def stats(self, limit: int = 10) -> dict[str, Any]:
-        """Cardinality figures of this tenant's series only (head sample totals stay store-wide:
-        they are counts, not names). Per-series Python: a status endpoint, not a hot path."""
+        """Cardinality and head figures of this tenant's series only: series, samples, label pairs,
+        min/max time and block bytes are never store-wide (another tenant's newest timestamp or
+        volume is theirs). Per-series Python: a status endpoint, not a hot path."""
         from collections import Counter
 
-        st = self.storage.stats(limit) if hasattr(self.storage, "stats") else {}
         series = self.series([], np.iinfo(np.int64).min // 2, np.iinfo(np.int64).max // 2)
         by_metric: Counter[str] = Counter()
         pairs: Counter[str] = Counter()
@@ -121,8 +130,9 @@ class TenantView:
         def top(c: dict[str, int]) -> list[dict[str, Any]]:
             return [{"name": k, "value": v} for k, v in sorted(c.items(), key=lambda kv: (-kv[1], kv[0]))[:limit]]
 
-        head = dict(st.get("headStats", {})) if isinstance(st, dict) else {}
-        head.update({"numSeries": len(series), "numLabelPairs": len(pairs)})
+        own = self.storage.head_stats_of([self._m]) if hasattr(self.storage, "head_stats_of") else {}
+        head = {"numSeries": len(series), "numSamples": int(own.get("numSamples", 0)), "numLabelPairs": len(pairs),
+                "chunkCount": 0, "minTime": int(own.get("minTime", 0)), "maxTime": int(own.get("maxTime", 0))}
         out = {
             "headStats": head,
             "seriesCountByMetricName": top(by_metric),
@@ -131,8 +141,8 @@ class TenantView:
             "seriesCountByLabelValuePair": top(pairs),
             "numSeriesTotal": len(series),
         }
-        if isinstance(st, dict) and self.tenant == DEFAULT_TENANT:
-            out["blockBytes"] = st.get("blockBytes")
+        if "blockBytes" in own:
+            out["blockBytes"] = own["blockBytes"]
         return out
 
     def __getattr__(self, name: str) -> Any:
@@ -179,6 +189,45 @@ def request_tenant(request: Any) -> str:
 
 def tenant_storage(ctx: Any, request: Any) -> TenantView:
     return TenantView(ctx.storage, request_tenant(request))
+
+
+def caller_tenants(request: Any, ctx: Any) -> frozenset[str] | None:
+    """The tenants the authenticated caller may act as (web config ``tenants:``); None: any tenant
+    (no auth configured, or a user without a ``tenants:`` entry)."""
+    auth = ctx.components.get("auth")
+    if auth is None:
+        return None
+    principal = request.get("principal") if hasattr(request, "get") else None
+    if principal is None:
+        principal = auth.principal(request)
+    allowed = auth.cfg.tenants.get(principal.name)
+    return None if allowed is None else frozenset(allowed)
+
+
+def is_operator(request: Any, ctx: Any) -> bool:
+    """May the caller see views that cover every tenant at once (self-metrics, the configuration)?
+    Only a caller who may act as any tenant: one restricted to some tenants, whatever its roles,
+    must not learn the others' names, counts or targets."""
+    return caller_tenants(request, ctx) is None
+
+
+OPERATOR_ONLY = ("this view covers every tenant: it needs a user not restricted to tenants "
+                 "(no 'tenants:' entry in the web config)")
+
+
+def require_operator(request: Any, ctx: Any) -> None:
+    """403 (errorType forbidden) unless ``is_operator``."""
+    if not is_operator(request, ctx):
+        from turboprom.api_common import APIError
+
+        raise APIError("forbidden", OPERATOR_ONLY, 403)
+
+
+def sees_default_only_state(request: Any) -> bool:
+    """Does the caller act as the default tenant? Rules, alerts, scrape targets, planner state and
+    congestion signals are built from the default tenant's data only (ingest sinks see no other
+    tenant), so every other tenant's view of them is empty."""
+    return request_tenant(request) == DEFAULT_TENANT
 
 
 def restrict_sinks(pipeline: Any) -> None:

@@ -2,17 +2,25 @@
 
 Both read the tracker's ready-made snapshot (ctx.components["congestion"]); nothing here touches
 storage, so polls stay fast while ingestion and heavy queries run. Documented in docs/openapi.yaml.
+
+Tenancy: the tracker consumes the default tenant's samples only (turboprom/tenancy.py restrict_sinks),
+so a caller acting as another tenant (X-Scope-OrgID) gets an empty view of the same shape (no
+instances, no clusters, version 0), and its stream never wakes on the default tenant's updates (their
+timing would tell that tenant's ingest activity).
 """
 from __future__ import annotations
 
 import asyncio
 import math
+import time
 from typing import Any
 
 import orjson
 from aiohttp import web
 
+from turboprom.api_params import ParamError
 from turboprom.context import ServerContext
+from turboprom.tenancy import DEFAULT_TENANT, request_tenant
 
 FILTERS = ("cluster", "model", "instance")
 _TRUE = {"true", "1", "yes"}
@@ -62,7 +70,18 @@ def _filters(request: web.Request) -> dict[str, Any]:
             raise BadParam(f"invalid parameter {name!r}: empty value")
         out[name] = vals
     out["include_stale"] = _bool(request, "include_stale", True)
+    try:
+        out["tenant"] = request_tenant(request)
+    except ParamError as e:
+        raise BadParam(str(e)) from None
     return out
+
+
+def _tenant_snapshot(snap: Any) -> Any:
+    """What a tenant other than the default sees: the same shape with nothing in it."""
+    from scheduler_metrics.congestion.tracker import CongestionSnapshot
+
+    return CongestionSnapshot(0, time.time(), [], [], snap.model)
 
 
 def setup(app: web.Application, ctx: ServerContext) -> None:
@@ -81,7 +100,10 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
             f = _filters(request)
         except BadParam as e:
             return _error(400, "bad_data", str(e))
-        body = tracker.snapshot().body_for(f["cluster"], f["model"], f["instance"], f["include_stale"])
+        snap = tracker.snapshot()
+        if f["tenant"] != DEFAULT_TENANT:
+            snap = _tenant_snapshot(snap)
+        body = snap.body_for(f["cluster"], f["model"], f["instance"], f["include_stale"])
         return web.Response(body=body, content_type="application/json")
 
     async def stream(request: web.Request) -> web.StreamResponse:
@@ -109,14 +131,15 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
             except RuntimeError:  # loop closed during shutdown
                 pass
 
-        unsubscribe = tracker.subscribe(on_snapshot)
+        own = f["tenant"] == DEFAULT_TENANT
+        unsubscribe = tracker.subscribe(on_snapshot) if own else (lambda: None)
         sent = 0
         last_version = -1
         try:
             await resp.write(b"retry: 1000\n\n")
             while True:
                 wake.clear()
-                snap = tracker.snapshot()
+                snap = tracker.snapshot() if own else _tenant_snapshot(tracker.snapshot())
                 if snap.version != last_version:
                     last_version = snap.version
                     data = snap.filtered(f["cluster"], f["model"], f["instance"], f["include_stale"])

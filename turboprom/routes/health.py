@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 from turboprom.context import ServerContext
+from turboprom.self_metrics import exposition
 
 
 def setup(app: web.Application, ctx: ServerContext) -> None:
@@ -16,9 +16,8 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
             return web.Response(status=503, text="Service Unavailable")
         return web.Response(text="TurboProm is Ready.\n")
 
-    async def metrics(_: web.Request) -> web.Response:
-        body = generate_latest(REGISTRY)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+    async def metrics(request: web.Request) -> web.Response:
+        return exposition(request, ctx)  # every tenant's totals: operators only (turboprom/self_metrics.py)
 
     for method in ("GET", "HEAD"):
         app.router.add_route(method, "/-/healthy", healthy)

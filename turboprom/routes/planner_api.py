@@ -2,6 +2,11 @@
 
 Thin layer over ``ctx.components["planner"]`` (planner/planner.py); heavy parts run off the loop.
 ``turboprom plan list|show|explain`` (planner/cli.py) talks to these endpoints.
+
+Tenancy: the planner learns from, and its summaries hold, the default tenant's queries and data only
+(other tenants' engines run raw). A caller acting as another tenant (X-Scope-OrgID) therefore sees no
+plans, candidates, decisions or canary checks, an ``explain`` that says every sub-tree runs raw, and
+only its own tenant's rows of the query log.
 """
 from __future__ import annotations
 
@@ -10,7 +15,7 @@ from typing import Any
 
 from aiohttp import web
 
-from turboprom.tenancy import request_tenant
+from turboprom.tenancy import DEFAULT_TENANT, request_tenant
 from turboprom.api_common import APIError, add_get_post, api_handler, ok, run_off_loop
 from turboprom.api_params import Params, invalid_param
 from turboprom.api_params import parse_query as parse_promql
@@ -33,10 +38,33 @@ def _describe(sds: Any) -> dict[str, Any]:
     return d
 
 
+NOT_FOR_TENANT = "summaries are built from the default tenant's data and queries only: this tenant's queries run raw"
+_EXPLAIN_KEYS = ("function", "metric", "range_ms", "algorithm")  # derived from the caller's own query text
+
+
+def _own_state(request: web.Request) -> bool:
+    """Does the caller act as the default tenant, whose queries and data the planner's state is built from?"""
+    return request_tenant(request) == DEFAULT_TENANT
+
+
+def _tenant_explain(full: dict[str, Any]) -> dict[str, Any]:
+    """``explain`` for a tenant other than the default: the sub-trees of its own query, each raw,
+    without anything from the planner's state (plan ids, coverage, decisions)."""
+    subtrees = [{**{k: t[k] for k in _EXPLAIN_KEYS if k in t}, "path": "raw", "why": NOT_FOR_TENANT}
+                for t in full.get("subtrees", [])]
+    out = {"query": full.get("query"), "pattern": full.get("pattern"), "subtrees": subtrees}
+    if not subtrees and "why" in full:
+        out["why"] = full["why"]
+    return out
+
+
 def setup(app: web.Application, ctx: ServerContext) -> None:
     @api_handler
     async def plans(request: web.Request, params: Params) -> web.Response:
         p = _planner(ctx)
+        if not _own_state(request):
+            return ok({"plans": [], "summarizer": {"cpu_seconds": 0.0, "samples": 0, "max_ts": None}, "decisions": [],
+                       "retired": [], "step_answers": None, "budget_bytes": p.config.budget_bytes})
 
         engine = ctx.components.get("planned_engine")
 
@@ -57,7 +85,7 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
     @api_handler
     async def plan(request: web.Request, params: Params) -> web.Response:
         p = _planner(ctx)
-        sds = p.sds.get(request.match_info["id"])
+        sds = p.sds.get(request.match_info["id"]) if _own_state(request) else None
         if sds is None:
             raise APIError("not_found", f"no plan with id {request.match_info['id']!r}")
         return ok(await run_off_loop(ctx, lambda: _describe(sds)))
@@ -79,15 +107,20 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
             start = params.time("start", 0)
         end = params.time("end", start) if start is not None else None
         step = params.duration("step") or 0
+        if not _own_state(request):
+            return ok(_tenant_explain(await run_off_loop(ctx, p.explain, q, None, None, 0)))
         return ok(await run_off_loop(ctx, p.explain, q, start, end, step))
 
     @api_handler
     async def candidates(request: web.Request, params: Params) -> web.Response:
-        return ok(await run_off_loop(ctx, _planner(ctx).candidates_report))
+        p = _planner(ctx)
+        if not _own_state(request):
+            return ok([])
+        return ok(await run_off_loop(ctx, p.candidates_report))
 
     @api_handler
     async def canary(request: web.Request, params: Params) -> web.Response:
-        c = ctx.components.get("planner_canary")
+        c = ctx.components.get("planner_canary") if _own_state(request) else None
         return ok({"checks": list(c.results) if c is not None else []})
 
     @api_handler

@@ -31,7 +31,7 @@ from storage.matchers import Matcher
 from turboprom.api_common import APIError, api_handler, error_response, ok, run_off_loop, set_cors
 from turboprom.api_params import MAX_TIME_MS, MIN_TIME_MS, Params, invalid_param, parse_metric_selector
 from turboprom.context import ServerContext
-from turboprom.tenancy import forget_deleted_summaries, tenant_storage
+from turboprom.tenancy import forget_deleted_summaries, require_operator, sees_default_only_state, tenant_storage
 
 # The Prometheus API level we implement; Grafana reads it to pick features.
 PROMETHEUS_COMPAT_VERSION = "2.42.0"
@@ -240,6 +240,9 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
 
     @api_handler
     async def config(request: web.Request, params: Params) -> web.Response:
+        # The configuration names every tenant's limits and overrides, scrape targets and rule files:
+        # only a caller who may act as any tenant reads it (403 otherwise).
+        require_operator(request, ctx)
         raw = ctx.config.raw or {"global": {"scrape_interval": "1m", "scrape_timeout": "10s", "evaluation_interval": "1m"}}
         return ok({"yaml": yaml.safe_dump(raw, sort_keys=False)})
 
@@ -259,7 +262,8 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
             raise invalid_param("type", f'not supported value "{typ}"')
         mgr = ctx.components.get("rules")
         groups: list[dict[str, Any]] = []
-        if mgr is not None and hasattr(mgr, "api_groups"):
+        # Rule files are evaluated on the default tenant's data: another tenant has no rules.
+        if mgr is not None and hasattr(mgr, "api_groups") and sees_default_only_state(request):
             groups = [dict(g) for g in await run_off_loop(ctx, mgr.api_groups)]
         want = {"alert": "alerting", "record": "recording"}.get(typ)
         if want:
@@ -271,7 +275,7 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
     async def alerts(request: web.Request, params: Params) -> web.Response:
         mgr = ctx.components.get("rules")
         items: list[Any] = []
-        if mgr is not None and hasattr(mgr, "api_alerts"):
+        if mgr is not None and hasattr(mgr, "api_alerts") and sees_default_only_state(request):
             items = list(await run_off_loop(ctx, mgr.api_alerts))
         return ok({"alerts": items})
 
@@ -279,7 +283,8 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
     async def targets(request: web.Request, params: Params) -> web.Response:
         state = params.get("state").lower()
         pool = params.get("scrapePool")
-        scraper = ctx.components.get("scraper")
+        # Scrape jobs write into the default tenant: another tenant has no targets.
+        scraper = ctx.components.get("scraper") if sees_default_only_state(request) else None
         active: list[dict[str, Any]] = []
         dropped: list[dict[str, Any]] = []
         if scraper is not None and hasattr(scraper, "targets_snapshot"):
@@ -304,7 +309,7 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
 
     @api_handler
     async def scrape_pools(request: web.Request, params: Params) -> web.Response:
-        scraper = ctx.components.get("scraper")
+        scraper = ctx.components.get("scraper") if sees_default_only_state(request) else None
         pools: list[str] = []
         if scraper is not None and hasattr(scraper, "scrape_pools"):
             pools = sorted(scraper.scrape_pools())

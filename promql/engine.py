@@ -8,8 +8,14 @@
 
 Both return ``promql.types.QueryResult`` (range queries always "matrix"; an instant query whose
 expression is a range selector or subquery returns a ragged matrix in ``QueryResult.csr``).
-Per-query options (lookback, timeout, max samples, a ``threading.Event`` to cancel, and
-``node_hooks``) override the engine defaults. ``node_hooks`` let the planner answer sub-trees
+Per-query options (lookback, timeout, max samples, max depth, memory budget, a ``threading.Event``
+to cancel, and ``node_hooks``) override the engine defaults.
+
+Limits (docs/reliability.md, "Query limits"): ``max_depth`` refuses expressions deeper than that
+before the parser binding runs (BadData, 400; promql/query_guard.py); ``max_samples`` counts the
+samples held at once, operands and result of every node included, like Prometheus's
+``--query.max-samples``; ``max_memory_bytes`` checks the estimated size of dense intermediate
+results before they are allocated. Both answer ``TooManySamples`` (422, Prometheus's text). ``node_hooks`` let the planner answer sub-trees
 from summaries; see promql/evaluator.py for the fields of the eval context they receive.
 
 Semantics follow Prometheus 3.x with delayed ``__name__`` removal; see docs/compatibility.md.
@@ -23,24 +29,42 @@ from typing import Any, Sequence
 import numpy as np
 import promql_parser as pp
 
-from promql.errors import BadData, ExecutionError, PromQLError
-from promql.eval_context import EvalContext, NodeHook, QueryBudget
+from promql import query_guard
+from promql.errors import BadData, ExecutionError, PromQLError, TooManySamples
+from promql.eval_context import BYTES_PER_CELL, EvalContext, NodeHook, QueryBudget
 from promql.eval_histogram import has_hist, histogram_points, refuse_result, strip
 from promql.eval_labels import SAME_LABELSET, apply_name_drop, drop_metric_name, merge_same_labels
 from promql.eval_positions import locate_all
 from promql.evaluator import Evaluator
+from promql.query_guard import DEFAULT_MAX_DEPTH
 from promql.source import SampleSource
 from promql.types import Annotations, QueryResult, QueryStats, RangeWindows, Scalar, StringValue, VectorSteps
 
 _DOC_TYPES = {"Vector": "instant vector", "Matrix": "range vector", "Scalar": "scalar", "String": "string"}
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+DEFAULT_MAX_MEMORY_BYTES = 2 * 1024**3  # per query (--query.max-memory)
+JSON_BYTES_PER_SAMPLE = 40
 
 
-def parse(query: str) -> Any:
-    """Parse a PromQL expression with promql-parser; errors become BadData."""
+def _result_points(res: QueryResult) -> int:
+    if res.present is not None:
+        return int(res.present.sum())
+    if res.csr is not None:
+        return int(len(res.csr[1]))
+    return len(res.labels) if res.labels else 1
+
+
+def parse(query: str, max_depth: int = DEFAULT_MAX_DEPTH) -> Any:
+    """Parse a PromQL expression with promql-parser; errors become BadData.
+
+    The text is scanned first (promql/query_guard.py): expressions deeper than ``max_depth`` and
+    out-of-range durations or ``@`` times are refused before the binding sees them."""
     if not query or not query.strip():
         raise BadData("parse error: no expression found in input")
     try:
-        return pp.parse(query)
+        return query_guard.parse(query, max_depth)
+    except BadData:
+        raise
     except ValueError as e:
         raise BadData(f"parse error: {e}") from e
     except BaseException as e:  # the Rust binding can panic on odd input
@@ -80,6 +104,8 @@ class Engine:
         timeout_s: float = 120.0,
         default_subquery_step_ms: int = 60_000,
         histogram_results: bool = False,
+        max_depth: int = DEFAULT_MAX_DEPTH,
+        max_memory_bytes: int = DEFAULT_MAX_MEMORY_BYTES,
     ) -> None:
         self.source = source
         # Return native-histogram samples in QueryResult.histograms instead of refusing them
@@ -89,10 +115,12 @@ class Engine:
         self.max_samples = int(max_samples)
         self.timeout_s = float(timeout_s)
         self.default_subquery_step_ms = int(default_subquery_step_ms)
+        self.max_depth = int(max_depth)  # deepest expression tree accepted (0: no limit)
+        self.max_memory_bytes = int(max_memory_bytes)  # per-query memory estimate budget (0: no limit)
+        query_guard.ensure_recursion_headroom(self.max_depth)
 
-    @staticmethod
-    def parse(query: str) -> Any:
-        return parse(query)
+    def parse(self, query: str, max_depth: int | None = None) -> Any:
+        return parse(query, self.max_depth if max_depth is None else int(max_depth))
 
     # -- public API -----------------------------------------------------------------------
     def instant_query(
@@ -105,11 +133,13 @@ class Engine:
         max_samples: int | None = None,
         cancel: threading.Event | None = None,
         node_hooks: Sequence[NodeHook] = (),
+        max_depth: int | None = None,
+        max_memory_bytes: int | None = None,
     ) -> QueryResult:
-        expr = parse(query)
+        expr = self.parse(query, max_depth)
         steps = np.array([int(time_ms)], dtype=np.int64)
         return self._run(query, expr, steps, int(time_ms), int(time_ms), 0, False,
-                         lookback_delta_ms, timeout_s, max_samples, cancel, node_hooks)
+                         lookback_delta_ms, timeout_s, max_samples, cancel, node_hooks, max_memory_bytes)
 
     def range_query(
         self,
@@ -123,24 +153,33 @@ class Engine:
         max_samples: int | None = None,
         cancel: threading.Event | None = None,
         node_hooks: Sequence[NodeHook] = (),
+        max_depth: int | None = None,
+        max_memory_bytes: int | None = None,
     ) -> QueryResult:
         if step_ms <= 0:
             raise BadData("zero or negative query resolution step widths are not accepted. Try a positive integer")
         if end_ms < start_ms:
             raise BadData("end timestamp must not be before start time")
-        expr = parse(query)
+        for name, v in (("start", start_ms), ("end", end_ms), ("step", step_ms)):
+            if not (_INT64_MIN <= int(v) <= _INT64_MAX):
+                raise BadData(f"{name} {v} is out of range: times and steps are int64 milliseconds")
+        expr = self.parse(query, max_depth)
         et = expr_type(expr)
         if et not in ("Vector", "Scalar"):
             raise BadData(f'invalid expression type "{_DOC_TYPES[et]}" for range query, must be Scalar or instant Vector')
         n = (int(end_ms) - int(start_ms)) // int(step_ms) + 1
+        mem = self.max_memory_bytes if max_memory_bytes is None else int(max_memory_bytes)
+        if mem > 0 and n * BYTES_PER_CELL > mem:  # the step times alone, before anything is evaluated
+            raise TooManySamples()
         steps = int(start_ms) + np.arange(n, dtype=np.int64) * int(step_ms)
         return self._run(query, expr, steps, int(start_ms), int(end_ms), int(step_ms), True,
-                         lookback_delta_ms, timeout_s, max_samples, cancel, node_hooks)
+                         lookback_delta_ms, timeout_s, max_samples, cancel, node_hooks, max_memory_bytes)
 
     # -- internals ------------------------------------------------------------------------
     def _run(self, query: str, expr: Any, steps: np.ndarray, start: int, end: int, step: int, is_range: bool,
              lookback_delta_ms: int | None, timeout_s: float | None, max_samples: int | None,
-             cancel: threading.Event | None, node_hooks: Sequence[NodeHook]) -> QueryResult:
+             cancel: threading.Event | None, node_hooks: Sequence[NodeHook],
+             max_memory_bytes: int | None = None) -> QueryResult:
         wall0 = time.perf_counter()
         cpu0 = time.thread_time()
         tmo = self.timeout_s if timeout_s is None else float(timeout_s)
@@ -152,6 +191,7 @@ class Engine:
             deadline=time.monotonic() + tmo,
             timeout_s=tmo,
             cancel=cancel,
+            max_bytes=self.max_memory_bytes if max_memory_bytes is None else int(max_memory_bytes),
         )
         ctx = EvalContext(
             step_times=steps,
@@ -176,6 +216,8 @@ class Engine:
             val = ev.eval(expr, ctx)
             budget.check()
             res = self._shape(val, steps, is_range)
+            # the answer is encoded as JSON next (~40 bytes a sample): that memory counts too
+            budget.reserve(_result_points(res) * JSON_BYTES_PER_SAMPLE)
         res.annotations = ann
         stats.wall_seconds = time.perf_counter() - wall0
         stats.cpu_seconds = time.thread_time() - cpu0

@@ -456,7 +456,7 @@ _IGNORE_HIST = {"min", "max", "quantile", "stddev", "stdvar", "topk", "bottomk"}
 
 
 def _aggregate_histograms(op: str, vec: VectorSteps, names: list[str], without: bool, param: Any, ann: Annotations,
-                          pos: str, expr_pos: str, agg_pos: str) -> VectorSteps:
+                          pos: str, expr_pos: str, agg_pos: str, budget: Any = None) -> VectorSteps:
     """``vec`` carries native-histogram samples (never on the float-only storage path)."""
     if op in _IGNORE_HIST:
         # topk/bottomk name the whole aggregation's position, the others their argument's
@@ -465,7 +465,7 @@ def _aggregate_histograms(op: str, vec: VectorSteps, names: list[str], without: 
     if op in ("count", "group"):
         return aggregate(op, union_presence(vec), names, without, param, ann, pos)
     if op == "count_values":
-        return count_values(vec, names, without, param)
+        return count_values(vec, names, without, param, budget)
     if op in ("limitk", "limit_ratio") and len(set(vec.labels)) == len(vec.labels):
         # histograms are selected like floats; the chosen rows keep their histogram samples
         out = select_k(op, union_presence(vec), names, without, param, ann, pos)
@@ -489,16 +489,17 @@ def _aggregate_histograms(op: str, vec: VectorSteps, names: list[str], without: 
 
 
 def aggregate(op: str, vec: VectorSteps, names: list[str], without: bool, param: Any, ann: Annotations, pos: str = "",
-              expr_pos: str = "", agg_pos: str = "") -> VectorSteps:
+              expr_pos: str = "", agg_pos: str = "", budget: Any = None) -> VectorSteps:
     """``pos``: position suffix of the parameter; ``expr_pos`` / ``agg_pos``: of the aggregated
-    expression / the aggregation (for annotations about native histograms)."""
+    expression / the aggregation (for annotations about native histograms). ``budget``: the query's
+    QueryBudget, for aggregations whose output can outgrow their input (count_values)."""
     t = vec.num_steps
     if vec.hist is not None:
         if has_hist(vec):
-            return _aggregate_histograms(op, vec, names, without, param, ann, pos, expr_pos, agg_pos)
+            return _aggregate_histograms(op, vec, names, without, param, ann, pos, expr_pos, agg_pos, budget)
         vec = strip(vec)  # type: ignore[assignment]
     if op == "count_values":
-        return count_values(vec, names, without, param)
+        return count_values(vec, names, without, param, budget)
     if op in ("topk", "bottomk", "limitk", "limit_ratio"):
         return select_k(op, vec, names, without, param, ann, pos)
     if op == "quantile":
@@ -563,11 +564,13 @@ def go_format_float(v: float) -> str:
     return s
 
 
-def count_values(vec: VectorSteps, names: list[str], without: bool, param: Any) -> VectorSteps:
+def count_values(vec: VectorSteps, names: list[str], without: bool, param: Any, budget: Any = None) -> VectorSteps:
     """One output series per (group, distinct value); the value becomes label ``param``.
 
     Per-series Python for the grouping key, per distinct value for its Go formatting, per
-    output series for its labels; the counting itself is a bincount over (output, step)."""
+    output series for its labels; the counting itself is a bincount over (output, step).
+    The output can have up to one series per input sample, each a dense row of every step: with
+    ``budget`` (QueryBudget) its size is checked before any of it is built."""
     t = vec.num_steps
     if not isinstance(param, StringValue):
         raise ExecutionError("count_values needs a string parameter")
@@ -600,6 +603,8 @@ def count_values(vec: VectorSteps, names: list[str], without: bool, param: Any) 
     bid, bases = dense_ids(base)
     code = bid[rows] * (nv + 1) + (vid if include_value else nv)
     uc, oid = np.unique(code, return_inverse=True)
+    if budget is not None:
+        budget.reserve_cells(len(uc), t)  # the output rows, before their labels and counts exist
     strs: dict[int, str] = {}
     out_labels: list[Labels] = []
     for c in uc.tolist():  # per output series

@@ -23,15 +23,31 @@ from promql.types import Annotations, QueryStats
 NodeHook = Callable[[Any, "EvalContext"], Any]
 
 
+# Estimated bytes one dense (series x steps) cell of an intermediate result costs: float64 value,
+# presence flag, per-sample timestamp where kept, and the temporaries numpy makes while computing it.
+BYTES_PER_CELL = 32
+
+
 @dataclass
 class QueryBudget:
-    """Shared, mutable per-query limits and counters."""
+    """Shared, mutable per-query limits and counters.
+
+    * ``max_samples``: Prometheus's ``--query.max-samples``: samples held at once (selected points,
+      points of intermediate vectors/matrices and of the result). Over it: ``TooManySamples`` (422).
+    * ``max_bytes``: estimated memory the query may hold at once (0: no limit). The engine's dense
+      series x steps layout can need far more memory than its sample count (an output series present at
+      one step still takes a row of every step), so allocations are checked against this estimate
+      *before* they are made (``reserve``). Over it: the same ``TooManySamples`` answer.
+    """
 
     max_samples: int
     deadline: float  # time.monotonic() value after which the query times out
     timeout_s: float
     cancel: threading.Event | None = None
     current_samples: int = 0  # samples currently held (selector outputs, windows)
+    max_bytes: int = 0
+    current_bytes: int = 0  # estimated bytes currently held by intermediate results
+    peak_bytes: int = 0
 
     def check(self) -> None:
         if self.cancel is not None and self.cancel.is_set():
@@ -49,6 +65,23 @@ class QueryBudget:
 
     def release(self, n: int) -> None:
         self.current_samples = max(0, self.current_samples - int(n))
+
+    def reserve(self, nbytes: int) -> None:
+        """Refuse an allocation of about ``nbytes`` that would take the query over its memory budget.
+        Call before allocating; the bytes are not kept (``hold`` accounts results that are kept)."""
+        if self.max_bytes > 0 and self.current_bytes + int(nbytes) > self.max_bytes:
+            raise TooManySamples()
+
+    def reserve_cells(self, series: int, steps: int, bytes_per_cell: int = BYTES_PER_CELL) -> None:
+        """``reserve`` for a dense series x steps result (Python ints: no int64 overflow)."""
+        self.reserve(int(series) * int(steps) * int(bytes_per_cell))
+
+    def hold(self, nbytes: int) -> None:
+        self.current_bytes += int(nbytes)
+        if self.current_bytes > self.peak_bytes:
+            self.peak_bytes = self.current_bytes
+        if self.max_bytes > 0 and self.current_bytes > self.max_bytes:
+            raise TooManySamples()
 
 
 @dataclass

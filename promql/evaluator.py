@@ -34,7 +34,7 @@ from promql.eval_binary import (
     vector_scalar,
     vector_vector,
 )
-from promql.eval_context import EvalContext
+from promql.eval_context import EvalContext, QueryBudget
 from promql.eval_histogram import call_with_histograms, empty_plane, has_hist, plane_to_set, strip
 from promql.eval_labels import go_quote_bytes, merge_same_labels, raw_string_literal_bytes
 from promql.eval_positions import line_col
@@ -107,6 +107,25 @@ def _ensure_functions() -> None:
         _loaded = True
 
 
+def value_bytes(v: Value) -> int:
+    """Bytes the arrays of a result hold (views count their own extent)."""
+    if isinstance(v, VectorSteps):
+        n = v.values.nbytes + v.present.nbytes
+        if v.sample_ts is not None:
+            n += v.sample_ts.nbytes
+        if v.hist is not None:
+            n += v.hist.nbytes
+        return int(n)
+    if isinstance(v, RangeWindows):
+        n = v.ts.nbytes + v.vals.nbytes + v.lo.nbytes + v.hi.nbytes + v.offsets.nbytes
+        if v.hist is not None:
+            n += v.hist.ts.nbytes + v.hist.objs.nbytes + v.hist.lo.nbytes + v.hist.hi.nbytes
+        return int(n)
+    if isinstance(v, Scalar):
+        return int(v.values.nbytes)
+    return 0
+
+
 def value_size(v: Value) -> int:
     if isinstance(v, VectorSteps):
         return int(v.any_present().sum()) if v.hist is not None else int(v.present.sum())
@@ -144,10 +163,17 @@ class Evaluator:
                 res = hook(node, ctx)
                 if res is not None:
                     return res
-        before = ctx.budget.current_samples
+        b = ctx.budget
+        before, before_bytes = b.current_samples, b.current_bytes
         val = self._eval(node, ctx)
-        ctx.budget.current_samples = before
-        ctx.budget.charge(value_size(val), ctx.stats)
+        size, nbytes = value_size(val), value_bytes(val)
+        if isinstance(node, pp.ParenExpr):  # the child's own value, already accounted
+            b.current_samples, b.current_bytes = before, before_bytes
+        # Like Prometheus's engine, the operands stay in memory while the result is built:
+        # the peak is what was held before, the operands and the result together.
+        b.charge(size, ctx.stats)
+        b.hold(nbytes)
+        b.current_samples, b.current_bytes = before + size, before_bytes + nbytes
         return val
 
     def _eval(self, node: Any, ctx: EvalContext) -> Value:
@@ -186,7 +212,7 @@ class Evaluator:
         if step <= 0:
             step = ctx.default_subquery_step_ms
         e = effective_times(node, ctx)
-        inner_times = subquery_steps(e, rng, step)
+        inner_times = subquery_steps(e, rng, step, ctx.budget)
         if len(inner_times) == 0:
             inner = VectorSteps.empty(0)
         else:
@@ -281,7 +307,8 @@ class Evaluator:
         if op == "count_values" and isinstance(param, StringValue):
             self._check_label_name(node.param, param.value, ctx)
         return aggregate(op, vec, names, without, param, ctx.annotations, pos,
-                         expr_pos=self.pos_suffix(node.expr, ctx), agg_pos=self.pos_suffix(node, ctx))
+                         expr_pos=self.pos_suffix(node.expr, ctx), agg_pos=self.pos_suffix(node, ctx),
+                         budget=ctx.budget)
 
     def _check_label_name(self, lit: Any, value: str, ctx: EvalContext) -> None:
         """count_values' label must be a valid (UTF-8, non-empty) label name, judged on the
@@ -321,9 +348,10 @@ class Evaluator:
         raise BadData(f"binary expression must contain only scalar and instant vector types (operator {op})")
 
 
-def subquery_steps(e: np.ndarray, rng: int, step: int) -> np.ndarray:
+def subquery_steps(e: np.ndarray, rng: int, step: int, budget: QueryBudget | None = None) -> np.ndarray:
     """The inner evaluation times of a subquery: absolute multiples of ``step`` inside any of
-    the windows (e - rng, e]."""
+    the windows (e - rng, e]. With ``budget``, a step count whose evaluation (one row of every
+    inner step, at least) would exceed the query's memory budget is refused before allocating."""
     if len(e) == 0:
         return np.empty(0, np.int64)
     ue = np.unique(e)
@@ -333,7 +361,11 @@ def subquery_steps(e: np.ndarray, rng: int, step: int) -> np.ndarray:
         lo, hi = int(first.min()), int(last.max())
         if hi < lo:
             return np.empty(0, np.int64)
+        if budget is not None:
+            budget.reserve_cells(1, hi - lo + 1)
         return np.arange(lo, hi + 1, dtype=np.int64) * step
+    if budget is not None:
+        budget.reserve_cells(1, sum(max(0, b - a + 1) for a, b in zip(first.tolist(), last.tolist())))
     parts = [np.arange(int(a), int(b) + 1, dtype=np.int64) for a, b in zip(first.tolist(), last.tolist()) if b >= a]
     if not parts:
         return np.empty(0, np.int64)

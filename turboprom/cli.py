@@ -45,6 +45,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="maximum time a query may take before it is aborted (default 2m), like Prometheus's flag")
     s.add_argument("--query.max-samples", dest="query_max_samples", type=int, default=50_000_000,
                    help="maximum samples a single query may hold in memory (default 50000000), like Prometheus's flag")
+    s.add_argument("--query.max-depth", dest="query_max_depth", type=int, default=256,
+                   help="deepest PromQL expression tree accepted (nesting, operator chains, subqueries; default 256; 0 = no limit)")
+    s.add_argument("--query.max-memory", dest="query_max_memory", type=_size, default=2 * 1024**3,
+                   help="estimated memory one query may hold at once (e.g. 2GB; default 2GiB; 0 = no limit)")
     s.add_argument("--query.lookback-delta", dest="query_lookback_delta", type=_duration, default=300_000,
                    help="how far back an instant vector selector looks for a sample (default 5m), like Prometheus's flag")
     s.add_argument("--web.enable-admin-api", dest="enable_admin_api", action="store_true",
@@ -179,6 +183,10 @@ def _config_from_args(a: argparse.Namespace) -> ServerConfig:
         raise SystemExit("turboprom: --query.timeout, --query.max-samples and --query.lookback-delta must be positive")
     cfg.query_timeout_s = a.query_timeout / 1000.0
     cfg.query_max_samples = a.query_max_samples
+    if a.query_max_depth < 0 or a.query_max_memory < 0:
+        raise SystemExit("turboprom: --query.max-depth and --query.max-memory must not be negative")
+    cfg.query_max_depth = a.query_max_depth
+    cfg.query_max_memory_bytes = a.query_max_memory
     cfg.lookback_delta_ms = a.query_lookback_delta
     cfg.load_file()
     return cfg

@@ -21,6 +21,8 @@ class ServerConfig:
     lookback_delta_ms: int = 300_000
     query_timeout_s: float = 120.0
     query_max_samples: int = 50_000_000
+    query_max_depth: int = 256  # deepest expression tree accepted (promql/query_guard.py); 0 = no limit
+    query_max_memory_bytes: int = 2 * 1024**3  # per-query memory estimate budget; 0 = no limit
     max_body_bytes: int = 32 * 1024 * 1024
     self_scrape_interval_s: float = 15.0
     web_config_file: str | None = None  # auth + TLS (turboprom.auth)

@@ -18,7 +18,9 @@ from typing import Any
 
 from aiohttp import web
 
+from promql.engine import DEFAULT_MAX_MEMORY_BYTES
 from promql.errors import PromQLError
+from promql.query_guard import DEFAULT_MAX_DEPTH
 from promql.eval_selectors import to_matchers
 from promql.types import QueryResult
 from turboprom import api_json
@@ -40,10 +42,21 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def _check_query_syntax(q: str) -> None:
-    """Parse errors are the caller's fault: bad_data, named after the ``query`` parameter."""
+def _max_depth(ctx: ServerContext) -> int:
+    return int(getattr(ctx.config, "query_max_depth", DEFAULT_MAX_DEPTH))
+
+
+def _query_limits(ctx: ServerContext) -> dict[str, int]:
+    """Engine limits from the server's flags (``--query.max-depth``, ``--query.max-memory``)."""
+    return {"max_depth": _max_depth(ctx),
+            "max_memory_bytes": int(getattr(ctx.config, "query_max_memory_bytes", DEFAULT_MAX_MEMORY_BYTES))}
+
+
+def _check_query_syntax(ctx: ServerContext, q: str) -> None:
+    """Parse errors are the caller's fault: bad_data, named after the ``query`` parameter. Too deep
+    expressions are refused by a scan of the text before the parser binding runs."""
     try:
-        parse_promql(q)
+        parse_promql(q, _max_depth(ctx))
     except ValueError as e:
         raise invalid_param("query", str(e)) from None
 
@@ -188,7 +201,7 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
         q = params.get("query")
         tenant = request_tenant(request)
         limits = _check_limits(ctx, q, tenant)  # length limit before parsing
-        _check_query_syntax(q)
+        _check_query_syntax(ctx, q)
         exact = bool(params.boolean("exact"))
         approx = params.boolean("approx")  # None: the operator's planner.approximate for this tenant
         engine = _pick_engine(ctx, exact, tenant)
@@ -196,7 +209,8 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
 
         def run(cancel: threading.Event, remaining: float) -> QueryResult:
             return observe_query(_call(engine.instant_query, q, t, exact=exact, approx=approx, lookback_delta_ms=lookback, timeout_s=remaining,
-                                       cancel=cancel, tenant=tenant, **_max_samples(limits, tenant)), "instant")
+                                       cancel=cancel, tenant=tenant, **_max_samples(limits, tenant), **_query_limits(ctx)),
+                                 "instant")
 
         return await _limited_evaluate(limits, tenant, request, ctx, params, timeout_s, run)
 
@@ -223,7 +237,7 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
         tenant = request_tenant(request)
         limits = _check_limits(ctx, q, tenant)  # length limit before parsing
         try:
-            parse_promql(q)
+            parse_promql(q, _max_depth(ctx))
         except ValueError as e:  # Prometheus 2.42 does not name the parameter here
             raise APIError("bad_data", str(e)) from None
         exact = bool(params.boolean("exact"))
@@ -233,15 +247,17 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
 
         def run(cancel: threading.Event, remaining: float) -> QueryResult:
             return observe_query(_call(engine.range_query, q, start, end, step, exact=exact, approx=approx, lookback_delta_ms=lookback,
-                                       timeout_s=remaining, cancel=cancel, tenant=tenant, **_max_samples(limits, tenant)), "range")
+                                       timeout_s=remaining, cancel=cancel, tenant=tenant, **_max_samples(limits, tenant),
+                                       **_query_limits(ctx)), "range")
 
         return await _limited_evaluate(limits, tenant, request, ctx, params, timeout_s, run)
 
     @api_handler
     async def format_query(request: web.Request, params: Params) -> web.Response:
         q = params.get("query")
+        _check_limits(ctx, q, request_tenant(request))
         try:
-            expr = parse_promql(q)
+            expr = parse_promql(q, _max_depth(ctx))
         except ValueError as e:
             raise invalid_param("query", str(e)) from None
         return ok(pretty(expr))
@@ -249,8 +265,9 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
     @api_handler
     async def parse_query(request: web.Request, params: Params) -> web.Response:
         q = params.get("query")
+        _check_limits(ctx, q, request_tenant(request))
         try:
-            expr = parse_promql(q)
+            expr = parse_promql(q, _max_depth(ctx))
         except ValueError as e:
             raise invalid_param("query", str(e)) from None
         return ok(translate_ast(expr))
@@ -262,8 +279,9 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
         if end < start:
             raise APIError("bad_data", "end timestamp must not be before start timestamp")
         q = params.get("query")
+        _check_limits(ctx, q, request_tenant(request))
         try:
-            expr = parse_promql(q)
+            expr = parse_promql(q, _max_depth(ctx))
         except ValueError as e:
             raise APIError("bad_data", str(e)) from None
         if not _has_selector(expr):
@@ -288,33 +306,31 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
     add_get_post(app, "/api/v1/query_exemplars", query_exemplars)
 
 
-def _vector_selectors(node: Any) -> list[Any]:
-    kind = type(node).__name__
-    if kind == "VectorSelector":
-        return [node]
-    if kind == "MatrixSelector":
-        return [node.vector_selector]
+def _vector_selectors(root: Any) -> list[Any]:
+    """Vector selectors of a tree, left to right (an explicit stack: no recursion)."""
     out: list[Any] = []
-    for attr in ("expr", "lhs", "rhs", "param"):
-        child = getattr(node, attr, None)
-        if child is not None and not isinstance(child, (str, int, float)):
-            out.extend(_vector_selectors(child))
-    for c in getattr(node, "args", None) or []:
-        out.extend(_vector_selectors(c))
+    todo = [root]
+    while todo:
+        node = todo.pop()
+        kind = type(node).__name__
+        if kind == "VectorSelector":
+            out.append(node)
+            continue
+        if kind == "MatrixSelector":
+            out.append(node.vector_selector)
+            continue
+        children = []
+        for attr in ("expr", "lhs", "rhs", "param"):
+            child = getattr(node, attr, None)
+            if child is not None and not isinstance(child, (str, int, float)):
+                children.append(child)
+        children.extend(getattr(node, "args", None) or [])
+        todo.extend(reversed(children))
     return out
 
 
 def _has_selector(node: Any) -> bool:
-    kind = type(node).__name__
-    if kind in ("VectorSelector", "MatrixSelector"):
-        return True
-    children = []
-    for attr in ("expr", "lhs", "rhs", "param"):
-        child = getattr(node, attr, None)
-        if child is not None and not isinstance(child, (str, int, float)):
-            children.append(child)
-    children.extend(getattr(node, "args", None) or [])
-    return any(_has_selector(c) for c in children)
+    return bool(_vector_selectors(node))
 
 
 def _lookback(params: Params) -> int | None:

@@ -1,0 +1,222 @@
+"""Refuse expressions too deep to parse and walk safely, with a linear scan of the query text.
+
+The ``promql-parser`` binding holds the GIL while it parses, and its time and peak memory grow with
+the square of the expression tree's depth (measured on this machine kind: a chain of 512 ``+`` takes
+21 ms and ~35 MB, 1000 take 150 ms and ~140 MB, 3000 take 1.3 s and 1.25 GB; 4000 nested parentheses
+1.1 s and 1.1 GB). Everything after parsing (AST conversion, positions, printer, evaluator, planner
+normalisation) is recursive Python. So a query is scanned before the binding sees it, and refused
+(``BadData``, HTTP 400) when the depth of the tree it would build could exceed ``max_depth``.
+
+The estimate is an upper bound of the AST depth computed per bracket group: a group's depth is one
+(the group itself: a call, an aggregation, a parenthesis, a matcher or range list) plus the number of
+operators in it at its own level (each binary or unary operator, and each ``[...]`` range or subquery
+suffix, adds at most one tree level) plus the deepest group nested in it. Strings and comments are
+skipped; operators inside ``{...}`` are label matchers and not counted.
+
+``ensure_recursion_headroom`` raises Python's recursion limit so any walk of a tree that passed the
+limit fits (a few frames per tree level); the C stack is not at risk at these depths because
+Python-to-Python calls do not recurse in C (CPython 3.11+).
+"""
+from __future__ import annotations
+
+import math
+import re
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from promql.errors import BadData
+
+DEFAULT_MAX_DEPTH = 256
+# Python frames one AST level may take in the deepest walk (evaluator: eval -> _eval -> eval_binary
+# -> eval, plus a planner hook), with room to spare, and frames below the walk (server, threads).
+FRAMES_PER_LEVEL = 8
+BASE_FRAMES = 1000
+MAX_WALK_DEPTH = 8192  # never raise the limit further than this many levels need
+
+_OPERATOR_CHARS = frozenset("+-*/%^<>=!")
+_TWO_CHAR_OPS = frozenset(("==", "!=", "<=", ">=", "=~", "!~"))
+_OPEN = {"(": ")", "[": "]", "{": "}"}
+_CLOSE = frozenset(")]}")
+_WORD_OPS = frozenset(("and", "or", "unless", "atan2"))
+_DURATION = re.compile(r"(?:\d+(?:ms|s|m|h|d|w|y))+(?![\w.])")
+_DURATION_PART = re.compile(r"(\d+)(ms|s|m|h|d|w|y)")
+_UNIT_NS = {"ms": 10**6, "s": 10**9, "m": 60 * 10**9, "h": 3600 * 10**9, "d": 86400 * 10**9,
+            "w": 7 * 86400 * 10**9, "y": 365 * 86400 * 10**9}
+MAX_DURATION_NS = 2**63 - 1  # Prometheus durations are int64 nanoseconds
+_AT_NUMBER = re.compile(r"\s*([+-]?(?:0[xX][0-9a-fA-F]+|(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|[iI][nN][fF](?:[iI][nN][iI][tT][yY])?|[nN][aA][nN]))")
+# @ timestamps the engine can represent (the parser binding hands them over as datetimes: years 1..9999)
+MIN_AT_S = -62135596800
+MAX_AT_S = 253402300799
+
+
+@dataclass(frozen=True)
+class Shape:
+    depth: int  # upper bound of the AST depth
+    nesting: int  # deepest bracket nesting ( [ {
+
+
+def _position(query: str, offset: int) -> str:
+    line = query.count("\n", 0, offset) + 1
+    return f"{line}:{offset - query.rfind(chr(10), 0, offset)}"
+
+
+def _refuse(query: str, offset: int, msg: str) -> BadData:
+    return BadData(f"{_position(query, offset)}: parse error: {msg}")
+
+
+def scan(query: str, stop_above: int = 0) -> Shape:
+    """Linear scan: estimated tree depth and bracket nesting of ``query`` (strings, comments skipped).
+
+    Refuses (BadData) durations beyond int64 nanoseconds, as Prometheus's parser does, and ``@``
+    timestamps outside what the engine can represent, naming their position. With ``stop_above`` the
+    scan ends as soon as the depth is known to exceed it (the returned depth is then a lower bound)."""
+    # stack entries: [closing char, operators at this level, deepest child group]
+    stack: list[list] = [["", 0, 0]]
+    nesting = 0
+    i, n = 0, len(query)
+    while i < n:
+        c = query[i]
+        if c in "\"'`":
+            j = i + 1
+            while j < n and query[j] != c:
+                j += 2 if (query[j] == "\\" and c != "`") else 1
+            i = j + 1
+            continue
+        if c == "#":
+            j = query.find("\n", i)
+            i = n if j < 0 else j + 1
+            continue
+        top = stack[-1]
+        in_braces = top[0] == "}"
+        if c in _OPEN:
+            if c == "[":
+                top[1] += 1  # a range or subquery suffix wraps the expression before it
+            stack.append([_OPEN[c], 0, 0])
+            nesting = max(nesting, len(stack) - 1)
+            if stop_above and nesting > stop_above:
+                return Shape(depth=nesting, nesting=nesting)
+        elif c in _CLOSE:
+            if len(stack) > 1:  # an unbalanced close is the parser's to report
+                g = stack.pop()
+                d = 1 + g[1] + g[2]
+                if d > stack[-1][2]:
+                    stack[-1][2] = d
+        elif c in _OPERATOR_CHARS:
+            if not in_braces:
+                top[1] += 1
+                if stop_above and top[1] + len(stack) - 1 > stop_above:
+                    return Shape(depth=top[1] + len(stack) - 1, nesting=nesting)
+            if query[i:i + 2] in _TWO_CHAR_OPS:
+                i += 1
+        elif c.isdigit():
+            m = _DURATION.match(query, i)
+            if m is None:
+                j = i + 1
+                while j < n and (query[j].isalnum() or query[j] in "_."):
+                    j += 1
+                i = j
+                continue
+            ns = sum(int(a) * _UNIT_NS[u] for a, u in _DURATION_PART.findall(m.group(0)))
+            if ns > MAX_DURATION_NS:
+                raise _refuse(query, i, f"duration out of range: {m.group(0)} is more than the largest duration "
+                                        f"(about 292y: int64 nanoseconds)")
+            i = m.end()
+            continue
+        elif c == "@":
+            m = _AT_NUMBER.match(query, i + 1)
+            if m is not None:
+                try:
+                    v = float(int(m.group(1), 16)) if m.group(1).lower().lstrip("+-").startswith("0x") else float(m.group(1))
+                except ValueError:
+                    v = math.nan
+                if not (MIN_AT_S <= v <= MAX_AT_S):
+                    raise _refuse(query, m.start(1), f"timestamp out of bounds for @ modifier: {m.group(1)} (supported: "
+                                                     f"{MIN_AT_S} to {MAX_AT_S}, years 1 to 9999)")
+                i = m.end()
+                continue
+        elif c.isalpha() or c == "_":
+            j = i + 1
+            while j < n and (query[j].isalnum() or query[j] in "_:."):
+                j += 1
+            if not in_braces and query[i:j].lower() in _WORD_OPS:
+                top[1] += 1
+            i = j
+            continue
+        i += 1
+    depth = 0
+    while stack:  # groups left open: the parser reports them; count them all the same
+        g = stack.pop()
+        d = g[1] + g[2] + (1 if stack else 0)
+        if stack:
+            stack[-1][2] = max(stack[-1][2], d)
+        else:
+            depth = d
+    return Shape(depth=depth, nesting=nesting)
+
+
+def check(query: str, max_depth: int = DEFAULT_MAX_DEPTH) -> Shape:
+    """Raise BadData when ``query`` could build a tree deeper than ``max_depth`` (0: no limit)."""
+    shape = scan(query, stop_above=max_depth if max_depth and max_depth > 0 else 0)
+    if max_depth and max_depth > 0 and shape.depth > max_depth:
+        if shape.nesting > max_depth:
+            what = f"brackets nested more than {max_depth} deep"
+        else:
+            what = (f"its expression tree would be more than {max_depth} levels deep (each binary or unary "
+                    f"operator, bracket and range or subquery suffix adds a level)")
+        raise BadData(f"query is too deeply nested: {what}, the limit set by --query.max-depth; "
+                      f"split it into smaller queries or recording rules")
+    ensure_recursion_headroom(shape.depth)
+    return shape
+
+
+def parse(query: str, max_depth: int = DEFAULT_MAX_DEPTH) -> Any:
+    """``check`` then parse with the binding, then ``validate``. Raises BadData; the binding's own
+    syntax errors come back as its ValueError."""
+    import promql_parser as pp
+
+    check(query, max_depth)
+    expr = pp.parse(query)
+    validate(expr)
+    return expr
+
+
+def _children(node: Any) -> list[Any]:
+    kind = type(node).__name__
+    if kind == "BinaryExpr":
+        return [node.lhs, node.rhs]
+    if kind == "Call":
+        return list(node.args)
+    if kind == "AggregateExpr":
+        return [node.expr] + ([node.param] if node.param is not None else [])
+    if kind in ("ParenExpr", "UnaryExpr", "SubqueryExpr"):
+        return [node.expr]
+    if kind == "MatrixSelector":
+        return [node.vector_selector]
+    return []
+
+
+def validate(expr: Any) -> None:
+    """Read every duration of a parsed tree once (iteratively): the binding converts them on access and
+    fails on values Python cannot hold; such a value is the caller's mistake. (``@`` times are checked
+    on the text by ``scan``: reading one before 1970 makes the binding panic.)"""
+    todo = [expr]
+    while todo:
+        node = todo.pop()
+        for attr in ("offset", "range", "step"):
+            try:
+                getattr(node, attr, None)
+            except (ValueError, OverflowError) as e:
+                raise BadData(f"parse error: duration out of range ({attr}: {e})") from None
+        todo.extend(_children(node))
+
+
+def ensure_recursion_headroom(depth: int) -> None:
+    """Raise the interpreter's recursion limit (never lower it) so a tree ``depth`` levels deep can be
+    walked recursively."""
+    need = BASE_FRAMES + FRAMES_PER_LEVEL * min(max(0, int(depth)), MAX_WALK_DEPTH)
+    if sys.getrecursionlimit() < need:
+        sys.setrecursionlimit(need)
+
+
+__all__ = ["DEFAULT_MAX_DEPTH", "Shape", "scan", "check", "parse", "validate", "ensure_recursion_headroom"]

@@ -8,42 +8,21 @@ results per distinct series so this is not per sample).
 from __future__ import annotations
 
 import hashlib
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from ingest.validation import LABEL_NAME_RE
+from storage.regex import Regex, RegexError, compile_regex, expand_template
 
 ACTIONS = {"replace", "keep", "drop", "labelmap", "labeldrop", "labelkeep", "hashmod", "lowercase", "uppercase",
            "keepequal", "dropequal"}
-_REF = re.compile(r"\$(\$|\{([a-zA-Z0-9_]+)\}|([a-zA-Z0-9_]+))")
 
 
 class RelabelConfigError(ValueError):
     pass
 
 
-def _go_regex(expr: str) -> str:
-    """Go RE2 syntax -> Python re for the constructs that differ in relabel configs."""
-    return re.sub(r"\(\?P<", "(?P<", expr)
-
-
-def expand(template: str, m: re.Match) -> str:
-    """Go regexp.Expand semantics: $1, ${1}, $name, ${name}; unknown groups expand to ''; $$ -> $."""
-    def sub(r: re.Match) -> str:
-        if r.group(1) == "$":
-            return "$"
-        name = r.group(2) or r.group(3)
-        try:
-            if name.isdigit():
-                g = m.group(int(name))
-            else:
-                g = m.group(name)
-        except IndexError:
-            return ""
-        return g or ""
-    return _REF.sub(sub, template)
-
+_DEFAULT_REGEX = "(.*)"
 
 
 @dataclass
@@ -51,8 +30,8 @@ class RelabelConfig:
     action: str = "replace"
     source_labels: list[str] = field(default_factory=list)
     separator: str = ";"
-    regex: re.Pattern = field(default_factory=lambda: re.compile("(.*)", re.S))
-    regex_text: str = "(.*)"
+    regex: Regex = field(default_factory=lambda: compile_regex(_DEFAULT_REGEX))
+    regex_text: str = _DEFAULT_REGEX
     target_label: str = ""
     replacement: str = "$1"
     modulus: int = 0
@@ -64,10 +43,10 @@ class RelabelConfig:
         action = str(d.get("action", "replace")).lower()
         if action not in ACTIONS:
             raise RelabelConfigError(f"unknown relabel action {action!r}")
-        regex_text = str(d.get("regex", "(.*)"))
+        regex_text = str(d.get("regex", _DEFAULT_REGEX))
         try:
-            rx = re.compile(f"^(?:{_go_regex(regex_text)})$", re.S)
-        except re.error as e:
+            rx = compile_regex(regex_text)  # Go RE2 syntax, anchored, (?s): as Prometheus's relabel.NewRegexp
+        except RegexError as e:
             raise RelabelConfigError(f"invalid relabel regex {regex_text!r}: {e}") from None
         src = d.get("source_labels") or []
         if isinstance(src, str):
@@ -109,8 +88,8 @@ def relabel(labels: dict[str, str], configs: list[RelabelConfig]) -> dict[str, s
             m = c.regex.match(val)
             if m is None:
                 continue
-            target = expand(c.target_label, m)
-            res = expand(c.replacement, m)
+            target = expand_template(c.target_label, m)
+            res = expand_template(c.replacement, m)
             if not LABEL_NAME_RE.match(target):
                 continue
             if res == "":
@@ -118,10 +97,10 @@ def relabel(labels: dict[str, str], configs: list[RelabelConfig]) -> dict[str, s
             else:
                 lb[target] = res
         elif a == "keep":
-            if c.regex.match(val) is None:
+            if not c.regex.fullmatch(val):
                 return None
         elif a == "drop":
-            if c.regex.match(val) is not None:
+            if c.regex.fullmatch(val):
                 return None
         elif a == "hashmod":
             lb[c.target_label] = str(_hashmod(val, c.modulus))
@@ -129,14 +108,14 @@ def relabel(labels: dict[str, str], configs: list[RelabelConfig]) -> dict[str, s
             for name in list(lb):
                 m = c.regex.match(name)
                 if m is not None:
-                    new = expand(c.replacement, m)
+                    new = expand_template(c.replacement, m)
                     if new:
                         lb[new] = lb[name]
         elif a == "labeldrop":
-            for name in [n for n in lb if c.regex.match(n)]:
+            for name in [n for n in lb if c.regex.fullmatch(n)]:
                 del lb[name]
         elif a == "labelkeep":
-            for name in [n for n in lb if not c.regex.match(n)]:
+            for name in [n for n in lb if not c.regex.fullmatch(n)]:
                 del lb[name]
         elif a == "lowercase":
             lb[c.target_label] = val.lower()

@@ -94,91 +94,27 @@ def effective_times(node: Any, ctx: EvalContext) -> np.ndarray:
     return ctx.step_times - off
 
 
-_INLINE_FLAGS = re.compile(r"\(\?([imsU]*(?:-[imsU]*)?)\)")
-
-
-def re2_to_python(pattern: str) -> str:
-    """RE2 (Go) allows inline flag groups like ``(?i)`` anywhere, applying to the rest of the
-    enclosing group; Python only at the start. Rewrite them as scoped groups ``(?i:...)``
-    (closed and reopened around ``|`` so alternation keeps its structure). Hand-written: no
-    library translates RE2 syntax to Python's."""
-    if "(?" not in pattern:
-        return pattern
-    out: list[str] = []
-    stack: list[list[str]] = [[]]
-    i, n = 0, len(pattern)
-    while i < n:
-        c = pattern[i]
-        if c == "\\":
-            out.append(pattern[i:i + 2])
-            i += 2
-            continue
-        if c == "[":
-            j = i + 1
-            if j < n and pattern[j] == "^":
-                j += 1
-            if j < n and pattern[j] == "]":
-                j += 1
-            while j < n and pattern[j] != "]":
-                if pattern[j] == "\\":
-                    j += 1
-                elif pattern.startswith("[:", j):
-                    k = pattern.find(":]", j + 2)
-                    j = k + 1 if k >= 0 else j
-                j += 1
-            out.append(pattern[i:j + 1])
-            i = j + 1
-            continue
-        if c == "(":
-            m = _INLINE_FLAGS.match(pattern, i)
-            if m:
-                flags = m.group(1).replace("U", "")
-                if flags.strip("-"):
-                    out.append("(?" + flags + ":")
-                    stack[-1].append(flags)
-                i = m.end()
-                continue
-            out.append("(")
-            stack.append([])
-            i += 1
-            continue
-        if c == "|":
-            active = stack[-1]
-            out.append(")" * len(active) + "|" + "".join("(?" + f + ":" for f in active))
-            i += 1
-            continue
-        if c == ")":
-            active = stack.pop() if len(stack) > 1 else []
-            out.append(")" * len(active) + ")")
-            i += 1
-            continue
-        out.append(c)
-        i += 1
-    out.append(")" * len(stack[0]))
-    return "".join(out)
-
-
-def to_matchers(vs: Any) -> list[list[Matcher]]:
-    """The selector's matcher sets (more than one only for the parser's ``or`` extension)."""
+def selector_matchers(vs: Any) -> list[list[Matcher]]:
+    """A parsed vector selector's matcher sets (more than one only for the parser's ``or``
+    extension), the metric name first. The one parser-to-storage matcher conversion: queries,
+    the planner and the HTTP API's ``match[]`` all use it, so they accept the same regexes.
+    Raises :class:`storage.regex.RegexError` (a ValueError) for a regex RE2 refuses."""
     base: list[Matcher] = []
     if vs.name:
         base.append(Matcher(METRIC_NAME, "=", vs.name))
-    sets: list[list[Matcher]] = []
     groups = [vs.matchers.matchers] if not vs.matchers.or_matchers else list(vs.matchers.or_matchers)
-    for group in groups:
-        ms = list(base)
-        for m in group:
-            op = _OPS[str(m.op).rsplit(".", 1)[-1]]
-            try:
-                value = re2_to_python(m.value) if op in ("=~", "!~") else m.value
-                ms.append(Matcher(m.name, op, value))
-            except ValueError as e:
-                raise BadData(str(e)) from e
-        if not ms:
+    return [base + [Matcher(m.name, _OPS[str(m.op).rsplit(".", 1)[-1]], m.value) for m in group] for group in groups]
+
+
+def to_matchers(vs: Any) -> list[list[Matcher]]:
+    """The selector's matcher sets for evaluation: each must have a matcher that rejects ""."""
+    try:
+        sets = selector_matchers(vs)
+    except ValueError as e:
+        raise BadData(str(e)) from e
+    for ms in sets:
+        if not ms or all(m.matches_empty for m in ms):
             raise BadData("vector selector must contain at least one non-empty matcher")
-        if all(m.matches_empty for m in ms):
-            raise BadData("vector selector must contain at least one non-empty matcher")
-        sets.append(ms)
     return sets
 
 
@@ -263,9 +199,11 @@ def _count_step_samples(ctx: EvalContext, per_step: np.ndarray) -> None:
 
 def _guard_cells(ctx: EvalContext, s: int, t: int) -> None:
     """Dense (S, T) results cost ~17 bytes per cell: refuse before allocating when even a
-    quarter of the cells would exceed the sample limit."""
+    quarter of the cells would exceed the sample limit, or when they would take the query over
+    its memory budget."""
     if s * t > 4 * ctx.budget.max_samples:
         raise TooManySamples()
+    ctx.budget.reserve_cells(s, t)
 
 
 def _select_hist(ctx: EvalContext, vs: Any, mint: int, maxt: int, ss: SeriesSet) -> tuple[SeriesSet, HistogramSet | None]:

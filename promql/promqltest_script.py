@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass, field
 
 from storage.labels import Labels
+from storage.regex import Regex, compile_regex
 from storage.stale import STALE_NAN
 
 from promql.types import FloatHistogram
@@ -330,7 +331,7 @@ class ClearCmd:
 class Expect:
     kind: str  # ordered|fail|warn|no_warn|info|no_info
     message: str | None = None
-    regex: re.Pattern[str] | None = None
+    regex: Regex | re.Pattern[str] | None = None
 
     def matches(self, s: str) -> bool:
         if self.regex is not None:
@@ -361,7 +362,7 @@ class EvalCmd:
     info: bool = False
     ordered: bool = False
     expected_fail_message: str | None = None
-    expected_fail_regexp: re.Pattern[str] | None = None
+    expected_fail_regexp: Regex | re.Pattern[str] | None = None
     expects: dict[str, list[Expect]] = field(default_factory=dict)
     expect_scalar: bool = False
     scalar: float = 0.0
@@ -495,7 +496,7 @@ def _parse_eval(lines: list[str], i: int) -> tuple[int, EvalCmd]:
             cmd.expected_fail_message = line[len("expected_fail_message"):].strip()
             break
         if cmd.fail and line.startswith("expected_fail_regexp"):
-            cmd.expected_fail_regexp = re.compile(line[len("expected_fail_regexp"):].strip())
+            cmd.expected_fail_regexp = compile_regex(line[len("expected_fail_regexp"):].strip())
             break
         if line.startswith("expect range vector"):
             m = _PAT_EXPECT_RANGE.match(line)
@@ -522,7 +523,7 @@ def _parse_eval(lines: list[str], i: int) -> tuple[int, EvalCmd]:
             if m.group(2) == "msg":
                 exp.message = m.group(3).strip()
             elif m.group(2) == "regex":
-                exp.regex = re.compile(go_regex(m.group(3).strip()))
+                exp.regex = compile_regex(m.group(3).strip())  # Go RE2 syntax, searched (unanchored)
             cmd.expects.setdefault(kind, []).append(exp)
             if cmd.expects.get("info") and cmd.expects.get("no_info"):
                 raise ScriptError(i, "invalid expect lines, info and no_info cannot be used together")
@@ -552,8 +553,3 @@ def _parse_eval(lines: list[str], i: int) -> tuple[int, EvalCmd]:
     while i < len(lines) and lines[i] != "":
         i += 1
     return i, cmd
-
-
-def go_regex(pattern: str) -> str:
-    """Go RE2 syntax -> Python ``re`` (the differences that occur in expect lines)."""
-    return pattern.replace(r"\z", r"\Z")

@@ -14,7 +14,9 @@ import promql_parser
 from aiohttp import web
 from multidict import MultiDict, MultiDictProxy
 
+from promql.eval_selectors import selector_matchers
 from storage.matchers import Matcher
+from storage.regex import regex_error
 from turboprom.durations import parse_duration_ms
 
 # Prometheus's defaults for optional time ranges (v1.MinTime / v1.MaxTime), in ms.
@@ -225,27 +227,17 @@ class Params:
         raise invalid_param(name, f"strconv.ParseBool: parsing {go_quote(val)}: invalid syntax (use true or false)")
 
 
-_OPS = {"MatchOp.Equal": "=", "MatchOp.NotEqual": "!=", "MatchOp.Re": "=~", "MatchOp.NotRe": "!~"}
-
-
-def _matchers_of(node: object) -> list[list[Matcher]]:
-    """Matcher sets (one per ``or`` alternative) of a parsed vector selector."""
-    name = getattr(node, "name", None)
-    ms = getattr(node, "matchers")
-    groups = [list(ms.matchers)] if not ms.or_matchers else [list(g) for g in ms.or_matchers]
-    out: list[list[Matcher]] = []
-    for g in groups:
-        cur = [Matcher(m.name, _OPS[str(m.op)], m.value) for m in g]
-        if name:
-            cur.insert(0, Matcher("__name__", "=", name))
-        out.append(cur)
-    return out
+_ILLEGAL_REGEX = "illegal regex for "
 
 
 def parse_error_text(query: str, err: Exception) -> str:
     """Prometheus-style ``<line>:<col>: parse error: <msg>``. promql-parser reports no position;
     errors at the end of the input get the end position (as Prometheus's do), others 1:1."""
     msg = str(err)
+    if msg.startswith(_ILLEGAL_REGEX):  # the parser's own regex check: say what RE2/Go says
+        bad = regex_error(msg[len(_ILLEGAL_REGEX):])
+        if bad is not None:
+            msg = str(bad)
     line, col = 1, 1
     if "end of input" in msg or "unclosed" in msg or "no expression" in msg:
         lines = query.split("\n")
@@ -253,16 +245,33 @@ def parse_error_text(query: str, err: Exception) -> str:
     return f"{line}:{col}: parse error: {msg}"
 
 
-def parse_query(query: str) -> object:
-    """Parse PromQL; ValueError carries the Prometheus-style message."""
+def parse_query(query: str, max_depth: int | None = None) -> object:
+    """Parse PromQL; ValueError carries the Prometheus-style message. Expressions nested deeper than
+    ``max_depth`` (None: the default, 256) and out-of-range durations or ``@`` times are refused before
+    the parser binding runs (promql/query_guard.py)."""
+    from promql import query_guard
+    from promql.errors import BadData
+
     try:
-        return promql_parser.parse(query)
+        return query_guard.parse(query, query_guard.DEFAULT_MAX_DEPTH if max_depth is None else max_depth)
+    except BadData as e:
+        raise ValueError(str(e)) from None
     except ValueError as e:
         raise ValueError(parse_error_text(query, e)) from None
 
 
+SELECTOR_MAX_DEPTH = 16
+
+
 def parse_metric_selector(text: str) -> list[list[Matcher]]:
     """A series selector (``foo{a="b"}``) -> its matcher set(s). Raises ValueError."""
+    from promql import query_guard
+    from promql.errors import BadData
+
+    try:
+        query_guard.check(text, SELECTOR_MAX_DEPTH)  # a selector is shallow: refuse deep text before parsing
+    except BadData as e:
+        raise ValueError(str(e)) from None
     try:
         node = promql_parser.parse(text)
     except ValueError as e:
@@ -273,7 +282,7 @@ def parse_metric_selector(text: str) -> list[list[Matcher]]:
     if type(node).__name__ != "VectorSelector" or getattr(node, "offset", None) is not None or getattr(node, "at", None) is not None:
         raise ValueError(f"1:1: parse error: expected a series selector, got {text!r}")
     try:
-        return _matchers_of(node)
+        return selector_matchers(node)
     except ValueError as e:
         raise ValueError(f"1:1: parse error: {e}") from None
 

@@ -9,65 +9,46 @@ choice share one output label set. Python work is per (base series, distinct cho
 """
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import numpy as np
 import promql_parser as pp
 
-from promql.errors import ExecutionError
+from promql.errors import BadData, ExecutionError
+from promql.eval_selectors import selector_matchers
 from promql.functions import FunctionContext, register
 from promql.functions.common import vector_arg
 from promql.functions.labels import merge_same_labelsets
 from promql.types import Value, VectorSteps
 from storage.labels import METRIC_NAME, Labels, format_labels, get, make_labels
+from storage.matchers import Matcher
+from storage.regex import RegexError, quote_meta
 
 _TARGET_INFO = "target_info"
 _IDENTIFYING = ("instance", "job")
 
 
-class _M:
-    """A label matcher (name, op in {=, !=, =~, !~}, value)."""
-
-    def __init__(self, name: str, op: str, value: str) -> None:
-        self.name, self.op, self.value = name, op, value
-        self._re = re.compile("(?s:" + value + ")") if op in ("=~", "!~") else None
-
-    def matches(self, v: str) -> bool:
-        if self.op == "=":
-            return v == self.value
-        if self.op == "!=":
-            return v != self.value
-        hit = self._re.fullmatch(v) is not None  # type: ignore[union-attr]
-        return hit if self.op == "=~" else not hit
-
-    def promql(self) -> str:
-        return f"{_quote(self.name)}{self.op}{_quote(self.value)}"
+def _promql(m: Matcher) -> str:
+    return f"{_quote(m.name)}{m.op}{_quote(m.value)}"
 
 
 def _quote(s: str) -> str:
     return '"' + s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
 
 
-_OPS = {"Equal": "=", "NotEqual": "!=", "Re": "=~", "NotRe": "!~"}
+def _selector_matchers(vs: Any) -> list[Matcher]:
+    try:
+        return selector_matchers(vs)[0]
+    except RegexError as e:
+        raise BadData(str(e)) from None
 
 
-def _selector_matchers(vs: Any) -> list[_M]:
-    out: list[_M] = []
-    name = getattr(vs, "name", None)
-    if name:
-        out.append(_M(METRIC_NAME, "=", name))
-    for m in vs.matchers.matchers:
-        out.append(_M(m.name, _OPS[str(m.op).split(".")[-1]], m.value))
-    return out
-
-
-def _effective_name_matchers(ms: list[_M]) -> list[_M]:
+def _effective_name_matchers(ms: list[Matcher]) -> list[Matcher]:
     if any(m.op in ("=", "=~") for m in ms):
         return ms
     if ms:
-        return [_M(METRIC_NAME, "=~", ".+_info"), *ms]
-    return [_M(METRIC_NAME, "=", _TARGET_INFO)]
+        return [Matcher(METRIC_NAME, "=~", ".+_info"), *ms]
+    return [Matcher(METRIC_NAME, "=", _TARGET_INFO)]
 
 
 def _children(n: Any) -> list[Any]:
@@ -132,15 +113,15 @@ def info(ctx: FunctionContext, args: list[Value]) -> Value:
     base = vector_arg(args[0])
     T = base.num_steps
     node_args = list(getattr(ctx.node, "args", []) or [])
-    data: dict[str, list[_M]] = {}
-    info_name_ms: list[_M] = []
+    data: dict[str, list[Matcher]] = {}
+    info_name_ms: list[Matcher] = []
     if len(node_args) > 1 and isinstance(node_args[1], pp.VectorSelector):
         for m in _selector_matchers(node_args[1]):
             data.setdefault(m.name, []).append(m)
             if m.name == METRIC_NAME:
                 info_name_ms.append(m)
     else:
-        info_name_ms = [_M(METRIC_NAME, "=", _TARGET_INFO)]
+        info_name_ms = [Matcher(METRIC_NAME, "=", _TARGET_INFO)]
     eff = _effective_name_matchers(info_name_ms)
 
     ignore = np.array([all(m.matches(get(lb, METRIC_NAME)) for m in eff) for lb in base.labels], dtype=bool)
@@ -161,10 +142,10 @@ def info(ctx: FunctionContext, args: list[Value]) -> Value:
 
     infos = VectorSteps.empty(T)
     if id_values:
-        sel = [_M(name, "=~", "|".join(_quote_meta(v) for v in sorted(vals)))
+        sel = [Matcher(name, "=~", "|".join(quote_meta(v) for v in sorted(vals)))
                for name, vals in sorted(id_values.items())]
         sel += other_ms + _effective_name_matchers(name_ms)
-        text = "{" + ", ".join(m.promql() for m in sel) + "}" + _modifiers(node_args[0] if node_args else None)
+        text = "{" + ", ".join(_promql(m) for m in sel) + "}" + _modifiers(node_args[0] if node_args else None)
         from promql.eval_selectors import eval_vector_selector  # evaluator-owned selection
 
         eval_ctx = ctx.extra.get("eval_ctx")
@@ -174,16 +155,11 @@ def info(ctx: FunctionContext, args: list[Value]) -> Value:
     return _combine(base, infos, ignore, data, T)
 
 
-def _quote_meta(s: str) -> str:
-    # Go's regexp.QuoteMeta: backslash-escape every regexp metacharacter.
-    return re.sub(r"([\\.+*?()|\[\]{}^$])", r"\\\1", s)
-
-
 def _sig(name: str, lb: Labels) -> tuple:
     return (name,) + tuple(get(lb, n) for n in _IDENTIFYING)
 
 
-def _combine(base: VectorSteps, infos: VectorSteps, ignore: np.ndarray, data: dict[str, list[_M]], T: int) -> VectorSteps:
+def _combine(base: VectorSteps, infos: VectorSteps, ignore: np.ndarray, data: dict[str, list[Matcher]], T: int) -> VectorSteps:
     info_names = sorted({get(lb, METRIC_NAME) for lb in infos.labels})
     ts = infos.sample_ts if infos.sample_ts is not None else np.zeros(infos.values.shape, dtype=np.int64)
     by_sig: dict[tuple, list[int]] = {}

@@ -2,9 +2,6 @@
 followed by Prometheus's merge of series that end up with the same label set."""
 from __future__ import annotations
 
-import re
-import unicodedata
-
 import numpy as np
 
 from promql.errors import ExecutionError
@@ -13,6 +10,7 @@ from promql.functions.common import string_arg, vector_arg
 from promql.go_strings import decode_go_literal
 from promql.types import Value, VectorSteps
 from storage.labels import METRIC_NAME, Labels, get, set_label
+from storage.regex import RegexError, compile_regex, expand_template
 
 
 def _valid_label_name(name: str) -> bool:
@@ -65,69 +63,6 @@ def _arg_valid_utf8(ctx: FunctionContext, arg_index: int) -> bool:
     return True
 
 
-def _is_name_char(ch: str) -> bool:
-    return ch == "_" or ch.isalpha() or unicodedata.category(ch) == "Nd"
-
-
-def _extract(template: str) -> tuple[str, int, str] | None:
-    """Parse "$name" / "${name}" after the "$" as Go's regexp.Expand does: (name, num, rest)."""
-    if not template:
-        return None
-    brace = template[0] == "{"
-    s = template[1:] if brace else template
-    i = 0
-    while i < len(s) and _is_name_char(s[i]):
-        i += 1
-    if i == 0:
-        return None
-    name = s[:i]
-    if brace:
-        if i >= len(s) or s[i] != "}":
-            return None
-        i += 1
-    num = -1
-    if name.isascii() and name.isdigit() and not (name[0] == "0" and len(name) > 1) and len(name) <= 8:
-        num = int(name)
-    return name, num, s[i:]
-
-
-def expand_template(template: str, m: re.Match) -> str:
-    """Go's Regexp.ExpandString for a Python match: $1, ${1}, $name, ${name}, $$."""
-    out: list[str] = []
-    groupindex = m.re.groupindex
-    while template:
-        k = template.find("$")
-        if k < 0:
-            break
-        out.append(template[:k])
-        template = template[k + 1 :]
-        if template.startswith("$"):
-            out.append("$")
-            template = template[1:]
-            continue
-        ext = _extract(template)
-        if ext is None:
-            out.append("$")
-            continue
-        name, num, template = ext
-        if num >= 0:
-            if num <= m.re.groups and m.group(num) is not None:
-                out.append(m.group(num))
-        elif name in groupindex and m.group(name) is not None:
-            out.append(m.group(name))
-    out.append(template)
-    return "".join(out)
-
-
-def _go_regex(pattern: str) -> re.Pattern:
-    # Go RE2 syntax is close to Python's for what label_replace uses; RE2's mid-pattern inline
-    # flags are rewritten by the evaluator's translator, and (?<name>) becomes (?P<name>).
-    from promql.eval_selectors import re2_to_python
-
-    py = re2_to_python(pattern).replace("(?<", "(?P<").replace("(?P<=", "(?<=").replace("(?P<!", "(?<!")
-    return re.compile("(?s:" + py + ")")
-
-
 def merge_same_labelsets(labels: list[Labels], values: np.ndarray, present: np.ndarray,
                          drop_name: np.ndarray, sample_ts: np.ndarray | None = None) -> VectorSteps:
     """Merge series with identical label sets; an overlap at any step is Prometheus's error."""
@@ -168,18 +103,23 @@ def label_replace(ctx: FunctionContext, args: list[Value]) -> Value:
     vec = vector_arg(args[0])
     dst, repl, src, regex_s = (string_arg(a) for a in args[1:5])
     try:
-        regex = _go_regex(regex_s)
-    except re.error:
+        regex = compile_regex(regex_s)
+    except RegexError:
         raise ExecutionError(f"invalid regular expression in label_replace(): {regex_s}") from None
     if not _valid_label_name(dst) or not _arg_valid_utf8(ctx, 1):
         raise ExecutionError(f"invalid destination label name in label_replace(): {dst}")
     labels = list(vec.labels)
     dn = vec.drop_name_mask().copy()
+    expanded: dict[str, str | None] = {}  # per distinct source value: the replacement, None if no match
     for i, lb in enumerate(labels):
-        m = regex.fullmatch(get(lb, src))
-        if m is None:
+        value = get(lb, src)
+        if value not in expanded:
+            m = regex.match(value)
+            expanded[value] = None if m is None else expand_template(repl, m)
+        res = expanded[value]
+        if res is None:
             continue
-        labels[i] = set_label(lb, dst, expand_template(repl, m))
+        labels[i] = set_label(lb, dst, res)
         if dst == METRIC_NAME:
             dn[i] = False
     return merge_same_labelsets(labels, vec.values, vec.present, dn, vec.sample_ts)

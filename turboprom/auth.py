@@ -16,18 +16,25 @@ Web config file (``turboprom serve --web.config.file FILE``), a superset of Prom
       grafana: [team-a]
 
 bcrypt is deliberately slow (~0.1-0.3 s per check), so a verified credential is remembered by its
-SHA-256 digest: later requests with the same credential cost one hash and one dict lookup.
+SHA-256 digest: later requests with the same credential cost one hash and one dict lookup. Checks of
+credentials not yet verified run on dedicated threads, scheduled so that a flood of wrong ones does
+not delay a valid one (``Authenticator``; limits under ``auth:`` in the server YAML, ``AuthLimits``).
 """
 from __future__ import annotations
 
 import asyncio
 import base64
+import concurrent.futures
 import hashlib
+import heapq
 import ipaddress
 import logging
+import math
+import os
 import ssl
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable
@@ -126,17 +133,112 @@ def _check_hash(h: str, where: str) -> bytes:
     return h.replace("$2y$", "$2b$", 1).encode()
 
 
-FAILED_TTL_S = 10.0  # a wrong credential is remembered briefly, so retries do not cost bcrypt each time
-MAX_BCRYPT_AT_ONCE = 4  # bcrypt checks run in threads, at most this many at a time
+class AuthOverloaded(Exception):
+    """Too many unverified credentials are waiting for bcrypt: answered 429 + Retry-After."""
+
+
+@dataclass
+class AuthLimits:
+    """``auth:`` in the server YAML (all optional)."""
+
+    workers: int = 0  # threads running bcrypt for not-yet-verified credentials; 0 = one per CPU, at most 4
+    max_pending: int = 64  # unverified credentials waiting; beyond it the lowest-priority one gets 429
+    max_pending_per_source: int = 16  # per (client address, claimed user): its oldest waiter gets 429
+    cache_ttl_s: float = 600.0  # a verified credential is trusted this long without bcrypt
+    cache_size: int = 10_000
+    failed_ttl_s: float = 10.0  # a wrong credential is answered 401 from memory this long
+    failure_half_life_s: float = 30.0  # how fast a source's failure score decays
+
+    @classmethod
+    def from_config(cls, raw: dict[str, Any] | None) -> "AuthLimits":
+        raw = raw if isinstance(raw, dict) else {}
+        unknown = set(raw) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"auth: unknown key(s) {sorted(unknown)} (known: {', '.join(cls.__dataclass_fields__)})")
+        out = cls(**{k: type(getattr(cls, k))(v) for k, v in raw.items()})
+        if out.workers <= 0:
+            out.workers = max(1, min(4, os.cpu_count() or 2))
+        return out
+
+
+class _TTLCache:
+    """Bounded LRU of digest -> (value, expiry). Not thread-safe: callers hold the authenticator's lock."""
+
+    def __init__(self, size: int, ttl_s: float):
+        self.size, self.ttl_s = size, ttl_s
+        self._d: OrderedDict[bytes, tuple[Any, float]] = OrderedDict()
+
+    def get(self, key: bytes, now: float) -> Any:
+        hit = self._d.get(key)
+        if hit is None:
+            return None
+        if hit[1] <= now:
+            del self._d[key]
+            return None
+        self._d.move_to_end(key)
+        return hit[0]
+
+    def put(self, key: bytes, value: Any, now: float) -> None:
+        self._d[key] = (value, now + self.ttl_s)
+        self._d.move_to_end(key)
+        while len(self._d) > self.size:
+            self._d.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+
+class _Check:
+    """One credential waiting for (or in) bcrypt: each candidate hash is one step, so a long check
+    (a wrong bearer token is compared with every configured hash) yields to fresher ones between steps."""
+
+    __slots__ = ("key", "kind", "credential", "source", "seq", "candidates", "step", "running", "future", "done")
+
+    def __init__(self, key: bytes, kind: str, credential: bytes, source: tuple[str, str], seq: int,
+                 candidates: list[tuple[str, bytes, bytes]]):
+        self.key, self.kind, self.credential, self.source, self.seq = key, kind, credential, source, seq
+        self.candidates = candidates  # (user, secret to check, bcrypt hash)
+        self.step = 0  # next candidate to compare
+        self.running = 0  # comparisons in progress (several workers may share one check's candidates)
+        self.future: concurrent.futures.Future = concurrent.futures.Future()
+        self.done = False
 
 
 class Authenticator:
-    def __init__(self, cfg: WebConfig):
+    """Credentials -> user, with bcrypt off the event loop and valid credentials kept from waiting
+    behind failing ones:
+
+    - a verified credential is cached by SHA-256 (bounded LRU, ``cache_ttl_s``); a wrong one is
+      remembered for ``failed_ttl_s``: repeats of either cost one hash and a dict lookup;
+    - concurrent requests with the same unverified credential share one bcrypt check;
+    - unverified credentials run on ``workers`` dedicated threads, one bcrypt comparison at a time,
+      picked by priority: sources (client address + claimed user, or "bearer") with fewer recent
+      failures first, newest first among equals (so a flood of wrong guesses does not form a queue
+      in front of a new, valid credential); a basic-auth user that does not exist costs no bcrypt;
+    - waiting checks are bounded (``max_pending``, ``max_pending_per_source``): the lowest-priority
+      or oldest one of a flooding source is answered 429 + Retry-After.
+    """
+
+    def __init__(self, cfg: WebConfig, limits: dict[str, Any] | AuthLimits | None = None):
         self.cfg = cfg
-        self._cache: dict[bytes, str] = {}  # sha256(credential) -> user
-        self._failed: dict[bytes, float] = {}  # sha256(credential) -> when it failed
+        self.limits = limits if isinstance(limits, AuthLimits) else AuthLimits.from_config(limits)
+        lim = self.limits
+        self._ok = _TTLCache(lim.cache_size, lim.cache_ttl_s)  # sha256(credential) -> user
+        self._failed = _TTLCache(lim.cache_size, lim.failed_ttl_s)  # sha256(credential) -> True
+        self._scores: OrderedDict[tuple[str, str], tuple[float, float]] = OrderedDict()  # source -> (score, when)
         self._lock = threading.Lock()
-        self._slots = threading.BoundedSemaphore(MAX_BCRYPT_AT_ONCE)
+        self._cond = threading.Condition(self._lock)
+        self._pending: dict[bytes, _Check] = {}  # key -> check not finished yet (single flight)
+        self._heap: list[tuple[int, int, int, _Check]] = []
+        self._seq = 0
+        self._stopped = False
+        self.stats = {"bcrypt_checks": 0, "shed": 0, "coalesced": 0}
+        self._threads = [threading.Thread(target=self._worker, name=f"auth-bcrypt-{i}", daemon=True)
+                         for i in range(lim.workers)]
+        for t in self._threads:
+            t.start()
+
+    # -- credentials ------------------------------------------------------------------------------
 
     @staticmethod
     def _credential(request: web.Request) -> tuple[str, bytes] | None:
@@ -155,70 +257,173 @@ class Authenticator:
     def _key(kind: str, credential: bytes) -> bytes:
         return hashlib.sha256(kind.encode() + b"\0" + credential).digest()
 
+    @staticmethod
+    def _source(request: web.Request, kind: str, credential: bytes) -> tuple[str, str]:
+        claim = "bearer" if kind == "bearer" else "basic:" + credential.partition(b":")[0].decode(errors="replace")[:128]
+        return (request.remote or "?", claim)
+
     def cached(self, request: web.Request) -> tuple[bool, str | None]:
         """(known, user) from the caches alone: cheap enough for the event loop."""
         cred = self._credential(request)
         if cred is None:
             return True, None
         key = self._key(*cred)
+        now = time.monotonic()
         with self._lock:
-            user = self._cache.get(key)
+            user = self._ok.get(key, now)
             if user is not None:
                 return True, user
-            t = self._failed.get(key)
-            if t is not None and time.monotonic() - t < FAILED_TTL_S:
+            if self._failed.get(key, now):
                 return True, None
         return False, None
 
-    def _verify(self, kind: str, credential: bytes) -> str | None:
-        key = self._key(kind, credential)
-        user = None
-        with self._slots:
-            try:
-                if kind == "basic":
-                    name, _, pw = credential.partition(b":")
-                    h = self.cfg.basic_users.get(name.decode(errors="replace"))
-                    if h is not None and bcrypt.checkpw(pw, h):
-                        user = name.decode()
-                else:
-                    for u, h in self.cfg.bearer:
-                        if bcrypt.checkpw(credential, h):
-                            user = u
-                            break
-            except ValueError:  # e.g. bcrypt refuses secrets over 72 bytes: simply not a match
-                user = None
-        with self._lock:
-            if user is not None:
-                if len(self._cache) > 10_000:
-                    self._cache.clear()
-                self._cache[key] = user
-            else:
-                if len(self._failed) > 10_000:
-                    self._failed.clear()
-                self._failed[key] = time.monotonic()
-        return user
+    # -- scheduling -------------------------------------------------------------------------------
 
-    def identify(self, request: web.Request) -> str | None:
-        """Blocking (may run bcrypt): call from a worker thread, or use ``identify_async``."""
+    def _score(self, source: tuple[str, str], now: float) -> float:
+        hit = self._scores.get(source)
+        if hit is None:
+            return 0.0
+        score, when = hit
+        return score * 0.5 ** ((now - when) / self.limits.failure_half_life_s)
+
+    def _note_failure(self, source: tuple[str, str], now: float) -> None:
+        self._scores[source] = (self._score(source, now) + 1.0, now)
+        self._scores.move_to_end(source)
+        while len(self._scores) > self.limits.cache_size:
+            self._scores.popitem(last=False)
+
+    @staticmethod
+    def _band(score: float) -> int:
+        """Priority band of a failure score: 0 for a clean source, then one band per doubling."""
+        return 0 if score < 1.0 else 1 + int(math.log2(score))
+
+    def _push(self, check: _Check, now: float) -> None:
+        heapq.heappush(self._heap, (self._band(self._score(check.source, now)), -check.seq, check.step, check))
+        self._cond.notify()
+
+    def _finish(self, check: _Check, user: str | None, exc: BaseException | None = None) -> None:
+        """Under the lock."""
+        if check.done:
+            return
+        check.done = True
+        if self._pending.get(check.key) is check:
+            del self._pending[check.key]
+        now = time.monotonic()
+        if exc is None:
+            if user is not None:
+                self._ok.put(check.key, user, now)
+            else:
+                self._failed.put(check.key, True, now)
+                self._note_failure(check.source, now)
+        if not check.future.done():
+            if exc is not None:
+                check.future.set_exception(exc)
+            else:
+                check.future.set_result(user)
+
+    def _shed_if_full(self, source: tuple[str, str], now: float) -> None:
+        """Under the lock: keep the waiting checks within bounds, shedding the least deserving."""
+        waiting = list(self._pending.values())
+        mine = [c for c in waiting if c.source == source]
+        if len(mine) > self.limits.max_pending_per_source:
+            oldest = min(mine, key=lambda c: c.seq)
+            self.stats["shed"] += 1
+            self._finish(oldest, None, AuthOverloaded(f"too many credential checks waiting for {source[1]} from {source[0]}"))
+            waiting.remove(oldest)
+        if len(waiting) > self.limits.max_pending:
+            worst = max(waiting, key=lambda c: (self._band(self._score(c.source, now)), -c.seq))
+            self.stats["shed"] += 1
+            self._finish(worst, None, AuthOverloaded("too many credential checks waiting"))
+
+    def _submit(self, request: web.Request, kind: str, credential: bytes) -> concurrent.futures.Future:
+        key = self._key(kind, credential)
+        source = self._source(request, kind, credential)
+        if kind == "basic":
+            name, _, pw = credential.partition(b":")
+            h = self.cfg.basic_users.get(name.decode(errors="replace"))
+            candidates = [] if h is None else [(name.decode(errors="replace"), pw, h)]
+        else:
+            candidates = [(u, credential, h) for u, h in self.cfg.bearer]
+        now = time.monotonic()
+        with self._lock:
+            running = self._pending.get(key)
+            if running is not None:
+                self.stats["coalesced"] += 1
+                return running.future
+            self._seq += 1
+            check = _Check(key, kind, credential, source, self._seq, candidates)
+            if not candidates:  # e.g. a basic-auth user that does not exist: no bcrypt to run
+                self._finish(check, None)
+                return check.future
+            self._pending[key] = check
+            self._push(check, now)
+            self._shed_if_full(source, now)
+            return check.future
+
+    def _worker(self) -> None:
+        while True:
+            with self._cond:
+                while not self._heap and not self._stopped:
+                    self._cond.wait()
+                if self._stopped:
+                    return
+                *_, check = heapq.heappop(self._heap)
+                if check.done:
+                    continue
+                user, secret, h = check.candidates[check.step]
+                check.step += 1
+                check.running += 1
+                if check.step < len(check.candidates):
+                    self._push(check, time.monotonic())  # another worker may take the next candidate now
+            try:
+                ok = bcrypt.checkpw(secret, h)
+            except ValueError:  # e.g. bcrypt refuses secrets over 72 bytes: simply not a match
+                ok = False
+            with self._cond:
+                self.stats["bcrypt_checks"] += 1
+                check.running -= 1
+                if check.done:
+                    continue
+                if ok:
+                    self._finish(check, user)
+                elif check.step >= len(check.candidates) and check.running == 0:
+                    self._finish(check, None)
+
+    def close(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+
+    # -- identification ---------------------------------------------------------------------------
+
+    def identify(self, request: web.Request, timeout: float | None = 60.0) -> str | None:
+        """Blocking (waits for bcrypt): call from a worker thread, or use ``identify_async``."""
         known, user = self.cached(request)
         if known:
             return user
         cred = self._credential(request)
-        return self._verify(*cred) if cred is not None else None
+        return self._submit(request, *cred).result(timeout) if cred is not None else None
 
     async def identify_async(self, request: web.Request) -> str | None:
+        """Raises ``AuthOverloaded`` when the check was shed. bcrypt runs on the authenticator's own
+        threads, never on the event loop."""
         known, user = self.cached(request)
         if known:
             return user
-        return await asyncio.get_running_loop().run_in_executor(None, self.identify, request)
+        cred = self._credential(request)
+        if cred is None:
+            return None
+        return await asyncio.wrap_future(self._submit(request, *cred))
 
     def principal_for(self, user: str) -> Principal:
         return Principal(user, frozenset(self.cfg.roles.get(user, {"read"})))
 
     def principal(self, request: web.Request) -> Principal:
+        """The middleware's principal; elsewhere (open paths) only a cached credential counts, so this
+        never runs bcrypt on the event loop."""
         p = request.get("principal")
         if p is None:
-            user = self.identify(request)
+            _, user = self.cached(request)
             p = self.principal_for(user) if user else Principal("anonymous", frozenset())
         return p
 
@@ -238,7 +443,10 @@ def auth_middleware(auth: Authenticator) -> Callable:
         role = required_role(request.method, request.path)
         if role is None:
             return await handler(request)
-        user = await auth.identify_async(request)
+        try:
+            user = await auth.identify_async(request)
+        except AuthOverloaded as e:
+            return _error(429, "unavailable", f"{e}; retry later", {"Retry-After": "1"})
         if user is None:
             return _error(401, "unauthorized", "authentication required: send HTTP basic auth or a bearer token",
                           {"WWW-Authenticate": 'Basic realm="turboprom"'})

@@ -2,7 +2,8 @@
 
 ``submit`` appends to storage in a worker thread (never on the event loop), with a bounded
 number of batches in flight: when full it raises ``Overloaded`` (routes answer 429 with
-Retry-After). After storage answers, each sink's ``consume(batch)`` receives the samples storage
+Retry-After). A request takes its slot only once its body is fully received (a slow upload holds
+no slot); bodies still being received are bounded by the bytes they hold (``read_budget``). After storage answers, each sink's ``consume(batch)`` receives the samples storage
 accepted (sinks: summarizer, congestion tracker, ...; ingest does not know them).
 """
 from __future__ import annotations
@@ -50,9 +51,11 @@ def accepted_part(batch: SampleBatch, result: AppendResult) -> SampleBatch | Non
 
 class IngestPipeline:
     def __init__(self, storage: Any, *, max_queue: int = 64, tenant_default: str = "default",
-                 executor: Executor | None = None, metadata: Any = None):
+                 executor: Executor | None = None, metadata: Any = None, max_reading_bytes: int = 256 * 1024 * 1024):
         self.storage = storage
         self.max_queue = max_queue
+        self.max_reading_bytes = max_reading_bytes
+        self._reading_bytes = 0
         self.tenant_default = tenant_default
         self.executor = executor
         self.metadata = metadata  # ingest.metadata_store.MetadataStore or None
@@ -65,9 +68,11 @@ class IngestPipeline:
 
     @classmethod
     def from_config(cls, storage: Any, raw: dict, *, executor: Executor | None = None, metadata: Any = None) -> "IngestPipeline":
-        """``ingest: {max_queue: N}`` in the server YAML (default 64 batches in flight)."""
+        """``ingest: {max_queue: N, max_reading_bytes: B}`` in the server YAML (default 64 batches in
+        flight, 256 MiB of request bodies being received)."""
         section = raw.get("ingest") if isinstance(raw.get("ingest"), dict) else {}
-        return cls(storage, max_queue=int(section.get("max_queue", 64)), executor=executor, metadata=metadata)
+        return cls(storage, max_queue=int(section.get("max_queue", 64)), executor=executor, metadata=metadata,
+                   max_reading_bytes=int(section.get("max_reading_bytes", 256 * 1024 * 1024)))
 
     def add_sink(self, sink: Sink) -> None:
         self.sinks.append(sink)
@@ -91,9 +96,25 @@ class IngestPipeline:
             self._in_flight -= 1
             metrics.IN_FLIGHT.set(self._in_flight)
 
+    @property
+    def reading_bytes(self) -> int:
+        return self._reading_bytes
+
+    def take_read_bytes(self, n: int) -> None:
+        """Account ``n`` more bytes of request bodies being received (Overloaded when over budget)."""
+        with self._lock:
+            if self._reading_bytes + n > self.max_reading_bytes:
+                raise Overloaded(f"ingest bodies being received hold {self._reading_bytes} bytes "
+                                 f"(limit {self.max_reading_bytes}); retry later")
+            self._reading_bytes += n
+
+    def give_read_bytes(self, n: int) -> None:
+        with self._lock:
+            self._reading_bytes -= n
+
     @contextlib.contextmanager
     def slot(self):
-        """Hold one in-flight slot for a whole request (read, decode, append): raises Overloaded
+        """Hold one in-flight slot for a received request (decode, append): raises Overloaded
         when none is free. ``submit(batch, reserved=True)`` inside it does not take another."""
         self._reserve()
         try:

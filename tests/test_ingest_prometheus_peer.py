@@ -193,9 +193,10 @@ def test_node_exporter_same_series_set_as_prometheus(tmp_path):
 
 @pytest.mark.parametrize("status", [429, pytest.param(503, marks=pytest.mark.slow)])
 def test_prometheus_retries_through_overload(tmp_path, status):
-    """Ingest queue of one request, held by a slow upload from this test: Prometheus's sender gets
-    429/503 with Retry-After, backs off and retries; in the end every sample Prometheus scraped is
-    stored exactly (nothing acknowledged or refused-as-overloaded is lost)."""
+    """Ingest overloaded by a slow upload from this test, which holds the budget of bytes being
+    received (a slow upload holds no queue slot): Prometheus's sender gets 429/503 with Retry-After,
+    backs off and retries; in the end every sample Prometheus scraped is stored exactly (nothing
+    acknowledged or refused-as-overloaded is lost)."""
     import socket
 
     reg = CollectorRegistry()
@@ -205,7 +206,8 @@ def test_prometheus_retries_through_overload(tmp_path, status):
     exp_port = free_port()
     exp_server, _ = start_http_server(exp_port, addr="127.0.0.1", registry=reg)
     cfg = tmp_path / "ours.yml"
-    cfg.write_text(f"ingest: {{max_queue: 1, overload_status: {status}}}\n")
+    budget = 256 * 1024
+    cfg.write_text(f"ingest: {{max_queue: 1, max_reading_bytes: {budget}, overload_status: {status}}}\n")
     ours = ServerProcess(tmp_path / "data", extra_args=["--config", str(cfg)]).start()
     prom = None
     retry_429 = "retry_on_http_429: true, " if status == 429 else ""
@@ -222,10 +224,11 @@ remote_write:
         deadline = time.time() + 40
         while time.time() < deadline and metric_value(ours.url, "turboprom_ingest_samples_total") < 300:
             time.sleep(0.3)
-        # hold the only slot: headers and part of a body, then nothing for a while
+        # hold nearly all of the reading budget: headers and most of a body, then nothing for a while
+        held = budget - 64
         sock = socket.create_connection(("127.0.0.1", ours.port))
         sock.sendall(b"POST /api/v1/write HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
-                     b"Content-Length: 64\r\n\r\n" + b"\x00" * 8)
+                     + f"Content-Length: {held + 56}\r\n\r\n".encode() + b"\x00" * held)
         deadline = time.time() + 20
         while time.time() < deadline and metric_value(ours.url, "turboprom_ingest_requests_total", code=str(status)) < 2:
             time.sleep(0.2)

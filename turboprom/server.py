@@ -18,9 +18,11 @@ log = logging.getLogger("turboprom")
 
 
 def create_app(ctx: ServerContext) -> web.Application:
+    from turboprom.http_guard import Timeouts, body_deadline_middleware
     from turboprom.self_metrics import http_metrics
 
-    middlewares = [http_metrics]
+    # Outermost after the metrics: every route's body read has a deadline (408 when missed).
+    middlewares = [http_metrics, body_deadline_middleware(Timeouts.from_config(ctx.config.raw))]
     auth = ctx.components.get("auth")
     if auth is not None:
         from turboprom.auth import auth_middleware
@@ -51,14 +53,17 @@ def create_app(ctx: ServerContext) -> web.Application:
 
 async def serve(config: ServerConfig) -> None:
     from turboprom.auth import Authenticator, WebConfig, check_listen_guard
+    from turboprom.http_guard import GuardedAppRunner, Timeouts
 
     web_cfg = WebConfig.load(config.web_config_file) if config.web_config_file else None
+    timeouts = Timeouts.from_config(config.raw)  # refuses a malformed web.* timeout before starting
     check_listen_guard(config.host, web_cfg, config.insecure)
     ctx = await asyncio.get_running_loop().run_in_executor(None, build_context, config)
     if web_cfg is not None and web_cfg.auth_enabled:
-        ctx.components["auth"] = Authenticator(web_cfg)
+        ctx.components["auth"] = Authenticator(web_cfg, config.raw.get("auth"))
     app = create_app(ctx)
-    runner = web.AppRunner(app, handle_signals=False, access_log=None)
+    # Header read, body read and idle timeouts (turboprom/http_guard.py; web.* in the server YAML).
+    runner = GuardedAppRunner(app, timeouts, handle_signals=False, access_log=None)
     await runner.setup()
     ssl_ctx = web_cfg.ssl_context() if web_cfg is not None else None
     site = web.TCPSite(runner, config.host, config.port, reuse_address=True, ssl_context=ssl_ctx)

@@ -2,6 +2,7 @@
 
 Decoding, validation and storage appends run in worker threads; this module only maps HTTP to
 ingest/ and ingest errors to Prometheus-style answers:
+  408 (body not received within web.read_body_timeout; nothing written),
   400 bad_data (malformed snappy/protobuf/text, invalid labels, samples too far in the future,
       storage rejections such as out-of-order: Prometheus's sender drops such batches instead of
       retrying), 413 (body or decoded body too large), 415 (unknown remote-write protobuf message),
@@ -9,7 +10,8 @@ ingest/ and ingest errors to Prometheus-style answers:
 
 Server YAML, all optional:
   ingest:
-    max_queue: 64                 # requests in flight (read + decode + append) before 429/503
+    max_queue: 64                 # received requests in flight (decode + append) before 429/503
+    max_reading_bytes: 268435456  # bytes held by bodies still being received before 429/503
     overload_status: 429          # or 503 for Prometheus 2.x senders without retry_on_http_429
     max_body_bytes: 33554432      # compressed body limit (413); capped by the server's own limit
     max_decompressed_bytes: 67108864  # snappy/gzip decoded-size limit (413), checked before decoding
@@ -32,6 +34,7 @@ from ingest.snappy_block import decompress
 from ingest.text_import import TextImporter, parse_extra_labels
 from turboprom.tenancy import label_batch, tenant_of
 from turboprom.context import ServerContext
+from turboprom.http_guard import BodyTimeout
 
 V2_HEADERS = ("X-Prometheus-Remote-Write-Samples-Written", "X-Prometheus-Remote-Write-Histograms-Written",
               "X-Prometheus-Remote-Write-Exemplars-Written")
@@ -90,14 +93,32 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
     importer = TextImporter(future_tolerance_ms=opts.future_tolerance_ms)
 
     async def read_body(request: web.Request) -> bytes:
+        """The whole body, before any ingest slot is taken: a slow upload holds no slot (the server's
+        body deadline, web.read_body_timeout, cuts it off with 408). Bytes held by bodies still being
+        received count against ingest.max_reading_bytes instead."""
         if request.content_length is not None and request.content_length > max_body:
             raise IngestError("too_large", f"request body of {request.content_length} bytes exceeds the limit of {max_body} bytes", status=413)
+        if pipeline.overloaded():  # shed before spending bandwidth on a body that would wait for a slot
+            raise Overloaded(f"ingest queue full ({pipeline.max_queue} batches in flight); retry later")
+        buf = bytearray()
+        held = 0
         try:
-            return await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            raise IngestError("too_large", f"request body exceeds the limit of {max_body} bytes", status=413) from None
+            while True:
+                chunk = await request.content.readany()
+                if not chunk:
+                    break
+                if len(buf) + len(chunk) > max_body:
+                    raise IngestError("too_large", f"request body exceeds the limit of {max_body} bytes", status=413)
+                pipeline.take_read_bytes(len(chunk))
+                held += len(chunk)
+                buf += chunk
+            return bytes(buf)
+        except BodyTimeout as e:
+            raise IngestError("body_timeout", f"{e} (web.read_body_timeout): nothing from this request was written", status=408) from None
         except (ConnectionError, asyncio.IncompleteReadError) as e:
             raise IngestError("client_disconnected", f"request body incomplete: {e}") from None
+        finally:
+            pipeline.give_read_bytes(held)
 
     def answer_error(protocol: str, e: IngestError) -> web.Response:
         status = overload_status if isinstance(e, Overloaded) else e.status
@@ -156,8 +177,8 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
             metrics.REQUESTS.labels(protocol=protocol, code="415").inc()
             return _error(415, f"unsupported Content-Encoding {enc!r}: remote write bodies must be snappy block-compressed")
         try:
+            body = await read_body(request)
             with pipeline.slot():
-                body = await read_body(request)
                 loop = asyncio.get_running_loop()
 
                 def decode():
@@ -208,8 +229,8 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
             default_ts = _parse_time_ms(ts_param) if ts_param else None
             ctype = request.headers.get("Content-Type", "").lower()
             openmetrics = True if "openmetrics" in ctype else None
+            body = await read_body(request)
             with pipeline.slot():
-                body = await read_body(request)
                 enc = request.headers.get("Content-Encoding", "").strip().lower()
                 loop = asyncio.get_running_loop()
 

@@ -32,7 +32,14 @@ def congestion_signals(ctx: ServerContext):
     return signals
 
 
+DELETE_SERIES_PARAMS = ("match[]", "match", "start", "end")
+
+
 def _delete_args(action: Action) -> tuple[list, int, int]:
+    unknown = sorted(set(action.params) - set(DELETE_SERIES_PARAMS))
+    if unknown:
+        raise ValueError(f"tsdb.delete_series: unknown parameter(s) {', '.join(repr(k[:64]) for k in unknown[:5])} "
+                         f"(known: {', '.join(DELETE_SERIES_PARAMS)})")
     sel = action.params.get("match[]") or action.params.get("match")
     if isinstance(sel, str):
         sel = [sel]

@@ -6,6 +6,11 @@ Transparency). Every ``head_every`` entries (and on close) the chain head ``(seq
 with the server's Ed25519 key and appended to a separate heads file. Verification recomputes the
 chain and checks every signed head against it, which detects modification, deletion, insertion and
 reordering of entries, and truncation of the tail behind a signed head.
+
+What an entry records is bounded (``max_entry_bytes``, default 16 KiB of canonical JSON for its
+``data``): an oversized value is replaced, largest first, by ``{"truncated": true, "sha256": ...,
+"bytes": n, "preview": ...}`` (the digest of its canonical JSON and its first bytes), so the chain
+stays verifiable and the log's growth per request stays bounded whatever a caller sends.
 """
 from __future__ import annotations
 
@@ -27,12 +32,44 @@ from scheduler_metrics.kedgeflow.action import canonical_json
 GENESIS = "0" * 64
 HEAD_DOMAIN = b"kedgeflow.audit.head.v1\n"
 DEFAULT_HEAD_EVERY = 64
+DEFAULT_MAX_ENTRY_BYTES = 16 * 1024
+PREVIEW_CHARS = 256
+_MIN_CHILD_BYTES = 512
 KINDS = ("proposal", "decision", "grant", "consume_attempt", "consume_result", "dispatch", "outcome", "refused", "revoke")
 
 
 def entry_hash(entry: dict[str, Any]) -> str:
     body = {k: v for k, v in entry.items() if k != "hash"}
     return hashlib.sha256(b"\x00" + canonical_json(body)).hexdigest()
+
+
+def digest_of(value: Any, raw: bytes | None = None) -> dict[str, Any]:
+    """What the log records instead of an oversized value."""
+    raw = canonical_json(value) if raw is None else raw
+    return {"truncated": True, "sha256": hashlib.sha256(raw).hexdigest(), "bytes": len(raw),
+            "preview": raw[:PREVIEW_CHARS].decode("utf-8", errors="ignore")}
+
+
+def bound_value(value: Any, limit: int) -> Any:
+    """``value`` if its canonical JSON fits in ``limit`` bytes; else a mapping keeps its keys and
+    has its largest members bounded in turn, anything else becomes ``digest_of(value)``."""
+    raw = canonical_json(value)
+    if len(raw) <= limit:
+        return value
+    if isinstance(value, dict) and value:
+        out = dict(value)
+        sizes = {k: len(canonical_json(v)) for k, v in out.items()}
+        total = len(raw)
+        for k in sorted(out, key=lambda k: -sizes[k]):
+            if total <= limit:
+                break
+            child = max(_MIN_CHILD_BYTES, sizes[k] - (total - limit))
+            out[k] = bound_value(out[k], child)
+            new = len(canonical_json(out[k]))
+            total += new - sizes[k]
+        if total <= limit:
+            return out
+    return digest_of(value, raw)
 
 
 def head_bytes(seq: int, h: str, ts_ms: int, prev_head: str = GENESIS, head_every: int = 0) -> bytes:
@@ -55,7 +92,8 @@ class VerifyReport:
 
 
 class AuditLog:
-    def __init__(self, directory: str | Path, signing_key: Ed25519PrivateKey, *, head_every: int = DEFAULT_HEAD_EVERY, fsync: bool = True):
+    def __init__(self, directory: str | Path, signing_key: Ed25519PrivateKey, *, head_every: int = DEFAULT_HEAD_EVERY, fsync: bool = True,
+                 max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES):
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / "audit.jsonl"
@@ -64,6 +102,7 @@ class AuditLog:
         self.public_key = signing_key.public_key()
         self.head_every = head_every
         self.fsync = fsync
+        self.max_entry_bytes = max(1024, int(max_entry_bytes))
         self._lock = threading.Lock()
         self._seq, self._last = self._recover()
         self._prev_head = self._last_head()
@@ -109,6 +148,10 @@ class AuditLog:
     def append(self, kind: str, data: dict[str, Any], *, tenant: str = "default", ts_ms: int | None = None) -> dict[str, Any]:
         if kind not in KINDS:
             raise ValueError(f"unknown audit entry kind {kind!r}")
+        data = bound_value(data, self.max_entry_bytes)
+        if not isinstance(data, dict):
+            data = {"data": data}
+        tenant = tenant if len(tenant) <= 256 else digest_of(tenant)["sha256"]
         with self._lock:
             entry = {"seq": self._seq, "ts_ms": int(time.time() * 1000) if ts_ms is None else ts_ms, "kind": kind,
                      "tenant": tenant, "data": data, "prev": self._last}

@@ -11,12 +11,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from scheduler_metrics.kedgeflow.action import Action
-from scheduler_metrics.kedgeflow.audit import AuditLog
+from scheduler_metrics.kedgeflow.action import Action, canonical_json
+from scheduler_metrics.kedgeflow.audit import AuditLog, digest_of
 from scheduler_metrics.kedgeflow.grant import Grant, GrantError, GrantSigner, GrantVerifier
 from scheduler_metrics.kedgeflow.ledger import Ledger, LedgerUnavailable
 from scheduler_metrics.kedgeflow.policy import Decision, Policy, Principal
 from scheduler_metrics.kedgeflow.targets import Target, TargetRejected
+
+DENIED_PARAMS_BYTES = 1024  # a refused proposal records bigger parameters as digest + preview
 
 COMMITTED, REFUSED, REJECTED, FAILED, UNCERTAIN = "committed", "refused", "rejected_by_target", "failed", "uncertain"
 
@@ -37,10 +39,15 @@ class ControlPlane:
         self.policy, self.signer, self.ledger, self.audit = policy, signer, ledger, audit
 
     async def propose(self, action: Action, who: Principal) -> tuple[Decision, Grant | None]:
-        base = {"action": action.to_dict(), "action_sha256": action.digest(), "principal": who.name}
-        await asyncio.to_thread(self.audit.append, "proposal", base, tenant=action.tenant)
         decision = self.policy.decide(action, who)
-        await asyncio.to_thread(self.audit.append, "decision", {**base, **decision.to_dict()}, tenant=action.tenant)
+        ref = {"action_sha256": action.digest(), "principal": who.name}
+        recorded = action.to_dict()
+        if not decision.approved and len(canonical_json(action.params)) > DENIED_PARAMS_BYTES:
+            # A refused proposal keeps the digest and a preview of bulky parameters, not all of them.
+            recorded["params"] = digest_of(action.params)
+        await asyncio.to_thread(self.audit.append, "proposal", {"action": recorded, **ref}, tenant=action.tenant)
+        # The decision names the action by digest (the proposal entry just before it holds the action).
+        await asyncio.to_thread(self.audit.append, "decision", {**ref, **decision.to_dict()}, tenant=action.tenant)
         if not decision.approved:
             return decision, None
         allowance_id = secrets.token_hex(16)

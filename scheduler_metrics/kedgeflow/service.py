@@ -31,7 +31,9 @@ class KedgeFlowService:
         """``config`` is the ``kedgeflow:`` section of the server config:
         ``ledger: embedded`` (default) or ``ledger: {etcd: {endpoints: [http://127.0.0.1:2379, ...]}}``,
         ``policy: [{verbs: [...], roles: [...], max_congestion_price: 5.0, grant_ttl_ms: 30000}, ...]``,
-        ``dispatch_timeout_s: 10``."""
+        ``dispatch_timeout_s: 10``, ``audit_max_entry_bytes: 16384`` (what one audit entry records at
+        most; larger values are kept as digest + preview). The HTTP layer's request limits
+        (``max_body_bytes``, ``max_params_bytes``, ``rate_limit``) are read by turboprom/routes/kedgeflow_api.py."""
         cfg = config or {}
         base = Path(data_dir) / "kedgeflow"
         key = load_or_create_key(base / "signing-key.pem")
@@ -42,7 +44,8 @@ class KedgeFlowService:
             ledger = EtcdLedger(list(led_cfg["etcd"]["endpoints"]), timeout_s=float(led_cfg["etcd"].get("timeout_s", 5.0)))
         else:
             ledger = SQLiteLedger(base / "ledger.sqlite")
-        audit = AuditLog(base / "audit", key, head_every=int(cfg.get("audit_head_every", 64)))
+        audit = AuditLog(base / "audit", key, head_every=int(cfg.get("audit_head_every", 64)),
+                         max_entry_bytes=int(cfg.get("audit_max_entry_bytes", 16 * 1024)))
         policy = Policy.from_config(cfg.get("policy"), signals)
         control = ControlPlane(policy, signer, ledger, audit)
         gateway = Gateway(GrantVerifier.for_signer(signer), ledger, policy, audit, dict(targets or {}),

@@ -199,9 +199,11 @@ def _count_step_samples(ctx: EvalContext, per_step: np.ndarray) -> None:
 
 def _guard_cells(ctx: EvalContext, s: int, t: int) -> None:
     """Dense (S, T) results cost ~17 bytes per cell: refuse before allocating when even a
-    quarter of the cells would exceed the sample limit."""
+    quarter of the cells would exceed the sample limit, or when they would take the query over
+    its memory budget."""
     if s * t > 4 * ctx.budget.max_samples:
         raise TooManySamples()
+    ctx.budget.reserve_cells(s, t)
 
 
 def _select_hist(ctx: EvalContext, vs: Any, mint: int, maxt: int, ss: SeriesSet) -> tuple[SeriesSet, HistogramSet | None]:

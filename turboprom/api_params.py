@@ -245,16 +245,33 @@ def parse_error_text(query: str, err: Exception) -> str:
     return f"{line}:{col}: parse error: {msg}"
 
 
-def parse_query(query: str) -> object:
-    """Parse PromQL; ValueError carries the Prometheus-style message."""
+def parse_query(query: str, max_depth: int | None = None) -> object:
+    """Parse PromQL; ValueError carries the Prometheus-style message. Expressions nested deeper than
+    ``max_depth`` (None: the default, 256) and out-of-range durations or ``@`` times are refused before
+    the parser binding runs (promql/query_guard.py)."""
+    from promql import query_guard
+    from promql.errors import BadData
+
     try:
-        return promql_parser.parse(query)
+        return query_guard.parse(query, query_guard.DEFAULT_MAX_DEPTH if max_depth is None else max_depth)
+    except BadData as e:
+        raise ValueError(str(e)) from None
     except ValueError as e:
         raise ValueError(parse_error_text(query, e)) from None
 
 
+SELECTOR_MAX_DEPTH = 16
+
+
 def parse_metric_selector(text: str) -> list[list[Matcher]]:
     """A series selector (``foo{a="b"}``) -> its matcher set(s). Raises ValueError."""
+    from promql import query_guard
+    from promql.errors import BadData
+
+    try:
+        query_guard.check(text, SELECTOR_MAX_DEPTH)  # a selector is shallow: refuse deep text before parsing
+    except BadData as e:
+        raise ValueError(str(e)) from None
     try:
         node = promql_parser.parse(text)
     except ValueError as e:

@@ -6,6 +6,7 @@ import re
 _UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000, "y": 31_536_000_000}
 _PART = re.compile(r"(\d+)(ms|s|m|h|d|w|y)")
 _ORDER = ["y", "w", "d", "h", "m", "s", "ms"]
+MAX_DURATION_MS = (2**63 - 1) // 1_000_000  # Prometheus durations are int64 nanoseconds
 
 
 def parse_duration_ms(text: str) -> int:
@@ -27,4 +28,6 @@ def parse_duration_ms(text: str) -> int:
         pos = m.end()
     if pos != len(s):
         raise ValueError(f"not a valid duration string: {text!r}")
+    if total > MAX_DURATION_MS:
+        raise ValueError(f"duration out of range: {text!r} is more than the largest duration (about 292y: int64 nanoseconds)")
     return total

@@ -163,6 +163,18 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
         return ok(await run_off_loop(ctx, build))
 
     add_get_post(app, "/api/v1/series", series)
+
+    async def series_delete(request: web.Request) -> web.Response:
+        # Prometheus has no DELETE on /api/v1/series: deleting series is the admin API's POST/PUT.
+        from turboprom.api_common import error_response
+
+        resp = error_response("bad_data", "method DELETE is not allowed on /api/v1/series (allowed: GET, POST); delete series "
+                              "with POST or PUT /api/v1/admin/tsdb/delete_series (needs --web.enable-admin-api)", 405)
+        resp.headers["Allow"] = "GET, HEAD, POST"
+        return resp
+
+    # Registered on the same resource as GET/POST, so it answers before any later DELETE route.
+    app.router.add_delete("/api/v1/series", series_delete)
     add_get_post(app, "/api/v1/labels", labels)
     app.router.add_get("/api/v1/label/{name}/values", label_values)
     app.router.add_get("/api/v1/metadata", metadata)

@@ -4,9 +4,9 @@ Canonical label set -> dense int64 series id, and label name -> value -> posting
 are resolved per distinct label *value* (a regex test per value, as Prometheus does), never per
 series or per sample.
 
-Tenant partitions: besides the store-wide postings, the index keeps one partition per value of the
-reserved tenant label ``__tenant__`` (``""`` for the default tenant's series, which carry none),
-each with its own series ids and postings. A matcher list holding a ``__tenant__="<t>"`` equality
+Tenant partitions: the postings are kept per value of the reserved tenant label ``__tenant__``
+(``""`` for the default tenant's series, which carry none): each partition has its own series ids
+and postings, and a store-wide read is the union of the partitions' answers. A matcher list holding a ``__tenant__="<t>"`` equality
 matcher (every read of ``turboprom.tenancy.TenantView`` does) is resolved inside partition ``<t>``
 alone: the tenant restriction is applied *before* any value matcher is evaluated, so the regex
 tests, postings look-ups and label enumeration a query costs depend only on that tenant's own
@@ -16,6 +16,7 @@ cannot reveal them (no timing oracle on another tenant's values).
 from __future__ import annotations
 
 import threading
+from bisect import bisect_left
 from typing import Sequence
 
 import numpy as np
@@ -24,6 +25,7 @@ from storage.labels import Labels
 from storage.matchers import Matcher
 
 TENANT_LABEL = "__tenant__"  # reserved label naming a non-default tenant's series (turboprom/tenancy.py)
+_TENANT_KEY = (TENANT_LABEL,)
 _EMPTY_IDS = np.empty(0, dtype=np.int64)
 
 
@@ -144,14 +146,16 @@ def _tenant_key(matchers: Sequence[Matcher]) -> tuple[str | None, bool, list[Mat
 
 
 class SeriesIndex:
-    """Thread-safe: writers take the lock; readers see a consistent prefix of ids."""
+    """Thread-safe: writers take the lock; readers see a consistent prefix of ids.
+
+    Postings live in the tenant partitions only (each series in exactly one), so the index costs
+    what one store-wide set of postings would; a read that names no tenant is the union of the
+    partitions' answers."""
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
         self._ids: dict[Labels, int] = {}
         self.labels: list[Labels] = []
-        self._postings: dict[str, dict[str, _Postings]] = {}
-        self._name_postings: dict[str, _Postings] = {}
         self._parts: dict[str, _Partition] = {}  # tenant label value ("" = none) -> that tenant's postings
 
     def __len__(self) -> int:
@@ -169,26 +173,13 @@ class SeriesIndex:
             if sid is not None:
                 return sid, False
             sid = len(self.labels)
-            tenant = ""
-            for name, value in labels:
-                if name == TENANT_LABEL:
-                    tenant = value
-                by_value = self._postings.get(name)
-                if by_value is None:
-                    by_value = self._postings[name] = {}
-                p = by_value.get(value)
-                if p is None:
-                    p = by_value[value] = _Postings()
-                p.add(sid)
-                np_ = self._name_postings.get(name)
-                if np_ is None:
-                    np_ = self._name_postings[name] = _Postings()
-                np_.add(sid)
+            i = bisect_left(labels, _TENANT_KEY)  # labels are sorted by name
+            tenant = labels[i][1] if i < len(labels) and labels[i][0] == TENANT_LABEL else ""
             part = self._parts.get(tenant)
             if part is None:
                 part = self._parts[tenant] = _Partition()
             part.add(sid, labels)
-            # Published last: a reader holding this id finds it in every structure above.
+            # Published last: a reader holding this id finds it in the postings above.
             self.labels.append(labels)
             self._ids[labels] = sid
             return sid, True
@@ -212,18 +203,10 @@ class SeriesIndex:
             out[i] = sid
         return out, created
 
-    # --- matcher resolution -------------------------------------------------------------------
+    def _partitions(self) -> list[_Partition]:
+        return list(self._parts.values())
 
-    def _tenant_ids(self, matchers: Sequence[Matcher], n: int) -> np.ndarray | None:
-        """Ids for a tenant-restricted matcher list, resolved inside the tenant's partition; None
-        when the list names no tenant (then the store-wide postings answer)."""
-        key, contradictory, rest = _tenant_key(matchers)
-        if key is None:
-            return None
-        if contradictory:
-            return _EMPTY_IDS
-        part = self._parts.get(key)
-        return part.match_ids(rest, n) if part is not None else _EMPTY_IDS
+    # --- matcher resolution -------------------------------------------------------------------
 
     def partition_of(self, matcher_sets: Sequence[Sequence[Matcher]]) -> str | None:
         """The tenant partition every matcher set is restricted to, or None (mixed or unrestricted)."""
@@ -236,38 +219,27 @@ class SeriesIndex:
                 keys.add(key)
         return keys.pop() if len(keys) == 1 else None
 
+    def match_ids(self, matchers: Sequence[Matcher], n: int | None = None) -> np.ndarray:
+        """Sorted ids of series satisfying all matchers. A ``__tenant__="<t>"`` matcher is resolved
+        first: the other matchers are then evaluated in tenant <t>'s partition alone."""
+        n = len(self.labels) if n is None else n
+        key, contradictory, rest = _tenant_key(matchers)
+        if key is not None:
+            part = self._parts.get(key)
+            if contradictory or part is None:
+                return _EMPTY_IDS
+            return part.match_ids(rest, n)
+        found = [ids for ids in (p.match_ids(matchers, n) for p in self._partitions()) if len(ids)]
+        if not found:
+            return _EMPTY_IDS
+        return found[0] if len(found) == 1 else np.sort(np.concatenate(found))
+
     def match_mask(self, matchers: Sequence[Matcher], n: int | None = None) -> np.ndarray:
         """Boolean mask over ids [0, n) of series satisfying all matchers."""
         n = len(self.labels) if n is None else n
-        ids = self._tenant_ids(matchers, n)
-        if ids is not None:
-            mask = np.zeros(n, dtype=bool)
-            mask[ids] = True
-            return mask
-        mask = np.ones(n, dtype=bool)
-        for m in matchers:
-            mask &= self._matcher_mask(m, n)
-            if not mask.any():
-                break
+        mask = np.zeros(n, dtype=bool)
+        mask[self.match_ids(matchers, n)] = True
         return mask
-
-    def match_ids(self, matchers: Sequence[Matcher], n: int | None = None) -> np.ndarray:
-        """Sorted ids of series satisfying all matchers."""
-        n = len(self.labels) if n is None else n
-        ids = self._tenant_ids(matchers, n)
-        if ids is not None:
-            return ids
-        if matchers and all(m.op == "=" and m.value != "" for m in matchers):
-            # Equality matchers only (the planner's and dashboards' common case): intersect the
-            # sorted postings, O(postings) instead of a mask over every id.
-            lists = []
-            for m in matchers:
-                p = self._postings.get(m.name, {}).get(m.value)
-                if p is None:
-                    return np.empty(0, dtype=np.int64)
-                lists.append(_below(p.array(), n))
-            return _intersect_sorted(lists)
-        return np.flatnonzero(self.match_mask(matchers, n)).astype(np.int64)
 
     def match_any_mask(self, matcher_sets: Sequence[Sequence[Matcher]], n: int | None = None) -> np.ndarray:
         n = len(self.labels) if n is None else n
@@ -275,26 +247,7 @@ class SeriesIndex:
             return np.ones(n, dtype=bool)
         mask = np.zeros(n, dtype=bool)
         for ms in matcher_sets:
-            mask |= self.match_mask(ms, n)
-        return mask
-
-    def _matcher_mask(self, m: Matcher, n: int) -> np.ndarray:
-        by_value = self._postings.get(m.name, {})
-        if m.op == "=" and m.value != "":
-            mask = np.zeros(n, dtype=bool)
-            p = by_value.get(m.value)
-            if p is not None:
-                ids = p.array()
-                mask[ids[ids < n]] = True
-            return mask
-        # Series lacking the label read as "": they match iff the matcher matches "".
-        empty_hit = m.matches("")
-        mask = np.full(n, empty_hit, dtype=bool)
-        for value, p in list(by_value.items()):
-            hit = m.matches(value)
-            if hit != empty_hit:
-                ids = p.array()
-                mask[ids[ids < n]] = hit
+            mask[self.match_ids(ms, n)] = True
         return mask
 
     # --- label enumeration --------------------------------------------------------------------
@@ -305,13 +258,7 @@ class SeriesIndex:
         if partition is not None:
             part = self._parts.get(partition)
             return part.names_in(sel) if part is not None else []
-        n = len(sel)
-        out = []
-        for name, p in list(self._name_postings.items()):
-            arr = p.array()
-            if sel[arr[arr < n]].any():
-                out.append(name)
-        return sorted(out)
+        return sorted({name for p in self._partitions() for name in p.names_in(sel)})
 
     def values_in(self, name: str, sel: np.ndarray, partition: str | None = None) -> list[str]:
         """Values of label ``name`` over series in the boolean mask ``sel``: per distinct value work
@@ -319,17 +266,16 @@ class SeriesIndex:
         if partition is not None:
             part = self._parts.get(partition)
             return part.values_in(name, sel) if part is not None else []
-        by_value = self._postings.get(name, {})
-        n = len(sel)
-        out = []
-        for value, p in list(by_value.items()):
-            arr = p.array()
-            if sel[arr[arr < n]].any():
-                out.append(value)
-        return sorted(out)
+        return sorted({v for p in self._partitions() for v in p.values_in(name, sel)})
 
     def label_names_all(self) -> list[str]:
-        return sorted(self._postings)
+        return sorted({name for p in self._partitions() for name in list(p.postings)})
 
     def postings_sizes(self) -> dict[str, dict[str, int]]:
-        return {name: {v: len(p.ids) for v, p in list(vals.items())} for name, vals in list(self._postings.items())}
+        out: dict[str, dict[str, int]] = {}
+        for p in self._partitions():
+            for name, vals in list(p.postings.items()):
+                d = out.setdefault(name, {})
+                for v, ps in list(vals.items()):
+                    d[v] = d.get(v, 0) + len(ps.ids)
+        return out

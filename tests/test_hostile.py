@@ -491,6 +491,9 @@ def test_tenant_partitions_match_brute_force(series, tenant, ms, prefix):
     want = [i for i, s in enumerate(made[:n]) if all(m.matches(dict(s).get(m.name, "")) for m in full)]
     assert idx.match_ids(full, n).tolist() == want
     assert np.flatnonzero(idx.match_mask(full, n)).tolist() == want
+    store_wide = [i for i, s in enumerate(made[:n]) if all(m.matches(dict(s).get(m.name, "")) for m in ms)]
+    assert idx.match_ids(ms, n).tolist() == store_wide  # no tenant named: the union of every partition
+    assert idx.values_in("job", idx.match_any_mask([ms], n)) == sorted({dict(made[i]).get("job") for i in store_wide} - {None})
     sel = idx.match_any_mask([full], n)
     assert idx.values_in("job", sel, idx.partition_of([full])) == idx.values_in("job", sel)
     assert idx.names_in(sel, idx.partition_of([full])) == idx.names_in(sel)

@@ -60,9 +60,13 @@ def rebuild_exact(sds: Any, storage: Any, sid: np.ndarray, ts: np.ndarray, floor
     with store.lock:
         chain_t = store.last_t[aff].copy()
         chain_v = store.last_v[aff].copy()
-    # a series never folded before (its first samples arrive late) has no chain: rebuild its whole span
+    # a series never folded before (its first samples arrive late) has no chain: rebuild its whole span.
+    # Otherwise up to its last folded sample -- or up to its newest late sample where that is newer (a
+    # sample older than the live start but newer than the chain the backfill left): storage holds it.
     never = chain_t == INT64_MIN
-    end_ms = np.where(never, (span_hi + 1) * P - 1, np.minimum((span_hi + 1) * P - 1, chain_t))
+    newest_late = ts[last]
+    end_ms = np.where(never, (span_hi + 1) * P - 1,
+                      np.minimum((span_hi + 1) * P - 1, np.maximum(chain_t, newest_late)))
     if len(aff) <= PER_SERIES_READS:
         # few affected series: one read per series over its span (label-equality matchers may also
         # match series with more labels: only the series itself is kept, nothing else is registered)
@@ -120,10 +124,11 @@ def rebuild_exact(sds: Any, storage: Any, sid: np.ndarray, ts: np.ndarray, floor
             for k_next in sorted(set(nxt[s] for s in got_s.tolist())):
                 m = np.array([nxt[s] == k_next for s in got_s.tolist()])
                 store.fix_entries(got_s[m], got_v[m], int(k_next))
-        # the newest sample of each series is unchanged by late ones; a new series' chain now starts at
-        # its newest rebuilt sample
-        store.last_t[aff[~never]] = chain_t[~never]
-        store.last_v[aff[~never]] = chain_v[~never]
+        # the chain goes on from the newest folded sample: the old chain end unless a late sample was
+        # newer (then the rebuild folded it last); a new series' chain starts at its newest rebuilt sample
+        keep_old = ~never & (chain_t >= store.last_t[aff])
+        store.last_t[aff[keep_old]] = chain_t[keep_old]
+        store.last_v[aff[keep_old]] = chain_v[keep_old]
         if hasattr(store, "epoch"):  # readers caching results over sealed panes must see the rewrite
             store.epoch += 1
             store.version += 1

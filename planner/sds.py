@@ -216,11 +216,69 @@ class SDS:
         self._pending: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self._pending_n = 0
         self._pending_kmin: int | None = None
+        self._held: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # see ``offer``
+        self._held_n = 0
         self._flushed_k = np.iinfo(np.int64).min  # newest pane among the samples folded so far
         self._flush_lock = threading.RLock()
         self.raw_source: Any = None  # raw storage (set by the summarizer): exact panes hit by late samples are rebuilt from it
 
     FLUSH_SAMPLES = 50_000
+    HELD_MAX = 4_000_000  # samples held below the fold floor while a backfill runs (beyond: dropped, counted)
+
+    def offer(self, sid: np.ndarray, ts: np.ndarray, vals: np.ndarray) -> None:
+        """Live samples of this SDS's series (stale markers removed). Those at or above the fold floor
+        are buffered. Older ones that arrive while the backfill runs are held until the backfill has
+        read past them (``widen``): its storage read of their range may have been taken just before
+        they were stored, and the floor only reaches them once that chunk is folded. Only for payloads
+        rebuilt from storage (an idempotent refold); order-independent payloads would count twice a
+        sample the backfill did read, so there they are left to the backfill as before."""
+        with self._flush_lock:
+            floor = self.fold_floor_ms()
+            if floor is None:
+                return
+            up = ts >= floor
+            if up.all():
+                self.buffer(sid, ts, vals)
+                return
+            if up.any():
+                self.buffer(sid[up], ts[up], vals[up])
+            if self.backfill_state in ("pending", "running") and not self.algorithm.order_independent:
+                down = ~up
+                n = int(down.sum())
+                if self._held_n + n > self.HELD_MAX:
+                    self.stats.late_dropped += n
+                    return
+                self._held.append((sid[down], ts[down], vals[down]))
+                self._held_n += n
+
+    def widen(self, cov_lo: int) -> None:
+        """The backfill has folded panes from ``cov_lo`` on: widen coverage and fold the held samples
+        the floor now reaches (as late samples: exact panes are rebuilt from storage, which has them)."""
+        with self._flush_lock:
+            self.cov_lo = cov_lo
+            self._release_held()
+
+    def end_backfill(self, state: str) -> None:
+        """The backfill stopped (``done``, ``stopped`` or ``failed``): held samples the floor reaches are
+        folded; the rest are older than the history this SDS keeps."""
+        with self._flush_lock:
+            self.backfill_state = state
+            self._release_held()
+            self._held, self._held_n = [], 0
+
+    def _release_held(self) -> None:
+        if not self._held:
+            return
+        floor = self.fold_floor_ms()
+        sid = np.concatenate([h[0] for h in self._held])
+        ts = np.concatenate([h[1] for h in self._held])
+        vals = np.concatenate([h[2] for h in self._held])
+        up = ts >= floor if floor is not None else np.zeros(len(ts), bool)
+        self._held = [(sid[~up], ts[~up], vals[~up])] if (~up).any() else []
+        self._held_n = int((~up).sum())
+        if up.any():
+            self.buffer(sid[up], ts[up], vals[up])
+            self.flush_pending()
 
     def buffer(self, sid: np.ndarray, ts: np.ndarray, vals: np.ndarray) -> None:
         """Queue live samples (any order); folded in bulk by ``flush_pending``."""

@@ -63,6 +63,10 @@ class Summarizer:
             for s in self.sds.values():
                 s.max_ts = max(s.max_ts, self.max_ts)
 
+    def _note_seen(self, ts: int) -> None:
+        with self.lock:
+            self.max_ts = ts if self.max_ts is None else max(self.max_ts, ts)
+
     # --- ingest sink -----------------------------------------------------------------------
     def consume(self, batch: SampleBatch) -> None:
         if len(batch) == 0:
@@ -70,6 +74,11 @@ class Summarizer:
         t0 = time.thread_time()
         tmax = int(batch.timestamps.max())
         self.frontier.observe(int(batch.timestamps.min()), tmax)
+        # Two clocks: the newest time *seen* advances before the SDS list is read, so an SDS adopted
+        # after that read starts live past this batch (which is in storage already: its backfill reads
+        # it); each SDS's own newest time -- what seals its panes -- advances only after the batch is
+        # buffered into it, so a read in between never counts a pane sealed whose samples are on their way.
+        self._note_seen(tmax)
         with self.lock:
             targets = [s for lst in self.by_metric.values() for s in lst]
         if targets:
@@ -81,9 +90,9 @@ class Summarizer:
                 pos = by_name.get(sds.metric)
                 if pos:
                     self._fold(sds, batch, pos, stale)
-        # the newest time advances only once the batch is buffered: a read in between must not count
-        # a pane as sealed whose samples are still on their way in
-        self.note_time(tmax)
+        with self.lock:
+            for sds in targets:
+                sds.max_ts = max(sds.max_ts, tmax)
         self.cpu_seconds += time.thread_time() - t0
         self.samples += len(batch)
 
@@ -108,10 +117,10 @@ class Summarizer:
         m[np.asarray(pos, np.int64)] = ids_l
         sid = m[batch.series_index]
         ts = batch.timestamps
-        keep = (sid >= 0) & ~stale & (ts >= floor)
+        keep = (sid >= 0) & ~stale
         if not keep.any():
             return
-        sds.buffer(sid[keep], ts[keep], batch.values[keep])
+        sds.offer(sid[keep], ts[keep], batch.values[keep])
         sds.stats.ingest_cpu_s += time.thread_time() - t0
 
     # --- adoption & backfill -----------------------------------------------------------------
@@ -128,8 +137,8 @@ class Summarizer:
         Coverage (``cov_lo``) widens after each chunk, so the SDS serves recent windows early.
         """
         if self.storage is None or sds.live_from is None:
-            sds.backfill_state = "done"
             sds.cov_lo = (sds.live_from // sds.spec.pane_ms + 1) if sds.live_from is not None else None
+            sds.end_backfill("done")
             return
         P = sds.spec.pane_ms
         live_pane = sds.live_from // P
@@ -142,7 +151,7 @@ class Summarizer:
         chunk = BACKFILL_CHUNK_PANES
         while hi > lo_pane:
             if stop is not None and stop.is_set():
-                sds.backfill_state = "stopped"
+                sds.end_backfill("stopped")
                 return
             c_lo = max(lo_pane, hi - chunk)
             mint = c_lo * P
@@ -152,9 +161,9 @@ class Summarizer:
             chunk = BACKFILL_CHUNK_PANES if ss.num_samples else chunk * 4
             self._fold_history(sds, ss, hi)
             sds.backfill_done += hi - c_lo
-            sds.cov_lo = c_lo
+            sds.widen(c_lo)
             hi = c_lo
-        sds.backfill_state = "done"
+        sds.end_backfill("done")
 
     def _fold_history(self, sds: SDS, ss: Any, next_pane: int) -> None:
         sds.flush_pending()  # live samples must be in their panes before the boundary check below
@@ -205,7 +214,7 @@ class Summarizer:
             self.backfill(sds, history_ms)
         except Exception:  # noqa: BLE001 - keep the server up; the SDS simply never covers
             log.exception("backfill of %s failed", sds.id)
-            sds.backfill_state = "failed"
+            sds.end_backfill("failed")
 
     def describe(self) -> dict[str, Any]:
         return {"cpu_seconds": self.cpu_seconds, "samples": self.samples, "max_ts": self.max_ts,

@@ -15,6 +15,7 @@ from promql.engine import Engine
 from storage.batch import SampleBatch
 from tests.test_planner_exact import _compare
 from storage.labels import make_labels
+from promql.memory_source import MemorySource
 from tests.test_planner_fixtures import T0, feed, load, random_series
 
 QUERIES = [
@@ -225,3 +226,65 @@ def test_late_samples_after_cached_answers_still_equal_raw():
     rec = Canary(fraction=0.0).check_now(*served[-1])
     assert res.stats.paths[0].startswith("summary:kll-") and rec["within_bound"] >= 0.99 * rec["checked"]
     assert rec["rank_within_bound"] >= 0.99 * rec["rank_checked"]
+
+
+class _StoresDuringRead:
+    """Raw storage whose next scope reads are each followed by one more write reaching storage and
+    then the summarizer: the interleaving of a live write with the backfill's read of the same range."""
+
+    def __init__(self, src, summ_ref: list, writes: list):
+        self.src, self.summ_ref, self.writes = src, summ_ref, writes
+
+    def select(self, matchers, mint, maxt):
+        ss = self.src.select(matchers, mint, maxt)
+        if self.writes:
+            b = self.writes.pop(0)
+            self.src.append(b)
+            self.summ_ref[0].consume(b)
+        return ss
+
+    def __getattr__(self, name):
+        return getattr(self.src, name)
+
+
+def test_samples_stored_while_the_backfill_reads_their_range_are_folded():
+    """Series written at one timestamp by two senders: the second sender's samples (older than the live
+    start the first one set) are stored just after the backfill read that range. They reach the
+    summarizer below the fold floor, are held, and are folded once the backfill has covered them --
+    every exact answer over those panes equals raw evaluation."""
+    rng = np.random.default_rng(41)
+    series = [make_labels({"__name__": "x_total", "inst": str(i), "job": "j"}) for i in range(6)]
+    t_hist = T0 + np.arange(200) * 15_000
+    vals = np.cumsum(rng.random((6, len(t_hist))) * 10, axis=1)
+    src = MemorySource()
+    hist = SampleBatch(series, np.repeat(np.arange(6), len(t_hist)), np.tile(t_hist, 6), vals.ravel())
+    src.append(hist)
+    t0 = int(t_hist[-1]) + 15_000
+    first = SampleBatch(series, np.arange(3), np.full(3, t0, np.int64), vals[:3, -1] + 5.0)
+    second = SampleBatch(series, np.arange(3, 6), np.full(3, t0, np.int64), vals[3:, -1] + 7.0)
+    summ_ref: list = []
+    storage = _StoresDuringRead(src, summ_ref, [second])
+    summ = Summarizer(storage)
+    summ_ref.append(summ)
+    src.append(first)
+    summ.consume(first)  # the first sender: the newest time seen is now t0
+    sds = SDS(SDSSpec("x_total", "exact", 60_000))
+    sds.seal_delay_ms = 0
+    summ.start_live(sds)  # live from t0 + 1: the second sender's t0 samples are below it
+    summ.backfill(sds, 86_400_000)  # its first read is followed by the second sender's write
+    t = t0
+    live = vals[:, -1] + 10.0
+    for _ in range(40):  # live writes afterwards, both senders
+        t += 15_000
+        live = live + rng.random(6) * 10
+        b = SampleBatch(series, np.arange(6), np.full(6, t, np.int64), live.copy())
+        src.append(b)
+        summ.consume(b)
+    sds.flush_pending()
+    assert sds.stats.late_dropped == 0
+    eng, hook = Engine(src), _hook({("x_total", "exact"): sds})
+    for q in ("increase(x_total[5m])", "count_over_time(x_total[5m])", "sum_over_time(x_total[10m])", "changes(x_total[5m])"):
+        raw = eng.range_query(q, t0 - 1_800_000, t, 15_000)
+        fast = eng.range_query(q, t0 - 1_800_000, t, 15_000, node_hooks=[hook])
+        assert any(p.startswith("summary:") for p in fast.stats.paths), q
+        _compare(raw, fast, q)

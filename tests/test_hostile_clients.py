@@ -153,12 +153,21 @@ def test_slow_uploads_are_cut_off_and_hold_no_ingest_slot(tmp_path: Path) -> Non
             slow = [_Conn(srv.port) for _ in range(MAX_QUEUE * 2)]  # twice the ingest queue, all authenticated
             for c in slow:
                 c.send(head)
+            # The deadline holds on every route, not only ingest: a form query and a KedgeFlow proposal.
+            for path, ctype in (("/api/v1/query", "application/x-www-form-urlencoded"),
+                                ("/api/v1/kedgeflow/propose", "application/json")):
+                c = _Conn(srv.port)
+                c.send(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: {_auth('rita')}\r\n"
+                       f"Content-Type: {ctype}\r\nContent-Length: 5000\r\n\r\n".encode())
+                slow.append(c)
             t = threading.Thread(target=_trickle, args=(slow, b"\x00", 0.25, BODY_TIMEOUT_S + 10), daemon=True)
             t.start()
             time.sleep(1.0)
             # While they upload at 4 bytes/s, legitimate writes are accepted.
             codes = [_remote_write(srv.url, f"during_slow_{i}") for i in range(5)]
             t.join(BODY_TIMEOUT_S + 15)
+        print(f"\nslow uploads cut after {[round(c.closed_at - c.opened, 2) for c in slow if c.closed_at]} s, "
+              f"status {[c.status() for c in slow]}; writes during them {codes}; {mon.report()}")
         assert codes == [204] * 5, codes
         for c in slow:
             assert c.closed_at is not None, "a slow upload was still being read well past the body timeout"
@@ -198,6 +207,9 @@ def test_slowloris_headers_and_idle_connections_are_dropped(tmp_path: Path) -> N
             t.join(HEADER_TIMEOUT_S + 10)
             # Meanwhile a normal client is served.
             assert _call(srv.url + "/api/v1/query?query=1", auth=_auth("rita"))[0] == 200
+        print(f"\nheader senders closed after max {max((c.closed_at or 99) - c.opened for c in trickling):.2f} s, "
+              f"silent after max {max((c.closed_at or 99) - c.opened for c in silent):.2f} s, "
+              f"idle after {(idle.closed_at or 99) - answered:.2f} s; {mon.report()}")
         for c in trickling + silent:
             assert c.closed_at is not None, "a connection that never completed its headers was kept open"
             took = c.closed_at - c.opened
@@ -262,6 +274,8 @@ def test_audit_growth_per_request_is_bounded_and_proposals_are_rate_limited(tmp_
                 if st == 429:
                     retry.append(headers.get("Retry-After"))
             accepted = codes.count(200)
+            print(f"\nflood of 30 proposals: {accepted} accepted, {codes.count(429)} x 429 (Retry-After {set(retry)}), "
+                  f"audit grew {size() - before} bytes")
             assert codes.count(429) >= 20 and accepted <= burst + 2, codes
             assert retry and all(r and int(r) >= 1 for r in retry), retry
             grown = size() - before
@@ -270,6 +284,7 @@ def test_audit_growth_per_request_is_bounded_and_proposals_are_rate_limited(tmp_
             st, out, _ = _propose(srv.url, _auth("alice"), {"verb": "tsdb.delete_series", "target": "tsdb",
                                                             "params": {"match[]": ["nothing_here"]}})
             assert st == 200 and out["data"]["decision"]["approved"], out
+            time.sleep(0.5)  # enough polls to judge
         mon.assert_responsive(RESPONSIVE_P99_S)
         st, raw, _ = _call(srv.url + "/api/v1/audit/verify", auth=_auth("alice"))
         v = json.loads(raw)["data"]
@@ -315,6 +330,8 @@ def test_valid_credentials_stay_fast_during_wrong_credential_flood(tmp_path: Pat
             stop.set()
             for t in threads:
                 t.join(15)
+        print(f"\nfirst use during flood: {[round(x, 3) for x in first]}; again: {[round(x, 3) for x in again]}; "
+              f"flood answers: {len(flood_codes)} ({flood_codes.count(429)} x 429); {mon.report()}")
         assert flood_codes and set(flood_codes) <= {401, 429}, set(flood_codes)
         assert flood_codes.count(401) > 20, "the flood did not actually exercise bcrypt"
         assert statistics.median(first) < 0.2, f"first use of valid credentials during the flood: {[round(x, 3) for x in first]}"
@@ -333,3 +350,74 @@ def test_bad_timeout_settings_are_refused(bad: str) -> None:
     with pytest.raises(ValueError):
         Timeouts.from_config({"web": {"read_body_timeout": bad}})
     assert Timeouts.from_config({}).read_header_s > 0
+
+
+class _Req:
+    """What the authenticator reads from a request."""
+
+    def __init__(self, auth: str, remote: str = "127.0.0.1"):
+        self.headers = {"Authorization": auth}
+        self.remote = remote
+
+
+def _authenticator(monkeypatch, limits: dict, delay: float = 0.05):
+    """An Authenticator whose bcrypt comparison takes `delay` and records the thread it ran on."""
+    import turboprom.auth as auth_mod
+
+    threads: list[str] = []
+    real = auth_mod.bcrypt.checkpw
+
+    def slow_checkpw(secret: bytes, h: bytes) -> bool:
+        threads.append(threading.current_thread().name)
+        time.sleep(delay)
+        return real(secret, h)
+
+    monkeypatch.setattr(auth_mod.bcrypt, "checkpw", slow_checkpw)
+    cfg = auth_mod.WebConfig()
+    cfg.basic_users = {"alice": bcrypt.hashpw(b"alice-pw", bcrypt.gensalt(rounds=4))}
+    cfg.bearer = [(f"svc{i}", bcrypt.hashpw(f"token-{i}".encode(), bcrypt.gensalt(rounds=4))) for i in range(3)]
+    return auth_mod.Authenticator(cfg, {"workers": 1, **limits}), threads
+
+
+def test_authenticator_single_flight_caches_and_never_on_the_loop(monkeypatch) -> None:
+    import asyncio
+
+    auth, threads = _authenticator(monkeypatch, {})
+
+    async def run() -> list:
+        same = _Req("Bearer token-2")
+        return await asyncio.gather(*(auth.identify_async(same) for _ in range(20)))
+
+    assert asyncio.run(run()) == ["svc2"] * 20
+    assert auth.stats["bcrypt_checks"] == 3 and auth.stats["coalesced"] == 19  # one check for 20 requests
+    assert set(threads) == {"auth-bcrypt-0"}  # the authenticator's own thread, not the event loop
+    assert auth.cached(_Req("Bearer token-2")) == (True, "svc2")
+    assert asyncio.run(auth.identify_async(_Req("Basic " + base64.b64encode(b"nobody:x").decode()))) is None
+    assert auth.stats["bcrypt_checks"] == 3  # an unknown basic-auth user costs no bcrypt
+    auth.close()
+
+
+def test_authenticator_puts_fresh_checks_first_and_sheds_a_flooding_source(monkeypatch) -> None:
+    import asyncio
+
+    from turboprom.auth import AuthOverloaded
+
+    auth, _ = _authenticator(monkeypatch, {"max_pending_per_source": 4, "max_pending": 8})
+
+    async def run():
+        wrong = [asyncio.ensure_future(auth.identify_async(_Req(f"Bearer wrong-{i}"))) for i in range(12)]
+        await asyncio.sleep(0.3)  # the flood is queued and some of it failed: the source is failing
+        t0 = time.perf_counter()
+        user = await auth.identify_async(_Req("Bearer token-1"))  # same source as the flood, valid
+        took = time.perf_counter() - t0
+        other = await auth.identify_async(_Req("Basic " + base64.b64encode(b"alice:alice-pw").decode(), "127.0.0.2"))
+        results = await asyncio.gather(*wrong, return_exceptions=True)
+        return user, took, other, results
+
+    user, took, other, results = asyncio.run(run())
+    assert user == "svc1" and other == "alice"
+    assert took < 0.5, f"a valid token waited {took:.2f}s behind the flood (one comparison is 0.05 s)"
+    shed = [r for r in results if isinstance(r, AuthOverloaded)]
+    assert len(shed) >= 12 - 4 - 2, results  # at most 4 waiting from that source (+ in progress)
+    assert all(r is None or isinstance(r, AuthOverloaded) for r in results)
+    auth.close()

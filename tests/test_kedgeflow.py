@@ -332,3 +332,48 @@ def test_audit_survives_torn_append(tmp_path: Path) -> None:
     assert verify(again.dir, again.public_key).ok
     assert [e["data"]["i"] for e in again.read()][-1] == "after"
     assert [e["seq"] for e in again.read()] == list(range(7))
+
+
+def test_audit_entries_are_bounded_and_still_verify(tmp_path: Path) -> None:
+    """Whatever a caller sends, one entry records at most max_entry_bytes of data: oversized values
+    become digest + preview (largest first, small fields kept), and the chain verifies."""
+    import hashlib
+
+    from scheduler_metrics.kedgeflow.action import canonical_json
+
+    key = Ed25519PrivateKey.generate()
+    log = AuditLog(tmp_path / "audit", key, head_every=4, max_entry_bytes=4096)
+    huge = {"match[]": ["x"], "junk": "j" * 1_000_000, "many": {str(i): i for i in range(20_000)}}
+    e = log.append("proposal", {"action": {"verb": "tsdb.delete_series", "target": "tsdb", "params": huge},
+                                "action_sha256": "a" * 64, "principal": "reader"})
+    assert len(canonical_json(e["data"])) <= 4096
+    assert e["data"]["principal"] == "reader" and e["data"]["action"]["verb"] == "tsdb.delete_series"
+    junk = e["data"]["action"]["params"]["junk"]
+    assert junk["truncated"] and junk["sha256"] == hashlib.sha256(canonical_json("j" * 1_000_000)).hexdigest()
+    assert junk["bytes"] == 1_000_002 and junk["preview"].startswith('"jjj')
+    assert e["data"]["action"]["params"]["match[]"] == ["x"]  # small values are kept as they are
+    small = log.append("decision", {"approved": False, "reason": "no"})
+    assert small["data"] == {"approved": False, "reason": "no"}
+    log.close()
+    assert (tmp_path / "audit" / "audit.jsonl").stat().st_size < 10_000
+    assert verify(log.dir, log.public_key).ok
+
+
+def test_refused_proposal_records_bulky_params_as_digest(tmp_path: Path) -> None:
+    h = _Harness(tmp_path)
+    reader = Principal("reader", frozenset({"read"}))
+
+    async def run():
+        bulky = Action("test.apply", "t", {"match[]": ['x{a="' + "v" * 5000 + '"}']})
+        decision, grant = await h.cp.propose(bulky, reader)
+        assert not decision.approved and grant is None
+        ok_action = Action("test.apply", "t", {"match[]": ['x{a="' + "v" * 5000 + '"}']})
+        decision, grant = await h.cp.propose(ok_action, ADMIN)
+        assert decision.approved
+
+    asyncio.run(run())
+    props = h.audit.read(kind="proposal")
+    assert props[0]["data"]["action"]["params"]["truncated"] is True  # refused: digest + preview
+    assert props[1]["data"]["action"]["params"] == {"match[]": ['x{a="' + "v" * 5000 + '"}']}  # approved: in full
+    for d in h.audit.read(kind="decision"):
+        assert "action" not in d["data"] and len(d["data"]["action_sha256"]) == 64

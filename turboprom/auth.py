@@ -29,7 +29,6 @@ import hashlib
 import heapq
 import ipaddress
 import logging
-import math
 import os
 import ssl
 import threading
@@ -133,6 +132,9 @@ def _check_hash(h: str, where: str) -> bytes:
     return h.replace("$2y$", "$2b$", 1).encode()
 
 
+FAILING_SCORE = 3.0  # decayed failures at which a source's checks stop going ahead of others
+
+
 class AuthOverloaded(Exception):
     """Too many unverified credentials are waiting for bcrypt: answered 429 + Retry-After."""
 
@@ -141,7 +143,7 @@ class AuthOverloaded(Exception):
 class AuthLimits:
     """``auth:`` in the server YAML (all optional)."""
 
-    workers: int = 0  # threads running bcrypt for not-yet-verified credentials; 0 = one per CPU, at most 4
+    workers: int = 0  # threads running bcrypt for not-yet-verified credentials; 0 = half the CPUs (1 to 4)
     max_pending: int = 64  # unverified credentials waiting; beyond it the lowest-priority one gets 429
     max_pending_per_source: int = 16  # per (client address, claimed user): its oldest waiter gets 429
     cache_ttl_s: float = 600.0  # a verified credential is trusted this long without bcrypt
@@ -157,7 +159,7 @@ class AuthLimits:
             raise ValueError(f"auth: unknown key(s) {sorted(unknown)} (known: {', '.join(cls.__dataclass_fields__)})")
         out = cls(**{k: type(getattr(cls, k))(v) for k, v in raw.items()})
         if out.workers <= 0:
-            out.workers = max(1, min(4, os.cpu_count() or 2))
+            out.workers = max(1, min(4, (os.cpu_count() or 2) // 2))  # leave CPU for everything else
         return out
 
 
@@ -212,8 +214,8 @@ class Authenticator:
       remembered for ``failed_ttl_s``: repeats of either cost one hash and a dict lookup;
     - concurrent requests with the same unverified credential share one bcrypt check;
     - unverified credentials run on ``workers`` dedicated threads, one bcrypt comparison at a time,
-      picked by priority: sources (client address + claimed user, or "bearer") with fewer recent
-      failures first, newest first among equals (so a flood of wrong guesses does not form a queue
+      picked by priority: sources (client address + claimed user, or "bearer") without recent
+      failures first, then newest first (so a flood of wrong guesses does not form a queue
       in front of a new, valid credential); a basic-auth user that does not exist costs no bcrypt;
     - waiting checks are bounded (``max_pending``, ``max_pending_per_source``): the lowest-priority
       or oldest one of a flooding source is answered 429 + Retry-After.
@@ -294,8 +296,10 @@ class Authenticator:
 
     @staticmethod
     def _band(score: float) -> int:
-        """Priority band of a failure score: 0 for a clean source, then one band per doubling."""
-        return 0 if score < 1.0 else 1 + int(math.log2(score))
+        """0 for a source with (almost) no recent failures, 1 for a failing one. Only two bands: a
+        valid credential that shares a failing source must not also wait behind other failing
+        sources; among failing sources the newest check goes first."""
+        return 0 if score < FAILING_SCORE else 1
 
     def _push(self, check: _Check, now: float) -> None:
         heapq.heappush(self._heap, (self._band(self._score(check.source, now)), -check.seq, check.step, check))

@@ -10,6 +10,11 @@ Hooks other stages may provide (all optional):
   and ``api_alerts() -> list[dict]``.
 * ``ctx.components["scraper"]``: ``targets_snapshot()`` -> list of target dicts/dataclasses.
 * ``ctx.storage.stats()``: head/cardinality statistics (dict or object; see ``tsdb_status``).
+
+Tenancy (turboprom/tenancy.py): ``status/tsdb`` is computed over the caller's tenant's series only;
+rules, alerts, targets and scrape pools are the default tenant's (rule files and scrape jobs read and
+write its data) and are empty for any other tenant; ``status/config`` names every tenant's limits and
+targets and is for operators only (403 for a caller restricted to tenants).
 """
 from __future__ import annotations
 

@@ -101,12 +101,13 @@ def prepare_or_why(node: Any, ectx: Any, rctx: RewriteContext, algorithm: str) -
     if range_ms <= 0:
         return None, "range"
     ends = effective_times(vs, ectx)
+    # first the cheap check: shadow runs of this shape found the raw path faster
+    if rctx.cost_based and sds.stats.verdict(shape_of(func, range_ms, len(ends))) == "slower":
+        return None, "measured slower"
     lo, hi = sds.coverage()
     plan = plan_windows(ends, range_ms, sds.spec.pane_ms, lo, hi)
     if plan.summary_panes == 0:
         return None, "no pane"  # no whole covered pane in any window: raw is as cheap
-    if rctx.cost_based and sds.stats.verdict(shape_of(func, range_ms, len(ends))) == "slower":
-        return None, "measured slower"  # shadow runs of this shape: the raw path was faster
     if rctx.cost_based and not worth_it(func, plan, range_ms, sds.spec.pane_ms):
         # a refresh whose steps mostly come from the step cache pays even when the edges are wide
         if not worth_it_cached(sds, matchers, func, ends, range_ms, plan):

@@ -21,6 +21,7 @@ sealed panes to Parquet and the catalog to DuckDB.
 from __future__ import annotations
 
 import hashlib
+import statistics
 import threading
 import time
 from collections import deque
@@ -168,8 +169,10 @@ class SDSStats:
         r = self._recent(shape)
         if len(r) < self.SHAPE_MIN_RUNS:
             return None
-        served = float(np.median([x[1] for x in r]))
-        raw = float(np.median([x[2] for x in r]))
+        # statistics.median: on these few values it is ~100x cheaper than numpy's, and this runs on
+        # every query the summary could serve
+        served = statistics.median([x[1] for x in r])
+        raw = statistics.median([x[2] for x in r])
         return "faster" if served < raw else "slower"
 
     def needs_probe(self, shape: tuple) -> bool:

@@ -50,6 +50,40 @@ def test_config_errors():
         parse_relabel_configs([{"regex": "(", "target_label": "x"}])
 
 
+def test_relabel_regex_is_go_re2_syntax():
+    """Go syntax as written: inline flags mid-pattern, named groups both ways, Unicode and POSIX classes,
+    \\z; (?s) so . crosses newlines; ${name} expansion."""
+    assert rl({"a": "B"}, {"action": "keep", "source_labels": ["a"], "regex": "a|(?i)b"}) == {"a": "B"}
+    assert rl({"a": "A"}, {"action": "keep", "source_labels": ["a"], "regex": "a|(?i)b"}) is None
+    got = rl({"__address__": "host-a:9100"}, {"source_labels": ["__address__"], "regex": "(?P<host>[^:]+):(?<port>\\d+)",
+                                              "target_label": "hp", "replacement": "${port}@${host}"})
+    assert got["hp"] == "9100@host-a"
+    assert rl({"a": "Ωμέγα"}, {"action": "keep", "source_labels": ["a"], "regex": "\\p{Greek}+"}) is not None
+    assert rl({"a": "é"}, {"action": "keep", "source_labels": ["a"], "regex": "[[:alpha:]]"}) is None
+    assert rl({"a": "x\ny"}, {"source_labels": ["a"], "regex": "x.(y)\\z", "target_label": "t"})["t"] == "y"
+    assert rl({"a": "١٢"}, {"action": "drop", "source_labels": ["a"], "regex": "\\d+"}) is not None  # \\d is ASCII
+
+
+@pytest.mark.parametrize("regex", ["(a)\\1", "(?=a)", "(?<!a)b", "(?x)a", "a\\C"])
+def test_relabel_refuses_what_go_refuses(regex):
+    with pytest.raises(RelabelConfigError, match="invalid relabel regex .*error parsing regexp: "):
+        parse_relabel_configs([{"action": "keep", "source_labels": ["a"], "regex": regex}])
+
+
+def test_relabel_regex_bombs_are_linear():
+    configs = parse_relabel_configs([
+        {"action": "drop", "source_labels": ["a"], "regex": "(a+)+$"},
+        {"source_labels": ["a"], "regex": "(x+x+)+y", "target_label": "t", "replacement": "hit"},
+        {"action": "labeldrop", "regex": "((l+)+)+$"},
+    ])
+    t0 = time.perf_counter()
+    for n in (28, 40, 5000):
+        assert relabel({"a": "a" * n + "b", "l" * n + "!": "v"}, configs) == {"a": "a" * n + "b", "l" * n + "!": "v"}
+        assert relabel({"a": "x" * n}, configs) == {"a": "x" * n}
+        assert relabel({"a": "a" * n}, configs) is None
+    assert time.perf_counter() - t0 < 0.5
+
+
 JOBS = {
     "scrape_configs": [
         {"job_name": "rl_replace", "scheme": "http", "metrics_path": "/m", "params": {"module": ["m1", "m2"]},

@@ -87,3 +87,167 @@ def test_equality_matchers_intersect_postings_like_brute_force(series, ms, prefi
     assert sorted(idx.labels[i] for i in ids) == brute(series, ms)
     n = min(prefix, len(series))
     assert idx.match_ids(ms, n).tolist() == np.flatnonzero(idx.match_mask(ms, n)).tolist()
+
+
+# --- Go RE2 semantics of regex matchers (storage/regex.py) -----------------------------------------
+
+import threading  # noqa: E402
+
+import pytest  # noqa: E402
+
+from storage import regex as rx  # noqa: E402
+from storage.regex import RegexError, compile_regex, expand_template  # noqa: E402
+
+GO_CASES = [  # (pattern, values that match, values that do not), as Go's regexp (RE2) decides
+    ("a|(?i)b", ["a", "b", "B"], ["A", "ab"]),
+    ("x(?i)y|z", ["xy", "xY", "z", "Z"], ["XY", "Xy"]),  # (?i) lasts to the end of the group, past |
+    ("(?i)a(?-i)b", ["ab", "Ab"], ["AB", "aB"]),
+    ("((?i)a)b", ["ab", "Ab"], ["aB"]),
+    ("\\pL+", ["héllo", "Ωμέγα", "ab"], ["h1", "", "a b"]),
+    ("\\p{Greek}+", ["Ωμέγα"], ["abc"]),
+    ("[[:alpha:]]+", ["abc", "ABC"], ["é", "a1"]),  # POSIX classes are ASCII
+    ("[[:^digit:]]", ["a", "١"], ["1"]),
+    ("\\d+", ["123"], ["١٢٣"]),  # \d is ASCII in Go (Python's re: any Unicode digit)
+    ("\\w+", ["a_1"], ["é"]),
+    ("\\s", [" ", "\t", "\n"], ["\u00a0"]),
+    ("(?P<n>a)(?<m>b)", ["ab"], ["a"]),
+    ("(?U)a+", ["a", "aaa"], [""]),
+    ("\\Qa.b\\E", ["a.b"], ["axb"]),
+    ("a.b", ["a\nb", "a.b"], ["ab"]),  # (?s): . matches newline
+    ("(?-s)a.b", ["a.b"], ["a\nb"]),
+    ("x\\z", ["x"], ["x\n"]),
+    ("x$", ["x"], ["x\n"]),  # $ is end of text (Python's $ also matches before a final newline)
+    ("b", ["b"], ["ab", "ba", "bb"]),  # fully anchored
+    ("a|b|ab", ["a", "b", "ab"], ["ba", ""]),
+    ("a||b", ["a", "", "b"], ["ab"]),
+    ("a.*", ["a", "abc"], ["ba"]),
+    (".*b", ["b", "ab"], ["ba"]),
+    (".*b.*", ["b", "abc"], ["ac"]),
+    (".+", ["x", "\n"], [""]),
+    ("", [""], ["a"]),
+]
+
+
+@pytest.mark.parametrize("pattern,yes,no", GO_CASES)
+def test_regex_matchers_follow_go_syntax_and_semantics(pattern, yes, no):
+    m = Matcher("l", "=~", pattern)
+    nm = Matcher("l", "!~", pattern)
+    for v in yes:
+        assert m.matches(v) and not nm.matches(v), (pattern, v)
+    for v in no:
+        assert not m.matches(v) and nm.matches(v), (pattern, v)
+    values = yes + no
+    assert m.matches_values(values).tolist() == [True] * len(yes) + [False] * len(no)
+    assert nm.matches_values(values * 100).tolist() == ([False] * len(yes) + [True] * len(no)) * 100  # bulk kernel
+
+
+REFUSED = [  # syntax Go's regexp refuses, with Go's message
+    ("(a)\\1", "error parsing regexp: invalid escape sequence: `\\1`"),
+    ("(?=a)", "error parsing regexp: invalid or unsupported Perl syntax: `(?=`"),
+    ("(?!a)", "error parsing regexp: invalid or unsupported Perl syntax: `(?!`"),
+    ("(?x)a", "error parsing regexp: invalid or unsupported Perl syntax: `(?x`"),
+    ("a\\C", "error parsing regexp: invalid escape sequence: `\\C`"),
+    ("a\\Z", "error parsing regexp: invalid escape sequence: `\\Z`"),
+    ("(a", "error parsing regexp: missing closing ): `(a`"),
+    ("a)", "error parsing regexp: unexpected ): `a)`"),
+    ("[a", "error parsing regexp: missing closing ]: `[a`"),
+    ("a**", "error parsing regexp: invalid nested repetition operator: `**`"),
+    ("*", "error parsing regexp: missing argument to repetition operator: `*`"),
+    ("a{1001}", "error parsing regexp: invalid repeat count: `{1001}`"),
+    ("[z-a]", "error parsing regexp: invalid character class range: `z-a`"),
+    ("(?P<>a)", "error parsing regexp: invalid named capture: `(?P<>`"),
+    ("a\\", "error parsing regexp: trailing backslash at end of expression: ``"),
+]
+
+
+@pytest.mark.parametrize("pattern,message", REFUSED)
+def test_refused_regex_syntax_has_go_message(pattern, message):
+    with pytest.raises(RegexError) as e:
+        Matcher("l", "=~", pattern)
+    assert str(e.value) == message
+    assert isinstance(e.value, ValueError)
+    assert rx.regex_error(pattern) is not None
+
+
+def test_huge_compiled_programs_are_refused_quickly():
+    t0 = time.perf_counter()
+    with pytest.raises(RegexError, match="expression too large"):
+        compile_regex("\\pL{1000}")
+    assert time.perf_counter() - t0 < 0.5
+    compile_regex("\\pL{50}")  # realistic sizes compile
+
+
+@pytest.mark.parametrize("pattern,value", [
+    ("(a+)+$", "a" * 28 + "b"),
+    ("(a+)+$", "a" * 5000 + "b"),
+    ("(x+x+)+y", "x" * 5000),
+    ("(a|aa)+$", "a" * 5000 + "b"),
+    ("(.*a){12}", "a" * 5000),
+    ("(\\w+\\s?)+$", "word " * 1000 + "!"),
+])
+def test_backtracking_bombs_match_in_linear_time(pattern, value):
+    m = Matcher("l", "=~", pattern)
+    t0 = time.perf_counter()
+    m.matches(value)
+    m.matches_values([value] * 300)
+    assert time.perf_counter() - t0 < 0.2, pattern
+
+
+def test_long_matches_release_the_gil():
+    """RE2 matching runs without the GIL, so a long match cannot stall the event loop thread."""
+    m = Matcher("l", "=~", "(a+)+$")
+    big = "a" * 30_000_000 + "b"
+    ticks = [0]
+    done = threading.Event()
+
+    def spin():
+        while not done.is_set():
+            ticks[0] += 1
+
+    th = threading.Thread(target=spin)
+    th.start()
+    try:
+        time.sleep(0.05)
+        t0, before = time.perf_counter(), ticks[0]
+        assert not m.matches(big)
+        elapsed, progressed = time.perf_counter() - t0, ticks[0] - before
+    finally:
+        done.set()
+        th.join()
+    assert elapsed < 5
+    assert progressed > 1000, "the other thread made no progress while RE2 matched"
+
+
+SHAPES = ["a", "", "ab", "a.*", ".*b", ".*a.*", ".*", ".+", "a|b", "a||b", "|", "a\\.b", "(?i)a", "a.b", "[ab]+", "(a|b)*c"]
+WORDS = ["", "a", "b", "ab", "ba", "A", "a.b", "axb", "abc", "cab", "\n", "a\nb", "é", "aé", "ǅ"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.sampled_from(SHAPES), st.lists(st.sampled_from(WORDS), max_size=600))
+def test_fast_paths_and_bulk_kernel_agree_with_re2(pattern, values):
+    r = compile_regex(pattern)
+    # the engine itself, bypassing the literal/prefix/set shortcuts
+    want = [r._bool.Match(rx._ANCHOR_BOTH, v.encode(), 0, len(v.encode()))[0][0] >= 0 for v in values]
+    assert [r.fullmatch(v) for v in values] == want
+    assert r.match_mask(values).tolist() == want
+
+
+def test_compiled_regex_cache_is_bounded():
+    for i in range(rx.CACHE_ENTRIES + 50):
+        compile_regex(f"cache-{i}-[a-z]+")
+    assert len(rx._cache) <= rx.CACHE_ENTRIES
+    assert compile_regex("cache-0-[a-z]+").fullmatch("cache-0-x")
+    with pytest.raises(RegexError):
+        compile_regex("(?=cached-error)")
+    with pytest.raises(RegexError):  # a cached refusal is refused again
+        compile_regex("(?=cached-error)")
+
+
+def test_go_expand_template():
+    m = compile_regex("(?P<first>[a-z]+)-(\\d+)(x)?").match("abc-42")
+    assert m is not None
+    cases = {"$1": "abc", "${1}": "abc", "$first": "abc", "${first}": "abc", "$2$1": "42abc",
+             "$3": "", "$9": "", "$1x": "", "${1}x": "abcx", "$$1": "$1", "$": "$", "${": "${", "a$-b": "a$-b",
+             "$first_": "", "${first}_": "abc_", "$01": ""}
+    for tpl, want in cases.items():
+        assert expand_template(tpl, m) == want, tpl

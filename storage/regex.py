@@ -192,6 +192,9 @@ class Regex:
     def __repr__(self) -> str:
         return f"Regex({self.pattern!r})"
 
+    def __reduce__(self):  # pickling and deep copies recompile (the RE2 object itself cannot be copied)
+        return compile_regex, (self.pattern,)
+
     # --- boolean matching -------------------------------------------------------------------
 
     def fullmatch(self, s: str) -> bool:

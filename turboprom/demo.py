@@ -15,6 +15,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -62,7 +63,7 @@ def banner(listen: str, data_dir: str, fleet: bool) -> str:
     return "\n".join(lines)
 
 
-def _when_ready(url: str, then: list, timeout: float = 120.0) -> None:
+def _when_ready(url: str, then: list, fleet: Any = None, history_hours: float = 0.0, timeout: float = 120.0) -> None:
     deadline = time.time() + timeout
     while time.time() < deadline:
         try:
@@ -71,6 +72,16 @@ def _when_ready(url: str, then: list, timeout: float = 120.0) -> None:
                     break
         except Exception:  # noqa: BLE001 - not up yet
             time.sleep(0.3)
+    if fleet is not None and history_hours > 0:
+        # before the fleet serves its exporters: the live scrape then continues these series in order
+        from turboprom.demo_history import write_history
+
+        t0 = time.time()
+        try:
+            n = write_history(url, fleet.workers, scheduler=fleet.sched_metrics, hours=history_hours)
+            print(f"demo: wrote {history_hours:g} h of fleet history ({n:,} samples) in {time.time() - t0:.1f} s", flush=True)
+        except Exception as e:  # noqa: BLE001 - the live demo runs without it
+            print(f"demo: fleet history not written ({type(e).__name__}: {e}); the live fleet starts anyway", flush=True)
     for comp in then:
         comp.start()
 
@@ -83,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--instances", type=int, default=8)
     ap.add_argument("--load", type=float, default=0.7)
     ap.add_argument("--no-fleet", action="store_true", help="serve and scrape itself only")
+    ap.add_argument("--history-hours", type=float, default=3.0,
+                    help="hours of fleet history written before the live fleet starts (0: none)")
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     Path(a.data_dir).mkdir(parents=True, exist_ok=True)
@@ -103,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = ServerConfig(data_dir=a.data_dir, listen=a.listen, config_file=str(cfg_path))
     cfg.load_file()
     print(banner(a.listen, a.data_dir, fleet is not None), flush=True)
-    threading.Thread(target=_when_ready, args=(base, comps), daemon=True).start()
+    threading.Thread(target=_when_ready, args=(base, comps, fleet, a.history_hours), daemon=True).start()
     from turboprom.server import serve
 
     try:

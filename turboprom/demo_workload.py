@@ -1,5 +1,5 @@
 """The demo's recurring dashboard workload: every refresh, each panel of the bundled Grafana
-dashboards is queried over the last 15 minutes, as Grafana does, so the planner sees recurring work."""
+dashboards is queried over the last hour (the bundled dashboards' range), as Grafana does, so the planner sees recurring work."""
 from __future__ import annotations
 
 import json
@@ -15,7 +15,7 @@ log = logging.getLogger("turboprom.demo")
 
 
 class DashboardWorkload:
-    def __init__(self, base_url: str, refresh_s: float = 10.0, range_s: float = 900.0, step_s: float = 15.0):
+    def __init__(self, base_url: str, refresh_s: float = 10.0, range_s: float = 3600.0, step_s: float = 15.0):
         self.base, self.refresh_s, self.range_s, self.step_s = base_url.rstrip("/"), refresh_s, range_s, step_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

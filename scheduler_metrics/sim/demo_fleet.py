@@ -7,6 +7,7 @@ Time runs ``speed`` x faster than the wall clock; the trace is replayed in a loo
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 
 import numpy as np
@@ -60,8 +61,10 @@ class DemoFleet:
         self.trace: Trace = trace.head(limit) if limit else trace
         self.workers = [WorkerMetrics("qwen2.5-7b", cluster=cluster, instance=instance_name(i)) for i in range(instances)]
         self.sched_metrics = SchedulerMetrics("vesta", cluster=cluster, instance="vesta-0")
-        self.ports = [w.serve(first_port + i if first_port else 0) for i, w in enumerate(self.workers)]
-        self.sched_port = self.sched_metrics.serve(0)
+        # ports are chosen now (the scrape config names them) and served from ``start``: until then a
+        # scrape finds nothing, so history written before the fleet starts stays in time order
+        self.ports = [first_port + i if first_port else _free_port() for i in range(instances)]
+        self.sched_port = _free_port()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.completed = 0
@@ -93,6 +96,9 @@ class DemoFleet:
                 self._stop.wait(2.0)
 
     def start(self) -> None:
+        for w, port in zip(self.workers, self.ports):
+            w.serve(port)
+        self.sched_metrics.serve(self.sched_port)
         self._thread = threading.Thread(target=self._run, name="demo-fleet", daemon=True)
         self._thread.start()
 
@@ -105,3 +111,9 @@ class DemoFleet:
 
 class _Stop(Exception):
     pass
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

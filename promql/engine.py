@@ -46,6 +46,27 @@ DEFAULT_MAX_MEMORY_BYTES = 2 * 1024**3  # per query (--query.max-memory)
 JSON_BYTES_PER_SAMPLE = 40
 
 
+TRIM_AFTER_BYTES = 256 * 1024**2
+
+
+def _release_freed_memory() -> None:
+    """Hand memory freed by a big query back to the OS (glibc keeps freed heap pages otherwise, so a
+    refused or finished heavy query would leave the process's RSS high)."""
+    global _malloc_trim
+    if _malloc_trim is None:
+        try:
+            import ctypes
+
+            _malloc_trim = ctypes.CDLL("libc.so.6").malloc_trim
+        except (OSError, AttributeError):
+            _malloc_trim = False
+    if _malloc_trim:
+        _malloc_trim(0)
+
+
+_malloc_trim: Any = None
+
+
 def _result_points(res: QueryResult) -> int:
     if res.present is not None:
         return int(res.present.sum())
@@ -212,12 +233,16 @@ class Engine:
         except Exception:  # positions are best effort
             positions = {}
         ev = Evaluator(positions)
-        with np.errstate(all="ignore"):
-            val = ev.eval(expr, ctx)
-            budget.check()
-            res = self._shape(val, steps, is_range)
-            # the answer is encoded as JSON next (~40 bytes a sample): that memory counts too
-            budget.reserve(_result_points(res) * JSON_BYTES_PER_SAMPLE)
+        try:
+            with np.errstate(all="ignore"):
+                val = ev.eval(expr, ctx)
+                budget.check()
+                res = self._shape(val, steps, is_range)
+                # the answer is encoded as JSON next (~40 bytes a sample): that memory counts too
+                budget.reserve(_result_points(res) * JSON_BYTES_PER_SAMPLE)
+        finally:
+            if budget.peak_bytes > TRIM_AFTER_BYTES:
+                _release_freed_memory()
         res.annotations = ann
         stats.wall_seconds = time.perf_counter() - wall0
         stats.cpu_seconds = time.thread_time() - cpu0

@@ -126,6 +126,13 @@ def value_bytes(v: Value) -> int:
     return 0
 
 
+def series_peak(w: RangeWindows) -> int:
+    """The most samples one series' windows span (all steps): what a series-by-series engine holds."""
+    if w.lo.size == 0:
+        return 0
+    return int((w.hi.max(axis=1) - w.lo.min(axis=1)).max())
+
+
 def value_size(v: Value) -> int:
     if isinstance(v, VectorSteps):
         return int(v.any_present().sum()) if v.hist is not None else int(v.present.sum())
@@ -156,7 +163,9 @@ class Evaluator:
         return f" ({p[0]}:{p[1]})" if p else ""
 
     # -- dispatch -------------------------------------------------------------------------
-    def eval(self, node: Any, ctx: EvalContext) -> Value:
+    def eval(self, node: Any, ctx: EvalContext, streamed: bool = False) -> Value:
+        """``streamed``: the caller consumes a range-vector result series by series (a function
+        argument), so only the largest series' samples count as held, as in Prometheus's engine."""
         ctx.budget.check()
         if ctx.hooks and isinstance(node, _HOOKED):
             for hook in ctx.hooks:
@@ -166,7 +175,8 @@ class Evaluator:
         b = ctx.budget
         before, before_bytes = b.current_samples, b.current_bytes
         val = self._eval(node, ctx)
-        size, nbytes = value_size(val), value_bytes(val)
+        size = series_peak(val) if streamed and isinstance(val, RangeWindows) else value_size(val)
+        nbytes = value_bytes(val)
         if isinstance(node, pp.ParenExpr):  # the child's own value, already accounted
             b.current_samples, b.current_bytes = before, before_bytes
         # Like Prometheus's engine, the operands stay in memory while the result is built:
@@ -238,8 +248,14 @@ class Evaluator:
         if impl is None:
             raise ExecutionError(f"function {name!r} is not implemented")
         args: list[Value] = []
+        held = ctx.budget.current_samples
         for a in node.args:
-            args.append(self.eval(a, ctx))
+            args.append(self.eval(a, ctx, streamed=isinstance(a, pp.MatrixSelector)))
+        if any(isinstance(a, RangeWindows) for a in args):
+            # Prometheus's engine feeds a range-vector function one series at a time and counts only
+            # that series' points beside the output: the windows' samples no longer count (their
+            # bytes stay in the memory budget)
+            ctx.budget.current_samples = held + sum(value_size(a) for a in args if not isinstance(a, RangeWindows))
         if name in _SORT_FUNCS and ctx.num_steps > 1:
             ctx.annotations.warn(
                 "PromQL warning: sort is ineffective for range queries since results are always ordered by labels"

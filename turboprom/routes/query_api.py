@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import threading
 import time
 from typing import Any
@@ -27,7 +28,7 @@ from turboprom import api_json
 from turboprom.api_ast import translate_ast
 from turboprom.api_pretty import pretty
 from turboprom.api_common import (GZIP_MIN_BYTES, APIError, accepts_gzip, add_get_post, api_handler, encoded_response,
-                                   gzip_body, ok, run_off_loop)
+                                   gzip_body, json_response, ok, run_off_loop)
 from turboprom.api_params import MAX_RANGE_POINTS, MAX_TIME_MS, MIN_TIME_MS, Params, invalid_param
 from turboprom.api_params import parse_query as parse_promql
 from turboprom.context import ServerContext
@@ -260,7 +261,8 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
             expr = parse_promql(q, _max_depth(ctx))
         except ValueError as e:
             raise invalid_param("query", str(e)) from None
-        return ok(pretty(expr))
+        # the printer walks the whole tree: off the event loop (a deep tree takes a while)
+        return ok(await run_off_loop(ctx, pretty, expr))
 
     @api_handler
     async def parse_query(request: web.Request, params: Params) -> web.Response:
@@ -270,7 +272,7 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
             expr = parse_promql(q, _max_depth(ctx))
         except ValueError as e:
             raise invalid_param("query", str(e)) from None
-        return ok(translate_ast(expr))
+        return json_response(await run_off_loop(ctx, _ast_json, expr))
 
     @api_handler
     async def query_exemplars(request: web.Request, params: Params) -> web.Response:
@@ -304,6 +306,16 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
     add_get_post(app, "/api/v1/format_query", format_query)
     add_get_post(app, "/api/v1/parse_query", parse_query)
     add_get_post(app, "/api/v1/query_exemplars", query_exemplars)
+
+
+def _ast_json(expr: Any) -> bytes:
+    """The /api/v1/parse_query body. orjson refuses nesting deeper than 254 levels; such trees (up to
+    --query.max-depth) are encoded by the standard library instead."""
+    data = translate_ast(expr)
+    try:
+        return api_json.success(data)
+    except TypeError:  # orjson.JSONEncodeError: "Recursion limit reached"
+        return api_json.envelope_raw(json.dumps(data, ensure_ascii=False, separators=(",", ":")))
 
 
 def _vector_selectors(root: Any) -> list[Any]:

@@ -286,6 +286,11 @@ def test_refused_syntax_is_bad_data_with_go_message(loaded, pattern, detail):
         assert body["errorType"] == "bad_data", (path, body)
         assert want in body["error"], (path, body["error"])
         assert dt < PROMPT_S
+    # label_replace's regex is a runtime string argument: 422 execution, as in Prometheus, with Go's reason
+    q = f'label_replace(rx, "out", "$1", "v", "{pattern}")'
+    st, body, _ = _instant(base, q, at)
+    assert st == 422 and body["errorType"] == "execution", body
+    assert body["error"].startswith("invalid regular expression in label_replace(): ") and body["error"].endswith(want), body
 
 
 def test_match_param_and_query_accept_the_same_regexes(loaded):
@@ -396,11 +401,13 @@ def test_regex_semantics_equal_prometheus(tmp_path):
             b = _get(theirs, "/api/v1/query", {"query": q, "time": at})
             assert a[0] == b[0] == 400 and a[1]["errorType"] == b[1]["errorType"] == "bad_data", (q, a[1], b[1])
             assert _regexp_error(a[1]["error"]) == _regexp_error(b[1]["error"]), (q, a[1], b[1])
-        # label_replace's regex is a runtime argument: Prometheus answers 422 execution with its own text
+        # label_replace's regex is a runtime argument: Prometheus answers 422 execution with its own
+        # text, which ours extends with Go's reason
         q = 'label_replace(rx, "out", "$1", "v", "(?=x)")'
         a = _get(ours.url, "/api/v1/query", {"query": q, "time": at})
         b = _get(theirs, "/api/v1/query", {"query": q, "time": at})
-        assert a[0] == b[0] and a[1]["errorType"] == b[1]["errorType"] and a[1]["error"] == b[1]["error"], (a[1], b[1])
+        assert a[0] == b[0] == 422 and a[1]["errorType"] == b[1]["errorType"] == "execution", (a[1], b[1])
+        assert a[1]["error"] == b[1]["error"] + ": error parsing regexp: invalid or unsupported Perl syntax: `(?=`", (a[1], b[1])
     finally:
         ours.stop()
         if prom.poll() is None:

@@ -104,8 +104,8 @@ def label_replace(ctx: FunctionContext, args: list[Value]) -> Value:
     dst, repl, src, regex_s = (string_arg(a) for a in args[1:5])
     try:
         regex = compile_regex(regex_s)
-    except RegexError:
-        raise ExecutionError(f"invalid regular expression in label_replace(): {regex_s}") from None
+    except RegexError as e:  # Prometheus's text (a runtime error, 422), then what Go's regexp says
+        raise ExecutionError(f"invalid regular expression in label_replace(): {regex_s}: {e}") from None
     if not _valid_label_name(dst) or not _arg_valid_utf8(ctx, 1):
         raise ExecutionError(f"invalid destination label name in label_replace(): {dst}")
     labels = list(vec.labels)

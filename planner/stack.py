@@ -38,7 +38,7 @@ def build(storage: Any, engine: Any, data_dir: str | Path | None, raw_config: di
     canary = Canary(cfg.canary_fraction)
     hook = SketchRewriteHook(RewriteContext(planner.find_sds, canary, cost_based=cfg.cost_based), rules=ordered_rules(),
                              find_group=planner.find_group_sds)
-    steps = StepAnswers(summ.frontier, cfg.step_cache_bytes) if cfg.step_cache_bytes > 0 and cfg.enabled else None
+    steps = StepAnswers(summ.frontier, cfg.step_cache_bytes, measured=cfg.cost_based) if cfg.step_cache_bytes > 0 and cfg.enabled else None
     planned = PlannedEngine(engine, hook, qlog, planner, step_answers=steps) if engine is not None else None
     if persistence is not None:
         # restore SDSs and rebuild their open panes from raw storage before ingestion starts

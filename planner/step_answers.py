@@ -19,9 +19,14 @@ write lands at or before ``t``. Two parts make that reuse exact:
 The merged answer equals a fresh evaluation of the whole range (each step is evaluated independently;
 tests compare with ``exact=true`` under live, late and out-of-order writes). Memory is bounded
 (``planner.step_cache_bytes``, least recently used entries go first). Instant queries are not kept.
+
+Reuse is measured per key like summaries are: its CPU per refresh against evaluating the same steps
+whole (a refresh's fixed cost can exceed that on a cheap query). A key whose refreshes are not cheaper
+is evaluated whole for five minutes, then measured again (``planner.cost_based: false`` always reuses).
 """
 from __future__ import annotations
 
+import statistics
 import threading
 import time
 from collections import OrderedDict, deque
@@ -119,6 +124,33 @@ class StepStats:
     reused_steps: int = 0
     computed_steps: int = 0
     invalidated_steps: int = 0
+    bypassed_queries: int = 0  # evaluated whole: reuse was measured not cheaper for their key
+
+
+@dataclass
+class _Cost:
+    """Measured CPU of one key's queries: whole evaluations (per step) and refreshes that reused steps.
+
+    Reuse has a fixed cost (the evaluation of the new steps, assembling, keeping); on a cheap query it
+    can exceed evaluating every step. Then the key is evaluated whole for ``BYPASS_S`` and measured
+    again afterwards (data and load change)."""
+
+    full_per_step: deque = field(default_factory=lambda: deque(maxlen=8))
+    warm: deque = field(default_factory=lambda: deque(maxlen=8))  # (CPU s, steps)
+    bypass_until: float = 0.0
+
+    MIN_WARM = 3
+    BYPASS_S = 300.0
+
+    def reuse_pays(self) -> bool | None:
+        """False when the recent refreshes cost no less than evaluating their steps whole; None while
+        too few are measured."""
+        if len(self.warm) < self.MIN_WARM or not self.full_per_step:
+            return None
+        per_step = statistics.median(self.full_per_step)
+        warm = statistics.median(c for c, _ in self.warm)
+        steps = statistics.median(n for _, n in self.warm)
+        return warm < per_step * steps
 
 
 def cacheable(node: Any) -> bool:
@@ -152,13 +184,15 @@ def _kept_infos(infos: list[str]) -> list[str]:
 
 
 class StepAnswers:
-    def __init__(self, frontier: WriteFrontier, max_bytes: int = 256 << 20):
+    def __init__(self, frontier: WriteFrontier, max_bytes: int = 256 << 20, measured: bool = True):
         self.frontier = frontier
         self.max_bytes = int(max_bytes)
+        self.measured = measured  # False: always reuse (``planner.cost_based: false``), never bypass
         self.entries: OrderedDict[tuple, _Entry] = OrderedDict()
         self.bytes = 0
         self.lock = threading.Lock()
         self.stats = StepStats()
+        self.costs: OrderedDict[tuple, _Cost] = OrderedDict()  # per key (bounded like the entries)
 
     def clear(self) -> None:
         with self.lock:
@@ -171,6 +205,21 @@ class StepAnswers:
         steps = np.arange(start, end + 1, step, dtype=np.int64)
         T = len(steps)
         key = key + (step, start % step)
+        cpu0 = time.thread_time()
+        with self.lock:
+            cost = self.costs.get(key)
+            if cost is None:
+                cost = self.costs[key] = _Cost()
+                while len(self.costs) > 4 * max(len(self.entries), 256):
+                    self.costs.popitem(last=False)
+            self.costs.move_to_end(key)
+            bypass = cost.bypass_until > time.monotonic()
+            if bypass:
+                self.stats.bypassed_queries += 1
+        if bypass:
+            res = compute(start, end)
+            cost.full_per_step.append((time.thread_time() - cpu0) / max(T, 1))
+            return res
         seq, sealed = self.frontier.arm()
         with self.lock:
             e = self.entries.get(key)
@@ -182,11 +231,14 @@ class StepAnswers:
             else:
                 have = np.zeros(T, bool)
         missing = np.flatnonzero(~have)
+        eval_cpu = 0.0
         if len(missing) == 0:
             res = self._assemble(e, steps, None, np.zeros(0, np.int64))
         else:
             lo, hi = int(steps[missing[0]]), int(steps[missing[-1]])
+            c_eval = time.thread_time()
             fresh = compute(lo, hi)
+            eval_cpu = time.thread_time() - c_eval
             if fresh.result_type != "matrix" or fresh.values is None or fresh.histograms is not None:
                 return fresh  # nothing step-shaped to keep (not expected from a range query)
             res = self._assemble(e, steps, fresh, np.arange(lo, hi + 1, step, dtype=np.int64)) if e is not None \
@@ -206,7 +258,24 @@ class StepAnswers:
             self.stats.computed_steps += T - reused
         if reused:  # exact, so silent in the answer (as Prometheus would answer); stated in stats and the log
             res.stats.paths.append(f"steps:reused:{reused}/{T}")
+        # a whole evaluation is measured by the evaluation alone; a refresh by all it cost
+        self._measure(key, cost, e is None, T, reused, eval_cpu if e is None else time.thread_time() - cpu0)
         return res
+
+    def _measure(self, key: tuple, cost: _Cost, whole: bool, steps: int, reused: int, cpu_s: float) -> None:
+        if whole:  # no entry: every step evaluated
+            cost.full_per_step.append(cpu_s / max(steps, 1))
+            return
+        if not reused:
+            return
+        cost.warm.append((cpu_s, steps))
+        if self.measured and cost.reuse_pays() is False:
+            cost.bypass_until = time.monotonic() + cost.BYPASS_S
+            cost.warm.clear()
+            with self.lock:  # measured again after the bypass, from a whole evaluation
+                old = self.entries.pop(key, None)
+                if old is not None:
+                    self.bytes -= old.nbytes
 
     # --- internals --------------------------------------------------------------------------------
     def _validate(self, e: _Entry, seq: int) -> None:
@@ -355,4 +424,6 @@ class StepAnswers:
             return {"entries": len(self.entries), "bytes": self.bytes, "max_bytes": self.max_bytes,
                     "queries": st.queries, "steps": st.steps, "reused_steps": st.reused_steps,
                     "computed_steps": st.computed_steps, "invalidated_steps": st.invalidated_steps,
+                    "bypassed_queries": st.bypassed_queries,
+                    "bypassed_keys": sum(1 for c in self.costs.values() if c.bypass_until > time.monotonic()),
                     "reuse_ratio": round(st.reused_steps / st.steps, 4) if st.steps else 0.0}

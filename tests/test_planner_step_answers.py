@@ -85,8 +85,9 @@ def same(a, b, q: str) -> None:
 
 
 def setup(**cfg):
+    """Reuse mechanics: cost_based false reuses every sealed step (no measured bypass on small data)."""
     src = MemorySource()
-    st = build(src, Engine(src), None, {"background_backfill": False, "canary_fraction": 0.0, **cfg})
+    st = build(src, Engine(src), None, {"background_backfill": False, "canary_fraction": 0.0, "cost_based": False, **cfg})
     fleet = Fleet()
     t = T0
     for _ in range(2 * 3600 // 15):  # two hours of history at 15 s
@@ -190,5 +191,43 @@ def test_lagging_senders_and_refreshes_at_any_phase_equal_raw():
             for q in PANELS[:4] + ["sum by (model_name) (increase(vllm:generation_tokens_total[10m]))"]:
                 same(st.engine.range_query(q, start, end, STEP), st.engine.range_query(q, start, end, STEP, exact=True), q)
         assert any(s.spec.algorithm == "exact" for s in st.planner.sds.values())
+    finally:
+        st.planner.stop()
+
+
+def test_reuse_that_costs_more_than_evaluating_whole_is_bypassed_and_measured_again():
+    """A key whose refreshes cost no less CPU than evaluating their steps whole is evaluated whole (its
+    kept steps dropped) for the bypass period, then measured again from a whole evaluation."""
+    from planner.step_answers import _Cost
+
+    c = _Cost()
+    c.full_per_step.extend([1e-5] * 3)
+    c.warm.extend([(3e-3, 240)] * 2)
+    assert c.reuse_pays() is None  # too few refreshes measured
+    c.warm.append((3e-3, 240))
+    assert c.reuse_pays() is False  # 3 ms per refresh against 2.4 ms for all 240 steps
+    c.warm.clear()
+    c.warm.extend([(1e-3, 240)] * 3)
+    assert c.reuse_pays() is True
+
+    src, st, fleet, t = setup(cost_based=True)
+    try:
+        q = PANELS[3]
+        sa = st.engine.step_answers
+        for k in range(8):
+            write(src, st, fleet.batch(t))
+            t += 5_000
+            start, end = grafana_range(t)
+            if k == 4:  # the measurements say reuse does not pay for this key
+                key = next(iter(sa.costs))
+                sa.costs[key].full_per_step.extend([1.0] * 8)
+                sa.costs[key].warm.clear()
+                sa.costs[key].warm.extend([(1e6, 1)] * 2)
+            served = st.engine.range_query(q, start, end, STEP)
+            same(served, st.engine.range_query(q, start, end, STEP, exact=True), q)
+        d = sa.describe()
+        assert d["bypassed_keys"] == 1 and d["bypassed_queries"] >= 2, d
+        assert not any(p.startswith("steps:reused:") for p in served.stats.paths)
+        assert d["entries"] == 0  # the bypassed key's kept steps were dropped
     finally:
         st.planner.stop()

@@ -19,7 +19,7 @@ def build_context(config: ServerConfig) -> ServerContext:
     storage = TSDB(config.data_dir, config.storage)
     ctx = ServerContext(config=config, storage=storage)
     # --- stage wiring: add components below this line ---
-    # --- E: ingest pipeline, metadata registry, scraper (self_scrape: true adds a job for this server) ---
+    # --- ingest pipeline, metadata registry, scraper (self_scrape: true adds a job for this server) ---
     from ingest.metadata_store import MetadataStore
     from ingest.pipeline import IngestPipeline
     from ingest.scrape.manager import ScrapeManager
@@ -36,13 +36,13 @@ def build_context(config: ServerConfig) -> ServerContext:
     ctx.components["scraper"] = ScrapeManager.from_config(config.raw, ctx.components["ingest"].append_sync, ctx.executor,
                                                           self_url=config.listen, self_interval_s=config.self_scrape_interval_s)
     ctx.components["scraper"].exemplars = ctx.components["exemplars"]
-    # --- G: congestion tracker (ingest sink; writes turboprom_congestion_* back through ingest) ---
+    # --- congestion tracker (ingest sink; writes turboprom_congestion_* back through ingest) ---
     from scheduler_metrics.congestion import CongestionConfig, CongestionTracker
 
     congestion = CongestionTracker(CongestionConfig.from_mapping(config.raw.get("congestion")))
     congestion.attach(ctx.components.get("ingest"), storage)
     ctx.components["congestion"] = congestion
-    # --- F: PromQL engine behind /api/v1/query and /api/v1/query_range ---
+    # --- PromQL engine behind /api/v1/query and /api/v1/query_range ---
     from promql.engine import Engine
 
     from turboprom.tenancy import DEFAULT_TENANT, TenantView
@@ -50,7 +50,7 @@ def build_context(config: ServerConfig) -> ServerContext:
     default_view = TenantView(storage, DEFAULT_TENANT)  # the default tenant never sees tenant-labelled series
     ctx.components["engine"] = Engine(default_view, lookback_delta_ms=config.lookback_delta_ms,
                                       max_samples=config.query_max_samples, timeout_s=config.query_timeout_s)
-    # --- H: planner (query log, SDS summarizer as ingest sink, rewrite onto summaries, rules) ---
+    # --- planner (query log, SDS summarizer as ingest sink, rewrite onto summaries, rules) ---
     from planner.stack import build as build_planner
 
     plan = build_planner(default_view, ctx.components.get("engine"), config.data_dir, config.raw.get("planner"))

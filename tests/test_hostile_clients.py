@@ -313,7 +313,7 @@ def test_valid_credentials_stay_fast_during_wrong_credential_flood(tmp_path: Pat
 
     try:
         with _monitor(srv) as mon:
-            threads = [threading.Thread(target=flood, args=(k,), daemon=True) for k in range(16)]
+            threads = [threading.Thread(target=flood, args=(k,), daemon=True) for k in range(40)]
             for t in threads:
                 t.start()
             time.sleep(1.5)  # the flood is in full swing

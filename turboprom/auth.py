@@ -33,7 +33,7 @@ import os
 import ssl
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable
@@ -144,8 +144,9 @@ class AuthLimits:
     """``auth:`` in the server YAML (all optional)."""
 
     workers: int = 0  # threads running bcrypt for not-yet-verified credentials; 0 = half the CPUs (1 to 4)
-    max_pending: int = 64  # unverified credentials waiting; beyond it the lowest-priority one gets 429
-    max_pending_per_source: int = 16  # per (client address, claimed user): its oldest waiter gets 429
+    max_pending: int = 256  # unverified credentials waiting; beyond it the lowest-priority one gets 429
+    max_pending_per_source: int = 64  # per (client address, claimed user): new checks beyond it get 429
+    max_wait_s: float = 5.0  # a check not started within this long gets 429 (it would only get later)
     cache_ttl_s: float = 600.0  # a verified credential is trusted this long without bcrypt
     cache_size: int = 10_000
     failed_ttl_s: float = 10.0  # a wrong credential is answered 401 from memory this long
@@ -194,7 +195,7 @@ class _Check:
     """One credential waiting for (or in) bcrypt: each candidate hash is one step, so a long check
     (a wrong bearer token is compared with every configured hash) yields to fresher ones between steps."""
 
-    __slots__ = ("key", "kind", "credential", "source", "seq", "candidates", "step", "running", "future", "done")
+    __slots__ = ("key", "kind", "credential", "source", "seq", "candidates", "step", "running", "future", "done", "t0")
 
     def __init__(self, key: bytes, kind: str, credential: bytes, source: tuple[str, str], seq: int,
                  candidates: list[tuple[str, bytes, bytes]]):
@@ -204,6 +205,7 @@ class _Check:
         self.running = 0  # comparisons in progress (several workers may share one check's candidates)
         self.future: concurrent.futures.Future = concurrent.futures.Future()
         self.done = False
+        self.t0 = time.monotonic()
 
 
 class Authenticator:
@@ -217,8 +219,9 @@ class Authenticator:
       picked by priority: sources (client address + claimed user, or "bearer") without recent
       failures first, then newest first (so a flood of wrong guesses does not form a queue
       in front of a new, valid credential); a basic-auth user that does not exist costs no bcrypt;
-    - waiting checks are bounded (``max_pending``, ``max_pending_per_source``): the lowest-priority
-      or oldest one of a flooding source is answered 429 + Retry-After.
+    - waiting checks are bounded (``max_pending``, ``max_pending_per_source``, ``max_wait_s``): a new
+      check from a source with too many waiting, the worst-ranked one when too many wait in all, and
+      one that waited too long without starting are answered 429 + Retry-After.
     """
 
     def __init__(self, cfg: WebConfig, limits: dict[str, Any] | AuthLimits | None = None):
@@ -232,6 +235,8 @@ class Authenticator:
         self._cond = threading.Condition(self._lock)
         self._pending: dict[bytes, _Check] = {}  # key -> check not finished yet (single flight)
         self._heap: list[tuple[int, int, int, _Check]] = []
+        self._arrivals: deque[_Check] = deque()  # waiting checks in arrival order (for the wait limit)
+        self._per_source: dict[tuple[str, str], int] = {}  # source -> checks pending
         self._seq = 0
         self._stopped = False
         self.stats = {"bcrypt_checks": 0, "shed": 0, "coalesced": 0}
@@ -312,6 +317,11 @@ class Authenticator:
         check.done = True
         if self._pending.get(check.key) is check:
             del self._pending[check.key]
+            n = self._per_source.get(check.source, 1) - 1
+            if n > 0:
+                self._per_source[check.source] = n
+            else:
+                self._per_source.pop(check.source, None)
         now = time.monotonic()
         if exc is None:
             if user is not None:
@@ -324,20 +334,29 @@ class Authenticator:
                 check.future.set_exception(exc)
             else:
                 check.future.set_result(user)
+        if len(self._heap) > 4 * len(self._pending) + 64:  # drop the entries of finished checks
+            self._heap = [(self._band(self._score(c.source, now)), -c.seq, c.step, c) for c in self._pending.values()
+                          if c.step < len(c.candidates)]
+            heapq.heapify(self._heap)
 
-    def _shed_if_full(self, source: tuple[str, str], now: float) -> None:
-        """Under the lock: keep the waiting checks within bounds, shedding the least deserving."""
-        waiting = list(self._pending.values())
-        mine = [c for c in waiting if c.source == source]
-        if len(mine) > self.limits.max_pending_per_source:
-            oldest = min(mine, key=lambda c: c.seq)
-            self.stats["shed"] += 1
-            self._finish(oldest, None, AuthOverloaded(f"too many credential checks waiting for {source[1]} from {source[0]}"))
-            waiting.remove(oldest)
-        if len(waiting) > self.limits.max_pending:
-            worst = max(waiting, key=lambda c: (self._band(self._score(c.source, now)), -c.seq))
-            self.stats["shed"] += 1
-            self._finish(worst, None, AuthOverloaded("too many credential checks waiting"))
+    def _expire(self, now: float) -> None:
+        """Under the lock: checks that waited ``max_wait_s`` without starting get 429 now rather than
+        hold their requests open (under a flood, newer checks keep going first)."""
+        q = self._arrivals
+        while q and (q[0].done or q[0].step > 0 or now - q[0].t0 > self.limits.max_wait_s):
+            c = q.popleft()
+            if not c.done and c.step == 0:
+                self.stats["shed"] += 1
+                self._finish(c, None, AuthOverloaded(f"credential check waited over {self.limits.max_wait_s:g}s"))
+
+    def _refused(self, source: tuple[str, str], now: float, why: str) -> concurrent.futures.Future:
+        """Under the lock: a check not admitted. A source being refused is flooding: that counts
+        against it like a failure (its later checks stop going ahead of clean sources')."""
+        self.stats["shed"] += 1
+        self._note_failure(source, now)
+        f: concurrent.futures.Future = concurrent.futures.Future()
+        f.set_exception(AuthOverloaded(why))
+        return f
 
     def _submit(self, request: web.Request, kind: str, credential: bytes) -> concurrent.futures.Future:
         key = self._key(kind, credential)
@@ -349,6 +368,7 @@ class Authenticator:
         else:
             candidates = [(u, credential, h) for u, h in self.cfg.bearer]
         now = time.monotonic()
+        lim = self.limits
         with self._lock:
             running = self._pending.get(key)
             if running is not None:
@@ -359,9 +379,24 @@ class Authenticator:
             if not candidates:  # e.g. a basic-auth user that does not exist: no bcrypt to run
                 self._finish(check, None)
                 return check.future
+            self._expire(now)
+            # Bounds: a source with too many checks waiting gets 429 for new ones (which keeps a
+            # flood from churning the queue); when all waiting checks are too many, the worst-ranked
+            # of them (failing source, then oldest) or the new one gets 429.
+            if self._per_source.get(source, 0) >= lim.max_pending_per_source:
+                return self._refused(source, now, f"too many credential checks waiting for {source[1]} from {source[0]}")
+            if len(self._pending) >= lim.max_pending:
+                def rank(c: _Check) -> tuple[int, int]:
+                    return self._band(self._score(c.source, now)), -c.seq
+                worst = max(self._pending.values(), key=rank)
+                if rank(worst) < rank(check):
+                    return self._refused(source, now, "too many credential checks waiting")
+                self.stats["shed"] += 1
+                self._finish(worst, None, AuthOverloaded("too many credential checks waiting"))
             self._pending[key] = check
+            self._per_source[source] = self._per_source.get(source, 0) + 1
+            self._arrivals.append(check)
             self._push(check, now)
-            self._shed_if_full(source, now)
             return check.future
 
     def _worker(self) -> None:
@@ -371,8 +406,12 @@ class Authenticator:
                     self._cond.wait()
                 if self._stopped:
                     return
-                *_, check = heapq.heappop(self._heap)
+                band, _, _, check = heapq.heappop(self._heap)
                 if check.done:
+                    continue
+                now = time.monotonic()
+                if self._band(self._score(check.source, now)) > band:
+                    self._push(check, now)  # its source has been failing since it was queued: re-rank
                     continue
                 user, secret, h = check.candidates[check.step]
                 check.step += 1
@@ -386,6 +425,7 @@ class Authenticator:
             with self._cond:
                 self.stats["bcrypt_checks"] += 1
                 check.running -= 1
+                self._expire(time.monotonic())
                 if check.done:
                     continue
                 if ok:

@@ -6,10 +6,20 @@ loopback. Shapes: 2000 series x 1 sample per request (what a scraping Prometheus
 500 series x 20 samples; 100k active series (every round writes each series once per sample slot,
 timestamps advancing 15 s per round, so nothing is out of order).
 
-Reports per target: samples/s (wall), samples per server CPU-second, p50/p99 request latency,
-peak RSS (VmHWM of the server process), non-2xx answers. Medians over --repeats runs.
+Label sets (``--labels``): ``fleet`` (default) -- half vLLM-engine series (9-11 labels: model_name,
+engine, pod, namespace, node, cluster, ...; histogram buckets with ``le``), half node-exporter series
+(8-10 labels: cpu/mode, device, ...), as a GPU serving fleet's Prometheus forwards them; ``simple`` --
+the 5-label synthetic set of earlier runs.
 
-    .venv/bin/python bench/ingest_remote_write.py [--series 100000] [--rounds 4] [--repeats 3]
+Only acknowledged (2xx) samples count. A 429/5xx answer is retried (50 ms back-off, like Prometheus's
+sender) up to 50 times; retries are counted and reported, and a request still refused after its last
+retry, or refused with another 4xx, counts as failed and its samples are not counted.
+
+Reports per target: acknowledged samples/s (wall), acknowledged samples per server CPU-second,
+p50/p99 request latency (first attempt to final answer), peak RSS (VmHWM of the server process),
+retries and failed requests. Medians over --repeats runs.
+
+    .venv/bin/python bench/ingest_remote_write.py [--series 100000] [--rounds 4] [--repeats 3] [--labels fleet]
 """
 from __future__ import annotations
 
@@ -34,13 +44,60 @@ from ingest.snappy_block import compress  # noqa: E402
 from tests.helpers import ServerProcess, free_port, wait_http  # noqa: E402
 
 
-def build_payloads(n_series: int, per_req_series: int, samples_per_series: int, rounds: int, t0: int) -> list[bytes]:
-    """rounds x (n_series / per_req_series) bodies, in send order."""
-    label_sets = []
-    for i in range(n_series):
-        label_sets.append(sorted({"__name__": f"bench_metric_{i % 100}", "instance": f"worker-{i // 1000}:9100",
-                                  "job": "gpu_worker", "model": f"m{i % 7}", "shard": str(i % 13)}.items()))
+VLLM_NAMES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+              "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:num_preemptions_total")
+VLLM_HISTOGRAMS = ("vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds_bucket",
+                   "vllm:e2e_request_latency_seconds_bucket")
+LE = ("0.001", "0.005", "0.01", "0.02", "0.04", "0.06", "0.08", "0.1", "0.25", "0.5", "0.75", "1", "2.5", "5", "+Inf")
+NODE = (("node_cpu_seconds_total", ("cpu", "mode")), ("node_network_receive_bytes_total", ("device",)),
+        ("node_disk_read_bytes_total", ("device",)), ("node_memory_MemAvailable_bytes", ()),
+        ("node_filesystem_avail_bytes", ("device", "mountpoint", "fstype")))
+MEMORY = ("MemAvailable", "MemFree", "Cached", "Buffers", "Active", "Inactive", "Dirty", "Writeback", "Mapped",
+          "Shmem", "Slab", "SwapCached", "PageTables")
+MODES = ("idle", "user", "system", "iowait", "irq", "softirq", "steal", "nice")
+
+
+def fleet_labels(i: int) -> dict[str, str]:
+    """Series i of a GPU serving fleet: even i a vLLM engine series, odd i a node-exporter series."""
+    node = i // 400
+    common = {"cluster": f"prod-{('us-east', 'us-west', 'eu-central')[node % 3]}", "node": f"gpu-node-{node:04d}",
+              "namespace": "llm-serving"}
+    k = i // 2
+    if i % 2 == 0:
+        per_engine = len(VLLM_NAMES) + len(VLLM_HISTOGRAMS) * len(LE)
+        engine, j = divmod(k, per_engine)
+        d = {**common, "job": "vllm", "instance": f"10.{engine // 250 % 250}.{engine % 250}.7:8000",
+             "pod": f"vllm-{engine % 97:02x}{engine:06d}-{engine % 5}", "engine": "0",
+             "model_name": ("meta-llama/Llama-3.1-70B-Instruct", "Qwen/Qwen2.5-32B-Instruct", "mistralai/Mixtral-8x7B")[engine % 3]}
+        if j < len(VLLM_NAMES):
+            d["__name__"] = VLLM_NAMES[j]
+        else:
+            h, b = divmod(j - len(VLLM_NAMES), len(LE))
+            d["__name__"], d["le"] = VLLM_HISTOGRAMS[h], LE[b]
+        return d
+    host, j = divmod(k, 64)
+    d = {**common, "job": "node-exporter", "instance": f"10.1.{host // 250 % 250}.{host % 250}:9100",
+         "pod": f"node-exporter-{host:05d}", "container": "node-exporter"}
+    name, extra = NODE[j % len(NODE)]
+    d["__name__"] = name if extra else f"node_memory_{MEMORY[j // len(NODE)]}_bytes"
+    for lab in extra:
+        d[lab] = {"cpu": str(j // len(NODE)), "mode": MODES[j % len(MODES)], "device": f"nvme{j}n1",
+                  "mountpoint": f"/mnt/disk{j}", "fstype": "xfs"}[lab]
+    return d
+
+
+def simple_labels(i: int) -> dict[str, str]:
+    return {"__name__": f"bench_metric_{i % 100}", "instance": f"worker-{i // 1000}:9100",
+            "job": "gpu_worker", "model": f"m{i % 7}", "shard": str(i % 13)}
+
+
+def build_payloads(n_series: int, per_req_series: int, samples_per_series: int, rounds: int, t0: int,
+                   labels: str = "fleet") -> tuple[list[bytes], list[int]]:
+    """rounds x (n_series / per_req_series) bodies in send order, and the samples in each."""
+    make = fleet_labels if labels == "fleet" else simple_labels
+    label_sets = [sorted(make(i).items()) for i in range(n_series)]
     out = []
+    counts = []
     for r in range(rounds):
         base = t0 + r * samples_per_series * 15_000
         for start in range(0, n_series, per_req_series):
@@ -52,36 +109,46 @@ def build_payloads(n_series: int, per_req_series: int, samples_per_series: int, 
                 for j in range(samples_per_series):
                     ts.samples.add(value=float((i * 31 + j + r) % 1000) + 0.25, timestamp=base + j * 15_000)
             out.append(compress(w.SerializeToString()))
-    return out
+            counts.append((min(start + per_req_series, n_series) - start) * samples_per_series)
+    return out, counts
 
 
-async def send_all(url: str, payloads: list[bytes], senders: int) -> tuple[float, list[float], int]:
+MAX_ATTEMPTS = 50
+
+
+async def send_all(url: str, payloads: list[bytes], counts: list[int], senders: int) -> dict:
+    """Send every payload; only 2xx answers count their samples as ingested."""
     lat: list[float] = []
-    errors = 0
+    res = {"acked_samples": 0, "retries": 0, "failed": 0}
     it = iter(range(len(payloads)))
     headers = {"Content-Type": "application/x-protobuf", "Content-Encoding": "snappy",
                "X-Prometheus-Remote-Write-Version": "0.1.0"}
 
     async def worker(session: aiohttp.ClientSession) -> None:
-        nonlocal errors
         for i in it:
             t = time.perf_counter()
-            for attempt in range(50):  # 429/5xx: back off and retry like Prometheus's sender
+            for attempt in range(MAX_ATTEMPTS):  # 429/5xx: back off and retry like Prometheus's sender
                 async with session.post(url, data=payloads[i], headers=headers) as r:
-                    await r.read()
-                    if r.status < 300:
-                        break
-                    if r.status == 429 or r.status >= 500:
-                        await asyncio.sleep(0.05)
-                        continue
-                    errors += 1
+                    body = await r.read()
+                    status = r.status
+                if 200 <= status < 300:
+                    res["acked_samples"] += counts[i]
                     break
+                if (status == 429 or status >= 500) and attempt + 1 < MAX_ATTEMPTS:
+                    res["retries"] += 1
+                    await asyncio.sleep(0.05)
+                    continue
+                res["failed"] += 1  # refused for good: its samples are not counted
+                res.setdefault("first_failure", f"HTTP {status}: {body[:200]!r}")
+                break
             lat.append(time.perf_counter() - t)
 
     t0 = time.perf_counter()
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=senders)) as session:
         await asyncio.gather(*(worker(session) for _ in range(senders)))
-    return time.perf_counter() - t0, lat, errors
+    res["wall_s"] = time.perf_counter() - t0
+    res["lat"] = lat
+    return res
 
 
 def proc_cpu_s(pid: int) -> float:
@@ -137,19 +204,24 @@ class Peer:
                 self.proc.wait()
 
 
-def run_one(name: str, payloads: list[bytes], warm: list[bytes], samples: int, senders: int) -> dict:
+def run_one(name: str, payloads: list[bytes], counts: list[int], warm: list[bytes], warm_counts: list[int],
+            senders: int) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix=f"bench-rw-{name}-"))
     peer = Peer(name, tmp)
     try:
         peer.start()
-        asyncio.run(send_all(peer.url, warm, senders))  # creates the 100k series (not timed)
+        w = asyncio.run(send_all(peer.url, warm, warm_counts, senders))  # creates the series (not timed)
+        if w["failed"]:
+            raise RuntimeError(f"{name}: {w['failed']} warm-up requests refused")
         cpu0 = proc_cpu_s(peer.proc.pid)
-        wall, lat, errors = asyncio.run(send_all(peer.url, payloads, senders))
+        r = asyncio.run(send_all(peer.url, payloads, counts, senders))
         cpu = proc_cpu_s(peer.proc.pid) - cpu0
-        lat.sort()
-        return {"samples_s": samples / wall, "samples_cpu_s": samples / max(cpu, 1e-9), "p50_ms": lat[len(lat) // 2] * 1000,
+        lat = sorted(r["lat"])
+        acked = r["acked_samples"]
+        return {"samples_s": acked / r["wall_s"], "samples_cpu_s": acked / max(cpu, 1e-9), "p50_ms": lat[len(lat) // 2] * 1000,
                 "p99_ms": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000, "rss_mb": proc_peak_rss_mb(peer.proc.pid),
-                "errors": errors}
+                "acked_share": acked / max(sum(counts), 1), "retries": r["retries"], "failed": r["failed"],
+                "first_failure": r.get("first_failure", "")}
     finally:
         peer.stop()
         shutil.rmtree(tmp, ignore_errors=True)
@@ -163,30 +235,36 @@ def main() -> None:
     ap.add_argument("--senders", type=int, default=4)
     ap.add_argument("--targets", default="turboprom,prometheus,victoria-metrics")
     ap.add_argument("--shapes", default="2000x1,500x20")
+    ap.add_argument("--labels", default="fleet", choices=["fleet", "simple"])
     a = ap.parse_args()
     t0 = int(time.time() * 1000) - 3_600_000 * 3
     for shape in a.shapes.split(","):
         per_req, per_series = map(int, shape.split("x"))
         rounds = a.rounds if per_series == 1 else max(1, a.rounds // 4)
         t_build = time.time()
-        allp = build_payloads(a.series, per_req, per_series, rounds + 1, t0)
-        n_warm = a.series // per_req
+        allp, allc = build_payloads(a.series, per_req, per_series, rounds + 1, t0, a.labels)
+        n_warm = -(-a.series // per_req)
         warm, payloads = allp[:n_warm], allp[n_warm:]
-        samples = len(payloads) * per_req * per_series
-        print(f"# shape {shape}: {len(payloads)} requests, {samples} samples, {a.series} active series, "
+        warm_counts, counts = allc[:n_warm], allc[n_warm:]
+        samples = sum(counts)
+        print(f"# shape {shape} ({a.labels} labels): {len(payloads)} requests, {samples} samples, {a.series} active series, "
               f"{a.senders} senders (payloads built in {time.time() - t_build:.1f}s)", flush=True)
         results: dict[str, list[dict]] = {}
         for rep in range(a.repeats):
             for name in a.targets.split(","):
-                r = run_one(name, payloads, warm, samples, a.senders)
+                r = run_one(name, payloads, counts, warm, warm_counts, a.senders)
                 results.setdefault(name, []).append(r)
                 print(f"  run {rep + 1} {name:17s} {r['samples_s']:>10,.0f} samples/s  {r['samples_cpu_s']:>10,.0f} /cpu-s  "
-                      f"p99 {r['p99_ms']:7.1f} ms  peak RSS {r['rss_mb']:6.0f} MB  errors {r['errors']}", flush=True)
-        med = {n: {k: statistics.median(x[k] for x in rs) for k in rs[0]} for n, rs in results.items()}
-        print(f"| shape {shape} | samples/s | samples per server CPU-s | p50 ms | p99 ms | peak RSS MB | non-2xx |")
-        print("|---|---|---|---|---|---|---|")
+                      f"p99 {r['p99_ms']:7.1f} ms  peak RSS {r['rss_mb']:6.0f} MB  acked {r['acked_share']:.1%}  "
+                      f"retries {r['retries']}  failed {r['failed']}", flush=True)
+                if r["first_failure"]:
+                    print(f"    first refused request: {r['first_failure']}", flush=True)
+        med = {n: {k: statistics.median(x[k] for x in rs) for k in rs[0] if k != "first_failure"} for n, rs in results.items()}
+        print(f"| shape {shape} | acked samples/s | acked samples per server CPU-s | p50 ms | p99 ms | peak RSS MB | acked | retries | failed |")
+        print("|---|---|---|---|---|---|---|---|---|")
         for n, m in med.items():
-            print(f"| {n} | {m['samples_s']:,.0f} | {m['samples_cpu_s']:,.0f} | {m['p50_ms']:.1f} | {m['p99_ms']:.1f} | {m['rss_mb']:.0f} | {m['errors']:.0f} |")
+            print(f"| {n} | {m['samples_s']:,.0f} | {m['samples_cpu_s']:,.0f} | {m['p50_ms']:.1f} | {m['p99_ms']:.1f} | {m['rss_mb']:.0f} "
+                  f"| {m['acked_share']:.1%} | {m['retries']:.0f} | {m['failed']:.0f} |")
         if "turboprom" in med:
             for n, m in med.items():
                 if n != "turboprom":

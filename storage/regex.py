@@ -123,27 +123,91 @@ def _go_only_check(pattern: str) -> None:
         i = pattern.find("\\", i + 2)
 
 
-def _literal(s: str) -> bool:
-    return not any(c in _META for c in s)
+def _literal(s: str) -> str | None:
+    """The text ``s`` matches if it is a literal: no metacharacters except backslash-escaped ASCII
+    punctuation (``host\\.example\\.com``, as Grafana escapes variable values); else None."""
+    if "\\" not in s:
+        return None if any(c in _META for c in s) else s
+    out: list[str] = []
+    i, n = 0, len(s)
+    while i < n:
+        c = s[i]
+        if c == "\\":
+            if i + 1 >= n:
+                return None
+            e = s[i + 1]
+            if not (e.isascii() and not e.isalnum() and e != "_" and e.isprintable()):
+                return None  # \d, \pL, \Q, \1, ...: not a literal
+            out.append(e)
+            i += 2
+            continue
+        if c in _META:
+            return None
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
+def _alternatives(s: str) -> list[str] | None:
+    """Split on unescaped ``|`` when every alternative is a literal."""
+    parts: list[str] = []
+    start, i, n = 0, 0, len(s)
+    while i < n:
+        if s[i] == "\\":
+            i += 2
+            continue
+        if s[i] == "|":
+            parts.append(s[start:i])
+            start = i + 1
+        i += 1
+    parts.append(s[start:])
+    lits = [_literal(p) for p in parts]
+    return None if any(x is None for x in lits) else lits  # type: ignore[return-value]
 
 
 def _shape(pattern: str) -> tuple[str, object]:
-    """A cheap matcher for common shapes, or ("regex", None)."""
-    if _literal(pattern):
-        return "equal", pattern
+    """A matcher for common shapes that needs no regex engine, or ("regex", None). Every shape is
+    valid RE2 by construction, so it needs no compiling either."""
     if pattern == ".*":
         return "any", None
     if pattern == ".+":
         return "nonempty", None
-    if "|" in pattern and _literal(pattern.replace("|", "")):
-        return "set", frozenset(pattern.split("|"))
-    if pattern.startswith(".*") and pattern.endswith(".*") and len(pattern) >= 4 and _literal(pattern[2:-2]):
-        return "contains", pattern[2:-2]
-    if pattern.endswith(".*") and _literal(pattern[:-2]):
-        return "prefix", pattern[:-2]
-    if pattern.startswith(".*") and _literal(pattern[2:]):
-        return "suffix", pattern[2:]
+    alts = _alternatives(pattern)
+    if alts is not None:
+        return ("equal", alts[0]) if len(alts) == 1 else ("set", frozenset(alts))
+    head, tail = pattern.startswith(".*"), pattern.endswith(".*") and not _escaped_at(pattern, len(pattern) - 2)
+    if head and tail and len(pattern) >= 4:
+        mid = _literal(pattern[2:-2])
+        if mid is not None:
+            return "contains", mid
+    if tail:
+        pre = _literal(pattern[:-2])
+        if pre is not None:
+            return "prefix", pre
+    if head:
+        suf = _literal(pattern[2:])
+        if suf is not None:
+            return "suffix", suf
     return "regex", None
+
+
+def _escaped_at(s: str, i: int) -> bool:
+    """Is s[i] preceded by an odd number of backslashes?"""
+    k = i
+    while k > 0 and s[k - 1] == "\\":
+        k -= 1
+    return (i - k) % 2 == 1
+
+
+def _compile(pattern: str, options: re2.Options) -> "re2._re2.RE2":
+    _go_only_check(pattern)
+    try:
+        r = re2._re2.RE2(_utf8(pattern), options)
+    except UnicodeEncodeError:
+        raise RegexError(f"error parsing regexp: invalid UTF-8: `{pattern}`", pattern) from None
+    if not r.ok():
+        raise _go_error(pattern, _text(r.error()))
+    return r
 
 
 class RegexMatch:
@@ -175,19 +239,15 @@ class Regex:
     __slots__ = ("pattern", "_bool", "_cap", "_ngroups", "_groupindex", "_kind", "_arg", "_lock")
 
     def __init__(self, pattern: str) -> None:
-        _go_only_check(pattern)
         self.pattern = pattern
-        try:
-            self._bool = re2._re2.RE2(_utf8(pattern), _BOOL_OPTIONS)
-        except UnicodeEncodeError:
-            raise RegexError(f"error parsing regexp: invalid UTF-8: `{pattern}`", pattern) from None
-        if not self._bool.ok():
-            raise _go_error(pattern, _text(self._bool.error()))
+        self._kind, self._arg = _shape(pattern)
+        self._bool: re2._re2.RE2 | None = None
+        if self._kind == "regex":  # shapes are valid by construction; anything else is compiled now
+            self._bool = _compile(pattern, _BOOL_OPTIONS)
         self._cap: re2._re2.RE2 | None = None
         self._ngroups = 0
         self._groupindex: dict[str, int] = {}
         self._lock = threading.Lock()
-        self._kind, self._arg = _shape(pattern)
 
     def __repr__(self) -> str:
         return f"Regex({self.pattern!r})"
@@ -215,7 +275,7 @@ class Regex:
         if k == "contains":
             return self._arg in s  # type: ignore[operator]
         b = _utf8(s)
-        return self._bool.Match(_ANCHOR_BOTH, b, 0, len(b))[0][0] >= 0
+        return self._bool.Match(_ANCHOR_BOTH, b, 0, len(b))[0][0] >= 0  # type: ignore[union-attr]
 
     def match_mask(self, values: Sequence[str]) -> np.ndarray:
         """``fullmatch`` of every value, as a bool array (len(values),)."""
@@ -235,7 +295,7 @@ class Regex:
             hit = pc.match_substring_regex(arr, "^(?s:" + self.pattern + ")$")
             return np.asarray(hit.to_numpy(zero_copy_only=False), dtype=bool)
         except Exception:  # values Arrow cannot hold (lone surrogates), or its RE2 refuses: one by one
-            m = self._bool.Match
+            m = self._bool.Match  # type: ignore[union-attr]
             out = np.empty(n, dtype=bool)
             for i, v in enumerate(values):
                 b = _utf8(v)
@@ -246,19 +306,29 @@ class Regex:
         """Unanchored (Go's ``MatchString``): the (start, end) character span of the leftmost
         match in ``s``, or None. For patterns that are searched, not matched whole."""
         b = _utf8(s)
-        a, e = self._bool.Match(_UNANCHORED, b, 0, len(b))[0]
+        a, e = self._engine().Match(_UNANCHORED, b, 0, len(b))[0]
         if a < 0:
             return None
         return len(_text(b[:a])), len(_text(b[:e]))
 
     # --- submatches -------------------------------------------------------------------------
 
+    def _engine(self) -> "re2._re2.RE2":
+        """The boolean RE2 program (compiled on first use for the shapes that skip it)."""
+        r = self._bool
+        if r is None:
+            with self._lock:
+                if self._bool is None:
+                    self._bool = _compile(self.pattern, _BOOL_OPTIONS)
+                r = self._bool
+        return r
+
     def _capturing(self) -> "re2._re2.RE2":
         cap = self._cap
         if cap is None:
             with self._lock:
                 if self._cap is None:
-                    cap = re2._re2.RE2(_utf8(self.pattern), _CAPTURE_OPTIONS)
+                    cap = _compile(self.pattern, _CAPTURE_OPTIONS)
                     self._ngroups = cap.NumberOfCapturingGroups()
                     self._groupindex = {_text(name): idx for name, idx in cap.NamedCapturingGroups()}
                     self._cap = cap

@@ -218,8 +218,10 @@ def test_long_matches_release_the_gil():
     assert progressed > 1000, "the other thread made no progress while RE2 matched"
 
 
-SHAPES = ["a", "", "ab", "a.*", ".*b", ".*a.*", ".*", ".+", "a|b", "a||b", "|", "a\\.b", "(?i)a", "a.b", "[ab]+", "(a|b)*c"]
-WORDS = ["", "a", "b", "ab", "ba", "A", "a.b", "axb", "abc", "cab", "\n", "a\nb", "é", "aé", "ǅ"]
+SHAPES = ["a", "", "ab", "a.*", ".*b", ".*a.*", ".*", ".+", "a|b", "a||b", "|", "a\\.b", "(?i)a", "a.b", "[ab]+", "(a|b)*c",
+          "a\\.b|ab", "a\\|b", "a\\.*", ".*\\.b", "a\\\\.*", "\\Qa.b\\E", "\\d|a"]
+WORDS = ["", "a", "b", "ab", "ba", "A", "a.b", "axb", "abc", "cab", "\n", "a\nb", "é", "aé", "ǅ", "a|b", "a...", "a\\", "a\\x",
+         "x.b", "1"]
 
 
 @settings(max_examples=150, deadline=None)
@@ -227,9 +229,21 @@ WORDS = ["", "a", "b", "ab", "ba", "A", "a.b", "axb", "abc", "cab", "\n", "a\nb"
 def test_fast_paths_and_bulk_kernel_agree_with_re2(pattern, values):
     r = compile_regex(pattern)
     # the engine itself, bypassing the literal/prefix/set shortcuts
-    want = [r._bool.Match(rx._ANCHOR_BOTH, v.encode(), 0, len(v.encode()))[0][0] >= 0 for v in values]
+    want = [r._engine().Match(rx._ANCHOR_BOTH, v.encode(), 0, len(v.encode()))[0][0] >= 0 for v in values]
     assert [r.fullmatch(v) for v in values] == want
     assert r.match_mask(values).tolist() == want
+
+
+def test_grafana_multi_value_selectors_are_set_lookups():
+    """Alternations of (escaped) literals, as Grafana sends multi-value variables, need no regex
+    program at all, so even 20000 values are accepted at once (a compiled program that size would
+    exceed the limit)."""
+    hosts = [f"host-{i}.example.com:9100" for i in range(20000)]
+    t0 = time.perf_counter()
+    m = Matcher("instance", "=~", "|".join(h.replace(".", "\\.") for h in hosts))
+    assert time.perf_counter() - t0 < 0.2
+    assert m.matches("host-19999.example.com:9100") and not m.matches("host-19999xexample.com:9100")
+    assert m.matches_values(hosts[:5] + ["nope"]).tolist() == [True] * 5 + [False]
 
 
 def test_compiled_regex_cache_is_bounded():

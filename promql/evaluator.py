@@ -126,6 +126,35 @@ def value_bytes(v: Value) -> int:
     return 0
 
 
+def _unparen(node: Any) -> Any:
+    while isinstance(node, pp.ParenExpr):
+        node = node.expr
+    return node
+
+
+def _per_step(v: Value, t: int) -> np.ndarray:
+    """Samples of ``v`` at each of the ``t`` steps (a scalar has one)."""
+    if isinstance(v, VectorSteps):
+        if v.num_series == 0:
+            return np.zeros(t, np.int64)
+        p = v.any_present() if v.hist is not None else v.present
+        return p.sum(axis=0, dtype=np.int64)
+    if isinstance(v, Scalar):
+        return np.ones(t, np.int64)
+    return np.zeros(t, np.int64)
+
+
+def _stepwise_peak(operands: list[Value], out: Value, t: int) -> int:
+    """What Prometheus's rangeEval holds beyond its operands at its fullest step: the operands'
+    samples gathered at the step plus the results of all steps so far."""
+    if t == 0:
+        return 0
+    gathered = np.zeros(t, np.int64)
+    for v in operands:
+        gathered += _per_step(v, t)
+    return int((gathered + np.cumsum(_per_step(out, t))).max())
+
+
 def series_peak(w: RangeWindows) -> int:
     """The most samples one series' windows span (all steps): what a series-by-series engine holds."""
     if w.lo.size == 0:
@@ -150,6 +179,9 @@ class Evaluator:
     def __init__(self, positions: dict[int, int] | None = None) -> None:
         _ensure_functions()
         self.positions = positions or {}
+        # id(node) -> operand values of a node evaluated step by step in Prometheus's engine (for
+        # its sample accounting in ``eval``)
+        self._operands: dict[int, list[Value]] = {}
 
     # -- positions ------------------------------------------------------------------------
     def pos(self, node: Any, ctx: EvalContext) -> tuple[int, int] | None:
@@ -164,8 +196,19 @@ class Evaluator:
 
     # -- dispatch -------------------------------------------------------------------------
     def eval(self, node: Any, ctx: EvalContext, streamed: bool = False) -> Value:
-        """``streamed``: the caller consumes a range-vector result series by series (a function
-        argument), so only the largest series' samples count as held, as in Prometheus's engine."""
+        """Evaluate ``node`` and account the samples it holds like Prometheus's engine
+        (``--query.max-samples``):
+
+        * selectors hold their points; a parenthesis, a unary minus and a subquery hold no more than
+          their operand's result;
+        * a function over a range vector (``streamed``: the argument of a Call) is fed one series at a
+          time, so the windows count with their largest series only, beside the output;
+        * every other operator, aggregation and function keeps its operands while, step by step, it
+          gathers their samples at the step and adds its result: the peak is operands + gathered
+          samples of a step + results so far (``_stepwise_peak``).
+        """
+        if isinstance(node, pp.ParenExpr):
+            return self.eval(node.expr, ctx, streamed)
         ctx.budget.check()
         if ctx.hooks and isinstance(node, _HOOKED):
             for hook in ctx.hooks:
@@ -177,11 +220,13 @@ class Evaluator:
         val = self._eval(node, ctx)
         size = series_peak(val) if streamed and isinstance(val, RangeWindows) else value_size(val)
         nbytes = value_bytes(val)
-        if isinstance(node, pp.ParenExpr):  # the child's own value, already accounted
+        operands = self._operands.pop(id(node), None)
+        if isinstance(node, (pp.UnaryExpr, pp.SubqueryExpr)):  # their operand's samples, not more
             b.current_samples, b.current_bytes = before, before_bytes
-        # Like Prometheus's engine, the operands stay in memory while the result is built:
-        # the peak is what was held before, the operands and the result together.
-        b.charge(size, ctx.stats)
+        if operands is not None:
+            b.charge(_stepwise_peak(operands, val, ctx.num_steps), ctx.stats)
+        else:
+            b.charge(size, ctx.stats)
         b.hold(nbytes)
         b.current_samples, b.current_bytes = before + size, before_bytes + nbytes
         return val
@@ -192,8 +237,6 @@ class Evaluator:
             return Scalar(np.full(t, float(node.val)))
         if isinstance(node, pp.StringLiteral):
             return StringValue(node.val)
-        if isinstance(node, pp.ParenExpr):
-            return self.eval(node.expr, ctx)
         if isinstance(node, pp.UnaryExpr):
             v = self.eval(node.expr, ctx)
             if isinstance(v, Scalar):
@@ -248,14 +291,10 @@ class Evaluator:
         if impl is None:
             raise ExecutionError(f"function {name!r} is not implemented")
         args: list[Value] = []
-        held = ctx.budget.current_samples
         for a in node.args:
-            args.append(self.eval(a, ctx, streamed=isinstance(a, pp.MatrixSelector)))
-        if any(isinstance(a, RangeWindows) for a in args):
-            # Prometheus's engine feeds a range-vector function one series at a time and counts only
-            # that series' points beside the output: the windows' samples no longer count (their
-            # bytes stay in the memory budget)
-            ctx.budget.current_samples = held + sum(value_size(a) for a in args if not isinstance(a, RangeWindows))
+            args.append(self.eval(a, ctx, streamed=_unparen(a).__class__ is pp.MatrixSelector))
+        if not any(isinstance(a, RangeWindows) for a in args):  # step by step over instant vectors
+            self._operands[id(node)] = [a for a in args if isinstance(a, (VectorSteps, Scalar))]
         if name in _SORT_FUNCS and ctx.num_steps > 1:
             ctx.annotations.warn(
                 "PromQL warning: sort is ineffective for range queries since results are always ordered by labels"
@@ -314,6 +353,7 @@ class Evaluator:
         vec = self.eval(node.expr, ctx)
         if not isinstance(vec, VectorSteps):
             raise BadData(f"expected type instant vector in aggregation expression, got {type(vec).__name__}")
+        self._operands[id(node)] = [vec] + ([param] if isinstance(param, Scalar) else [])
         names: list[str] = []
         without = False
         if node.modifier is not None:
@@ -347,6 +387,7 @@ class Evaluator:
         op = str(node.op).strip().lower()
         lhs = self.eval(node.lhs, ctx)
         rhs = self.eval(node.rhs, ctx)
+        self._operands[id(node)] = [lhs, rhs]
         m = Matching(node.modifier, op)
         hctx = None
         if (isinstance(lhs, VectorSteps) and lhs.hist is not None) or (isinstance(rhs, VectorSteps) and rhs.hist is not None):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
 import time
 import urllib.error
 import urllib.parse
@@ -20,7 +21,9 @@ from typing import Callable
 
 import pytest
 
-from tests.helpers import ServerProcess, http_json
+from ingest.proto.messages import WriteRequest
+from ingest.snappy_block import compress
+from tests.helpers import ServerProcess, free_port, http_json, require_binary, wait_http
 from tests.hostile_monitor import ResponsivenessMonitor
 
 TOO_MANY = "query processing would load too many samples into memory in query execution"
@@ -63,14 +66,23 @@ def _under_monitor(srv: ServerProcess, send: Callable[[], tuple[int, dict]], min
     return out
 
 
+def _samples(now: int, minutes: int) -> dict[str, list[tuple[int, float]]]:
+    """bomb{i=...}: one sample a minute, distinct values (count_values' worst case)."""
+    rnd = random.Random(7)
+    out: dict[str, list[tuple[int, float]]] = {str(i): [] for i in range(SERIES)}
+    for k in range(minutes - 1, -1, -1):
+        for i in range(SERIES):
+            out[str(i)].append(((now - 60 * k) * 1000, round(i * 1000 + k + rnd.random(), 6)))
+    return out
+
+
 def _load(srv: ServerProcess, minutes: int = MINUTES) -> None:
     now = int(time.time())
-    rnd = random.Random(7)
-    lines = [f'bomb{{i="{i}"}} {i * 1000 + k + rnd.random():.6f} {(now - 60 * k) * 1000}'
-             for k in range(minutes) for i in range(SERIES)]  # distinct values: count_values' worst case
+    lines = [f'bomb{{i="{i}"}} {v!r} {t}' for i, pts in _samples(now, minutes).items() for t, v in pts]
     st, _, _ = http_json(srv.url + "/api/v1/import/prometheus", ("\n".join(lines) + "\n").encode(),
                          {"Content-Type": "text/plain"}, timeout=300)
     assert st in (200, 204)
+    srv.loaded_at, srv.loaded_minutes = now, minutes  # type: ignore[attr-defined]
 
 
 def _settle(srv: ServerProcess, timeout: float = 60.0) -> None:
@@ -200,26 +212,65 @@ def test_memory_bombs_get_422_and_the_server_stays_small(server: ServerProcess) 
     assert st == 200 and body["data"]["result"][0]["value"][1] == str(SERIES)
 
 
+MAX_SAMPLES_FIT = ["bomb", "(bomb)", "-bomb", "max_over_time(bomb[90s])", "rate(bomb[5m])", "rate((bomb[5m]))",
+                   "time()", "vector(1)"]
+MAX_SAMPLES_BOMBS = ["sum(bomb)", "bomb * 2", "bomb > 1e12", "abs(bomb)", 'count_values("v", bomb)',
+                     'label_replace(bomb, "j", "$1", "i", "(.*)")', "max_over_time(bomb[10m:1m])", "bomb + on(i) bomb",
+                     "bomb or bomb", "bomb[90s]", "topk(3, bomb)", "sort(bomb)"]
+
+
 def test_max_samples_counts_operands_and_results_like_prometheus(small_server: ServerProcess) -> None:
-    """5000 samples fit under --query.max-samples=8000; an operator holding its operand and its result
-    (10000), count_values, label_replace and a subquery's inner samples do not (Prometheus's engine
-    counts them the same way)."""
+    """5000 samples fit under --query.max-samples=8000, and so do a unary minus (in place) and a
+    range-vector function (fed one series at a time). An operator, aggregation or function over
+    instant vectors holds its operands, their samples gathered at a step and its result: over the
+    limit, as in Prometheus's engine (checked against a real Prometheus below)."""
     url = small_server.url + "/api/v1/query"
-    for q in ("bomb", "sum(bomb)", "max_over_time(bomb[90s])", "rate(bomb[5m])", "bomb > 1e12"):
+    for q in MAX_SAMPLES_FIT:
         st, body = _post(url, {"query": q})
         assert st == 200, (q, body)
-    bombs = ["bomb * 2", "-bomb", 'count_values("v", bomb)', 'label_replace(bomb, "j", "$1", "i", "(.*)")',
-             "max_over_time(bomb[10m:1m])", "bomb + on(i) bomb", "bomb or bomb"]
     sent: list[str] = []
 
     def send() -> tuple[int, dict]:
-        sent.append(bombs[len(sent) % len(bombs)])
+        sent.append(MAX_SAMPLES_BOMBS[len(sent) % len(MAX_SAMPLES_BOMBS)])
         return _post(url, {"query": sent[-1]})
 
     for q, (st, body) in zip(sent, _under_monitor(small_server, send)):
         assert st == 422, (q, body)
         assert body == {"status": "error", "errorType": "execution", "error": TOO_MANY}, (q, body)
-    assert set(sent) == set(bombs)
+    assert set(sent) == set(MAX_SAMPLES_BOMBS)
+
+
+def test_max_samples_agrees_with_prometheus(small_server: ServerProcess, tmp_path: Path) -> None:
+    """The same samples in a real Prometheus 2.42 with the same --query.max-samples: every query of
+    both lists gets the same status from both."""
+    prom = require_binary("prometheus")
+    port = free_port()
+    (tmp_path / "prometheus.yml").write_text("global:\n  scrape_interval: 1h\n")
+    proc = subprocess.Popen([prom, f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                             f"--web.listen-address=127.0.0.1:{port}", "--web.enable-remote-write-receiver",
+                             "--query.max-samples=8000"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/-/ready", proc=proc)
+        w = WriteRequest()
+        for labels, points in _samples(small_server.loaded_at, small_server.loaded_minutes).items():
+            ts = w.timeseries.add()
+            ts.labels.add(name="__name__", value="bomb")
+            ts.labels.add(name="i", value=labels)
+            for t, v in points:
+                ts.samples.add(value=v, timestamp=t)
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/api/v1/write", data=compress(w.SerializeToString()),
+                                     headers={"Content-Type": "application/x-protobuf", "Content-Encoding": "snappy",
+                                              "X-Prometheus-Remote-Write-Version": "0.1.0"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            assert r.status in (200, 204)
+        at = str(small_server.loaded_at)
+        for q in MAX_SAMPLES_FIT + MAX_SAMPLES_BOMBS:
+            ours, _ = _post(small_server.url + "/api/v1/query", {"query": q, "time": at})
+            theirs, body = _post(f"http://127.0.0.1:{port}/api/v1/query", {"query": q, "time": at})
+            assert ours == theirs, (q, ours, theirs, body)
+    finally:
+        proc.terminate()
+        proc.wait(30)
 
 
 @pytest.mark.parametrize("query, fragment", [

@@ -181,7 +181,7 @@ def body_deadline_middleware(timeouts: Timeouts) -> Callable:
             resp = body_timeout_response(timeouts.read_body_s)
         finally:
             timer.cancel()
-        if fired and resp.status >= 400:
+        if fired and resp.status >= 400 and not resp.prepared:
             # The handler failed because its body never arrived (whatever it made of that).
             return body_timeout_response(timeouts.read_body_s)
         return resp

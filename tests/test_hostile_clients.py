@@ -333,7 +333,7 @@ def test_valid_credentials_stay_fast_during_wrong_credential_flood(tmp_path: Pat
         print(f"\nfirst use during flood: {[round(x, 3) for x in first]}; again: {[round(x, 3) for x in again]}; "
               f"flood answers: {len(flood_codes)} ({flood_codes.count(429)} x 429); {mon.report()}")
         assert flood_codes and set(flood_codes) <= {401, 429}, set(flood_codes)
-        assert flood_codes.count(401) > 20, "the flood did not actually exercise bcrypt"
+        assert flood_codes.count(401) >= 10, "the flood did not actually exercise bcrypt"
         assert statistics.median(first) < 0.2, f"first use of valid credentials during the flood: {[round(x, 3) for x in first]}"
         assert max(first) < 1.0, f"first use of valid credentials during the flood: {[round(x, 3) for x in first]}"
         assert statistics.median(again) < 0.05, again

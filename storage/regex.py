@@ -73,15 +73,24 @@ _GO_CODES = {
 }
 
 
+_FRAGMENT_MAX = 200  # characters of the offending expression quoted in an error
+
+
+def _fragment(expr: str) -> str:
+    if len(expr) <= _FRAGMENT_MAX:
+        return expr
+    return f"{expr[:_FRAGMENT_MAX]}...({len(expr)} characters)"
+
+
 def _go_error(pattern: str, raw: str) -> RegexError:
     if raw.startswith("pattern too large"):
-        return RegexError(f"error parsing regexp: expression too large: `{pattern}` (compiled program over "
-                          f"{MAX_PROGRAM_BYTES >> 20} MiB)", pattern)
+        return RegexError(f"error parsing regexp: expression too large: `{_fragment(pattern)}` (compiled program "
+                          f"over {MAX_PROGRAM_BYTES >> 20} MiB)", pattern)
     code, sep, expr = raw.partition(": ")
     go = _GO_CODES.get(code)
     if go is None:
-        return RegexError(f"error parsing regexp: {raw}", pattern)
-    return RegexError(f"error parsing regexp: {go}: `{expr if sep else ''}`", pattern)
+        return RegexError(f"error parsing regexp: {_fragment(raw)}", pattern)
+    return RegexError(f"error parsing regexp: {go}: `{_fragment(expr) if sep else ''}`", pattern)
 
 
 def _options(capture: bool) -> re2.Options:
@@ -204,7 +213,7 @@ def _compile(pattern: str, options: re2.Options) -> "re2._re2.RE2":
     try:
         r = re2._re2.RE2(_utf8(pattern), options)
     except UnicodeEncodeError:
-        raise RegexError(f"error parsing regexp: invalid UTF-8: `{pattern}`", pattern) from None
+        raise RegexError(f"error parsing regexp: invalid UTF-8: `{_fragment(pattern)}`", pattern) from None
     if not r.ok():
         raise _go_error(pattern, _text(r.error()))
     return r
@@ -338,17 +347,23 @@ class Regex:
     @property
     def groups(self) -> int:
         """Number of capture groups."""
+        if self._kind != "regex":
+            return 0  # a shape has no parentheses
         self._capturing()
         return self._ngroups
 
     @property
     def groupindex(self) -> dict[str, int]:
         """Capture group name -> index (the leftmost group of a repeated name)."""
+        if self._kind != "regex":
+            return {}
         self._capturing()
         return self._groupindex
 
     def match(self, s: str) -> RegexMatch | None:
         """The full match of ``s`` with its capture groups, or None."""
+        if self._kind != "regex":
+            return RegexMatch(self, [s]) if self.fullmatch(s) else None
         b = _utf8(s)
         spans = self._capturing().Match(_ANCHOR_BOTH, b, 0, len(b))
         if spans[0][0] < 0:

@@ -175,6 +175,10 @@ def test_huge_compiled_programs_are_refused_quickly():
         compile_regex("\\pL{1000}")
     assert time.perf_counter() - t0 < 0.5
     compile_regex("\\pL{50}")  # realistic sizes compile
+    huge = "|".join(f"host-{i}.example.com:9100" for i in range(20000))  # unescaped dots: a real program
+    with pytest.raises(RegexError, match="expression too large") as e:
+        compile_regex(huge)
+    assert len(str(e.value)) < 400  # the error quotes a bounded fragment, not the whole pattern
 
 
 @pytest.mark.parametrize("pattern,value", [

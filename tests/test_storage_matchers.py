@@ -1,11 +1,15 @@
 """Matcher semantics of the inverted index and of select/series/label APIs, checked with
-hypothesis against a brute-force reference (Matcher.matches on every series, "" for a missing label)."""
+hypothesis against a brute-force reference (Matcher.matches on every series, "" for a missing label);
+then the regex matchers themselves (storage/regex.py): Go RE2 syntax and semantics, Go's error texts,
+linear time, the GIL released while matching, shortcuts and the bulk kernel equal to RE2."""
 from __future__ import annotations
 
 import tempfile
+import threading
 import time
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from storage.batch import SampleBatch
@@ -13,11 +17,14 @@ from storage.index import SeriesIndex
 from storage.labels import make_labels
 from storage.matchers import Matcher
 from storage.options import StorageOptions
+from storage.regex import RegexError, compile_regex, expand_template
+from storage import regex as rx
 from storage.tsdb import TSDB
 
 NAMES = ["__name__", "job", "env", "le"]
 VALUES = ["a", "b", "ab", "ba", "x1", "", "a.b", "A"]
-PATTERNS = ["a", "b", "", ".*", ".+", "a.*", ".*b", "a|b", "(a|)", "x[0-9]", "a\\.b", "(?i)a", "ab|ba", "[ab]+", "b?"]
+PATTERNS = ["a", "b", "", ".*", ".+", "a.*", ".*b", "a|b", "(a|)", "x[0-9]", "a\\.b", "(?i)a", "ab|ba", "[ab]+", "b?",
+            "b|(?i)a", "\\pL+", "[[:alpha:]]\\d", "(?P<n>a)b?"]
 NOW = int(time.time() * 1000)
 
 label_sets = st.lists(
@@ -90,13 +97,6 @@ def test_equality_matchers_intersect_postings_like_brute_force(series, ms, prefi
 
 
 # --- Go RE2 semantics of regex matchers (storage/regex.py) -----------------------------------------
-
-import threading  # noqa: E402
-
-import pytest  # noqa: E402
-
-from storage import regex as rx  # noqa: E402
-from storage.regex import RegexError, compile_regex, expand_template  # noqa: E402
 
 GO_CASES = [  # (pattern, values that match, values that do not), as Go's regexp (RE2) decides
     ("a|(?i)b", ["a", "b", "B"], ["A", "ab"]),

@@ -395,13 +395,16 @@ def test_self_metrics_and_config_only_for_callers_of_every_tenant(env) -> None:
     limits and targets: callers restricted to tenants get 403, operators (not restricted) read them."""
     url, _ = env
     for who in B_USERS:
-        for path in ("/metrics", "/api/v1/status/config"):
+        # the audit log check reports entry counts over every tenant's KedgeFlow activity
+        for path in ("/metrics", "/api/v1/status/config", "/api/v1/audit/verify"):
             st, body, _ = call(url + path, who)
             assert st == 403 and json.loads(body)["errorType"] == "forbidden", (who.name, path, st, body[:200])
     for who in (ADMIN, READER):
         st, body, _ = call(url + "/metrics", who)
         assert st == 200 and b"turboprom_storage_appended_samples_total" in body
         assert call(url + "/api/v1/status/config", who)[0] == 200
+    st, body, _ = call(url + "/api/v1/audit/verify", ADMIN)
+    assert st == 200 and json.loads(body)["data"]["ok"] is True, body[:300]
     # buildinfo stays open to every reader (Grafana reads it to pick features)
     assert call(url + "/api/v1/status/buildinfo", READER_B)[0] == 200
 

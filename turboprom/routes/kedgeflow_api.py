@@ -33,6 +33,7 @@ from turboprom.api_params import ParamError, parse_time
 from turboprom.context import ServerContext
 from turboprom.http_guard import BodyTimeout
 from turboprom.principal import request_principal, request_tenant
+from turboprom.tenancy import OPERATOR_ONLY, is_operator
 
 SPEC_FIELDS = ("verb", "target", "params")
 
@@ -215,7 +216,10 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
                                      until_ms=until, grant=q.get("allowance_id"), limit=limit)
         return ok(entries)
 
-    async def audit_verify(_: web.Request) -> web.Response:
+    async def audit_verify(request: web.Request) -> web.Response:
+        # the whole log's entry count and problems span every tenant: operators only
+        if not is_operator(request, ctx):
+            return error_response("forbidden", OPERATOR_ONLY, 403)
         rep = await run_off_loop(ctx, service().verify_audit)
         return ok({"ok": rep.ok, "entries": rep.entries, "signed_heads": rep.heads, "problems": rep.problems})
 

@@ -313,3 +313,30 @@ def test_delete_on_the_series_endpoint_is_405(server: ServerProcess) -> None:
     assert body["errorType"] == "bad_data" and "/api/v1/admin/tsdb/delete_series" in body["error"]
     st, out, _ = http_json(server.url + "/api/v1/query?query=count(bomb)")  # nothing was deleted
     assert st == 200 and out["data"]["result"][0]["value"][1] == str(SERIES)
+
+
+@pytest.mark.parametrize("gzipped", [False, True])
+def test_a_big_legitimate_answer_does_not_stall_the_server(server: ServerProcess, gzipped: bool) -> None:
+    """6 million samples in one answer (5000 series x 1201 steps), within every limit: encoded in
+    blocks and written piece by piece, so the light endpoints stay responsive meanwhile."""
+    import gzip as gz
+
+    now = server.loaded_at  # type: ignore[attr-defined]
+    params = urllib.parse.urlencode({"query": "bomb", "start": now - 1200, "end": now, "step": 1}).encode()
+    headers = {"Content-Type": "application/x-www-form-urlencoded"}
+    if gzipped:
+        headers["Accept-Encoding"] = "gzip"
+
+    def send() -> tuple[int, dict]:
+        req = urllib.request.Request(server.url + "/api/v1/query_range", data=params, headers=headers)
+        with urllib.request.urlopen(req, timeout=120) as r:
+            raw = r.read()
+            assert (r.headers.get("Content-Encoding") == "gzip") == gzipped
+            assert int(r.headers["Content-Length"]) == len(raw)
+        return r.status, json.loads(gz.decompress(raw) if gzipped else raw)
+
+    (st, body), *_ = _under_monitor(server, send, min_seconds=0.0)
+    assert st == 200 and body["status"] == "success"
+    result = body["data"]["result"]
+    assert len(result) == SERIES and {len(s["values"]) for s in result} == {1201}
+    assert result[0]["metric"] == {"__name__": "bomb", "i": "0"}

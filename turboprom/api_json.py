@@ -35,6 +35,9 @@ def format_value(v: float) -> str:
     return format_values(np.array([v], dtype=np.float64))[0]
 
 
+_FORMAT_BLOCK = 1 << 16
+
+
 def format_values(values: np.ndarray) -> list[str]:
     """Go ``FormatFloat`` rendering of every value (see module doc), as a list of str.
 
@@ -47,6 +50,13 @@ def format_values(values: np.ndarray) -> list[str]:
     n = v.shape[0]
     if n == 0:
         return []
+    if n > _FORMAT_BLOCK:
+        # in blocks: each C call below holds the GIL, and over millions of values that stalls the
+        # event loop for seconds (a big query's answer is encoded in a worker thread)
+        out: list[str] = []
+        for a in range(0, n, _FORMAT_BLOCK):
+            out.extend(format_values(v[a:a + _FORMAT_BLOCK]))
+        return out
     text = orjson.dumps(v, option=orjson.OPT_SERIALIZE_NUMPY)[1:-1].decode() + ","
     parts = text.replace(".0,", ",")[:-1].split(",")
     a = np.abs(v)
@@ -320,6 +330,48 @@ def result_data_json(res: QueryResult, limit: int = 0) -> tuple[str, bool]:
     ts_next = ['"],[' + t + ',"' for t in tstr]
     vstrs = format_values(values[nonempty][sub_present])
     return _matrix_json([labels[i] for i in nonempty.tolist()], counts_all[nonempty], ts_first, ts_next, cols, vstrs), truncated
+
+
+PART_SAMPLES = 1 << 17  # points per piece of a streamed matrix body
+
+
+def encode_query_result_parts(
+    res: QueryResult,
+    *,
+    limit: int = 0,
+    stats: str = "",
+    extra_warnings: Sequence[str] = (),
+    queue_seconds: float = 0.0,
+    total_seconds: float = 0.0,
+) -> list[bytes]:
+    """``encode_query_result`` as pieces whose concatenation is the same body. A big range-query
+    matrix is encoded a block of series at a time, so no single step (each holds the GIL) copies the
+    whole multi-hundred-megabyte text, and the pieces can be written out one by one."""
+    if res.result_type != "matrix" or res.csr is not None or limit or res.values is None or len(res.labels) < 2:
+        return [encode_query_result(res, limit=limit, stats=stats, extra_warnings=extra_warnings,
+                                    queue_seconds=queue_seconds, total_seconds=total_seconds)]
+    s, t = res.values.shape
+    rows = max(1, PART_SAMPLES // max(t, 1))
+    parts = [b'{"status":"success","data":{"resultType":"matrix","result":[']
+    sep = ""
+    for a in range(0, s, rows):
+        sub = QueryResult("matrix", labels=res.labels[a:a + rows], values=res.values[a:a + rows],
+                          present=None if res.present is None else res.present[a:a + rows], timestamps=res.timestamps)
+        block, _ = result_data_json(sub)
+        if len(block) > 2:
+            parts.append((sep + block[1:-1]).encode())
+            sep = ","
+    tail = "]"
+    if stats:
+        tail += ',"stats":' + _stats_json(res.stats, stats == "all", queue_seconds, total_seconds)
+    tail += "}"
+    warnings = list(res.annotations.warnings) + list(extra_warnings)
+    if warnings:
+        tail += ',"warnings":' + json_str_list(warnings)
+    if res.annotations.infos:
+        tail += ',"infos":' + json_str_list(res.annotations.infos)
+    parts.append((tail + "}").encode())
+    return parts
 
 
 def encode_query_result(

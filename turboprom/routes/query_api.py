@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import zlib
 import threading
 import time
 from typing import Any
@@ -28,7 +29,7 @@ from turboprom import api_json
 from turboprom.api_ast import translate_ast
 from turboprom.api_pretty import pretty
 from turboprom.api_common import (GZIP_MIN_BYTES, APIError, accepts_gzip, add_get_post, api_handler, encoded_response,
-                                   gzip_body, json_response, ok, run_off_loop)
+                                   gzip_body, json_response, ok, run_off_loop, set_cors)
 from turboprom.api_params import MAX_RANGE_POINTS, MAX_TIME_MS, MIN_TIME_MS, Params, invalid_param
 from turboprom.api_params import parse_query as parse_promql
 from turboprom.context import ServerContext
@@ -166,12 +167,18 @@ async def _evaluate(request: web.Request, ctx: ServerContext, params: Params, ti
         if time.perf_counter() > deadline:
             raise APIError("timeout", "query timed out in expression evaluation")
         total = time.perf_counter() - submitted
-        body = api_json.encode_query_result(
+        parts = api_json.encode_query_result_parts(
             res, limit=limit, stats=stats, queue_seconds=started - submitted, total_seconds=total
         )
-        if want_gzip and len(body) >= GZIP_MIN_BYTES:
-            return gzip_body(body), True
-        return body, False
+        del res
+        size = sum(len(p) for p in parts)
+        if want_gzip and size >= GZIP_MIN_BYTES:
+            if len(parts) == 1:
+                return gzip_body(parts[0]), True
+            c = zlib.compressobj(1, zlib.DEFLATED, 31)  # as gzip_body, piece by piece
+            parts = [z for z in (c.compress(p) for p in parts) if z] + [c.flush()]
+            return parts, True
+        return (parts[0] if len(parts) == 1 else parts), False
 
     fut = asyncio.ensure_future(run_off_loop(ctx, job))
     try:
@@ -189,7 +196,25 @@ async def _evaluate(request: web.Request, ctx: ServerContext, params: Params, ti
     except BaseException:
         cancel.set()  # client went away or the server is stopping: let the engine stop early
         raise
-    return encoded_response(body, gzipped)
+    if isinstance(body, bytes):
+        return encoded_response(body, gzipped)
+    return await _stream_parts(request, body, gzipped)
+
+
+async def _stream_parts(request: web.Request, parts: list[bytes], gzipped: bool) -> web.StreamResponse:
+    """A big answer written piece by piece: never joined into one buffer (each join or copy of a
+    multi-hundred-megabyte body holds the GIL and stalls every other request)."""
+    resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+    resp.content_length = sum(len(p) for p in parts)
+    if gzipped:
+        resp.headers["Content-Encoding"] = "gzip"
+        resp.headers["Vary"] = "Accept-Encoding"
+    set_cors(request, resp)
+    await resp.prepare(request)
+    for p in parts:
+        await resp.write(p)
+    await resp.write_eof()
+    return resp
 
 
 def setup(app: web.Application, ctx: ServerContext) -> None:

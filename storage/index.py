@@ -113,11 +113,12 @@ class _Partition:
             by_value = self.postings.get(m.name, {})
             empty_hit = m.matches("")  # series lacking the label read as ""
             keep = np.full(n, empty_hit, dtype=bool)
-            for value, p in list(by_value.items()):
-                hit = m.matches(value)
-                if hit != empty_hit:
-                    arr = p.array()
-                    keep[_below(arr, n)] = hit
+            items = list(by_value.items())
+            # every distinct value at once (RE2's bulk kernel, off the GIL); postings only where the
+            # answer differs from that of a missing label
+            hits = m.matches_values([v for v, _ in items])
+            for k in np.flatnonzero(hits != empty_hit).tolist():
+                keep[_below(items[k][1].array(), n)] = not empty_hit
             ids = ids[keep[ids]]
         return ids.astype(np.int64, copy=False)
 

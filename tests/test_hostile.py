@@ -438,6 +438,10 @@ class _Recording(Matcher):
         _Recording.seen.append(value)
         return Matcher.matches(self, value)
 
+    def matches_values(self, values):
+        _Recording.seen.extend(values)
+        return Matcher.matches_values(self, values)
+
 
 def test_value_matchers_only_see_the_callers_tenants_values(tmp_path: Path) -> None:
     from turboprom.tenancy import TenantView, label_batch

@@ -185,6 +185,10 @@ def test_longer_than_the_length_limit_is_refused(server: ServerProcess) -> None:
     q = "bomb{" + ",".join(f'l{k}!="v{k}"' for k in range(3000)) + "}"
     st, body = _post(server.url + "/api/v1/format_query", {"query": q})
     assert st == 400 and body["errorType"] == "bad_data" and "limits.max_query_length" in body["error"], body
+    # a series selector of 2.7 MB (the parser binding would hold the GIL ~150 ms on it)
+    sel = "bomb{" + ",".join(f'l{k}!="v{k}"' for k in range(200_000)) + "}"
+    st, body = _post(server.url + "/api/v1/series", {"match[]": sel})
+    assert st == 400 and body["errorType"] == "bad_data" and "more than the limit of" in body["error"], body
 
 
 def test_memory_bombs_get_422_and_the_server_stays_small(server: ServerProcess) -> None:

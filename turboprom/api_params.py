@@ -261,6 +261,7 @@ def parse_query(query: str, max_depth: int | None = None) -> object:
 
 
 SELECTOR_MAX_DEPTH = 16
+SELECTOR_MAX_LENGTH = 256 * 1024
 
 
 def parse_metric_selector(text: str) -> list[list[Matcher]]:
@@ -268,6 +269,8 @@ def parse_metric_selector(text: str) -> list[list[Matcher]]:
     from promql import query_guard
     from promql.errors import BadData
 
+    if len(text) > SELECTOR_MAX_LENGTH:  # the parser binding holds the GIL: ~60 ms per MB
+        raise ValueError(f"1:1: parse error: selector is {len(text)} characters, more than the limit of {SELECTOR_MAX_LENGTH}")
     try:
         query_guard.check(text, SELECTOR_MAX_DEPTH)  # a selector is shallow: refuse deep text before parsing
     except BadData as e:

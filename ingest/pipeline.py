@@ -49,6 +49,14 @@ def accepted_part(batch: SampleBatch, result: AppendResult) -> SampleBatch | Non
                        metadata=batch.metadata, tenant=batch.tenant)
 
 
+# Known fields of ``ingest:`` in the server YAML (checked by turboprom/config.py). max_body_bytes,
+# max_decompressed_bytes and overload_status are read by turboprom/routes/ingest_api.py.
+CONFIG_FIELDS: dict[str, Any] = {
+    "max_queue": "int", "max_reading_bytes": "int", "max_body_bytes": "int", "max_decompressed_bytes": "int",
+    "overload_status": ("=429", "=503"),
+}
+
+
 class IngestPipeline:
     def __init__(self, storage: Any, *, max_queue: int = 64, tenant_default: str = "default",
                  executor: Executor | None = None, metadata: Any = None, max_reading_bytes: int = 256 * 1024 * 1024):

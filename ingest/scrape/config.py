@@ -55,6 +55,27 @@ def format_duration(ms: int) -> str:
     return out
 
 
+# Known fields of the server YAML sections read here (checked by turboprom/config.py; see its docstring
+# for the notation). evaluation_interval is read by planner/rules.py, metric_name_validation_scheme by
+# turboprom/wiring.py (ingest/validation.py).
+GLOBAL_FIELDS: dict[str, Any] = {
+    "scrape_interval": "duration", "scrape_timeout": "duration", "evaluation_interval": "duration",
+    "metric_name_validation_scheme": ("=utf8", "=legacy"),
+}
+RELABEL_FIELDS: dict[str, Any] = {  # ingest/relabel.py RelabelConfig.from_dict
+    "action": "str", "source_labels": ["str"], "separator": "str", "regex": "str", "target_label": "str",
+    "replacement": "str", "modulus": "int",
+}
+SCRAPE_CONFIG_FIELDS: dict[str, Any] = {
+    "job_name": "str", "scrape_interval": "duration", "scrape_timeout": "duration", "metrics_path": "str",
+    "scheme": ("=http", "=https"), "params": {"*": ("str", ["str"])}, "honor_labels": "bool", "honor_timestamps": "bool",
+    "static_configs": [{"targets": ["str"], "labels": {"*": "str"}}],
+    "file_sd_configs": [{"files": ["str"], "refresh_interval": "duration"}],
+    "relabel_configs": [RELABEL_FIELDS], "metric_relabel_configs": [RELABEL_FIELDS],
+    "body_size_limit": "size", "sample_limit": "int",
+}
+
+
 @dataclass
 class FileSDConfig:
     files: list[str]

@@ -15,6 +15,19 @@ from scheduler_metrics.kedgeflow.policy import Decision, Policy, Principal, Sign
 from scheduler_metrics.kedgeflow.targets import Target
 
 
+# Known fields of ``kedgeflow:`` in the server YAML (checked by turboprom/config.py). The request limits
+# (max_body_bytes, max_params_bytes, max_name_chars, rate_limit) are read by turboprom/routes/kedgeflow_api.py,
+# targets by turboprom/kedgeflow_wiring.py.
+CONFIG_FIELDS: dict[str, Any] = {
+    "ledger": ("=embedded", {"etcd": {"endpoints": ["str"], "timeout_s": "number"}}),
+    "policy": [{"verbs": ["str"], "roles": ["str"], "max_congestion_price": "number", "grant_ttl_ms": "int"}],
+    "dispatch_timeout_s": "number", "audit_head_every": "int", "audit_max_entry_bytes": "int",
+    "max_body_bytes": "int", "max_params_bytes": "int", "max_name_chars": "int",
+    "rate_limit": {"requests_per_second": "number", "burst": "number"},
+    "targets": {"*": "str"},
+}
+
+
 @dataclass
 class KedgeFlowService:
     control: ControlPlane

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import sys
 
-from turboprom.config import ServerConfig
+from turboprom.config import ServerConfig, listen_error, split_listen
 from turboprom.durations import parse_duration_ms
 
 
@@ -28,6 +28,7 @@ def _size(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="turboprom", description="Prometheus-compatible metrics backend for LLM serving fleets")
+    p.add_argument("--debug", action="store_true", help="show a traceback when a command fails")
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("serve", help="run the server with its embedded store")
@@ -53,7 +54,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how far back an instant vector selector looks for a sample (default 5m), like Prometheus's flag")
     s.add_argument("--web.enable-admin-api", dest="enable_admin_api", action="store_true",
                    help="enable /api/v1/admin/* (delete_series, clean_tombstones), like Prometheus's flag")
-    s.add_argument("--log-level", default="info")
+    s.add_argument("--web.enable-lifecycle", dest="enable_lifecycle", action="store_true",
+                   help="enable POST/PUT /-/reload (re-read the config and rule files), like Prometheus's flag")
+    s.add_argument("--log-level", default="info", type=str.lower, choices=["debug", "info", "warning", "error"])
+    s.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show a traceback when start-up fails")
+
+    ck = sub.add_parser("check", help="check a config or rule file without starting (like promtool check)")
+    cksub = ck.add_subparsers(dest="check_command", required=True)
+    ckc = cksub.add_parser("config", help="check server config files (and the rule files they name)")
+    ckc.add_argument("files", nargs="+", metavar="FILE")
+    ckr = cksub.add_parser("rules", help="check rule files")
+    ckr.add_argument("files", nargs="+", metavar="FILE")
 
     q = sub.add_parser("sql", help="run SQL against the DuckDB catalog and blocks")
     q.add_argument("query")
@@ -123,14 +134,33 @@ def _cost_report(args: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from scheduler_metrics.sim.replay import main_replay
+    from pathlib import Path
+
+    from scheduler_metrics.sim.replay import SCHEDULERS, main_replay
 
     dis = None
     if args.disaggregated:
         p, _, d = args.disaggregated.lower().partition("x")
+        if not (p.isdigit() and d.isdigit() and int(p) > 0 and int(d) > 0):
+            raise CliError(f"replay: --disaggregated {args.disaggregated!r}: expected PxD with positive counts, e.g. 24x8")
         dis = (int(p), int(d))
     scheds = [s.strip() for s in args.scheduler.split(",") if s.strip()]
-    loads = [float(x) for x in args.load.split(",") if x.strip()]
+    unknown = [s for s in scheds if s not in SCHEDULERS]
+    if unknown or not scheds:
+        raise CliError(f"replay: unknown scheduler {', '.join(map(repr, unknown)) or repr(args.scheduler)} "
+                       f"(known: {', '.join(SCHEDULERS)})")
+    try:
+        loads = [float(x) for x in args.load.split(",") if x.strip()]
+    except ValueError:
+        raise CliError(f"replay: --load {args.load!r}: expected a comma list of utilizations, e.g. 0.5,0.7,0.9") from None
+    if not loads or any(not 0 < x for x in loads):
+        raise CliError(f"replay: --load {args.load!r}: utilizations must be positive, e.g. 0.5,0.7,0.9")
+    trace = Path(args.trace)
+    if not trace.is_file():
+        raise CliError(f"replay: trace file {args.trace} not found" if not trace.exists()
+                       else f"replay: trace {args.trace} is not a file")
+    if trace.suffix not in (".jsonl", ".csv"):
+        raise CliError(f"replay: trace {args.trace}: expected a Mooncake .jsonl or an Azure .csv trace")
     if args.live:
         from scheduler_metrics.sim.live import main_live
 
@@ -169,8 +199,59 @@ def _audit(args: argparse.Namespace) -> int:
     return 0 if rep.ok else 1
 
 
+class CliError(Exception):
+    """A failure the operator can act on: printed as one line, exit code 1."""
+
+
+def _normalized_listen(listen: str) -> str:
+    host, port = split_listen(listen)
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _check_data_dir(path: str) -> None:
+    import os
+    import tempfile
+    from pathlib import Path
+
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise CliError(f"data dir {path} is a file, not a directory: pass --data-dir with a directory (it is created if missing)")
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except PermissionError:
+        raise CliError(f"cannot create data dir {path}: permission denied (choose another --data-dir)") from None
+    except (FileExistsError, NotADirectoryError):
+        raise CliError(f"cannot create data dir {path}: a parent of it is a file, not a directory") from None
+    except OSError as e:
+        raise CliError(f"cannot create data dir {path}: {e.strerror or e}") from None
+    try:
+        fd, probe = tempfile.mkstemp(dir=p, prefix=".write-test-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise CliError(f"data dir {path} is not writable: {e.strerror or e} (fix its permissions or choose another --data-dir)") from None
+
+
+def _check_port_free(host: str, port: int, listen: str) -> None:
+    import socket
+
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise CliError(listen_error(listen, e)) from None
+    family, typ, proto, _, addr = infos[0]
+    with socket.socket(family, typ, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(addr)
+        except OSError as e:
+            raise CliError(listen_error(listen, e)) from None
+
+
 def _config_from_args(a: argparse.Namespace) -> ServerConfig:
-    cfg = ServerConfig(data_dir=a.data_dir, listen=a.listen, config_file=a.config)
+    cfg = ServerConfig(data_dir=a.data_dir, listen=_normalized_listen(a.listen), config_file=a.config)
     cfg.storage.out_of_order_window_ms = a.out_of_order_window
     if a.retention_time is not None:
         cfg.storage.retention_ms = a.retention_time
@@ -179,6 +260,7 @@ def _config_from_args(a: argparse.Namespace) -> ServerConfig:
     cfg.web_config_file = a.web_config_file
     cfg.insecure = a.insecure
     cfg.enable_admin_api = a.enable_admin_api
+    cfg.enable_lifecycle = a.enable_lifecycle
     if a.query_timeout <= 0 or a.query_max_samples <= 0 or a.query_lookback_delta <= 0:
         raise SystemExit("turboprom: --query.timeout, --query.max-samples and --query.lookback-delta must be positive")
     cfg.query_timeout_s = a.query_timeout / 1000.0
@@ -192,14 +274,57 @@ def _config_from_args(a: argparse.Namespace) -> ServerConfig:
     return cfg
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.command == "serve":
-        logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        from turboprom.server import serve
+def _check(args: argparse.Namespace) -> int:
+    """``check config|rules FILE...``: promtool's output shape; exit 1 when any file has a problem."""
+    from pathlib import Path
 
-        asyncio.run(serve(_config_from_args(args)))
-        return 0
+    from planner.rules import RuleFileError, check_rule_files
+    from turboprom.config import ConfigError, load_config_file
+
+    failed = False
+    for f in args.files:
+        print(f"Checking {f}")
+        try:
+            if args.check_command == "config":
+                raw = load_config_file(f)
+                n = len(check_rule_files(list(raw.get("rule_files") or []), str(Path(f).parent)))
+                print(f"  SUCCESS: {n} rule files found")
+                print(f" SUCCESS: {f} is valid TurboProm config file syntax")
+            else:
+                if not Path(f).is_file():
+                    raise RuleFileError(f"rule file {f} not found" if not Path(f).exists() else f"{f} is not a file")
+                from planner.rules import load_rule_files
+
+                groups = load_rule_files([str(Path(f).resolve())], None, 60.0)
+                print(f"  SUCCESS: {sum(len(g.rules) for g in groups)} rules found")
+        except (ConfigError, RuleFileError) as e:
+            failed = True
+            print("  FAILED:")
+            for line in str(e).splitlines():
+                print(f"    {line}")
+        print()
+    return 1 if failed else 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    cfg = _config_from_args(args)
+    _check_data_dir(cfg.data_dir)
+    _check_port_free(cfg.host, cfg.port, cfg.listen)
+    from turboprom.server import StartupError, serve
+
+    try:
+        asyncio.run(serve(cfg))
+    except StartupError as e:
+        raise CliError(str(e)) from None
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.command == "serve":
+        return _serve(args)
+    if args.command == "check":
+        return _check(args)
     if args.command == "cost-report":
         return _cost_report(args)
     if args.command == "replay":
@@ -216,6 +341,56 @@ def main(argv: list[str] | None = None) -> int:
         print(run_sql(args.data_dir, args.query))
         return 0
     return 2
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return text if len(text) <= 500 else text[:497] + "..."
+
+
+def main(argv: list[str] | None = None) -> int:
+    import json
+    import traceback
+    import urllib.error
+
+    from turboprom.config import ConfigError
+
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        # `plan explain --url URL 'QUERY'`: argparse binds the optional positional before the flags.
+        if args.command == "plan" and getattr(args, "arg", None) is None and len(extra) == 1:
+            args.arg = extra[0]
+        else:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    debug = bool(getattr(args, "debug", False))
+    try:
+        return _run(args)
+    except KeyboardInterrupt:
+        return 130
+    except SystemExit:
+        raise
+    except ConfigError as e:
+        msg = f"config error: {e}"
+    except CliError as e:
+        msg = f"turboprom: {e}"
+    except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
+        if isinstance(e, urllib.error.HTTPError):
+            msg = f"turboprom: {getattr(args, 'url', '')} answered {e.code} {e.reason}"
+        else:
+            reason = getattr(e, "reason", None) or e
+            reason = getattr(reason, "strerror", None) or reason
+            msg = f"turboprom: cannot reach {getattr(args, 'url', 'the server')}: {reason} (is the server running? set --url)"
+    except json.JSONDecodeError:
+        msg = f"turboprom: {getattr(args, 'url', 'the server')} did not answer with JSON (is it a TurboProm server?)"
+    except Exception as e:  # noqa: BLE001 - one line instead of a traceback; --debug shows it
+        msg = f"turboprom {args.command}: {type(e).__name__}: {_one_line(e)}"
+        if not debug:
+            msg += " (run with --debug for a traceback)"
+    if debug:
+        traceback.print_exc()
+    print(msg if "\n" not in msg else msg.replace("\n", "; "), file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import logging
 import pkgutil
 import signal
 
+import yaml
 from aiohttp import web
 
 from turboprom import routes
@@ -15,6 +16,10 @@ from turboprom.context import ServerContext
 from turboprom.wiring import build_context, start_background, stop_background
 
 log = logging.getLogger("turboprom")
+
+
+class StartupError(Exception):
+    """The server cannot start (port taken, bad web config file): one line for the operator."""
 
 
 def create_app(ctx: ServerContext) -> web.Application:
@@ -55,7 +60,12 @@ async def serve(config: ServerConfig) -> None:
     from turboprom.auth import Authenticator, WebConfig, check_listen_guard
     from turboprom.http_guard import GuardedAppRunner, Timeouts
 
-    web_cfg = WebConfig.load(config.web_config_file) if config.web_config_file else None
+    try:
+        web_cfg = WebConfig.load(config.web_config_file) if config.web_config_file else None
+    except FileNotFoundError:
+        raise StartupError(f"web config file {config.web_config_file} not found (--web.config.file)") from None
+    except (OSError, ValueError, yaml.YAMLError) as e:
+        raise StartupError(f"web config error: {' '.join(str(e).split())}") from None
     timeouts = Timeouts.from_config(config.raw)  # refuses a malformed web.* timeout before starting
     check_listen_guard(config.host, web_cfg, config.insecure)
     ctx = await asyncio.get_running_loop().run_in_executor(None, build_context, config)
@@ -67,7 +77,16 @@ async def serve(config: ServerConfig) -> None:
     await runner.setup()
     ssl_ctx = web_cfg.ssl_context() if web_cfg is not None else None
     site = web.TCPSite(runner, config.host, config.port, reuse_address=True, ssl_context=ssl_ctx)
-    await site.start()
+    try:
+        await site.start()
+    except OSError as e:
+        await runner.cleanup()
+        from turboprom.config import listen_error
+
+        raise StartupError(listen_error(config.listen, e)) from None
+    from turboprom.reload import mark_loaded, reload_config
+
+    mark_loaded()
     scheme = "https" if ssl_ctx else "http"
     log.info("TurboProm listening on %s://%s (data dir %s)", scheme, config.listen, config.data_dir)
     print(f"TurboProm listening on {scheme}://{config.listen}", flush=True)
@@ -75,6 +94,20 @@ async def serve(config: ServerConfig) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+
+    def on_sighup() -> None:  # re-read config and rule files, as Prometheus (errors are logged)
+        async def run() -> None:
+            try:
+                await reload_config(ctx)
+            except Exception:  # noqa: BLE001 - reported by reload_config; the old config stays
+                pass
+        task = loop.create_task(run(), name="config reload")
+        reloads.add(task)
+        task.add_done_callback(reloads.discard)
+
+    reloads: set[asyncio.Task] = set()
+
+    loop.add_signal_handler(signal.SIGHUP, on_sighup)
     await stop.wait()
     log.info("shutting down: finishing in-flight requests, persisting head")
     await runner.cleanup()

@@ -46,14 +46,34 @@ class ScrapeManager:
     @classmethod
     def from_config(cls, raw: dict[str, Any], append: Callable, executor=None, *, self_url: str | None = None,
                     self_interval_s: float = 15.0) -> "ScrapeManager":
-        raw = dict(raw or {})
-        self_scrape = raw.get("self_scrape")
-        if self_scrape and not raw.get("scrape_configs") and self_url:
-            # `self_scrape: true` (interval from the server config) or `self_scrape: {scrape_interval: 5s}`
-            interval = self_scrape.get("scrape_interval") if isinstance(self_scrape, dict) else None
-            raw["scrape_configs"] = [{"job_name": "turboprom", "scrape_interval": interval or f"{max(1, int(self_interval_s))}s",
-                                      "static_configs": [{"targets": [self_url]}]}]
-        return cls(parse_scrape_configs(raw), append, executor)
+        return cls(configs_from_raw(raw, self_url=self_url, self_interval_s=self_interval_s), append, executor)
+
+    async def apply(self, configs: list[ScrapeConfig]) -> None:
+        """Config reload: scrape ``configs`` from now on. Jobs that are gone stop (their targets' series get
+        stale markers); changed jobs restart their loops with the new settings (targets no longer listed
+        get stale markers); unchanged jobs keep running untouched."""
+        if self._session is None:
+            self._sync_lock = asyncio.Lock()
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=256, ttl_dns_cache=300),
+                                                  auto_decompress=True)
+        old = {c.job_name: c for c in self.configs}
+        new = {c.job_name: c for c in configs}
+        for job in [j for j in old if j not in new]:
+            await asyncio.gather(*(lp.stop(stale=True) for lp in self.loops.pop(job, {}).values()), return_exceptions=True)
+            self.dropped.pop(job, None)
+            self._mtimes.pop(job, None)
+        self.configs = list(configs)
+        for cfg in configs:
+            if cfg.job_name in old and _same(old[cfg.job_name], cfg):
+                continue
+            self.loops.setdefault(cfg.job_name, {})
+            self.dropped.setdefault(cfg.job_name, [])
+            await self.sync_job(cfg, restart=cfg.job_name in old)
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
+        if any(c.file_sd_configs for c in self.configs):
+            self._watch = asyncio.get_running_loop().create_task(self._watch_files(), name="file_sd watch")
 
     async def start(self) -> None:
         if not self.configs:
@@ -83,7 +103,7 @@ class ScrapeManager:
         for cfg in self.configs:
             await self.sync_job(cfg)
 
-    async def sync_job(self, cfg: ScrapeConfig) -> None:
+    async def sync_job(self, cfg: ScrapeConfig, *, restart: bool = False) -> None:
         assert self._sync_lock is not None and self._session is not None
         async with self._sync_lock:
             errors: list[str] = []
@@ -101,6 +121,9 @@ class ScrapeManager:
             removed = [k for k in loops if k not in wanted]
             for k in removed:
                 await loops.pop(k).stop(stale=True)
+            if restart:  # reload with changed job settings: the kept targets' loops start over with them
+                for k in list(loops):
+                    await loops.pop(k).stop(stale=False)
             for k, spec in wanted.items():
                 if k not in loops:
                     lp = ScrapeLoop(cfg, spec, self._session, self.append, self.executor, exemplars=self.exemplars)
@@ -133,3 +156,25 @@ class ScrapeManager:
     def stats(self) -> dict[str, int]:
         loops = [lp for ls in self.loops.values() for lp in ls.values()]
         return {"targets": len(loops), "scrapes": sum(lp.scrapes for lp in loops), "missed": sum(lp.missed for lp in loops)}
+
+
+def configs_from_raw(raw: dict[str, Any] | None, *, self_url: str | None = None, self_interval_s: float = 15.0) -> list[ScrapeConfig]:
+    """The scrape configs of a server config, with the ``self_scrape`` job when it asks for one."""
+    raw = dict(raw or {})
+    self_scrape = raw.get("self_scrape")
+    if self_scrape and not raw.get("scrape_configs") and self_url:
+        # `self_scrape: true` (interval from the server config) or `self_scrape: {scrape_interval: 5s}`
+        interval = self_scrape.get("scrape_interval") if isinstance(self_scrape, dict) else None
+        raw["scrape_configs"] = [{"job_name": "turboprom", "scrape_interval": interval or f"{max(1, int(self_interval_s))}s",
+                                  "static_configs": [{"targets": [self_url]}]}]
+    return parse_scrape_configs(raw)
+
+
+def _same(a: ScrapeConfig, b: ScrapeConfig) -> bool:
+    """Equal settings (relabel rules compared by their text: compiled regexes do not compare)."""
+    def key(c: ScrapeConfig) -> tuple:
+        rel = [[(r.action, tuple(r.source_labels), r.separator, r.regex_text, r.target_label, r.replacement, r.modulus)
+                for r in rs] for rs in (c.relabel_configs, c.metric_relabel_configs)]
+        return (repr([getattr(c, f) for f in c.__dataclass_fields__ if f not in ("relabel_configs", "metric_relabel_configs")]),
+                repr(rel))
+    return key(a) == key(b)

@@ -1,0 +1,129 @@
+"""Configuration reload: ``POST /-/reload`` (with ``--web.enable-lifecycle``) and SIGHUP, as Prometheus.
+
+The config file and every rule file are read and checked first; a file with any problem is refused
+whole (the running config stays, the error is logged, ``/-/reload`` answers 500 with it). A valid
+config is then applied to:
+
+- ``scrape_configs`` (and ``global`` scrape defaults, ``self_scrape``): jobs added, removed, changed;
+- ``rule_files`` (and ``global.evaluation_interval``): groups replaced; unchanged rules keep their state;
+- ``planner.pinned``: new pins adopted, removed pins become ordinary plans (retired when unused);
+- the document ``/api/v1/status/config`` shows.
+
+Everything else needs a restart: the listen address, data dir and storage flags, web/auth settings,
+ingest, limits, congestion, kedgeflow and the other planner settings (the server logs which
+sections changed without effect). ``prometheus_config_last_reload_successful`` and
+``prometheus_config_last_reload_success_timestamp_seconds`` in ``/metrics`` report the outcome.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import Gauge
+
+from turboprom.config import ConfigError, load_config_file
+from turboprom.context import ServerContext
+
+log = logging.getLogger("turboprom")
+
+RELOAD_OK = Gauge("prometheus_config_last_reload_successful", "Whether the last configuration reload attempt was successful.")
+RELOAD_TS = Gauge("prometheus_config_last_reload_success_timestamp_seconds",
+                  "Timestamp of the last successful configuration reload.")
+
+# Sections a reload applies; any other change is logged as needing a restart.
+APPLIED = ("global", "scrape_configs", "self_scrape", "rule_files")
+
+
+def mark_loaded() -> None:
+    """The config the server started with counts as the first successful load (as in Prometheus)."""
+    RELOAD_OK.set(1)
+    RELOAD_TS.set(time.time())
+
+
+def _lock(ctx: ServerContext) -> asyncio.Lock:
+    lock = ctx.components.get("_reload_lock")
+    if lock is None:
+        lock = ctx.components["_reload_lock"] = asyncio.Lock()
+    return lock
+
+
+async def reload_config(ctx: ServerContext) -> None:
+    """Re-read and apply the config file; raises ConfigError (the old config stays) when it is invalid."""
+    async with _lock(ctx):
+        path = ctx.config.config_file
+        try:
+            if path:
+                raw = await asyncio.get_running_loop().run_in_executor(ctx.executor, load_config_file, path)
+                await _apply(ctx, raw)
+        except Exception as e:  # noqa: BLE001 - any failure keeps the old config and is reported
+            RELOAD_OK.set(0)
+            msg = str(e) if isinstance(e, ConfigError) else f"{type(e).__name__}: {e}"
+            log.error("error reloading configuration from %s (the previous configuration stays in effect): %s", path, msg)
+            raise ConfigError(msg) from None
+        mark_loaded()
+        log.info("completed loading of configuration file %s", path)
+
+
+async def _apply(ctx: ServerContext, raw: dict[str, Any]) -> None:
+    from ingest.scrape.manager import configs_from_raw
+
+    old = ctx.config.raw or {}
+    cfg = ctx.config
+    loop = asyncio.get_running_loop()
+    rules_new = None
+    if raw.get("rule_files") or ctx.components.get("rules") is not None:
+        from planner.rules import _dur_s, load_rule_files
+
+        base = str(Path(cfg.config_file).parent) if cfg.config_file else None
+        interval = _dur_s((raw.get("global") or {}).get("evaluation_interval"), 60.0)
+        rules_new = await loop.run_in_executor(ctx.executor, load_rule_files, list(raw.get("rule_files") or []), base, interval)
+    scraper = ctx.components.get("scraper")
+    if scraper is not None:
+        await scraper.apply(configs_from_raw(raw, self_url=cfg.listen, self_interval_s=cfg.self_scrape_interval_s))
+    if rules_new is not None:
+        mgr = ctx.components.get("rules")
+        if mgr is None:
+            from planner.rules import RuleManager
+
+            append = ctx.components["ingest"].append_sync if ctx.components.get("ingest") is not None else ctx.storage.append
+            engine = ctx.components.get("planned_engine") or ctx.components.get("engine")
+            mgr = ctx.components["rules"] = RuleManager(rules_new, engine, append)
+            mgr.start()
+        else:
+            await loop.run_in_executor(ctx.executor, mgr.replace_groups, rules_new)
+    _apply_pins(ctx, raw)
+    for section in sorted(set(old) | set(raw)):
+        if section not in APPLIED and section != "planner" and old.get(section) != raw.get(section):
+            log.warning("config reload: section %r changed; it takes effect at the next restart", section)
+    if {k: v for k, v in (old.get("planner") or {}).items() if k != "pinned"} != \
+            {k: v for k, v in (raw.get("planner") or {}).items() if k != "pinned"}:
+        log.warning("config reload: planner settings other than 'pinned' changed; they take effect at the next restart")
+    cfg.raw = raw
+
+
+def _apply_pins(ctx: ServerContext, raw: dict[str, Any]) -> None:
+    planner = ctx.components.get("planner")
+    if planner is None:
+        return
+    from planner.planner import PlannerConfig, _dur
+    from planner.sds import SDSSpec
+
+    pinned = PlannerConfig.from_raw(raw.get("planner")).pinned
+    if pinned == planner.config.pinned:
+        return
+    planner.config.pinned = pinned
+    wanted = set()
+    for p in pinned:
+        d = dict(p)
+        d.setdefault("pane_ms", _dur(d.pop("pane", None), planner.config.pane_ms))  # as Planner.pin_from_config
+        try:
+            wanted.add(SDSSpec.from_json(d).id)
+        except Exception:  # noqa: BLE001 - pin_from_config reports it
+            pass
+    for sds in list(planner.sds.values()):
+        if sds.pinned and sds.spec.id not in wanted:
+            sds.pinned = False  # an ordinary plan from now on: retired when unused
+    planner.pin_from_config()

@@ -3,12 +3,11 @@ and what the summaries cost at ingest (CPU) and at rest (bytes), plus raw storag
 
 Sources: the query log (every evaluated query with its CPU, samples and serving path), the planner's
 SDS accounting (ingest CPU seconds, bytes, hits), the accuracy canary's shadow raw re-evaluations,
-and storage statistics. Savings are *measured*, preferably in pairs: the canary's shadow runs time
-the raw path on the very sub-query a summary just answered (same data, same range, same moment), so a
-pattern's saving per served execution is the mean of (raw CPU - summary CPU) over its summaries'
-shadow pairs. Only a pattern none of whose summaries has a shadow pair falls back to the mean CPU of
-its raw executions (before adoption or ``exact=true``) minus that of its summary-served ones -- a
-weaker basis, since early raw executions ran over less data. Totals subtract the summaries' ingest CPU.
+and storage statistics. Savings are *measured*, per way of serving (``_savings``): refreshes that
+reused step answers against the pattern's raw executions (the same query evaluated whole); answers a
+summary gave without reuse against the canary's shadow pairs (the raw path timed on the very sub-query
+the summary just answered, same data and moment), or the raw executions where no pair exists. Totals
+subtract the summaries' ingest CPU.
 """
 from __future__ import annotations
 
@@ -29,6 +28,9 @@ SELECT tenant, pattern,
        avg(CASE WHEN NOT {SERVED} THEN cpu_s END)         AS mean_cpu_raw_s,
        avg(CASE WHEN {SERVED} THEN wall_s END)            AS mean_wall_summary_s,
        avg(CASE WHEN NOT {SERVED} THEN wall_s END)        AS mean_wall_raw_s,
+       sum(CASE WHEN {REUSED} THEN 1 ELSE 0 END)          AS reuse_executions,
+       avg(CASE WHEN {REUSED} THEN cpu_s END)             AS mean_cpu_reuse_s,
+       avg(CASE WHEN {SERVED} AND NOT {REUSED} THEN cpu_s END) AS mean_cpu_summary_only_s,
        sum(CASE WHEN error IS NOT NULL AND error <> '' THEN 1 ELSE 0 END) AS errors,
        min(expr)                                        AS example
 FROM query_log
@@ -54,10 +56,43 @@ GROUP BY pattern
 
 # planner-served: a summary answered a sub-tree, or earlier step answers stood in for some steps
 _SERVED = "(paths LIKE '%summary:%' OR paths LIKE '%steps:reused%')"
+_REUSED = "(paths LIKE '%steps:reused%')"
 
 
 def _f(x: Any) -> float | None:
     return None if x is None else float(x)
+
+
+def _savings(d: dict[str, Any], pairs: list[float]) -> tuple[float | None, str]:
+    """(CPU seconds saved by a pattern's planner-served executions, the basis), by how each was served.
+
+    Refreshes that reused step answers are compared with the pattern's raw executions (the same query
+    evaluated whole: what a refresh costs without reuse). Executions a summary answered without reuse
+    are credited with the mean of the summaries' shadow pairs (raw and summary timed on the same
+    sub-query at the same moment), or compared with the raw executions where no pair exists."""
+    raw = d["mean_cpu_raw_s"]
+    n_reuse = d["reuse_executions"]
+    n_summary = d["summary_executions"] - n_reuse
+    total, parts = 0.0, []
+    if n_reuse:
+        if raw is None or d["mean_cpu_reuse_s"] is None:
+            parts.append(f"{n_reuse} reusing refreshes: no raw execution to compare with")
+        else:
+            total += (raw - d["mean_cpu_reuse_s"]) * n_reuse
+            parts.append(f"{n_reuse} reusing refreshes vs raw executions")
+    if n_summary > 0:
+        if pairs:
+            total += sum(pairs) / len(pairs) * n_summary
+            parts.append(f"{n_summary} summary answers vs {len(pairs)} paired shadow runs")
+        elif raw is not None and d["mean_cpu_summary_only_s"] is not None:
+            total += (raw - d["mean_cpu_summary_only_s"]) * n_summary
+            parts.append(f"{n_summary} summary answers vs raw executions")
+        else:
+            parts.append(f"{n_summary} summary answers: no raw reference yet")
+    counted = [p for p in parts if "no raw" not in p]
+    if not counted:
+        return None, "; ".join(parts) if parts else "not summary-served"
+    return total, "; ".join(parts)
 
 
 def build_report(query_log: Any, planner: Any = None, canary: Any = None, storage: Any = None, *,
@@ -68,9 +103,11 @@ def build_report(query_log: Any, planner: Any = None, canary: Any = None, storag
         query_log.flush()
     tf = "AND tenant = ?" if tenant else ""
     params: list[Any] = [since] + ([tenant] if tenant else []) + [limit]
-    rows = query_log.sql(_PATTERN_SQL.format(tenant_filter=tf, SERVED=_SERVED), params) if query_log is not None else []
+    rows = query_log.sql(_PATTERN_SQL.format(tenant_filter=tf, SERVED=_SERVED, REUSED=_REUSED), params) if query_log is not None else []
     cols = ["tenant", "pattern", "executions", "p50_latency_s", "p99_latency_s", "cpu_s_total", "p99_cpu_s", "samples_scanned",
-            "summary_executions", "mean_cpu_summary_s", "mean_cpu_raw_s", "mean_wall_summary_s", "mean_wall_raw_s", "errors", "example"]
+            "summary_executions", "mean_cpu_summary_s", "mean_cpu_raw_s", "mean_wall_summary_s", "mean_wall_raw_s",
+            "reuse_executions", "mean_cpu_reuse_s", "mean_cpu_summary_only_s", "errors", "example"]
+    counts = ("executions", "summary_executions", "samples_scanned", "errors", "reuse_executions")
     sds_by_pattern: dict[str, list[str]] = {}
     if query_log is not None:
         try:
@@ -87,27 +124,21 @@ def build_report(query_log: Any, planner: Any = None, canary: Any = None, storag
     total_saved = 0.0
     for r in rows:
         d = dict(zip(cols, r))
-        for k in cols[2:14]:
-            d[k] = _f(d[k]) if k not in ("executions", "summary_executions", "samples_scanned", "errors") else int(d[k] or 0)
+        for k in cols[2:-1]:
+            d[k] = int(d[k] or 0) if k in counts else _f(d[k])
         d["path"] = "summary" if d["summary_executions"] == d["executions"] and d["executions"] else (
             "mixed" if d["summary_executions"] else "raw")
         d["sds"] = sds_by_pattern.get(d["pattern"], [])
-        pairs = [v for s in d["sds"] for v in paired.get(s, [])]
-        per_exec: float | None = None
-        if pairs and d["summary_executions"]:
-            per_exec, basis = sum(pairs) / len(pairs), f"{len(pairs)} paired shadow runs"
-        elif d["mean_cpu_raw_s"] is not None and d["mean_cpu_summary_s"] is not None:
-            per_exec, basis = d["mean_cpu_raw_s"] - d["mean_cpu_summary_s"], "raw executions"
-        if per_exec is not None:
-            saved = per_exec * d["summary_executions"]
+        saved, basis = _savings(d, [v for s in d["sds"] for v in paired.get(s, [])])
+        if saved is not None:
             d["measured_savings_cpu_s"] = saved
             d["savings_basis"] = basis
-            summary_cpu = d["mean_cpu_summary_s"]
-            d["speedup"] = (summary_cpu + per_exec) / summary_cpu if summary_cpu else None
+            served_cpu = (d["mean_cpu_summary_s"] or 0.0) * d["summary_executions"]
+            d["speedup"] = (served_cpu + saved) / served_cpu if served_cpu > 0 else None
             total_saved += saved
         else:
             d["measured_savings_cpu_s"] = None
-            d["savings_basis"] = "no raw reference yet" if d["summary_executions"] else "not summary-served"
+            d["savings_basis"] = basis
             d["speedup"] = None
         patterns.append(d)
     summaries = []

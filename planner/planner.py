@@ -428,6 +428,15 @@ class Planner:
         except Exception:  # noqa: BLE001 - unknown cardinality: stay exact
             return 0
 
+    def _fold_cost_per_sample(self) -> float:
+        """CPU per sample folded into summaries, measured over the plans that exist (the summarizer's
+        own totals count every ingested sample, folded or not, and would make folding look free)."""
+        with self.summarizer.lock:
+            live = list(self.summarizer.sds.values())
+        cpu = sum(s.stats.ingest_cpu_s for s in live)
+        n = sum(s.stats.ingested_samples for s in live)
+        return cpu / n if n >= 10_000 else cost_model.DEFAULT_FOLD_COST_S
+
     def pane_for(self, ks: KeyStats) -> int:
         """The pane of a new plan: the configured one, or a finer divisor of a minute when the pattern's
         shortest window would hold fewer than 4 whole panes (``rate(x[1m])`` with 1 m panes has none)."""
@@ -452,7 +461,7 @@ class Planner:
         history = min(self.config.history_ms * pane_ms // self.config.pane_ms, max(2 * ks.max_span_ms, 3_600_000))
         hist = min(max(history, 2 * ks.max_range_ms), self.config.max_history_ms)
         used = sum(s.nbytes() for s in self.sds.values())
-        fold = (self.summarizer.cpu_seconds / self.summarizer.samples) if self.summarizer.samples > 1000 else cost_model.DEFAULT_FOLD_COST_S
+        fold = self._fold_cost_per_sample()
         est = cost_model.estimate(
             algorithm=c.algorithm, queries=len(ks.arrivals), period_s=self.config.period_ms / 1000,
             raw_cpu_per_query=raw_cpu, range_ms=max(ks.max_range_ms, 1),

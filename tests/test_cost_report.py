@@ -60,9 +60,10 @@ def test_cost_report_api_and_cli(tmp_path: Path) -> None:
         assert "<h1>TurboProm cost report</h1>" in out.read_text()
 
 
-def test_savings_are_measured_in_paired_shadow_runs(tmp_path: Path) -> None:
-    """A summary-served pattern's savings come from the canary's shadow pairs (raw and summary timed on
-    the same sub-query at the same moment), not from raw executions that ran earlier over less data."""
+def test_savings_are_measured_per_way_of_serving(tmp_path: Path) -> None:
+    """Answers a summary gave are credited with the canary's shadow pairs (raw and summary timed on the
+    same sub-query at the same moment); refreshes that reused step answers are compared with the
+    pattern's raw executions, and counted only once there is one."""
     cfg = tmp_path / "turboprom.yml"
     cfg.write_text("planner:\n  min_count: 2\n  period: 10m\n  pane: 1m\n  seal_delay: 0s\n  history: 1d\n"
                    "  canary_fraction: 1.0\n  cost_based: false\n"
@@ -98,6 +99,20 @@ def test_savings_are_measured_in_paired_shadow_runs(tmp_path: Path) -> None:
         assert len(pat) == 1, [p["pattern"] for p in rep["patterns"]]
         p = pat[0]
         pairs = [c["raw_cpu_s"] - c["served_cpu_s"] for c in checks if c["sds"] in p["sds"]]
-        assert pairs and p["savings_basis"] == f"{len(pairs)} paired shadow runs", p
-        expect = sum(pairs) / len(pairs) * p["summary_executions"]
+        n_summary = p["summary_executions"] - p["reuse_executions"]
+        assert pairs and n_summary >= 1, p
+        # the refreshes that reused steps have no raw execution of the pattern to be compared with
+        assert f"{n_summary} summary answers vs {len(pairs)} paired shadow runs" in p["savings_basis"], p
+        if p["reuse_executions"]:
+            assert "reusing refreshes: no raw execution to compare with" in p["savings_basis"], p
+        expect = sum(pairs) / len(pairs) * n_summary
+        assert abs(p["measured_savings_cpu_s"] - expect) <= 1e-9 + 1e-9 * abs(expect), (p, expect)
+        # an exact=true run of the pattern is a raw execution: the reusing refreshes are now compared with it
+        json.loads(_get(srv.url + "/api/v1/query_range?" + q + "&exact=true"))
+        time.sleep(1.5)
+        p = [x for x in json.loads(_get(srv.url + "/api/v1/cost_report?since=1h"))["data"]["patterns"]
+             if "increase(http_requests_total" in x["pattern"]][0]
+        assert f"{p['reuse_executions']} reusing refreshes vs raw executions" in p["savings_basis"], p
+        expect = ((p["mean_cpu_raw_s"] - p["mean_cpu_reuse_s"]) * p["reuse_executions"]
+                  + sum(pairs) / len(pairs) * (p["summary_executions"] - p["reuse_executions"]))
         assert abs(p["measured_savings_cpu_s"] - expect) <= 1e-9 + 1e-9 * abs(expect), (p, expect)

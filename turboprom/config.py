@@ -230,23 +230,23 @@ def check(spec: Any, v: Any, path: str) -> None:
         return  # an empty YAML value: the default
     if isinstance(spec, str):
         if not _scalar_ok(spec, v):
-            raise _Problem(path, f"must be {_describe(spec)}, got {_fmt_value(v)}")
+            raise _Problem(path, f"{path or 'top level'}: must be {_describe(spec)}, got {_fmt_value(v)}")
         return
     if isinstance(spec, tuple):
         for alt in spec:
             if _matches(alt, v):
                 check(alt, v, path)
                 return
-        raise _Problem(path, f"must be {_describe(spec)}, got {_fmt_value(v)}")
+        raise _Problem(path, f"{path or 'top level'}: must be {_describe(spec)}, got {_fmt_value(v)}")
     if isinstance(spec, list):
         if not isinstance(v, list):
-            raise _Problem(path, f"must be a list, got {_fmt_value(v)}")
+            raise _Problem(path, f"{path or 'top level'}: must be a list, got {_fmt_value(v)}")
         for i, item in enumerate(v):
             check(spec[0], item, f"{path}[{i}]")
         return
     if isinstance(spec, dict):
         if not isinstance(v, dict):
-            raise _Problem(path, f"must be a mapping of settings, got {_fmt_value(v)}")
+            raise _Problem(path, f"{path or 'top level'}: must be a mapping of settings, got {_fmt_value(v)}")
         for key, val in v.items():
             sub = spec.get(str(key), spec.get("*"))
             if sub is None:
@@ -333,7 +333,7 @@ def validate(raw: Any, name: str = "config", lines: dict[str, int] | None = None
     def fail(p: _Problem) -> ConfigError:
         key_path = p.key_path
         if key_path == p.path:  # a section's own validator: the line of the first of its fields it names
-            words = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", p.message))
+            words = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", re.split(r"\(known|\(allowed|, not \[", p.message)[0]))
             named = [k for k in lines if k.startswith(p.path + ".") and re.split(r"[.\[]", k[len(p.path) + 1:])[0] in words]
             if named:
                 key_path = min(named, key=lambda k: lines[k])

@@ -348,12 +348,31 @@ def _one_line(e: BaseException) -> str:
     return text if len(text) <= 500 else text[:497] + "..."
 
 
-def main(argv: list[str] | None = None) -> int:
+def _failure(e: BaseException, args: argparse.Namespace, debug: bool) -> str:
+    """The one line printed for a failed command."""
     import json
-    import traceback
     import urllib.error
 
     from turboprom.config import ConfigError
+
+    if isinstance(e, ConfigError):
+        return f"config error: {e}"
+    if isinstance(e, CliError):
+        return f"turboprom: {e}"
+    url = getattr(args, "url", None)
+    if isinstance(e, urllib.error.HTTPError):
+        return f"turboprom: {url} answered {e.code} {e.reason}"
+    if isinstance(e, (urllib.error.URLError, ConnectionError, TimeoutError)):
+        reason = getattr(e, "reason", None) or e
+        reason = getattr(reason, "strerror", None) or reason
+        return f"turboprom: cannot reach {url or 'the server'}: {reason} (is the server running? set --url)"
+    if isinstance(e, json.JSONDecodeError) and url:
+        return f"turboprom: {url} did not answer with JSON (is it a TurboProm server?)"
+    return f"turboprom {args.command}: {type(e).__name__}: {_one_line(e)}" + ("" if debug else " (run with --debug for a traceback)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    import traceback
 
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
@@ -368,29 +387,11 @@ def main(argv: list[str] | None = None) -> int:
         return _run(args)
     except KeyboardInterrupt:
         return 130
-    except SystemExit:
-        raise
-    except ConfigError as e:
-        msg = f"config error: {e}"
-    except CliError as e:
-        msg = f"turboprom: {e}"
-    except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
-        if isinstance(e, urllib.error.HTTPError):
-            msg = f"turboprom: {getattr(args, 'url', '')} answered {e.code} {e.reason}"
-        else:
-            reason = getattr(e, "reason", None) or e
-            reason = getattr(reason, "strerror", None) or reason
-            msg = f"turboprom: cannot reach {getattr(args, 'url', 'the server')}: {reason} (is the server running? set --url)"
-    except json.JSONDecodeError:
-        msg = f"turboprom: {getattr(args, 'url', 'the server')} did not answer with JSON (is it a TurboProm server?)"
     except Exception as e:  # noqa: BLE001 - one line instead of a traceback; --debug shows it
-        msg = f"turboprom {args.command}: {type(e).__name__}: {_one_line(e)}"
-        if not debug:
-            msg += " (run with --debug for a traceback)"
-    if debug:
-        traceback.print_exc()
-    print(msg if "\n" not in msg else msg.replace("\n", "; "), file=sys.stderr)
-    return 1
+        if debug:
+            traceback.print_exception(e)
+        print(" ".join(_failure(e, args, debug).split("\n")), file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

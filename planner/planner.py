@@ -415,6 +415,29 @@ class Planner:
         self._scope_cache[c.key] = (now, n)
         return n
 
+    RATE_WINDOW_MS = 120_000
+
+    def _recent_sample_rate(self, c: Candidate) -> float:
+        """Samples per second the candidate's scope receives now (one storage read of the last two
+        minutes, cached for a minute): what a plan would fold. The query log's estimate (samples a raw
+        query read over its span) misses a scrape interval that changed, e.g. denser live data after
+        sparser history."""
+        now = time.time()
+        key = ("rate",) + tuple(c.key)
+        hit = self._scope_cache.get(key)
+        if hit is not None and now - hit[0] < 60:
+            return hit[1]
+        rate = 0.0
+        if self.storage is not None:
+            ms = [Matcher("__name__", "=", c.metric)] + [Matcher(n, o, v) for n, o, v in c.matchers]
+            hi = self.summarizer.max_ts if self.summarizer.max_ts is not None else int(now * 1000)
+            try:
+                rate = self.storage.select(ms, hi - self.RATE_WINDOW_MS, hi).num_samples / (self.RATE_WINDOW_MS / 1000)
+            except Exception:  # noqa: BLE001 - unknown: keep the query log's estimate
+                rate = 0.0
+        self._scope_cache[key] = (now, rate)
+        return rate
+
     def _scope_series(self, c: Candidate, range_ms: int) -> int:
         """Series in the candidate's scope with data in the last ``range_ms`` (storage index)."""
         if self.storage is None:
@@ -466,7 +489,7 @@ class Planner:
             algorithm=c.algorithm, queries=len(ks.arrivals), period_s=self.config.period_ms / 1000,
             raw_cpu_per_query=raw_cpu, range_ms=max(ks.max_range_ms, 1),
             windows_per_query=sum(ks.windows) / max(len(ks.windows), 1), series=scope_series,
-            ingest_samples_per_s=ks.sample_rate, pane_ms=pane_ms, history_ms=hist,
+            ingest_samples_per_s=max(ks.sample_rate, self._recent_sample_rate(scope)), pane_ms=pane_ms, history_ms=hist,
             budget_left_bytes=self.config.budget_bytes - used, fold_cost_s=fold,
         )
         ks.last_decision = est.reason

@@ -142,14 +142,14 @@ def test_federate_format_and_errors(server):
         assert st == 400 and doc["status"] == "error" and doc["errorType"] == "bad_data" and want in doc["error"], (params, b)
 
 
-def _start_prometheus(tmp_path: Path, config: str) -> tuple[subprocess.Popen, str]:
+def _start_prometheus(tmp_path: Path, config: str, extra: list[str] | None = None) -> tuple[subprocess.Popen, str]:
     binary = require_binary("prometheus")
     port = free_port()
     cfg = tmp_path / "prometheus.yml"
     cfg.write_text(config)
     log = open(tmp_path / "prometheus.log", "ab")
     proc = subprocess.Popen([binary, f"--config.file={cfg}", f"--storage.tsdb.path={tmp_path / 'prom-data'}",
-                             f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT)
+                             f"--web.listen-address=127.0.0.1:{port}", *(extra or [])], stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
         wait_http(base + "/-/ready", timeout=30, proc=proc)

@@ -1,4 +1,4 @@
-"""Remote-write message classes built from descriptors written here (see remote.proto).
+"""Remote-write and remote-read message classes built from descriptors written here (see remote.proto).
 
 The build machine has no protoc, so instead of committing generated ``_pb2`` code we describe
 the messages with ``descriptor_pb2`` and let the ``protobuf`` runtime (upb backend) create the
@@ -12,6 +12,7 @@ _F = descriptor_pb2.FieldDescriptorProto
 _T = {
     "string": _F.TYPE_STRING, "bytes": _F.TYPE_BYTES, "double": _F.TYPE_DOUBLE,
     "int64": _F.TYPE_INT64, "uint32": _F.TYPE_UINT32, "enum": _F.TYPE_ENUM, "msg": _F.TYPE_MESSAGE,
+    "bool": _F.TYPE_BOOL,
 }
 
 _POOL = descriptor_pool.DescriptorPool()
@@ -79,8 +80,34 @@ def _build_v2() -> descriptor_pb2.FileDescriptorProto:
     return fdp
 
 
+def _build_read() -> descriptor_pb2.FileDescriptorProto:
+    """Remote read (prompb/remote.proto and types.proto): requests, sample and chunked responses."""
+    fdp = descriptor_pb2.FileDescriptorProto(name="turboprom/remote_read.proto", package="prometheus", syntax="proto3",
+                                             dependency=["turboprom/remote_v1.proto"])
+    _msg(fdp, "LabelMatcher", [("type", 1, "enum", False, ".prometheus.LabelMatcher.Type"), ("name", 2, "string", False),
+                               ("value", 3, "string", False)], enums={"Type": ["EQ", "NEQ", "RE", "NRE"]})
+    _msg(fdp, "ReadHints", [("step_ms", 1, "int64", False), ("func", 2, "string", False), ("start_ms", 3, "int64", False),
+                            ("end_ms", 4, "int64", False), ("grouping", 5, "string", True), ("by", 6, "bool", False),
+                            ("range_ms", 7, "int64", False)])
+    _msg(fdp, "Query", [("start_timestamp_ms", 1, "int64", False), ("end_timestamp_ms", 2, "int64", False),
+                        ("matchers", 3, "msg", True, ".prometheus.LabelMatcher"), ("hints", 4, "msg", False, ".prometheus.ReadHints")])
+    _msg(fdp, "ReadRequest", [("queries", 1, "msg", True, ".prometheus.Query"),
+                              ("accepted_response_types", 2, "enum", True, ".prometheus.ReadRequest.ResponseType")],
+         enums={"ResponseType": ["SAMPLES", "STREAMED_XOR_CHUNKS"]})
+    _msg(fdp, "QueryResult", [("timeseries", 1, "msg", True, ".prometheus.TimeSeries")])
+    _msg(fdp, "ReadResponse", [("results", 1, "msg", True, ".prometheus.QueryResult")])
+    _msg(fdp, "Chunk", [("min_time_ms", 1, "int64", False), ("max_time_ms", 2, "int64", False),
+                        ("type", 3, "enum", False, ".prometheus.Chunk.Encoding"), ("data", 4, "bytes", False)],
+         enums={"Encoding": ["UNKNOWN", "XOR", "HISTOGRAM", "FLOAT_HISTOGRAM"]})
+    _msg(fdp, "ChunkedSeries", [("labels", 1, "msg", True, ".prometheus.Label"), ("chunks", 2, "msg", True, ".prometheus.Chunk")])
+    _msg(fdp, "ChunkedReadResponse", [("chunked_series", 1, "msg", True, ".prometheus.ChunkedSeries"),
+                                      ("query_index", 2, "int64", False)])
+    return fdp
+
+
 _POOL.Add(_build_v1())
 _POOL.Add(_build_v2())
+_POOL.Add(_build_read())
 
 
 def _cls(full_name: str):
@@ -105,6 +132,16 @@ V2Metadata = _cls("io.prometheus.write.v2.Metadata")
 V2RawRequest = _cls("io.prometheus.write.v2.RawRequest")
 V2Exemplar = _cls("io.prometheus.write.v2.Exemplar")
 V1Exemplar = Exemplar
+
+# remote read
+ReadRequest = _cls("prometheus.ReadRequest")
+ReadResponse = _cls("prometheus.ReadResponse")
+ReadQuery = _cls("prometheus.Query")
+LabelMatcher = _cls("prometheus.LabelMatcher")
+QueryResult = _cls("prometheus.QueryResult")
+ChunkedReadResponse = _cls("prometheus.ChunkedReadResponse")
+ChunkedSeries = _cls("prometheus.ChunkedSeries")
+Chunk = _cls("prometheus.Chunk")
 
 V1_TYPE_NAMES = ["unknown", "counter", "gauge", "histogram", "gaugehistogram", "summary", "info", "stateset"]
 V2_TYPE_NAMES = V1_TYPE_NAMES  # same order; 0 = unspecified -> unknown

@@ -24,6 +24,7 @@ from turboprom import exposition
 from turboprom.api_common import APIError, api_handler, run_off_loop
 from turboprom.api_params import Params, invalid_param, parse_matchers_param
 from turboprom.context import ServerContext
+from turboprom.remote_read import visible_matchers
 from turboprom.tenancy import tenant_storage
 
 
@@ -34,6 +35,9 @@ def latest_samples(view: Any, matcher_sets: list, mint: int, maxt: int) -> tuple
     labels_out: list = []
     ts_parts, v_parts = [], []
     for ms in matcher_sets:
+        ms = visible_matchers(ms)  # the tenant label is never visible: matchers read it as ""
+        if ms is None:
+            continue
         ss = view.select(ms, mint, maxt)
         if len(ss) == 0:
             continue

@@ -415,6 +415,14 @@ class Planner:
         self._scope_cache[c.key] = (now, n)
         return n
 
+    def _arrival_span_s(self, ks: KeyStats) -> float:
+        """Seconds the recent arrivals span: the query rate is (arrivals - 1) over it. (Dividing by the
+        whole observation period undercounts a pattern that started recurring within it: three refreshes
+        10 s apart are 0.1 q/s, not 3 per 10 min.)"""
+        if len(ks.arrivals) < 2:
+            return self.config.period_ms / 1000
+        return max(ks.arrivals[-1] - ks.arrivals[0], 1.0)
+
     RATE_WINDOW_MS = 120_000
 
     def _recent_sample_rate(self, c: Candidate) -> float:
@@ -486,7 +494,7 @@ class Planner:
         used = sum(s.nbytes() for s in self.sds.values())
         fold = self._fold_cost_per_sample()
         est = cost_model.estimate(
-            algorithm=c.algorithm, queries=len(ks.arrivals), period_s=self.config.period_ms / 1000,
+            algorithm=c.algorithm, queries=max(len(ks.arrivals) - 1, 1), period_s=self._arrival_span_s(ks),
             raw_cpu_per_query=raw_cpu, range_ms=max(ks.max_range_ms, 1),
             windows_per_query=sum(ks.windows) / max(len(ks.windows), 1), series=scope_series,
             ingest_samples_per_s=max(ks.sample_rate, self._recent_sample_rate(scope)), pane_ms=pane_ms, history_ms=hist,
@@ -507,7 +515,7 @@ class Planner:
                                grouping=c.grouping)
             else:
                 spec = SDSSpec(metric=c.metric, algorithm=c.algorithm, pane_ms=pane_ms, params=params)
-            self.adopt(spec, reason=f"recurred {len(ks.arrivals)}x in {self.config.period_ms // 1000}s; {est.reason}",
+            self.adopt(spec, reason=f"recurred {len(ks.arrivals)}x in {self._arrival_span_s(ks):.0f}s; {est.reason}",
                        history_ms=hist)
 
     def _blocked_reason(self, c: Candidate) -> str | None:

@@ -390,6 +390,49 @@ def test_status_tsdb_head_stats_are_the_callers_own(env) -> None:
     assert st == 200 and b["data"]["storage"]["headStats"]["maxTime"] == sec.t_b
 
 
+def test_remote_read_as_tenant_b_carries_only_team_b(env) -> None:
+    """POST /api/v1/read (not in the GET sweep): both response types, selectors reaching for every
+    tenant's series, decoded; labels and timestamps are team-b's only."""
+    from ingest.proto.messages import ChunkedReadResponse, ReadRequest, ReadResponse
+    from ingest.snappy_block import decompress
+
+    url, sec = env
+    req = ReadRequest()
+    for name, rx in (("__name__", ".+"), ("token", ".+"), ("__tenant__", ".+"), ("instance", ".+"), ("trace_id", ".*")):
+        q = req.queries.add(start_timestamp_ms=0, end_timestamp_ms=sec.t_default + 60_000)
+        q.matchers.add(type=2, name=name, value=rx)
+    forbidden = [w for w in sec.forbidden() if not w[0].isdigit()]
+    for who in B_USERS:
+        for types in ([], [1]):
+            req.ClearField("accepted_response_types")
+            req.accepted_response_types.extend(types)
+            st, body, _ = call(url + "/api/v1/read", who, data=compress(req.SerializeToString()),
+                               headers={"Content-Type": "application/x-protobuf", "Content-Encoding": "snappy"})
+            assert st == 200, (who.name, st, body[:200])
+            if types:
+                series, p = [], 0
+                while p < len(body):  # uvarint length, 4 CRC bytes, message
+                    n = sh = 0
+                    while True:
+                        b = body[p]
+                        p += 1
+                        n |= (b & 0x7F) << sh
+                        sh += 7
+                        if b < 0x80:
+                            break
+                    m = ChunkedReadResponse.FromString(body[p + 4:p + 4 + n])
+                    p += 4 + n
+                    series += [(cs.labels, [c.max_time_ms for c in cs.chunks]) for cs in m.chunked_series]
+            else:
+                resp = ReadResponse.FromString(bytes(decompress(body, 1 << 26)))
+                series = [(ts.labels, [x.timestamp for x in ts.samples]) for r in resp.results for ts in r.timeseries]
+            names = {lb.value for lbls, _ in series for lb in lbls if lb.name == "__name__"}
+            assert names and all(n.startswith("teamb") for n in names), (who.name, names)
+            text = " ".join(f"{lb.name}={lb.value}" for lbls, _ in series for lb in lbls)
+            assert not [w for w in forbidden if w in text] and "__tenant__" not in text, (who.name, text[:300])
+            assert not {sec.t_default, sec.t_a} & {t for _, tss in series for t in tss}
+
+
 def test_self_metrics_and_config_only_for_callers_of_every_tenant(env) -> None:
     """/metrics counts every tenant's samples and series, /api/v1/status/config names every tenant's
     limits and targets: callers restricted to tenants get 403, operators (not restricted) read them."""

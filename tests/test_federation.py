@@ -236,6 +236,9 @@ def write_tenants(url: str, now: int) -> None:
 
 
 def test_federate_tenant_sees_only_its_own_series(tmp_path):
+    from turboprom.auth import required_role
+
+    assert required_role("GET", "/federate") == "read" and required_role("POST", "/api/v1/read") == "read"
     srv = auth_server(tmp_path)
     try:
         write_tenants(srv.url, int(time.time() * 1000))

@@ -248,6 +248,8 @@ def test_reload_applies_scrape_and_rules_and_refuses_broken(tmp_path: Path) -> N
         code, text = _post(url + "/-/reload", "PUT")
         assert code == 500 and text.startswith("failed to reload config: ") and f'{cfg}:9: scrape_configs[1]: unknown field "scrape_intervall"' in text, text
         assert _gauge(url, "prometheus_config_last_reload_successful") == 0.0
+        assert http_json(url + "/api/v1/status/runtimeinfo")[1]["data"]["reloadConfigSuccess"] is False
+        assert http_json(url + "/api/v1/status/flags")[1]["data"]["web.enable-lifecycle"] == "true"
         assert _targets(url) == {"self": {me, other}, "second": {me}}
         (tmp_path / "rules.yml").write_text("groups:\n- name: g\n  rules:\n  - record: x\n    expr: sum(\n")
         cfg.write_text(good)
@@ -266,6 +268,7 @@ def test_reload_applies_scrape_and_rules_and_refuses_broken(tmp_path: Path) -> N
         _wait(lambda: _rule_names(url) == {"up:count"}, "SIGHUP reload to replace the rules")
         assert _gauge(url, "prometheus_config_last_reload_successful") == 1.0
         assert _gauge(url, "prometheus_config_last_reload_success_timestamp_seconds") >= t_start
+        assert http_json(url + "/api/v1/status/runtimeinfo")[1]["data"]["reloadConfigSuccess"] is True
         _, body, _ = http_json(url + "/api/v1/status/config")
         assert "second" not in body["data"]["yaml"] and "rules.yml" in body["data"]["yaml"]
         assert "error reloading configuration" in srv.log_path.read_text()

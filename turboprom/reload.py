@@ -37,10 +37,19 @@ RELOAD_TS = Gauge("prometheus_config_last_reload_success_timestamp_seconds",
 APPLIED = ("global", "scrape_configs", "self_scrape", "rule_files")
 
 
-def mark_loaded() -> None:
-    """The config the server started with counts as the first successful load (as in Prometheus)."""
+def mark_loaded(ctx: ServerContext) -> None:
+    """The config the server started with counts as the first successful load (as in Prometheus).
+    ``ctx.components["config_reload"]``: (last attempt succeeded, time of the last successful load),
+    for /api/v1/status/runtimeinfo."""
+    now = time.time()
     RELOAD_OK.set(1)
-    RELOAD_TS.set(time.time())
+    RELOAD_TS.set(now)
+    ctx.components["config_reload"] = (True, now)
+
+
+def _mark_failed(ctx: ServerContext) -> None:
+    RELOAD_OK.set(0)
+    ctx.components["config_reload"] = (False, ctx.components.get("config_reload", (True, ctx.started_at))[1])
 
 
 def _lock(ctx: ServerContext) -> asyncio.Lock:
@@ -59,11 +68,11 @@ async def reload_config(ctx: ServerContext) -> None:
                 raw = await asyncio.get_running_loop().run_in_executor(ctx.executor, load_config_file, path)
                 await _apply(ctx, raw)
         except Exception as e:  # noqa: BLE001 - any failure keeps the old config and is reported
-            RELOAD_OK.set(0)
+            _mark_failed(ctx)
             msg = str(e) if isinstance(e, ConfigError) else f"{type(e).__name__}: {e}"
             log.error("error reloading configuration from %s (the previous configuration stays in effect): %s", path, msg)
             raise ConfigError(msg) from None
-        mark_loaded()
+        mark_loaded(ctx)
         log.info("completed loading of configuration file %s", path)
 
 

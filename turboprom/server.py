@@ -86,7 +86,7 @@ async def serve(config: ServerConfig) -> None:
         raise StartupError(listen_error(config.listen, e)) from None
     from turboprom.reload import mark_loaded, reload_config
 
-    mark_loaded()
+    mark_loaded(ctx)
     scheme = "https" if ssl_ctx else "http"
     log.info("TurboProm listening on %s://%s (data dir %s)", scheme, config.listen, config.data_dir)
     print(f"TurboProm listening on {scheme}://{config.listen}", flush=True)

@@ -177,6 +177,7 @@ def _flags(ctx: ServerContext) -> dict[str, str]:
         "storage.tsdb.out-of-order-window": _duration_text(c.storage.out_of_order_window_ms),
         "storage.tsdb.wal-fsync": c.storage.wal_fsync,
         "web.enable-admin-api": "true" if admin_enabled(ctx) else "false",
+        "web.enable-lifecycle": "true" if getattr(c, "enable_lifecycle", False) else "false",
         "web.listen-address": c.listen,
         "web.max-request-body-bytes": str(c.max_body_bytes),
     }
@@ -228,8 +229,9 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
         return ok({
             "startTime": go_time(ctx.started_at),
             "CWD": os.getcwd(),
-            "reloadConfigSuccess": True,
-            "lastConfigTime": go_time(ctx.started_at),
+            # (last reload succeeded, time of the last successful load): turboprom/reload.py
+            "reloadConfigSuccess": ctx.components.get("config_reload", (True, ctx.started_at))[0],
+            "lastConfigTime": go_time(ctx.components.get("config_reload", (True, ctx.started_at))[1]),
             "corruptionCount": 0,
             "goroutineCount": threading.active_count(),
             "GOMAXPROCS": os.cpu_count() or 1,

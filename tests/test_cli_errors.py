@@ -68,6 +68,9 @@ def test_data_dir_is_a_file(tmp_path: Path) -> None:
     one_line_failure(r, f"turboprom: data dir {f} is a file, not a directory")
     r = run_cli("serve", "--data-dir", str(f / "sub"), "--listen", f"127.0.0.1:{free_port()}")
     one_line_failure(r, f"cannot create data dir {f / 'sub'}: a parent of it is a file")
+    if Path("/sys/kernel").is_dir():  # not writable even for root
+        r = run_cli("serve", "--data-dir", "/sys/kernel", "--listen", f"127.0.0.1:{free_port()}")
+        one_line_failure(r, "turboprom: data dir /sys/kernel is not writable: ", "--data-dir")
 
 
 @pytest.mark.parametrize("listen,expected", [

@@ -262,13 +262,16 @@ def test_reload_applies_scrape_and_rules_and_refuses_broken(tmp_path: Path) -> N
         # SIGHUP: a job removed, a rule replaced
         (tmp_path / "rules.yml").write_text("groups:\n- name: g\n  interval: 1s\n  rules:\n  - record: up:count\n    expr: count(up)\n")
         cfg.write_text(f"global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files: [rules.yml]\n"
-                       f"scrape_configs:\n  - job_name: self\n    static_configs: [{{targets: ['{me}']}}]\n")
+                       f"scrape_configs:\n  - job_name: self\n    static_configs: [{{targets: ['{me}']}}]\n"
+                       "planner:\n  pinned: [{metric: up, algorithm: exact}]\n")
         os.kill(srv.proc.pid, signal.SIGHUP)
         _wait(lambda: _targets(url) == {"self": {me}}, "SIGHUP reload to drop the job")
         _wait(lambda: _rule_names(url) == {"up:count"}, "SIGHUP reload to replace the rules")
         assert _gauge(url, "prometheus_config_last_reload_successful") == 1.0
         assert _gauge(url, "prometheus_config_last_reload_success_timestamp_seconds") >= t_start
         assert http_json(url + "/api/v1/status/runtimeinfo")[1]["data"]["reloadConfigSuccess"] is True
+        plans = http_json(url + "/api/v1/planner/plans")[1]["data"]["plans"]
+        assert [(p["metric"], p["algorithm"], p["pinned"]) for p in plans] == [("up", "exact", True)], plans
         _, body, _ = http_json(url + "/api/v1/status/config")
         assert "second" not in body["data"]["yaml"] and "rules.yml" in body["data"]["yaml"]
         assert "error reloading configuration" in srv.log_path.read_text()

@@ -7,7 +7,7 @@ and storage statistics. Savings are *measured*, per way of serving (``_savings``
 reused step answers against the pattern's raw executions (the same query evaluated whole); answers a
 summary gave without reuse against the canary's shadow pairs (the raw path timed on the very sub-query
 the summary just answered, same data and moment), or the raw executions where no pair exists. Totals
-subtract the summaries' ingest CPU.
+subtract the summaries' live fold CPU and, separately stated, their one-time backfill CPU.
 """
 from __future__ import annotations
 
@@ -143,14 +143,16 @@ def build_report(query_log: Any, planner: Any = None, canary: Any = None, storag
         patterns.append(d)
     summaries = []
     ingest_cpu = 0.0
+    backfill_cpu = 0.0
     summary_bytes = 0
     retired: list[dict[str, Any]] = []
     if planner is not None:
         for p in planner.plans():
             summaries.append({k: p.get(k) for k in ("id", "metric", "algorithm", "pane_ms", "error_bound", "series", "bytes", "hits",
-                                                     "windows_served", "saved_samples", "ingest_cpu_seconds", "ingested_samples", "reason",
+                                                     "windows_served", "saved_samples", "ingest_cpu_seconds", "backfill_cpu_seconds", "ingested_samples", "reason",
                                                      "measured")})
             ingest_cpu += float(p.get("ingest_cpu_seconds") or 0.0)
+            backfill_cpu += float(p.get("backfill_cpu_seconds") or 0.0)
             summary_bytes += int(p.get("bytes") or 0)
         retired = [dict(r) for r in planner.retired.values() if r.get("retired_at", 0) * 1000 >= since]
     storage_info: dict[str, Any] = {}
@@ -173,7 +175,10 @@ def build_report(query_log: Any, planner: Any = None, canary: Any = None, storag
         "generated_at_ms": now_ms, "since_ms": since, "tenant": tenant,
         "totals": {
             "query_cpu_s": raw_cpu, "measured_savings_cpu_s": total_saved, "summary_ingest_cpu_s": ingest_cpu,
-            "net_savings_cpu_s": total_saved - ingest_cpu, "summary_bytes": summary_bytes,
+            "summary_backfill_cpu_s": backfill_cpu,
+            # net of everything the summaries cost, and of what they cost from here on (the backfill is paid)
+            "net_savings_cpu_s": total_saved - ingest_cpu - backfill_cpu,
+            "net_savings_after_backfill_cpu_s": total_saved - ingest_cpu, "summary_bytes": summary_bytes,
             "patterns": n_pat, "executions": n_exec, "summary_served_executions": n_summary,
             "listed_patterns": len(patterns),
         },

@@ -138,8 +138,10 @@ class SDSStats:
     raw_edge_samples: int = 0
     last_hit: float = 0.0
     created: float = field(default_factory=time.time)
-    ingest_cpu_s: float = 0.0
+    ingest_cpu_s: float = 0.0  # live folds (and late rebuilds): what the plan costs while it exists
     ingested_samples: int = 0
+    backfill_cpu_s: float = 0.0  # the one-time fill of its history from storage (a sunk cost: never a reason to retire)
+    backfilled_samples: int = 0
     late_dropped: int = 0  # late samples that could not be folded (no raw storage to rebuild exact panes from)
     late_folded: int = 0  # late samples folded into their panes (sketches) or whose panes were rebuilt (exact)
     late_rebuilt_samples: int = 0  # raw samples re-read to rebuild exact panes after late samples
@@ -436,6 +438,7 @@ class SDS:
             "saved_samples": self.stats.saved_samples,
             "raw_edge_samples": self.stats.raw_edge_samples,
             "ingest_cpu_seconds": round(self.stats.ingest_cpu_s, 6),
+            "backfill_cpu_seconds": round(self.stats.backfill_cpu_s, 6),
             "ingested_samples": self.stats.ingested_samples,
             "late_dropped": self.stats.late_dropped,
             "late_folded": self.stats.late_folded,

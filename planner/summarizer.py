@@ -197,8 +197,8 @@ class Summarizer:
                 store.last_t[lsid[unset]] = ts[last][unset]
                 if hasattr(store, "last_v"):
                     store.last_v[lsid[unset]] = vals[last][unset]
-        sds.stats.ingest_cpu_s += time.thread_time() - t0
-        sds.stats.ingested_samples += len(ts)
+        sds.stats.backfill_cpu_s += time.thread_time() - t0  # one-time: kept apart from the live fold
+        sds.stats.backfilled_samples += len(ts)
 
     def adopt(self, sds: SDS, history_ms: int, background: bool = True) -> threading.Thread | None:
         self.start_live(sds)

@@ -98,6 +98,7 @@ BROKEN_RULES = [
     ("groups:\n- name: g\n  rules:\n  - record: x\n    expr: up\n    for: 5m\n", ["invalid field 'for' in recording rule"]),
     ("groups:\n- name: g\n   rules: []\n", ["rules.yml:3:", "invalid YAML"]),
     ("group:\n- name: g\n", ['rules.yml:1: unknown field "group"']),
+    ("groups:\n- name: g\n  limit: lots\n  rules: []\n", ['rules.yml:3: group "g": limit must be a non-negative integer']),
 ]
 
 
@@ -275,6 +276,47 @@ def test_reload_applies_scrape_and_rules_and_refuses_broken(tmp_path: Path) -> N
         _, body, _ = http_json(url + "/api/v1/status/config")
         assert "second" not in body["data"]["yaml"] and "rules.yml" in body["data"]["yaml"]
         assert "error reloading configuration" in srv.log_path.read_text()
+
+
+def test_reload_under_load(tmp_path: Path) -> None:
+    """Reloads while queries and text imports run: every reload succeeds, no request fails."""
+    import threading
+
+    port = free_port()
+    cfg = tmp_path / "turboprom.yml"
+    body = "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: j{n}\n    static_configs: [{{targets: ['127.0.0.1:%d']}}]\n" % port
+    cfg.write_text(body.format(n=0))
+    with ServerProcess(tmp_path / "data", ["--config", str(cfg), "--web.enable-lifecycle"], port=port) as srv:
+        failures: list[str] = []
+        stop = threading.Event()
+
+        def load() -> None:
+            i = 0
+            while not stop.is_set():
+                i += 1
+                try:
+                    code, _, _ = http_json(srv.url + "/api/v1/import/prometheus", f"load_metric {i}\n".encode())
+                    if code >= 300:
+                        failures.append(f"import {code}")
+                    code, b, _ = http_json(srv.url + "/api/v1/query?query=sum(up)")
+                    if code != 200:
+                        failures.append(f"query {code} {b}")
+                except Exception as e:  # noqa: BLE001
+                    failures.append(repr(e))
+
+        threads = [threading.Thread(target=load) for _ in range(2)]
+        for t in threads:
+            t.start()
+        try:
+            for n in range(1, 6):
+                cfg.write_text(body.format(n=n))
+                assert _post(srv.url + "/-/reload") == (200, "")
+                assert set(_targets(srv.url)) == {f"j{n}"}
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(30)
+        assert not failures, failures[:5]
 
 
 def test_reload_needs_lifecycle_flag(tmp_path: Path) -> None:

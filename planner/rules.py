@@ -158,7 +158,7 @@ def check_rule_file(path: str) -> list[str]:
         unknown(g, GROUP_FIELDS, f'group "{name}": ')
         if "interval" in g:
             duration(g["interval"][1], f'group "{name}": interval')
-        if "limit" in g and not (g["limit"][1].tag.endswith(":int") and int(g["limit"][1].value) >= 0):
+        if "limit" in g and not (g["limit"][1].tag.endswith(":int") and g["limit"][1].value.isdigit()):
             err(g["limit"][1], f'group "{name}": limit must be a non-negative integer, got {g["limit"][1].value!r}')
         rules = g.get("rules", (None, None))[1]
         if rules is None or (isinstance(rules, yaml.ScalarNode) and rules.tag.endswith(":null")):

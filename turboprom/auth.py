@@ -158,6 +158,10 @@ class AuthLimits:
         unknown = set(raw) - set(cls.__dataclass_fields__)
         if unknown:
             raise ValueError(f"auth: unknown key(s) {sorted(unknown)} (known: {', '.join(cls.__dataclass_fields__)})")
+        for k, v in raw.items():
+            want = type(getattr(cls, k))
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or (want is int and not float(v).is_integer()):
+                raise ValueError(f"auth.{k}: expected {'an integer' if want is int else 'a number'}, got {v!r}")
         out = cls(**{k: type(getattr(cls, k))(v) for k, v in raw.items()})
         if out.workers <= 0:
             out.workers = max(1, min(4, (os.cpu_count() or 2) // 2))  # leave CPU for everything else

@@ -42,6 +42,14 @@ class LimitValues:
     max_concurrent_queries: int = 0
 
 
+def _number(cls: Any, name: str, v: Any, where: str) -> Any:
+    """A limit's value as its field's type; a string, a boolean or a fraction where an integer belongs is refused."""
+    want = type(getattr(cls(), name))
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (want is int and not float(v).is_integer()):
+        raise ValueError(f"{where}.{name}: expected {'an integer' if want is int else 'a number'}, got {v!r}")
+    return want(v)
+
+
 class LimitExceeded(Exception):
     def __init__(self, message: str, status: int = 429, retry_after_s: int = 1):
         super().__init__(message)
@@ -82,13 +90,17 @@ class Limits:
         unknown = set(raw) - names
         if unknown:
             raise ValueError(f"limits: unknown setting(s) {sorted(unknown)} (known: {', '.join(sorted(names))})")
-        base = LimitValues(**{k: type(getattr(LimitValues(), k))(v) for k, v in raw.items()})
+        base = LimitValues(**{k: _number(LimitValues, k, v, "limits") for k, v in raw.items()})
         over = {}
+        if not isinstance(tenants, dict):
+            raise ValueError("limits.tenants must map tenant names to their limits")
         for t, vals in tenants.items():
+            if not isinstance(vals, dict):
+                raise ValueError(f"limits.tenants.{t} must be a mapping of limits")
             bad = set(vals) - set(PER_TENANT)
             if bad:
                 raise ValueError(f"limits.tenants.{t}: only per-tenant settings may be overridden ({', '.join(PER_TENANT)}), not {sorted(bad)}")
-            over[str(t)] = replace(base, **{k: type(getattr(base, k))(v) for k, v in vals.items()})
+            over[str(t)] = replace(base, **{k: _number(LimitValues, k, v, f"limits.tenants.{t}") for k, v in vals.items()})
         return cls(base, over)
 
     def of(self, tenant: str) -> LimitValues:

@@ -52,6 +52,9 @@ class CongestionConfig:
                 raise ValueError(f"congestion: unknown setting {key!r} (known: {', '.join(sorted(known))})")
             if name.endswith("_s"):
                 setattr(cfg, name, parse_seconds(value, key))
+            elif isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or (name == "max_cache_entries" and not isinstance(value, int)):
+                raise ValueError(f"congestion.{key}: expected {'an integer' if name == 'max_cache_entries' else 'a number'}, got {value!r}")
             elif name == "max_cache_entries":
                 setattr(cfg, name, int(value))
             else:

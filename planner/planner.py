@@ -540,8 +540,9 @@ class Planner:
             return None
         verdicts = [v for v in m["shapes"].values() if v is not None]
         if verdicts and all(v == "slower" for v in verdicts):
-            return (f"measured p50 {m['served_p50_s'] * 1e3:.2f} ms from the summary is not below the raw path's "
-                    f"{m['raw_p50_s'] * 1e3:.2f} ms ({m['runs']} shadow runs; every shape of use slower)")
+            per_shape = "; ".join(f"{k}: {a * 1e3:.2f} vs {b * 1e3:.2f} ms" for k, (a, b) in s.stats.shape_medians().items())
+            return (f"every shape of use measured no faster from the summary than on the raw path (median wall, "
+                    f"summary vs raw: {per_shape}; {m['runs']} shadow runs)")
         if now - s.stats.created > self.GRACE_S and m["cpu_saved_s"] < 0:
             return (f"measured CPU savings are negative: {m['cpu_saved_s']:.4f} CPU-s ({s.stats.hits} hits; "
                     f"{s.stats.ingest_cpu_s:.4f} s summarization)")

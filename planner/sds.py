@@ -177,6 +177,15 @@ class SDSStats:
         raw = statistics.median([x[2] for x in r])
         return "faster" if served < raw else "slower"
 
+    def shape_medians(self) -> dict[str, tuple[float, float]]:
+        """Per shape of use with a verdict: (median served wall s, median raw wall s) of its recent runs."""
+        out = {}
+        for sh in list(self.shapes):
+            r = self._recent(sh)
+            if len(r) >= self.SHAPE_MIN_RUNS:
+                out[shape_label(sh)] = (statistics.median(x[1] for x in r), statistics.median(x[2] for x in r))
+        return out
+
     def needs_probe(self, shape: tuple) -> bool:
         return len(self._recent(shape)) < self.SHAPE_MIN_RUNS
 
@@ -189,10 +198,14 @@ class SDSStats:
         a = np.asarray(self.shadow, dtype=np.float64)
         med = np.median(a, axis=0)
         per_hit = float(np.mean(a[:, 3] - a[:, 1]))
-        shapes = {f"{s[0]}[{s[1] // 1000}s] ~{1 << (2 * s[2])} steps": self.verdict(s) for s in list(self.shapes)}
+        shapes = {shape_label(s): self.verdict(s) for s in list(self.shapes)}
         return {"runs": len(a), "served_p50_s": float(med[0]), "served_cpu_p50_s": float(med[1]),
                 "raw_p50_s": float(med[2]), "raw_cpu_p50_s": float(med[3]),
                 "cpu_saved_s": per_hit * self.hits - self.ingest_cpu_s, "shapes": shapes}
+
+
+def shape_label(shape: tuple[str, int, int]) -> str:
+    return f"{shape[0]}[{shape[1] // 1000}s] ~{1 << (2 * shape[2])} steps"
 
 
 def shape_of(func: str, range_ms: int, steps: int) -> tuple[str, int, int]:

@@ -214,7 +214,7 @@ def test_plan_slower_than_raw_in_shadow_runs_is_retired_and_not_readopted():
     st.planner.maintain()
     assert sds.id not in st.planner.sds
     rec = st.planner.retired[sds.id]
-    assert "not below the raw path" in rec["reason"] and rec["measured"]["runs"] == 18
+    assert "no faster from the summary than on the raw path" in rec["reason"] and rec["measured"]["runs"] == 18
     for _ in range(4):
         st.engine.range_query(q, tmax - 6 * 3_600_000, tmax, 300_000)
     assert sds.id not in st.planner.sds  # measured not to pay: not adopted again for retire_after

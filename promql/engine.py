@@ -65,6 +65,23 @@ def _release_freed_memory() -> None:
 
 
 _malloc_trim: Any = None
+_M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
+MMAP_THRESHOLD_BYTES = 4 * 1024**2
+
+
+def _fixed_mmap_threshold() -> None:
+    """Large arrays get their own mappings, returned to the OS as soon as they are freed. glibc's
+    default threshold grows with every large free (up to 32 MiB), after which the blocks a big
+    query computes in land on the heap and stay in the process's RSS."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+    except (OSError, AttributeError):
+        pass
+
+
+_fixed_mmap_threshold()
 
 
 def _result_points(res: QueryResult) -> int:
@@ -240,9 +257,18 @@ class Engine:
                 res = self._shape(val, steps, is_range)
                 # the answer is encoded as JSON next (~40 bytes a sample): that memory counts too
                 budget.reserve(_result_points(res) * JSON_BYTES_PER_SAMPLE)
-        finally:
+        except PromQLError as e:
+            # A refused query must not keep its intermediate arrays alive: the evaluator's frames in
+            # the traceback hold them, and the traceback ends up in reference cycles (futures of the
+            # HTTP layer) that only the cyclic GC would free, hundreds of MB per refusal.
+            ev.drop_operands()
+            e.with_traceback(None)
             if budget.peak_bytes > TRIM_AFTER_BYTES:
                 _release_freed_memory()
+            raise
+        if budget.peak_bytes > TRIM_AFTER_BYTES:
+            del val
+            _release_freed_memory()
         res.annotations = ann
         stats.wall_seconds = time.perf_counter() - wall0
         stats.cpu_seconds = time.thread_time() - cpu0

@@ -183,6 +183,10 @@ class Evaluator:
         # its sample accounting in ``eval``)
         self._operands: dict[int, list[Value]] = {}
 
+    def drop_operands(self) -> None:
+        """Forget operands kept for sample accounting (after an error interrupted a node)."""
+        self._operands.clear()
+
     # -- positions ------------------------------------------------------------------------
     def pos(self, node: Any, ctx: EvalContext) -> tuple[int, int] | None:
         off = self.positions.get(id(node))

@@ -238,6 +238,7 @@ class SDS:
         self._held_n = 0
         self._flushed_k = np.iinfo(np.int64).min  # newest pane among the samples folded so far
         self._flush_lock = threading.RLock()
+        self.flush_cpu_s = 0.0  # CPU of every fold of buffered samples (the summarizer reads it around a batch)
         self.raw_source: Any = None  # raw storage (set by the summarizer): exact panes hit by late samples are rebuilt from it
 
     FLUSH_SAMPLES = 50_000
@@ -350,7 +351,9 @@ class SDS:
                 self.store.ingest_sorted(sid[keep], ts[keep], vals[keep], live=True)
                 n_keep = int(keep.sum())
                 self.stats.late_folded += int((keep & (ts < live_from)).sum())
-                self.stats.ingest_cpu_s += time.thread_time() - t0
+                dt = time.thread_time() - t0
+                self.stats.ingest_cpu_s += dt
+                self.flush_cpu_s += dt
                 self.stats.ingested_samples += n_keep
                 return
             with self.store.lock:
@@ -361,7 +364,9 @@ class SDS:
             n_ok, n_late = int(ok.sum()), int(late.sum())
             if n_late:
                 self._fold_late(sid[late], ts[late], vals[late])
-            self.stats.ingest_cpu_s += time.thread_time() - t0
+            dt = time.thread_time() - t0
+            self.stats.ingest_cpu_s += dt
+            self.flush_cpu_s += dt
             self.stats.ingested_samples += n_ok
 
     def _fold_late(self, sid: np.ndarray, ts: np.ndarray, vals: np.ndarray) -> None:

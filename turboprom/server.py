@@ -6,6 +6,7 @@ import importlib
 import logging
 import pkgutil
 import signal
+import sys
 
 import yaml
 from aiohttp import web
@@ -56,9 +57,17 @@ def create_app(ctx: ServerContext) -> web.Application:
     return app
 
 
+# The event loop shares the GIL with query, ingest and fold threads; Python's default 5 ms switch
+# interval lets each busy thread hold it that long per turn, which adds up to tens of milliseconds
+# for a health check or congestion poll behind a few of them. 1 ms keeps those polls fast.
+GIL_SWITCH_INTERVAL_S = 0.001
+
+
 async def serve(config: ServerConfig) -> None:
     from turboprom.auth import Authenticator, WebConfig, check_listen_guard
     from turboprom.http_guard import GuardedAppRunner, Timeouts
+
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
 
     try:
         web_cfg = WebConfig.load(config.web_config_file) if config.web_config_file else None

@@ -38,6 +38,7 @@ from turboprom.tenancy import DEFAULT_TENANT, request_tenant
 
 
 DISCONNECT_POLL_S = 0.1
+STREAM_MIN_BYTES = 4 * 1024 * 1024  # answers above this are written piece by piece
 
 
 def _now_ms() -> int:
@@ -172,6 +173,8 @@ async def _evaluate(request: web.Request, ctx: ServerContext, params: Params, ti
         )
         del res
         size = sum(len(p) for p in parts)
+        if len(parts) > 1 and size <= STREAM_MIN_BYTES:  # small: one buffer, an ordinary response
+            parts = [b"".join(parts)]
         if want_gzip and size >= GZIP_MIN_BYTES:
             if len(parts) == 1:
                 return gzip_body(parts[0]), True

@@ -93,6 +93,17 @@ def _bool(d: dict[str, Any], name: str, default: bool) -> bool:
     return v
 
 
+def _number(d: dict[str, Any], name: str, default: Any, kind: type) -> Any:
+    """A YAML number (``kind`` int or float; an int is a float too); a string, boolean or anything else
+    is refused with a message naming the field."""
+    v = d.get(name, default)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and not isinstance(v, int)):
+        raise ValueError(f"planner.{name} must be {'an integer' if kind is int else 'a number'}, got {v!r}")
+    return kind(v)
+
+
 def _size(v: Any, default: int) -> int:
     if v is None:
         return default
@@ -150,7 +161,7 @@ class PlannerConfig:
             if not isinstance(t, dict) or set(t) - {"approximate"}:
                 raise ValueError(f"planner.tenants.{name}: only 'approximate: true|false' may be set per tenant")
             c.tenant_approximate[str(name)] = _bool(t, "approximate", c.approximate)
-        c.min_count = int(d.get("min_count", c.min_count))
+        c.min_count = _number(d, "min_count", c.min_count, int)
         c.period_ms = _dur(d.get("period"), c.period_ms)
         c.pane_ms = _dur(d.get("pane"), c.pane_ms)
         c.history_ms = _dur(d.get("history"), c.history_ms)
@@ -158,13 +169,13 @@ class PlannerConfig:
         c.budget_bytes = _size(d.get("budget"), c.budget_bytes)
         c.retire_after_ms = _dur(d.get("retire_after"), c.retire_after_ms)
         c.seal_delay_ms = _dur(d.get("seal_delay"), c.seal_delay_ms)
-        c.canary_fraction = float(d.get("canary_fraction", c.canary_fraction))
+        c.canary_fraction = _number(d, "canary_fraction", c.canary_fraction, float)
         c.background_backfill = _bool(d, "background_backfill", True)
         c.cost_based = _bool(d, "cost_based", True)
-        c.req_min_phi = float(d.get("req_min_phi", REQ_MIN_PHI))
-        c.cpc_min_series = int(d.get("cpc_min_series", c.cpc_min_series))
-        c.group_min_series = int(d.get("group_min_series", c.group_min_series))
-        c.fi_min_series = int(d.get("fi_min_series", c.fi_min_series))
+        c.req_min_phi = _number(d, "req_min_phi", REQ_MIN_PHI, float)
+        c.cpc_min_series = _number(d, "cpc_min_series", c.cpc_min_series, int)
+        c.group_min_series = _number(d, "group_min_series", c.group_min_series, int)
+        c.fi_min_series = _number(d, "fi_min_series", c.fi_min_series, int)
         c.step_cache_bytes = _size(d.get("step_cache_bytes"), c.step_cache_bytes)
         if not 0.0 < c.req_min_phi <= 1.0:
             raise ValueError(f"planner.req_min_phi must be in (0, 1], got {c.req_min_phi}")

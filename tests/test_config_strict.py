@@ -42,6 +42,8 @@ TYPOS = [
     ("ingest:\n  max_queu: 3\n", ['turboprom.yml:2: ingest: unknown field "max_queu"', 'did you mean "max_queue"']),
     ('planner:\n  enabled: "false"\n', ["turboprom.yml:2: planner.enabled must be true or false, got 'false'"]),
     ("planner:\n  enabled: maybe\n", ["planner.enabled must be true or false, got 'maybe'"]),
+    ('planner:\n  min_count: "3"\n', ["turboprom.yml:2: planner.min_count must be an integer, got '3'"]),
+    ("planner:\n  canary_fraction: x\n", ["planner.canary_fraction must be a number, got 'x'"]),
     ("scrape_configs:\n  - job_name: a\n    static_configs:\n      - targets: ['127.0.0.1:9']\n        lables: {a: b}\n",
      ['turboprom.yml:5: scrape_configs[0].static_configs[0]: unknown field "lables"']),
     ("scrape_configs:\n  - job_name: a\n    relabel_configs:\n      - sourcelabels: [a]\n",

@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import promql_parser
 
 from planner.served_functions import REQ_MIN_PHI, algorithm_for
 from promql.eval_selectors import duration_ms, to_matchers
+from promql.query_guard import parse as guarded_parse
 
 _QUANTILE_PARAM_FUNCS = {"quantile_over_time", "histogram_quantile"}
 # (aggregation, range function) pairs a cross-series ``group`` SDS serves exactly (planner/group_store.py)
@@ -76,10 +76,11 @@ def pattern(node: Any) -> str:
     return k
 
 
-def normalize(query: str) -> str:
-    """Pattern of a query text (the text itself when it does not parse)."""
+def normalize(query: str, node: Any = None) -> str:
+    """Pattern of a query text (the text itself when it does not parse, or is refused as too deep or
+    long by ``promql.query_guard`` before the parser binding runs)."""
     try:
-        return pattern(promql_parser.parse(query))
+        return pattern(node if node is not None else guarded_parse(query))
     except Exception:  # noqa: BLE001 - unparsable queries are logged as they are
         return query.strip()
 
@@ -210,7 +211,7 @@ def topk_shape(node: Any) -> tuple[int, tuple[str, ...], str, Any] | None:
 def candidates(query_or_node: Any, req_min_phi: float = REQ_MIN_PHI) -> list[Candidate]:
     """Servable sub-trees; ``quantile_over_time`` with a literal phi >= ``req_min_phi`` is a REQ
     candidate (tail quantiles: relative rank error), any other phi a KLL one."""
-    node = promql_parser.parse(query_or_node) if isinstance(query_or_node, str) else query_or_node
+    node = guarded_parse(query_or_node) if isinstance(query_or_node, str) else query_or_node
     out: list[Candidate] = []
 
     def walk(n: Any) -> None:

@@ -7,12 +7,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import promql_parser
-
 from planner.normalize import candidates, normalize
 from planner.query_log import LogEntry, QueryLog
 from planner.rewrite import RewriteHook, with_policy
 from planner.step_answers import StepAnswers, cacheable
+from promql.query_guard import parse as guarded_parse
 from promql.types import QueryResult
 
 
@@ -37,12 +36,12 @@ class _Patterns:
         hit = self.d.get(query)
         if hit is None:
             try:
-                node = promql_parser.parse(query)
+                node = guarded_parse(query)  # depth and length checked before the parser binding
                 cands = candidates(node, planner.config.req_min_phi) if planner is not None else candidates(node)
                 reusable = cacheable(node)
-            except Exception:  # noqa: BLE001 - unparsable: nothing to learn
-                cands, reusable = None, False
-            hit = (normalize(query), cands, reusable)
+            except Exception:  # noqa: BLE001 - unparsable or refused: nothing to learn
+                node, cands, reusable = None, None, False
+            hit = (normalize(query, node) if node is not None else query.strip(), cands, reusable)
             if len(self.d) >= self.capacity:
                 self.d.clear()
             self.d[query] = hit

@@ -42,7 +42,6 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-import promql_parser
 
 from planner import cost_model
 from planner.algorithm_registry import ALGORITHMS, allowed
@@ -52,6 +51,7 @@ from planner.kll_store import REQ_DEFAULT_K
 from planner.sds import REQ_MIN_PHI, SDS, SDSSpec, shape_of
 from planner.summarizer import Summarizer
 from planner.window import plan_windows
+from promql.query_guard import parse as guarded_parse
 from storage.matchers import Matcher
 
 log = logging.getLogger("turboprom.planner")
@@ -625,8 +625,8 @@ class Planner:
 
     def explain(self, query: str, start_ms: int | None = None, end_ms: int | None = None, step_ms: int = 0) -> dict[str, Any]:
         """Which path each servable sub-tree would take, and why."""
-        expr = promql_parser.parse(query)
-        out: dict[str, Any] = {"query": query, "pattern": normalize(query), "subtrees": []}
+        expr = guarded_parse(query)
+        out: dict[str, Any] = {"query": query, "pattern": normalize(query, expr), "subtrees": []}
         served_outer: dict[tuple, str] = {}  # group / cpc sub-trees answered from a summary, by selector
         for c in candidates(expr, self.config.req_min_phi):
             ms = [Matcher("__name__", "=", c.metric)] + [Matcher(n, o, v) for n, o, v in c.matchers]

@@ -97,7 +97,7 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
         if not q:
             raise invalid_param("query", "parameter is required")
         try:
-            parse_promql(q)
+            await run_off_loop(ctx, parse_promql, q, ctx.config.query_max_depth)  # the parser binding holds the GIL
         except ValueError as e:
             raise invalid_param("query", str(e)) from None
         start: int | None = None

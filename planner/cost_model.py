@@ -7,7 +7,9 @@ All figures are per second of wall time over the observation period:
 * summary cost  = query rate x raw cost x edge fraction (the two raw edge runs, <= 2 panes per window,
                   relative to the window) + per-window merge cost
 * ingest cost   = ingest rate of the metric x fold cost per sample (measured by the summarizer,
-                  default 2 µs until measured)
+                  default 2 µs until measured), and at least what a live plan costs per second now
+                  (measured over plans live for a minute or more: a fold also has a fixed cost per
+                  scrape batch, which dominates on small scrapes)
 * storage       = series x panes kept x bytes per pane; must fit the remaining budget.
 
 Adopt when raw - summary > ingest x safety; retire when hits stop or the saving turns negative.
@@ -50,6 +52,7 @@ def estimate(
     history_ms: int,
     budget_left_bytes: int,
     fold_cost_s: float = DEFAULT_FOLD_COST_S,
+    plan_cpu_floor_per_s: float = 0.0,
     safety: float = 1.0,
 ) -> Estimate:
     rate = queries / max(period_s, 1e-9)
@@ -57,7 +60,7 @@ def estimate(
     alg = ALGORITHMS[algorithm]
     per_window = alg.window_cost_s
     summary = raw_cpu_per_query * edge_fraction + per_window * windows_per_query
-    ingest = ingest_samples_per_s * fold_cost_s
+    ingest = max(ingest_samples_per_s * fold_cost_s, plan_cpu_floor_per_s)
     storage = int(max(series, 1) * (history_ms // max(pane_ms, 1) + 1) * alg.bytes_per_pane)
     if storage > budget_left_bytes:
         return Estimate(rate, raw_cpu_per_query, summary, ingest, storage, False,

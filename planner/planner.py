@@ -470,6 +470,16 @@ class Planner:
         except Exception:  # noqa: BLE001 - unknown cardinality: stay exact
             return 0
 
+    PLAN_COST_MIN_AGE_S = 60.0
+
+    def _plan_cpu_per_s(self) -> float:
+        """Mean live fold CPU per second of the plans live for at least a minute (0 when none is)."""
+        now = time.time()
+        with self.summarizer.lock:
+            live = list(self.summarizer.sds.values())
+        rates = [s.stats.ingest_cpu_s / (now - s.stats.created) for s in live if now - s.stats.created >= self.PLAN_COST_MIN_AGE_S]
+        return sum(rates) / len(rates) if rates else 0.0
+
     def _fold_cost_per_sample(self) -> float:
         """CPU per sample folded into summaries, measured over the plans that exist (the summarizer's
         own totals count every ingested sample, folded or not, and would make folding look free)."""
@@ -509,7 +519,7 @@ class Planner:
             raw_cpu_per_query=raw_cpu, range_ms=max(ks.max_range_ms, 1),
             windows_per_query=sum(ks.windows) / max(len(ks.windows), 1), series=scope_series,
             ingest_samples_per_s=max(ks.sample_rate, self._recent_sample_rate(scope)), pane_ms=pane_ms, history_ms=hist,
-            budget_left_bytes=self.config.budget_bytes - used, fold_cost_s=fold,
+            budget_left_bytes=self.config.budget_bytes - used, fold_cost_s=fold, plan_cpu_floor_per_s=self._plan_cpu_per_s(),
         )
         ks.last_decision = est.reason
         if est.pays and self._blocked_reason(c) is not None:

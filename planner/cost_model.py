@@ -21,6 +21,9 @@ from dataclasses import dataclass
 from planner.algorithm_registry import ALGORITHMS
 
 DEFAULT_FOLD_COST_S = 2e-6
+# a live plan's fold CPU per second until one has been measured for a minute: ~2e-4 was measured per
+# plan in `make demo` (13 plans, 8 workers scraped every second, 2-core machine); half of it as the prior
+DEFAULT_PLAN_CPU_PER_S = 1e-4
 
 
 @dataclass

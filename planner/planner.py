@@ -473,12 +473,13 @@ class Planner:
     PLAN_COST_MIN_AGE_S = 60.0
 
     def _plan_cpu_per_s(self) -> float:
-        """Mean live fold CPU per second of the plans live for at least a minute (0 when none is)."""
+        """Mean live fold CPU per second of the plans live for at least a minute (the cost model's prior
+        while none is)."""
         now = time.time()
         with self.summarizer.lock:
             live = list(self.summarizer.sds.values())
         rates = [s.stats.ingest_cpu_s / (now - s.stats.created) for s in live if now - s.stats.created >= self.PLAN_COST_MIN_AGE_S]
-        return sum(rates) / len(rates) if rates else 0.0
+        return sum(rates) / len(rates) if rates else cost_model.DEFAULT_PLAN_CPU_PER_S
 
     def _fold_cost_per_sample(self) -> float:
         """CPU per sample folded into summaries, measured over the plans that exist (the summarizer's

@@ -169,6 +169,8 @@ def _flags(ctx: ServerContext) -> dict[str, str]:
     flags = {
         "config.file": c.config_file or "",
         "query.lookback-delta": _duration_text(c.lookback_delta_ms),
+        "query.max-depth": str(c.query_max_depth),
+        "query.max-memory": str(c.query_max_memory_bytes),
         "query.max-samples": str(c.query_max_samples),
         "query.timeout": _duration_text(int(c.query_timeout_s * 1000)),
         "storage.tsdb.path": c.data_dir,
@@ -330,10 +332,6 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
         return ok([])
 
     @api_handler
-    async def drop_series(request: web.Request, params: Params) -> web.Response:
-        raise APIError("internal", "not implemented")
-
-    @api_handler
     async def snapshot(request: web.Request, params: Params) -> web.StreamResponse:
         if not admin_enabled(ctx):
             return error_response("unavailable", "admin APIs disabled", 500)
@@ -395,7 +393,6 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
     app.router.add_get("/api/v1/targets", targets)
     app.router.add_get("/api/v1/scrape_pools", scrape_pools)
     app.router.add_get("/api/v1/targets/metadata", targets_metadata)
-    app.router.add_delete("/api/v1/series", drop_series)
     app.router.add_get("/api/v1/alertmanagers", alertmanagers)
     for method in ("POST", "PUT"):
         app.router.add_route(method, "/api/v1/admin/tsdb/delete_series", delete_series)

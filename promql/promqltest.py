@@ -1,7 +1,6 @@
 """Runner for Prometheus's promqltest conformance scripts (../shared/promqltest/FORMAT.md).
 
     python -m promql.promqltest FILE... [--storage memory|tsdb] [-v] [--native-histograms]
-                                        [--write-known-failures PATH]
 
 Runs every ``eval`` in-process against our storage and ``promql.engine.Engine``, including the two
 cross-checks upstream performs for instant evals (FORMAT.md 4.4): the re-run with ``@ t`` attached
@@ -529,15 +528,6 @@ def default_files() -> list[Path]:
     return sorted(shared.glob("*.test"))
 
 
-def write_known_failures(summary: Summary, path: Path) -> None:
-    ids = sorted((o.case_id for o in summary.outcomes if o.kind == PLAIN and o.status == "fail"),
-                 key=lambda s: (s.split(":")[0], int(s.split(":")[1])))
-    header = ("# Stable float promqltest evals that currently fail (file:line). Applied as xfail(strict=True)\n"
-              "# by tests/test_promqltest.py: a case that starts passing must be removed from this list.\n"
-              "# Regenerate: python -m promql.promqltest --write-known-failures tests/promqltest_known_failures.txt\n")
-    path.write_text(header + "".join(i + "\n" for i in ids))
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m promql.promqltest", description=__doc__.splitlines()[0])
     ap.add_argument("files", nargs="*", help="promqltest files (default: every ../shared/promqltest/*.test)")
@@ -546,17 +536,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-v", "--verbose", action="store_true", help="also print experimental failures and skips")
     ap.add_argument("--native-histograms", action="store_true",
                     help="also run the native-histogram evals (reported separately)")
-    ap.add_argument("--write-known-failures", metavar="PATH", nargs="?",
-                    const=str(Path(__file__).resolve().parent.parent / "tests" / "promqltest_known_failures.txt"),
-                    help="write the failing stable evals (file:line) to PATH (default tests/promqltest_known_failures.txt)")
     args = ap.parse_args(argv)
     files = [Path(f) for f in args.files] or default_files()
     summary = run_files(files, storage=args.storage or default_storage(), verbose=args.verbose,
                         native_histograms=args.native_histograms)
-    if args.write_known_failures:
-        write_known_failures(summary, Path(args.write_known_failures))
-        print(f"wrote {summary.failed} known failures to {args.write_known_failures}")
-        return 0
     return 1 if summary.failed else 0
 
 

@@ -263,8 +263,6 @@ def write_lists() -> dict[str, int]:
                 "# Read by tests/test_promqltest.py, strict both ways: an unlisted failing eval fails the\n"
                 "# suite, and so does a listed eval that passes (remove it from this list).\n"
                 "# Regenerate (keeps the reasons here): .venv/bin/python -m tests.test_promqltest --write-lists\n")
-        if kind == PLAIN:
-            head += "# (python -m promql.promqltest --write-known-failures writes ids without reasons.)\n"
         path.write_text(head + "".join(line + "\n" for line in by_kind[kind]))
     return {k: len(v) for k, v in by_kind.items()}
 

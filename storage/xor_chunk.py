@@ -43,13 +43,22 @@ def _trailing_zeros(x: np.ndarray) -> np.ndarray:
     return np.where(x == 0, 64, np.bitwise_count(low - _U64(1)).astype(np.int64))
 
 
+def varint_bytes(u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Protobuf/Go uvarint of each uint64, in bulk: ((N, 10) uint8 bytes, the first ``nbytes`` of each
+    row used; nbytes (N,) in 1..10). The one vectorised varint encoder (remote read's sample records
+    and the XOR chunks use it); ``ingest.remote_write.encode_varint`` is its scalar twin."""
+    u = np.asarray(u, dtype=np.uint64)
+    nbytes = np.maximum(1, (_bit_length(u) + 6) // 7)
+    k = np.arange(10, dtype=np.uint64)
+    groups = ((u[:, None] >> (k * _U64(7))[None, :]) & _U64(0x7F)).astype(np.uint8)
+    cont = np.arange(10)[None, :] < (nbytes[:, None] - 1)
+    return groups | (cont.astype(np.uint8) << 7), nbytes
+
+
 def _varint_fields(u: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Protobuf/Go uvarint bytes of each uint64 as two bit fields (first up to 8 bytes, rest up to 2)."""
-    nbytes = np.maximum(1, (_bit_length(u) + 6) // 7)  # 1..10
-    k = np.arange(10, dtype=np.uint64)
-    groups = (u[:, None] >> (k * _U64(7))[None, :]) & _U64(0x7F)
-    cont = (np.arange(10)[None, :] < (nbytes[:, None] - 1))
-    byts = groups | np.where(cont, _U64(0x80), _U64(0))
+    b8, nbytes = varint_bytes(u)
+    byts = b8.astype(np.uint64)
     n1 = np.minimum(nbytes, 8)
     n2 = nbytes - n1
     a = np.zeros(len(u), dtype=np.uint64)

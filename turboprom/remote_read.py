@@ -21,10 +21,13 @@ from typing import Iterator, Sequence
 import google_crc32c
 import numpy as np
 
+from ingest.remote_write import encode_varint
 from storage.labels import Labels
 from storage.matchers import Matcher
 from storage.series_set import SeriesSet
-from storage.xor_chunk import chunk_bounds, encode_chunks
+from storage.xor_chunk import chunk_bounds, encode_chunks, varint_bytes
+
+_MASK64 = (1 << 64) - 1  # protobuf int64: negative values as their two's complement uvarint
 
 SAMPLES, STREAMED_XOR_CHUNKS = 0, 1
 RESPONSE_TYPE_NAMES = {SAMPLES: "SAMPLES", STREAMED_XOR_CHUNKS: "STREAMED_XOR_CHUNKS"}
@@ -101,18 +104,8 @@ def parse_request(raw: bytes | memoryview) -> tuple[list[ReadQuery], int]:
 
 
 # ------------------------------------------------------------------------------ wire helpers
-def _uvarint(n: int) -> bytes:
-    out = bytearray()
-    n &= (1 << 64) - 1
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
 def _field_bytes(tag: int, payload: bytes) -> bytes:
-    return bytes((tag,)) + _uvarint(len(payload)) + payload
+    return bytes((tag,)) + encode_varint(len(payload)) + payload
 
 
 def labels_bytes(labels: Labels, tag: int = 0x0A) -> bytes:
@@ -124,26 +117,13 @@ def labels_bytes(labels: Labels, tag: int = 0x0A) -> bytes:
     return b"".join(parts)
 
 
-def _varint_matrix(u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(N, 10) uint8 varint bytes of each uint64 and their lengths."""
-    x = u.copy()
-    for s in (1, 2, 4, 8, 16, 32):
-        x |= x >> np.uint64(s)
-    bl = np.bitwise_count(x).astype(np.int64)
-    nbytes = np.maximum(1, (bl + 6) // 7)
-    k = np.arange(10, dtype=np.uint64)
-    groups = ((u[:, None] >> (k * np.uint64(7))[None, :]) & np.uint64(0x7F)).astype(np.uint8)
-    cont = np.arange(10)[None, :] < (nbytes[:, None] - 1)
-    return groups | (cont.astype(np.uint8) << 7), nbytes
-
-
 def sample_records(timestamps: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Every sample as a ``samples`` field of TimeSeries (field 2: ``Sample{value=1 double,
     timestamp=2 int64}``), concatenated; returns (uint8 bytes, record byte offsets (N + 1))."""
     n = len(timestamps)
     if n == 0:
         return np.empty(0, np.uint8), np.zeros(1, np.int64)
-    vi, vlen = _varint_matrix(np.ascontiguousarray(timestamps, dtype=np.int64).view(np.uint64))
+    vi, vlen = varint_bytes(np.ascontiguousarray(timestamps, dtype=np.int64).view(np.uint64))
     m = np.zeros((n, 22), dtype=np.uint8)
     m[:, 0] = 0x12
     m[:, 1] = (10 + vlen).astype(np.uint8)
@@ -177,11 +157,11 @@ def read_response_bytes(results: Sequence[bytes]) -> bytes:
 
 # ------------------------------------------------------------------------------ streamed chunks
 def frame(msg: bytes) -> bytes:
-    return _uvarint(len(msg)) + struct.pack(">I", google_crc32c.value(msg)) + msg
+    return encode_varint(len(msg)) + struct.pack(">I", google_crc32c.value(msg)) + msg
 
 
 def _chunk_bytes(mint: int, maxt: int, data: bytes) -> bytes:
-    body = b"\x08" + _uvarint(mint) + b"\x10" + _uvarint(maxt) + b"\x18\x01" + _field_bytes(0x22, data)
+    body = b"\x08" + encode_varint(mint & _MASK64) + b"\x10" + encode_varint(maxt & _MASK64) + b"\x18\x01" + _field_bytes(0x22, data)
     return _field_bytes(0x12, body)  # ChunkedSeries.chunks (field 2)
 
 
@@ -195,7 +175,7 @@ def chunked_frames(ss: SeriesSet, query_index: int, max_bytes: int = MAX_BYTES_I
     mins = ss.timestamps[bounds[:-1]].tolist() if len(bounds) > 1 else []
     maxs = ss.timestamps[bounds[1:] - 1].tolist() if len(bounds) > 1 else []
     d = doffs.tolist()
-    qi = (b"\x10" + _uvarint(query_index)) if query_index else b""
+    qi = (b"\x10" + encode_varint(query_index)) if query_index else b""
     for s, lbl in enumerate(ss.labels):
         a, b = int(chunk_start[s]), int(chunk_end[s])
         if a == b:

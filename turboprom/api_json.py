@@ -361,17 +361,26 @@ def encode_query_result_parts(
         if len(block) > 2:
             parts.append((sep + block[1:-1]).encode())
             sep = ","
-    tail = "]"
+    parts.append(("]" + _result_tail(res, stats, extra_warnings, False, queue_seconds, total_seconds)).encode())
+    return parts
+
+
+def _result_tail(res: QueryResult, stats: str, extra_warnings: Sequence[str], truncated: bool,
+                 queue_seconds: float, total_seconds: float) -> str:
+    """What follows ``"result":[...]``: the stats, the end of ``data``, warnings, infos, the end."""
+    tail = ""
     if stats:
         tail += ',"stats":' + _stats_json(res.stats, stats == "all", queue_seconds, total_seconds)
     tail += "}"
-    warnings = list(res.annotations.warnings) + list(extra_warnings)
+    warnings = list(res.annotations.warnings)
+    if truncated:
+        warnings.append("results truncated due to limit")
+    warnings.extend(extra_warnings)
     if warnings:
         tail += ',"warnings":' + json_str_list(warnings)
     if res.annotations.infos:
         tail += ',"infos":' + json_str_list(res.annotations.infos)
-    parts.append((tail + "}").encode())
-    return parts
+    return tail + "}"
 
 
 def encode_query_result(
@@ -385,12 +394,5 @@ def encode_query_result(
 ) -> bytes:
     """Full response body of /api/v1/query or /api/v1/query_range."""
     result_json, truncated = result_data_json(res, limit)
-    data = '{"resultType":"' + res.result_type + '","result":' + result_json
-    if stats:
-        data += ',"stats":' + _stats_json(res.stats, stats == "all", queue_seconds, total_seconds)
-    data += "}"
-    warnings = list(res.annotations.warnings)
-    if truncated:
-        warnings.append("results truncated due to limit")
-    warnings.extend(extra_warnings)
-    return envelope_raw(data, warnings, res.annotations.infos, escaped=True)
+    return ('{"status":"success","data":{"resultType":"' + res.result_type + '","result":' + result_json
+            + _result_tail(res, stats, extra_warnings, truncated, queue_seconds, total_seconds)).encode()

@@ -50,7 +50,8 @@ def test_every_dashboard_panel_returns_data(tmp_path: Path) -> None:
             while time.time() < deadline:
                 wl.run_once()
                 now = time.time()
-                missing = [f"{d.uid}: {p.title}: {p.expr}" for d in DASHBOARDS for p in d.panels if not _query_range(srv.url, p.expr, now)]
+                missing = [f"{d.uid}: {p.title}: {q}" for d in DASHBOARDS for p in d.panels for q in p.queries()
+                           if not _query_range(srv.url, q, now)]
                 if not missing and fleet.completed > 50:
                     break
                 time.sleep(5)
@@ -64,7 +65,54 @@ def test_dashboard_json_matches_the_definitions() -> None:
     for d in DASHBOARDS:
         on_disk = json.loads((Path(__file__).resolve().parent.parent / "docs" / "grafana" / f"{d.uid}.json").read_text())
         assert on_disk == json.loads(json.dumps(grafana_json(d))), f"regenerate docs/grafana with python -m turboprom.dashboards ({d.uid})"
-        assert [p["targets"][0]["expr"] for p in on_disk["panels"]] == [p.expr for p in d.panels]
+        assert [[t["expr"] for t in p["targets"]] for p in on_disk["panels"]] == [[t.expr for t in p.targets] for p in d.panels]
+
+
+# Grafana's built-in variables a panel query may use (public/app/features/variables: __interval,
+# __rate_interval, __range and friends are interpolated by Grafana itself, never defined by a dashboard).
+GRAFANA_BUILTINS = {"__interval", "__interval_ms", "__rate_interval", "__range", "__range_s", "__range_ms"}
+
+
+def test_dashboards_follow_grafanas_import_rules() -> None:
+    """What Grafana's dashboard import and file provisioning check or need (schemaVersion 39 dashboards):
+    a unique ``uid`` of at most 40 characters, unique panel ids, ``gridPos`` inside the 24-column grid
+    without overlaps, every ``$variable`` and ``${datasource}`` defined in ``templating.list`` (file
+    provisioning does not resolve ``__inputs``, so there must be none and no ``${DS_...}`` left), a
+    ``datasource``-type variable for the Prometheus plugin, unique refIds per panel, and every target
+    query a valid PromQL expression once Grafana has interpolated it (checked by the server's parser)."""
+    from turboprom.dashboards import FLEET_VARIABLES, expand, variables_in
+    from promql.engine import parse
+
+    uids = [d.uid for d in DASHBOARDS]
+    assert len(set(uids)) == len(uids)
+    for d in DASHBOARDS:
+        j = grafana_json(d)
+        text = json.dumps(j)
+        assert "__inputs" not in j and "${DS_" not in text, d.uid
+        assert len(j["uid"]) <= 40 and isinstance(j["schemaVersion"], int)
+        names = [v["name"] for v in j["templating"]["list"]]
+        assert len(set(names)) == len(names)
+        assert {"name": "datasource", "type": "datasource", "query": "prometheus"}.items() <= j["templating"]["list"][0].items()
+        defined = set(names) | GRAFANA_BUILTINS
+        ids = [p["id"] for p in j["panels"]]
+        assert len(set(ids)) == len(ids)
+        cells: set[tuple[int, int]] = set()
+        for p in j["panels"]:
+            g = p["gridPos"]
+            assert 0 <= g["x"] and g["x"] + g["w"] <= 24 and g["h"] > 0 and g["y"] >= 0, (d.uid, p["title"])
+            mine = {(x, y) for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])}
+            assert not mine & cells, f"{d.uid}: panel {p['title']!r} overlaps another"
+            cells |= mine
+            assert p["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+            refs = [t["refId"] for t in p["targets"]]
+            assert len(set(refs)) == len(refs) and refs
+            for t in p["targets"]:
+                assert variables_in(t["expr"]) <= defined, (d.uid, t["expr"])
+                assert "[1m]" not in t["expr"] and "[5m]" not in t["expr"], f"fixed rate window in {t['expr']}"
+                parse(expand(t["expr"]))
+        for v in j["templating"]["list"][1:]:
+            assert v["name"] in FLEET_VARIABLES and v["allValue"] == ".*"
+            assert variables_in(v["query"]["query"]) <= defined
 
 
 def _instant(url: str, expr: str) -> list:

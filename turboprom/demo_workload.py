@@ -28,15 +28,15 @@ class DashboardWorkload:
         end = time.time() // self.step_s * self.step_s
         start = (end - self.range_s) // self.step_s * self.step_s
         for d in DASHBOARDS:
-            for p in d.panels:
-                form = urllib.parse.urlencode({"query": p.expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": str(self.step_s)}).encode()
+            for q in (q for p in d.panels for q in p.queries()):
+                form = urllib.parse.urlencode({"query": q, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": str(self.step_s)}).encode()
                 try:
                     with urllib.request.urlopen(urllib.request.Request(self.base + "/api/v1/query_range", data=form), timeout=60) as r:
                         json.loads(r.read())
                     self.queries += 1
                 except Exception as e:  # noqa: BLE001 - a dashboard keeps refreshing through errors
                     self.errors += 1
-                    log.debug("dashboard query failed: %s: %s", p.expr, e)
+                    log.debug("dashboard query failed: %s: %s", q, e)
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -51,6 +51,9 @@ class FleetSignals(LiveSignals):
             if d[4]:
                 w.add_kv_writeback(int(d[4]), "out")
             self._last[i] = cur
+            # The simulated engine admits past its KV capacity where vLLM would preempt: count it as vLLM does.
+            if s.gpu_kv_tokens > cap:
+                w.preempted()
 
 
 class DemoFleet:
@@ -68,14 +71,26 @@ class DemoFleet:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.completed = 0
+        self._sim: ClusterSim | None = None
 
     @property
     def targets(self) -> list[str]:
         return [f"127.0.0.1:{p}" for p in self.ports]
 
     def _on_result(self, r: RequestResult, d: Decision) -> None:
+        """vLLM's per-request histograms from the simulated timeline (called right after dispatch, so the
+        executor's newest prefill job, the one ending at its ``prefill_free_at``, is this request's)."""
         w = self.workers[r.executor]
-        w.request_finished("stop", ttft_s=r.ttft_s / self.speed, e2e_s=(r.done_s - r.issued_s) / self.speed)
+        e = self._sim.inst[r.executor] if self._sim is not None else None
+        start, end = next(((j[0], j[1]) for j in (e.prefill_jobs if e else ()) if j[1] == e.prefill_free_at),
+                          (r.issued_s, r.issued_s + r.ttft_s))
+        out_tokens = max(1, int(self.trace.output_tokens[r.idx]))
+        decode_s = max(0.0, r.done_s - r.issued_s - r.ttft_s)
+        itl = decode_s / out_tokens / self.speed
+        w.request_finished("length" if out_tokens >= _MAX_TOKENS else "stop", prompt_tokens=int(self.trace.input_tokens[r.idx]),
+                           ttft_s=r.ttft_s / self.speed, e2e_s=(r.done_s - r.issued_s) / self.speed,
+                           queue_s=max(0.0, start - r.issued_s) / self.speed, prefill_s=max(0.0, end - start) / self.speed,
+                           inter_token_s=[itl] * min(out_tokens - 1, _ITL_SAMPLES))
         holder = d.holder if d.holder >= 0 else r.executor
         self.sched_metrics.assigned(instance_name(holder), instance_name(r.executor), d.penalty_s)
         self.completed += 1
@@ -85,7 +100,7 @@ class DemoFleet:
     def _run(self) -> None:
         while not self._stop.is_set():
             sig = FleetSignals(self.base_url, self.workers, self.speed, self.cluster)
-            sim = ClusterSim(self.trace, VestaScheduler(self.instances), sig, instances=self.instances, load=self.load,
+            sim = self._sim = ClusterSim(self.trace, VestaScheduler(self.instances), sig, instances=self.instances, load=self.load,
                              time_scale=time_scale_for(self.trace, self.load, self.instances), on_result=self._on_result)
             try:
                 sim.run()
@@ -107,6 +122,13 @@ class DemoFleet:
         for w in self.workers:
             w.close()
         self.sched_metrics.close()
+
+
+# A request that produced this many tokens stopped on its length limit (finished_reason="length").
+_MAX_TOKENS = 1024
+# Inter-token gaps observed per request: the decode of one simulated request is uniform, so a few
+# observations carry the distribution without one histogram update per generated token.
+_ITL_SAMPLES = 8
 
 
 class _Stop(Exception):

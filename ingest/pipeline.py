@@ -32,6 +32,8 @@ class Sink(Protocol):
 def accepted_part(batch: SampleBatch, result: AppendResult) -> SampleBatch | None:
     """The samples storage took. Needs ``result.accepted_mask`` (bool per sample) when some were
     rejected or were duplicates; without it such a batch cannot be split and sinks skip it."""
+    if result.series_ids is not None:
+        batch.series_ids = result.series_ids
     if result.rejected_total == 0 and not result.duplicates:
         return batch
     mask = getattr(result, "accepted_mask", None)
@@ -46,7 +48,7 @@ def accepted_part(batch: SampleBatch, result: AppendResult) -> SampleBatch | Non
     if not mask.any():
         return None
     return SampleBatch(batch.series, batch.series_index[mask], batch.timestamps[mask], batch.values[mask],
-                       metadata=batch.metadata, tenant=batch.tenant)
+                       metadata=batch.metadata, tenant=batch.tenant, series_ids=batch.series_ids)
 
 
 # Known fields of ``ingest:`` in the server YAML (checked by turboprom/config.py). max_body_bytes,

@@ -30,6 +30,10 @@ class SampleBatch:
     values: np.ndarray  # float64, shape (N,)
     metadata: list[MetricMetadata] = field(default_factory=list)
     tenant: str = "default"
+    # Storage's series id of each entry of ``series`` (int64, shape (K,)), set by the ingest pipeline
+    # on the batch it hands to sinks, so a sink resolves each series once per id instead of hashing
+    # label sets per batch. None when the batch has not been through storage.
+    series_ids: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         self.series_index = np.asarray(self.series_index, dtype=np.int64)

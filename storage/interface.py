@@ -23,6 +23,8 @@ class AppendResult:
     # bool per batch sample, in batch order: True = stored by this append; False = rejected, or a
     # duplicate (already stored, or repeated earlier in the same batch). None = not computed.
     accepted_mask: np.ndarray | None = None
+    # Storage series id of each entry of ``batch.series`` (int64), None = not computed.
+    series_ids: np.ndarray | None = None
 
     @property
     def rejected_total(self) -> int:

@@ -100,6 +100,7 @@ class TSDB:
             self.wal.sync(seq)  # group commit: concurrent appenders share one fsync
         res.accepted = len(prep.sid)
         res.accepted_mask = prep.accepted_mask(len(batch))
+        res.series_ids = ids
         res.duplicates = prep.duplicates
         res.rejected = prep.rejected
         for reason, pos, _ in prep.examples:

@@ -173,7 +173,7 @@ def test_fleet_load_change_moves_backlog_and_price(env: dict[str, Any]) -> None:
 def test_scraped_worker_is_tracked(env: dict[str, Any]) -> None:
     inst = env["scrape_instance"]
     d = wait_for(lambda: by_instance(congestion(env["url"], instance=inst)).get(inst), what="scraped worker")
-    assert (d["cluster"], d["model"], d["queue_length"], d["running"], d["backlog_tokens"]) == ("west", "qwen", 5, 2, 1234)
+    assert (d["cluster"], d["model_name"], d["queue_length"], d["running"], d["backlog_tokens"]) == ("west", "qwen", 5, 2, 1234)
     env["scraped"].set_queue(waiting=9, running=2)
     wait_for(lambda: by_instance(congestion(env["url"], instance=inst))[inst]["queue_length"] == 9, what="scrape update")
 
@@ -182,11 +182,12 @@ def test_filters(env: dict[str, Any]) -> None:
     url = env["url"]
     east = congestion(url, cluster="east")
     assert sorted(by_instance(east)) == ["w0", "w1"] and [c["cluster"] for c in east["clusters"]] == ["east"]
-    qwen = congestion(url, model="qwen")
-    assert {d["model"] for d in qwen["instances"]} == {"qwen"} and "w2" in by_instance(qwen)
+    qwen = congestion(url, model_name="qwen")
+    assert {d["model_name"] for d in qwen["instances"]} == {"qwen"} and "w2" in by_instance(qwen)
+    assert congestion(url, model="qwen")["instances"] == qwen["instances"]  # the filter's former name
     two = congestion(url, instance=["w0", "w2"])
     assert sorted(by_instance(two)) == ["w0", "w2"]
-    assert congestion(url, cluster="east", model="qwen")["instances"] == []
+    assert congestion(url, cluster="east", model_name="qwen")["instances"] == []
     assert congestion(url, cluster="nowhere") ["clusters"] == []
     fresh = congestion(url, include_stale="false")
     assert all(not d["stale"] for d in fresh["instances"])
@@ -282,10 +283,10 @@ def test_signals_written_back_as_series(env: dict[str, Any]) -> None:
     names = {s["__name__"] for s in body["data"]}
     assert {"turboprom_congestion_price_seconds_per_token", "turboprom_congestion_backlog_seconds",
             "turboprom_congestion_utilization_ratio", "turboprom_congestion_stale"} <= names
-    assert all(s["cluster"] == "east" and s["model"] == "llama" for s in body["data"])
+    assert all(s["cluster"] == "east" and s["model_name"] == "llama" for s in body["data"])
     q = urllib.parse.urlencode({"match[]": 'turboprom_congestion_cluster_utilization_ratio'})
     _, body = get_json(f"{url}/api/v1/series?{q}")
-    assert {(s["cluster"], s["model"]) for s in body["data"]} >= {("east", "llama"), ("west", "qwen")}
+    assert {(s["cluster"], s["model_name"]) for s in body["data"]} >= {("east", "llama"), ("west", "qwen")}
 
 
 def test_written_back_values_via_promql(env: dict[str, Any]) -> None:

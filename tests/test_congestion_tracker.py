@@ -187,7 +187,7 @@ def test_sglang_tgi_aliases(tracker: CongestionTracker, clock: Clock) -> None:
     s1, t1 = inst(tracker, "s1"), inst(tracker, "t1")
     assert (s1["stack"], s1["queue_length"], s1["running"], s1["kv_usage"]) == ("sglang", 7, 3, 0.25)
     assert s1["backlog_reported"] is False and s1["backlog_tokens"] == 7 * 1024  # queue x default tokens/request
-    assert (t1["stack"], t1["model"], t1["queue_length"]) == ("tgi", "m", 2)
+    assert (t1["stack"], t1["model_name"], t1["queue_length"]) == ("tgi", "m", 2)
 
 
 def test_irrelevant_series_are_ignored(tracker: CongestionTracker, clock: Clock) -> None:
@@ -237,7 +237,7 @@ def test_cluster_aggregates_and_filters(tracker: CongestionTracker, clock: Clock
     run(tracker, clock, fleet, 6)
     snap = tracker.refresh()
     east = next(c for c in snap.clusters if c["cluster"] == "east")
-    assert east["instances"] == 2 and east["model"] == "llama"
+    assert east["instances"] == 2 and east["model_name"] == "llama"
     assert east["service_rate_tokens_per_second"] == pytest.approx(2000)
     assert east["arrival_rate_tokens_per_second"] == pytest.approx(800, rel=0.02)
     assert east["utilization"] == pytest.approx(0.4, rel=0.02)
@@ -268,7 +268,7 @@ def test_write_back_batch(clock: Clock) -> None:
     assert names <= {f.name for f in CONGESTION_FAMILIES}
     price = next(v for s, v in zip(b.series, b.values) if dict(s)["__name__"] == "turboprom_congestion_price_seconds_per_token")
     assert dict(next(s for s in b.series if dict(s)["__name__"] == "turboprom_congestion_queue_length")) == {
-        "__name__": "turboprom_congestion_queue_length", "cluster": "c1", "model": "m", "instance": "w1"}
+        "__name__": "turboprom_congestion_queue_length", "cluster": "c1", "model_name": "m", "instance": "w1"}
     assert price == pytest.approx(tr.snapshot().instances[0]["congestion_price_seconds_per_token"])
     # instance dropped -> its series get stale markers once
     clock.t += 11
@@ -334,3 +334,47 @@ def test_config_from_mapping() -> None:
         CongestionConfig.from_mapping({"stale_after": 10, "drop_after": 5})
     with pytest.raises(ValueError, match="duration"):
         CongestionConfig.from_mapping({"stale_after": "soon"})
+
+
+def test_series_ids_from_storage_give_the_same_signals(tmp_path) -> None:
+    """Batches through the real pipeline carry storage's series ids; the tracker resolves each id once
+    and its signals equal those of a tracker fed the same samples without ids."""
+    import time
+
+    from ingest.pipeline import IngestPipeline
+    from storage.tsdb import TSDB
+
+    clock = Clock(time.time() - 60)
+    cfg = CongestionConfig(rate_window_s=1.0, stale_after_s=5, drop_after_s=20)
+    by_id, by_labels = CongestionTracker(cfg, clock=clock), CongestionTracker(cfg, clock=clock)
+    db = TSDB(str(tmp_path / "db"), background=False)
+    try:
+        pipe = IngestPipeline(db)
+        pipe.add_sink(by_id)
+        workers = [SimWorker("a", 1000.0), SimWorker("b", None, cluster="c2")]
+        noise = make_labels({"__name__": "node_cpu_seconds_total", "instance": "a", "cpu": "0"})
+        seen_ids = []
+        for k in range(12):
+            clock.t += 0.5
+            items = [(noise, [int(clock.t * 1000)], [float(k)])]
+            for w in workers:
+                items += w.step(clock.t, 0.5, tps=400, req_per_s=1, backlog=200, waiting=2)
+            batch = SampleBatch.from_series(items)
+            pipe.append_sync(batch)
+            assert batch.series_ids is not None
+            seen_ids.append(batch.series_ids)
+            by_labels.consume(SampleBatch.from_series(items))
+        a, b = by_id.refresh(), by_labels.refresh()
+        assert a.instances == b.instances and a.clusters == b.clusters and len(a.instances) == 2
+        # every id was resolved once: the label cache holds the relevant series only, not the noise
+        assert noise not in by_id._cache and len(by_id._cache) == 13
+        # an instance forgotten after drop_after comes back through the same ids
+        clock.t += 30
+        assert by_id.refresh().instances == []
+        clock.t += 0.5
+        items = workers[0].step(clock.t, 0.5, tps=400, req_per_s=1, backlog=200, waiting=7)
+        pipe.append_sync(SampleBatch.from_series(items))
+        back = by_id.refresh().instances
+        assert [(d["instance"], d["queue_length"]) for d in back] == [("a", 7.0)]
+    finally:
+        db.close()

@@ -23,11 +23,11 @@ def congestion_signals(ctx: ServerContext):
         snap = tracker.snapshot()
         clusters = [c for c in snap.clusters
                     if (not action.params.get("cluster") or c["cluster"] == action.params["cluster"])
-                    and (not action.params.get("model") or c["model"] == action.params["model"])]
+                    and (not action.params.get("model") or c["model_name"] == action.params["model"])]
         prices = [c["congestion_price_seconds_per_token"] for c in clusters
                   if c.get("congestion_price_seconds_per_token") is not None and math.isfinite(c["congestion_price_seconds_per_token"])]
         return {"price": max(prices) if prices else None, "snapshot_version": snap.version,
-                "clusters": [{k: c.get(k) for k in ("cluster", "model", "instances", "utilization", "congestion_price_seconds_per_token")} for c in clusters]}
+                "clusters": [{k: c.get(k) for k in ("cluster", "model_name", "instances", "utilization", "congestion_price_seconds_per_token")} for c in clusters]}
 
     return signals
 

@@ -2,9 +2,11 @@
 
 Data path (``consume``, called from ingest worker threads with the samples storage accepted):
 
-1. Each series of the batch is resolved once to a *slot* (a row of the state arrays) through a
-   label-set cache: metric name -> schema signal (``schema.SIGNAL_BY_SAMPLE_NAME``), identity
-   labels -> instance. Irrelevant series are cached as -1. That is the only per-series Python.
+1. Each series is resolved once in its life to a *slot* (a row of the state arrays): metric name ->
+   schema signal (``schema.SIGNAL_BY_SAMPLE_NAME``), identity labels -> instance; irrelevant series
+   map to -1. Batches from the ingest pipeline carry storage's series ids, so a known series costs
+   one numpy gather in a table indexed by id (one storage feeds one tracker); batches without ids
+   (fast scrape, pushed load) go through a label-set cache. New series are the only per-series Python.
 2. Everything per sample is numpy: gather slots, drop irrelevant/old samples, sort by
    (slot, time), per-slot increments (counter resets handled), one EWMA rate update per slot,
    newest value per slot, newest sample time per instance. O(1) work per relevant sample.
@@ -12,7 +14,8 @@ Data path (``consume``, called from ingest worker threads with the samples stora
    pre-encoded JSON body) shortly after new data (``rebuild_min_interval_s``) and at least every
    ``rebuild_period_s`` (ages, staleness); polls only read that snapshot, never storage.
 
-Per instance (key: ``cluster``, ``model_name``/``model``, ``instance`` labels) it keeps: queue
+Per instance (key: ``cluster``, ``model_name`` (else ``model``), ``instance`` labels; entries and written-back
+series are labelled ``model_name``) it keeps: queue
 length, running, backlog tokens (reported, else queue x tokens/request) and seconds, KV usage,
 throughput and service rate, arrival rate (throughput + backlog growth), utilization, queueing
 delay and congestion price from the surrogate in ``queueing.py``, freshness. Instances whose
@@ -111,7 +114,7 @@ class CongestionSnapshot:
         cs, ms, ins = set(clusters), set(models), set(instances)
 
         def keep(d: dict[str, Any], use_instance: bool) -> bool:
-            return ((not cs or d["cluster"] in cs) and (not ms or d["model"] in ms)
+            return ((not cs or d["cluster"] in cs) and (not ms or d["model_name"] in ms)
                     and (not use_instance or not ins or d["instance"] in ins))
 
         return {
@@ -128,7 +131,7 @@ def _jsonable(a: np.ndarray) -> list[float | None]:
     return [x if x - x == 0.0 else None for x in np.asarray(a, dtype=np.float64).tolist()]
 
 
-_INSTANCE_KEYS = ("cluster", "model", "instance", "stack", "queue_length", "running", "backlog_tokens",
+_INSTANCE_KEYS = ("cluster", "model_name", "instance", "stack", "queue_length", "running", "backlog_tokens",
                   "backlog_seconds", "kv_usage", "throughput_tokens_per_second", "service_rate_tokens_per_second",
                   "arrival_rate_tokens_per_second", "request_rate_per_second", "tokens_per_request", "utilization",
                   "queueing_delay_seconds", "congestion_price_seconds_per_token", "age_seconds", "backlog_reported",
@@ -144,6 +147,7 @@ class CongestionTracker:
         self.clock = clock
         self._lock = threading.Lock()
         self._cache: dict[Labels, int] = {}
+        self._sid_slot = np.full(1024, _MISS, np.int32)  # storage series id -> slot (-1 irrelevant)
         # slot state
         cap = 64
         self._slot_sig = np.full(cap, -1, np.int16)
@@ -202,11 +206,7 @@ class CongestionTracker:
     def _consume(self, batch: SampleBatch, n: int) -> None:
         now = self.clock()
         with self._lock:
-            cache = self._cache
-            smap = np.fromiter((cache.get(lbl, _MISS) for lbl in batch.series), np.int64, len(batch.series))
-            misses = np.flatnonzero(smap == _MISS)
-            for i in misses:
-                smap[i] = self._resolve(batch.series[i])
+            smap = self._slots_of(batch)
             self.samples_consumed += n
             if not (smap >= 0).any():
                 return
@@ -221,8 +221,36 @@ class CongestionTracker:
                 self._pending_since = time.perf_counter()
         self._dirty.set()
 
-    def _resolve(self, labels: Labels) -> int:
-        """Slot for a series seen for the first time (-1: not a congestion signal). Lock held."""
+    def _slots_of(self, batch: SampleBatch) -> np.ndarray:
+        """Slot (or -1) of every entry of ``batch.series`` (lock held). With storage's series ids the
+        lookup is one numpy gather, each id resolved once in its life; without them (batches that
+        did not go through storage: the fast scrape, pushed load, tests) a label-set cache lookup."""
+        sids = batch.series_ids
+        if sids is None:
+            cache = self._cache
+            smap = np.fromiter((cache.get(lbl, _MISS) for lbl in batch.series), np.int64, len(batch.series))
+            for i in np.flatnonzero(smap == _MISS).tolist():
+                smap[i] = self._resolve(batch.series[i])
+            return smap
+        top = int(sids.max()) + 1 if len(sids) else 0
+        if top > len(self._sid_slot):
+            grown = np.full(max(top, 2 * len(self._sid_slot)), _MISS, np.int32)
+            grown[: len(self._sid_slot)] = self._sid_slot
+            self._sid_slot = grown
+        smap = self._sid_slot[sids].astype(np.int64)
+        misses = np.flatnonzero(smap == _MISS)
+        if len(misses):
+            cache = self._cache
+            for i in misses.tolist():
+                lbl = batch.series[i]
+                slot = cache.get(lbl, _MISS)
+                smap[i] = self._resolve(lbl, remember_irrelevant=False) if slot == _MISS else slot
+            self._sid_slot[sids[misses]] = smap[misses]
+        return smap
+
+    def _resolve(self, labels: Labels, remember_irrelevant: bool = True) -> int:
+        """Slot for a series seen for the first time (-1: not a congestion signal). Lock held.
+        Irrelevant series stay out of the label cache when the caller keeps them by series id."""
         if len(self._cache) >= self.config.max_cache_entries:
             # Bound memory: forget irrelevant entries; relevant ones stay (they own slots).
             self._cache = {k: v for k, v in self._cache.items() if v >= 0}
@@ -233,7 +261,8 @@ class CongestionTracker:
                 break
         src = SIGNAL_BY_SAMPLE_NAME.get(name)
         if src is None:
-            self._cache[labels] = -1
+            if remember_irrelevant:
+                self._cache[labels] = -1
             return -1
         key = _instance_key(labels)
         inst = self._inst_ids.get(key)
@@ -440,6 +469,8 @@ class CongestionTracker:
                 self._slot_inst[s] = -1
                 self._valid[s] = False
                 self._free_slots.append(s)
+            freed = np.fromiter(self._inst_slots[i], np.int32, len(self._inst_slots[i]))
+            self._sid_slot[np.isin(self._sid_slot, freed)] = _MISS
             self._inst_slots[i] = set()
             del self._inst_ids[key]
             self._inst_keys[i] = None
@@ -587,14 +618,14 @@ class CongestionTracker:
         for k, (c, mdl) in enumerate(names):
             bs, kvm, sp, rh, cp, lo, hi = (col[k] for col in cols)
             out.append({
-                "cluster": c, "model": mdl, "instances": int(n_fresh[k]), "stale_instances": int(n_all[k] - n_fresh[k]),
+                "cluster": c, "model_name": mdl, "instances": int(n_fresh[k]), "stale_instances": int(n_all[k] - n_fresh[k]),
                 "queue_length": float(q_t[k]), "running": float(r_t[k]), "backlog_tokens": float(b_t[k]),
                 "backlog_seconds": bs, "kv_usage_mean": kvm,
                 "service_rate_tokens_per_second": float(mu_t[k]), "arrival_rate_tokens_per_second": float(lam_t[k]),
                 "spare_capacity_tokens_per_second": sp, "utilization": rh, "congestion_price_seconds_per_token": cp,
                 "min_instance_price": lo, "max_instance_price": hi,
             })
-        out.sort(key=lambda d: (d["cluster"], d["model"]))
+        out.sort(key=lambda d: (d["cluster"], d["model_name"]))
         return out
 
     # ------------------------------------------------------------------ write-back
@@ -630,22 +661,22 @@ class CongestionTracker:
             if v is None:
                 return
             c, mdl, ins = ident
-            lbl = [("__name__", name), ("cluster", c), ("model", mdl), ("instance", ins)]
+            lbl = [("__name__", name), ("cluster", c), ("model_name", mdl), ("instance", ins)]
             series.append(tuple(sorted((k, x) for k, x in lbl if x != "")))
             values.append(float(v))
             seen.add((name, ident))
 
         for d in snap.instances:
-            ident = (d["cluster"], d["model"], d["instance"])
+            ident = (d["cluster"], d["model_name"], d["instance"])
             for name, f in self._INSTANCE_FIELDS.items():
                 add(name, ident, d[f])
         for d in snap.clusters:
-            ident = (d["cluster"], d["model"], "")
+            ident = (d["cluster"], d["model_name"], "")
             for name, f in self._CLUSTER_FIELDS.items():
                 add(name, ident, d[f])
         for name, ident in self._written_keys - seen:
             c, mdl, ins = ident
-            lbl = [("__name__", name), ("cluster", c), ("model", mdl), ("instance", ins)]
+            lbl = [("__name__", name), ("cluster", c), ("model_name", mdl), ("instance", ins)]
             series.append(tuple(sorted((k, x) for k, x in lbl if x != "")))
             values.append(STALE_NAN)
         self._written_keys = seen

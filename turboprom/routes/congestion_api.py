@@ -22,7 +22,9 @@ from turboprom.api_params import ParamError
 from turboprom.context import ServerContext
 from turboprom.tenancy import DEFAULT_TENANT, request_tenant
 
-FILTERS = ("cluster", "model", "instance")
+FILTERS = ("cluster", "model_name", "instance")
+# ``model`` was the filter's name before entries were labelled ``model_name`` (vLLM's label); still accepted.
+FILTER_ALIASES = {"model": "model_name"}
 _TRUE = {"true", "1", "yes"}
 _FALSE = {"false", "0", "no"}
 HEARTBEAT_S = 15.0
@@ -69,6 +71,11 @@ def _filters(request: web.Request) -> dict[str, Any]:
         if any(v == "" for v in vals):
             raise BadParam(f"invalid parameter {name!r}: empty value")
         out[name] = vals
+    for alias, name in FILTER_ALIASES.items():
+        vals = request.query.getall(alias, [])
+        if any(v == "" for v in vals):
+            raise BadParam(f"invalid parameter {alias!r}: empty value")
+        out[name] = out[name] + vals
     out["include_stale"] = _bool(request, "include_stale", True)
     try:
         out["tenant"] = request_tenant(request)
@@ -103,7 +110,7 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
         snap = tracker.snapshot()
         if f["tenant"] != DEFAULT_TENANT:
             snap = _tenant_snapshot(snap)
-        body = snap.body_for(f["cluster"], f["model"], f["instance"], f["include_stale"])
+        body = snap.body_for(f["cluster"], f["model_name"], f["instance"], f["include_stale"])
         return web.Response(body=body, content_type="application/json")
 
     async def stream(request: web.Request) -> web.StreamResponse:
@@ -142,7 +149,7 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
                 snap = tracker.snapshot() if own else _tenant_snapshot(tracker.snapshot())
                 if snap.version != last_version:
                     last_version = snap.version
-                    data = snap.filtered(f["cluster"], f["model"], f["instance"], f["include_stale"])
+                    data = snap.filtered(f["cluster"], f["model_name"], f["instance"], f["include_stale"])
                     await resp.write(b"event: congestion\nid: %d\ndata: %s\n\n" % (snap.version, orjson.dumps(data)))
                     sent += 1
                     if limit is not None and sent >= limit:

@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 DATA ?= ./data
 LISTEN ?= 127.0.0.1:9090
 # Debian packages the tests use as real peers.
-APT_PEERS := prometheus victoria-metrics etcd-server prometheus-node-exporter chromium
+APT_PEERS := prometheus victoria-metrics etcd-server nats-server prometheus-node-exporter chromium
 
 .PHONY: demo test install peers clean bench
 

@@ -26,6 +26,33 @@ def _size(text: str) -> int:
     return int(t)
 
 
+def _add_cluster_flags(s: argparse.ArgumentParser) -> None:
+    """``--role`` and ``--cluster.*`` (docs/cluster.md); the default role ``all`` is the embedded single node."""
+    from turboprom.cluster.settings import DEFAULT_PARTITIONS, DEFAULT_REPLICATION_FACTOR, ROLES
+
+    def urls(text: str) -> list[str]:
+        return [u.strip() for u in text.split(",") if u.strip()]
+
+    g = s.add_argument_group("cluster (docs/cluster.md)")
+    g.add_argument("--role", choices=ROLES, default="all", help="all = the embedded single node (default); or one cluster role")
+    g.add_argument("--cluster.name", dest="cluster_name", default="turboprom", help="cluster name (stream, subjects and etcd keys)")
+    g.add_argument("--cluster.nats-urls", dest="cluster_nats_urls", type=urls, default=["nats://127.0.0.1:4222"],
+                   help="comma list of NATS servers (JetStream)")
+    g.add_argument("--cluster.etcd-endpoints", dest="cluster_etcd_endpoints", type=urls, default=["http://127.0.0.1:2379"],
+                   help="comma list of etcd client URLs")
+    g.add_argument("--cluster.partitions", dest="cluster_partitions", type=int, default=DEFAULT_PARTITIONS,
+                   help=f"virtual partitions (fixed for the life of the stream; default {DEFAULT_PARTITIONS})")
+    g.add_argument("--cluster.replication-factor", dest="cluster_rf", type=int, default=DEFAULT_REPLICATION_FACTOR,
+                   help=f"ingesters consuming each partition (default {DEFAULT_REPLICATION_FACTOR})")
+    g.add_argument("--cluster.stream-replicas", dest="cluster_stream_replicas", type=int, default=3,
+                   help="JetStream replicas of the ingest stream (default 3)")
+    g.add_argument("--cluster.node-id", dest="cluster_node_id", default="", help="ingester identity (default: from the advertised URL)")
+    g.add_argument("--cluster.advertise-url", dest="cluster_advertise_url", default="",
+                   help="URL queriers use to reach this ingester (default http://<listen>)")
+    g.add_argument("--cluster.publish-timeout", dest="cluster_publish_timeout", type=_duration, default=5000,
+                   help="a write JetStream has not acknowledged by then is answered 503 (default 5s)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="turboprom", description="Prometheus-compatible metrics backend for LLM serving fleets")
     p.add_argument("--debug", action="store_true", help="show a traceback when a command fails")
@@ -58,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="enable POST/PUT /-/reload (re-read the config and rule files), like Prometheus's flag")
     s.add_argument("--log-level", default="info", type=str.lower, choices=["debug", "info", "warning", "error"])
     s.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show a traceback when start-up fails")
+    _add_cluster_flags(s)
 
     ck = sub.add_parser("check", help="check a config or rule file without starting (like promtool check)")
     cksub = ck.add_subparsers(dest="check_command", required=True)
@@ -270,6 +298,14 @@ def _config_from_args(a: argparse.Namespace) -> ServerConfig:
     cfg.query_max_depth = a.query_max_depth
     cfg.query_max_memory_bytes = a.query_max_memory
     cfg.lookback_delta_ms = a.query_lookback_delta
+    c = cfg.cluster
+    c.role, c.name, c.nats_urls, c.etcd_endpoints = a.role, a.cluster_name, a.cluster_nats_urls, a.cluster_etcd_endpoints
+    c.partitions, c.replication_factor, c.stream_replicas = a.cluster_partitions, a.cluster_rf, a.cluster_stream_replicas
+    c.node_id, c.advertise_url, c.publish_timeout_s = a.cluster_node_id, a.cluster_advertise_url, a.cluster_publish_timeout / 1000.0
+    try:
+        c.validate()
+    except ValueError as e:
+        raise CliError(str(e)) from None
     cfg.load_file()
     return cfg
 
@@ -311,10 +347,11 @@ def _serve(args: argparse.Namespace) -> int:
     cfg = _config_from_args(args)
     _check_data_dir(cfg.data_dir)
     _check_port_free(cfg.host, cfg.port, cfg.listen)
-    from turboprom.server import StartupError, serve
+    from turboprom.cluster.roles import serve_role
+    from turboprom.server import StartupError
 
     try:
-        asyncio.run(serve(cfg))
+        asyncio.run(serve_role(cfg))
     except StartupError as e:
         raise CliError(str(e)) from None
     return 0

@@ -35,6 +35,7 @@ from typing import Any
 import yaml
 
 from storage.options import StorageOptions
+from turboprom.cluster.settings import ClusterSettings
 
 DEFAULT_PORT = 9090
 
@@ -61,6 +62,7 @@ class ServerConfig:
     web_config_file: str | None = None  # auth + TLS (turboprom.auth)
     insecure: bool = False  # allow a non-loopback listen address without auth
     enable_lifecycle: bool = False  # POST/PUT /-/reload (--web.enable-lifecycle, as Prometheus)
+    cluster: ClusterSettings = field(default_factory=ClusterSettings)  # --role, --cluster.* (docs/cluster.md)
 
     @property
     def host(self) -> str:

@@ -7,6 +7,7 @@ import logging
 import pkgutil
 import signal
 import sys
+from typing import Callable, Sequence
 
 import yaml
 from aiohttp import web
@@ -23,7 +24,10 @@ class StartupError(Exception):
     """The server cannot start (port taken, bad web config file): one line for the operator."""
 
 
-def create_app(ctx: ServerContext) -> web.Application:
+def create_app(ctx: ServerContext, *, route_filter: Callable[[str], bool] | None = None,
+               extra_routes: Sequence[Callable[[web.Application, ServerContext], None]] = ()) -> web.Application:
+    """The app with every route module under turboprom/routes (those ``route_filter`` keeps, by
+    module name: a cluster role serves only its part) plus ``extra_routes``."""
     from turboprom.http_guard import Timeouts, body_deadline_middleware
     from turboprom.self_metrics import http_metrics
 
@@ -37,10 +41,14 @@ def create_app(ctx: ServerContext) -> web.Application:
     app = web.Application(client_max_size=ctx.config.max_body_bytes, middlewares=middlewares)
     app["ctx"] = ctx
     for mod in sorted(pkgutil.iter_modules(routes.__path__), key=lambda m: m.name):
+        if route_filter is not None and not route_filter(mod.name):
+            continue
         module = importlib.import_module(f"{routes.__name__}.{mod.name}")
         setup = getattr(module, "setup", None)
         if setup is not None:
             setup(app, ctx)
+    for extra in extra_routes:
+        extra(app, ctx)
 
     async def on_startup(_: web.Application) -> None:
         await start_background(ctx)
@@ -63,7 +71,11 @@ def create_app(ctx: ServerContext) -> web.Application:
 GIL_SWITCH_INTERVAL_S = 0.001
 
 
-async def serve(config: ServerConfig) -> None:
+async def serve(config: ServerConfig, *, build: Callable[[ServerConfig], ServerContext] = build_context,
+                route_filter: Callable[[str], bool] | None = None,
+                extra_routes: Sequence[Callable[[web.Application, ServerContext], None]] = ()) -> None:
+    """Run until SIGTERM/SIGINT. The defaults are the embedded single node; a cluster role
+    (turboprom/cluster/roles.py) passes its own context builder and routes."""
     from turboprom.auth import Authenticator, WebConfig, check_listen_guard
     from turboprom.http_guard import GuardedAppRunner, Timeouts
 
@@ -77,10 +89,10 @@ async def serve(config: ServerConfig) -> None:
         raise StartupError(f"web config error: {' '.join(str(e).split())}") from None
     timeouts = Timeouts.from_config(config.raw)  # refuses a malformed web.* timeout before starting
     check_listen_guard(config.host, web_cfg, config.insecure)
-    ctx = await asyncio.get_running_loop().run_in_executor(None, build_context, config)
+    ctx = await asyncio.get_running_loop().run_in_executor(None, build, config)
     if web_cfg is not None and web_cfg.auth_enabled:
         ctx.components["auth"] = Authenticator(web_cfg, config.raw.get("auth"))
-    app = create_app(ctx)
+    app = create_app(ctx, route_filter=route_filter, extra_routes=extra_routes)
     # Header read, body read and idle timeouts (turboprom/http_guard.py; web.* in the server YAML).
     runner = GuardedAppRunner(app, timeouts, handle_signals=False, access_log=None)
     await runner.setup()

@@ -7,6 +7,7 @@ small: construction and connection only; behaviour lives in the stages.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from storage.tsdb import TSDB
 from turboprom.config import ServerConfig
@@ -15,8 +16,11 @@ from turboprom.context import ServerContext
 log = logging.getLogger("turboprom")
 
 
-def build_context(config: ServerConfig) -> ServerContext:
-    storage = TSDB(config.data_dir, config.storage)
+def build_context(config: ServerConfig, storage: Any = None) -> ServerContext:
+    """``storage``: what the stages read and write (default: the embedded TSDB in the data dir; a
+    cluster querier passes its fan-out storage)."""
+    if storage is None:
+        storage = TSDB(config.data_dir, config.storage)
     ctx = ServerContext(config=config, storage=storage)
     # --- stage wiring: add components below this line ---
     # --- ingest pipeline, metadata registry, scraper (self_scrape: true adds a job for this server) ---

@@ -157,7 +157,7 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
             raise e
         metrics.REQUESTS.labels(protocol=protocol, code="503").inc()
         metrics.REJECTED_REQUESTS.labels(reason="storage_unavailable", protocol=protocol).inc()
-        return _error(503, f"storage unavailable: {os.strerror(e.errno)}; nothing from this request was written, retry later",
+        return _error(503, f"storage unavailable: {e.strerror or os.strerror(e.errno)}; nothing from this request was written, retry later",
                       "unavailable", headers={"Retry-After": "5"})
 
     async def write(request: web.Request) -> web.Response:

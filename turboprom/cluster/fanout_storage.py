@@ -1,0 +1,177 @@
+"""The querier's storage: the read side of storage's interface, answered by the ingesters.
+
+Each read covers every virtual partition with exactly one live owner, so nothing is counted twice
+and nothing is missing: owners that have caught up are preferred, and the owners are chosen to cover
+the partitions with as few requests as possible (greedy set cover; with RF=2 and two ingesters, one
+request). An owner that fails a request (killed, unreachable) is left out for a few seconds and its
+partitions are read again from their other owner within the same query. A partition with no live
+owner fails the query with 503 ``unavailable`` rather than answer incompletely.
+
+The engine calls these methods from worker threads; the requests run concurrently on the event
+loop (aiohttp), the calling thread waits for them.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+import time
+from typing import Any, Sequence
+
+import aiohttp
+import orjson
+
+from promql.errors import PromQLError
+from storage.labels import Labels
+from storage.matchers import Matcher
+from storage.series_set import SeriesSet
+from turboprom.cluster import columns_codec
+from turboprom.cluster.membership import ClusterView
+from turboprom.cluster.read_api import PREFIX, matchers_json
+
+DOWN_FOR_S = 5.0
+
+
+class PartitionUnavailable(PromQLError):
+    error_type = "unavailable"
+    http_status = 503
+
+
+class FanoutStorage:
+    def __init__(self, view: ClusterView, *, timeout_s: float = 120.0):
+        self.view = view
+        self.timeout_s = timeout_s
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: int | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._down: dict[str, float] = {}
+        self._turn = itertools.count()
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
+        await asyncio.wait_for(self.view.loaded.wait(), 30)
+
+    async def stop(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    # ----------------------------------------------------------------------------------- planning
+    def plan(self, exclude: set[str] = frozenset()) -> dict[str, list[int]]:
+        """url -> partitions it answers for, covering every partition once."""
+        st = self.view.state
+        a = st.assignment
+        if a is None:
+            raise PartitionUnavailable("no ingester has joined the cluster yet (no partition assignment in etcd)")
+        now = time.monotonic()
+        live = {n: v for n, v in st.alive.items() if n not in exclude}
+        ready = {n: set(v.get("caught_up", ())) for n, v in live.items()}
+        recent_failure = {n for n in live if self._down.get(n, 0) > now}
+        uncovered = set(range(a.partitions))
+        chosen: dict[str, set[int]] = {}
+        turn = next(self._turn)
+        # preference tiers: caught up and not recently failed, then not recently failed, then any live owner
+        for tier in ((True, False), (False, False), (True, True), (False, True)):
+            prefer_caught_up, allow_failed = tier
+            cand: dict[str, set[int]] = {}
+            for p in uncovered:
+                for n in a.owners[p]:
+                    if n in live and (allow_failed or n not in recent_failure) and (not prefer_caught_up or p in ready[n]):
+                        cand.setdefault(n, set()).add(p)
+            while cand:
+                names = sorted(cand)
+                best = max(names, key=lambda n: (len(cand[n] & uncovered), (names.index(n) + turn) % len(names)))
+                got = cand.pop(best) & uncovered
+                if not got:
+                    break
+                chosen.setdefault(best, set()).update(got)
+                uncovered -= got
+        if uncovered:
+            sample = sorted(uncovered)[:8]
+            raise PartitionUnavailable(f"{len(uncovered)} of {a.partitions} partitions have no live owner "
+                                       f"(e.g. {sample}); retry when an ingester is back")
+        return {st.alive[n]["url"]: sorted(ps) for n, ps in chosen.items()}
+
+    def _node_of(self, url: str) -> str | None:
+        return next((n for n, v in self.view.state.alive.items() if v.get("url") == url), None)
+
+    # ------------------------------------------------------------------------------------ calling
+    def _run(self, coro: Any) -> Any:
+        if self._loop is None:
+            raise PartitionUnavailable("querier not started")
+        if threading.get_ident() == self._loop_thread:
+            raise RuntimeError("FanoutStorage reads block: call them from a worker thread, not the event loop")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    async def _post(self, url: str, path: str, body: dict) -> bytes:
+        async with self._session.post(url + PREFIX + path, data=orjson.dumps(body),
+                                      headers={"Content-Type": "application/json"}) as r:
+            data = await r.read()
+            if r.status != 200:
+                raise aiohttp.ClientResponseError(r.request_info, (), status=r.status, message=data[:300].decode(errors="replace"))
+            return data
+
+    async def _fan(self, path: str, body: dict, per_partition: bool) -> list[bytes]:
+        """One answer per chosen owner; a failed owner's partitions are asked of their other owner."""
+        out: list[bytes] = []
+        failed: set[str] = set()
+        last: Exception | None = None
+        for _ in range(4):
+            plan = self.plan(failed)
+            plan = {u: ps for u, ps in plan.items() if u not in {self.view.state.alive.get(f, {}).get("url") for f in failed}}
+            if per_partition and out:  # retry round: only partitions still missing
+                plan = {u: [p for p in ps if p in missing] for u, ps in plan.items()}
+                plan = {u: ps for u, ps in plan.items() if ps}
+            reqs = {u: dict(body, partitions=ps) for u, ps in plan.items()}
+            results = await asyncio.gather(*(self._post(u, path, b) for u, b in reqs.items()), return_exceptions=True)
+            missing: set[int] = set()
+            for (u, ps), res in zip(plan.items(), results):
+                if isinstance(res, BaseException):
+                    last = res
+                    node = self._node_of(u)
+                    if node is not None:
+                        failed.add(node)
+                        self._down[node] = time.monotonic() + DOWN_FOR_S
+                    missing.update(ps)
+                else:
+                    node = self._node_of(u)
+                    if node is not None:
+                        self._down.pop(node, None)
+                    out.append(res)
+            if not missing:
+                return out
+            if not per_partition:
+                out = []
+        raise PartitionUnavailable(f"partition reads failed on every owner: {last}")
+
+    # ------------------------------------------------------------------------- storage interface
+    def select(self, matchers: Sequence[Matcher], mint: int, maxt: int) -> SeriesSet:
+        body = {"matchers": matchers_json(matchers), "mint": int(mint), "maxt": int(maxt)}
+        parts = self._run(self._fan("/select", body, per_partition=True))
+        return columns_codec.merge_series_sets([columns_codec.decode_series_set(p) for p in parts])
+
+    def series(self, matcher_sets: Sequence[Sequence[Matcher]], mint: int, maxt: int) -> list[Labels]:
+        body = {"matcher_sets": [matchers_json(ms) for ms in matcher_sets], "mint": int(mint), "maxt": int(maxt)}
+        found = {tuple(tuple(p) for p in s) for raw in self._run(self._fan("/series", body, per_partition=False))
+                 for s in orjson.loads(raw)}
+        return sorted(found)
+
+    def _labels(self, name: str | None, mint: int, maxt: int, matcher_sets: Sequence[Sequence[Matcher]]) -> list[str]:
+        body = {"matcher_sets": [matchers_json(ms) for ms in matcher_sets], "mint": int(mint), "maxt": int(maxt), "name": name}
+        return sorted({v for raw in self._run(self._fan("/labels", body, per_partition=False)) for v in orjson.loads(raw)})
+
+    def label_names(self, mint: int, maxt: int, matcher_sets: Sequence[Sequence[Matcher]] = ()) -> list[str]:
+        return self._labels(None, mint, maxt, matcher_sets)
+
+    def label_values(self, name: str, mint: int, maxt: int, matcher_sets: Sequence[Sequence[Matcher]] = ()) -> list[str]:
+        return self._labels(name, mint, maxt, matcher_sets)
+
+    def append(self, batch: Any) -> Any:
+        raise RuntimeError("a querier stores nothing: send writes to a distributor (--role distributor)")
+
+    def delete_series(self, matcher_sets: Sequence[Sequence[Matcher]], mint: int, maxt: int) -> int:
+        raise PartitionUnavailable("deleting series is not available through a querier in cluster mode")
+
+    def close(self) -> None:
+        pass

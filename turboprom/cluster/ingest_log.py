@@ -1,0 +1,134 @@
+"""The replicated ingest log, on NATS JetStream (nats-py).
+
+One stream (``num_replicas`` = 3 by default, file storage) holds one subject per virtual partition.
+``IngestLog`` is the small interface the roles use (a Kafka backend could implement the same):
+
+- ``publish(messages)``: every partition message of one write request is published at once with
+  nats-py's async publish; the call returns only when JetStream acknowledged all of them (a stored
+  message on a quorum of the stream's replicas), and raises ``LogUnavailable`` otherwise (timeout,
+  no quorum, no server): the write is then not acknowledged to its sender.
+- ``consumer(partition, durable)``: a durable pull consumer of one partition (explicit ack, ack
+  policy *all*: acking a message acknowledges the partition up to it), the ingester's replay point.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Sequence
+
+import nats
+from nats.errors import Error as NatsError
+from nats.js import api
+from nats.js.errors import Error as JetStreamError
+from nats.js.errors import NotFoundError
+
+from turboprom.cluster.settings import ClusterSettings
+
+log = logging.getLogger("turboprom.cluster")
+
+
+class LogUnavailable(Exception):
+    """The log did not acknowledge a publish (or cannot be reached)."""
+
+
+@dataclass
+class Message:
+    partition: int
+    stream_seq: int
+    data: bytes
+    raw: object  # the nats-py message, acknowledged through ``IngestLog.ack``
+
+
+class IngestLog:
+    def __init__(self, settings: ClusterSettings, *, client_name: str):
+        self.settings = settings
+        self.client_name = client_name
+        self.nc: nats.NATS | None = None
+        self.js = None
+
+    async def connect(self, *, attempts: int = 60) -> None:
+        last: Exception | None = None
+        for _ in range(attempts):
+            try:
+                self.nc = await nats.connect(servers=list(self.settings.nats_urls), name=self.client_name,
+                                             connect_timeout=2, reconnect_time_wait=0.5, max_reconnect_attempts=-1,
+                                             ping_interval=5, max_outstanding_pings=2)
+                self.js = self.nc.jetstream(timeout=self.settings.publish_timeout_s)
+                return
+            except (NatsError, OSError, asyncio.TimeoutError) as e:
+                last = e
+                await asyncio.sleep(0.5)
+        raise LogUnavailable(f"cannot connect to NATS at {', '.join(self.settings.nats_urls)}: {last}")
+
+    async def ensure_stream(self, *, attempts: int = 60) -> None:
+        """Create the ingest stream if it does not exist (idempotent; a cluster's first role does it)."""
+        s = self.settings
+        cfg = api.StreamConfig(name=s.stream, subjects=[f"{s.name}.ingest.>"], num_replicas=s.stream_replicas,
+                               storage=api.StorageType.FILE, retention=api.RetentionPolicy.LIMITS,
+                               max_age=s.log_retention_s or None, duplicate_window=0)
+        last: Exception | None = None
+        for _ in range(attempts):
+            try:
+                await self.js.stream_info(s.stream)
+                return
+            except NotFoundError:
+                pass
+            except (JetStreamError, NatsError, asyncio.TimeoutError) as e:  # no JetStream leader yet
+                last = e
+                await asyncio.sleep(0.5)
+                continue
+            try:
+                await self.js.add_stream(cfg)
+                log.info("created JetStream stream %s (replicas %d)", s.stream, s.stream_replicas)
+                return
+            except (JetStreamError, NatsError, asyncio.TimeoutError) as e:
+                last = e
+                await asyncio.sleep(0.5)
+        raise LogUnavailable(f"JetStream stream {s.stream} could not be created or found: {last}")
+
+    async def publish(self, messages: Sequence[tuple[int, bytes]]) -> None:
+        if self.js is None or self.nc is None or not self.nc.is_connected:
+            raise LogUnavailable("not connected to NATS")
+        timeout = self.settings.publish_timeout_s
+        try:
+            futs = [await self.js.publish_async(self.settings.subject(p), data, wait_stall=timeout) for p, data in messages]
+            done = await asyncio.wait_for(asyncio.gather(*futs, return_exceptions=True), timeout)
+        except (asyncio.TimeoutError, NatsError, JetStreamError) as e:
+            raise LogUnavailable(f"JetStream did not acknowledge the write within {timeout:g}s ({type(e).__name__})") from None
+        failed = [r for r in done if isinstance(r, BaseException)]
+        if failed:
+            raise LogUnavailable(f"JetStream refused {len(failed)} of {len(messages)} partition messages: {failed[0]!r}")
+
+    async def consumer(self, partition: int, durable: str, *, reset: bool = False):
+        """The durable pull subscription of ``partition`` (created if missing; deleted first when
+        ``reset``: a replica whose local data is gone must replay the partition from the start)."""
+        s = self.settings
+        if reset:
+            try:
+                await self.js.delete_consumer(s.stream, durable)
+            except NotFoundError:
+                pass
+        cfg = api.ConsumerConfig(durable_name=durable, ack_policy=api.AckPolicy.ALL, ack_wait=30.0,
+                                 max_ack_pending=1024, filter_subject=s.subject(partition),
+                                 deliver_policy=api.DeliverPolicy.ALL)
+        return await self.js.pull_subscribe(s.subject(partition), durable=durable, stream=s.stream, config=cfg)
+
+    async def ack_floor(self, durable: str) -> int:
+        info = await self.js.consumer_info(self.settings.stream, durable)
+        return int(info.ack_floor.stream_seq or 0) if info.ack_floor else 0
+
+    async def last_seq(self, partition: int) -> int:
+        """Stream sequence of the partition's newest message (0 when it has none)."""
+        try:
+            m = await self.js.get_last_msg(self.settings.stream, self.settings.subject(partition))
+        except NotFoundError:
+            return 0
+        return int(m.seq or 0)
+
+    async def close(self) -> None:
+        if self.nc is not None and not self.nc.is_closed:
+            try:
+                await asyncio.wait_for(self.nc.close(), 5)
+            except (asyncio.TimeoutError, NatsError):
+                pass

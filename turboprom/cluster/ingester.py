@@ -1,0 +1,189 @@
+"""An ingester: consumes the partitions etcd assigns it from the ingest log into its local TSDB.
+
+Per owned partition a fetch loop pulls from the partition's durable consumer and queues what it
+got; one appender drains the queue, decodes every message (columns_codec), joins them into one
+batch per tenant and appends through the node's ordinary ingest pipeline (TSDB with its WAL, then
+the summarizer and congestion sinks), in a worker thread. Only then is each partition acknowledged
+up to its last appended message (ack policy *all*): the consumer's ack floor is the last sequence
+persisted locally, so after a crash or restart the partition resumes from it (messages appended but
+not yet acknowledged come again, and storage takes identical samples as idempotent duplicates).
+
+``cluster-node.json`` in the data dir names the node and the partitions whose data it holds; when
+it is missing (a new or wiped disk), the node's old consumers are deleted so its partitions replay
+from the start of the log. A partition counts as caught up once its applied sequence reaches the
+log's last sequence as of when the node took it; queriers prefer caught-up owners.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from nats.errors import Error as NatsError
+from nats.errors import TimeoutError as NatsTimeout
+from nats.js.errors import Error as JetStreamError
+
+from storage.batch import SampleBatch
+from turboprom.cluster import columns_codec
+from turboprom.cluster.ingest_log import IngestLog
+from turboprom.cluster.membership import ClusterState, Membership
+from turboprom.cluster.settings import ClusterSettings
+
+log = logging.getLogger("turboprom.cluster")
+FETCH_BATCH = 256
+MAX_DRAIN = 1024  # messages joined into one append at most
+
+
+def concat(batches: list[SampleBatch]) -> SampleBatch:
+    if len(batches) == 1:
+        return batches[0]
+    base = np.cumsum([0] + [len(b.series) for b in batches[:-1]])
+    return SampleBatch([s for b in batches for s in b.series],
+                       np.concatenate([b.series_index + o for b, o in zip(batches, base)]),
+                       np.concatenate([b.timestamps for b in batches]), np.concatenate([b.values for b in batches]),
+                       metadata=[m for b in batches for m in b.metadata], tenant=batches[0].tenant)
+
+
+class PartitionIngester:
+    def __init__(self, settings: ClusterSettings, membership: Membership, pipeline: Any, executor: Any, data_dir: str):
+        self.settings = settings
+        self.membership = membership
+        self.node_id = membership.node_id
+        self.pipeline = pipeline
+        self.executor = executor
+        self.marker = Path(data_dir) / "cluster-node.json"
+        self.log = IngestLog(settings, client_name=f"turboprom-ingester-{self.node_id}")
+        self.applied: dict[int, int] = {}  # partition -> stream sequence appended and acknowledged
+        self.targets: dict[int, int] = {}  # partition -> log's last sequence when the node took it
+        self.held: set[int] = set()
+        self._fresh = False
+        self._loops: dict[int, asyncio.Task] = {}
+        self._queue: asyncio.Queue = asyncio.Queue(maxsize=4096)
+        self._appender: asyncio.Task | None = None
+        self._labels_cache: dict = {}
+        self._reconcile_lock = asyncio.Lock()
+
+    def durable(self, partition: int) -> str:
+        return re.sub(r"[^A-Za-z0-9_-]", "_", f"{self.node_id}-p{partition:04d}")
+
+    def _save_marker(self) -> None:
+        tmp = self.marker.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"node": self.node_id, "partitions": self.settings.partitions, "held": sorted(self.held)}))
+        tmp.replace(self.marker)
+
+    async def start(self) -> None:
+        if self.marker.exists():
+            m = json.loads(self.marker.read_text())
+            if m.get("node") != self.node_id:
+                raise RuntimeError(f"data dir belongs to ingester {m.get('node')!r}, not {self.node_id!r} (--cluster.node-id)")
+            self.held = set(m.get("held", []))
+        else:
+            self._fresh = True
+            self._save_marker()
+        await self.log.connect()
+        await self.log.ensure_stream()
+        loop = asyncio.get_running_loop()
+        self._appender = loop.create_task(self._append_loop(), name="partition appender")
+        self.membership.on_change.append(lambda st: loop.create_task(self.reconcile(st)))
+
+    def owned(self, st: ClusterState) -> set[int]:
+        a = st.assignment
+        return a.owned_by(self.node_id) if a is not None and a.partitions == self.settings.partitions else set()
+
+    async def reconcile(self, st: ClusterState) -> None:
+        """Start loops for newly owned partitions, stop those no longer owned."""
+        if self._reconcile_lock.locked():
+            return
+        async with self._reconcile_lock:
+            want = self.owned(st)
+            for p in sorted(set(self._loops) - want):
+                self._loops.pop(p).cancel()
+                self.membership.caught_up.discard(p)
+                log.info("partition %d released", p)
+            for p in sorted(want - set(self._loops)):
+                self._loops[p] = asyncio.get_running_loop().create_task(self._fetch_loop(p), name=f"partition {p} fetch")
+
+    async def _fetch_loop(self, p: int) -> None:
+        while True:
+            try:
+                sub = await self.log.consumer(p, self.durable(p), reset=self._fresh)
+                self.applied[p] = await self.log.ack_floor(self.durable(p))
+                self.targets[p] = await self.log.last_seq(p)
+                break
+            except (NatsError, JetStreamError, asyncio.TimeoutError) as e:
+                log.warning("partition %d: consumer not ready: %r", p, e)
+                await asyncio.sleep(0.5)
+        if p not in self.held:
+            self.held.add(p)
+            self._save_marker()
+        self._check_caught_up(p)
+        while True:
+            try:
+                msgs = await sub.fetch(FETCH_BATCH, timeout=1.0)
+            except (NatsTimeout, asyncio.TimeoutError):
+                continue
+            except (NatsError, JetStreamError) as e:
+                log.warning("partition %d: fetch failed: %r", p, e)
+                await asyncio.sleep(0.2)
+                continue
+            if msgs:
+                await self._queue.put((p, msgs))
+
+    def _check_caught_up(self, p: int) -> None:
+        if self.applied.get(p, 0) >= self.targets.get(p, 1 << 62):
+            self.membership.caught_up.add(p)
+
+    def _append(self, items: list[tuple[int, list]]) -> None:
+        by_tenant: dict[str, list[SampleBatch]] = defaultdict(list)
+        for _, msgs in items:
+            for m in msgs:
+                b = columns_codec.decode_batch(m.data, self._labels_cache)
+                by_tenant[b.tenant].append(b)
+        for batches in by_tenant.values():
+            batch = concat(batches)
+            res = self.pipeline.append_sync(batch)
+            if res.rejected_total:
+                log.debug("ingest log: %d samples refused by storage: %s", res.rejected_total, "; ".join(res.errors[:3]))
+
+    async def _append_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            items = [await self._queue.get()]
+            n = len(items[0][1])
+            while n < MAX_DRAIN and not self._queue.empty():
+                items.append(self._queue.get_nowait())
+                n += len(items[-1][1])
+            while True:
+                try:
+                    await loop.run_in_executor(self.executor, self._append, items)
+                    break
+                except OSError as e:  # disk trouble: nothing acknowledged, retry (the log keeps it all)
+                    log.error("append from the ingest log failed, retrying: %s", e)
+                    await asyncio.sleep(1.0)
+            last: dict[int, Any] = {}
+            for p, msgs in items:
+                last[p] = msgs[-1]
+            for p, m in last.items():
+                try:
+                    await m.ack()
+                except (NatsError, JetStreamError) as e:  # redelivered later; duplicates are idempotent
+                    log.warning("partition %d: ack failed: %r", p, e)
+                    continue
+                self.applied[p] = max(self.applied.get(p, 0), int(m.metadata.sequence.stream))
+                self._check_caught_up(p)
+
+    def status(self) -> dict:
+        return {"node": self.node_id, "owned": sorted(self._loops), "caught_up": sorted(self.membership.caught_up),
+                "held": sorted(self.held), "applied": {str(p): s for p, s in sorted(self.applied.items())},
+                "targets": {str(p): s for p, s in sorted(self.targets.items())}}
+
+    async def stop(self) -> None:
+        for t in list(self._loops.values()) + ([self._appender] if self._appender else []):
+            t.cancel()
+        await asyncio.gather(*self._loops.values(), *([self._appender] if self._appender else []), return_exceptions=True)
+        await self.log.close()

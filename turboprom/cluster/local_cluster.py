@@ -1,0 +1,214 @@
+"""A whole cluster on one machine's loopback: 3 NATS JetStream nodes, etcd, and TurboProm role
+processes, each its own process with its role on its command line (``--role ingester``...), so an
+operator or a test can find and kill one by its pid. Used by the cluster tests, bench/cluster_*.py
+and for trying the cluster out; production runs the same commands on several machines
+(docs/cluster.md).
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def binary(name: str) -> str:
+    path = shutil.which(name) or next((p for p in (f"/usr/sbin/{name}", f"/usr/bin/{name}") if Path(p).exists()), None)
+    if path is None:
+        raise FileNotFoundError(f"{name} is not installed (the Makefile's peers target installs it with apt-get)")
+    return path
+
+
+def _get(url: str, timeout: float = 1.0) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+    except Exception:  # noqa: BLE001 - not up yet
+        return 0, b""
+
+
+def wait_until(pred, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"{what} within {timeout:g}s")
+
+
+@dataclass
+class Proc:
+    name: str
+    cmd: list[str]
+    log: Path
+    port: int = 0
+    popen: subprocess.Popen | None = None
+
+    def start(self) -> "Proc":
+        fh = open(self.log, "ab")
+        self.popen = subprocess.Popen(self.cmd, cwd=REPO, stdout=fh, stderr=subprocess.STDOUT)
+        fh.close()
+        return self
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid if self.popen else 0
+
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def kill(self) -> None:
+        if self.alive():
+            self.popen.kill()
+            self.popen.wait(10)
+
+    def stop(self, timeout: float = 20.0) -> None:
+        if self.alive():
+            self.popen.terminate()
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(10)
+
+
+@dataclass
+class LocalCluster:
+    base: Path
+    ingesters: int = 2
+    distributors: int = 1
+    queriers: int = 1
+    partitions: int = 16
+    nats_nodes: int = 3
+    publish_timeout: str = "5s"
+    extra_args: list[str] = field(default_factory=list)
+    nats: list[Proc] = field(default_factory=list)
+    etcd: Proc | None = None
+    roles: dict[str, Proc] = field(default_factory=dict)
+
+    @property
+    def nats_urls(self) -> str:
+        return ",".join(f"nats://127.0.0.1:{p.port}" for p in self.nats)
+
+    @property
+    def etcd_url(self) -> str:
+        return f"http://127.0.0.1:{self.etcd.port}"
+
+    def url(self, name: str) -> str:
+        return f"http://127.0.0.1:{self.roles[name].port}"
+
+    def start(self, timeout: float = 90.0) -> "LocalCluster":
+        self.base.mkdir(parents=True, exist_ok=True)
+        self._start_nats()
+        self._start_etcd()
+        for i in range(self.ingesters):
+            self.add_role("ingester", f"ingester-{i}")
+        for i in range(self.distributors):
+            self.add_role("distributor", f"distributor-{i}")
+        for i in range(self.queriers):
+            self.add_role("querier", f"querier-{i}")
+        for name in self.roles:
+            self.wait_ready(name, timeout)
+        return self
+
+    def _start_nats(self) -> None:
+        exe = binary("nats-server")
+        client = [free_port() for _ in range(self.nats_nodes)]
+        route = [free_port() for _ in range(self.nats_nodes)]
+        routes = ",".join(f"nats://127.0.0.1:{p}" for p in route)
+        for i in range(self.nats_nodes):
+            d = self.base / f"nats-{i}"
+            d.mkdir(exist_ok=True)
+            cmd = [exe, "-a", "127.0.0.1", "-p", str(client[i]), "-js", "-sd", str(d), "--server_name", f"n{i}",
+                   "--cluster_name", "turboprom", "--cluster", f"nats://127.0.0.1:{route[i]}", "--routes", routes]
+            self.nats.append(Proc(f"nats-{i}", cmd, self.base / f"nats-{i}.log", client[i]).start())
+
+    def restart_nats(self, i: int) -> None:
+        p = self.nats[i]
+        p.start()
+
+    def _start_etcd(self) -> None:
+        cp, pp = free_port(), free_port()
+        d = self.base / "etcd"
+        cmd = [binary("etcd"), "--name", "e0", "--data-dir", str(d), "--listen-client-urls", f"http://127.0.0.1:{cp}",
+               "--advertise-client-urls", f"http://127.0.0.1:{cp}", "--listen-peer-urls", f"http://127.0.0.1:{pp}",
+               "--initial-advertise-peer-urls", f"http://127.0.0.1:{pp}", "--initial-cluster", f"e0=http://127.0.0.1:{pp}"]
+        self.etcd = Proc("etcd", cmd, self.base / "etcd.log", cp).start()
+        wait_until(lambda: _get(self.etcd_url + "/health")[0] == 200, 30, "etcd did not become healthy")
+
+    def role_cmd(self, role: str, name: str, port: int) -> list[str]:
+        return [sys.executable, "-m", "turboprom", "serve", "--role", role, "--listen", f"127.0.0.1:{port}",
+                "--data-dir", str(self.base / name), "--cluster.nats-urls", self.nats_urls,
+                "--cluster.etcd-endpoints", self.etcd_url, "--cluster.partitions", str(self.partitions),
+                "--cluster.node-id", name, "--cluster.publish-timeout", self.publish_timeout, *self.extra_args]
+
+    def add_role(self, role: str, name: str) -> Proc:
+        port = self.roles[name].port if name in self.roles else free_port()
+        p = Proc(name, self.role_cmd(role, name, port), self.base / f"{name}.log", port).start()
+        self.roles[name] = p
+        return p
+
+    def wait_ready(self, name: str, timeout: float = 90.0) -> None:
+        p = self.roles[name]
+
+        def ready() -> bool:
+            if not p.alive():
+                raise RuntimeError(f"{name} exited: {p.log.read_text()[-3000:]}")
+            return _get(self.url(name) + "/-/ready")[0] == 200
+        wait_until(ready, timeout, f"{name} did not become ready")
+
+    def ingester_status(self, name: str) -> dict:
+        code, body = _get(self.url(name) + "/internal/cluster/v1/status")
+        return json.loads(body) if code == 200 else {}
+
+    def wait_caught_up(self, names: list[str], timeout: float = 60.0) -> None:
+        def done() -> bool:
+            sts = [self.ingester_status(n) for n in names]
+            return all(st and st.get("owned") and set(st["owned"]) <= set(st.get("caught_up", [])) for st in sts)
+        wait_until(done, timeout, f"{', '.join(names)} did not catch up")
+
+    def stop(self) -> None:
+        for p in reversed(list(self.roles.values())):
+            p.stop()
+        for p in self.nats:
+            p.stop()
+        if self.etcd is not None:
+            self.etcd.stop()
+
+
+def main() -> None:
+    import argparse
+    import signal
+
+    ap = argparse.ArgumentParser(description="run a local TurboProm cluster on loopback until ^C")
+    ap.add_argument("--dir", default="./cluster-data")
+    ap.add_argument("--ingesters", type=int, default=2)
+    ap.add_argument("--partitions", type=int, default=64)
+    a = ap.parse_args()
+    c = LocalCluster(Path(a.dir), ingesters=a.ingesters, partitions=a.partitions).start()
+    try:
+        for name, p in c.roles.items():
+            print(f"{name:14s} pid {p.pid:7d}  {c.url(name)}", flush=True)
+        print(f"remote write: {c.url('distributor-0')}/api/v1/write   Prometheus API: {c.url('querier-0')}", flush=True)
+        signal.sigwait({signal.SIGINT, signal.SIGTERM})
+    finally:
+        c.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""An ingester's partition reads, over the project's HTTP stack (aiohttp), for queriers.
+
+HTTP rather than Arrow Flight: the ingester already serves HTTP with the server's timeouts, body
+limits and auth middleware on one port, and the body is the same Arrow IPC stream Flight would
+carry (columns_codec), so a second server framework and port would add nothing but moving parts.
+
+- ``POST /internal/cluster/v1/select`` ``{"matchers": [[name, op, value], ...], "mint", "maxt",
+  "partitions": [...]}`` -> Arrow IPC (columns_codec.encode_series_set) of the matching series of
+  exactly those partitions (series of other partitions this node also holds are filtered out);
+- ``POST /internal/cluster/v1/series`` / ``labels`` / ``label_values`` -> JSON (unions, so the
+  querier needs no per-partition filtering for them);
+- ``GET /internal/cluster/v1/status`` -> the node's owned, caught-up and applied sequences.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+import orjson
+from aiohttp import web
+
+from storage.matchers import Matcher
+from storage.series_set import SeriesSet
+from turboprom.api_common import run_off_loop
+from turboprom.cluster import columns_codec, partitions
+from turboprom.context import ServerContext
+
+PREFIX = "/internal/cluster/v1"
+ARROW_STREAM = "application/vnd.apache.arrow.stream"
+
+
+def matchers_json(ms: Sequence[Matcher]) -> list[list[str]]:
+    return [[m.name, m.op, m.value] for m in ms]
+
+
+def matchers_from_json(items: Any) -> list[Matcher]:
+    return [Matcher(str(n), str(op), str(v)) for n, op, v in items]
+
+
+def only_partitions(ss: SeriesSet, wanted: set[int], total: int) -> SeriesSet:
+    if not len(ss):
+        return ss
+    part = partitions.partitions_of(columns_codec.label_keys(ss.labels), total)
+    keep = np.isin(part, np.fromiter(wanted, np.int64, len(wanted)))
+    if keep.all():
+        return ss
+    counts = np.diff(ss.offsets)
+    sample_keep = np.repeat(keep, counts)
+    offsets = np.zeros(int(keep.sum()) + 1, np.int64)
+    np.cumsum(counts[keep], out=offsets[1:])
+    return SeriesSet([lbl for lbl, k in zip(ss.labels, keep) if k], offsets,
+                     ss.timestamps[: ss.num_samples][sample_keep], ss.values[: ss.num_samples][sample_keep])
+
+
+def setup(app: web.Application, ctx: ServerContext) -> None:
+    ingester = ctx.components["partition_ingester"]
+    storage = ctx.storage
+    total = ingester.settings.partitions
+
+    def bad(msg: str) -> web.Response:
+        return web.json_response({"status": "error", "errorType": "bad_data", "error": msg}, status=400)
+
+    async def body(request: web.Request) -> dict:
+        return orjson.loads(await request.read())
+
+    async def select(request: web.Request) -> web.Response:
+        try:
+            q = await body(request)
+            ms = matchers_from_json(q["matchers"])
+            mint, maxt, wanted = int(q["mint"]), int(q["maxt"]), set(map(int, q["partitions"]))
+        except (KeyError, TypeError, ValueError) as e:
+            return bad(f"select: {e}")
+
+        def job() -> bytes:
+            ss = storage.select(ms, mint, maxt)
+            if not ingester.held <= wanted:
+                ss = only_partitions(ss, wanted, total)
+            return columns_codec.encode_series_set(ss)
+
+        return web.Response(body=await run_off_loop(ctx, job), content_type=ARROW_STREAM)
+
+    async def series(request: web.Request) -> web.Response:
+        try:
+            q = await body(request)
+            sets = [matchers_from_json(s) for s in q["matcher_sets"]]
+            mint, maxt = int(q["mint"]), int(q["maxt"])
+        except (KeyError, TypeError, ValueError) as e:
+            return bad(f"series: {e}")
+        out = await run_off_loop(ctx, storage.series, sets, mint, maxt)
+        return web.Response(body=orjson.dumps(out), content_type="application/json")
+
+    async def labels(request: web.Request) -> web.Response:
+        try:
+            q = await body(request)
+            sets = [matchers_from_json(s) for s in q.get("matcher_sets", [])]
+            mint, maxt, name = int(q["mint"]), int(q["maxt"]), q.get("name")
+        except (KeyError, TypeError, ValueError) as e:
+            return bad(f"labels: {e}")
+        if name is None:
+            out = await run_off_loop(ctx, storage.label_names, mint, maxt, sets)
+        else:
+            out = await run_off_loop(ctx, storage.label_values, str(name), mint, maxt, sets)
+        return web.Response(body=orjson.dumps(list(out)), content_type="application/json")
+
+    async def status(_: web.Request) -> web.Response:
+        return web.json_response(ingester.status())
+
+    app.router.add_post(PREFIX + "/select", select)
+    app.router.add_post(PREFIX + "/series", series)
+    app.router.add_post(PREFIX + "/labels", labels)
+    app.router.add_get(PREFIX + "/status", status)

@@ -44,7 +44,7 @@ def banner(listen: str, data_dir: str, fleet: bool) -> str:
         "",
         f"TurboProm demo (data dir {data_dir})" + (": a simulated 8-GPU fleet replays the Mooncake trace, placed by Vesta." if fleet else "."),
         "",
-        f"  Web page:      {base}/graph            (query, planner, live congestion)",
+        f"  Web page:      {base}/graph            (query panels; /targets, /rules, /planner, /query-log, /congestion, /audit)",
         f"  Health:        curl -s {base}/-/ready",
         f"  Query:         curl -s '{base}/api/v1/query?query=sum(vllm:num_requests_waiting)'",
         f"  Congestion:    curl -s {base}/api/v1/congestion     (live: {base}/api/v1/congestion/stream)",

@@ -123,6 +123,7 @@ SELF_SCRAPE = ("bool", {"scrape_interval": "duration"})
 
 
 def top_level_fields() -> dict[str, Any]:
+    from ingest.otlp_config import OtlpSettings
     from ingest.pipeline import CONFIG_FIELDS as INGEST_FIELDS
     from ingest.scrape.config import GLOBAL_FIELDS, SCRAPE_CONFIG_FIELDS
     from planner.planner import PlannerConfig
@@ -139,6 +140,7 @@ def top_level_fields() -> dict[str, Any]:
         "web": WEB_FIELDS,
         "storage": STORAGE_FIELDS,
         "ingest": INGEST_FIELDS,
+        "otlp": OtlpSettings.from_config,
         "kedgeflow": KEDGEFLOW_FIELDS,
         "planner": PlannerConfig.from_raw,
         "congestion": CongestionConfig.from_mapping,

@@ -1,4 +1,7 @@
-"""Ingest endpoints: POST /api/v1/write (remote write 1.0 and 2.0), POST /api/v1/import/prometheus.
+"""Ingest endpoints: POST /api/v1/write (remote write 1.0 and 2.0), POST /api/v1/import/prometheus,
+POST /api/v1/otlp/v1/metrics (OTLP/HTTP metrics, protobuf or JSON; answers as OTLP/HTTP specifies:
+200 with an ExportMetricsServiceResponse, partial_success when points were refused; errors carry a
+google.rpc.Status in the request's encoding).
 
 Decoding, validation and storage appends run in worker threads; this module only maps HTTP to
 ingest/ and ingest errors to Prometheus-style answers:
@@ -23,11 +26,15 @@ import errno
 import os
 import time
 
+import numpy as np
 from aiohttp import web
 
 from ingest import metrics
 from ingest.errors import IngestError, Overloaded
 from ingest.metadata_store import MetadataStore
+from ingest.otlp_config import OtlpSettings
+from ingest.otlp_translate import OtlpTranslator
+from ingest import otlp_wire
 from ingest.pipeline import IngestPipeline
 from ingest.remote_write import V1, V2, RemoteWriteDecoder
 from ingest.snappy_block import decompress
@@ -265,6 +272,74 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
         metrics.REQUESTS.labels(protocol=protocol, code="204").inc()
         return web.Response(status=204)
 
+    otlp = OtlpTranslator(OtlpSettings.from_config(ctx.config.raw.get("otlp")), future_tolerance_ms=opts.future_tolerance_ms,
+                          lookback_delta_ms=ctx.config.lookback_delta_ms)
+
+    async def otlp_metrics(request: web.Request) -> web.Response:
+        """OTLP/HTTP: 200 + ExportMetricsServiceResponse (partial_success names refused points); 400/413/415
+        + google.rpc.Status; 429/503 + Retry-After (retryable, per the OTLP/HTTP specification)."""
+        protocol = "otlp"
+        t0 = time.perf_counter()
+        kind = otlp_wire.content_kind(request.headers.get("Content-Type", ""))
+
+        def fail(status: int, message: str, headers: dict | None = None) -> web.Response:
+            k = kind or otlp_wire.JSON
+            return web.Response(status=status, body=otlp_wire.status_body(k, status, message), content_type=k, headers=headers)
+
+        if kind is None:
+            metrics.REQUESTS.labels(protocol=protocol, code="415").inc()
+            return fail(415, f"unsupported OTLP Content-Type {request.headers.get('Content-Type')!r}: "
+                             f"expected {otlp_wire.PROTOBUF} or {otlp_wire.JSON}")
+        try:
+            tenant = tenant_of(request.headers)
+        except ValueError as e:
+            return fail(400, str(e))
+        enc = request.headers.get("Content-Encoding", "").strip().lower()
+        try:
+            if enc not in ("", "identity", "gzip"):
+                raise IngestError("bad_encoding", f"unsupported Content-Encoding {enc!r}: OTLP bodies may be gzip or uncompressed", status=415)
+            body = await read_body(request)
+            with pipeline.slot():
+                loop = asyncio.get_running_loop()
+
+                def decode():
+                    data = _gunzip(body, max_decoded) if enc == "gzip" else body
+                    if len(data) > max_decoded:
+                        raise IngestError("too_large", f"decoded body exceeds the limit of {max_decoded} bytes", status=413)
+                    return otlp.translate(otlp_wire.decode_request(data, kind), tenant)
+
+                tr = await loop.run_in_executor(ctx.executor, decode)
+                batch = await loop.run_in_executor(ctx.executor, lambda: limited(label_batch(tr.batch, tenant), tenant))
+                result = await pipeline.submit(batch, reserved=True)
+                await store_exemplars(protocol, tenant, tr.exemplars)
+        except IngestError as e:
+            resp = answer_error(protocol, e)
+            return fail(resp.status, e.message, {k: v for k, v in resp.headers.items() if k == "Retry-After"})
+        except OSError as e:
+            resp = answer_storage_error(protocol, e)
+            return fail(resp.status, f"storage unavailable: {os.strerror(e.errno)}; nothing from this request was written, retry later",
+                        {"Retry-After": resp.headers.get("Retry-After", "5")})
+        finally:
+            metrics.REQUEST_SECONDS.labels(protocol=protocol).observe(time.perf_counter() - t0)
+        metrics.SAMPLES.labels(protocol=protocol).inc(result.accepted)
+        for reason, n in result.rejected.items():
+            metrics.reject(protocol, reason, n)
+        problems = list(tr.problems)
+        rejected = tr.rejected_points
+        if result.rejected_total:
+            detail = ", ".join(f"{n} {r.replace('_', ' ')}" for r, n in sorted(result.rejected.items()))
+            problems.append(f"{result.rejected_total} of {len(batch)} samples rejected by storage ({detail})"
+                            + (f"; first: {'; '.join(result.errors[:3])}" if result.errors else ""))
+            if result.accepted_mask is not None:
+                lost = tr.sample_point[~result.accepted_mask]
+                rejected += len(np.unique(lost[lost >= 0]))
+        if rejected:
+            metrics.reject(protocol, "otlp_points_refused", rejected)
+        message = (f"{rejected} of {tr.points} data points refused; " if rejected else "") + "; ".join(problems)
+        metrics.REQUESTS.labels(protocol=protocol, code="200").inc()
+        return web.Response(status=200, body=otlp_wire.response_body(kind, rejected, message), content_type=kind)
+
+    app.router.add_post("/api/v1/otlp/v1/metrics", otlp_metrics)
     app.router.add_post("/api/v1/write", write)
     app.router.add_post("/api/v1/import/prometheus", import_prometheus)
 

@@ -165,7 +165,8 @@ class OtlpTranslator:
             out = self._names[k] = metric_name(m.name, m.unit, kind, self.settings.translation_strategy)
         return out
 
-    def _context(self, resource_attrs: tuple, scope) -> _Context:
+    def _context(self, resource_attrs: tuple, sm) -> _Context:
+        """``sm``: the ScopeMetrics (its scope, and the schema URL it carries)."""
         s = self.settings
         res = dict(resource_attrs)
         if s.promote_all_resource_attributes:
@@ -174,11 +175,12 @@ class OtlpTranslator:
             promoted = [(k, res[k]) for k in s.promote_resource_attributes if k in res]
         overrides: list[tuple[str, str]] = []
         scope_key: tuple = ()
+        scope = sm.scope
         if s.promote_scope_metadata and scope.name:
             scope_attrs = _attr_key(scope.attributes)
-            scope_key = (scope.name, scope.version, scope.schema_url, scope_attrs)
+            scope_key = (scope.name, scope.version, sm.schema_url, scope_attrs)
             overrides += [("otel_scope_name", scope.name), ("otel_scope_version", scope.version),
-                          ("otel_scope_schema_url", scope.schema_url)]
+                          ("otel_scope_schema_url", sm.schema_url)]
             overrides += [("otel_scope_" + k, v) for k, v in scope_attrs]
         overrides += _job_instance(res)
         return _Context(self._cid((tuple(promoted), tuple(overrides), scope_key)), promoted, overrides)
@@ -260,7 +262,7 @@ class OtlpTranslator:
         res_attrs = _attr_key(rm.resource.attributes)
         lo, hi = None, None
         for sm in rm.scope_metrics:
-            ctx = self._context(res_attrs, sm.scope)
+            ctx = self._context(res_attrs, sm)
             for m in sm.metrics:
                 span = self._metric(r, ctx, m)
                 if span is not None:

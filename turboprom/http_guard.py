@@ -144,6 +144,9 @@ class GuardedAppRunner(web.AppRunner):
         kwargs.setdefault("keepalive_timeout", timeouts.idle_s)
         # After an early answer (e.g. 408, 413) an unread body is drained at most this long.
         kwargs.setdefault("lingering_time", min(10.0, timeouts.read_body_s))
+        # Request bodies reach the handlers as sent: the ingest routes decode Content-Encoding (gzip,
+        # snappy) themselves, with their decoded-size limits checked before inflating.
+        kwargs.setdefault("auto_decompress", False)
         super().__init__(app, **kwargs)
         self.timeouts = timeouts
 

@@ -223,4 +223,6 @@ def value_string(v) -> str:
         return float_string(v.double_value)
     if kind is None:
         return ""
-    return json.dumps(_raw(v), separators=(",", ":"), ensure_ascii=False) if kind != "bytes_value" else _raw(v)  # type: ignore[return-value]
+    if kind == "bytes_value":
+        return base64.b64encode(v.bytes_value).decode()
+    return json.dumps(_raw(v), separators=(",", ":"), ensure_ascii=False)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import json
 import os
 import time
 
@@ -317,8 +318,7 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
             return fail(resp.status, e.message, {k: v for k, v in resp.headers.items() if k == "Retry-After"})
         except OSError as e:
             resp = answer_storage_error(protocol, e)
-            return fail(resp.status, f"storage unavailable: {os.strerror(e.errno)}; nothing from this request was written, retry later",
-                        {"Retry-After": resp.headers.get("Retry-After", "5")})
+            return fail(resp.status, json.loads(resp.body)["error"], {"Retry-After": resp.headers.get("Retry-After", "5")})
         finally:
             metrics.REQUEST_SECONDS.labels(protocol=protocol).observe(time.perf_counter() - t0)
         metrics.SAMPLES.labels(protocol=protocol).inc(result.accepted)

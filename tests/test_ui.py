@@ -170,20 +170,27 @@ def server(tmp_path_factory: pytest.TempPathFactory):
         lines = [f'demo_load{{gpu="{g}"}} {v:.3f} {(now - 1800 + k * 10) * 1000}'
                  for k in range(181) for g, v in (("0", 50 + 40 * np.sin(k / 12)), ("1", 30 + 10 * np.cos(k / 18)))]
         _import(srv.url, "\n".join(lines) + "\n")
-        yield srv, tmp
+        yield srv, tmp, now
 
 
 def test_pages_in_chromium(server) -> None:
-    srv, tmp = server
-    asyncio.run(_browse(srv.url, tmp))
+    srv, tmp, now = server
+    asyncio.run(_browse(srv.url, tmp, now))
 
 
-async def _browse(url: str, tmp: Path) -> None:
+def _demo_load(gpu: str, t: float, now: int) -> float:
+    """The imported demo_load value in force at time t (samples every 10 s from now - 1800)."""
+    k = int((t - (now - 1800)) // 10)
+    return round(50 + 40 * np.sin(k / 12), 3) if gpu == "0" else round(30 + 10 * np.cos(k / 18), 3)
+
+
+async def _browse(url: str, tmp: Path, now: int) -> None:
     b = Browser(tmp / "chrome-profile")
     await b.start()
     try:
         await _graph_link(b, url)
-        await _hover(b)
+        await _hover(b, now)
+        await _zoom_and_stack(b, now)
         await _autocomplete(b, url)
         await _status_pages(b, url)
         assert not b.errors, b.errors
@@ -231,16 +238,41 @@ async def _graph_link(b: Browser, url: str) -> None:
     assert "g0.expr=demo_load" in href and "g0.range_input=30m" in href and "g0.tab=0" in href
 
 
-async def _hover(b: Browser) -> None:
+async def _hover(b: Browser, now: int) -> None:
     box = await b.js("(() => { const r = document.querySelector('.chart .u-over').getBoundingClientRect(); return {x: r.x, y: r.y, w: r.width, h: r.height}; })()")
     await b.mouse(box["x"] + box["w"] * 0.5, box["y"] + box["h"] * 0.5)
     tip = await b.wait("(() => { const t = document.querySelector('.chart .tooltip'); return t && !t.hidden && t.innerText; })()")
     assert 'gpu="0"' in tip and 'gpu="1"' in tip, tip
+    # the legend shows each series' value at the hovered time: the very values imported
+    t = await b.js("(() => { const u = document.querySelector('.chart').uplot; return u.data[0][u.cursor.idx]; })()")
     values = await b.js("[...document.querySelectorAll('.u-legend .u-series .u-value')].slice(1).map(e => e.innerText)")
-    assert len(values) == 2 and all(float(v) > 0 for v in values), values
+    assert len(values) == 2, values
+    for gpu, v in zip("01", values):
+        assert abs(float(v) - _demo_load(gpu, t, now)) <= 1e-3 * abs(_demo_load(gpu, t, now)), (gpu, v, t, _demo_load(gpu, t, now))
     # legend click toggles a series off
     await b.js("document.querySelectorAll('.u-legend .u-series')[1].querySelector('th').click()")
     assert await b.js("document.querySelectorAll('.u-legend .u-series')[1].classList.contains('u-off')")
+
+
+async def _zoom_and_stack(b: Browser, now: int) -> None:
+    box = await b.js("(() => { const r = document.querySelector('.chart .u-over').getBoundingClientRect(); return {x: r.x, y: r.y, w: r.width, h: r.height}; })()")
+    y = box["y"] + box["h"] / 2
+    await b.send("Input.dispatchMouseEvent", type="mousePressed", x=box["x"] + box["w"] * 0.25, y=y, button="left", clickCount=1)
+    for f in (0.35, 0.5, 0.65, 0.75):
+        await b.send("Input.dispatchMouseEvent", type="mouseMoved", x=box["x"] + box["w"] * f, y=y, button="left", buttons=1)
+    await b.send("Input.dispatchMouseEvent", type="mouseReleased", x=box["x"] + box["w"] * 0.75, y=y, button="left", clickCount=1)
+    # drag-to-zoom re-queries the selected half of the range: the axis spans it and the URL carries it
+    await b.wait("(() => { const s = document.querySelector('.chart').uplot?.scales.x; return s && Math.abs((s.max - s.min) - 900) < 20; })()")
+    assert "g0.end_input=" in await b.js("location.search")
+    # stacked: the second series is drawn on top of the first, its hover value is still its own
+    await b.js("document.querySelector('.stacked-box').click()")
+    await b.wait("location.search.includes('g0.stacked=1') && document.querySelector('.chart').uplot?.series.length === 3 && document.querySelector('.chart').uplot.bands.length === 1")
+    await b.mouse(box["x"] + box["w"] * 0.5, y)
+    await b.wait("document.querySelector('.chart .tooltip') && !document.querySelector('.chart .tooltip').hidden")
+    t, lower, upper = await b.js("(() => { const u = document.querySelector('.chart').uplot, i = u.cursor.idx; return [u.data[0][i], u.data[1][i], u.data[2][i]]; })()")
+    assert abs(upper - lower - _demo_load("1", t, now)) < 1e-6 and abs(lower - _demo_load("0", t, now)) < 1e-6, (t, lower, upper)
+    values = await b.js("[...document.querySelectorAll('.u-legend .u-series .u-value')].slice(1).map(e => e.innerText)")
+    assert abs(float(values[1]) - _demo_load("1", t, now)) <= 1e-3 * _demo_load("1", t, now), values
 
 
 async def _autocomplete(b: Browser, url: str) -> None:

@@ -83,6 +83,22 @@ function tooltipPlugin(panel) {
   };
 }
 
+// Time tick labels in UTC (as the end-time picker and the tooltip), 24-hour; the date under the first
+// label and wherever the day changes.
+function timeTicks(u, splits) {
+  const incr = splits.length > 1 ? splits[1] - splits[0] : 60;
+  let day = null;
+  return splits.map(v => {
+    const iso = new Date(v * 1000).toISOString();
+    const date = iso.slice(5, 10);
+    const time = incr < 60 ? iso.slice(11, 19) : iso.slice(11, 16);
+    if (incr >= 86400) return incr % 86400 ? `${date} ${time}` : date;
+    const label = date !== day ? `${time}\n${date}` : time;
+    day = date;
+    return label;
+  });
+}
+
 class Panel {
   constructor(opts, { onChange, onRemove }) {
     this.onChange = onChange;
@@ -246,7 +262,7 @@ class Panel {
       padding: [14, 36, 0, 4], // room on the right: the last time label is never clipped
       scales: { x: { time: true, range: () => [start, end] }, y: this.stacked ? { range: (u, min, max) => [0, max > 0 ? max * 1.05 : 1] } : {} },
       axes: [
-        { stroke: "#57606a", grid: { stroke: "#eaeef2" }, ticks: { stroke: "#d0d7de" } },
+        { stroke: "#57606a", grid: { stroke: "#eaeef2" }, ticks: { stroke: "#d0d7de" }, values: timeTicks },
         { stroke: "#57606a", grid: { stroke: "#eaeef2" }, ticks: { stroke: "#d0d7de" }, size: 78, values: (u, splits) => splits.map(v => fmt(v, 3)) },
       ],
       series,

@@ -43,11 +43,14 @@ def main() -> int:
     rng = np.random.default_rng(0)
     state: dict = {}
     batches = []
+    sids = np.arange(S, dtype=np.int64)
     for ch in np.array_split(np.arange(len(ts_all)), max(1, len(ts_all) // a.chunk)):
         ts = ts_all[ch]
         vals = values_for(defs, ts, rng, state)
         n = len(ts)
-        batches.append(SampleBatch(labels, np.repeat(np.arange(S), n), np.tile(ts, S), vals.reshape(-1)))
+        # storage's series ids, as the ingest pipeline sets them on the batch it hands to sinks
+        batches.append(SampleBatch(labels, np.repeat(np.arange(S), n), np.tile(ts, S), vals.reshape(-1),
+                                   series_ids=sids))
     total = sum(len(b) for b in batches)
     results = {}
     for name, specs in (("none (sink only)", []), ("4 SDS (3 exact + 1 kll)", SPECS),

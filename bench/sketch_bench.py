@@ -64,7 +64,7 @@ def fold_cost(batches: list[SampleBatch], spec: SDSSpec | None, t0: int, storage
     for b in batches:
         summ.consume(b)
     if sds is not None:
-        sds.flush_pending()
+        summ.flush()
     return time.thread_time() - c0, sds
 
 
@@ -138,7 +138,7 @@ def main() -> int:
             summ.consume(b)
             cpu += time.thread_time() - c0
         c0 = time.thread_time()
-        sds.flush_pending()
+        summ.flush()
         return cpu + time.thread_time() - c0, sds
 
     r_in = [run_late(seq_in)[0] for _ in range(a.repeats)] if "late" in secs else []

@@ -20,13 +20,14 @@ sealed panes to Parquet and the catalog to DuckDB.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import statistics
 import threading
 import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -49,7 +50,7 @@ class SDSSpec:
     params: tuple[tuple[str, Any], ...] = ()  # e.g. (("k", 200),)
     grouping: tuple[str, ...] = ()
 
-    @property
+    @functools.cached_property  # read per batch by the summarizer: hashed once
     def id(self) -> str:
         raw = f"{self.metric}|{self.algorithm}|{self.pane_ms}|{self.matchers}|{self.params}"
         if self.grouping:  # only group SDSs hold a grouping in their payload (older ids unchanged)
@@ -240,21 +241,26 @@ class SDS:
         self._flush_lock = threading.RLock()
         self.flush_cpu_s = 0.0  # CPU of every fold of buffered samples (the summarizer reads it around a batch)
         self.raw_source: Any = None  # raw storage (set by the summarizer): exact panes hit by late samples are rebuilt from it
+        self.before_read: Callable[[], None] | None = None  # set by the summarizer: folds what it queued
 
     FLUSH_SAMPLES = 50_000
     HELD_MAX = 4_000_000  # samples held below the fold floor while a backfill runs (beyond: dropped, counted)
 
-    def offer(self, sid: np.ndarray, ts: np.ndarray, vals: np.ndarray) -> None:
+    def offer(self, sid: np.ndarray, ts: np.ndarray, vals: np.ndarray, arrival_floor: Any = None) -> None:
         """Live samples of this SDS's series (stale markers removed). Those at or above the fold floor
         are buffered. Older ones that arrive while the backfill runs are held until the backfill has
         read past them (``widen``): its storage read of their range may have been taken just before
         they were stored, and the floor only reaches them once that chunk is folded. Only for payloads
         rebuilt from storage (an idempotent refold); order-independent payloads would count twice a
-        sample the backfill did read, so there they are left to the backfill as before."""
+        sample the backfill did read, so there they are left to the backfill as before; for them the
+        floor is the one the samples met on arrival (``arrival_floor``, one or per sample, when the
+        summarizer queued them), as the backfill may have read them since."""
         with self._flush_lock:
             floor = self.fold_floor_ms()
             if floor is None:
                 return
+            if arrival_floor is not None and self.algorithm.order_independent:
+                floor = arrival_floor
             up = ts >= floor
             if up.all():
                 self.buffer(sid, ts, vals)
@@ -414,6 +420,8 @@ class SDS:
 
         Taken under the fold lock: a fold in flight has already moved its samples out of the buffer,
         so checking the buffer alone would let a read see panes the fold has not reached yet."""
+        if self.before_read is not None:  # batches the summarizer still queues (outside this lock)
+            self.before_read()
         with self._flush_lock:
             # panes about to be read must hold every buffered sample (flushing only those of sealed
             # panes measured faster but let live answers differ from raw: not done)

@@ -1,7 +1,17 @@
 """The summarizer: an ingest sink that folds every batch into the panes of the adopted SDSs.
 
-``consume(batch)`` maps the batch's K series to each SDS's local ids once (per-series Python, cached
-by label set), then hands the in-scope samples to the SDS's store in bulk (numpy). Samples are split
+``consume(batch)`` maps the batch's K series to each SDS's local ids, then hands the in-scope samples
+to the SDS's store in bulk (numpy). A batch that has been through storage carries storage's series id
+per series (``SampleBatch.series_ids``; ids are never reused), so the metric name and each SDS's local
+id are resolved once per storage id and kept in arrays: a known series costs no Python per batch.
+Batches without storage ids (tests, tools) are mapped by label set.
+
+Scrape-shaped batches are small (one target's scrape) and each SDS pays a fixed cost per batch it
+folds, so ``consume`` only queues a batch (with the SDSs live at that moment and their fold floors) and
+``drain`` folds the queued batches together, when enough samples wait, after ``QUEUE_S`` seconds, and
+before anything reads panes (``SDS.coverage`` calls it; so does the backfill before each chunk). What a
+batch is folded into, and at which floor, is decided when it arrives: an SDS adopted later never folds
+it (its backfill reads it from storage), and an order-independent payload keeps the floor it had then. Samples are split
 between the live path and backfill by time: live takes ``t >= live_from_ts``, backfill reads everything
 older from raw storage, so no sample is counted twice. Late samples (not newer than their series' last
 folded sample, or older than the live start but inside the history the backfill has already folded)
@@ -26,6 +36,24 @@ from storage.stale import is_stale
 log = logging.getLogger("turboprom.planner")
 
 BACKFILL_CHUNK_PANES = 240
+_UNRESOLVED, _OUT_OF_SCOPE = -1, -2  # entries of the storage id -> local id tables
+_NO_FLOOR = np.iinfo(np.int64).max  # an SDS not live when a batch arrived folds none of it
+
+
+def _concat(batches: list[SampleBatch]) -> SampleBatch:
+    """One batch holding several (their series lists concatenated; storage ids kept if all have them)."""
+    series: list = []
+    offsets = np.zeros(len(batches), np.int64)
+    for i, b in enumerate(batches):
+        offsets[i] = len(series)
+        series.extend(b.series)
+    lens = np.fromiter((len(b) for b in batches), np.int64, len(batches))
+    idx = np.concatenate([b.series_index for b in batches]) + np.repeat(offsets, lens)
+    ids = None
+    if all(b.series_ids is not None for b in batches):
+        ids = np.concatenate([np.asarray(b.series_ids, np.int64) for b in batches])
+    return SampleBatch(series, idx, np.concatenate([b.timestamps for b in batches]),
+                       np.concatenate([b.values for b in batches]), tenant=batches[0].tenant, series_ids=ids)
 
 
 class Summarizer:
@@ -38,7 +66,20 @@ class Summarizer:
         self.lock = threading.RLock()
         self.cpu_seconds = 0.0
         self.samples = 0
-        self._name_cache: dict[tuple, str] = {}
+        # storage series id -> metric name code (-1: not seen yet); codes index ``_name_codes``
+        self._sid_name = np.full(0, -1, np.int32)
+        self._name_codes: dict[str, int] = {}
+        # per SDS: storage series id -> local id (UNRESOLVED: not looked at yet, OUT_OF_SCOPE)
+        self._local_maps: dict[str, np.ndarray] = {}
+        self._map_lock = threading.Lock()  # the slow path that resolves new storage ids
+        self._targets: tuple[SDS, ...] = ()  # the SDSs live now (rebuilt by add / remove)
+        # batches waiting to be folded: (batch, targets, their fold floors then, newest time)
+        self._queue: list[tuple[SampleBatch, tuple[SDS, ...], tuple[int | None, ...], int]] = []
+        self._queued_n = 0
+        self._queued_at = 0.0
+        self._queue_lock = threading.Lock()
+        self._drain_lock = threading.Lock()
+        self._draining = False
 
     # --- registry of SDSs ------------------------------------------------------------------
     def add(self, sds: SDS) -> None:
@@ -47,6 +88,8 @@ class Summarizer:
             if sds.raw_source is None:
                 sds.raw_source = self.storage
             self.by_metric.setdefault(sds.metric, []).append(sds)
+            self._targets = tuple(x for lst in self.by_metric.values() for x in lst)
+            sds.before_read = self.drain
             if self.max_ts is not None:
                 sds.max_ts = self.max_ts
 
@@ -55,6 +98,8 @@ class Summarizer:
             sds = self.sds.pop(sds_id, None)
             if sds is not None:
                 self.by_metric[sds.metric] = [s for s in self.by_metric.get(sds.metric, []) if s.id != sds_id]
+            self._targets = tuple(x for lst in self.by_metric.values() for x in lst)
+            self._local_maps.pop(sds_id, None)
             return sds
 
     def note_time(self, ts: int) -> None:
@@ -68,6 +113,10 @@ class Summarizer:
             self.max_ts = ts if self.max_ts is None else max(self.max_ts, ts)
 
     # --- ingest sink -----------------------------------------------------------------------
+    QUEUE_SAMPLES = 20_000  # fold the queued batches once this many samples wait ...
+    QUEUE_BATCHES = 512
+    QUEUE_S = 1.0  # ... or the oldest has waited this long (reads never wait: they drain first)
+
     def consume(self, batch: SampleBatch) -> None:
         if len(batch) == 0:
             return
@@ -77,61 +126,190 @@ class Summarizer:
         # Two clocks: the newest time *seen* advances before the SDS list is read, so an SDS adopted
         # after that read starts live past this batch (which is in storage already: its backfill reads
         # it); each SDS's own newest time -- what seals its panes -- advances only after the batch is
-        # buffered into it, so a read in between never counts a pane sealed whose samples are on their way.
+        # folded into it (``drain``), so a read never counts a pane sealed whose samples are on their way.
         self._note_seen(tmax)
-        with self.lock:
-            targets = [s for lst in self.by_metric.values() for s in lst]
+        targets = self._targets
+        due = False
         if targets:
-            by_name: dict[str, list[int]] = {}
-            for i, lbl in enumerate(batch.series):  # one pass per batch (per series, not per sample)
-                by_name.setdefault(metric_name(lbl), []).append(i)
-            stale = is_stale(batch.values) if any(s.metric in by_name for s in targets) else None
-            folded = []
-            for sds in targets:
-                pos = by_name.get(sds.metric)
-                if pos:
-                    f0 = sds.flush_cpu_s
-                    n = self._fold(sds, batch, pos, stale)
-                    if n:
-                        folded.append((sds, n, f0))
-            if folded:
-                # one clock read per batch (a thread_time call per plan per batch cost more than the
-                # mapping): the flushes charged themselves, the rest is shared by samples folded
-                rest = time.thread_time() - t0 - sum(x.flush_cpu_s - f0 for x, _, f0 in folded)
-                total = sum(n for _, n, _ in folded)
-                for x, n, _ in folded:
-                    x.stats.ingest_cpu_s += max(rest, 0.0) * n / total
-        with self.lock:
-            for sds in targets:
-                sds.max_ts = max(sds.max_ts, tmax)
+            floors = tuple(x.fold_floor_ms() for x in targets)
+            with self._queue_lock:
+                if not self._queue:
+                    self._queued_at = time.monotonic()
+                self._queue.append((batch, targets, floors, tmax))
+                self._queued_n += len(batch)
+                due = (self._queued_n >= self.QUEUE_SAMPLES or len(self._queue) >= self.QUEUE_BATCHES
+                       or time.monotonic() - self._queued_at >= self.QUEUE_S)
         self.cpu_seconds += time.thread_time() - t0
         self.samples += len(batch)
+        if due:
+            self.drain()
 
-    def _fold(self, sds: SDS, batch: SampleBatch, pos: list[int], stale: np.ndarray) -> int:
+    def drain(self) -> None:
+        """Fold every queued batch into the SDSs it was meant for, then advance their newest time.
+        Returns once no fold is in flight, so a reader that calls it sees every batch consumed before."""
+        if not self._queue and not self._draining:
+            return
+        with self._drain_lock:
+            self._draining = True
+            try:
+                with self._queue_lock:
+                    entries, self._queue, self._queued_n = self._queue, [], 0
+                if entries:
+                    self._fold_entries(entries)
+            finally:
+                self._draining = False
+
+    def flush(self) -> None:
+        """Fold everything consumed so far into the panes (queued batches, then each SDS's buffer)."""
+        self.drain()
+        for sds in self._targets:
+            sds.flush_pending()
+
+    def _fold_entries(self, entries: list) -> None:
+        t0 = time.thread_time()
+        folded = []
+        i = 0
+        while i < len(entries):  # runs of batches that arrived with the same SDS list
+            j = i + 1
+            while j < len(entries) and entries[j][1] is entries[i][1]:
+                j += 1
+            run = entries[i:j]
+            targets = run[0][1]
+            batch = run[0][0] if len(run) == 1 else _concat([e[0] for e in run])
+            positions = self._positions_by_metric(batch, {x.metric for x in targets})
+            stale = is_stale(batch.values) if positions else None
+            lens = np.fromiter((len(e[0]) for e in run), np.int64, len(run))
+            for k, sds in enumerate(targets):
+                pos = positions.get(sds.metric)
+                if pos is None:
+                    continue
+                floors = [e[2][k] for e in run]
+                if all(f == floors[0] for f in floors):
+                    arrival: Any = floors[0]
+                else:  # the floor moved (a backfill widened) while these waited: each batch keeps its own
+                    arrival = np.repeat(np.array([_NO_FLOOR if f is None else f for f in floors], np.int64), lens)
+                if arrival is None:
+                    continue
+                f0 = sds.flush_cpu_s
+                n = self._fold(sds, batch, pos, stale, arrival)
+                if n:
+                    folded.append((sds, n, f0))
+            tmax = max(e[3] for e in run)
+            with self.lock:
+                for sds in targets:
+                    sds.max_ts = max(sds.max_ts, tmax)
+            i = j
+        dt = time.thread_time() - t0
+        if folded:
+            # one clock read per drain: the flushes charged themselves, the rest is shared by samples folded
+            rest = dt - sum(x.flush_cpu_s - f0 for x, _, f0 in folded)
+            total = sum(n for _, n, _ in folded)
+            for x, n, _ in folded:
+                x.stats.ingest_cpu_s += max(rest, 0.0) * n / total
+        self.cpu_seconds += dt
+
+    def _positions_by_metric(self, batch: SampleBatch, wanted: set[str]) -> dict[str, np.ndarray]:
+        """Positions in ``batch.series`` of each wanted metric's series (only metrics present)."""
+        series = batch.series
+        if batch.series_ids is None:  # no storage ids: one pass over the label sets
+            by_name: dict[str, list[int]] = {}
+            for i, lbl in enumerate(series):
+                name = metric_name(lbl)
+                if name in wanted:
+                    by_name.setdefault(name, []).append(i)
+            return {k: np.asarray(v, np.int64) for k, v in by_name.items()}
+        sids = np.asarray(batch.series_ids, np.int64)
+        if len(sids) == 0:
+            return {}
+        table = self._sid_name
+        if int(sids.max()) >= len(table) or bool((table[sids] < 0).any()):
+            table = self._resolve_names(sids, series)
+        codes = table[sids]
+        out = {}
+        for name in wanted:
+            code = self._name_codes.get(name)
+            if code is not None:
+                pos = np.flatnonzero(codes == code)
+                if len(pos):
+                    out[name] = pos
+        return out
+
+    def _resolve_names(self, sids: np.ndarray, series: Sequence) -> np.ndarray:
+        """Metric name codes for storage ids not seen before (once per series, ever)."""
+        with self._map_lock:
+            table = self._sid_name
+            top = int(sids.max()) + 1
+            if top > len(table):
+                grown = np.full(max(top, 2 * len(table), 1024), -1, np.int32)
+                grown[: len(table)] = table
+                table = grown
+            for k in np.flatnonzero(table[sids] < 0).tolist():
+                table[sids[k]] = self._name_codes.setdefault(metric_name(series[k]), len(self._name_codes))
+            self._sid_name = table
+            return table
+
+    def _local_ids(self, sds: SDS, batch: SampleBatch, pos: np.ndarray) -> np.ndarray:
+        """The SDS's local id of each series at ``pos`` (-1: out of its scope); registers new ones."""
+        series = batch.series
+        if batch.series_ids is None:
+            index = sds.registry.index
+            ids_l = [index.get(series[i], -1) for i in pos.tolist()]
+            if -1 in ids_l:
+                new = [k for k, x in enumerate(ids_l) if x < 0 and sds.registry.in_scope(series[pos[k]])]
+                if new:
+                    for k, g in zip(new, sds.register([series[pos[k]] for k in new]).tolist()):
+                        ids_l[k] = g
+            return np.asarray(ids_l, np.int64)
+        sids = np.asarray(batch.series_ids, np.int64)[pos]
+        table = self._local_maps.get(sds.id)
+        if table is None or int(sids.max()) >= len(table) or bool((table[sids] == _UNRESOLVED).any()):
+            table = self._resolve_local(sds, sids, [series[i] for i in pos.tolist()])
+        loc = table[sids]
+        return np.where(loc >= 0, loc, -1)
+
+    def _resolve_local(self, sds: SDS, sids: np.ndarray, labels: list) -> np.ndarray:
+        """Resolve storage ids the SDS has not looked at: known label set, new in-scope series
+        (registered), or out of scope (remembered, so it is not checked again)."""
+        with self._map_lock:
+            table = self._local_maps.get(sds.id, np.full(0, _UNRESOLVED, np.int64))
+            top = int(sids.max()) + 1
+            if top > len(table):
+                grown = np.full(max(top, 2 * len(table), 1024), _UNRESOLVED, np.int64)
+                grown[: len(table)] = table
+                table = grown
+            todo = np.flatnonzero(table[sids] == _UNRESOLVED).tolist()
+            index, in_scope = sds.registry.index, sds.registry.in_scope
+            new = []
+            for k in todo:
+                got = index.get(labels[k])
+                if got is not None:
+                    table[sids[k]] = got
+                elif in_scope(labels[k]):
+                    new.append(k)
+                else:
+                    table[sids[k]] = _OUT_OF_SCOPE
+            if new:
+                table[sids[new]] = sds.register([labels[k] for k in new])
+            if sds.id in self.sds:  # a removed SDS keeps no table
+                self._local_maps[sds.id] = table
+            return table
+
+    def _fold(self, sds: SDS, batch: SampleBatch, pos: np.ndarray, stale: np.ndarray, arrival: Any) -> int:
         """Map the batch onto the SDS's series and buffer its in-scope samples (returns how many); the
         buffer is folded in bulk (``SDS.flush_pending``) every ``FLUSH_SAMPLES`` samples, at pane
         boundaries and before any read of the panes, so scrape-shaped batches do not pay the fold's
-        fixed cost each."""
-        floor = sds.fold_floor_ms()
-        if floor is None:
+        fixed cost each. ``arrival``: the SDS's fold floor when the batch arrived (one, or per sample)."""
+        if sds.fold_floor_ms() is None:
             return 0
-        index = sds.registry.index
-        series = batch.series
-        ids_l = [index.get(series[i], -1) for i in pos]  # known series: one dict lookup each
-        if -1 in ids_l:
-            new = [k for k, x in enumerate(ids_l) if x < 0 and sds.registry.in_scope(series[pos[k]])]
-            if new:
-                got = sds.register([series[pos[k]] for k in new])
-                for k, g in zip(new, got.tolist()):
-                    ids_l[k] = g
-        m = np.full(len(series), -1, np.int64)
-        m[np.asarray(pos, np.int64)] = ids_l
+        ids = self._local_ids(sds, batch, pos)
+        m = np.full(len(batch.series), -1, np.int64)
+        m[pos] = ids
         sid = m[batch.series_index]
-        ts = batch.timestamps
         keep = (sid >= 0) & ~stale
         n = int(keep.sum())
         if n:
-            sds.offer(sid[keep], ts[keep], batch.values[keep])
+            af = arrival[keep] if isinstance(arrival, np.ndarray) else arrival
+            sds.offer(sid[keep], batch.timestamps[keep], batch.values[keep], arrival_floor=af)
         return n
 
     # --- adoption & backfill -----------------------------------------------------------------
@@ -177,7 +355,8 @@ class Summarizer:
         sds.end_backfill("done")
 
     def _fold_history(self, sds: SDS, ss: Any, next_pane: int) -> None:
-        sds.flush_pending()  # live samples must be in their panes before the boundary check below
+        self.drain()  # live samples must be in their panes before the boundary check below
+        sds.flush_pending()
         t0 = time.thread_time()
         if len(ss) == 0:
             return

@@ -128,11 +128,11 @@ def test_without_raw_storage_exact_late_samples_are_counted_dropped():
     sds = SDS(SDSSpec("x_total", "exact", 60_000))
     summ.start_live(sds, live_from_ts=int(full.timestamps.min()))
     feed(summ, full)
-    sds.flush_pending()
+    summ.flush()
     before = sds.stats.ingested_samples
     old = full.timestamps < np.median(full.timestamps)
     summ.consume(SampleBatch(full.series, full.series_index[old], full.timestamps[old] + 1, full.values[old]))
-    sds.flush_pending()
+    summ.flush()
     n_x = int(np.isin(full.series_index[old], [i for i, l in enumerate(full.series) if dict(l)["__name__"] == "x_total"]).sum())
     assert sds.stats.late_dropped == n_x and sds.stats.ingested_samples == before
 
@@ -280,7 +280,7 @@ def test_samples_stored_while_the_backfill_reads_their_range_are_folded():
         b = SampleBatch(series, np.arange(6), np.full(6, t, np.int64), live.copy())
         src.append(b)
         summ.consume(b)
-    sds.flush_pending()
+    summ.flush()
     assert sds.stats.late_dropped == 0
     eng, hook = Engine(src), _hook({("x_total", "exact"): sds})
     for q in ("increase(x_total[5m])", "count_over_time(x_total[5m])", "sum_over_time(x_total[10m])", "changes(x_total[5m])"):

@@ -291,6 +291,25 @@ async def _autocomplete(b: Browser, url: str) -> None:
     await b.send("Input.dispatchKeyEvent", type="keyDown", key="Enter", code="Enter", windowsVirtualKeyCode=13)
     await b.wait("document.querySelector('.chart')?.dataset.series === '1'")
     assert "sum(demo_load)" in await b.js("localStorage.getItem('turboprom.queryHistory')")
+    # the table tab evaluates at the end time; the history list brings a past query back
+    await b.js("document.querySelector('.tab-btn[data-tab=table]').click()")
+    rows = await b.wait("[...document.querySelectorAll('.result-table tr')].map(r => r.innerText).join('|') || null")
+    assert rows.startswith("{}\t") and float(rows.split("\t")[1]) > 0, rows
+    assert "g0.tab=1" in await b.js("location.search")
+    await b.js("[...document.querySelectorAll('.panel button')].find(x => x.innerText === 'History').click()")
+    assert "sum(demo_load)" in await b.wait("document.querySelector('.history-list:not([hidden])')?.innerText")
+    # a second panel from the metric browser: pick a metric, run it; both panels are in the URL
+    await b.js("document.querySelector('.add-panel').click()")
+    await b.js("[...document.querySelectorAll('.panel')[1].querySelectorAll('button')].find(x => x.innerText === 'Metrics').click()")
+    await b.wait("!!document.querySelector('.modal .browser-row')")
+    await b.js("(() => { const f = document.querySelector('.modal input'); f.value = 'demo_lo'; f.dispatchEvent(new Event('input')); })()")
+    await b.wait("document.querySelectorAll('.modal .browser-row').length === 1")
+    await b.js("document.querySelector('.modal .browser-row').click()")
+    assert await b.js("document.querySelectorAll('.panel')[1].querySelector('textarea').value") == "demo_load"
+    await b.js("document.querySelectorAll('.panel')[1].querySelector('.exec').click()")
+    await b.wait("document.querySelectorAll('.panel')[1].querySelector('.chart').dataset.series === '2'")
+    qs = urllib.parse.parse_qs((await b.js("location.search"))[1:])
+    assert qs["g0.expr"] == ["sum(demo_load)"] and qs["g1.expr"] == ["demo_load"], qs
 
 
 async def _status_pages(b: Browser, url: str) -> None:

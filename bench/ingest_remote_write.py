@@ -20,6 +20,7 @@ p50/p99 request latency (first attempt to final answer), peak RSS (VmHWM of the 
 retries and failed requests. Medians over --repeats runs.
 
     .venv/bin/python bench/ingest_remote_write.py [--series 100000] [--rounds 4] [--repeats 3] [--labels fleet]
+        [--profile DIR]   # py-spy collapsed stacks of the TurboProm server's timed part (bench/profile_summary.py reads them)
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ import argparse
 import asyncio
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -204,8 +206,24 @@ class Peer:
                 self.proc.wait()
 
 
+def start_profile(pid: int, out: Path) -> subprocess.Popen:
+    """py-spy (in the .venv) sampling the server's threads, idle ones left out, as raw collapsed stacks."""
+    spy = Path(sys.executable).with_name("py-spy")
+    return subprocess.Popen([str(spy), "record", "--pid", str(pid), "--format", "raw", "--rate", "100", "--threads",
+                             "--nonblocking", "--output", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def stop_profile(spy: subprocess.Popen) -> None:
+    spy.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
+    try:
+        spy.wait(60)
+    except subprocess.TimeoutExpired:
+        spy.kill()
+        spy.wait()
+
+
 def run_one(name: str, payloads: list[bytes], counts: list[int], warm: list[bytes], warm_counts: list[int],
-            senders: int) -> dict:
+            senders: int, profile: Path | None = None) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix=f"bench-rw-{name}-"))
     peer = Peer(name, tmp)
     try:
@@ -213,9 +231,12 @@ def run_one(name: str, payloads: list[bytes], counts: list[int], warm: list[byte
         w = asyncio.run(send_all(peer.url, warm, warm_counts, senders))  # creates the series (not timed)
         if w["failed"]:
             raise RuntimeError(f"{name}: {w['failed']} warm-up requests refused")
+        spy = start_profile(peer.proc.pid, profile) if profile is not None and name == "turboprom" else None
         cpu0 = proc_cpu_s(peer.proc.pid)
         r = asyncio.run(send_all(peer.url, payloads, counts, senders))
         cpu = proc_cpu_s(peer.proc.pid) - cpu0
+        if spy is not None:
+            stop_profile(spy)
         lat = sorted(r["lat"])
         acked = r["acked_samples"]
         return {"samples_s": acked / r["wall_s"], "samples_cpu_s": acked / max(cpu, 1e-9), "p50_ms": lat[len(lat) // 2] * 1000,
@@ -236,7 +257,11 @@ def main() -> None:
     ap.add_argument("--targets", default="turboprom,prometheus,victoria-metrics")
     ap.add_argument("--shapes", default="2000x1,500x20")
     ap.add_argument("--labels", default="fleet", choices=["fleet", "simple"])
+    ap.add_argument("--profile", type=Path, default=None,
+                    help="directory: a py-spy profile (collapsed stacks) of the TurboProm server's timed part per shape and run")
     a = ap.parse_args()
+    if a.profile is not None:
+        a.profile.mkdir(parents=True, exist_ok=True)
     t0 = int(time.time() * 1000) - 3_600_000 * 3
     for shape in a.shapes.split(","):
         per_req, per_series = map(int, shape.split("x"))
@@ -252,7 +277,8 @@ def main() -> None:
         results: dict[str, list[dict]] = {}
         for rep in range(a.repeats):
             for name in a.targets.split(","):
-                r = run_one(name, payloads, counts, warm, warm_counts, a.senders)
+                prof = a.profile / f"turboprom-{shape}-run{rep + 1}.txt" if a.profile is not None else None
+                r = run_one(name, payloads, counts, warm, warm_counts, a.senders, prof)
                 results.setdefault(name, []).append(r)
                 print(f"  run {rep + 1} {name:17s} {r['samples_s']:>10,.0f} samples/s  {r['samples_cpu_s']:>10,.0f} /cpu-s  "
                       f"p99 {r['p99_ms']:7.1f} ms  peak RSS {r['rss_mb']:6.0f} MB  acked {r['acked_share']:.1%}  "

@@ -4,29 +4,45 @@ Input: the snappy-decoded protobuf bytes. Output: a validated columnar SampleBat
 what was not taken (native histograms are out of scope and refused). Exemplars are decoded per
 exemplar (they are sparse) into ``DecodedWrite.exemplar_list`` for ingest/exemplars.py.
 
-Speed: a known series is found by its raw label bytes (v1) or its label strings (v2) in a
-bounded cache, so no Label objects are built for it; samples are decoded column-wise
-(ingest/sample_columns.py). The remaining per-series Python is one dict lookup and list appends.
+Speed: remote write 1.0 is walked by the compiled walk (ingest/csrc/rw_native.c, without the GIL;
+ingest/rw_fast.py when it is not built), which finds every known series by its raw label bytes in
+the ingest-side series reference table (ingest/series_refs.py) and decodes samples into columns;
+the batch carries those references to storage. A series new to the decoder is validated and
+admitted (``Admission.series``: tenant label, input limits) once, and remembered only after the
+request's admission (``Admission.batch``: rate and active-series limits) accepted it. Remote
+write 2.0 and unusual 1.0 encodings go through the protobuf runtime with a cache by label strings
+(by label field bytes), under the same admission rules.
 """
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
 from ingest.errors import IngestError
 from ingest.exemplars import Exemplar
-from ingest.proto.messages import (V1_TYPE_NAMES, V2_TYPE_NAMES, Label, RawWriteRequest, SplitWriteRequest, V1Exemplar,
-                                   V2Exemplar, V2RawRequest)
-from ingest.rw_fast import label_keys, walk
-from ingest.sample_columns import decode_sample_region, decode_samples
+from ingest.proto.messages import V1_TYPE_NAMES, V2_TYPE_NAMES, Label, RawWriteRequest, V1Exemplar, V2Exemplar, V2RawRequest
+from ingest.sample_columns import decode_samples
+from ingest.series_refs import SeriesRefs
 from ingest.validation import check_future, validate_pairs
-from storage.batch import MetricMetadata, SampleBatch
+from storage.batch import MetricMetadata, SampleBatch, SeriesRefColumn
 from storage.labels import Labels
 
 V1 = "prometheus.WriteRequest"
 V2 = "io.prometheus.write.v2.Request"
+
+
+class Admission(Protocol):
+    """What the server checks before a request's series are written (turboprom/limits.py builds it).
+    ``series`` runs once per series new to the decoder (tenant label, input limits) and may return
+    changed labels; ``batch`` once per request with the series that were new (rate and
+    active-series limits). Either raises IngestError to refuse the whole request."""
+
+    def series(self, labels: Labels) -> Labels: ...
+
+    def batch(self, batch: SampleBatch, new_series: list[Labels]) -> None: ...
 
 
 @dataclass
@@ -52,68 +68,121 @@ class _SeriesCache:
         self.d[key] = labels
 
 
+class _TenantState:
+    """A tenant's known series under one admission policy (a new policy starts afresh)."""
+
+    def __init__(self, admission: Admission | None, max_entries: int, native: bool | None):
+        self.admission = admission
+        self.refs = SeriesRefs(native)  # remote write 1.0, by raw label bytes
+        self.v1 = _SeriesCache(max_entries)  # 1.0 through the protobuf runtime, by label field bytes
+        self.v2 = _SeriesCache(max_entries)  # 2.0, by label strings
+
+
 class RemoteWriteDecoder:
-    def __init__(self, *, future_tolerance_ms: int = 10 * 60_000, max_cached_series: int = 2_000_000):
+    """``native``: the compiled walk (None: when built and not disabled by TURBOPROM_RW_NATIVE=0)."""
+
+    def __init__(self, *, future_tolerance_ms: int = 10 * 60_000, max_cached_series: int = 2_000_000,
+                 native: bool | None = None):
         self.future_tolerance_ms = future_tolerance_ms
-        self._v1 = _SeriesCache(max_cached_series)
-        self._v2 = _SeriesCache(max_cached_series)
+        self.max_cached_series = max_cached_series
+        self.native = native
+        self._tenants: dict[str, _TenantState] = {}
         self._lock = threading.Lock()
 
-    # ---- 1.0 ----
-    def decode_v1(self, data: bytes | memoryview, tenant: str = "default") -> DecodedWrite:
-        try:
-            split = SplitWriteRequest.FromString(data)
-        except Exception as e:  # noqa: BLE001 - google.protobuf.message.DecodeError
-            raise IngestError("bad_protobuf", f"protobuf: cannot decode prometheus.WriteRequest: {e}") from None
-        tss = list(split.timeseries)
-        w = walk(tss)
-        if w is None:  # unusual encoding: let the protobuf runtime decide
-            return self.decode_v1_runtime(data, tenant)
-        keys = label_keys(w)
-        cache = self._v1.d
-        uniq: dict[bytes, int] = dict.fromkeys(keys)  # type: ignore[assignment]
-        if len(uniq) == len(keys):  # the usual case: every series once per request
-            ts_local = np.arange(len(keys), dtype=np.int64)
-        else:
-            uniq = {}
-            setd = uniq.setdefault
-            ts_local = np.fromiter((setd(k, len(uniq)) for k in keys), np.int64, count=len(keys))
-        series = list(map(cache.get, uniq))
-        if None in series:
-            for j, k in enumerate(uniq):
-                if series[j] is None:
-                    series[j] = self._new_v1_raw(k, j)
-        values, timestamps = decode_sample_region(w.buf, w.sample_off, w.sample_len)
-        sidx = ts_local[w.sample_sid]
-        check_future(timestamps, sidx, series, self.future_tolerance_ms)
-        meta = self._meta_v1(split.metadata)
-        batch = SampleBatch(series, sidx, timestamps, values, metadata=meta, tenant=tenant)
-        raw = w.raw  # exemplar offsets index the concatenated timeseries bytes
-        exs = [_v1_exemplar(raw[off:off + ln], series[int(ts_local[sid])], sid)
-               for off, ln, sid in zip(w.exemplar_off.tolist(), w.exemplar_len.tolist(), w.exemplar_sid.tolist())]
-        return DecodedWrite(batch, w.n_histograms, w.n_exemplars, meta, exs)
+    def _state(self, tenant: str, admission: Admission | None) -> _TenantState:
+        st = self._tenants.get(tenant)
+        if st is None or st.admission is not admission or len(st.refs) >= self.max_cached_series:
+            with self._lock:
+                st = self._tenants.get(tenant)
+                if st is None or st.admission is not admission or len(st.refs) >= self.max_cached_series:
+                    st = self._tenants[tenant] = _TenantState(admission, self.max_cached_series, self.native)
+        return st
 
-    def _new_v1_raw(self, key: bytes, i: int) -> Labels:
-        """Validate a series first seen as raw label-field bytes (cached by those bytes)."""
+    @staticmethod
+    def _admit(st: _TenantState, lbl: Labels) -> Labels:
+        if st.admission is None:
+            return lbl
+        return st.admission.series(lbl)
+
+    # ---- 1.0 ----
+    def decode_v1(self, data: bytes | memoryview, tenant: str = "default", admission: Admission | None = None) -> DecodedWrite:
+        st = self._state(tenant, admission)
+        refs_space = st.refs
+        cols = refs_space.walk_v1(data)
+        if cols is None:  # unusual encoding: let the protobuf runtime decide
+            return self.decode_v1_runtime(data, tenant, admission)
+        refs = cols.refs
+        n = len(refs)
+        new_at = np.flatnonzero(refs < 0)
+        new_keys: list[bytes] = []
+        new_labels: list[Labels] = []
+        ids = refs
+        if len(new_at):
+            # Series this decoder has not seen: validated and admitted once, remembered after the
+            # request is admitted. In-request repeats of a new key share one temporary id (< 0).
+            buf = cols.buf
+            ids = refs.copy()
+            first: dict[bytes, int] = {}
+            try:
+                for i, a, ln in zip(new_at.tolist(), cols.key_off[new_at].tolist(), cols.key_len[new_at].tolist()):
+                    key = bytes(buf[a:a + ln])
+                    k = first.get(key)
+                    if k is None:
+                        k = first[key] = len(new_keys)
+                        new_keys.append(key)
+                        new_labels.append(self._admit(st, self._v1_labels(key, i)))
+                    ids[i] = -1 - k
+            except IngestError as e:
+                e.samples = e.samples or len(cols.timestamps)
+                raise
+        uniq, ts_local = _first_occurrence(ids)
+        known_labels = refs_space.labels
+        series = [known_labels[r] if r >= 0 else new_labels[-1 - r] for r in uniq.tolist()]
+        values, timestamps = cols.values, cols.timestamps
+        sidx = ts_local[cols.sample_ts]
+        check_future(timestamps, sidx, series, self.future_tolerance_ms)
+        meta = self._meta_v1(cols.metadata)
+        batch = SampleBatch(series, sidx, timestamps, values, metadata=meta, tenant=tenant)
+        if admission is not None:
+            admission.batch(batch, new_labels)
+        if new_keys:
+            new_refs = refs_space.remember(new_keys, new_labels)
+            uniq = np.where(uniq >= 0, uniq, new_refs[np.maximum(-1 - uniq, 0)])
+        batch.series_refs = SeriesRefColumn(refs_space, uniq)
+        buf = cols.buf
+        exs = []
+        if len(cols.ex_ts):  # sparse; their series as the client sent it (before admission)
+            sent: dict[int, Labels] = {}
+            for off, ln, i in zip(cols.ex_off.tolist(), cols.ex_len.tolist(), cols.ex_ts.tolist()):
+                lbl = sent.get(i)
+                if lbl is None:
+                    a = int(cols.key_off[i])
+                    lbl = sent[i] = self._v1_labels(bytes(buf[a:a + int(cols.key_len[i])]), i) if admission is not None \
+                        else series[int(ts_local[i])]
+                exs.append(_v1_exemplar(bytes(buf[off:off + ln]), lbl, i))
+        return DecodedWrite(batch, cols.n_histograms, len(cols.ex_ts), meta, exs)
+
+    def _v1_labels(self, key: bytes, i: int) -> Labels:
+        """Validate a series first seen as raw label-field bytes."""
         try:
             ts = RawWriteRequest.FromString(b"\x0a" + encode_varint(len(key)) + key).timeseries[0]
         except Exception as e:  # noqa: BLE001
             raise IngestError("bad_protobuf", f"protobuf: malformed labels in timeseries {i}: {e}") from None
-        lbl = self._new_v1(tuple(ts.labels), i)
-        self._v1.put(key, lbl)
-        return lbl
+        return self._validate_v1(tuple(ts.labels), i)
 
     @staticmethod
     def _meta_v1(items) -> list[MetricMetadata]:
         return [MetricMetadata(m.metric_family_name, V1_TYPE_NAMES[m.type] if 0 <= m.type < len(V1_TYPE_NAMES) else "unknown",
                                m.help, m.unit) for m in items if m.metric_family_name]
 
-    def decode_v1_runtime(self, data: bytes | memoryview, tenant: str = "default") -> DecodedWrite:
+    def decode_v1_runtime(self, data: bytes | memoryview, tenant: str = "default", admission: Admission | None = None) -> DecodedWrite:
         try:
             req = RawWriteRequest.FromString(data)
         except Exception as e:  # noqa: BLE001 - google.protobuf.message.DecodeError
             raise IngestError("bad_protobuf", f"protobuf: cannot decode prometheus.WriteRequest: {e}") from None
-        cache = self._v1.d
+        st = self._state(tenant, admission)
+        cache = st.v1.d
+        pending: list[tuple[tuple, Labels]] = []
         local: dict[tuple, int] = {}
         series: list[Labels] = []
         ts_local: list[int] = []
@@ -127,7 +196,8 @@ class RemoteWriteDecoder:
             if li is None:
                 lbl = cache.get(key)
                 if lbl is None:
-                    lbl = self._new_v1(key, i)
+                    lbl = self._admit(st, self._validate_v1(key, i))
+                    pending.append((key, lbl))
                 li = len(series)
                 local[key] = li
                 series.append(lbl)
@@ -139,13 +209,15 @@ class RemoteWriteDecoder:
                 hist += len(ts.histograms)
             if ts.exemplars:
                 ex += len(ts.exemplars)
-                exs.extend(_v1_exemplar(b, series[li], i) for b in ts.exemplars)
+                sent = self._validate_v1(key, i) if admission is not None else series[li]
+                exs.extend(_v1_exemplar(b, sent, i) for b in ts.exemplars)
         batch = self._batch(series, ts_local, counts, samples, tenant)
         meta = self._meta_v1(req.metadata)
         batch.metadata = meta
+        self._admitted(st.v1, admission, batch, pending)
         return DecodedWrite(batch, hist, ex, meta, exs)
 
-    def _new_v1(self, key: tuple, i: int) -> Labels:
+    def _validate_v1(self, key: tuple, i: int) -> Labels:
         pairs = []
         for raw in key:
             try:
@@ -157,11 +229,10 @@ class RemoteWriteDecoder:
             lbl = validate_pairs(pairs)
         except IngestError as e:
             raise IngestError(e.reason, f"timeseries {i}: {e.message}") from None
-        self._v1.put(key, lbl)
         return lbl
 
     # ---- 2.0 ----
-    def decode_v2(self, data: bytes | memoryview, tenant: str = "default") -> DecodedWrite:
+    def decode_v2(self, data: bytes | memoryview, tenant: str = "default", admission: Admission | None = None) -> DecodedWrite:
         try:
             req = V2RawRequest.FromString(data)
         except Exception as e:  # noqa: BLE001
@@ -170,7 +241,9 @@ class RemoteWriteDecoder:
         if symbols and symbols[0] != "":
             raise IngestError("bad_protobuf", "remote write 2.0: symbols table must start with the empty string")
         get = symbols.__getitem__
-        cache = self._v2.d
+        st = self._state(tenant, admission)
+        cache = st.v2.d
+        pending: list[tuple[tuple, Labels]] = []
         local: dict[tuple, int] = {}
         series: list[Labels] = []
         ts_local: list[int] = []
@@ -190,7 +263,8 @@ class RemoteWriteDecoder:
             if li is None:
                 lbl = cache.get(key)
                 if lbl is None:
-                    lbl = self._new_v2(key, i)
+                    lbl = self._admit(st, self._validate_v2(key, i))
+                    pending.append((key, lbl))
                 li = len(series)
                 local[key] = li
                 series.append(lbl)
@@ -211,12 +285,14 @@ class RemoteWriteDecoder:
                 hist += len(ts.histograms)
             if ts.exemplars:
                 ex += len(ts.exemplars)
-                exs.extend(_v2_exemplar(b, series[li], i, symbols) for b in ts.exemplars)
+                sent = self._validate_v2(key, i) if admission is not None else series[li]
+                exs.extend(_v2_exemplar(b, sent, i, symbols) for b in ts.exemplars)
         batch = self._batch(series, ts_local, counts, samples, tenant)
         batch.metadata = list(meta.values())
+        self._admitted(st.v2, admission, batch, pending)
         return DecodedWrite(batch, hist, ex, batch.metadata, exs)
 
-    def _new_v2(self, key: tuple, i: int) -> Labels:
+    def _validate_v2(self, key: tuple, i: int) -> Labels:
         if len(key) % 2:
             raise IngestError("bad_protobuf", f"timeseries {i}: odd number of label references ({len(key)})")
         pairs = list(zip(key[0::2], key[1::2]))
@@ -224,10 +300,17 @@ class RemoteWriteDecoder:
             lbl = validate_pairs(pairs)
         except IngestError as e:
             raise IngestError(e.reason, f"timeseries {i}: {e.message}") from None
-        self._v2.put(key, lbl)
         return lbl
 
     # ---- shared ----
+    @staticmethod
+    def _admitted(cache: _SeriesCache, admission: Admission | None, batch: SampleBatch, pending: list[tuple[tuple, Labels]]) -> None:
+        """The request's admission, then its new series are remembered (a refused request's are not)."""
+        if admission is not None:
+            admission.batch(batch, [lbl for _, lbl in pending])
+        for key, lbl in pending:
+            cache.put(key, lbl)
+
     def _batch(self, series: list[Labels], ts_local: list[int], counts: list[int], samples: list[bytes], tenant: str) -> SampleBatch:
         values, timestamps = decode_samples(samples)
         sidx = np.repeat(np.asarray(ts_local, np.int64), np.asarray(counts, np.int64))
@@ -254,6 +337,18 @@ def _v2_exemplar(data: bytes, series: Labels, i: int, symbols: list[str]) -> Exe
     if len(refs) % 2:
         raise IngestError("bad_protobuf", f"timeseries {i}: odd number of exemplar label references ({len(refs)})")
     return Exemplar(series, tuple(sorted(zip(refs[0::2], refs[1::2]))), e.value, e.timestamp)
+
+
+def _first_occurrence(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct values of ``ids`` in first-occurrence order, and each position's index among them."""
+    n = len(ids)
+    if n < 2 or bool((np.diff(np.sort(ids)) != 0).all()):  # every series once per request: the usual case
+        return ids, np.arange(n, dtype=np.int64)
+    u, first, inv = np.unique(ids, return_index=True, return_inverse=True)
+    order = np.argsort(first, kind="stable")
+    rank = np.empty(len(u), np.int64)
+    rank[order] = np.arange(len(u), dtype=np.int64)
+    return u[order], rank[inv.ravel()]
 
 
 def encode_varint(n: int) -> bytes:

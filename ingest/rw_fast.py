@@ -1,4 +1,5 @@
-"""Column-wise walk of remote-write 1.0 TimeSeries messages (the fast path of decode_v1).
+"""Column-wise walk of remote-write 1.0 TimeSeries messages: the pure-Python fallback of the
+compiled walk (ingest/csrc/rw_native.c), used when that extension is not built.
 
 Why hand-written: with the protobuf runtime every label and sample becomes a Python object, and
 per-series Python dominated scrape-shaped payloads (2,000 series x 1 sample). Here upb only splits
@@ -7,10 +8,18 @@ together with numpy, one field position per step (labels first, then samples, as
 writes them). A series' key is the raw bytes of its label fields, looked up in the decoder's
 cache; samples are decoded straight from the buffer. Anything unexpected (unknown field, labels
 after samples, bad lengths) returns None and the caller uses the protobuf-runtime path.
+
+``PyRefTable`` has the compiled ``RefTable``'s interface (``walk_v1``, ``insert``, ``len``) and
+gives the same columns (``V1Columns``), so everything after the walk is one code path.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
+
+from ingest.errors import IngestError
+from ingest.sample_columns import decode_sample_region
 
 TAG_LABEL, TAG_SAMPLE, TAG_EXEMPLAR, TAG_HISTOGRAM = 0x0A, 0x12, 0x1A, 0x22
 _PAD = 16
@@ -125,3 +134,62 @@ def label_keys(w: Walk) -> list[bytes]:
     """Raw label-field bytes of every series (the series cache key)."""
     raw = w.raw
     return [raw[a:b] for a, b in zip(w.starts.tolist(), w.label_end.tolist())]
+
+
+class V1Columns(NamedTuple):
+    """One remote-write 1.0 request as columns. Per TimeSeries (request order): ``refs`` (the
+    series' reference, -1 when unknown), ``key_off``/``key_len`` (its raw label-field bytes in
+    ``buf``). Per Sample: ``sample_ts`` (TimeSeries position), ``timestamps``, ``values``. Per
+    Exemplar: ``ex_ts``, ``ex_off``, ``ex_len`` (its bytes in ``buf``). ``metadata``: the
+    request's MetricMetadata messages; ``n_histograms``: native histogram samples (refused)."""
+
+    refs: np.ndarray
+    key_off: np.ndarray
+    key_len: np.ndarray
+    sample_ts: np.ndarray
+    timestamps: np.ndarray
+    values: np.ndarray
+    ex_ts: np.ndarray
+    ex_off: np.ndarray
+    ex_len: np.ndarray
+    metadata: list
+    n_histograms: int
+    buf: bytes | memoryview
+
+
+def split_request(data: bytes | memoryview):
+    from ingest.proto.messages import SplitWriteRequest
+
+    try:
+        return SplitWriteRequest.FromString(data)
+    except Exception as e:  # noqa: BLE001 - google.protobuf.message.DecodeError
+        raise IngestError("bad_protobuf", f"protobuf: cannot decode prometheus.WriteRequest: {e}") from None
+
+
+def walk_columns(data: bytes | memoryview, lookup) -> V1Columns | None:
+    """The fallback walk: upb splits the request, ``walk`` finds the fields, ``lookup(key) -> ref or -1``."""
+    split = split_request(data)
+    w = walk(list(split.timeseries))
+    if w is None:
+        return None
+    refs = np.fromiter(map(lookup, label_keys(w)), np.int64, count=len(w.starts))
+    values, timestamps = decode_sample_region(w.buf, w.sample_off, w.sample_len)
+    return V1Columns(refs, w.starts, w.label_end - w.starts, w.sample_sid, timestamps, values, w.exemplar_sid,
+                     w.exemplar_off, w.exemplar_len, list(split.metadata), w.n_histograms, w.raw)
+
+
+class PyRefTable:
+    """Known series by raw label bytes -> dense references (the compiled RefTable's fallback)."""
+
+    def __init__(self) -> None:
+        self._d: dict[bytes, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    def insert(self, key: bytes) -> int:
+        return self._d.setdefault(key, len(self._d))
+
+    def walk_v1(self, data: bytes | memoryview) -> V1Columns | None:
+        get = self._d.get
+        return walk_columns(data, lambda k: get(k, -1))

@@ -16,6 +16,16 @@ class MetricMetadata:
     unit: str = ""
 
 
+@dataclass(frozen=True)
+class SeriesRefColumn:
+    """References of a batch's series in a reference space of the ingest path (one per series,
+    parallel to ``SampleBatch.series``). ``space`` is that space's identity: storage remembers
+    reference -> series id per space (weakly), so a known series is found without its labels."""
+
+    space: object
+    refs: np.ndarray  # int64, shape (K,)
+
+
 @dataclass
 class SampleBatch:
     """N samples over K distinct series.
@@ -34,6 +44,7 @@ class SampleBatch:
     # on the batch it hands to sinks, so a sink resolves each series once per id instead of hashing
     # label sets per batch. None when the batch has not been through storage.
     series_ids: np.ndarray | None = None
+    series_refs: SeriesRefColumn | None = None  # set by ingest paths that know their series by reference
 
     def __post_init__(self) -> None:
         self.series_index = np.asarray(self.series_index, dtype=np.int64)

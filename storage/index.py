@@ -16,11 +16,14 @@ cannot reveal them (no timing oracle on another tenant's values).
 from __future__ import annotations
 
 import threading
+import weakref
 from bisect import bisect_left
 from typing import Sequence
 
 import numpy as np
 
+from storage.batch import SeriesRefColumn
+from storage.columns import grow
 from storage.labels import Labels
 from storage.matchers import Matcher
 
@@ -158,6 +161,8 @@ class SeriesIndex:
         self._ids: dict[Labels, int] = {}
         self.labels: list[Labels] = []
         self._parts: dict[str, _Partition] = {}  # tenant label value ("" = none) -> that tenant's postings
+        # ingest reference space -> (reference -> id, -1 unknown); a space that ingest drops is forgotten
+        self._ref_ids: weakref.WeakKeyDictionary[object, np.ndarray] = weakref.WeakKeyDictionary()
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -185,8 +190,37 @@ class SeriesIndex:
             self._ids[labels] = sid
             return sid, True
 
-    def ids_for(self, series: Sequence[Labels]) -> tuple[np.ndarray, list[int]]:
-        """Ids for a batch's label sets (created as needed); also which positions were new."""
+    def ids_for(self, series: Sequence[Labels], refs: SeriesRefColumn | None = None) -> tuple[np.ndarray, list[int]]:
+        """Ids for a batch's label sets (created as needed); also which positions were new.
+
+        With ``refs`` (the ingest path's references of these series), ids come from this index's
+        reference -> id table of that reference space; only references it has not seen are looked
+        up by their labels (and then remembered)."""
+        if refs is not None and len(refs.refs) == len(series):
+            return self._ids_by_ref(series, refs)
+        return self._ids_by_labels(series)
+
+    def _ids_by_ref(self, series: Sequence[Labels], refs: SeriesRefColumn) -> tuple[np.ndarray, list[int]]:
+        r = refs.refs
+        table = self._ref_ids.get(refs.space)
+        top = int(r.max()) + 1 if len(r) else 0
+        if table is None or len(table) < top:
+            with self._lock:
+                table = self._ref_ids.get(refs.space)
+                if table is None or len(table) < top:
+                    table = grow(table if table is not None else np.empty(0, np.int64), max(top, 1024), -1)
+                    self._ref_ids[refs.space] = table
+        ids = table[r]
+        miss = ids < 0
+        if not miss.any():
+            return ids, []
+        pos = np.flatnonzero(miss)
+        got, created = self._ids_by_labels([series[i] for i in pos.tolist()])
+        ids[pos] = got
+        table[r[pos]] = got  # ids never change: racing writers store the same value
+        return ids, [int(pos[i]) for i in created]
+
+    def _ids_by_labels(self, series: Sequence[Labels]) -> tuple[np.ndarray, list[int]]:
         try:
             # Fast path, all series known: one C-level pass (tuple hashing dominates).
             return np.fromiter(map(self._ids.__getitem__, series), dtype=np.int64, count=len(series)), []

@@ -84,7 +84,7 @@ class TSDB:
         with self._wlock:
             if self._closed:
                 raise RuntimeError("storage is closed")
-            ids, created = self.index.ids_for(batch.series)
+            ids, created = self.index.ids_for(batch.series, batch.series_refs)
             self.head.ensure(len(self.index))
             sid = ids[batch.series_index]
             prep = self.head.prepare(sid, batch.timestamps, batch.values, now_ms=int(time.time() * 1000),

@@ -25,7 +25,8 @@ from typing import Any, AsyncIterator
 
 from ingest.errors import IngestError
 from storage.batch import SampleBatch
-from storage.labels import format_labels
+from storage.labels import Labels, format_labels
+from turboprom.tenancy import tenant_labels
 
 PER_TENANT = ("ingestion_rate_samples_per_second", "max_active_series", "max_samples_per_query", "max_concurrent_queries")
 
@@ -107,25 +108,34 @@ class Limits:
         return self.overrides.get(tenant, self.base)
 
     # ------------------------------------------------------------------ ingest
-    def check_batch(self, batch: SampleBatch, tenant: str) -> SampleBatch:
+    def check_series(self, lbl: Labels, tenant: str, samples: int = 0) -> None:
+        """The input limits of one series (label count, name and value lengths): 400 when broken."""
         lim = self.of(tenant)
-        for lbl in batch.series:  # per series, not per sample
-            if len(lbl) > lim.max_labels_per_series:
-                raise IngestError("too_many_labels", f"series {format_labels(lbl)[:200]} has {len(lbl)} labels, more than the "
-                                  f"limit of {lim.max_labels_per_series} (limits.max_labels_per_series)", 400, len(batch))
-            for n, v in lbl:
-                if len(n) > lim.max_label_name_length:
-                    raise IngestError("label_name_too_long", f"label name {n[:64]!r}... is {len(n)} characters, more than the limit of "
-                                      f"{lim.max_label_name_length} (limits.max_label_name_length)", 400, len(batch))
-                if len(v) > lim.max_label_value_length:
-                    raise IngestError("label_value_too_long", f"value of label {n!r} is {len(v)} characters, more than the limit of "
-                                      f"{lim.max_label_value_length} (limits.max_label_value_length)", 400, len(batch))
+        if len(lbl) > lim.max_labels_per_series:
+            raise IngestError("too_many_labels", f"series {format_labels(lbl)[:200]} has {len(lbl)} labels, more than the "
+                              f"limit of {lim.max_labels_per_series} (limits.max_labels_per_series)", 400, samples)
+        for n, v in lbl:
+            if len(n) > lim.max_label_name_length:
+                raise IngestError("label_name_too_long", f"label name {n[:64]!r}... is {len(n)} characters, more than the limit of "
+                                  f"{lim.max_label_name_length} (limits.max_label_name_length)", 400, samples)
+            if len(v) > lim.max_label_value_length:
+                raise IngestError("label_value_too_long", f"value of label {n!r} is {len(v)} characters, more than the limit of "
+                                  f"{lim.max_label_value_length} (limits.max_label_value_length)", 400, samples)
+
+    def check_batch(self, batch: SampleBatch, tenant: str, new_series: list[Labels] | None = None) -> SampleBatch:
+        """Input limits per series, then the tenant's active-series and rate limits. ``new_series``:
+        the caller already checked every series with ``check_series`` when it first saw it, and
+        these are the batch's series it had not seen before (the only ones that can be new here)."""
+        lim = self.of(tenant)
+        if new_series is None:
+            for lbl in batch.series:  # per series, not per sample
+                self.check_series(lbl, tenant, len(batch))
         with self._lock:
             # Series limit first, so a refused batch does not also spend rate budget.
             new: list = []
             if lim.max_active_series > 0:
                 seen = self._series.setdefault(tenant, set())
-                new = [lbl for lbl in batch.series if lbl not in seen]
+                new = [lbl for lbl in (batch.series if new_series is None else new_series) if lbl not in seen]
                 if len(seen) + len(new) > lim.max_active_series:
                     raise IngestError("series_limit", f"tenant {tenant!r} would exceed its limit of {lim.max_active_series} "
                                       f"active series ({len(seen)} + {len(new)} new)", 429, len(batch))
@@ -140,6 +150,7 @@ class Limits:
             if new:
                 self._series[tenant].update(new)
         return batch
+
 
     # ------------------------------------------------------------------ queries
     def check_query(self, query: str, tenant: str) -> None:
@@ -168,3 +179,24 @@ class Limits:
                 with self._lock:
                     self._running[tenant] -= 1
 
+
+class SeriesAdmission:
+    """What remote write checks for one tenant (ingest.remote_write.Admission): the tenant label
+    and the input limits once per series the decoder has not seen, the active-series and rate
+    limits once per request. One per (tenant, Limits): a reloaded Limits gets new admissions, so
+    the decoder re-checks every series under the new limits."""
+
+    def __init__(self, tenant: str, limits: Limits | None):
+        self.tenant = tenant
+        self.limits = limits
+
+    def series(self, labels: Labels) -> Labels:
+        lbl = tenant_labels(labels, self.tenant)
+        if self.limits is not None:
+            self.limits.check_series(lbl, self.tenant)
+        return lbl
+
+    def batch(self, batch: SampleBatch, new_series: list[Labels]) -> None:
+        batch.tenant = self.tenant
+        if self.limits is not None:
+            self.limits.check_batch(batch, self.tenant, new_series)

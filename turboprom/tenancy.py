@@ -67,14 +67,22 @@ def _has_tenant_label(lbl: Labels) -> bool:
     return i < len(lbl) and lbl[i][0] == TENANT_LABEL
 
 
+def tenant_labels(lbl: Labels, tenant: str) -> Labels:
+    """A series' labels as stored for ``tenant``: a non-default tenant's label stamped on, any
+    ``__tenant__`` label a client sent replaced (a tenant cannot write into another)."""
+    if tenant == DEFAULT_TENANT:
+        return _strip(lbl) if _has_tenant_label(lbl) else lbl
+    return tuple(sorted(_strip(lbl) + ((TENANT_LABEL, tenant),)))
+
+
 def label_batch(batch: SampleBatch, tenant: str) -> SampleBatch:
-    """Stamp a non-default tenant's label onto every series of an ingest batch (per series, not per sample).
-    Any ``__tenant__`` label a client sent is replaced: a tenant cannot write into another."""
+    """``tenant_labels`` on every series of an ingest batch (per series, not per sample). Remote write
+    does this once per new series instead (turboprom.limits.SeriesAdmission)."""
     if tenant == DEFAULT_TENANT:
         if any(map(_has_tenant_label, batch.series)):
             batch.series = [_strip(lbl) for lbl in batch.series]
         return batch
-    batch.series = [tuple(sorted(_strip(lbl) + ((TENANT_LABEL, tenant),))) for lbl in batch.series]
+    batch.series = [tenant_labels(lbl, tenant) for lbl in batch.series]
     batch.tenant = tenant
     return batch
 

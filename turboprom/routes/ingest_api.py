@@ -42,6 +42,7 @@ from ingest.snappy_block import decompress
 from ingest.text_import import TextImporter, parse_extra_labels
 from turboprom.tenancy import label_batch, tenant_of
 from turboprom.context import ServerContext
+from turboprom.limits import SeriesAdmission
 from turboprom.http_guard import BodyTimeout
 
 V2_HEADERS = ("X-Prometheus-Remote-Write-Samples-Written", "X-Prometheus-Remote-Write-Histograms-Written",
@@ -144,7 +145,7 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
         lim = ctx.components.get("limits")
         return lim.check_batch(batch, tenant) if lim is not None else batch
 
-    async def store_exemplars(protocol: str, tenant: str, exemplars: list) -> int:
+    def add_exemplars(protocol: str, tenant: str, exemplars: list) -> int:
         """Exemplars go to the in-memory exemplar store (ingest/exemplars.py) after their samples;
         refused ones (out of order, label set too long) are counted, not errors, as in Prometheus."""
         store = ctx.components.get("exemplars")
@@ -153,10 +154,25 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
         if store is None:
             metrics.EXEMPLARS_DROPPED.labels(protocol=protocol).inc(len(exemplars))
             return 0
-        res = await asyncio.get_running_loop().run_in_executor(ctx.executor, store.add, tenant, exemplars)
+        res = store.add(tenant, exemplars)
         if res.out_of_order or res.invalid:
             metrics.EXEMPLARS_DROPPED.labels(protocol=protocol).inc(res.out_of_order + res.invalid)
         return res.added + res.duplicates
+
+    async def store_exemplars(protocol: str, tenant: str, exemplars: list) -> int:
+        if not exemplars:
+            return 0
+        return await asyncio.get_running_loop().run_in_executor(ctx.executor, add_exemplars, protocol, tenant, exemplars)
+
+    admissions: dict[str, SeriesAdmission] = {}
+
+    def admission_for(tenant: str) -> SeriesAdmission:
+        """One admission per tenant and Limits object (a reload's new Limits re-checks every series)."""
+        lim = ctx.components.get("limits")
+        adm = admissions.get(tenant)
+        if adm is None or adm.limits is not lim:
+            adm = admissions[tenant] = SeriesAdmission(tenant, lim)
+        return adm
 
     def answer_storage_error(protocol: str, e: OSError) -> web.Response:
         """Disk full (or another I/O failure) while writing the WAL: nothing of the request was
@@ -187,16 +203,18 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
         try:
             body = await read_body(request)
             with pipeline.slot():
-                loop = asyncio.get_running_loop()
 
-                def decode():
+                def ingest():
+                    """One worker-thread hop from the received body to the durable WAL: decode (the
+                    compiled walk runs without the GIL), admission (tenant label and input limits once
+                    per new series, rate and series limits per request), append, exemplars."""
                     raw = decompress(body, max_decoded)
-                    return decoder.decode_v2(raw) if proto == V2 else decoder.decode_v1(raw)
+                    adm = admission_for(tenant)
+                    decoded = decoder.decode_v2(raw, tenant, adm) if proto == V2 else decoder.decode_v1(raw, tenant, adm)
+                    result = pipeline.append_sync(decoded.batch)
+                    return decoded, result, add_exemplars(protocol, tenant, decoded.exemplar_list)
 
-                decoded = await loop.run_in_executor(ctx.executor, decode)
-                batch = await loop.run_in_executor(ctx.executor, lambda: limited(label_batch(decoded.batch, tenant), tenant))
-                result = await pipeline.submit(batch, reserved=True)
-                ex_written = await store_exemplars(protocol, tenant, decoded.exemplar_list)
+                decoded, result, ex_written = await asyncio.get_running_loop().run_in_executor(ctx.executor, ingest)
         except IngestError as e:
             return answer_error(protocol, e)
         except OSError as e:

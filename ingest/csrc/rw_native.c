@@ -1,0 +1,367 @@
+/* Remote write 1.0 walk and the ingest-side series reference table (module ingest._rw_native).
+ *
+ * Why hand-written: no library walks a prometheus.WriteRequest into columns without building a
+ * Python object per series; with upb plus numpy (ingest/rw_fast.py, the fallback) the per-request
+ * Python work dominated scrape-shaped payloads. This file does one pass over the request bytes
+ * without the GIL: every TimeSeries' raw label-field bytes are hashed and looked up in a table of
+ * known series (RefTable), and samples are decoded straight into columns. Known series therefore
+ * never build label objects; new ones are validated by Python (ingest/remote_write.py) and then
+ * inserted. Anything unusual (unknown fields, labels after samples, bad lengths) makes walk_v1
+ * return None, and the caller lets the protobuf runtime decide, exactly as the fallback does.
+ *
+ * Concurrency: lookups take a read lock, inserts a write lock (taken without the GIL, so a writer
+ * never stalls other Python threads behind a walk in progress).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---------------------------------------------------------------- growable int64/double columns */
+typedef struct {
+    int64_t *v;
+    Py_ssize_t n, cap;
+} Col;
+
+static int col_push(Col *c, int64_t x) {
+    if (c->n == c->cap) {
+        Py_ssize_t cap = c->cap ? c->cap * 2 : 256;
+        int64_t *nv = (int64_t *)realloc(c->v, (size_t)cap * sizeof(int64_t));
+        if (!nv) return -1;
+        c->v = nv;
+        c->cap = cap;
+    }
+    c->v[c->n++] = x;
+    return 0;
+}
+
+static PyObject *col_bytes(Col *c) { /* a writable bytearray (numpy views it without a copy) */
+    return PyByteArray_FromStringAndSize((const char *)c->v, c->n * (Py_ssize_t)sizeof(int64_t));
+}
+
+/* ---------------------------------------------------------------- hashing of raw label bytes */
+static inline uint64_t rd64(const uint8_t *p) {
+    uint64_t x;
+    memcpy(&x, p, 8);
+    return x;
+}
+
+static inline uint64_t mix(uint64_t h) {
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdULL;
+    h ^= h >> 33;
+    h *= 0xc4ceb9fe1a85ec53ULL;
+    h ^= h >> 33;
+    return h;
+}
+
+static uint64_t hash_bytes(const uint8_t *p, size_t n) {
+    uint64_t h = 0x9e3779b97f4a7c15ULL ^ (n * 0x100000001b3ULL);
+    while (n >= 8) {
+        h = (h ^ mix(rd64(p))) * 0x9fb21c651e98df25ULL;
+        h ^= h >> 29;
+        p += 8;
+        n -= 8;
+    }
+    if (n) {
+        uint64_t t = 0;
+        memcpy(&t, p, n);
+        h = (h ^ mix(t ^ ((uint64_t)n << 56))) * 0x9fb21c651e98df25ULL;
+    }
+    return mix(h);
+}
+
+/* ---------------------------------------------------------------- the reference table */
+typedef struct {
+    uint64_t hash;
+    int64_t off; /* key bytes in the arena */
+    int64_t len;
+    int64_t ref; /* -1: empty slot */
+} Slot;
+
+typedef struct {
+    PyObject_HEAD
+    Slot *slots;
+    size_t mask; /* slots - 1 (a power of two) */
+    int64_t count;
+    uint8_t *arena;
+    size_t arena_len, arena_cap;
+    pthread_rwlock_t lock;
+} RefTable;
+
+static int64_t table_find(const RefTable *t, const uint8_t *key, size_t len, uint64_t h) {
+    size_t i = (size_t)h & t->mask;
+    for (;;) {
+        const Slot *s = &t->slots[i];
+        if (s->ref < 0) return -1;
+        if (s->hash == h && (size_t)s->len == len && memcmp(t->arena + s->off, key, len) == 0) return s->ref;
+        i = (i + 1) & t->mask;
+    }
+}
+
+static int table_grow(RefTable *t) {
+    size_t n = (t->mask + 1) * 2;
+    Slot *ns = (Slot *)malloc(n * sizeof(Slot));
+    if (!ns) return -1;
+    for (size_t i = 0; i < n; i++) ns[i].ref = -1;
+    for (size_t i = 0; i <= t->mask; i++) {
+        Slot *s = &t->slots[i];
+        if (s->ref < 0) continue;
+        size_t j = (size_t)s->hash & (n - 1);
+        while (ns[j].ref >= 0) j = (j + 1) & (n - 1);
+        ns[j] = *s;
+    }
+    free(t->slots);
+    t->slots = ns;
+    t->mask = n - 1;
+    return 0;
+}
+
+static PyObject *RefTable_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+    RefTable *t = (RefTable *)type->tp_alloc(type, 0);
+    if (!t) return NULL;
+    t->mask = 1023;
+    t->slots = (Slot *)malloc((t->mask + 1) * sizeof(Slot));
+    if (!t->slots) {
+        Py_DECREF(t);
+        return PyErr_NoMemory();
+    }
+    for (size_t i = 0; i <= t->mask; i++) t->slots[i].ref = -1;
+    pthread_rwlock_init(&t->lock, NULL);
+    return (PyObject *)t;
+}
+
+static void RefTable_dealloc(RefTable *t) {
+    free(t->slots);
+    free(t->arena);
+    pthread_rwlock_destroy(&t->lock);
+    Py_TYPE(t)->tp_free((PyObject *)t);
+}
+
+static Py_ssize_t RefTable_len(RefTable *t) { return (Py_ssize_t)t->count; }
+
+/* insert(key: bytes) -> ref: the key's reference, inserted (next dense number) if new. */
+static PyObject *RefTable_insert(RefTable *t, PyObject *arg) {
+    Py_buffer b;
+    if (PyObject_GetBuffer(arg, &b, PyBUF_SIMPLE) < 0) return NULL;
+    const uint8_t *key = (const uint8_t *)b.buf;
+    size_t len = (size_t)b.len;
+    uint64_t h = hash_bytes(key, len);
+    int64_t ref;
+    int oom = 0;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_rwlock_wrlock(&t->lock);
+    ref = table_find(t, key, len, h);
+    if (ref < 0) {
+        if ((size_t)(t->count + 1) * 2 > t->mask + 1 && table_grow(t) < 0) oom = 1;
+        if (!oom && t->arena_len + len > t->arena_cap) {
+            size_t cap = t->arena_cap ? t->arena_cap : 65536;
+            while (cap < t->arena_len + len) cap *= 2;
+            uint8_t *na = (uint8_t *)realloc(t->arena, cap);
+            if (!na) oom = 1;
+            else {
+                t->arena = na;
+                t->arena_cap = cap;
+            }
+        }
+        if (!oom) {
+            memcpy(t->arena + t->arena_len, key, len);
+            size_t i = (size_t)h & t->mask;
+            while (t->slots[i].ref >= 0) i = (i + 1) & t->mask;
+            ref = t->count++;
+            t->slots[i] = (Slot){h, (int64_t)t->arena_len, (int64_t)len, ref};
+            t->arena_len += len;
+        }
+    }
+    pthread_rwlock_unlock(&t->lock);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&b);
+    if (oom) return PyErr_NoMemory();
+    return PyLong_FromLongLong(ref);
+}
+
+/* ---------------------------------------------------------------- protobuf walk */
+typedef struct {
+    Col refs, key_off, key_len; /* per TimeSeries */
+    Col sample_ts, ts, val;     /* per Sample (val holds float64 bits) */
+    Col ex_ts, ex_off, ex_len;  /* per Exemplar */
+    Col meta_off, meta_len;     /* per top-level MetricMetadata */
+    int64_t n_hist;
+} Out;
+
+static void out_free(Out *o) {
+    Col *cols[] = {&o->refs, &o->key_off, &o->key_len, &o->sample_ts, &o->ts, &o->val,
+                   &o->ex_ts, &o->ex_off, &o->ex_len, &o->meta_off, &o->meta_len};
+    for (size_t i = 0; i < sizeof(cols) / sizeof(cols[0]); i++) free(cols[i]->v);
+}
+
+/* Varint at *p (< end): 0 on success. */
+static inline int varint(const uint8_t **p, const uint8_t *end, uint64_t *out) {
+    uint64_t r = 0;
+    const uint8_t *q = *p;
+    for (int shift = 0; shift < 70; shift += 7) {
+        if (q >= end) return -1;
+        uint8_t b = *q++;
+        if (shift == 63 && b > 1) return -1;
+        r |= (uint64_t)(b & 0x7F) << shift;
+        if (b < 0x80) {
+            *p = q;
+            *out = r;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+/* A length-delimited field's payload [*p, *p + len) within end. */
+static inline int length(const uint8_t **p, const uint8_t *end, uint64_t *len) {
+    if (varint(p, end, len) < 0) return -1;
+    return *len <= (uint64_t)(end - *p) ? 0 : -1;
+}
+
+enum { OK = 0, UNUSUAL = 1, NOMEM = 2 };
+
+static int walk_sample(const uint8_t *p, const uint8_t *end, Out *o, int64_t ts_index) {
+    uint64_t bits = 0, t = 0;
+    while (p < end) {
+        uint64_t tag;
+        if (varint(&p, end, &tag) < 0) return UNUSUAL;
+        if (tag == 0x09) { /* value: double */
+            if (end - p < 8) return UNUSUAL;
+            bits = rd64(p);
+            p += 8;
+        } else if (tag == 0x10) { /* timestamp: int64 varint */
+            if (varint(&p, end, &t) < 0) return UNUSUAL;
+        } else {
+            return UNUSUAL;
+        }
+    }
+    if (col_push(&o->sample_ts, ts_index) || col_push(&o->ts, (int64_t)t) || col_push(&o->val, (int64_t)bits)) return NOMEM;
+    return OK;
+}
+
+static int walk_series(const RefTable *t, const uint8_t *base, const uint8_t *p, const uint8_t *end, Out *o) {
+    int64_t index = o->refs.n;
+    const uint8_t *start = p, *label_end = p;
+    int in_labels = 1;
+    while (p < end) {
+        uint64_t tag, len;
+        if (varint(&p, end, &tag) < 0 || (tag & 7) != 2 || length(&p, end, &len) < 0) return UNUSUAL;
+        const uint8_t *payload = p;
+        p += len;
+        switch (tag) {
+        case 0x0A: /* Label: must come before everything else (every encoder writes them first) */
+            if (!in_labels) return UNUSUAL;
+            label_end = p;
+            break;
+        case 0x12: /* Sample */
+            in_labels = 0;
+            {
+                int r = walk_sample(payload, p, o, index);
+                if (r) return r;
+            }
+            break;
+        case 0x1A: /* Exemplar: decoded by Python (sparse) */
+            in_labels = 0;
+            if (col_push(&o->ex_ts, index) || col_push(&o->ex_off, payload - base) || col_push(&o->ex_len, (int64_t)len)) return NOMEM;
+            break;
+        case 0x22: /* native histogram: counted, refused */
+            in_labels = 0;
+            o->n_hist++;
+            break;
+        default:
+            return UNUSUAL;
+        }
+    }
+    size_t klen = (size_t)(label_end - start);
+    int64_t ref = table_find(t, start, klen, hash_bytes(start, klen));
+    if (col_push(&o->refs, ref) || col_push(&o->key_off, start - base) || col_push(&o->key_len, (int64_t)klen)) return NOMEM;
+    return OK;
+}
+
+static int walk_request(const RefTable *t, const uint8_t *base, size_t n, Out *o) {
+    const uint8_t *p = base, *end = base + n;
+    while (p < end) {
+        uint64_t tag, len;
+        if (varint(&p, end, &tag) < 0 || (tag & 7) != 2 || length(&p, end, &len) < 0) return UNUSUAL;
+        const uint8_t *payload = p;
+        p += len;
+        if (tag == 0x0A) { /* TimeSeries */
+            int r = walk_series(t, base, payload, p, o);
+            if (r) return r;
+        } else if (tag == 0x1A) { /* MetricMetadata */
+            if (col_push(&o->meta_off, payload - base) || col_push(&o->meta_len, (int64_t)len)) return NOMEM;
+        } else {
+            return UNUSUAL;
+        }
+    }
+    return OK;
+}
+
+/* walk_v1(data) -> None (unusual encoding: use the protobuf runtime) or a tuple of bytearrays
+ * (int64 columns unless noted): refs (-1 = unknown series), key_off, key_len per TimeSeries;
+ * sample_ts, timestamps, values (float64) per Sample; exemplar ts/off/len; metadata off/len;
+ * and the number of native histogram samples. Offsets index ``data``. */
+static PyObject *RefTable_walk_v1(RefTable *t, PyObject *arg) {
+    Py_buffer b;
+    if (PyObject_GetBuffer(arg, &b, PyBUF_SIMPLE) < 0) return NULL;
+    Out o;
+    memset(&o, 0, sizeof(o));
+    int r;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_rwlock_rdlock(&t->lock);
+    r = walk_request(t, (const uint8_t *)b.buf, (size_t)b.len, &o);
+    pthread_rwlock_unlock(&t->lock);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&b);
+    if (r != OK) {
+        out_free(&o);
+        if (r == NOMEM) return PyErr_NoMemory();
+        Py_RETURN_NONE;
+    }
+    PyObject *res = Py_BuildValue("(NNNNNNNNNNNL)", col_bytes(&o.refs), col_bytes(&o.key_off), col_bytes(&o.key_len),
+                                  col_bytes(&o.sample_ts), col_bytes(&o.ts), col_bytes(&o.val), col_bytes(&o.ex_ts),
+                                  col_bytes(&o.ex_off), col_bytes(&o.ex_len), col_bytes(&o.meta_off),
+                                  col_bytes(&o.meta_len), (long long)o.n_hist);
+    out_free(&o);
+    return res;
+}
+
+static PyMethodDef RefTable_methods[] = {
+    {"walk_v1", (PyCFunction)RefTable_walk_v1, METH_O,
+     "walk_v1(data) -> None or the request's columns (see ingest/rw_native.py)"},
+    {"insert", (PyCFunction)RefTable_insert, METH_O, "insert(key) -> the series reference of these raw label bytes"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PySequenceMethods RefTable_as_sequence = {.sq_length = (lenfunc)RefTable_len};
+
+static PyTypeObject RefTableType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "ingest._rw_native.RefTable",
+    .tp_basicsize = sizeof(RefTable),
+    .tp_dealloc = (destructor)RefTable_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Known series by their raw remote-write label bytes -> dense references, and the walk that looks them up.",
+    .tp_methods = RefTable_methods,
+    .tp_as_sequence = &RefTable_as_sequence,
+    .tp_new = RefTable_new,
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "ingest._rw_native",
+                                    "Compiled remote-write 1.0 walk and series reference table.", -1, NULL};
+
+PyMODINIT_FUNC PyInit__rw_native(void) {
+    if (PyType_Ready(&RefTableType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (!m) return NULL;
+    Py_INCREF(&RefTableType);
+    if (PyModule_AddObject(m, "RefTable", (PyObject *)&RefTableType) < 0) {
+        Py_DECREF(&RefTableType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

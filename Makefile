@@ -8,7 +8,11 @@ LISTEN ?= 127.0.0.1:9090
 # Debian packages the tests use as real peers.
 APT_PEERS := prometheus victoria-metrics etcd-server nats-server prometheus-node-exporter chromium
 
-.PHONY: demo test install peers clean bench
+# The compiled ingest hot path (ingest/csrc -> ingest/_rw_native*.so), built in place; rebuilt when
+# its C source or setup.py changes. Without it ingest uses the pure-Python walk (same results).
+NATIVE_SO = ingest/_rw_native$(shell $(PY) -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))' 2>/dev/null)
+
+.PHONY: demo test install native peers clean bench
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -16,7 +20,13 @@ $(STAMP): pyproject.toml
 	$(VPY) -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
-install: $(STAMP)
+$(NATIVE_SO): $(wildcard ingest/csrc/*.c) setup.py $(STAMP)
+	$(VPY) setup.py -q build_ext --inplace
+	test -f $@ && touch $@  # fails loudly when the C build failed (setup.py marks it optional for pip)
+
+native: $(NATIVE_SO)
+
+install: $(STAMP) $(NATIVE_SO)
 
 # Installs the real peers the tests run against (needs root, as on this machine kind and in CI).
 peers:
@@ -26,14 +36,14 @@ peers:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; \
 	fi
 
-demo: $(STAMP)
+demo: $(STAMP) $(NATIVE_SO)
 	$(VPY) -m turboprom.demo --data-dir $(DATA) --listen $(LISTEN)
 
-test: $(STAMP) peers
+test: $(STAMP) $(NATIVE_SO) peers
 	$(VPY) -m pytest -q -ra
 
 bench: $(STAMP) peers
 	@echo "see bench/README.md for the individual benchmark scripts"
 
 clean:
-	rm -rf $(VENV) $(DATA) .pytest_cache
+	rm -rf $(VENV) $(DATA) .pytest_cache build ingest/_rw_native*.so

@@ -16,6 +16,7 @@ write 2.0 and unusual 1.0 encodings go through the protobuf runtime with a cache
 from __future__ import annotations
 
 import threading
+from operator import itemgetter
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -137,7 +138,10 @@ class RemoteWriteDecoder:
                 raise
         uniq, ts_local = _first_occurrence(ids)
         known_labels = refs_space.labels
-        series = [known_labels[r] if r >= 0 else new_labels[-1 - r] for r in uniq.tolist()]
+        if not new_keys and len(uniq) > 1:
+            series = list(itemgetter(*uniq.tolist())(known_labels))  # one C loop
+        else:
+            series = [known_labels[r] if r >= 0 else new_labels[-1 - r] for r in uniq.tolist()]
         values, timestamps = cols.values, cols.timestamps
         sidx = ts_local[cols.sample_ts]
         check_future(timestamps, sidx, series, self.future_tolerance_ms)

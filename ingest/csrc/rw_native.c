@@ -58,17 +58,19 @@ static inline uint64_t mix(uint64_t h) {
 }
 
 static uint64_t hash_bytes(const uint8_t *p, size_t n) {
-    uint64_t h = 0x9e3779b97f4a7c15ULL ^ (n * 0x100000001b3ULL);
+    /* one multiply per 8 bytes, a full avalanche at the end: keys are label bytes, not attacker
+     * chosen tables (a collision costs a memcmp, never a wrong answer) */
+    uint64_t h = 0x9e3779b97f4a7c15ULL ^ n;
     while (n >= 8) {
-        h = (h ^ mix(rd64(p))) * 0x9fb21c651e98df25ULL;
-        h ^= h >> 29;
+        h = (h ^ rd64(p)) * 0x9fb21c651e98df25ULL;
+        h ^= h >> 32;
         p += 8;
         n -= 8;
     }
     if (n) {
         uint64_t t = 0;
         memcpy(&t, p, n);
-        h = (h ^ mix(t ^ ((uint64_t)n << 56))) * 0x9fb21c651e98df25ULL;
+        h = (h ^ t) * 0x9fb21c651e98df25ULL;
     }
     return mix(h);
 }

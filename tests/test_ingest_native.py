@@ -39,7 +39,7 @@ def outcome(dec: RemoteWriteDecoder, data: bytes, tenant: str = "default", admis
     refs = None if b.series_refs is None else b.series_refs.refs.tobytes()
     return (b.series, b.series_index.tobytes(), b.timestamps.tobytes(), b.values.tobytes(), b.tenant, refs,
             [(m.metric_family, m.type, m.help, m.unit) for m in b.metadata], d.histograms, d.exemplars,
-            [(e.series, e.labels, struct_bits(e.value), e.timestamp) for e in d.exemplar_list])
+            [(e.series, e.labels, struct_bits(e.value), e.ts) for e in d.exemplar_list])
 
 
 def struct_bits(v: float) -> bytes:

@@ -241,7 +241,8 @@ class SDS:
         self._flush_lock = threading.RLock()
         self.flush_cpu_s = 0.0  # CPU of every fold of buffered samples (the summarizer reads it around a batch)
         self.raw_source: Any = None  # raw storage (set by the summarizer): exact panes hit by late samples are rebuilt from it
-        self.before_read: Callable[[], None] | None = None  # set by the summarizer: folds what it queued
+        # set by the summarizer: folds what it queued when a sample older than the given time waits
+        self.before_read: Callable[[int], None] | None = None
 
     FLUSH_SAMPLES = 50_000
     HELD_MAX = 4_000_000  # samples held below the fold floor while a backfill runs (beyond: dropped, counted)
@@ -420,8 +421,11 @@ class SDS:
 
         Taken under the fold lock: a fold in flight has already moved its samples out of the buffer,
         so checking the buffer alone would let a read see panes the fold has not reached yet."""
-        if self.before_read is not None:  # batches the summarizer still queues (outside this lock)
-            self.before_read()
+        if self.before_read is not None and self.live_from is not None:
+            # batches the summarizer still queues: folded first when one holds a sample of a pane this
+            # read would take as sealed (newer samples only seal panes once folded); outside the lock
+            P = self.spec.pane_ms
+            self.before_read(max((self.max_ts - self.seal_delay_ms) // P, self.live_from // P) * P)
         with self._flush_lock:
             # panes about to be read must hold every buffered sample (flushing only those of sealed
             # panes measured faster but let live answers differ from raw: not done)

@@ -73,10 +73,11 @@ class Summarizer:
         self._local_maps: dict[str, np.ndarray] = {}
         self._map_lock = threading.Lock()  # the slow path that resolves new storage ids
         self._targets: tuple[SDS, ...] = ()  # the SDSs live now (rebuilt by add / remove)
-        # batches waiting to be folded: (batch, targets, their fold floors then, newest time)
-        self._queue: list[tuple[SampleBatch, tuple[SDS, ...], tuple[int | None, ...], int]] = []
+        # batches waiting to be folded: (batch, targets, their fold floors then, newest time, oldest time)
+        self._queue: list[tuple[SampleBatch, tuple[SDS, ...], tuple[int | None, ...], int, int]] = []
         self._queued_n = 0
         self._queued_at = 0.0
+        self._queued_min = _NO_FLOOR  # oldest sample time queued or being folded
         self._queue_lock = threading.Lock()
         self._drain_lock = threading.Lock()
         self._draining = False
@@ -89,7 +90,7 @@ class Summarizer:
                 sds.raw_source = self.storage
             self.by_metric.setdefault(sds.metric, []).append(sds)
             self._targets = tuple(x for lst in self.by_metric.values() for x in lst)
-            sds.before_read = self.drain
+            sds.before_read = self.drain_older_than
             if self.max_ts is not None:
                 sds.max_ts = self.max_ts
 
@@ -132,10 +133,12 @@ class Summarizer:
         due = False
         if targets:
             floors = tuple(x.fold_floor_ms() for x in targets)
+            tmin = int(batch.timestamps.min())
             with self._queue_lock:
                 if not self._queue:
                     self._queued_at = time.monotonic()
-                self._queue.append((batch, targets, floors, tmax))
+                self._queued_min = min(self._queued_min, tmin)
+                self._queue.append((batch, targets, floors, tmax, tmin))
                 self._queued_n += len(batch)
                 due = (self._queued_n >= self.QUEUE_SAMPLES or len(self._queue) >= self.QUEUE_BATCHES
                        or time.monotonic() - self._queued_at >= self.QUEUE_S)
@@ -157,7 +160,15 @@ class Summarizer:
                 if entries:
                     self._fold_entries(entries)
             finally:
+                with self._queue_lock:
+                    self._queued_min = min((e[4] for e in self._queue), default=_NO_FLOOR)
                 self._draining = False
+
+    def drain_older_than(self, t_ms: int) -> None:
+        """``drain`` if a queued (or in-flight) sample is older than ``t_ms``: a reader's sealed panes
+        end there, and newer samples only change panes it takes as open."""
+        if self._queued_min < t_ms:
+            self.drain()
 
     def flush(self) -> None:
         """Fold everything consumed so far into the panes (queued batches, then each SDS's buffer)."""

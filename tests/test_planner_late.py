@@ -288,3 +288,74 @@ def test_samples_stored_while_the_backfill_reads_their_range_are_folded():
         fast = eng.range_query(q, t0 - 1_800_000, t, 15_000, node_hooks=[hook])
         assert any(p.startswith("summary:") for p in fast.stats.paths), q
         _compare(raw, fast, q)
+
+
+# --- the summarizer's queue: batches fold together, decided as of their arrival --------------------
+
+def _gauge_batch(series, t_ms, values, ids):
+    n = len(series)
+    return SampleBatch(series, np.arange(n), np.full(n, t_ms, np.int64), np.asarray(values, float),
+                       series_ids=np.asarray(ids, np.int64))
+
+
+def test_a_queued_late_sample_is_folded_before_a_read_of_its_pane():
+    series = [make_labels({"__name__": "g", "i": str(i)}) for i in range(3)]
+    summ = Summarizer(None)
+    sds = SDS(SDSSpec("g", "kll", 60_000))
+    summ.start_live(sds, live_from_ts=T0)
+    for k in range(40):  # 10 minutes at 15 s, in order
+        summ.consume(_gauge_batch(series, T0 + 15_000 * k, [k, k, k], [0, 1, 2]))
+    summ.backfill(sds, 0)  # no raw storage: nothing older to fill, coverage starts at the live start
+    summ.flush()
+    lo, hi = sds.coverage()
+    assert hi > lo
+    before = sds.stats.late_folded
+    summ.consume(_gauge_batch(series[:1], T0 + 61_000, [1e6], [0]))  # late, in a sealed pane
+    assert summ._queue, "a small batch waits in the queue"
+    sds.coverage()  # a read of the panes folds it first
+    assert not summ._queue and sds.stats.late_folded == before + 1
+
+
+def test_in_order_batches_stay_queued_across_reads_of_sealed_panes():
+    series = [make_labels({"__name__": "g", "i": str(i)}) for i in range(3)]
+    summ = Summarizer(None)
+    sds = SDS(SDSSpec("g", "exact", 60_000))
+    summ.start_live(sds, live_from_ts=T0)
+    for k in range(40):
+        summ.consume(_gauge_batch(series, T0 + 15_000 * k, [k, k, k], [0, 1, 2]))
+    summ.backfill(sds, 0)
+    summ.flush()
+    cov = sds.coverage()
+    assert cov[1] > cov[0]
+    summ.consume(_gauge_batch(series, T0 + 15_000 * 40, [40, 40, 40], [0, 1, 2]))
+    assert sds.coverage() == cov and summ._queue  # newer than every sealed pane: no fold needed yet
+    summ.flush()
+    assert sds.stats.ingested_samples == 41 * 3
+
+
+def test_order_independent_payload_keeps_the_floor_a_batch_met_on_arrival():
+    """A sample below the fold floor when it arrived is the backfill's (it read storage, which had it);
+    the floor moving down while the batch waits must not make live folding count it again."""
+    series = [make_labels({"__name__": "g", "i": str(i)}) for i in range(2)]
+    summ = Summarizer(None)
+    sds = SDS(SDSSpec("g", "kll", 60_000))
+    live_from = T0 + 600_000
+    summ.start_live(sds, live_from_ts=live_from)
+    sds.cov_lo = live_from // 60_000  # backfilled down to the live start so far
+    summ.consume(_gauge_batch(series, live_from - 90_000, [5, 6], [0, 1]))  # below the floor: backfill's
+    summ.consume(_gauge_batch(series, live_from + 1_000, [7, 8], [0, 1]))  # live
+    sds.widen(sds.cov_lo - 5)  # the backfill folds an older chunk (which held the first batch) meanwhile
+    summ.flush()
+    assert sds.stats.ingested_samples == 2 and sds.stats.late_folded == 0
+
+
+def test_an_sds_adopted_after_a_batch_arrived_does_not_fold_it():
+    series = [make_labels({"__name__": "g", "i": "0"})]
+    summ = Summarizer(None)
+    first = SDS(SDSSpec("g", "kll", 60_000))
+    summ.start_live(first, live_from_ts=T0)
+    summ.consume(_gauge_batch(series, T0 + 5_000, [1.0], [0]))
+    later = SDS(SDSSpec("g", "exact", 60_000))
+    summ.start_live(later, live_from_ts=T0)  # even with a live start before the queued sample
+    summ.flush()
+    assert first.stats.ingested_samples == 1 and later.stats.ingested_samples == 0

@@ -8,10 +8,10 @@ from typing import Iterator
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
-from schemathesis.specs.openapi.checks import negative_data_rejection
+from schemathesis.specs.openapi.checks import negative_data_rejection, positive_data_acceptance
 
 from scheduler_metrics.instrumentation import WorkerMetrics
-from tests.helpers import REPO, ServerProcess
+from tests.helpers import REPO, ServerProcess, free_port
 
 schema = schemathesis.openapi.from_path(REPO / "docs" / "openapi.yaml")
 
@@ -20,7 +20,9 @@ schema = schemathesis.openapi.from_path(REPO / "docs" / "openapi.yaml")
 def base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     tmp: Path = tmp_path_factory.mktemp("openapi")
     cfg = tmp / "turboprom.yml"
-    cfg.write_text("congestion:\n  stale_after: 1s\n  drop_after: 600s\n")
+    # a KV event publisher nobody runs: the prefix view exists and stays empty
+    cfg.write_text("congestion:\n  stale_after: 1s\n  drop_after: 600s\n  kv_events:\n"
+                   f"    - {{endpoint: 'tcp://127.0.0.1:{free_port()}', instance: w0, cluster: east, model_name: llama}}\n")
     with ServerProcess(tmp / "data", ["--config", str(cfg)]) as server:
         for i, cluster in enumerate(["east", "east", "west"]):
             w = WorkerMetrics(model_name="llama", cluster=cluster, instance=f"w{i}")
@@ -68,5 +70,10 @@ def test_openapi_conformance(case: schemathesis.Case, base_url: str) -> None:
         response = case.call_and_validate(base_url=base_url, timeout=10, excluded_checks=EXCLUDED)
         if response.status_code == 200:
             assert response.text.count("event: congestion") == 1
+        return
+    if case.path.endswith("/push"):
+        # The body is a string in the text exposition grammar, which a JSON schema cannot state:
+        # most schema-valid strings are not expositions and are refused (400, named); the other checks run.
+        case.call_and_validate(base_url=base_url, timeout=10, excluded_checks=EXCLUDED + [positive_data_acceptance])
         return
     case.call_and_validate(base_url=base_url, timeout=10, excluded_checks=EXCLUDED)

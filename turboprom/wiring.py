@@ -46,6 +46,9 @@ def build_context(config: ServerConfig, storage: Any = None) -> ServerContext:
     congestion = CongestionTracker(CongestionConfig.from_mapping(config.raw.get("congestion")))
     congestion.attach(ctx.components.get("ingest"), storage)
     ctx.components["congestion"] = congestion
+    from turboprom.kv_events_wiring import build_fast_signals
+
+    build_fast_signals(ctx, congestion)  # vLLM KV events -> prefix index; fast signal scrape -> tracker
     # --- PromQL engine behind /api/v1/query and /api/v1/query_range ---
     from promql.engine import Engine
 

@@ -34,6 +34,11 @@ class CongestionConfig:
     rho_max: float = 0.98
     default_tokens_per_request: float = 1024.0  # until a worker's own ratio is measured
     max_cache_entries: int = 2_000_000  # label-set -> slot cache bound (irrelevant series included)
+    stream_interval_s: float = 0.0  # default SSE pacing (0 = an event per snapshot); ?interval= overrides
+    fast_scrape_interval_s: float = 0.0  # fast signal scrape of fast_scrape_jobs (0 = off; 0.05-0.25 s)
+    fast_scrape_jobs: tuple[str, ...] = ()  # scrape_configs job names whose targets get the fast scrape
+    kv_events: tuple[dict[str, str], ...] = ()  # vLLM KV event publishers: endpoint, instance, cluster, model_name, topic
+    kv_max_blocks_per_instance: int = 1_000_000
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any] | None) -> "CongestionConfig":
@@ -45,17 +50,24 @@ class CongestionConfig:
         aliases = {"stale_after": "stale_after_s", "drop_after": "drop_after_s", "rate_window": "rate_window_s",
                    "resolution": "resolution_s", "rebuild_period": "rebuild_period_s",
                    "rebuild_min_interval": "rebuild_min_interval_s"}
+        aliases.update({"stream_interval": "stream_interval_s", "fast_scrape_interval": "fast_scrape_interval_s"})
         known = {f.name: f for f in fields(cls)}
         for key, value in raw.items():
             name = aliases.get(key, key)
             if name not in known:
                 raise ValueError(f"congestion: unknown setting {key!r} (known: {', '.join(sorted(known))})")
-            if name.endswith("_s"):
+            if name == "fast_scrape_jobs":
+                if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+                    raise ValueError(f"congestion.fast_scrape_jobs: expected a list of job names, got {value!r}")
+                cfg.fast_scrape_jobs = tuple(value)
+            elif name == "kv_events":
+                cfg.kv_events = _kv_endpoints(value)
+            elif name.endswith("_s"):
                 setattr(cfg, name, parse_seconds(value, key))
             elif isinstance(value, bool) or not isinstance(value, (int, float)) \
-                    or (name == "max_cache_entries" and not isinstance(value, int)):
-                raise ValueError(f"congestion.{key}: expected {'an integer' if name == 'max_cache_entries' else 'a number'}, got {value!r}")
-            elif name == "max_cache_entries":
+                    or (name in _INT_FIELDS and not isinstance(value, int)):
+                raise ValueError(f"congestion.{key}: expected {'an integer' if name in _INT_FIELDS else 'a number'}, got {value!r}")
+            elif name in _INT_FIELDS:
                 setattr(cfg, name, int(value))
             else:
                 setattr(cfg, name, float(value))
@@ -63,4 +75,39 @@ class CongestionConfig:
             raise ValueError("congestion: drop_after must be >= stale_after")
         if cfg.rate_window_s <= 0:
             raise ValueError("congestion: rate_window must be > 0")
+        if cfg.fast_scrape_interval_s and not 0.05 <= cfg.fast_scrape_interval_s <= 0.25:
+            raise ValueError("congestion: fast_scrape_interval must be 0 (off) or between 50ms and 250ms, "
+                             f"got {cfg.fast_scrape_interval_s:g}s")
+        if cfg.fast_scrape_jobs and not cfg.fast_scrape_interval_s:
+            raise ValueError("congestion: fast_scrape_jobs needs fast_scrape_interval (50ms-250ms)")
+        if cfg.stream_interval_s < 0:
+            raise ValueError("congestion: stream_interval must be >= 0")
         return cfg
+
+
+_INT_FIELDS = ("max_cache_entries", "kv_max_blocks_per_instance")
+_KV_KEYS = ("endpoint", "instance", "cluster", "model_name", "topic")
+
+
+def _kv_endpoints(value: Any) -> tuple[dict[str, str], ...]:
+    """``kv_events:`` entries, each the ZMQ endpoint of one engine's publisher and that engine's labels."""
+    if not isinstance(value, list):
+        raise ValueError(f"congestion.kv_events: expected a list of publishers, got {value!r}")
+    out = []
+    for i, ent in enumerate(value):
+        if not isinstance(ent, Mapping):
+            raise ValueError(f"congestion.kv_events[{i}]: expected a mapping, got {ent!r}")
+        unknown = sorted(set(ent) - set(_KV_KEYS))
+        if unknown:
+            raise ValueError(f"congestion.kv_events[{i}]: unknown key(s) {', '.join(unknown)} (known: {', '.join(_KV_KEYS)})")
+        for k in ("endpoint", "instance"):
+            if not isinstance(ent.get(k), str) or not ent[k]:
+                raise ValueError(f"congestion.kv_events[{i}]: {k} is required (a non-empty string)")
+        if not str(ent["endpoint"]).startswith(("tcp://", "ipc://", "inproc://")):
+            raise ValueError(f"congestion.kv_events[{i}]: endpoint must be a ZMQ address like tcp://host:5557, "
+                             f"got {ent['endpoint']!r}")
+        bad = [k for k in _KV_KEYS if k in ent and not isinstance(ent[k], str)]
+        if bad:
+            raise ValueError(f"congestion.kv_events[{i}]: {', '.join(bad)} must be strings")
+        out.append({k: str(ent.get(k, "")) for k in _KV_KEYS})
+    return tuple(out)

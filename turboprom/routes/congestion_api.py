@@ -1,6 +1,17 @@
-"""GET /api/v1/congestion (JSON poll) and GET /api/v1/congestion/stream (server-sent events).
+"""The congestion API: polls, server-sent events, pushed load, and prefix-aware placement.
 
-Both read the tracker's ready-made snapshot (ctx.components["congestion"]); nothing here touches
+  GET  /api/v1/congestion          the tracker's ready-made snapshot (JSON poll)
+  GET  /api/v1/congestion/stream   server-sent events: a full ``congestion`` event, then one per new
+                                   snapshot, or with ``delta=true`` ``delta`` events holding only the
+                                   entries that changed and the keys that went away; ``interval``
+                                   (default ``congestion.stream_interval``) paces them
+  POST /api/v1/congestion/push     engines that report their own load: a text-exposition body of the
+                                   tracker's families, fed to the tracker only (not stored: the normal
+                                   scrape or remote write stores at its interval)
+  POST /api/v1/congestion/prefix   ``{"token_ids": [...]}`` -> per instance, how many leading blocks of
+                                   that prompt it holds (from vLLM KV events) and how loaded it is
+
+Polls and streams read the tracker's snapshot (ctx.components["congestion"]); nothing here touches
 storage, so polls stay fast while ingestion and heavy queries run. Documented in docs/openapi.yaml.
 
 Tenancy: the tracker consumes the default tenant's samples only (turboprom/tenancy.py restrict_sinks),
@@ -18,6 +29,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from ingest.errors import IngestError
+from ingest.text_import import TextImporter
 from turboprom.api_params import ParamError
 from turboprom.context import ServerContext
 from turboprom.tenancy import DEFAULT_TENANT, request_tenant
@@ -84,6 +97,29 @@ def _filters(request: web.Request) -> dict[str, Any]:
     return out
 
 
+def _entry_key(d: dict[str, Any]) -> tuple[str, str, str]:
+    return (d["cluster"], d["model_name"], d.get("instance", ""))
+
+
+def _same(a: dict[str, Any] | None, b: dict[str, Any]) -> bool:
+    """Equal but for ``age_seconds``, which moves with every snapshot (a client derives it from
+    ``generated_at`` and the entry's ``newest_sample_ms``)."""
+    return a is not None and len(a) == len(b) and all(k == "age_seconds" or a.get(k) == v for k, v in b.items())
+
+
+def delta(prev: dict[str, Any], cur: dict[str, Any]) -> dict[str, Any]:
+    """What changed from one snapshot's data to the next: changed or new instance and cluster entries
+    (whole entries), and the keys of those that went away. Applying it to ``prev`` gives ``cur`` (ages
+    aside: an entry not resent is ``generated_at - newest_sample_ms / 1000`` seconds old)."""
+    out: dict[str, Any] = {"generated_at": cur["generated_at"], "version": cur["version"]}
+    for part, gone in (("instances", "removed_instances"), ("clusters", "removed_clusters")):
+        before = {_entry_key(d): d for d in prev[part]}
+        now = {_entry_key(d): d for d in cur[part]}
+        out[part] = [d for k, d in now.items() if not _same(before.get(k), d)]
+        out[gone] = [list(k) if part == "instances" else list(k[:2]) for k in before.keys() - now.keys()]
+    return out
+
+
 def _tenant_snapshot(snap: Any) -> Any:
     """What a tenant other than the default sees: the same shape with nothing in it."""
     from scheduler_metrics.congestion.tracker import CongestionSnapshot
@@ -99,10 +135,12 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
     def tracker_or_error() -> Any:
         return ctx.components.get("congestion")
 
+    no_tracker = "congestion tracker is not configured on this server"
+
     async def congestion(request: web.Request) -> web.StreamResponse:
         tracker = tracker_or_error()
         if tracker is None:
-            return _error(503, "unavailable", "congestion tracker is not configured on this server")
+            return _error(503, "unavailable", no_tracker)
         try:
             f = _filters(request)
         except BadParam as e:
@@ -116,16 +154,18 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
     async def stream(request: web.Request) -> web.StreamResponse:
         tracker = tracker_or_error()
         if tracker is None:
-            return _error(503, "unavailable", "congestion tracker is not configured on this server")
+            return _error(503, "unavailable", no_tracker)
         try:
             f = _filters(request)
-            interval = _number(request, "interval", 0.0, 3600.0) or 0.0
+            interval_q = _number(request, "interval", 0.0, 3600.0)
             limit_f = _number(request, "limit", 1, 1_000_000)
+            as_delta = _bool(request, "delta", False)
         except BadParam as e:
             return _error(400, "bad_data", str(e))
         if limit_f is not None and limit_f != int(limit_f):
             return _error(400, "bad_data", f"invalid parameter 'limit': must be an integer, got {limit_f:g}")
         limit = int(limit_f) if limit_f is not None else None
+        interval = tracker.config.stream_interval_s if interval_q is None else interval_q
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                            "X-Accel-Buffering": "no"})
         await resp.prepare(request)
@@ -142,6 +182,7 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
         unsubscribe = tracker.subscribe(on_snapshot) if own else (lambda: None)
         sent = 0
         last_version = -1
+        last_data: dict[str, Any] | None = None
         try:
             await resp.write(b"retry: 1000\n\n")
             while True:
@@ -150,7 +191,16 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
                 if snap.version != last_version:
                     last_version = snap.version
                     data = snap.filtered(f["cluster"], f["model_name"], f["instance"], f["include_stale"])
-                    await resp.write(b"event: congestion\nid: %d\ndata: %s\n\n" % (snap.version, orjson.dumps(data)))
+                    if as_delta and last_data is not None:
+                        d = delta(last_data, data)
+                        last_data = data
+                        if not d["instances"] and not d["clusters"] and not d["removed_instances"] \
+                                and not d["removed_clusters"]:
+                            continue  # nothing this client sees changed
+                        await resp.write(b"event: delta\nid: %d\ndata: %s\n\n" % (snap.version, orjson.dumps(d)))
+                    else:
+                        last_data = data
+                        await resp.write(b"event: congestion\nid: %d\ndata: %s\n\n" % (snap.version, orjson.dumps(data)))
                     sent += 1
                     if limit is not None and sent >= limit:
                         break
@@ -171,5 +221,101 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
             pass
         return resp
 
+    importer = TextImporter()
+
+    async def push(request: web.Request) -> web.StreamResponse:
+        tracker = tracker_or_error()
+        if tracker is None:
+            return _error(503, "unavailable", no_tracker)
+        try:
+            tenant = request_tenant(request)
+        except ParamError as e:
+            return _error(400, "bad_data", str(e))
+        if tenant != DEFAULT_TENANT:
+            return _error(400, "bad_data", "pushed load feeds the operator's congestion view: send it without "
+                                           "X-Scope-OrgID (the default tenant)")
+        if request.content_length is not None and request.content_length > MAX_PUSH_BYTES:
+            return _error(413, "bad_data", f"push body over {MAX_PUSH_BYTES} bytes: send only the tracker's families")
+        body = await request.read()
+        if len(body) > MAX_PUSH_BYTES:
+            return _error(413, "bad_data", f"push body over {MAX_PUSH_BYTES} bytes: send only the tracker's families")
+        openmetrics = "openmetrics" in (request.content_type or "").lower() or None
+
+        def work() -> int:
+            batch = importer.to_batch(body, default_ts_ms=int(time.time() * 1000), openmetrics=openmetrics)
+            tracker.consume(batch)
+            return len(batch)
+
+        try:
+            n = await asyncio.get_running_loop().run_in_executor(ctx.executor, work)
+        except IngestError as e:
+            return _error(400, "bad_data", e.message)
+        return web.Response(content_type="application/json",
+                            body=orjson.dumps({"status": "success", "data": {"samples": n}}))
+
+    async def prefix(request: web.Request) -> web.StreamResponse:
+        tracker = tracker_or_error()
+        index = ctx.components.get("prefix_index")
+        if tracker is None or index is None:
+            return _error(503, "unavailable", "no KV event view on this server (configure congestion.kv_events)")
+        try:
+            q = _prefix_query(await request.read())
+            f = _filters(request)
+        except BadParam as e:
+            return _error(400, "bad_data", str(e))
+        if f["tenant"] != DEFAULT_TENANT:
+            return web.Response(content_type="application/json", body=orjson.dumps(
+                {"status": "success", "data": {"prompt_tokens": len(q["token_ids"]), "instances": []}}))
+        matches = await asyncio.get_running_loop().run_in_executor(ctx.executor, index.match, q["token_ids"],
+                                                                   q["lora_id"])
+        snap = tracker.snapshot()
+        load = {_entry_key(d): d for d in snap.instances}
+        cs, ms, ins = set(f["cluster"]), set(f["model_name"]), set(f["instance"])
+        rows = []
+        for key, m in matches.items():
+            c, mdl, inst = key
+            if (cs and c not in cs) or (ms and mdl not in ms) or (ins and inst not in ins):
+                continue
+            d = load.get(key)
+            if d is not None and d["stale"] and not f["include_stale"]:
+                continue
+            rows.append({"cluster": c, "model_name": mdl, "instance": inst, **m,
+                         **{k: (d or {}).get(k) for k in PREFIX_LOAD_FIELDS}, "load_known": d is not None})
+        rows.sort(key=lambda r: (-r["matched_blocks"], r["congestion_price_seconds_per_token"] is None,
+                                 r["congestion_price_seconds_per_token"] or 0.0, r["instance"]))
+        return web.Response(content_type="application/json", body=orjson.dumps(
+            {"status": "success", "data": {"prompt_tokens": len(q["token_ids"]), "snapshot_version": snap.version,
+                                           "generated_at": snap.generated_at, "instances": rows}}))
+
     app.router.add_get("/api/v1/congestion", congestion)
     app.router.add_get("/api/v1/congestion/stream", stream)
+    app.router.add_post("/api/v1/congestion/push", push)
+    app.router.add_post("/api/v1/congestion/prefix", prefix)
+
+
+MAX_PUSH_BYTES = 4 * 1024 * 1024
+MAX_PROMPT_TOKENS = 1_000_000
+# Load fields of an instance entry returned beside its prefix match.
+PREFIX_LOAD_FIELDS = ("queue_length", "running", "kv_usage", "backlog_seconds", "utilization",
+                      "congestion_price_seconds_per_token", "age_seconds", "stale")
+
+
+def _prefix_query(body: bytes) -> dict[str, Any]:
+    try:
+        q = orjson.loads(body)
+    except orjson.JSONDecodeError as e:
+        raise BadParam(f"body is not JSON: {e}") from None
+    if not isinstance(q, dict):
+        raise BadParam('body must be a JSON object like {"token_ids": [1, 2, 3]}')
+    unknown = sorted(set(q) - {"token_ids", "lora_id"})
+    if unknown:
+        raise BadParam(f"unknown field(s) {', '.join(unknown)} (known: token_ids, lora_id)")
+    toks = q.get("token_ids")
+    if not isinstance(toks, list) or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**63 for t in toks):
+        raise BadParam("token_ids must be a list of non-negative integers (the prompt's token ids)")
+    if len(toks) > MAX_PROMPT_TOKENS:
+        raise BadParam(f"token_ids: at most {MAX_PROMPT_TOKENS} tokens, got {len(toks)}")
+    lora = q.get("lora_id")
+    if lora is not None and (not isinstance(lora, int) or isinstance(lora, bool)):
+        raise BadParam(f"lora_id must be an integer or null, got {lora!r}")
+    return {"token_ids": toks, "lora_id": lora}

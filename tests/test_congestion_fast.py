@@ -1,0 +1,259 @@
+"""Fast congestion signal paths on the real server: vLLM KV events over ZMQ (a real PUB socket here,
+vLLM's wire format), the fast scrape of real HTTP exporters (prometheus-client, as vLLM serves its
+/metrics), pushed load, SSE deltas, and data age."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import msgpack
+import pytest
+import zmq
+from prometheus_client import CollectorRegistry, Gauge, start_http_server
+
+from tests.helpers import ServerProcess, free_port, http_json
+
+BLOCK = 4  # tokens per KV block in these tests
+
+
+def wait_for(fn: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
+    end = time.time() + timeout
+    last = None
+    while time.time() < end:
+        try:
+            last = fn()
+        except (KeyError, IndexError, StopIteration, TypeError):
+            last = None
+        if last:
+            return last
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
+
+
+def post(url: str, body: bytes, ctype: str = "text/plain") -> tuple[int, dict]:
+    status, out, _ = http_json(url, body, {"Content-Type": ctype})
+    return status, out
+
+
+def congestion(base: str, **params: Any) -> dict[str, Any]:
+    q = urllib.parse.urlencode(params, doseq=True)
+    with urllib.request.urlopen(f"{base}/api/v1/congestion" + (f"?{q}" if q else ""), timeout=10) as r:
+        return json.loads(r.read())["data"]
+
+
+def prefix(base: str, tokens: list[int], **params: Any) -> dict[str, dict[str, Any]]:
+    q = urllib.parse.urlencode(params, doseq=True)
+    status, body = post(f"{base}/api/v1/congestion/prefix" + (f"?{q}" if q else ""),
+                        json.dumps({"token_ids": tokens}).encode(), "application/json")
+    assert status == 200, body
+    return {d["instance"]: d for d in body["data"]["instances"]}
+
+
+class VLLMPublisher:
+    """vLLM's ZmqEventPublisher framing: PUB, [topic, 8-byte big-endian seq, msgpack KVEventBatch]."""
+
+    def __init__(self, port: int, topic: bytes = b"kv-events") -> None:
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.PUB)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.bind(f"tcp://127.0.0.1:{port}")
+        self.topic = topic
+        self.seq = 0
+
+    def send(self, *events: list, skip: int = 0, dp_rank: int | None = None) -> None:
+        self.seq += skip
+        batch: list = [time.time(), list(events)]
+        if dp_rank is not None:
+            batch.append(dp_rank)
+        self.sock.send_multipart([self.topic, self.seq.to_bytes(8, "big"), msgpack.packb(batch)])
+        self.seq += 1
+
+    def close(self) -> None:
+        self.sock.close(0)
+        self.ctx.term()
+
+
+def stored(hashes: list[int], parent: int | None, tokens: list[int], lora: int | None = None, medium: str | None = "GPU") -> list:
+    return ["BlockStored", hashes, parent, tokens, BLOCK, lora, medium]
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    tmp: Path = tmp_path_factory.mktemp("congestion-fast")
+    kv_a, kv_b = free_port(), free_port()
+    regs = []
+    exporters = []
+    for i in range(2):
+        reg = CollectorRegistry()
+        g = Gauge("vllm:num_requests_waiting", "waiting", ["model_name", "cluster"], registry=reg)
+        g.labels("llama", "fast").set(0)
+        Gauge("vllm:num_requests_running", "running", ["model_name", "cluster"], registry=reg).labels("llama", "fast").set(1)
+        Gauge("unrelated_big_family", "noise", ["k"], registry=reg).labels("x").set(1)
+        port = free_port()
+        server, thread = start_http_server(port, addr="127.0.0.1", registry=reg)
+        exporters.append((server, thread))
+        regs.append((port, g))
+    cfg = tmp / "turboprom.yml"
+    cfg.write_text(f"""
+scrape_configs:
+  - job_name: vllm
+    scrape_interval: 3s
+    static_configs:
+      - targets: ["127.0.0.1:{regs[0][0]}", "127.0.0.1:{regs[1][0]}"]
+congestion:
+  stale_after: 30s
+  resolution: 0
+  fast_scrape_interval: 100ms
+  fast_scrape_jobs: [vllm]
+  kv_events:
+    - {{endpoint: "tcp://127.0.0.1:{kv_a}", instance: e0, cluster: kv, model_name: llama, topic: kv-events}}
+    - {{endpoint: "tcp://127.0.0.1:{kv_b}", instance: e1, cluster: kv, model_name: llama}}
+""")
+    pubs = [VLLMPublisher(kv_a), VLLMPublisher(kv_b, topic=b"")]
+    try:
+        with ServerProcess(tmp / "data", ["--config", str(cfg)]) as server:
+            yield {"url": server.url, "pubs": pubs, "exporters": regs}
+    finally:
+        for p in pubs:
+            p.close()
+        for server, thread in exporters:
+            server.shutdown()
+            server.server_close()
+
+
+def test_kv_events_prefix_view(env: dict[str, Any]) -> None:
+    url, (a, b) = env["url"], env["pubs"]
+    prompt = list(range(100, 112))  # 3 full blocks of 4 tokens
+    # load of the two engines, pushed by themselves (not stored: the tracker only)
+    body = (b'vllm:num_requests_waiting{cluster="kv",model_name="llama",instance="e0"} 7\n'
+            b'vllm:num_requests_waiting{cluster="kv",model_name="llama",instance="e1"} 1\n')
+    status, out = post(url + "/api/v1/congestion/push", body)
+    assert status == 200 and out["data"]["samples"] == 2
+    wait_for(lambda: len(congestion(url, cluster="kv")["instances"]) == 2, what="pushed load in the snapshot")
+
+    # a PUB socket drops what it sends before the subscriber joins: publish until the view shows it
+    def both_hold_first_block() -> bool:
+        a.send(stored([11], None, prompt[:4]))
+        b.send(stored([91], None, prompt[:4]), dp_rank=0)
+        m = prefix(url, prompt)
+        return m.get("e0", {}).get("matched_blocks") == 1 and m.get("e1", {}).get("matched_blocks") == 1
+
+    wait_for(both_hold_first_block, what="first KV events seen")
+    # e0 stores the next two blocks of the prompt (engine hashes differ: the index chains tokens)
+    a.send(stored([12, 13], 11, prompt[4:12]))
+    m = wait_for(lambda: (r := prefix(url, prompt))["e0"]["matched_blocks"] == 3 and r, what="e0 holds 3 blocks")
+    assert m["e0"]["matched_tokens"] == 12 and m["e1"]["matched_blocks"] == 1
+    assert m["e0"]["queue_length"] == 7 and m["e1"]["queue_length"] == 1 and m["e0"]["load_known"]
+    assert list(m) == ["e0", "e1"]  # longest prefix first
+    assert m["e0"]["kv_events_age_seconds"] is not None and m["e0"]["kv_events_age_seconds"] < 5
+    # a different prompt sharing only the first block, and a LoRA adapter that never matches the base
+    other = prompt[:4] + [1, 2, 3, 4]
+    assert prefix(url, other)["e0"]["matched_blocks"] == 1
+    status, out = post(url + "/api/v1/congestion/prefix", json.dumps({"token_ids": prompt, "lora_id": 3}).encode())
+    assert status == 200 and all(d["matched_blocks"] == 0 for d in out["data"]["instances"])
+    # an unknown parent (missed events) never matches from the start of a prompt
+    b.send(stored([95], 777, prompt[4:8]))
+    # eviction of the middle block cuts e0's match to 1
+    a.send(["BlockRemoved", [12], "GPU"])
+    wait_for(lambda: prefix(url, prompt)["e0"]["matched_blocks"] == 1, what="eviction applied")
+    assert prefix(url, prompt)["e1"]["matched_blocks"] == 1
+    # a sequence gap is reported; AllBlocksCleared empties the instance
+    a.send(["AllBlocksCleared"], skip=2)
+    m = wait_for(lambda: (r := prefix(url, prompt))["e0"]["matched_blocks"] == 0 and r, what="cleared")
+    assert m["e0"]["missed_event_batches"] == 2 and m["e0"]["cached_blocks"] == 0
+    assert m["e1"]["cached_blocks"] == 2
+    # filters, and bad requests named
+    assert set(prefix(url, prompt, instance="e1")) == {"e1"}
+    status, out = post(url + "/api/v1/congestion/prefix", b'{"token_ids": [1, -2]}')
+    assert status == 400 and out["errorType"] == "bad_data" and "token_ids" in out["error"]
+    status, out = post(url + "/api/v1/congestion/prefix", b'{"tokens": [1]}')
+    assert status == 400 and "unknown field" in out["error"]
+
+
+def test_fast_scrape_is_fresh_and_not_stored(env: dict[str, Any]) -> None:
+    url = env["url"]
+    port, gauge = env["exporters"][0]
+    inst = f"127.0.0.1:{port}"
+    wait_for(lambda: congestion(url, instance=inst)["instances"], what="scraped instance")
+    for v in (5, 9, 3):
+        gauge.labels("llama", "fast").set(v)
+        t0 = time.time()
+        d = wait_for(lambda: (x := congestion(url, instance=inst)["instances"]) and x[0]["queue_length"] == v and x[0],
+                     timeout=3, what=f"queue_length {v} via the fast scrape")
+        # sooner than the 3 s scrape interval; the entry's data age says how old its newest sample is
+        assert time.time() - t0 < 1.5
+        assert 0 <= d["age_seconds"] < 1.0
+    # the fast samples were not stored: the stored series has one sample per 3 s scrape, not one per 100 ms
+    q = urllib.parse.urlencode({"query": f'count_over_time(vllm:num_requests_waiting{{instance="{inst}"}}[30s])'})
+
+    def stored() -> float:
+        with urllib.request.urlopen(f"{url}/api/v1/query?{q}", timeout=10) as r:
+            res = json.loads(r.read())["data"]["result"]
+        return float(res[0]["value"][1]) if res else 0.0
+
+    assert 1 <= wait_for(stored, timeout=8, what="a stored sample from the normal scrape") <= 11
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    ok = [ln for ln in text.splitlines() if ln.startswith('turboprom_fast_scrapes_total{job="vllm",outcome="ok"}')]
+    assert ok and float(ok[0].split()[-1]) >= 10
+
+
+def test_stream_deltas_at_interval(env: dict[str, Any]) -> None:
+    url = env["url"]
+    events: list[tuple[str, dict]] = []
+    arrived: list[float] = []
+    done = threading.Event()
+
+    def listen() -> None:
+        q = urllib.parse.urlencode({"delta": "true", "interval": "0.2", "cluster": "push", "limit": 4})
+        with urllib.request.urlopen(f"{url}/api/v1/congestion/stream?{q}", timeout=20) as r:
+            kind = ""
+            for raw in r:
+                line = raw.decode().rstrip("\n")
+                if line.startswith("event: "):
+                    kind = line[7:]
+                elif line.startswith("data: "):
+                    events.append((kind, json.loads(line[6:])))
+                    arrived.append(time.monotonic())
+        done.set()
+
+    def push(inst: str, v: int) -> None:
+        status, _ = post(url + "/api/v1/congestion/push",
+                         f'vllm:num_requests_waiting{{cluster="push",model_name="m",instance="{inst}"}} {v}\n'.encode())
+        assert status == 200
+
+    push("p0", 1)
+    push("p1", 1)
+    wait_for(lambda: len(congestion(url, cluster="push")["instances"]) == 2, what="pushed instances")
+    th = threading.Thread(target=listen, daemon=True)
+    th.start()
+    wait_for(lambda: events, what="first event")
+    for k in range(2, 8):
+        push("p1", k)
+        time.sleep(0.1)
+    assert done.wait(20)
+    kinds = [k for k, _ in events]
+    assert kinds[0] == "congestion" and set(kinds[1:]) == {"delta"}
+    full = events[0][1]
+    assert {d["instance"] for d in full["instances"]} == {"p0", "p1"}
+    for _, d in events[1:]:
+        # only what changed: p1 (and its cluster row), never the unchanged p0
+        assert {x["instance"] for x in d["instances"]} <= {"p1"} and d["removed_instances"] == []
+    assert any(d["instances"] for _, d in events[1:])
+    versions = [d["version"] for _, d in events]
+    assert versions == sorted(versions)
+    gaps = [b - a for a, b in zip(arrived, arrived[1:])]
+    assert min(gaps) >= 0.15, gaps  # paced by interval=0.2 (the server sleeps that long after each event)
+
+
+def test_push_refuses_bad_input(env: dict[str, Any]) -> None:
+    url = env["url"]
+    status, out = post(url + "/api/v1/congestion/push", b"vllm:num_requests_waiting{oops 1\n")
+    assert status == 400 and out["errorType"] == "bad_data"
+    status, out, _ = http_json(url + "/api/v1/congestion/push", b"x 1\n", {"X-Scope-OrgID": "other"})
+    assert status == 400 and "default tenant" in out["error"]

@@ -1,0 +1,45 @@
+"""Connects vLLM KV event publishers (``congestion.kv_events``) to the prefix index, and the fast
+signal scrape (``congestion.fast_scrape_jobs``) to the congestion tracker.
+
+``ingest.kv_events`` decodes; ``scheduler_metrics.congestion.prefix_index`` keeps the view; this
+module is the adapter between the two (neither stage imports the other).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ingest.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, KVEventEndpoint, KVEventSubscriber
+from scheduler_metrics.congestion.prefix_index import PrefixIndex
+from turboprom.context import ServerContext
+
+
+def apply_batch(index: PrefixIndex, ep: KVEventEndpoint, batch: EventBatch, missed: int) -> None:
+    """One decoded event batch of one engine into the index."""
+    key = ep.key
+    index.seen(key, batch.ts, missed)
+    for ev in batch.events:
+        if isinstance(ev, BlockStored):
+            index.stored(key, ev.block_hashes, ev.parent_block_hash, ev.token_ids, ev.block_size, ev.lora_id, ev.medium)
+        elif isinstance(ev, BlockRemoved):
+            index.removed(key, ev.block_hashes, ev.medium)
+        elif isinstance(ev, AllBlocksCleared):
+            index.cleared(key)
+
+
+def build_fast_signals(ctx: ServerContext, tracker: Any) -> None:
+    """``prefix_index`` + ``kv_events`` components when publishers are configured; ``fast_scrape`` when
+    jobs are named. Both are started and stopped with the server's other components."""
+    cfg = tracker.config
+    if cfg.kv_events:
+        index = PrefixIndex(cfg.kv_max_blocks_per_instance)
+        endpoints = [KVEventEndpoint(e["endpoint"], e["instance"], e["cluster"], e["model_name"], e["topic"])
+                     for e in cfg.kv_events]
+        ctx.components["prefix_index"] = index
+        ctx.components["kv_events"] = KVEventSubscriber(endpoints, lambda ep, b, missed: apply_batch(index, ep, b, missed))
+    if cfg.fast_scrape_jobs and ctx.components.get("scraper") is not None:
+        from ingest.scrape.fast import FastScrape
+        from scheduler_metrics.schema import SIGNAL_BY_SAMPLE_NAME
+
+        ctx.components["fast_scrape"] = FastScrape(ctx.components["scraper"], cfg.fast_scrape_jobs,
+                                                   cfg.fast_scrape_interval_s, SIGNAL_BY_SAMPLE_NAME, tracker.consume,
+                                                   ctx.executor)

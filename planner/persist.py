@@ -5,7 +5,12 @@ Layout under ``<data_dir>/planner/``::
     planner.duckdb                 query_log + sds_catalog tables
     sds/<id>/series.parquet        local id -> labels (JSON), shift constant
     sds/<id>/groups.parquet        group SDSs: group id -> grouping values (JSON), group shift constant
-    sds/<id>/panes-<lo>-<hi>.parquet   one file per flush: non-empty panes [lo, hi)
+    sds/<id>/panes-<lo>-<hi>.parquet   non-empty panes [lo, hi): one file per flush, merged into one
+                                   when more than ``MERGE_FILES`` pile up (a file whose range another
+                                   file holds is left over from an interrupted merge and is skipped)
+
+A flush writes only what changed: the panes sealed since the last one, the series file when series were
+added (or their shift constants chosen), the catalog row when one of its fields moved.
 
 After a restart ``load`` restores every SDS from its files; panes after the last flush (the open panes
 at the time of the crash) are rebuilt from raw storage by ``recover`` before ingestion resumes.
@@ -52,6 +57,12 @@ class SDSPersistence:
         with db_lock:
             con.execute(CATALOG)
         self.persisted_hi: dict[str, int] = {}
+        self._written_series: dict[str, tuple[int, int]] = {}  # (series, shifts chosen) last written
+        self._written_groups: dict[str, tuple[int, int]] = {}
+        self._written_row: dict[str, list] = {}  # catalog row last written
+        self.merges = 0
+
+    MERGE_FILES = 16
 
     def dir(self, sds_id: str) -> Path:
         return self.root / "sds" / sds_id
@@ -71,32 +82,74 @@ class SDSPersistence:
                 pq.write_table(pa.table(rows), d / f"panes-{start}-{hi}.parquet")
                 n = len(rows["pane"])
             self.persisted_hi[sds.id] = hi
+            self._merge_pane_files(d)
         labels = list(sds.registry.labels)
         shift = getattr(sds.store, "shift", np.zeros(0))
         sh = np.full(len(labels), np.nan)
         sh[: min(len(labels), len(shift))] = shift[: len(labels)]
-        pq.write_table(pa.table({"labels": [json.dumps(l) for l in labels], "shift": sh}), d / "series.parquet")
+        mark = (len(labels), int(np.count_nonzero(~np.isnan(sh))))
+        if self._written_series.get(sds.id) != mark:
+            pq.write_table(pa.table({"labels": [json.dumps(l) for l in labels], "shift": sh}), d / "series.parquet")
+            self._written_series[sds.id] = mark
         if hasattr(sds.store, "export_meta"):
             meta = sds.store.export_meta()
-            pq.write_table(pa.table({"key": [json.dumps(k) for k in meta["key"]], "shift": meta["shift"]}),
-                           d / "groups.parquet")
+            gmark = (len(meta["key"]), int(np.count_nonzero(~np.isnan(np.asarray(meta["shift"], np.float64)))))
+            if self._written_groups.get(sds.id) != gmark:
+                pq.write_table(pa.table({"key": [json.dumps(k) for k in meta["key"]], "shift": meta["shift"]}),
+                               d / "groups.parquet")
+                self._written_groups[sds.id] = gmark
         self._catalog(sds)
         return n
 
+    def _merge_pane_files(self, d: Path) -> None:
+        """One file for many: written beside them first (a crash leaves either the old files or the
+        merged one holding their ranges, and ``_pane_files`` skips what another file holds)."""
+        files = self._pane_files(d)
+        if len(files) <= self.MERGE_FILES:
+            return
+        lo, hi = files[0][0], files[-1][1]
+        tmp = d / f".panes-{lo}-{hi}.parquet.tmp"
+        pq.write_table(pa.concat_tables([pq.read_table(f) for _, _, f in files]), tmp)
+        tmp.replace(d / f"panes-{lo}-{hi}.parquet")
+        for a, b, f in files:
+            if (a, b) != (lo, hi):
+                f.unlink(missing_ok=True)
+        self.merges += 1
+
+    @staticmethod
+    def _pane_files(d: Path) -> list[tuple[int, int, Path]]:
+        """Pane files by range, without those whose range another file holds."""
+        got = []
+        for f in d.glob("panes-*.parquet"):
+            try:
+                _, a, b = f.stem.split("-")
+                got.append((int(a), int(b), f))
+            except ValueError:
+                continue
+        got.sort(key=lambda x: (x[0], -x[1]))
+        out: list[tuple[int, int, Path]] = []
+        for a, b, f in got:
+            if out and b <= out[-1][1]:
+                continue  # inside the previous (wider or equal) range
+            out.append((a, b, f))
+        return out
+
     def _catalog(self, sds: SDS) -> None:
+        row = [sds.id, json.dumps(sds.spec.to_json()), sds.pinned, sds.reason, sds.cov_lo,
+               self.persisted_hi.get(sds.id), len(sds.registry.labels), sds.nbytes(), sds.stats.hits]
+        if self._written_row.get(sds.id) == row:
+            return
         with self.db_lock:
-            self.con.execute("DELETE FROM sds_catalog WHERE id = ?", [sds.id])
-            self.con.execute(
-                "INSERT INTO sds_catalog VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [sds.id, json.dumps(sds.spec.to_json()), sds.pinned, sds.reason, sds.cov_lo,
-                 self.persisted_hi.get(sds.id), len(sds.registry.labels), sds.nbytes(), sds.stats.hits],
-            )
+            self.con.execute("INSERT OR REPLACE INTO sds_catalog VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
+        self._written_row[sds.id] = row
 
     def drop(self, sds_id: str) -> None:
         with self.db_lock:
             self.con.execute("DELETE FROM sds_catalog WHERE id = ?", [sds_id])
         shutil.rmtree(self.dir(sds_id), ignore_errors=True)
         self.persisted_hi.pop(sds_id, None)
+        for written in (self._written_series, self._written_groups, self._written_row):
+            written.pop(sds_id, None)
 
     def load(self) -> list[SDS]:
         with self.db_lock:
@@ -115,7 +168,7 @@ class SDSPersistence:
                     sds.register(labels)
                     if hasattr(sds.store, "shift"):
                         sds.store.shift[: len(labels)] = np.asarray(t["shift"], dtype=np.float64)
-                for f in sorted(d.glob("panes-*.parquet"), key=lambda p: int(p.stem.split("-")[1])):
+                for _, _, f in self._pane_files(d):
                     tab = pq.read_table(f).to_pydict()
                     if sds.spec.algorithm == "exact":
                         sds.store.import_rows({k: np.asarray(v) for k, v in tab.items()})

@@ -589,6 +589,7 @@ class Planner:
                 total = sum(x.nbytes() for x in self.sds.values())
                 if total <= self.config.budget_bytes:
                     break
+        self.summarizer.drain()  # batches queued while ingest went quiet: their panes seal now
         if self.persistence is not None:
             for s in list(self.sds.values()):
                 if s.backfill_state in ("done", "restored"):
@@ -613,6 +614,7 @@ class Planner:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        self.summarizer.drain()  # batches queued while ingest went quiet: their panes seal now
         if self.persistence is not None:
             for s in list(self.sds.values()):
                 if s.backfill_state in ("done", "restored"):

@@ -219,3 +219,49 @@ def test_plan_slower_than_raw_in_shadow_runs_is_retired_and_not_readopted():
         st.engine.range_query(q, tmax - 6 * 3_600_000, tmax, 300_000)
     assert sds.id not in st.planner.sds  # measured not to pay: not adopted again for retire_after
     assert any("retired on measurement" in c["last_decision"] for c in st.planner.candidates_report())
+
+
+def test_many_flushes_merge_pane_files_and_restore_the_same_answers(tmp_path, monkeypatch):
+    """Each flush writes the panes sealed since the last one; past MERGE_FILES files they become one.
+    An interrupted merge (merged file written, old files not yet removed) restores without counting
+    a pane twice."""
+    monkeypatch.setattr(SDSPersistence, "MERGE_FILES", 3)
+    items = random_series(seed=6)
+    src, batch = load(items)
+    tmin, tmax = int(batch.timestamps.min()), int(batch.timestamps.max())
+    st = _stack(src, data_dir=tmp_path)
+    cuts = np.linspace(tmin + (tmax - tmin) // 3, tmax, 7).astype(np.int64)
+    first = batch.timestamps <= cuts[0]
+    feed(st.summarizer, SampleBatch(batch.series, batch.series_index[first], batch.timestamps[first], batch.values[first]))
+    sds = st.planner.adopt(SDSSpec("x_total", "exact", 60_000), reason="test")
+    st.planner.maintain()
+    for a, b in zip(cuts[:-1], cuts[1:]):
+        part = (batch.timestamps > a) & (batch.timestamps <= b)
+        feed(st.summarizer, SampleBatch(batch.series, batch.series_index[part], batch.timestamps[part], batch.values[part]))
+        st.planner.maintain()
+    d = st.persistence.dir(sds.id)
+    files = sorted(d.glob("panes-*.parquet"))
+    assert 1 <= len(files) <= 3, files
+    assert st.persistence.merges >= 1, "seven flushes with new panes: at least one merge"
+    # an interrupted merge: a stale smaller file beside the merged one that holds its range
+    merged = max(files, key=lambda f: int(f.stem.split("-")[2]) - int(f.stem.split("-")[1]))
+    lo, hi = (int(x) for x in merged.stem.split("-")[1:])
+    import pyarrow.parquet as pq
+    tab = pq.read_table(merged)
+    inner = tab.filter(pa_compute_le(tab, lo + 2))
+    pq.write_table(inner, d / f"panes-{lo}-{lo + 2}.parquet")
+    st.query_log.close()
+    st2 = _stack(src, {"cost_based": False}, data_dir=tmp_path)
+    q_end = int(cuts[-2])
+    for q in ["increase(x_total[3h])", "rate(x_total[17m])", "resets(x_total[1h])"]:
+        fast = st2.engine.range_query(q, q_end - 3_600_000, q_end, 60_000)
+        raw = st2.engine.range_query(q, q_end - 3_600_000, q_end, 60_000, exact=True)
+        assert fast.stats.paths[0] == f"summary:{sds.id}"
+        np.testing.assert_array_equal(fast.present, raw.present)
+        np.testing.assert_allclose(fast.values[fast.present], raw.values[raw.present], rtol=1e-9)
+    st2.query_log.close()
+
+
+def pa_compute_le(tab, limit):
+    import pyarrow.compute as pc
+    return pc.less(tab["pane"], limit)

@@ -116,3 +116,15 @@ def test_savings_are_measured_per_way_of_serving(tmp_path: Path) -> None:
         expect = ((p["mean_cpu_raw_s"] - p["mean_cpu_reuse_s"]) * p["reuse_executions"]
                   + sum(pairs) / len(pairs) * (p["summary_executions"] - p["reuse_executions"]))
         assert abs(p["measured_savings_cpu_s"] - expect) <= 1e-9 + 1e-9 * abs(expect), (p, expect)
+
+
+def test_html_bars_of_negative_savings_have_their_size_not_a_negative_width() -> None:
+    import re
+
+    from turboprom.cost_report import _bar_svg
+
+    svg = _bar_svg([("exact-a", 2.0, -1.5), ("exact-b", 1.0, 0.5)], "savings", "spent", "saved")
+    widths = [float(w) for w in re.findall(r'<rect x="\d+" y="\d+" width="(-?[\d.]+)" height="10"', svg)]
+    assert len(widths) == 4 and min(widths) >= 0
+    assert abs(widths[1] / widths[0] - 0.75) < 0.01  # |-1.5| against 2.0
+    assert "<title>-1.5</title>" in svg

@@ -99,7 +99,7 @@ def _bar_svg(items: list[tuple[str, float, float]], title: str, a_label: str, b_
     if not items:
         return ""
     width, row, left = 900, 26, 360
-    mx = max(max(a, b) for _, a, b in items) or 1.0
+    mx = max(max(abs(a), abs(b)) for _, a, b in items) or 1.0
     h = 40 + row * len(items)
     parts = [f'<svg width="{width}" height="{h}" role="img" aria-label="{html.escape(title)}"><text x="0" y="16" font-weight="600">{html.escape(title)}</text>',
              f'<rect x="{left}" y="4" width="12" height="12" fill="#e6522c"/><text x="{left + 16}" y="15" font-size="12">{html.escape(a_label)}</text>',
@@ -108,10 +108,12 @@ def _bar_svg(items: list[tuple[str, float, float]], title: str, a_label: str, b_
         y = 30 + i * row
         label = name if len(name) <= 52 else name[:49] + "..."
         parts.append(f'<text x="0" y="{y + 14}" font-size="11" font-family="monospace">{html.escape(label)}</text>')
-        wa = (width - left - 80) * a / mx
-        wb = (width - left - 80) * b / mx
-        parts.append(f'<rect x="{left}" y="{y}" width="{wa:.1f}" height="10" fill="#e6522c"><title>{a:.6g}</title></rect>')
-        parts.append(f'<rect x="{left}" y="{y + 11}" width="{wb:.1f}" height="10" fill="#1f77b4"><title>{b:.6g}</title></rect>')
+        # a negative value (a plan that cost more than it saved) is a bar of its size, grey
+        wa = (width - left - 80) * abs(a) / mx
+        wb = (width - left - 80) * abs(b) / mx
+        fa, fb = ("#e6522c" if a >= 0 else "#888"), ("#1f77b4" if b >= 0 else "#888")
+        parts.append(f'<rect x="{left}" y="{y}" width="{wa:.1f}" height="10" fill="{fa}"><title>{a:.6g}</title></rect>')
+        parts.append(f'<rect x="{left}" y="{y + 11}" width="{wb:.1f}" height="10" fill="{fb}"><title>{b:.6g}</title></rect>')
         parts.append(f'<text x="{left + max(wa, wb) + 6:.1f}" y="{y + 16}" font-size="11">{a:.3g} / {b:.3g}</text>')
     parts.append("</svg>")
     return "".join(parts)

@@ -21,6 +21,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 $(NATIVE_SO): $(wildcard ingest/csrc/*.c) setup.py $(STAMP)
+	$(VPY) -c 'import setuptools' 2>/dev/null || $(VPY) -m pip install -q 'setuptools>=68'  # venvs of Python 3.12+ have none
 	$(VPY) setup.py -q build_ext --inplace
 	test -f $@ && touch $@  # fails loudly when the C build failed (setup.py marks it optional for pip)
 

@@ -10,8 +10,10 @@ the ingest-side series reference table (ingest/series_refs.py) and decodes sampl
 the batch carries those references to storage. A series new to the decoder is validated and
 admitted (``Admission.series``: tenant label, input limits) once, and remembered only after the
 request's admission (``Admission.batch``: rate and active-series limits) accepted it. Remote
-write 2.0 and unusual 1.0 encodings go through the protobuf runtime with a cache by label strings
-(by label field bytes), under the same admission rules.
+write 2.0 has a compiled walk too (a series keyed by its referenced symbols, metadata deduplicated
+with numpy); requests with exemplars, unusual encodings of either version, and everything when the
+extension is not built go through the protobuf runtime with a cache by label strings (v2) or label
+field bytes (v1), under the same admission rules and with the same results.
 """
 from __future__ import annotations
 
@@ -75,6 +77,7 @@ class _TenantState:
     def __init__(self, admission: Admission | None, max_entries: int, native: bool | None):
         self.admission = admission
         self.refs = SeriesRefs(native)  # remote write 1.0, by raw label bytes
+        self.refs_v2 = SeriesRefs(native)  # remote write 2.0, by referenced symbols
         self.v1 = _SeriesCache(max_entries)  # 1.0 through the protobuf runtime, by label field bytes
         self.v2 = _SeriesCache(max_entries)  # 2.0, by label strings
 
@@ -105,63 +108,78 @@ class RemoteWriteDecoder:
             return lbl
         return st.admission.series(lbl)
 
-    # ---- 1.0 ----
-    def decode_v1(self, data: bytes | memoryview, tenant: str = "default", admission: Admission | None = None) -> DecodedWrite:
-        st = self._state(tenant, admission)
-        refs_space = st.refs
-        cols = refs_space.walk_v1(data)
-        if cols is None:  # unusual encoding: let the protobuf runtime decide
-            return self.decode_v1_runtime(data, tenant, admission)
-        refs = cols.refs
-        n = len(refs)
+    # ---- series by reference (both versions) ----
+    def _series_by_ref(self, st: _TenantState, refs: np.ndarray, key_at, labels_of, n_samples: int | None):
+        """The request's distinct series (first-occurrence order), each TimeSeries' index among them,
+        and the new series' keys and admitted labels. ``key_at(i)``: raw key of unknown TimeSeries i;
+        ``labels_of(key, i)``: its validated labels. In-request repeats of a new key share one
+        temporary id (< 0) until ``_remember`` gives it its reference."""
         new_at = np.flatnonzero(refs < 0)
         new_keys: list[bytes] = []
         new_labels: list[Labels] = []
         ids = refs
         if len(new_at):
-            # Series this decoder has not seen: validated and admitted once, remembered after the
-            # request is admitted. In-request repeats of a new key share one temporary id (< 0).
-            buf = cols.buf
             ids = refs.copy()
             first: dict[bytes, int] = {}
             try:
-                for i, a, ln in zip(new_at.tolist(), cols.key_off[new_at].tolist(), cols.key_len[new_at].tolist()):
-                    key = bytes(buf[a:a + ln])
+                for i in new_at.tolist():
+                    key = key_at(i)
                     k = first.get(key)
                     if k is None:
                         k = first[key] = len(new_keys)
                         new_keys.append(key)
-                        new_labels.append(self._admit(st, self._v1_labels(key, i)))
+                        new_labels.append(self._admit(st, labels_of(key, i)))
                     ids[i] = -1 - k
             except IngestError as e:
-                e.samples = e.samples or len(cols.timestamps)
+                if n_samples is not None:
+                    e.samples = e.samples or n_samples
                 raise
         uniq, ts_local = _first_occurrence(ids)
-        known_labels = refs_space.labels
-        if not new_keys and len(uniq) > 1:
-            series = list(itemgetter(*uniq.tolist())(known_labels))  # one C loop
-        else:
-            series = [known_labels[r] if r >= 0 else new_labels[-1 - r] for r in uniq.tolist()]
+        return uniq, ts_local, new_keys, new_labels
+
+    @staticmethod
+    def _labels_by_ref(space: SeriesRefs, uniq: np.ndarray, new_labels: list[Labels]) -> list[Labels]:
+        known = space.labels
+        if not new_labels and len(uniq) > 1:
+            return list(itemgetter(*uniq.tolist())(known))  # one C loop
+        return [known[r] if r >= 0 else new_labels[-1 - r] for r in uniq.tolist()]
+
+    @staticmethod
+    def _remember(space: SeriesRefs, admission: Admission | None, batch: SampleBatch, uniq: np.ndarray,
+                  new_keys: list[bytes], new_labels: list[Labels]) -> None:
+        """The request's admission, then its new series get references (a refused request's do not)."""
+        if admission is not None:
+            admission.batch(batch, new_labels)
+        if new_keys:
+            new_refs = space.remember(new_keys, new_labels)
+            uniq = np.where(uniq >= 0, uniq, new_refs[np.maximum(-1 - uniq, 0)])
+        batch.series_refs = SeriesRefColumn(space, uniq)
+
+    # ---- 1.0 ----
+    def decode_v1(self, data: bytes | memoryview, tenant: str = "default", admission: Admission | None = None) -> DecodedWrite:
+        st = self._state(tenant, admission)
+        space = st.refs
+        cols = space.walk_v1(data)
+        if cols is None:  # unusual encoding: let the protobuf runtime decide
+            return self.decode_v1_runtime(data, tenant, admission)
+        buf, koff, klen = cols.buf, cols.key_off, cols.key_len
+        uniq, ts_local, new_keys, new_labels = self._series_by_ref(
+            st, cols.refs, lambda i: bytes(buf[int(koff[i]):int(koff[i]) + int(klen[i])]), self._v1_labels, len(cols.timestamps))
+        series = self._labels_by_ref(space, uniq, new_labels)
         values, timestamps = cols.values, cols.timestamps
         sidx = ts_local[cols.sample_ts]
         check_future(timestamps, sidx, series, self.future_tolerance_ms)
         meta = self._meta_v1(cols.metadata)
         batch = SampleBatch(series, sidx, timestamps, values, metadata=meta, tenant=tenant)
-        if admission is not None:
-            admission.batch(batch, new_labels)
-        if new_keys:
-            new_refs = refs_space.remember(new_keys, new_labels)
-            uniq = np.where(uniq >= 0, uniq, new_refs[np.maximum(-1 - uniq, 0)])
-        batch.series_refs = SeriesRefColumn(refs_space, uniq)
-        buf = cols.buf
+        self._remember(space, admission, batch, uniq, new_keys, new_labels)
         exs = []
         if len(cols.ex_ts):  # sparse; their series as the client sent it (before admission)
             sent: dict[int, Labels] = {}
             for off, ln, i in zip(cols.ex_off.tolist(), cols.ex_len.tolist(), cols.ex_ts.tolist()):
                 lbl = sent.get(i)
                 if lbl is None:
-                    a = int(cols.key_off[i])
-                    lbl = sent[i] = self._v1_labels(bytes(buf[a:a + int(cols.key_len[i])]), i) if admission is not None \
+                    a = int(koff[i])
+                    lbl = sent[i] = self._v1_labels(bytes(buf[a:a + int(klen[i])]), i) if admission is not None \
                         else series[int(ts_local[i])]
                 exs.append(_v1_exemplar(bytes(buf[off:off + ln]), lbl, i))
         return DecodedWrite(batch, cols.n_histograms, len(cols.ex_ts), meta, exs)
@@ -237,6 +255,61 @@ class RemoteWriteDecoder:
 
     # ---- 2.0 ----
     def decode_v2(self, data: bytes | memoryview, tenant: str = "default", admission: Admission | None = None) -> DecodedWrite:
+        st = self._state(tenant, admission)
+        cols = st.refs_v2.walk_v2(data)
+        if cols is None or len(cols.ex_ts) or (len(cols.meta_type) and (
+                ((cols.meta_type >= 0) & ((cols.meta_help >= len(cols.sym_off)) | (cols.meta_unit >= len(cols.sym_off)))).any())):
+            # unusual encodings, exemplars (sparse) and anything the runtime words as an error
+            return self.decode_v2_runtime(data, tenant, admission)
+        space = st.refs_v2
+        keys, koff, klen = cols.new_keys, cols.key_off, cols.key_len
+        uniq, ts_local, new_keys, new_labels = self._series_by_ref(
+            st, cols.refs, lambda i: keys[int(koff[i]):int(koff[i]) + int(klen[i])],
+            lambda key, i: self._validate_v2(_v2_key_strings(key), i), None)
+        series = self._labels_by_ref(space, uniq, new_labels)
+        values, timestamps = cols.values, cols.timestamps
+        sidx = ts_local[cols.sample_ts]
+        check_future(timestamps, sidx, series, self.future_tolerance_ms)
+        meta = self._meta_v2(cols, space, uniq, new_labels, ts_local, data)
+        batch = SampleBatch(series, sidx, timestamps, values, metadata=meta, tenant=tenant)
+        self._remember(space, admission, batch, uniq, new_keys, new_labels)
+        return DecodedWrite(batch, cols.n_histograms, 0, batch.metadata, [])
+
+    @staticmethod
+    def _meta_v2(cols, space: SeriesRefs, uniq: np.ndarray, new_labels: list[Labels], ts_local: np.ndarray,
+                 data: bytes | memoryview) -> list[MetricMetadata]:
+        """Each family's metadata from the first occurrence of its series that carries any (as the
+        runtime path), without Python per series: candidates are keyed by (family name id, type,
+        help, unit) and deduplicated with numpy; Python sees only the distinct ones."""
+        mt, mh, mu = cols.meta_type, cols.meta_help, cols.meta_unit
+        if not len(mt):
+            return []
+        firsts = np.unique(ts_local, return_index=True)[1]  # each series' first TimeSeries
+        cand = np.sort(firsts[(mt[firsts] >= 0) & ((mt[firsts] != 0) | (mh[firsts] != 0) | (mu[firsts] != 0))])
+        if not len(cand):
+            return []
+        u = uniq[ts_local[cand]]
+        name_ids = np.empty(len(cand), np.int64)
+        known = u >= 0
+        name_ids[known] = space.name_ids[u[known]]
+        for j in np.flatnonzero(~known).tolist():
+            name_ids[j] = space.name_id(dict(new_labels[-1 - int(u[j])]).get("__name__", ""))
+        rows = np.stack([name_ids, mt[cand], mh[cand], mu[cand]], axis=1)
+        _, idx = np.unique(rows, axis=0, return_index=True)
+        soff, slen = cols.sym_off, cols.sym_len
+
+        def sym(r: int) -> str:
+            a = int(soff[r])
+            return bytes(data[a:a + int(slen[r])]).decode()
+
+        out: dict[str, MetricMetadata] = {}
+        for nid, t, h, un in rows[np.sort(idx)].tolist():
+            name = space.names[nid]
+            if name not in out:
+                out[name] = MetricMetadata(name, V2_TYPE_NAMES[t] if 0 <= t < 8 else "unknown", sym(h), sym(un))
+        return list(out.values())
+
+    def decode_v2_runtime(self, data: bytes | memoryview, tenant: str = "default", admission: Admission | None = None) -> DecodedWrite:
         try:
             req = V2RawRequest.FromString(data)
         except Exception as e:  # noqa: BLE001
@@ -341,6 +414,24 @@ def _v2_exemplar(data: bytes, series: Labels, i: int, symbols: list[str]) -> Exe
     if len(refs) % 2:
         raise IngestError("bad_protobuf", f"timeseries {i}: odd number of exemplar label references ({len(refs)})")
     return Exemplar(series, tuple(sorted(zip(refs[0::2], refs[1::2]))), e.value, e.timestamp)
+
+
+def _v2_key_strings(key: bytes) -> tuple[str, ...]:
+    """The label strings of a remote write 2.0 series key (each symbol as varint length, UTF-8 bytes)."""
+    out = []
+    i, n = 0, len(key)
+    while i < n:
+        ln = shift = 0
+        while True:
+            b = key[i]
+            i += 1
+            ln |= (b & 0x7F) << shift
+            shift += 7
+            if b < 0x80:
+                break
+        out.append(key[i:i + ln].decode())
+        i += ln
+    return tuple(out)
 
 
 def _first_occurrence(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -18,7 +18,7 @@ from ingest.remote_write import RemoteWriteDecoder
 from ingest.series_refs import native_available
 from storage.batch import SampleBatch
 from storage.tsdb import TSDB
-from tests.test_ingest_support import v1_payload
+from tests.test_ingest_support import v1_payload, v2_payload
 from turboprom.limits import Limits, LimitValues, SeriesAdmission
 
 if not native_available():
@@ -29,14 +29,14 @@ if not native_available():
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-def outcome(dec: RemoteWriteDecoder, data: bytes, tenant: str = "default", admission=None):
+def outcome(dec: RemoteWriteDecoder, data: bytes, tenant: str = "default", admission=None, version: int = 1):
     """Everything a decode gives, as comparable bytes and values (or the refusal)."""
     try:
-        d = dec.decode_v1(data, tenant, admission)
+        d = (dec.decode_v1 if version == 1 else dec.decode_v2)(data, tenant, admission)
     except IngestError as e:
         return ("refused", e.reason, e.message, e.status, e.samples)
     b = d.batch
-    refs = None if b.series_refs is None else b.series_refs.refs.tobytes()
+    refs = None if b.series_refs is None or version == 2 else b.series_refs.refs.tobytes()
     return (b.series, b.series_index.tobytes(), b.timestamps.tobytes(), b.values.tobytes(), b.tenant, refs,
             [(m.metric_family, m.type, m.help, m.unit) for m in b.metadata], d.histograms, d.exemplars,
             [(e.series, e.labels, struct_bits(e.value), e.ts) for e in d.exemplar_list])
@@ -100,6 +100,48 @@ def test_native_and_python_walks_agree_byte_for_byte(case):
 def test_random_bytes_same_refusal_or_result(data):
     native, python = _pair()
     assert outcome(native, data) == outcome(python, data)
+
+
+v2_meta = st.dictionaries(st.sampled_from(["x", "y", "1", ""]), st.tuples(st.integers(0, 9), st.sampled_from(["", "h", "é"]),
+                                                                            st.sampled_from(["", "s"])), max_size=3)
+
+
+@FAST
+@given(st.lists(st.tuples(labelsets, samples), max_size=8), v2_meta,
+       st.lists(st.tuples(st.integers(0, 2000), st.integers(0, 255)), max_size=3))
+def test_v2_compiled_walk_agrees_with_protobuf_runtime(series, meta, flips):
+    """Remote write 2.0: the compiled walk (native=True) against the protobuf runtime path (the
+    decoder without the extension), cold and warm, with metadata, mutations and admission."""
+    series = [({**lab, "__name__": lab.get("__name__") or "x"} if i % 2 else lab, smp) for i, (lab, smp) in enumerate(series)]
+    data = bytearray(v2_payload(series, meta))
+    for pos, val in flips:
+        if data:
+            data[pos % len(data)] = val
+    data = bytes(data)
+    native, python = _pair()
+    for _ in range(2):
+        assert outcome(native, data, version=2) == outcome(python, data, version=2)
+    adm = SeriesAdmission("team-a", Limits(LimitValues(max_label_value_length=100)))
+    for _ in range(2):
+        assert outcome(native, data, "team-a", adm, 2) == outcome(python, data, "team-a", adm, 2)
+
+
+def test_v2_known_series_by_reference_whatever_the_symbol_numbering():
+    """The same series under different symbol tables is one reference; metadata per family from the
+    first series that carries it; requests the runtime must word (bad references) fall back."""
+    native, python = _pair()
+    a = v2_payload([({"__name__": "m", "a": "1"}, [(1000, 1.0)]), ({"__name__": "n"}, [(1000, 2.0)])],
+                   {"m": (1, "help m", "s"), "n": (2, "help n", "")})
+    b = v2_payload([({"__name__": "n"}, [(2000, 2.0)]), ({"__name__": "m", "a": "1"}, [(2000, 1.0)])])
+    da, db = native.decode_v2(a).batch, native.decode_v2(b).batch
+    assert da.series_refs is not None and db.series_refs is not None
+    assert dict(zip(da.series, da.series_refs.refs.tolist())) == dict(zip(db.series, db.series_refs.refs.tolist()))
+    assert [(m.metric_family, m.type, m.help, m.unit) for m in da.metadata] == [("m", "counter", "help m", "s"), ("n", "gauge", "help n", "")]
+    bad_refs = bytes([0x22, 0x00, 0x2A, 0x04, 0x0A, 0x02, 0x01, 0x05])  # labels_refs 1, 5 with one symbol
+    bad_first = bytes([0x22, 0x01, ord("x")])  # symbols must start with ""
+    bad_utf8 = bytes([0x22, 0x00, 0x22, 0x02, 0xC3, 0x28])
+    for data in (bad_refs, bad_first, bad_utf8, a + b, b"", a[:-1]):
+        assert outcome(native, data, version=2) == outcome(python, data, version=2), data
 
 
 def test_unusual_encodings_fall_back_identically():

@@ -1,4 +1,4 @@
-/* Remote write 1.0 walk and the ingest-side series reference table (module ingest._rw_native).
+/* Remote write 1.0 and 2.0 walks and the ingest-side series reference table (module ingest._rw_native).
  *
  * Why hand-written: no library walks a prometheus.WriteRequest into columns without building a
  * Python object per series; with upb plus numpy (ingest/rw_fast.py, the fallback) the per-request
@@ -8,6 +8,10 @@
  * never build label objects; new ones are validated by Python (ingest/remote_write.py) and then
  * inserted. Anything unusual (unknown fields, labels after samples, bad lengths) makes walk_v1
  * return None, and the caller lets the protobuf runtime decide, exactly as the fallback does.
+ * Remote write 2.0 (walk_v2) keys a series by its referenced symbols, each as (varint length,
+ * bytes), so the key does not depend on the request's symbol numbering; symbols are checked to be
+ * UTF-8 as the protobuf runtime checks strings, and anything it would word as an error (a
+ * reference out of range, a symbols table not starting with "") is left to it.
  *
  * Concurrency: lookups take a read lock, inserts a write lock (taken without the GIL, so a writer
  * never stalls other Python threads behind a walk in progress).
@@ -331,9 +335,218 @@ static PyObject *RefTable_walk_v1(RefTable *t, PyObject *arg) {
     return res;
 }
 
+/* ---------------------------------------------------------------- remote write 2.0 */
+/* Strict UTF-8 (as upb checks proto3 strings): no overlongs, no surrogates, <= U+10FFFF. */
+static int utf8_ok(const uint8_t *p, size_t n) {
+    const uint8_t *end = p + n;
+    while (p < end) {
+        uint8_t c = *p;
+        if (c < 0x80) {
+            p++;
+            continue;
+        }
+        size_t k;
+        uint32_t cp;
+        if (c >= 0xC2 && c <= 0xDF) k = 1, cp = c & 0x1F;
+        else if (c >= 0xE0 && c <= 0xEF) k = 2, cp = c & 0x0F;
+        else if (c >= 0xF0 && c <= 0xF4) k = 3, cp = c & 0x07;
+        else return 0;
+        if ((size_t)(end - p) <= k) return 0;
+        for (size_t j = 1; j <= k; j++) {
+            if ((p[j] & 0xC0) != 0x80) return 0;
+            cp = (cp << 6) | (p[j] & 0x3F);
+        }
+        if ((k == 2 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) || (k == 3 && (cp < 0x10000 || cp > 0x10FFFF))) return 0;
+        p += k + 1;
+    }
+    return 1;
+}
+
+typedef struct {
+    Col sym_off, sym_len;     /* the symbols table */
+    Col ts_off, ts_len;       /* TimeSeries messages, in order */
+    Col meta_type, meta_help, meta_unit; /* per TimeSeries; type -1: no metadata field */
+    uint8_t *key;             /* scratch: one series' key */
+    size_t key_cap;
+    Col new_keys_len;         /* keys of unknown series, concatenated in new_keys */
+    uint8_t *new_keys;
+    size_t new_keys_len_total, new_keys_cap;
+} Out2;
+
+static int bytes_append(uint8_t **buf, size_t *len, size_t *cap, const uint8_t *p, size_t n) {
+    if (*len + n > *cap) {
+        size_t c = *cap ? *cap : 4096;
+        while (c < *len + n) c *= 2;
+        uint8_t *nb = (uint8_t *)realloc(*buf, c);
+        if (!nb) return -1;
+        *buf = nb;
+        *cap = c;
+    }
+    memcpy(*buf + *len, p, n);
+    *len += n;
+    return 0;
+}
+
+static int walk_metadata_v2(const uint8_t *p, const uint8_t *end, int64_t *type, int64_t *help, int64_t *unit) {
+    while (p < end) {
+        uint64_t tag, v;
+        if (varint(&p, end, &tag) < 0 || (tag & 7) != 0 || varint(&p, end, &v) < 0) return UNUSUAL;
+        if (tag == 0x08) *type = (int64_t)(int32_t)(uint32_t)v; /* enum: int32 */
+        else if (tag == 0x18) *help = (int64_t)(uint32_t)v;
+        else if (tag == 0x20) *unit = (int64_t)(uint32_t)v;
+        else return UNUSUAL;
+    }
+    return OK;
+}
+
+static int walk_series_v2(const RefTable *t, const uint8_t *base, const uint8_t *p, const uint8_t *end, Out *o, Out2 *o2) {
+    int64_t index = o->refs.n;
+    size_t nsym = (size_t)o2->sym_off.n, klen = 0;
+    int64_t mtype = -1, mhelp = 0, munit = 0;
+    int seen_refs = 0;
+    while (p < end) {
+        uint64_t tag, len;
+        if (varint(&p, end, &tag) < 0) return UNUSUAL;
+        if (tag == 0x30) { /* created_timestamp: not used */
+            uint64_t v;
+            if (varint(&p, end, &v) < 0) return UNUSUAL;
+            continue;
+        }
+        if ((tag & 7) != 2 || length(&p, end, &len) < 0) return UNUSUAL;
+        const uint8_t *payload = p;
+        p += len;
+        switch (tag) {
+        case 0x0A: /* labels_refs, packed: the key is every referenced symbol as (varint length, bytes) */
+            if (seen_refs++) return UNUSUAL; /* split packed runs: let the runtime concatenate them */
+            for (const uint8_t *q = payload; q < p;) {
+                uint64_t r;
+                if (varint(&q, p, &r) < 0) return UNUSUAL;
+                r = (uint32_t)r;
+                if (r >= nsym) return UNUSUAL;
+                const uint8_t *sym = base + o2->sym_off.v[r];
+                size_t sl = (size_t)o2->sym_len.v[r];
+                if (klen + sl + 10 > o2->key_cap) {
+                    size_t c = o2->key_cap ? o2->key_cap : 1024;
+                    while (c < klen + sl + 10) c *= 2;
+                    uint8_t *nk = (uint8_t *)realloc(o2->key, c);
+                    if (!nk) return NOMEM;
+                    o2->key = nk;
+                    o2->key_cap = c;
+                }
+                uint64_t x = sl;
+                do {
+                    o2->key[klen++] = (uint8_t)((x & 0x7F) | (x > 0x7F ? 0x80 : 0));
+                    x >>= 7;
+                } while (x);
+                memcpy(o2->key + klen, sym, sl);
+                klen += sl;
+            }
+            break;
+        case 0x12: {
+            int r = walk_sample(payload, p, o, index);
+            if (r) return r;
+            break;
+        }
+        case 0x1A:
+            o->n_hist++;
+            break;
+        case 0x22:
+            if (col_push(&o->ex_ts, index) || col_push(&o->ex_off, payload - base) || col_push(&o->ex_len, (int64_t)len)) return NOMEM;
+            break;
+        case 0x2A: { /* repeated occurrences merge, as in protobuf */
+            if (mtype < 0) mtype = 0;
+            int r = walk_metadata_v2(payload, p, &mtype, &mhelp, &munit);
+            if (r) return r;
+            break;
+        }
+        default:
+            return UNUSUAL;
+        }
+    }
+    int64_t ref = table_find(t, o2->key, klen, hash_bytes(o2->key, klen));
+    if (col_push(&o->refs, ref) || col_push(&o2->meta_type, mtype) || col_push(&o2->meta_help, mhelp) || col_push(&o2->meta_unit, munit))
+        return NOMEM;
+    if (ref < 0) {
+        if (col_push(&o->key_off, (int64_t)o2->new_keys_len_total) || col_push(&o->key_len, (int64_t)klen) ||
+            bytes_append(&o2->new_keys, &o2->new_keys_len_total, &o2->new_keys_cap, o2->key, klen) < 0)
+            return NOMEM;
+    } else if (col_push(&o->key_off, 0) || col_push(&o->key_len, -1)) {
+        return NOMEM;
+    }
+    return OK;
+}
+
+static int walk_request_v2(const RefTable *t, const uint8_t *base, size_t n, Out *o, Out2 *o2) {
+    const uint8_t *p = base, *end = base + n;
+    while (p < end) { /* symbols may follow the series: collect both first */
+        uint64_t tag, len;
+        if (varint(&p, end, &tag) < 0 || (tag & 7) != 2 || length(&p, end, &len) < 0) return UNUSUAL;
+        const uint8_t *payload = p;
+        p += len;
+        if (tag == 0x22) {
+            if (!utf8_ok(payload, len)) return UNUSUAL;
+            if (col_push(&o2->sym_off, payload - base) || col_push(&o2->sym_len, (int64_t)len)) return NOMEM;
+        } else if (tag == 0x2A) {
+            if (col_push(&o2->ts_off, payload - base) || col_push(&o2->ts_len, (int64_t)len)) return NOMEM;
+        } else {
+            return UNUSUAL;
+        }
+    }
+    if (o2->sym_off.n && o2->sym_len.v[0] != 0) return UNUSUAL; /* the runtime path names this error */
+    for (Py_ssize_t i = 0; i < o2->ts_off.n; i++) {
+        const uint8_t *q = base + o2->ts_off.v[i];
+        int r = walk_series_v2(t, base, q, q + o2->ts_len.v[i], o, o2);
+        if (r) return r;
+    }
+    return OK;
+}
+
+static void out2_free(Out2 *o) {
+    Col *cols[] = {&o->sym_off, &o->sym_len, &o->ts_off, &o->ts_len, &o->meta_type, &o->meta_help, &o->meta_unit, &o->new_keys_len};
+    for (size_t i = 0; i < sizeof(cols) / sizeof(cols[0]); i++) free(cols[i]->v);
+    free(o->key);
+    free(o->new_keys);
+}
+
+/* walk_v2(data) -> None (unusual: use the protobuf runtime) or a tuple: refs; key_off, key_len
+ * (into new_keys, len -1 for known series); sample_ts, timestamps, values; exemplar ts/off/len;
+ * sym_off, sym_len; meta_type (-1: none), meta_help, meta_unit per TimeSeries; new_keys (bytes);
+ * native histogram count. */
+static PyObject *RefTable_walk_v2(RefTable *t, PyObject *arg) {
+    Py_buffer b;
+    if (PyObject_GetBuffer(arg, &b, PyBUF_SIMPLE) < 0) return NULL;
+    Out o;
+    Out2 o2;
+    memset(&o, 0, sizeof(o));
+    memset(&o2, 0, sizeof(o2));
+    int r;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_rwlock_rdlock(&t->lock);
+    r = walk_request_v2(t, (const uint8_t *)b.buf, (size_t)b.len, &o, &o2);
+    pthread_rwlock_unlock(&t->lock);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&b);
+    PyObject *res = NULL;
+    if (r == OK) {
+        res = Py_BuildValue("(NNNNNNNNNNNNNNNL)", col_bytes(&o.refs), col_bytes(&o.key_off), col_bytes(&o.key_len),
+                            col_bytes(&o.sample_ts), col_bytes(&o.ts), col_bytes(&o.val), col_bytes(&o.ex_ts),
+                            col_bytes(&o.ex_off), col_bytes(&o.ex_len), col_bytes(&o2.sym_off), col_bytes(&o2.sym_len),
+                            col_bytes(&o2.meta_type), col_bytes(&o2.meta_help), col_bytes(&o2.meta_unit),
+                            PyBytes_FromStringAndSize((const char *)o2.new_keys, (Py_ssize_t)o2.new_keys_len_total),
+                            (long long)o.n_hist);
+    }
+    out_free(&o);
+    out2_free(&o2);
+    if (r == NOMEM) return PyErr_NoMemory();
+    if (r == UNUSUAL) Py_RETURN_NONE;
+    return res;
+}
+
 static PyMethodDef RefTable_methods[] = {
     {"walk_v1", (PyCFunction)RefTable_walk_v1, METH_O,
      "walk_v1(data) -> None or the request's columns (see ingest/rw_native.py)"},
+    {"walk_v2", (PyCFunction)RefTable_walk_v2, METH_O,
+     "walk_v2(data) -> None or the remote write 2.0 request's columns (see ingest/series_refs.py)"},
     {"insert", (PyCFunction)RefTable_insert, METH_O, "insert(key) -> the series reference of these raw label bytes"},
     {NULL, NULL, 0, NULL},
 };

@@ -26,11 +26,13 @@ Prometheus 3.x's OTLP receiver translates them.
 Refused points are counted (OTLP partial success) with the first reasons, never dropped silently.
 
 What is per data point in Python, and why: the OTLP message is nested per point (each point has its
-own attribute list), and the protobuf runtime hands each point out as an object, so reading a point's
-attributes into a key tuple, its value and flags, is one small Python step per point; series identity
-is then one dict lookup per point (per bucket for histograms) in a cache of validated label sets that
-lives across requests. Timestamps, stale marking, cumulative bucket sums and the batch columns are
-numpy. Exemplars are sparse and handled one by one.
+own attribute list, and usually a metric holds one or a few points), and the protobuf runtime hands
+each point out as an object, so reading a point's attributes into a key tuple, its value and flags is
+one small Python step per point; series identity is then one dict lookup per point (per bucket for
+histograms) in a cache of validated label sets that lives across requests, and each sample is one
+list append. Timestamps, stale marking, refusals and the batch columns are made with numpy once
+per request (per-metric numpy calls cost more than they save when metrics hold one point each).
+Exemplars are sparse and handled one by one.
 """
 from __future__ import annotations
 
@@ -90,39 +92,27 @@ def _hex_or_empty(b: bytes) -> str:
 
 
 class _Request:
-    """Accumulates one request's columns."""
+    """One request's samples as Python lists (one append per sample), made numpy columns once at the end:
+    timestamps, stale marking and refusals are per data point (``p_ns``, ``p_flags``), applied to the
+    samples through their point number."""
 
     def __init__(self) -> None:
         self.series: list[Labels] = []
-        self.local: dict[Labels, int] = {}
-        self.sidx: list[np.ndarray] = []
-        self.ts: list[np.ndarray] = []
-        self.vals: list[np.ndarray] = []
-        self.pid: list[np.ndarray] = []
-        self.points = 0
+        self.local: dict[int, int] = {}  # translator series id -> this request's series number
+        self.sid: list[int] = []  # per sample
+        self.pid: list[int] = []
+        self.val: list[float] = []
+        self.p_ns: list[int] = []  # per data point
+        self.p_flags: list[int] = []
+        self.targets: list[tuple[int, int, int]] = []  # target_info: (series, first point, end point) per resource
         self.rejected = 0
         self.problems: list[str] = []
-        self.meta: list[MetricMetadata] = []
+        self.meta: dict[tuple, MetricMetadata] = {}
         self.exemplars: list[Exemplar] = []
 
     def problem(self, msg: str) -> None:
         if len(self.problems) < MAX_PROBLEMS and msg not in self.problems:
             self.problems.append(msg)
-
-    def sid(self, lbl: Labels | None) -> int:
-        if lbl is None:
-            return -1
-        i = self.local.get(lbl)
-        if i is None:
-            i = self.local[lbl] = len(self.series)
-            self.series.append(lbl)
-        return i
-
-    def add(self, sids, ts: np.ndarray, vals, pids: np.ndarray) -> None:
-        self.sidx.append(np.asarray(sids, np.int64))
-        self.ts.append(ts)
-        self.vals.append(np.asarray(vals, np.float64))
-        self.pid.append(pids)
 
 
 class OtlpTranslator:
@@ -140,10 +130,12 @@ class OtlpTranslator:
         self._contexts: dict[tuple, int] = {}
         self._bases: dict[tuple, int] = {}
         self._base_labels: list[dict[str, str] | str] = []  # label dict (no __name__), or why the attributes are refused
-        self._series: dict[tuple, Labels | str] = {}
+        self._series: dict[tuple, int] = {}  # (base id, name, extra label, value) -> series id
+        self._series_labels: list[Labels | str] = []  # by series id: validated labels, or why they are refused
+        self._bucket_sets: dict[tuple, list[int]] = {}  # (base id, bucket name, bounds) -> series ids, +Inf last
         self._label_names: dict[str, str] = {}
         self._bounds: dict[float, str] = {}
-        self._names: dict[tuple, str] = {}
+        self._names: dict[tuple, tuple[str, MetricMetadata]] = {}
 
     # ---- names and label sets (cached across requests) ----
     def _label(self, key: str) -> str:
@@ -158,11 +150,15 @@ class OtlpTranslator:
             s = self._bounds[v] = bound_string(v)
         return s
 
-    def _metric_name(self, m, kind: str) -> str:
-        k = (m.name, m.unit, kind)
+    def _family(self, m, kind: str) -> tuple[str, MetricMetadata]:
+        """The metric's Prometheus family name and its metadata (type, description as help, unit)."""
+        k = (m.name, m.unit, kind, m.description)
         out = self._names.get(k)
         if out is None:
-            out = self._names[k] = metric_name(m.name, m.unit, kind, self.settings.translation_strategy)
+            strategy = self.settings.translation_strategy
+            name = metric_name(m.name, m.unit, kind, strategy)
+            out = self._names[k] = (name, MetricMetadata(name, {GAUGE: "gauge", UPDOWN: "gauge", COUNTER: "counter"}.get(kind, kind),
+                                                         m.description, unit_name(m.unit, strategy)))
         return out
 
     def _context(self, resource_attrs: tuple, sm) -> _Context:
@@ -214,11 +210,13 @@ class OtlpTranslator:
             out[self._label(k)] = v
         return out
 
-    def _labels(self, bid: int, name: str, extra: str = "", extra_value: str = "") -> Labels | str:
+    def _gid(self, bid: int, name: str, extra: str = "", extra_value: str = "") -> int:
+        """The cached series id of a label set (validated once; a refusal is cached with its reason)."""
         k = (bid, name, extra, extra_value)
-        lbl = self._series.get(k)
-        if lbl is None:
+        gid = self._series.get(k)
+        if gid is None:
             base = self._base_labels[bid]
+            lbl: Labels | str
             if isinstance(base, str):
                 lbl = base
             else:
@@ -230,8 +228,35 @@ class OtlpTranslator:
                     lbl = validate_pairs(list(d.items()))
                 except IngestError as e:
                     lbl = e.message
-            self._series[k] = lbl
-        return lbl
+            gid = self._series[k] = len(self._series_labels)
+            self._series_labels.append(lbl)
+        return gid
+
+    def _bucket_gids(self, bid: int, name: str, bounds) -> list[int]:
+        k = (bid, name, tuple(bounds))
+        gids = self._bucket_sets.get(k)
+        if gids is None:
+            gids = [self._gid(bid, name, "le", self._bound(b)) for b in bounds]
+            gids.append(self._gid(bid, name, "le", "+Inf"))
+            self._bucket_sets[k] = gids
+        return gids
+
+    def _local(self, r: _Request, gid: int) -> int:
+        """The request's series number for a series id, or -1 (refused: the reason is recorded)."""
+        i = r.local.get(gid)
+        if i is None:
+            lbl = self._series_labels[gid]
+            if isinstance(lbl, str):
+                r.problem(lbl)
+                i = -1
+            else:
+                i = len(r.series)
+                r.series.append(lbl)
+            r.local[gid] = i
+        return i
+
+    def _sid(self, r: _Request, bid: int, name: str, extra: str = "", extra_value: str = "") -> int:
+        return self._local(r, self._gid(bid, name, extra, extra_value))
 
     # ---- the request ----
     def translate(self, req, tenant: str = "default") -> Translation:
@@ -241,70 +266,78 @@ class OtlpTranslator:
             r = _Request()
             for rm in req.resource_metrics:
                 self._resource(r, rm)
-        if r.sidx:
-            sidx = np.concatenate(r.sidx)
-            ts = np.concatenate(r.ts)
-            vals = np.concatenate(r.vals)
-            pid = np.concatenate(r.pid)
-        else:
-            sidx = ts = pid = np.zeros(0, np.int64)
-            vals = np.zeros(0, np.float64)
-        bad = sidx < 0
+        ts_p = (np.array(r.p_ns, np.uint64) // np.uint64(1_000_000)).astype(np.int64)
+        pid = np.array(r.pid, np.int64)
+        sidx = np.array(r.sid, np.int64)
+        vals = np.array(r.val, np.float64)
+        ts = ts_p[pid]
+        stale = (np.array(r.p_flags, np.int64) & NO_RECORDED_VALUE) != 0
+        vals[stale[pid]] = STALE_NAN
+        missing = ts <= 0
+        if missing.any():
+            r.problem(f"{int((ts_p <= 0).sum())} data point(s) without a timestamp (time_unix_nano 0)")
+        bad = (sidx < 0) | missing
         if bad.any():
             r.rejected += len(np.unique(pid[bad]))
             keep = ~bad
             sidx, ts, vals, pid = sidx[keep], ts[keep], vals[keep], pid[keep]
+        sidx, ts, vals, pid = self._target_info_samples(r, ts_p, sidx, ts, vals, pid)
         check_future(ts, sidx, r.series, self.future_tolerance_ms)
-        batch = SampleBatch(r.series, sidx, ts, vals, metadata=r.meta, tenant=tenant)
-        return Translation(batch, r.exemplars, pid, r.points, r.rejected, r.problems)
+        batch = SampleBatch(r.series, sidx, ts, vals, metadata=list(r.meta.values()), tenant=tenant)
+        return Translation(batch, r.exemplars, pid, len(r.p_ns), r.rejected, r.problems)
+
+    def _target_info_samples(self, r: _Request, ts_p: np.ndarray, sidx, ts, vals, pid):
+        """Value 1 from each resource's earliest to its latest data point, every lookback delta / 2."""
+        step = max(1, self.lookback_delta_ms // 2)
+        parts = [(sidx, ts, vals, pid)]
+        for sid, lo_p, hi_p in r.targets:
+            span = ts_p[lo_p:hi_p]
+            span = span[span > 0]
+            if not len(span):
+                continue
+            lo, hi = int(span.min()), int(span.max())
+            t = np.arange(lo, hi, step, dtype=np.int64)
+            if len(t) == 0 or t[-1] < hi:
+                t = np.append(t, np.int64(hi))
+            parts.append((np.full(len(t), sid, np.int64), t, np.ones(len(t)), np.full(len(t), -1, np.int64)))
+        if len(parts) == 1:
+            return sidx, ts, vals, pid
+        return tuple(np.concatenate(cols) for cols in zip(*parts))
 
     def _resource(self, r: _Request, rm) -> None:
         res_attrs = _attr_key(rm.resource.attributes)
-        lo, hi = None, None
+        first = len(r.p_ns)
         for sm in rm.scope_metrics:
             ctx = self._context(res_attrs, sm)
             for m in sm.metrics:
-                span = self._metric(r, ctx, m)
-                if span is not None:
-                    lo = span[0] if lo is None else min(lo, span[0])
-                    hi = span[1] if hi is None else max(hi, span[1])
-        if hi is not None:
-            self._target_info(r, res_attrs, lo, hi)
+                self._metric(r, ctx, m)
+        sid = self._target_info(r, res_attrs)
+        if sid >= 0 and len(r.p_ns) > first:
+            r.targets.append((sid, first, len(r.p_ns)))
 
-    def _target_info(self, r: _Request, res_attrs: tuple, lo: int, hi: int) -> None:
-        keys = {k for k, _ in res_attrs}
-        if not keys - set(IDENTIFYING):
-            return
+    def _target_info(self, r: _Request, res_attrs: tuple) -> int:
+        if not {k for k, _ in res_attrs} - set(IDENTIFYING):
+            return -1
         attrs = res_attrs if self.settings.keep_identifying_resource_attributes else \
             tuple(kv for kv in res_attrs if kv[0] not in IDENTIFYING)
         ids = _job_instance(dict(res_attrs))
         bid = self._base(_Context(self._cid((TARGET_INFO, tuple(ids))), [], ids), attrs)
         base = self._base_labels[bid]
         if isinstance(base, str) or ("job" not in base and "instance" not in base):
-            return
-        lbl = self._labels(bid, TARGET_INFO)
-        if isinstance(lbl, str):
-            r.problem(f"target_info: {lbl}")
-            return
-        step = max(1, self.lookback_delta_ms // 2)
-        ts = np.arange(lo, hi, step, dtype=np.int64)
-        if len(ts) == 0 or ts[-1] < hi:
-            ts = np.append(ts, np.int64(hi))
-        r.add(np.full(len(ts), r.sid(lbl)), ts, np.ones(len(ts)), np.full(len(ts), -1, np.int64))
+            return -1
+        return self._sid(r, bid, TARGET_INFO)
 
-    def _metric(self, r: _Request, ctx: _Context, m) -> tuple[int, int] | None:
+    def _metric(self, r: _Request, ctx: _Context, m) -> None:
         which = m.WhichOneof("data")
         if which is None:
             r.problem(f"metric {m.name!r} has no data (gauge, sum, histogram, exponential_histogram or summary)")
-            return None
+            return
         data = getattr(m, which)
-        pts = list(data.data_points)
+        pts = data.data_points
         n = len(pts)
         if n == 0:
             r.problem(f"metric {m.name!r}: empty data points, dropped")
-            return None
-        first = r.points
-        r.points += n
+            return
         if which == "gauge":
             kind = GAUGE
         elif which == "sum":
@@ -318,108 +351,80 @@ class OtlpTranslator:
             r.rejected += n
             r.problem(f"metric {m.name!r}: {temporality} temporality is not supported, only cumulative "
                       f"(set the exporter's temporality preference to cumulative)")
-            return None
+            return
         try:
-            name = self._metric_name(m, kind)
+            name, meta = self._family(m, kind)
         except ValueError as e:
             r.rejected += n
             r.problem(f"metric {m.name!r}: {e}")
-            return None
-        r.meta.append(MetricMetadata(name, {GAUGE: "gauge", UPDOWN: "gauge", COUNTER: "counter"}.get(kind, kind),
-                                     m.description, unit_name(m.unit, self.settings.translation_strategy)))
-        tns = np.fromiter((p.time_unix_nano for p in pts), np.uint64, n)
-        ts = (tns // np.uint64(1_000_000)).astype(np.int64)
-        missing = ts <= 0
-        if missing.any():
-            r.problem(f"metric {m.name!r}: {int(missing.sum())} data point(s) without a timestamp (time_unix_nano 0)")
-        stale = (np.fromiter((p.flags for p in pts), np.int64, n) & NO_RECORDED_VALUE) != 0
-        pids = np.arange(first, first + n, dtype=np.int64)
-        bids = [self._base(ctx, _attr_key(p.attributes)) for p in pts]
-        for i in np.nonzero(missing)[0].tolist():
-            bids[i] = -1
+            return
+        r.meta.setdefault((meta.metric_family, meta.type, meta.help, meta.unit), meta)
         if which in ("gauge", "sum"):
-            self._numbers(r, pts, name, bids, ts, stale, pids)
-        elif which == "histogram":
-            self._histograms(r, pts, name, bids, ts, stale, pids, [(list(p.explicit_bounds), list(p.bucket_counts)) for p in pts])
-        elif which == "exponential_histogram":
-            self._histograms(r, pts, name, bids, ts, stale, pids, [_exponential_buckets(p) for p in pts])
+            self._numbers(r, ctx, pts, name)
+        elif which == "summary":
+            self._summaries(r, ctx, pts, name)
         else:
-            self._summaries(r, pts, name, bids, ts, stale, pids)
-        ok = ts[~missing]
-        return (int(ok.min()), int(ok.max())) if len(ok) else None
+            self._histograms(r, ctx, pts, name, which == "exponential_histogram")
 
-    def _sid(self, r: _Request, bid: int, name: str, extra: str = "", extra_value: str = "") -> int:
-        if bid < 0:
-            return -1
-        lbl = self._labels(bid, name, extra, extra_value)
-        if isinstance(lbl, str):
-            r.problem(lbl)
-            return -1
-        return r.sid(lbl)
+    def _point(self, r: _Request, ctx: _Context, p) -> tuple[int, int]:
+        """Register a data point: (point number, base label-set id)."""
+        pid = len(r.p_ns)
+        r.p_ns.append(p.time_unix_nano)
+        r.p_flags.append(p.flags)
+        return pid, self._base(ctx, _attr_key(p.attributes))
 
-    def _numbers(self, r: _Request, pts, name: str, bids: list[int], ts, stale, pids) -> None:
-        n = len(pts)
-        vals = np.fromiter((p.as_double if p.WhichOneof("value") == "as_double" else float(p.as_int) for p in pts), np.float64, n)
-        vals[stale] = STALE_NAN
-        sids = [self._sid(r, b, name) for b in bids]
-        r.add(sids, ts, vals, pids)
-        for i, p in enumerate(pts):
-            if p.exemplars and sids[i] >= 0:
-                series = r.series[sids[i]]
+    def _numbers(self, r: _Request, ctx: _Context, pts, name: str) -> None:
+        for p in pts:
+            pid, bid = self._point(r, ctx, p)
+            sid = self._sid(r, bid, name)
+            r.sid.append(sid)
+            r.pid.append(pid)
+            r.val.append(p.as_double if p.WhichOneof("value") == "as_double" else float(p.as_int))
+            if p.exemplars and sid >= 0:
+                series = r.series[sid]
                 r.exemplars.extend(_exemplar(e, series) for e in p.exemplars)
 
-    def _histograms(self, r: _Request, pts, name: str, bids: list[int], ts, stale, pids, buckets: list[tuple[list, list]]) -> None:
-        n = len(pts)
+    def _histograms(self, r: _Request, ctx: _Context, pts, name: str, exponential: bool) -> None:
         bname, sname, cname = name + "_bucket", name + "_sum", name + "_count"
-        counts = np.fromiter((float(p.count) for p in pts), np.float64, n)
-        sums = np.fromiter((p.sum for p in pts), np.float64, n)
-        has_sum = np.fromiter((p.HasField("sum") for p in pts), bool, n)
-        count_vals = np.where(stale, STALE_NAN, counts)
-        r.add([self._sid(r, b, cname) for b in bids], ts, count_vals, pids)
-        if has_sum.any():
-            hs = np.nonzero(has_sum)[0]
-            r.add([self._sid(r, bids[i], sname) for i in hs.tolist()], ts[hs], np.where(stale[hs], STALE_NAN, sums[hs]), pids[hs])
-        # finite buckets, cumulative, all points at once
-        lens = np.fromiter((min(len(b), len(c)) for b, c in buckets), np.int64, n)
-        flat = np.fromiter(itertools.chain.from_iterable(c[:k] for (_, c), k in zip(buckets, lens.tolist())), np.float64, int(lens.sum()))
-        cum = np.cumsum(flat)
-        starts = np.cumsum(lens) - lens
-        before = np.concatenate([[0.0], cum])[starts]
-        cum -= np.repeat(before, lens)
-        owner = np.repeat(np.arange(n), lens)
-        cum[stale[owner]] = STALE_NAN
-        bucket_sids: list[list[int]] = []
-        flat_sids: list[int] = []
-        for i, ((bounds, _), k) in enumerate(zip(buckets, lens.tolist())):
-            row = [self._sid(r, bids[i], bname, "le", self._bound(bounds[j])) for j in range(k)]
-            row.append(self._sid(r, bids[i], bname, "le", "+Inf"))
-            bucket_sids.append(row)
-            flat_sids.extend(row[:-1])
-        r.add(flat_sids, ts[owner], cum, pids[owner])
-        r.add([row[-1] for row in bucket_sids], ts, count_vals, pids)
-        for i, p in enumerate(pts):
+        sid_ = self._sid
+        for p in pts:
+            pid, bid = self._point(r, ctx, p)
+            count = float(p.count)
+            sids = [sid_(r, bid, cname)]
+            vals = [count]
+            if p.HasField("sum"):
+                sids.append(sid_(r, bid, sname))
+                vals.append(p.sum)
+            bounds, counts = _exponential_buckets(p) if exponential else (p.explicit_bounds, p.bucket_counts)
+            k = min(len(bounds), len(counts))
+            local = self._local
+            bucket_sids = [local(r, g) for g in self._bucket_gids(bid, bname, bounds[:k])]
+            sids += bucket_sids
+            vals += itertools.accumulate(map(float, counts[:k]))
+            vals.append(count)
+            r.sid += sids
+            r.val += vals
+            r.pid += [pid] * len(sids)
             if p.exemplars:
-                bounds = buckets[i][0][:int(lens[i])]
+                finite = list(bounds[:k])
                 for e in p.exemplars:
                     ex = _exemplar(e, ())
-                    sid = bucket_sids[i][bisect_left(bounds, ex.value)]
+                    sid = bucket_sids[bisect_left(finite, ex.value)]
                     if sid >= 0:
                         r.exemplars.append(Exemplar(r.series[sid], ex.labels, ex.value, ex.ts))
 
-    def _summaries(self, r: _Request, pts, name: str, bids: list[int], ts, stale, pids) -> None:
-        n = len(pts)
+    def _summaries(self, r: _Request, ctx: _Context, pts, name: str) -> None:
         sname, cname = name + "_sum", name + "_count"
-        r.add([self._sid(r, b, cname) for b in bids], ts,
-              np.where(stale, STALE_NAN, np.fromiter((float(p.count) for p in pts), np.float64, n)), pids)
-        r.add([self._sid(r, b, sname) for b in bids], ts,
-              np.where(stale, STALE_NAN, np.fromiter((p.sum for p in pts), np.float64, n)), pids)
-        qs = [list(p.quantile_values) for p in pts]
-        lens = np.fromiter(map(len, qs), np.int64, n)
-        owner = np.repeat(np.arange(n), lens)
-        sids = [self._sid(r, bids[i], name, "quantile", self._bound(q.quantile)) for i, row in enumerate(qs) for q in row]
-        vals = np.fromiter((q.value for row in qs for q in row), np.float64, int(lens.sum()))
-        vals[stale[owner]] = STALE_NAN
-        r.add(sids, ts[owner], vals, pids[owner])
+        for p in pts:
+            pid, bid = self._point(r, ctx, p)
+            sids = [self._sid(r, bid, cname), self._sid(r, bid, sname)]
+            vals = [float(p.count), p.sum]
+            for q in p.quantile_values:
+                sids.append(self._sid(r, bid, name, "quantile", self._bound(q.quantile)))
+                vals.append(q.value)
+            r.sid += sids
+            r.val += vals
+            r.pid += [pid] * len(sids)
 
 
 def _job_instance(res: dict[str, str]) -> list[tuple[str, str]]:

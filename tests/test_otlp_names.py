@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ingest.otlp_config import OtlpSettings
+from turboprom.config import ConfigError, validate
 from ingest.otlp_names import (COUNTER, GAUGE, HISTOGRAM, UPDOWN, bound_string, float_string, label_name, metric_name,
                                unit_name)
 
@@ -73,6 +74,9 @@ def test_units_and_number_strings() -> None:
 
 
 def test_config_checks() -> None:
+    validate({"otlp": {"translation_strategy": "NoUTF8EscapingWithSuffixes", "promote_scope_metadata": True}})
+    with pytest.raises(ConfigError, match="otlp.translation_strategy: must be one of"):
+        validate({"otlp": {"translation_strategy": "Whatever"}})
     assert OtlpSettings.from_config(None) == OtlpSettings()
     s = OtlpSettings.from_config({"translation_strategy": "NoTranslation", "promote_resource_attributes": ["k8s.pod.name"]})
     assert s.translation_strategy == "NoTranslation" and s.promote_resource_attributes == ("k8s.pod.name",)

@@ -203,9 +203,31 @@ def test_utf8_translation_strategy(tmp_path: Path) -> None:
         (r,) = _query(s.url, '{"gpu.util_ratio"}', now / 1000)
         assert r["metric"] == {"__name__": "gpu.util_ratio", "job": "svc", "k8s.pod": "p-0", "otel_scope_name": "vllm.metrics",
                                "otel_scope_version": "0.6"}
-    bad = tmp_path / "bad.yml"
-    bad.write_text("otlp:\n  translation_strategy: Whatever\n")
-    import subprocess
-    import sys
-    p = subprocess.run([sys.executable, "-m", "turboprom", "check", "config", str(bad)], capture_output=True, text=True, timeout=60)
-    assert p.returncode != 0 and "otlp.translation_strategy: must be one of" in (p.stdout + p.stderr)
+
+
+def test_auth_roles_and_tenant_restriction(tmp_path: Path) -> None:
+    """The write role is needed, and a user restricted to a tenant writes only there (as remote write)."""
+    import base64
+
+    import bcrypt
+
+    pw = {"writer_b": "wb-pw", "reader": "r-pw"}
+    users = "".join(f"  {u}: {bcrypt.hashpw(p.encode(), bcrypt.gensalt(rounds=4)).decode()}\n" for u, p in pw.items())
+    web = tmp_path / "web.yml"
+    web.write_text(f"basic_auth_users:\n{users}roles:\n  writer_b: [write, read]\n  reader: [read]\ntenants:\n  writer_b: [team-b]\n")
+
+    def auth(user: str, tenant: str | None = None) -> dict[str, str]:
+        h = {"Authorization": "Basic " + base64.b64encode(f"{user}:{pw[user]}".encode()).decode()}
+        return h | ({"X-Scope-OrgID": tenant} if tenant else {})
+
+    with ServerProcess(tmp_path / "data", ["--web.config.file", str(web)]) as s:
+        now = int(time.time() * 1000)
+        body = _request([_gauge("authed", [(now, 3)])]).SerializeToString()
+        assert _post(s.url, body)[0] == 401
+        assert _post(s.url, body, headers=auth("reader"))[0] == 403
+        assert _post(s.url, body, headers=auth("writer_b", "team-a"))[0] == 403
+        st, out, _ = _post(s.url, body, headers=auth("writer_b", "team-b"))
+        assert st == 200, out
+        q = urllib.parse.urlencode({"query": "authed", "time": now / 1000})
+        st, b, _ = http_json(s.url + "/api/v1/query?" + q, headers=auth("writer_b", "team-b"))
+        assert [r["value"][1] for r in b["data"]["result"]] == ["3"]

@@ -282,8 +282,12 @@ class OtlpTranslator:
             keep = ~bad
             sidx, ts, vals, pid = sidx[keep], ts[keep], vals[keep], pid[keep]
         sidx, ts, vals, pid = self._target_info_samples(r, ts_p, sidx, ts, vals, pid)
-        check_future(ts, sidx, r.series, self.future_tolerance_ms)
-        batch = SampleBatch(r.series, sidx, ts, vals, metadata=list(r.meta.values()), tenant=tenant)
+        series = r.series
+        if len(series) and len(np.unique(sidx)) < len(series):  # series whose every point was refused: not sent
+            used, sidx = np.unique(sidx, return_inverse=True)
+            series = [series[i] for i in used.tolist()]
+        check_future(ts, sidx, series, self.future_tolerance_ms)
+        batch = SampleBatch(series, sidx, ts, vals, metadata=list(r.meta.values()), tenant=tenant)
         return Translation(batch, r.exemplars, pid, len(r.p_ns), r.rejected, r.problems)
 
     def _target_info_samples(self, r: _Request, ts_p: np.ndarray, sidx, ts, vals, pid):

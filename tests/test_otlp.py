@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 import time
 import urllib.parse
-from pathlib import Path
 
 import pytest
 from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter

@@ -66,13 +66,16 @@ def decode_request(body: bytes, kind: str) -> ExportMetricsServiceRequest:
         return req
     try:
         doc = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise IngestError("bad_json", f"OTLP JSON: not valid JSON: {e}") from None
-    if not isinstance(doc, dict):
-        raise IngestError("bad_json", "OTLP JSON: the body must be an ExportMetricsServiceRequest object")
-    _hex_ids(doc)
-    try:
+        if not isinstance(doc, dict):
+            raise IngestError("bad_json", "OTLP JSON: the body must be an ExportMetricsServiceRequest object")
+        _hex_ids(doc)
         json_format.ParseDict(doc, req, ignore_unknown_fields=True)
+    except RecursionError:
+        raise IngestError("bad_json", "OTLP JSON: nested too deeply") from None
+    except UnicodeDecodeError as e:
+        raise IngestError("bad_json", f"OTLP JSON: not valid UTF-8: {e}") from None
+    except json.JSONDecodeError as e:
+        raise IngestError("bad_json", f"OTLP JSON: not valid JSON: {e}") from None
     except (json_format.ParseError, binascii.Error, ValueError, TypeError) as e:
         raise IngestError("bad_json", f"OTLP JSON: {e}") from None
     return req

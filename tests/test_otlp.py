@@ -12,7 +12,7 @@ import pytest
 from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 from opentelemetry.metrics import Observation
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader, PeriodicExportingMetricReader
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader, NumberDataPoint, PeriodicExportingMetricReader
 from opentelemetry.sdk.metrics.view import ExponentialBucketHistogramAggregation, View
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -144,6 +144,24 @@ def test_sdk_metric_set_lands_as_prometheus_series(srv) -> None:
     (series,) = b["data"]
     assert series["seriesLabels"]["finished_reason"] == "length"
     assert [e["labels"]["trace_id"] for e in series["exemplars"]] == [trace_id]
+    # every data point the SDK exported, against what landed: value (or count, sum and +Inf) per point
+    prom = {"vllm.request.success": "vllm_request_success_total", "vllm.prompt_tokens.total": "vllm_prompt_tokens_total",
+            "net.io": "net_io_bytes_total", "vllm.num_requests.running": "vllm_num_requests_running",
+            "vllm.gpu_cache_usage": "vllm_gpu_cache_usage_ratio", "gpu.memory.used": "gpu_memory_used_bytes",
+            "vllm.e2e_request_latency": "vllm_e2e_request_latency_seconds",
+            "vllm.time_to_first_token": "vllm_time_to_first_token_milliseconds"}
+    checked = 0
+    for mm in (mm for rm in data.resource_metrics for sm in rm.scope_metrics for mm in sm.metrics):
+        for p in mm.data.data_points:
+            sel = ",".join(f'{k.replace(".", "_")}="{v}"' for k, v in sorted(p.attributes.items()))
+            if isinstance(p, NumberDataPoint):
+                assert _one(u, f"{prom[mm.name]}{{{sel}}}")[1] == p.value, mm.name
+            else:
+                assert _one(u, f"{prom[mm.name]}_count{{{sel}}}")[1] == p.count
+                assert math.isclose(_one(u, f"{prom[mm.name]}_sum{{{sel}}}")[1], p.sum)
+                assert _one(u, f'{prom[mm.name]}_bucket{{{sel + "," if sel else ""}le="+Inf"}}')[1] == p.count
+            checked += 1
+    assert checked == 9
     # every series name the SDK's metrics map to, and nothing else
     st, b, _ = http_json(u + "/api/v1/label/__name__/values")
     assert set(b["data"]) == {

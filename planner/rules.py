@@ -1,13 +1,28 @@
 """Prometheus rule files: groups evaluated on their interval; recording rules append their results
-through the ingest pipeline (so summarizer and other sinks see them), alerting rules track state.
+through the ingest pipeline (so summarizer and other sinks see them), alerting rules track alert state
+as Prometheus 2.42 does (rules/alerting.go) and hand the alerts due to be sent to a notify function
+(turboprom/alert_notifier.py queues and delivers them to Alertmanager).
 
 Rule expressions run through the planned engine with ``origin="rule"``: they are logged and, recurring
 every interval by construction, are prime planner candidates.
 
+Alerting semantics: an alert is pending from the first evaluation its labels appear in the result
+(``activeAt``), firing once it has been pending for ``for`` (``firedAt``, the ``startsAt`` sent to
+Alertmanager), and on disappearing is kept firing for ``keep_firing_for``, then resolved (``endsAt`` =
+resolution time) and kept and resent as resolved for 15 minutes. Labels and annotations are templates
+(planner/alert_template.py). Every evaluation writes ``ALERTS{alertstate=...}`` = 1 and
+``ALERTS_FOR_STATE`` = activeAt (unix seconds) for pending and firing alerts, and stale markers for
+series of the previous evaluation that are gone. After a restart the ``for`` state is restored from
+``ALERTS_FOR_STATE`` after the second evaluation of each group (``--rules.alert.for-outage-tolerance``,
+``--rules.alert.for-grace-period``). An alert is (re)sent when it fires, when it resolves, and every
+``--rules.alert.resend-delay`` while it stays firing, with ``endsAt`` = now + 4 x max(resend delay,
+interval) so that Alertmanager resolves it by itself when sending stops.
+
 ``api_groups()`` / ``api_alerts()`` return Prometheus's ``/api/v1/rules`` / ``/api/v1/alerts`` shapes
 (groups: name, file, rules[], interval, limit, evaluationTime, lastEvaluation; recording rule: name,
-query, labels, health, lastError, evaluationTime, lastEvaluation, type "recording"; alerting rule adds
-state, duration, keepFiringFor, annotations, alerts[]).
+query, labels, health, lastError, evaluationTime, lastEvaluation, type "recording"; alerting rule:
+state, name, query, duration, keepFiringFor, labels, annotations, alerts[], health, lastError,
+evaluationTime, lastEvaluation, type "alerting").
 """
 from __future__ import annotations
 
@@ -26,6 +41,7 @@ import yaml
 
 from storage.batch import SampleBatch
 from storage.labels import METRIC_NAME, Labels, make_labels
+from storage.stale import STALE_NAN
 
 log = logging.getLogger("turboprom.planner")
 
@@ -57,7 +73,19 @@ class Rule:
     last_error: str = ""
     last_eval: float = 0.0
     eval_time: float = 0.0
-    active: dict[Labels, dict[str, Any]] = field(default_factory=dict)  # alerting: labels -> alert
+    active: dict[Labels, "Alert"] = field(default_factory=dict)  # alerting: final labels -> alert
+    restored: bool = True  # alerting: ALERTS series are written once the for state is restored
+    prev_series: set[Labels] = field(default_factory=set)  # written by the last evaluation (for staleness)
+    query: str = ""  # the expression as Prometheus prints it (API, generatorURL)
+
+    def __post_init__(self) -> None:
+        if not self.query:
+            try:
+                from promql.printer import format_query
+
+                self.query = format_query(self.expr)
+            except Exception:  # noqa: BLE001 - a rule that does not parse reports it when evaluated
+                self.query = self.expr
 
 
 @dataclass
@@ -69,6 +97,8 @@ class Group:
     limit: int = 0
     last_eval: float = 0.0
     eval_time: float = 0.0
+    evaluations: int = 0
+    should_restore: bool = False  # restore alerts' for state after the second evaluation
 
 
 class RuleFileError(ValueError):
@@ -220,6 +250,14 @@ def check_rule_files(patterns: list[str], base_dir: str | None) -> list[str]:
     return files
 
 
+def load_rule_files_from_config(raw: dict[str, Any], config_file: str | None) -> list[Group]:
+    """The groups of the config's ``rule_files`` (relative to the config file), default interval
+    ``global.evaluation_interval``."""
+    glob_iv = _dur_s((raw.get("global") or {}).get("evaluation_interval"), 60.0)
+    base = str(Path(config_file).parent) if config_file else None
+    return load_rule_files(list(raw.get("rule_files") or []), base, glob_iv)
+
+
 def load_rule_files(patterns: list[str], base_dir: str | None, default_interval_s: float) -> list[Group]:
     groups: list[Group] = []
     for f in check_rule_files(patterns, base_dir):
@@ -242,47 +280,102 @@ def load_rule_files(patterns: list[str], base_dir: str | None, default_interval_
     return groups
 
 
+@dataclass
+class Alert:
+    """One instance of an alerting rule (Prometheus's rules.Alert); times are unix seconds, 0 = unset."""
+
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    value: float
+    active_at: float
+    state: str = "pending"  # "pending" | "firing" | "inactive" (resolved, kept to be sent as such)
+    fired_at: float = 0.0
+    resolved_at: float = 0.0
+    last_sent_at: float = 0.0
+    valid_until: float = 0.0
+    keep_firing_since: float = 0.0
+
+    def needs_sending(self, ts: float, resend_delay_s: float) -> bool:
+        if self.state == "pending":
+            return False
+        if self.resolved_at > self.last_sent_at:  # resolved since the last send
+            return True
+        return self.last_sent_at + resend_delay_s < ts
+
+
+RESOLVED_RETENTION_S = 15 * 60.0  # a resolved alert is kept (and resent as resolved) this long
+ALERTS_METRIC, ALERTS_FOR_STATE_METRIC = "ALERTS", "ALERTS_FOR_STATE"
+
+
+@dataclass
+class AlertingOptions:
+    """What alerting rules need beyond their expression: Prometheus's ``--rules.alert.*`` flags,
+    ``global.external_labels`` and the external URL (``$externalLabels``, ``$externalURL``, generatorURL)."""
+
+    external_labels: dict[str, str] = field(default_factory=dict)
+    external_url: str = ""
+    resend_delay_s: float = 60.0
+    outage_tolerance_s: float = 3600.0
+    grace_period_s: float = 600.0
+
+
+# notify(expr, alerts): each alert is {"labels", "annotations", "startsAt", "endsAt" (unix seconds),
+# "generatorURL"}; called from the evaluation thread, must not block (the notifier queues).
+NotifyFunc = Callable[[str, list[dict[str, Any]]], None]
+# select(matchers, mint_ms, maxt_ms) -> storage.series_set.SeriesSet, stale markers included.
+SelectFunc = Callable[[list[Any], int, int], Any]
+
+
 class RuleManager:
-    def __init__(self, groups: list[Group], engine: Any, append: Callable[[SampleBatch], Any]):
+    def __init__(self, groups: list[Group], engine: Any, append: Callable[[SampleBatch], Any],
+                 notify: NotifyFunc | None = None, select: SelectFunc | None = None,
+                 options: AlertingOptions | None = None, restore: bool = True):
         self.groups = groups
         self.engine = engine
         self.append = append
+        self.notify = notify
+        self.select = select
+        self.options = options or AlertingOptions()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()  # state read by the API while the evaluation thread writes it
+        for g in groups:  # rules loaded at start-up restore their ``for`` state; later ones need not
+            g.should_restore = restore and select is not None
+            for r in g.rules:
+                r.restored = not g.should_restore
 
     @classmethod
     def from_config(cls, raw: dict[str, Any], config_file: str | None, engine: Any,
-                    append: Callable[[SampleBatch], Any]) -> "RuleManager":
-        glob_iv = _dur_s((raw.get("global") or {}).get("evaluation_interval"), 60.0)
-        base = str(Path(config_file).parent) if config_file else None
-        return cls(load_rule_files(list(raw.get("rule_files") or []), base, glob_iv), engine, append)
+                    append: Callable[[SampleBatch], Any], notify: NotifyFunc | None = None,
+                    select: SelectFunc | None = None, options: AlertingOptions | None = None) -> "RuleManager":
+        return cls(load_rule_files_from_config(raw, config_file), engine, append, notify, select, options)
 
+    # --- evaluation ------------------------------------------------------------------------
     def eval_group(self, g: Group, ts_ms: int) -> None:
         t0 = time.perf_counter()
+        ts = ts_ms / 1000.0
         for r in g.rules:
             r0 = time.perf_counter()
+            out: list[tuple[dict[str, str], float]] = []
             try:
                 kw = {"origin": "rule"} if hasattr(self.engine, "hook") else {}
-                res = self.engine.instant_query(r.expr, ts_ms, **kw)
-                labels, vals = self._vector(res)
-                if r.kind == "recording":
-                    out = []
-                    for lbl, v in zip(labels, vals):
-                        d = dict(lbl)
-                        d[METRIC_NAME] = r.name
-                        d.update(r.labels)
-                        out.append((make_labels(d), np.array([ts_ms]), np.array([v])))
-                    if out:
-                        self.append(SampleBatch.from_series(out))
-                else:
-                    self._alerts(r, labels, vals, ts_ms / 1000.0)
+                labels, vals = self._vector(self.engine.instant_query(r.expr, ts_ms, **kw))
+                with self._lock:
+                    if r.kind == "recording":
+                        out = self._recorded(r, labels, vals, g.limit)
+                    else:
+                        out = self._alerts(r, labels, vals, ts, g.limit)
                 r.health, r.last_error = "ok", ""
             except Exception as e:  # noqa: BLE001 - one bad rule must not stop the group
                 r.health, r.last_error = "err", str(e)
+            self._write(r, out, ts_ms)
+            if r.kind == "alerting":
+                self._send(r, ts, g.interval_s)
             r.last_eval = time.time()
             r.eval_time = time.perf_counter() - r0
         g.last_eval = time.time()
         g.eval_time = time.perf_counter() - t0
+        g.evaluations += 1
 
     @staticmethod
     def _vector(res: Any) -> tuple[list[Labels], list[float]]:
@@ -292,23 +385,157 @@ class RuleManager:
             raise ValueError(f"rule result must be a vector or scalar, got {res.result_type}")
         return list(res.labels), [float(v) for v in res.values]
 
-    def _alerts(self, r: Rule, labels: list[Labels], vals: list[float], now: float) -> None:
-        seen = set()
+    @staticmethod
+    def _recorded(r: Rule, labels: list[Labels], vals: list[float], limit: int) -> list[tuple[dict[str, str], float]]:
+        out, seen = [], set()
         for lbl, v in zip(labels, vals):
-            d = {k: x for k, x in lbl if k != METRIC_NAME}
+            d = dict(lbl)
+            d[METRIC_NAME] = r.name
             d.update(r.labels)
-            d["alertname"] = r.name
             key = make_labels(d)
+            if key in seen:
+                raise ValueError("vector contains metrics with the same labelset after applying rule labels")
             seen.add(key)
-            a = r.active.get(key)
-            if a is None:
-                a = r.active[key] = {"labels": dict(key), "annotations": dict(r.annotations), "state": "pending",
-                                     "activeAt": now, "value": v}
-            a["value"] = v
-            if a["state"] == "pending" and now - a["activeAt"] >= r.for_s:
-                a["state"] = "firing"
-        for key in [k for k in r.active if k not in seen]:
-            del r.active[key]
+            out.append((d, v))
+        if limit > 0 and len(out) > limit:
+            raise ValueError(f"exceeded limit of {limit} with {len(out)} series")
+        return out
+
+    def _template_ctx(self, ts_ms: int) -> Any:
+        from planner.alert_template import Context, Sample
+
+        def query(q: str) -> list[Any]:
+            kw = {"origin": "rule"} if hasattr(self.engine, "hook") else {}
+            labels, vals = self._vector(self.engine.instant_query(q, ts_ms, **kw))
+            return [Sample(dict(lbl), v) for lbl, v in zip(labels, vals)]
+
+        return Context(query=query, external_url=self.options.external_url)
+
+    def _alerts(self, r: Rule, labels: list[Labels], vals: list[float], ts: float,
+                limit: int) -> list[tuple[dict[str, str], float]]:
+        """Prometheus's AlertingRule.Eval: new, pending, firing, kept firing and resolved alerts;
+        returns the ALERTS / ALERTS_FOR_STATE samples to write."""
+        from planner.alert_template import expand
+
+        tctx = self._template_ctx(int(ts * 1000)) if (r.labels or r.annotations) else None
+        ext = self.options.external_labels
+        found: dict[Labels, Alert] = {}
+        for lbl, v in zip(labels, vals):
+            sample_labels = dict(lbl)
+            d = {k: x for k, x in lbl if k != METRIC_NAME}
+            for k, tmpl in r.labels.items():
+                d[k] = expand(tmpl, r.name, sample_labels, v, ext, tctx) if "{{" in tmpl else tmpl
+            d["alertname"] = r.name
+            ann = {k: (expand(t, r.name, sample_labels, v, ext, tctx) if "{{" in t else t)
+                   for k, t in r.annotations.items()}
+            key = make_labels({k: x for k, x in d.items() if x != ""})
+            if key in found:
+                raise ValueError("vector contains metrics with the same labelset after applying alert labels")
+            found[key] = Alert(dict(key), ann, v, ts)
+        for key, a in found.items():
+            old = r.active.get(key)
+            if old is not None and old.state != "inactive":
+                old.value, old.annotations = a.value, a.annotations
+            else:
+                r.active[key] = a
+        out: list[tuple[dict[str, str], float]] = []
+        n_active = 0
+        for key, a in list(r.active.items()):
+            if key not in found:
+                keep = False
+                if a.state == "firing" and r.keep_firing_for_s > 0:
+                    if not a.keep_firing_since:
+                        a.keep_firing_since = ts
+                    keep = ts - a.keep_firing_since < r.keep_firing_for_s
+                if not keep:
+                    if a.state == "pending" or (a.resolved_at and ts - a.resolved_at > RESOLVED_RETENTION_S):
+                        del r.active[key]
+                    if a.state != "inactive":
+                        a.state, a.resolved_at = "inactive", ts
+                    continue
+            else:
+                a.keep_firing_since = 0.0
+            n_active += 1
+            if a.state == "pending" and ts - a.active_at >= r.for_s:
+                a.state, a.fired_at = "firing", ts
+            if r.restored:
+                out.append(({**a.labels, METRIC_NAME: ALERTS_METRIC, "alertstate": a.state}, 1.0))
+                out.append(({**a.labels, METRIC_NAME: ALERTS_FOR_STATE_METRIC}, float(int(a.active_at))))
+        if limit > 0 and n_active > limit:
+            r.active.clear()
+            raise ValueError(f"exceeded limit of {limit} with {n_active} alerts")
+        return out
+
+    def _write(self, r: Rule, out: list[tuple[dict[str, str], float]], ts_ms: int) -> None:
+        """Append this evaluation's samples and a stale marker for each series of the previous one
+        that is gone (as Prometheus's rule group does)."""
+        current = {make_labels(d): v for d, v in out}
+        gone = [k for k in r.prev_series if k not in current]
+        r.prev_series = set(current)
+        series = [(k, np.array([ts_ms], np.int64), np.array([v])) for k, v in current.items()]
+        series += [(k, np.array([ts_ms], np.int64), np.array([STALE_NAN])) for k in gone]
+        if series:
+            try:
+                self.append(SampleBatch.from_series(series))
+            except Exception as e:  # noqa: BLE001 - reported as the rule's error, as Prometheus does
+                r.health, r.last_error = "err", f"appending rule results: {e}"
+
+    def _send(self, r: Rule, ts: float, interval_s: float) -> None:
+        if self.notify is None:
+            return
+        delay = self.options.resend_delay_s
+        due: list[dict[str, Any]] = []
+        with self._lock:
+            for a in r.active.values():
+                if not a.needs_sending(ts, delay):
+                    continue
+                a.last_sent_at = ts
+                a.valid_until = ts + 4 * max(delay, interval_s)  # allows two failed evaluations or sends
+                due.append({"labels": dict(a.labels), "annotations": dict(a.annotations), "startsAt": a.fired_at,
+                            "endsAt": a.resolved_at or a.valid_until,
+                            "generatorURL": self.options.external_url.rstrip("/") + table_link(r.query)})
+        if due:
+            self.notify(r.query, due)
+
+    def restore_for_state(self, g: Group, ts: float) -> None:
+        """Prometheus's Group.RestoreForState: the activeAt of each active alert of a rule whose
+        ``for`` is at least the grace period, from the last ALERTS_FOR_STATE sample within the outage
+        tolerance, shifted by the downtime (or to fire one grace period from now)."""
+        from storage.matchers import Matcher
+        from storage.stale import is_stale_value
+
+        opts = self.options
+        for r in g.rules:
+            if r.kind != "alerting":
+                continue
+            if r.for_s < opts.grace_period_s or self.select is None:
+                r.restored = True
+                continue
+            with self._lock:
+                for a in r.active.values():
+                    want = {**a.labels, METRIC_NAME: ALERTS_FOR_STATE_METRIC}
+                    ms = [Matcher(k, "=", v) for k, v in sorted(want.items())]
+                    try:
+                        ss = self.select(ms, int((ts - opts.outage_tolerance_s) * 1000), int(ts * 1000))
+                    except Exception:  # noqa: BLE001 - as Prometheus: log and keep the fresh state
+                        log.exception("restoring the for state of alert %s", r.name)
+                        continue
+                    hit = next((i for i, lbl in enumerate(ss.labels) if len(lbl) == len(want)), None)
+                    if hit is None:
+                        continue
+                    tss, vs = ss.series(hit)
+                    if not len(tss) or is_stale_value(float(vs[-1])):
+                        continue
+                    down_at, restored_at = float(tss[-1] // 1000), float(int(vs[-1]))
+                    remaining = r.for_s - (down_at - restored_at)
+                    if remaining <= 0:
+                        pass  # it was firing when the server went down: fires again at the next evaluation
+                    elif remaining < opts.grace_period_s:
+                        restored_at = ts + opts.grace_period_s - r.for_s
+                    else:
+                        restored_at += ts - down_at
+                    a.active_at = restored_at
+            r.restored = True
 
     # --- loop ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -324,6 +551,9 @@ class RuleManager:
             for g in groups:
                 if now >= next_at[id(g)]:
                     self.eval_group(g, int(now * 1000))
+                    if g.should_restore and g.evaluations >= 2:  # as Prometheus: after the second evaluation
+                        self.restore_for_state(g, time.time())
+                        g.should_restore = False
                     next_at[id(g)] = now + g.interval_s
             wait = max(0.05, min(next_at.values()) - time.time())
             stop.wait(min(wait, 1.0))
@@ -333,21 +563,28 @@ class RuleManager:
         if self._thread is not None:
             self._thread.join(timeout=10)
 
-    def replace_groups(self, groups: list[Group]) -> None:
+    def replace_groups(self, groups: list[Group], options: AlertingOptions | None = None) -> None:
         """Config reload: evaluate ``groups`` from now on. A rule that is unchanged (same file, group,
-        name, expression and labels) keeps its health, last evaluation and active alerts."""
+        name, expression and labels) keeps its health, last evaluation and active alerts; new rules
+        do not restore ``for`` state (as in Prometheus, only the rules loaded at start-up do)."""
         running = self._thread is not None
         self.stop()
+        if options is not None:
+            self.options = options
         old = {(g.file, g.name, r.kind, r.name, r.expr, tuple(sorted(r.labels.items()))): (g, r)
                for g in self.groups for r in g.rules}
         for g in groups:
+            g.should_restore = False
             for r in g.rules:
+                r.restored = True
                 hit = old.get((g.file, g.name, r.kind, r.name, r.expr, tuple(sorted(r.labels.items()))))
                 if hit is not None:
                     prev = hit[1]
-                    r.health, r.last_error, r.last_eval, r.eval_time, r.active = \
-                        prev.health, prev.last_error, prev.last_eval, prev.eval_time, prev.active
+                    r.health, r.last_error, r.last_eval, r.eval_time, r.active, r.prev_series, r.restored = \
+                        prev.health, prev.last_error, prev.last_eval, prev.eval_time, prev.active, prev.prev_series, \
+                        prev.restored
                     g.last_eval, g.eval_time = hit[0].last_eval, hit[0].eval_time
+                    g.should_restore = g.should_restore or hit[0].should_restore
         self.groups = groups
         self._stop = threading.Event()
         self._thread = None
@@ -356,30 +593,43 @@ class RuleManager:
 
     # --- API shapes ------------------------------------------------------------------------
     def _rule_json(self, r: Rule) -> dict[str, Any]:
-        base = {"name": r.name, "query": r.expr, "labels": dict(r.labels), "health": r.health,
-                "lastError": r.last_error or None, "evaluationTime": r.eval_time, "lastEvaluation": _rfc3339(r.last_eval)}
-        if not base["lastError"]:
-            base.pop("lastError")
+        base: dict[str, Any] = {"name": r.name, "query": r.query, "labels": dict(r.labels), "health": r.health}
+        if r.last_error:
+            base["lastError"] = r.last_error
+        base.update({"evaluationTime": r.eval_time, "lastEvaluation": _rfc3339(r.last_eval)})
         if r.kind == "recording":
             base["type"] = "recording"
             return base
-        state = "firing" if any(a["state"] == "firing" for a in r.active.values()) else \
-            ("pending" if r.active else "inactive")
-        base.update({"state": state, "duration": r.for_s, "keepFiringFor": r.keep_firing_for_s,
-                     "annotations": dict(r.annotations), "alerts": self._alert_list(r), "type": "alerting"})
-        return base
+        states = {a.state for a in r.active.values()}
+        state = "firing" if "firing" in states else ("pending" if "pending" in states else "inactive")
+        return {"state": state, "name": r.name, "query": r.query, "duration": r.for_s,
+                "keepFiringFor": r.keep_firing_for_s, "labels": dict(r.labels), "annotations": dict(r.annotations),
+                "alerts": self._alert_list(r), **{k: v for k, v in base.items() if k not in ("name", "query", "labels")},
+                "type": "alerting"}
 
-    def _alert_list(self, r: Rule) -> list[dict[str, Any]]:
-        return [{"labels": a["labels"], "annotations": a["annotations"], "state": a["state"],
-                 "activeAt": _rfc3339(a["activeAt"]), "value": _fmt(a["value"])} for a in r.active.values()]
+    @staticmethod
+    def _alert_list(r: Rule) -> list[dict[str, Any]]:
+        """Active (pending and firing) alerts, as /api/v1/alerts shows them; resolved ones are not."""
+        return [{"labels": dict(a.labels), "annotations": dict(a.annotations), "state": a.state,
+                 "activeAt": _rfc3339(a.active_at), "value": _fmt(a.value)}
+                for a in r.active.values() if not a.resolved_at]
 
     def api_groups(self) -> list[dict[str, Any]]:
-        return [{"name": g.name, "file": g.file, "rules": [self._rule_json(r) for r in g.rules], "interval": g.interval_s,
-                 "limit": g.limit, "evaluationTime": g.eval_time, "lastEvaluation": _rfc3339(g.last_eval)}
-                for g in self.groups]
+        with self._lock:
+            return [{"name": g.name, "file": g.file, "rules": [self._rule_json(r) for r in g.rules],
+                     "interval": g.interval_s, "limit": g.limit, "evaluationTime": g.eval_time,
+                     "lastEvaluation": _rfc3339(g.last_eval)} for g in self.groups]
 
     def api_alerts(self) -> list[dict[str, Any]]:
-        return [a for g in self.groups for r in g.rules if r.kind == "alerting" for a in self._alert_list(r)]
+        with self._lock:
+            return [a for g in self.groups for r in g.rules if r.kind == "alerting" for a in self._alert_list(r)]
+
+
+def table_link(expr: str) -> str:
+    """Prometheus's strutil.TableLinkForExpression: the generatorURL path of an alert."""
+    import urllib.parse
+
+    return "/graph?g0.expr=" + urllib.parse.quote_plus(expr) + "&g0.tab=1"
 
 
 def _fmt(v: float) -> str:

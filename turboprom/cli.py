@@ -83,6 +83,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="enable /api/v1/admin/* (delete_series, clean_tombstones), like Prometheus's flag")
     s.add_argument("--web.enable-lifecycle", dest="enable_lifecycle", action="store_true",
                    help="enable POST/PUT /-/reload (re-read the config and rule files), like Prometheus's flag")
+    s.add_argument("--rules.alert.resend-delay", dest="alert_resend_delay", type=_duration, default=60_000,
+                   help="minimum wait before resending a firing alert to Alertmanager (default 1m), like Prometheus's flag")
+    s.add_argument("--rules.alert.for-outage-tolerance", dest="alert_for_outage_tolerance", type=_duration, default=3_600_000,
+                   help="max downtime for which an alert's 'for' state is restored after a restart (default 1h)")
+    s.add_argument("--rules.alert.for-grace-period", dest="alert_for_grace_period", type=_duration, default=600_000,
+                   help="minimum time between a restart and a restored alert firing (default 10m)")
+    s.add_argument("--web.external-url", dest="external_url", default="",
+                   help="URL under which this server is reached (alert generatorURL, $externalURL); default http://LISTEN")
+    s.add_argument("--alertmanager.notification-queue-capacity", dest="notification_queue_capacity", type=int,
+                   default=10_000, help="alerts queued for Alertmanager before the oldest are dropped (default 10000)")
     s.add_argument("--log-level", default="info", type=str.lower, choices=["debug", "info", "warning", "error"])
     s.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show a traceback when start-up fails")
     _add_cluster_flags(s)
@@ -306,6 +316,13 @@ def _config_from_args(a: argparse.Namespace) -> ServerConfig:
         c.validate()
     except ValueError as e:
         raise CliError(str(e)) from None
+    if a.notification_queue_capacity <= 0:
+        raise CliError("--alertmanager.notification-queue-capacity must be positive")
+    cfg.alert_resend_delay_s = a.alert_resend_delay / 1000.0
+    cfg.alert_for_outage_tolerance_s = a.alert_for_outage_tolerance / 1000.0
+    cfg.alert_for_grace_period_s = a.alert_for_grace_period / 1000.0
+    cfg.external_url = a.external_url
+    cfg.notification_queue_capacity = a.notification_queue_capacity
     cfg.load_file()
     return cfg
 

@@ -63,6 +63,12 @@ class ServerConfig:
     insecure: bool = False  # allow a non-loopback listen address without auth
     enable_lifecycle: bool = False  # POST/PUT /-/reload (--web.enable-lifecycle, as Prometheus)
     cluster: ClusterSettings = field(default_factory=ClusterSettings)  # --role, --cluster.* (docs/cluster.md)
+    # Alerting (planner/rules.py, turboprom/alert_notifier.py): Prometheus's --rules.alert.* flags.
+    alert_resend_delay_s: float = 60.0
+    alert_for_outage_tolerance_s: float = 3600.0
+    alert_for_grace_period_s: float = 600.0
+    external_url: str = ""  # --web.external-url; empty: http://<listen>
+    notification_queue_capacity: int = 10_000
 
     @property
     def host(self) -> str:
@@ -129,13 +135,16 @@ def top_level_fields() -> dict[str, Any]:
     from planner.planner import PlannerConfig
     from scheduler_metrics.congestion.config import CongestionConfig
     from scheduler_metrics.kedgeflow.service import CONFIG_FIELDS as KEDGEFLOW_FIELDS
+    from turboprom.alert_notifier import ALERTING_FIELDS
     from turboprom.auth import AuthLimits
     from turboprom.limits import Limits
 
     return {
-        "global": GLOBAL_FIELDS,
+        # external_labels: read by the rule manager ($externalLabels) and the alert notifier.
+        "global": {**GLOBAL_FIELDS, "external_labels": {"*": "str"}},
         "scrape_configs": [SCRAPE_CONFIG_FIELDS],
         "rule_files": ["str"],
+        "alerting": ALERTING_FIELDS,
         "self_scrape": SELF_SCRAPE,
         "web": WEB_FIELDS,
         "storage": STORAGE_FIELDS,
@@ -363,6 +372,13 @@ def validate(raw: Any, name: str = "config", lines: dict[str, int] | None = None
             Timeouts.from_config(raw)
         except ValueError as e:
             raise _Problem("web", str(e)) from None
+        from turboprom.alert_notifier import parse_alerting
+
+        try:
+            parse_alerting(raw.get("alerting"))
+        except ValueError as e:
+            m = re.match(r"alerting(\.alertmanagers\[\d+\](\.[a-z_]+)?|\.[a-z_]+)?", str(e))
+            raise _Problem(m.group(0) if m else "alerting", str(e)) from None
     except _Problem as p:
         raise fail(p) from None
     _check_rule_files(raw, base_dir)

@@ -6,6 +6,7 @@ config is then applied to:
 
 - ``scrape_configs`` (and ``global`` scrape defaults, ``self_scrape``): jobs added, removed, changed;
 - ``rule_files`` (and ``global.evaluation_interval``): groups replaced; unchanged rules keep their state;
+- ``alerting`` and ``global.external_labels``: Alertmanagers and alert relabeling replaced (queued alerts stay);
 - ``planner.pinned``: new pins adopted, removed pins become ordinary plans (retired when unused);
 - the document ``/api/v1/status/config`` shows.
 
@@ -19,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from pathlib import Path
 from typing import Any
 
 from prometheus_client import Gauge
@@ -34,7 +34,7 @@ RELOAD_TS = Gauge("prometheus_config_last_reload_success_timestamp_seconds",
                   "Timestamp of the last successful configuration reload.")
 
 # Sections a reload applies; any other change is logged as needing a restart.
-APPLIED = ("global", "scrape_configs", "self_scrape", "rule_files")
+APPLIED = ("global", "scrape_configs", "self_scrape", "rule_files", "alerting")
 
 
 def mark_loaded(ctx: ServerContext) -> None:
@@ -84,25 +84,26 @@ async def _apply(ctx: ServerContext, raw: dict[str, Any]) -> None:
     loop = asyncio.get_running_loop()
     rules_new = None
     if raw.get("rule_files") or ctx.components.get("rules") is not None:
-        from planner.rules import _dur_s, load_rule_files
+        from planner.rules import load_rule_files_from_config
 
-        base = str(Path(cfg.config_file).parent) if cfg.config_file else None
-        interval = _dur_s((raw.get("global") or {}).get("evaluation_interval"), 60.0)
-        rules_new = await loop.run_in_executor(ctx.executor, load_rule_files, list(raw.get("rule_files") or []), base, interval)
+        rules_new = await loop.run_in_executor(ctx.executor, load_rule_files_from_config, raw, cfg.config_file)
+    from turboprom.alert_notifier import alerting_options, external_labels, parse_alerting
+
+    notifier = ctx.components.get("notifier")
+    if notifier is not None:
+        notifier.apply(parse_alerting(raw.get("alerting")), external_labels(raw))
     scraper = ctx.components.get("scraper")
     if scraper is not None:
         await scraper.apply(configs_from_raw(raw, self_url=cfg.listen, self_interval_s=cfg.self_scrape_interval_s))
     if rules_new is not None:
         mgr = ctx.components.get("rules")
         if mgr is None:
-            from planner.rules import RuleManager
+            from turboprom.wiring import rule_manager
 
-            append = ctx.components["ingest"].append_sync if ctx.components.get("ingest") is not None else ctx.storage.append
-            engine = ctx.components.get("planned_engine") or ctx.components.get("engine")
-            mgr = ctx.components["rules"] = RuleManager(rules_new, engine, append)
+            mgr = ctx.components["rules"] = rule_manager(ctx, rules_new, False, raw)
             mgr.start()
         else:
-            await loop.run_in_executor(ctx.executor, mgr.replace_groups, rules_new)
+            await loop.run_in_executor(ctx.executor, mgr.replace_groups, rules_new, alerting_options(cfg, raw))
     _apply_pins(ctx, raw)
     for section in sorted(set(old) | set(raw)):
         if section not in APPLIED and section != "planner" and old.get(section) != raw.get(section):

@@ -7,11 +7,14 @@ small: construction and connection only; behaviour lives in the stages.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from storage.tsdb import TSDB
 from turboprom.config import ServerConfig
 from turboprom.context import ServerContext
+
+if TYPE_CHECKING:
+    from planner.rules import RuleManager
 
 log = logging.getLogger("turboprom")
 
@@ -69,12 +72,17 @@ def build_context(config: ServerConfig, storage: Any = None) -> ServerContext:
         ctx.components["planned_engine"] = plan.engine
     if ctx.components.get("ingest") is not None:
         ctx.components["ingest"].add_sink(plan.summarizer)
-    if config.raw.get("rule_files"):
-        from planner.rules import RuleManager
+    # --- alert delivery to Alertmanager (alerting:), then the rules that feed it ---
+    from turboprom.alert_notifier import Notifier, external_labels, parse_alerting
 
-        append = ctx.components["ingest"].append_sync if ctx.components.get("ingest") is not None else storage.append
-        ctx.components["rules"] = RuleManager.from_config(config.raw, config.config_file,
-                                                          plan.engine or ctx.components.get("engine"), append)
+    ctx.components["notifier"] = Notifier(parse_alerting(config.raw.get("alerting")), external_labels(config.raw),
+                                          config.notification_queue_capacity)
+    ctx.components["default_view"] = default_view
+    if config.raw.get("rule_files"):
+        from planner.rules import load_rule_files_from_config
+
+        ctx.components["rules"] = rule_manager(ctx, load_rule_files_from_config(config.raw, config.config_file), True,
+                                                config.raw)
     # --- multi-tenancy (X-Scope-OrgID): one raw engine per other tenant, logged to the query log ---
     from planner.planned_engine import PlannedEngine
     from turboprom.tenancy import TenantEngines, restrict_sinks
@@ -94,6 +102,19 @@ def build_context(config: ServerConfig, storage: Any = None) -> ServerContext:
 
     ctx.components["kedgeflow"] = build_kedgeflow(ctx)
     return ctx
+
+
+def rule_manager(ctx: ServerContext, groups: list, restore: bool, raw: dict) -> "RuleManager":
+    """The rule manager over the default tenant: results appended through ingest, alerts to the
+    notifier, ``for`` state restored from storage when ``restore`` (start-up, not reload)."""
+    from planner.rules import RuleManager
+    from turboprom.alert_notifier import alerting_options
+
+    append = ctx.components["ingest"].append_sync if ctx.components.get("ingest") is not None else ctx.storage.append
+    engine = ctx.components.get("planned_engine") or ctx.components.get("engine")
+    view = ctx.components["default_view"]
+    return RuleManager(groups, engine, append, notify=ctx.components["notifier"].send, select=view.select,
+                       options=alerting_options(ctx.config, raw), restore=restore)
 
 
 async def start_background(ctx: ServerContext) -> None:

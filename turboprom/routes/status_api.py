@@ -8,6 +8,7 @@ unless enabled, like Prometheus's ``--web.enable-admin-api``: ``ctx.config.enabl
 Hooks other stages may provide (all optional):
 * ``ctx.components["rules"]``: ``api_groups() -> list[dict]`` (Prometheus RuleGroup JSON shape)
   and ``api_alerts() -> list[dict]``.
+* ``ctx.components["notifier"]``: ``alertmanagers_json()`` (turboprom/alert_notifier.py).
 * ``ctx.components["scraper"]``: ``targets_snapshot()`` -> list of target dicts/dataclasses.
 * ``ctx.storage.stats()``: head/cardinality statistics (dict or object; see ``tsdb_status``).
 
@@ -339,7 +340,12 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
 
     @api_handler
     async def alertmanagers(request: web.Request, params: Params) -> web.Response:
-        return ok({"activeAlertmanagers": [], "droppedAlertmanagers": []})
+        # The Alertmanagers of alerting.alertmanagers (turboprom/alert_notifier.py); alerts come from
+        # the default tenant's rules, so another tenant sees none.
+        notifier = ctx.components.get("notifier")
+        if notifier is None or not sees_default_only_state(request):
+            return ok({"activeAlertmanagers": [], "droppedAlertmanagers": []})
+        return ok(notifier.alertmanagers_json())
 
     @api_handler
     async def delete_series(request: web.Request, params: Params) -> web.StreamResponse:

@@ -427,7 +427,7 @@ class RuleManager:
                 d[k] = expand(tmpl, r.name, sample_labels, v, ext, tctx) if "{{" in tmpl else tmpl
             d["alertname"] = r.name
             ann = {k: (expand(t, r.name, sample_labels, v, ext, tctx) if "{{" in t else t)
-                   for k, t in r.annotations.items()}
+                   for k, t in sorted(r.annotations.items())}  # sorted by name, as Prometheus's labels.Labels
             key = make_labels({k: x for k, x in d.items() if x != ""})
             if key in found:
                 raise ValueError("vector contains metrics with the same labelset after applying alert labels")
@@ -593,17 +593,21 @@ class RuleManager:
 
     # --- API shapes ------------------------------------------------------------------------
     def _rule_json(self, r: Rule) -> dict[str, Any]:
-        base: dict[str, Any] = {"name": r.name, "query": r.query, "labels": dict(r.labels), "health": r.health}
+        base: dict[str, Any] = {"name": r.name, "query": r.query, "labels": dict(sorted(r.labels.items())),
+                                "health": r.health}
         if r.last_error:
             base["lastError"] = r.last_error
         base.update({"evaluationTime": r.eval_time, "lastEvaluation": _rfc3339(r.last_eval)})
         if r.kind == "recording":
+            if not r.labels:
+                base.pop("labels")  # omitempty for recording rules only, as Prometheus's JSON
             base["type"] = "recording"
             return base
         states = {a.state for a in r.active.values()}
         state = "firing" if "firing" in states else ("pending" if "pending" in states else "inactive")
         return {"state": state, "name": r.name, "query": r.query, "duration": r.for_s,
-                "keepFiringFor": r.keep_firing_for_s, "labels": dict(r.labels), "annotations": dict(r.annotations),
+                "keepFiringFor": r.keep_firing_for_s, "labels": base["labels"],
+                "annotations": dict(sorted(r.annotations.items())),
                 "alerts": self._alert_list(r), **{k: v for k, v in base.items() if k not in ("name", "query", "labels")},
                 "type": "alerting"}
 

@@ -118,9 +118,15 @@ class AlertingConfig:
     alert_relabel: list[RelabelConfig] = field(default_factory=list)
 
 
-def parse_alerting(section: Any) -> AlertingConfig:
+def parse_alerting(section: Any, base_dir: str | None = None) -> AlertingConfig:
     """The ``alerting:`` section (already shape-checked against ALERTING_FIELDS); ValueError naming
-    the field for what the table cannot express (api_version, auth combinations, relabel rules)."""
+    the field for what the table cannot express (api_version, auth combinations, relabel rules).
+    Password, credentials and TLS files are relative to ``base_dir`` (the config file's folder)."""
+
+    def path(p: Any) -> str:
+        text = str(p or "")
+        return str(Path(base_dir) / text) if text and base_dir and not Path(text).is_absolute() else text
+
     section = section or {}
     if not isinstance(section, dict):
         raise ValueError("alerting: must be a mapping with alertmanagers and alert_relabel_configs")
@@ -145,7 +151,7 @@ def parse_alerting(section: Any) -> AlertingConfig:
             b = am["basic_auth"]
             if b.get("password") and b.get("password_file"):
                 raise ValueError(f"{where}.basic_auth: at most one of password and password_file must be configured")
-            basic = (str(b.get("username", "")), str(b.get("password", "") or ""), str(b.get("password_file", "") or ""))
+            basic = (str(b.get("username", "")), str(b.get("password", "") or ""), path(b.get("password_file")))
         authz = None
         if am.get("authorization"):
             a = am["authorization"]
@@ -154,11 +160,11 @@ def parse_alerting(section: Any) -> AlertingConfig:
             typ = str(a.get("type", "Bearer") or "Bearer")
             if typ.lower() == "basic":
                 raise ValueError(f'{where}.authorization.type: "Basic" is not allowed, use basic_auth instead')
-            authz = (typ, str(a.get("credentials", "") or ""), str(a.get("credentials_file", "") or ""))
+            authz = (typ, str(a.get("credentials", "") or ""), path(a.get("credentials_file")))
         elif am.get("bearer_token"):
             authz = ("Bearer", str(am["bearer_token"]), "")
         elif am.get("bearer_token_file"):
-            authz = ("Bearer", "", str(am["bearer_token_file"]))
+            authz = ("Bearer", "", path(am["bearer_token_file"]))
         try:
             target_relabel = parse_relabel_configs(am.get("relabel_configs"))
             alert_relabel = parse_relabel_configs(am.get("alert_relabel_configs"))
@@ -181,7 +187,7 @@ def parse_alerting(section: Any) -> AlertingConfig:
                 urls.append(f"{out.get('__scheme__', scheme)}://{addr}{out.get('__alerts_path__', alerts_path)}")
         timeout = am.get("timeout", "10s")
         timeout_s = float(timeout) if isinstance(timeout, (int, float)) else parse_duration_ms(str(timeout)) / 1000.0
-        tls = dict(am.get("tls_config") or {})
+        tls = {k: (path(v) if k.endswith("_file") else v) for k, v in (am.get("tls_config") or {}).items()}
         sets.append(AlertmanagerSet(urls, dropped, timeout_s, basic, authz, tls,
                                     bool(am.get("follow_redirects", True)), alert_relabel))
     return AlertingConfig(sets, global_relabel)

@@ -71,6 +71,11 @@ class ServerConfig:
     notification_queue_capacity: int = 10_000
 
     @property
+    def config_dir(self) -> str | None:
+        """The config file's folder: relative paths in the config (rule files, secrets) start there."""
+        return str(Path(self.config_file).parent) if self.config_file else None
+
+    @property
     def host(self) -> str:
         return split_listen(self.listen)[0]
 
@@ -375,7 +380,7 @@ def validate(raw: Any, name: str = "config", lines: dict[str, int] | None = None
         from turboprom.alert_notifier import parse_alerting
 
         try:
-            parse_alerting(raw.get("alerting"))
+            parse_alerting(raw.get("alerting"), base_dir)
         except ValueError as e:
             m = re.match(r"alerting(\.alertmanagers\[\d+\](\.[a-z_]+)?|\.[a-z_]+)?", str(e))
             raise _Problem(m.group(0) if m else "alerting", str(e)) from None

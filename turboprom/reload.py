@@ -91,7 +91,7 @@ async def _apply(ctx: ServerContext, raw: dict[str, Any]) -> None:
 
     notifier = ctx.components.get("notifier")
     if notifier is not None:
-        notifier.apply(parse_alerting(raw.get("alerting")), external_labels(raw))
+        notifier.apply(parse_alerting(raw.get("alerting"), cfg.config_dir), external_labels(raw))
     scraper = ctx.components.get("scraper")
     if scraper is not None:
         await scraper.apply(configs_from_raw(raw, self_url=cfg.listen, self_interval_s=cfg.self_scrape_interval_s))

@@ -75,8 +75,8 @@ def build_context(config: ServerConfig, storage: Any = None) -> ServerContext:
     # --- alert delivery to Alertmanager (alerting:), then the rules that feed it ---
     from turboprom.alert_notifier import Notifier, external_labels, parse_alerting
 
-    ctx.components["notifier"] = Notifier(parse_alerting(config.raw.get("alerting")), external_labels(config.raw),
-                                          config.notification_queue_capacity)
+    ctx.components["notifier"] = Notifier(parse_alerting(config.raw.get("alerting"), config.config_dir),
+                                          external_labels(config.raw), config.notification_queue_capacity)
     ctx.components["default_view"] = default_view
     if config.raw.get("rule_files"):
         from planner.rules import load_rule_files_from_config

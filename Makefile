@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 DATA ?= ./data
 LISTEN ?= 127.0.0.1:9090
 # Debian packages the tests use as real peers.
-APT_PEERS := prometheus victoria-metrics etcd-server nats-server prometheus-node-exporter chromium
+APT_PEERS := prometheus victoria-metrics etcd-server nats-server prometheus-node-exporter chromium prometheus-alertmanager
 
 # The compiled ingest hot path (ingest/csrc -> ingest/_rw_native*.so), built in place; rebuilt when
 # its C source or setup.py changes. Without it ingest uses the pure-Python walk (same results).

@@ -78,33 +78,31 @@ def _fmt4(v: float, suffix: str = "") -> str:
     return go_float_g(v, 4) + suffix
 
 
+_BIG = ("k", "M", "G", "T", "P", "E", "Z", "Y")
+_BIG_1024 = ("ki", "Mi", "Gi", "Ti", "Pi", "Ei", "Zi", "Yi")
+_SMALL = ("m", "u", "n", "p", "f", "a", "z", "y")
+
+
+def _scaled(v: float, prefixes: tuple[str, ...], base: float, up: bool) -> tuple[float, str]:
+    """Divide (``up``) or multiply ``v`` by ``base`` until it is in [1, base); the last prefix used."""
+    prefix = ""
+    for p in prefixes:
+        if (abs(v) < base) if up else (abs(v) >= 1):
+            break
+        prefix, v = p, (v / base if up else v * base)
+    return v, prefix
+
+
 def humanize(v: float) -> str:
     if v == 0 or math.isnan(v) or math.isinf(v):
         return _fmt4(v)
-    if abs(v) >= 1:
-        prefix = ""
-        for p in ("k", "M", "G", "T", "P", "E", "Z", "Y"):
-            if abs(v) < 1000:
-                break
-            prefix, v = p, v / 1000
-        return _fmt4(v, prefix)
-    prefix = ""
-    for p in ("m", "u", "n", "p", "f", "a", "z", "y"):
-        if abs(v) >= 1:
-            break
-        prefix, v = p, v * 1000
-    return _fmt4(v, prefix)
+    return _fmt4(*_scaled(v, _BIG, 1000, True) if abs(v) >= 1 else _scaled(v, _SMALL, 1000, False))
 
 
 def humanize1024(v: float) -> str:
     if abs(v) <= 1 or math.isnan(v) or math.isinf(v):
         return _fmt4(v)
-    prefix = ""
-    for p in ("ki", "Mi", "Gi", "Ti", "Pi", "Ei", "Zi", "Yi"):
-        if abs(v) < 1024:
-            break
-        prefix, v = p, v / 1024
-    return _fmt4(v, prefix)
+    return _fmt4(*_scaled(v, _BIG_1024, 1024, True))
 
 
 def humanize_duration(v: float) -> str:
@@ -124,11 +122,7 @@ def humanize_duration(v: float) -> str:
         if minutes:
             return f"{sign}{minutes}m {seconds}s"
         return f"{sign}{_fmt4(v)}s"
-    prefix = ""
-    for p in ("m", "u", "n", "p", "f", "a", "z", "y"):
-        if abs(v) >= 1:
-            break
-        prefix, v = p, v * 1000
+    v, prefix = _scaled(v, _SMALL, 1000, False)
     return _fmt4(v, prefix + "s")
 
 

@@ -344,12 +344,6 @@ class RuleManager:
             for r in g.rules:
                 r.restored = not g.should_restore
 
-    @classmethod
-    def from_config(cls, raw: dict[str, Any], config_file: str | None, engine: Any,
-                    append: Callable[[SampleBatch], Any], notify: NotifyFunc | None = None,
-                    select: SelectFunc | None = None, options: AlertingOptions | None = None) -> "RuleManager":
-        return cls(load_rule_files_from_config(raw, config_file), engine, append, notify, select, options)
-
     # --- evaluation ------------------------------------------------------------------------
     def eval_group(self, g: Group, ts_ms: int) -> None:
         t0 = time.perf_counter()
@@ -358,8 +352,7 @@ class RuleManager:
             r0 = time.perf_counter()
             out: list[tuple[dict[str, str], float]] = []
             try:
-                kw = {"origin": "rule"} if hasattr(self.engine, "hook") else {}
-                labels, vals = self._vector(self.engine.instant_query(r.expr, ts_ms, **kw))
+                labels, vals = self._instant(r.expr, ts_ms)
                 with self._lock:
                     if r.kind == "recording":
                         out = self._recorded(r, labels, vals, g.limit)
@@ -368,14 +361,19 @@ class RuleManager:
                 r.health, r.last_error = "ok", ""
             except Exception as e:  # noqa: BLE001 - one bad rule must not stop the group
                 r.health, r.last_error = "err", str(e)
+            failed = r.health == "err"
             self._write(r, out, ts_ms)
-            if r.kind == "alerting":
+            if r.kind == "alerting" and not failed:  # as Prometheus: a failed evaluation sends nothing
                 self._send(r, ts, g.interval_s)
             r.last_eval = time.time()
             r.eval_time = time.perf_counter() - r0
         g.last_eval = time.time()
         g.eval_time = time.perf_counter() - t0
         g.evaluations += 1
+
+    def _instant(self, query: str, ts_ms: int) -> tuple[list[Labels], list[float]]:
+        kw = {"origin": "rule"} if hasattr(self.engine, "hook") else {}  # the planned engine logs rule queries
+        return self._vector(self.engine.instant_query(query, ts_ms, **kw))
 
     @staticmethod
     def _vector(res: Any) -> tuple[list[Labels], list[float]]:
@@ -405,8 +403,7 @@ class RuleManager:
         from planner.alert_template import Context, Sample
 
         def query(q: str) -> list[Any]:
-            kw = {"origin": "rule"} if hasattr(self.engine, "hook") else {}
-            labels, vals = self._vector(self.engine.instant_query(q, ts_ms, **kw))
+            labels, vals = self._instant(q, ts_ms)
             return [Sample(dict(lbl), v) for lbl, v in zip(labels, vals)]
 
         return Context(query=query, external_url=self.options.external_url)

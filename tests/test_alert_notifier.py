@@ -18,7 +18,7 @@ from pathlib import Path
 import bcrypt
 import pytest
 
-from tests.helpers import ServerProcess, free_port, http_json, require_binary, wait_http
+from tests.helpers import ServerProcess, free_port, http_json, require_binary
 from turboprom.config import ConfigError, load_config_file
 from tests.test_federation import _stop, remote_write
 

@@ -49,7 +49,9 @@ groups:
       - record: job:queue_depth:sum
         expr: sum by (job) (queue_depth)
 """
-PHASE1_S = 5.0  # a:1 = 5 (page), b:2 = 3.5 (ticket), c:3 = 1 (below the threshold)
+# Phase 1: a:1 = 5 (page), b:2 = 3.5 (ticket), c:3 = 1 (below the threshold), until both servers
+# show the four alerts firing; phase 2: a:1 = 1 (QueueHigh resolves, QueueKept 2 s later).
+FIRING = 4
 ZERO_TIME = "0001-01-01T00:00:00Z"
 
 
@@ -130,11 +132,11 @@ def _t(text: str) -> float:
     return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
-def _feed(urls: list[str], stop: threading.Event, t0: float) -> None:
+def _feed(urls: list[str], stop: threading.Event, phase2: threading.Event) -> None:
     """Identical samples to both servers every 0.5 s: phase 1 then a:1 drops below the threshold."""
     while not stop.is_set():
         now = time.time()
-        a = 5.0 if now - t0 < PHASE1_S else 1.0
+        a = 1.0 if phase2.is_set() else 5.0
         ts = [int(now * 1000)]
         series = [({"__name__": "queue_depth", "job": "w", "instance": "a:1"}, ts, [a]),
                   ({"__name__": "queue_depth", "job": "w", "instance": "b:2"}, ts, [3.5]),
@@ -175,12 +177,29 @@ def test_alertmanager_receives_the_same_alerts_from_prometheus_and_turboprom(tmp
     try:
         prom, prom_base = _start_prometheus(pdir, _config("prom", am_port), ["--web.enable-remote-write-receiver"])
         turbo = ServerProcess(tdir / "data", ["--config", str(tdir / "config.yml")]).start()
+        # Prometheus discovers its Alertmanagers asynchronously and drops what fires before: feed
+        # only once both list theirs (alerts without 'for' fire at the first evaluation).
+        deadline = time.time() + 20
+        while time.time() < deadline and not all(
+                http_json(b + "/api/v1/alertmanagers")[1]["data"]["activeAlertmanagers"] for b in (prom_base, turbo.url)):
+            time.sleep(0.1)
+        time.sleep(0.5)
         t0 = time.time()
-        feeder = threading.Thread(target=_feed, args=([prom_base, turbo.url], stop, t0), daemon=True)
+        phase2 = threading.Event()
+        feeder = threading.Thread(target=_feed, args=([prom_base, turbo.url], stop, phase2), daemon=True)
         feeder.start()
-        time.sleep(PHASE1_S - 0.5)
+
+        def firing(base: str) -> int:
+            return sum(a["state"] == "firing" for a in http_json(base + "/api/v1/alerts")[1]["data"]["alerts"])
+
+        deadline = time.time() + 20
+        while time.time() < deadline and not (firing(prom_base) == firing(turbo.url) == FIRING):
+            time.sleep(0.25)
+        time.sleep(1.0)  # one more evaluation each: ALERTS written for every firing alert
         # Phase 1 settled: both firing QueueHigh (a:1 page, b:2 ticket), AnyQueued and QueueKept.
         _compare_apis(prom_base, turbo.url, firing_only=True)
+        phase2.set()
+        t1 = time.time()
         deadline = time.time() + 20
         while time.time() < deadline and not (_done(hook, "prom") and _done(hook, "turbo")):
             time.sleep(0.25)
@@ -208,7 +227,7 @@ def test_alertmanager_receives_the_same_alerts_from_prometheus_and_turboprom(tmp
                 held_p, held_t = _t(p[-1]["endsAt"]) - ps, _t(t[-1]["endsAt"]) - ts_
                 assert abs(held_p - held_t) <= 2.0, (key, held_p, held_t)
                 if name == "QueueKept":  # resolved no sooner than keep_firing_for after the condition ended
-                    assert _t(t[-1]["endsAt"]) >= t0 + PHASE1_S + 2.0 - 0.1
+                    assert _t(t[-1]["endsAt"]) >= t1 + 2.0 - 0.1
             pu, tu = urllib.parse.urlsplit(p[-1]["generatorURL"]), urllib.parse.urlsplit(t[-1]["generatorURL"])
             assert (pu.path, urllib.parse.parse_qs(pu.query)) == (tu.path, urllib.parse.parse_qs(tu.query)), key
         _compare_apis(prom_base, turbo.url, firing_only=False)

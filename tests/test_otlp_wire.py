@@ -192,17 +192,22 @@ def test_bad_requests_get_clear_errors(srv) -> None:
 
 def test_utf8_translation_strategy(tmp_path: Path) -> None:
     cfg = tmp_path / "turboprom.yml"
-    cfg.write_text("otlp:\n  translation_strategy: NoUTF8EscapingWithSuffixes\n  promote_scope_metadata: true\n")
+    cfg.write_text("otlp:\n  translation_strategy: NoUTF8EscapingWithSuffixes\n  promote_scope_metadata: true\n"
+                   "  promote_all_resource_attributes: true\n  ignore_resource_attributes: [cloud.region]\n"
+                   "  keep_identifying_resource_attributes: true\n")
     with ServerProcess(tmp_path / "data", ["--config", str(cfg)]) as s:
         now = int(time.time() * 1000)
-        req = _request([_gauge("gpu.util", [(now, 0.5)], unit="1", **{"k8s__pod": "p-0"})])
+        req = _request([_gauge("gpu.util", [(now, 0.5)], unit="1", **{"k8s__pod": "p-0"})],
+                       {"service.name": "svc", "host.name": "h1", "cloud.region": "eu"})
         sc = req.resource_metrics[0].scope_metrics[0].scope
         sc.name, sc.version = "vllm.metrics", "0.6"
         st, out, _ = _post(s.url, req.SerializeToString())
         assert st == 200 and not _response(out).HasField("partial_success"), out
         (r,) = _query(s.url, '{"gpu.util_ratio"}', now / 1000)
         assert r["metric"] == {"__name__": "gpu.util_ratio", "job": "svc", "k8s.pod": "p-0", "otel_scope_name": "vllm.metrics",
-                               "otel_scope_version": "0.6"}
+                               "otel_scope_version": "0.6", "service.name": "svc", "host.name": "h1"}  # all promoted but the ignored
+        (r,) = _query(s.url, "target_info", now / 1000)
+        assert r["metric"] == {"__name__": "target_info", "job": "svc", "service.name": "svc", "host.name": "h1", "cloud.region": "eu"}
 
 
 def test_auth_roles_and_tenant_restriction(tmp_path: Path) -> None:

@@ -15,7 +15,21 @@ Measured in each phase, each load in its own process (the machine has 2 shared c
                    POST to the SSE event (GET /api/v1/congestion/stream?instance=probe) that shows it
   ingest rate      samples acknowledged per second (2xx), 429s retried after 50 ms
 
+The fast signal paths, measured in the same phases against a live engine fleet (--engines HTTP
+exporters in one process, prometheus-client like vLLM's /metrics with a vLLM-sized body; each
+engine sets vllm:num_requests_waiting to the wall-clock ms of the change, 10 times a second):
+  fast-scrape freshness   engine change -> visible in GET /api/v1/congestion?cluster=fleet (polled
+                          100/s), the server fast-scraping the fleet every --fast-interval and storing
+                          it every 15 s
+  events freshness        a vLLM-format ZMQ PUB sends BlockStored 10x/s; time until
+                          POST /api/v1/congestion/prefix shows the block (polled every 1 ms)
+  direct picker (peer)    what llm-d's endpoint picker does: GET every engine's /metrics every 50 ms;
+                          engine change -> seen by the picker; run in the "direct picker" phases
+  engine load             requests/s each engine serves, by client (TurboProm's fast scrape and
+                          normal scrape vs one direct picker), and bytes per request
+
     .venv/bin/python bench/congestion_bench.py [--phase-s 15] [--rate 100000] [--wal-fsync always]
+                                               [--engines 32] [--fast-interval 0.05]
 """
 from __future__ import annotations
 
@@ -249,6 +263,204 @@ def freshness_probe(url: str, start: Any, duration: float, q: mp.Queue) -> None:
     q.put(("freshness", asyncio.run(run())))
 
 
+# ----------------------------------------------------------------------------- engine fleet
+def fleet_registry(engine: int) -> Any:
+    """A vLLM-shaped registry: the tracker's gauges and counters plus latency histograms (body size)."""
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+    reg = CollectorRegistry()
+    lb = ["model_name", "engine"]
+    Gauge("vllm:num_requests_waiting", "waiting", lb, registry=reg).labels("m", "0").set(time.time() * 1000)
+    Gauge("vllm:num_requests_running", "running", lb, registry=reg).labels("m", "0").set(4)
+    Gauge("vllm:kv_cache_usage_perc", "kv", lb, registry=reg).labels("m", "0").set(0.4)
+    Counter("vllm:prompt_tokens", "prompt", lb, registry=reg).labels("m", "0").inc(1000)
+    Counter("vllm:generation_tokens", "gen", lb, registry=reg).labels("m", "0").inc(1000)
+    Counter("vllm:request_success", "done", lb + ["finished_reason"], registry=reg).labels("m", "0", "stop").inc(3)
+    for name in ("vllm:time_to_first_token_seconds", "vllm:time_per_output_token_seconds",
+                 "vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds",
+                 "vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds"):
+        h = Histogram(name, name, lb, registry=reg, buckets=[0.001 * 2 ** k for k in range(20)])
+        for v in (0.01, 0.1, 1.0):
+            h.labels("m", "0").observe(v)
+    return reg
+
+
+def fleet(n: int, q: mp.Queue, ctl: Any) -> None:
+    """``n`` engines on loopback ports; counts requests and bytes per engine and client (User-Agent).
+    Answers "counts" on the control pipe; stops on "stop"."""
+    import threading
+
+    from aiohttp import web
+    from prometheus_client import generate_latest
+
+    regs = [fleet_registry(i) for i in range(n)]
+    counts: dict[str, list[float]] = {}  # client -> [requests, bytes]
+    version = [0] * n
+    rendered: dict[tuple, bytes] = {}
+
+    async def run() -> None:
+        runners = []
+        ports = []
+        for i, reg in enumerate(regs):
+            async def handle(request: web.Request, reg: Any = reg, i: int = i) -> web.Response:
+                # Rendered once per value change and name set (prometheus-client renders on every
+                # request; caching keeps this one process from being the bench's bottleneck).
+                names = tuple(request.query.getall("name[]", []))
+                key = (i, names, version[i])
+                body = rendered.get(key)
+                if body is None:
+                    body = rendered[key] = generate_latest(reg.restricted_registry(names) if names else reg)
+                ua = request.headers.get("User-Agent", "?").split("/")[0]
+                c = counts.setdefault(ua, [0, 0])
+                c[0] += 1
+                c[1] += len(body)
+                return web.Response(body=body, content_type="text/plain")
+            app = web.Application()
+            app.router.add_get("/metrics", handle)
+            runner = web.AppRunner(app, access_log=None)
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            ports.append(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
+            runners.append(runner)
+
+        async def tick(i: int) -> None:
+            g = regs[i]._names_to_collectors["vllm:num_requests_waiting"]
+            await asyncio.sleep(0.1 * i / n)
+            while True:
+                g.labels("m", "0").set(float(int(time.time() * 1000)))
+                version[i] += 1
+                for key in [k for k in rendered if k[0] == i]:
+                    del rendered[key]
+                await asyncio.sleep(0.1)
+
+        tasks = [asyncio.create_task(tick(i)) for i in range(n)]
+        q.put(("fleet_ports", ports))
+        loop = asyncio.get_running_loop()
+        while True:
+            msg = await loop.run_in_executor(None, ctl.recv)
+            if msg == "counts":
+                ctl.send({k: list(v) for k, v in counts.items()})
+            else:
+                break
+        for t in tasks:
+            t.cancel()
+        for r in runners:
+            await r.cleanup()
+
+    asyncio.run(run())
+
+
+def first_seen(values: dict[str, float], seen_at: float, out: list[float], last: dict[str, float]) -> None:
+    """Freshness of ms-stamped values: each value's first sighting minus its stamp."""
+    for key, v in values.items():
+        if v is not None and v > last.get(key, 0.0):
+            last[key] = v
+            out.append(seen_at - v / 1000.0)
+
+
+def fleet_observer(host: str, port: int, start: Any, duration: float, q: mp.Queue) -> None:
+    """Polls the fleet's entries 100/s; engine change -> visible in the API."""
+    start_at = wait_start(start)
+    conn = http.client.HTTPConnection(host, port, timeout=10)
+    fresh: list[float] = []
+    last: dict[str, float] = {}
+    time.sleep(max(0.0, start_at - time.time()))
+    while time.time() < start_at + duration:
+        conn.request("GET", "/api/v1/congestion?cluster=fleet")
+        r = conn.getresponse()
+        body = json.loads(r.read())
+        now = time.time()
+        first_seen({d["instance"]: d["queue_length"] for d in body["data"]["instances"]}, now, fresh, last)
+        time.sleep(0.01)
+    q.put(("fast_scrape_freshness", {**summary_ms(fresh[len(last):]), "instances": len(last)}))
+
+
+def direct_picker(ports: list[int], start: Any, duration: float, q: mp.Queue) -> None:
+    """An endpoint picker scraping every engine's /metrics every 50 ms (llm-d's default)."""
+    import re
+
+    import aiohttp
+
+    pat = re.compile(rb'^vllm:num_requests_waiting\{[^}]*\} ([0-9.e+]+)$', re.M)
+    start_at = wait_start(start)
+
+    async def run() -> dict[str, Any]:
+        fresh: list[float] = []
+        last: dict[str, float] = {}
+        await asyncio.sleep(max(0.0, start_at - time.time()))
+        async with aiohttp.ClientSession(headers={"User-Agent": "direct-picker/1"}) as s:
+            async def one(p: int) -> None:
+                async with s.get(f"http://127.0.0.1:{p}/metrics") as r:
+                    body = await r.read()
+                m = pat.search(body)
+                if m:
+                    first_seen({str(p): float(m.group(1))}, time.time(), fresh, last)
+
+            nxt = time.time()
+            rounds = 0
+            while time.time() < start_at + duration:
+                await asyncio.gather(*(one(p) for p in ports))
+                rounds += 1
+                nxt += 0.05
+                await asyncio.sleep(max(0.0, nxt - time.time()))
+        return {**summary_ms(fresh[len(last):]), "rounds_per_s": round(rounds / duration, 1)}
+
+    q.put(("direct_picker_freshness", asyncio.run(run())))
+
+
+def events_probe(url: str, kv_port: int, start: Any, duration: float, q: mp.Queue) -> None:
+    """vLLM-format KV events (ZMQ PUB, [topic, seq, msgpack batch]) -> visible in the prefix view."""
+    import msgpack
+    import zmq
+
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    pub.bind(f"tcp://127.0.0.1:{kv_port}")
+    conn = http.client.HTTPConnection(urllib.parse.urlparse(url).hostname, urllib.parse.urlparse(url).port, timeout=10)
+    seq = 0
+
+    def send(tokens: list[int]) -> None:
+        nonlocal seq
+        pub.send_multipart([b"kv", seq.to_bytes(8, "big"),
+                            msgpack.packb([time.time(), [["BlockStored", [seq + 1], None, tokens, 4, None, "GPU"]]])])
+        seq += 1
+
+    def held(tokens: list[int]) -> bool:
+        conn.request("POST", "/api/v1/congestion/prefix", body=json.dumps({"token_ids": tokens}),
+                     headers={"Content-Type": "application/json"})
+        r = conn.getresponse()
+        rows = json.loads(r.read())["data"]["instances"]
+        return any(d["matched_blocks"] > 0 for d in rows)
+
+    for k in range(200):  # the subscriber joins late (ZMQ slow joiner): warm up until one is seen
+        send([7, 7, 7, k])
+        time.sleep(0.02)
+        if held([7, 7, 7, k]):
+            break
+    start_at = wait_start(start)
+    time.sleep(max(0.0, start_at - time.time()))
+    lat: list[float] = []
+    lost = 0
+    k = 0
+    while time.time() < start_at + duration - 1.0:
+        k += 1
+        tokens = [1_000_000 + k, 3, 3, 3]
+        t = time.perf_counter()
+        send(tokens)
+        while not held(tokens):
+            if time.perf_counter() - t > 1.0:
+                lost += 1
+                break
+            time.sleep(0.001)
+        else:
+            lat.append(time.perf_counter() - t)
+        time.sleep(0.1)
+    pub.close(0)
+    ctx.term()
+    q.put(("events_freshness", {**summary_ms(lat), "lost": lost}))
+
+
 # ----------------------------------------------------------------------------- orchestration
 def server_hist(url: str, name: str) -> dict[float, float]:
     """Cumulative bucket counts of one of the tracker's own histograms from the server's /metrics."""
@@ -274,8 +486,10 @@ def hist_quantiles(before: dict[float, float], after: dict[float, float]) -> dic
 
 
 def run_phase(name: str, server_url: str, args: argparse.Namespace, ingest: bool, heavy: bool,
-              peer: bool = False) -> dict[str, Any]:
-    """One phase; ``peer`` replaces the congestion pollers by the PromQL poller (same 200/s target)."""
+              peer: bool = False, picker: bool = False, fleet_ctl: Any = None, fleet_ports: list[int] = (),
+              kv_port: int = 0) -> dict[str, Any]:
+    """One phase; ``peer`` replaces the congestion pollers by the PromQL poller (same 200/s target);
+    ``picker`` runs a direct 50 ms picker against the engine fleet beside the rest."""
     ctx = mp.get_context("spawn")
     q: mp.Queue = ctx.Queue()
     u = urllib.parse.urlparse(server_url)
@@ -291,6 +505,12 @@ def run_phase(name: str, server_url: str, args: argparse.Namespace, ingest: bool
                                              d, "poll_one", q)),
             ctx.Process(target=freshness_probe, args=(server_url, start_at, d, q)),
         ]
+        if fleet_ports:
+            procs.append(ctx.Process(target=fleet_observer, args=(u.hostname, u.port, start_at, d, q)))
+        if kv_port:
+            procs.append(ctx.Process(target=events_probe, args=(server_url, kv_port, start_at, d, q)))
+    if picker:
+        procs.append(ctx.Process(target=direct_picker, args=(list(fleet_ports), start_at, d, q)))
     if ingest:
         procs.append(ctx.Process(target=sender, args=(server_url, args.rate, start_at, d, q)))
     if heavy:
@@ -298,6 +518,10 @@ def run_phase(name: str, server_url: str, args: argparse.Namespace, ingest: bool
     hists = ("turboprom_congestion_publish_delay_seconds", "turboprom_congestion_consume_seconds",
              "turboprom_congestion_snapshot_build_seconds")
     before = {h: server_hist(server_url, h) for h in hists}
+    if fleet_ctl is not None:
+        fleet_ctl.send("counts")
+        fleet_before = fleet_ctl.recv()
+        fleet_t0 = time.time()
     for p in procs:
         p.start()
     out: dict[str, Any] = {}
@@ -311,6 +535,16 @@ def run_phase(name: str, server_url: str, args: argparse.Namespace, ingest: bool
         out[k] = v
     for p in procs:
         p.join(30)
+    if fleet_ctl is not None:
+        fleet_ctl.send("counts")
+        after = fleet_ctl.recv()
+        n_eng = max(args.engines, 1)
+        span = time.time() - fleet_t0
+        out["engine_load"] = {
+            client: {"requests_per_s_per_engine": round((c[0] - fleet_before.get(client, [0, 0])[0]) / span / n_eng, 2),
+                     "bytes_per_request": round((c[1] - fleet_before.get(client, [0, 0])[1])
+                                                / max(c[0] - fleet_before.get(client, [0, 0])[0], 1))}
+            for client, c in after.items()}
     for h in hists:
         out[h.removeprefix("turboprom_congestion_")] = hist_quantiles(before[h], server_hist(server_url, h))
     print(f"[{name}] " + json.dumps(out), flush=True)
@@ -323,41 +557,90 @@ def main() -> None:
     ap.add_argument("--rate", type=int, default=100_000)
     ap.add_argument("--wal-fsync", default="always", choices=["always", "batch", "never"])
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--engines", type=int, default=32, help="live engine exporters (0 = no fleet)")
+    ap.add_argument("--fast-interval", type=float, default=0.05, help="server's fast scrape interval, s")
     ap.add_argument("--json", default=None, help="write all results here")
     args = ap.parse_args()
 
-    from tests.helpers import ServerProcess
+    from tests.helpers import ServerProcess, free_port
 
-    results: dict[str, list[dict[str, Any]]] = {"idle": [], "ingest": [], "ingest+query": [], "peer idle": [],
-                                                "peer ingest": []}
-    with tempfile.TemporaryDirectory(prefix="congestion-bench-") as tmp:
-        cfg = Path(tmp) / "turboprom.yml"
-        cfg.write_text("congestion:\n  resolution: 1s\n")
-        with ServerProcess(Path(tmp) / "data", ["--config", str(cfg), "--wal-fsync", args.wal_fsync]) as server:
-            for _ in range(args.repeats):
-                results["idle"].append(run_phase("idle", server.url, args, ingest=False, heavy=False))
-                results["ingest"].append(run_phase("ingest", server.url, args, ingest=True, heavy=False))
-                results["ingest+query"].append(run_phase("ingest+query", server.url, args, ingest=True, heavy=True))
-                results["peer idle"].append(run_phase("peer idle", server.url, args, ingest=False, heavy=False, peer=True))
-                results["peer ingest"].append(run_phase("peer ingest", server.url, args, ingest=True, heavy=False,
-                                                        peer=True))
-            with urllib.request.urlopen(server.url + "/api/v1/congestion") as r:
-                n_inst = len(json.loads(r.read())["data"]["instances"])
+    ctx = mp.get_context("spawn")
+    fleet_ctl = None
+    ports: list[int] = []
+    fleet_proc = None
+    if args.engines:
+        fq: mp.Queue = ctx.Queue()
+        fleet_ctl, child = ctx.Pipe()
+        fleet_proc = ctx.Process(target=fleet, args=(args.engines, fq, child))
+        fleet_proc.start()
+        k, ports = fq.get(timeout=120)
+    kv_port = free_port() if args.engines else 0
+    phases = {"idle": dict(ingest=False, heavy=False), "ingest": dict(ingest=True, heavy=False),
+              "ingest+query": dict(ingest=True, heavy=True), "peer idle": dict(ingest=False, heavy=False, peer=True),
+              "peer ingest": dict(ingest=True, heavy=False, peer=True)}
+    if args.engines:
+        phases["direct picker, ingest"] = dict(ingest=True, heavy=False, peer=True, picker=True)
+    results: dict[str, list[dict[str, Any]]] = {k: [] for k in phases}
+    try:
+        with tempfile.TemporaryDirectory(prefix="congestion-bench-") as tmp:
+            cfg = Path(tmp) / "turboprom.yml"
+            text = "congestion:\n  resolution: 1s\n"
+            if args.engines:
+                targets = ", ".join(f'"127.0.0.1:{p}"' for p in ports)
+                text = (f"scrape_configs:\n  - job_name: fleet\n    scrape_interval: 15s\n    static_configs:\n"
+                        f"      - targets: [{targets}]\n        labels: {{cluster: fleet}}\n"
+                        f"{text}  fast_scrape_interval: {args.fast_interval}\n  fast_scrape_jobs: [fleet]\n"
+                        f"  kv_events:\n    - {{endpoint: 'tcp://127.0.0.1:{kv_port}', instance: kv0, cluster: kv, "
+                        f"model_name: m, topic: kv}}\n")
+            cfg.write_text(text)
+            with ServerProcess(Path(tmp) / "data", ["--config", str(cfg), "--wal-fsync", args.wal_fsync]) as server:
+                for _ in range(args.repeats):
+                    for name, kw in phases.items():
+                        fast = args.engines and not kw.get("peer")
+                        results[name].append(run_phase(name, server.url, args, **kw, fleet_ctl=fleet_ctl,
+                                                       fleet_ports=ports if (fast or kw.get("picker")) else [],
+                                                       kv_port=kv_port if fast else 0))
+                with urllib.request.urlopen(server.url + "/api/v1/congestion") as r:
+                    n_inst = len(json.loads(r.read())["data"]["instances"])
+    finally:
+        if fleet_ctl is not None:
+            fleet_ctl.send("stop")
+            fleet_proc.join(30)
     print(f"\ninstances tracked at the end: {n_inst}")
+
+    def med(runs: list[dict[str, Any]], key: str, field: str) -> float:
+        vals = [r[key][field] for r in runs if key in r and r[key].get(field) is not None]
+        return round(statistics.median(vals), 2) if vals else float("nan")
+
     print("\n| phase | poll p50 / p99 ms (achieved polls/s) | one-instance poll p50 / p99 ms | freshness p50 / p99 ms | "
           "ingest samples/s (target) | heavy range query p50 ms | tracker publish delay p50 / p99 (bucket le, ms) | "
           "consume per batch p50 / p99 (le, ms) |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for phase, runs in results.items():
-        def med(key: str, field: str) -> float:
-            vals = [r[key][field] for r in runs if key in r and r[key].get(field) is not None]
-            return round(statistics.median(vals), 2) if vals else float("nan")
-        pk = "peer_promql_poll" if phase.startswith("peer") else "poll_all"
-        print(f"| {phase} | {med(pk, 'p50_ms')} / {med(pk, 'p99_ms')} ({med(pk, 'achieved_per_s')}) | "
-              f"{med('poll_one', 'p50_ms')} / {med('poll_one', 'p99_ms')} | {med('freshness', 'p50_ms')} / "
-              f"{med('freshness', 'p99_ms')} | {med('ingest', 'samples_per_s')} ({args.rate}) | {med('heavy_query', 'p50_ms')} | "
+        pk = "peer_promql_poll" if phase.startswith(("peer", "direct")) else "poll_all"
+        print(f"| {phase} | {med(runs, pk, 'p50_ms')} / {med(runs, pk, 'p99_ms')} ({med(runs, pk, 'achieved_per_s')}) | "
+              f"{med(runs, 'poll_one', 'p50_ms')} / {med(runs, 'poll_one', 'p99_ms')} | {med(runs, 'freshness', 'p50_ms')} / "
+              f"{med(runs, 'freshness', 'p99_ms')} | {med(runs, 'ingest', 'samples_per_s')} ({args.rate}) | "
+              f"{med(runs, 'heavy_query', 'p50_ms')} | "
               f"{runs[0]['publish_delay_seconds']['p50_le_ms']} / {runs[0]['publish_delay_seconds']['p99_le_ms']} | "
               f"{runs[0]['consume_seconds']['p50_le_ms']} / {runs[0]['consume_seconds']['p99_le_ms']} |")
+    if args.engines:
+        print(f"\nFast paths ({args.engines} engines, fast scrape every {args.fast_interval * 1000:g} ms):")
+        print("\n| phase | via fast scrape p50 / p99 / max ms | via KV events p50 / p99 ms | direct 50 ms picker p50 / p99 ms | "
+              "engine requests/s per engine: fast scrape / normal scrape / one direct picker | bytes per request: "
+              "fast scrape / direct picker |")
+        print("| --- | --- | --- | --- | --- | --- |")
+        for phase, runs in results.items():
+            def load(client: str, field: str) -> Any:
+                vals = [r["engine_load"].get(client, {}).get(field) for r in runs if "engine_load" in r]
+                vals = [v for v in vals if v is not None]
+                return round(statistics.median(vals), 2) if vals else "-"
+            print(f"| {phase} | {med(runs, 'fast_scrape_freshness', 'p50_ms')} / {med(runs, 'fast_scrape_freshness', 'p99_ms')}"
+                  f" / {med(runs, 'fast_scrape_freshness', 'max_ms')} | {med(runs, 'events_freshness', 'p50_ms')} / "
+                  f"{med(runs, 'events_freshness', 'p99_ms')} | {med(runs, 'direct_picker_freshness', 'p50_ms')} / "
+                  f"{med(runs, 'direct_picker_freshness', 'p99_ms')} | {load('TurboProm-fast-scrape', 'requests_per_s_per_engine')}"
+                  f" / {load('TurboProm-scraper', 'requests_per_s_per_engine')} / {load('direct-picker', 'requests_per_s_per_engine')}"
+                  f" | {load('TurboProm-fast-scrape', 'bytes_per_request')} / {load('direct-picker', 'bytes_per_request')} |")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
 

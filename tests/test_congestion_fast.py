@@ -257,3 +257,41 @@ def test_push_refuses_bad_input(env: dict[str, Any]) -> None:
     assert status == 400 and out["errorType"] == "bad_data"
     status, out, _ = http_json(url + "/api/v1/congestion/push", b"x 1\n", {"X-Scope-OrgID": "other"})
     assert status == 400 and "default tenant" in out["error"]
+
+
+def test_model_server_protocol_endpoint(env: dict[str, Any]) -> None:
+    """What an endpoint picker (llm-d's EPP) scrapes from a model server, served per instance from the
+    tracker's view; the exposition passes Prometheus's own linter (promtool check metrics)."""
+    import subprocess
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tests.helpers import require_binary
+
+    url = env["url"]
+    body = (b'vllm:num_requests_waiting{cluster="kv",model_name="llama",instance="e2"} 4\n'
+            b'vllm:num_requests_running{cluster="kv",model_name="llama",instance="e2"} 2\n'
+            b'vllm:kv_cache_usage_perc{cluster="kv",model_name="llama",instance="e2"} 0.25\n')
+    assert post(url + "/api/v1/congestion/push", body)[0] == 200
+    target = f"{url}/api/v1/congestion/model_server/e2/metrics?cluster=kv"
+
+    def scrape() -> str:
+        with urllib.request.urlopen(target, timeout=10) as r:
+            assert r.headers["Content-Type"].startswith("text/plain")
+            return r.read().decode()
+
+    text = wait_for(lambda: (t := scrape()) and "vllm:num_requests_waiting" in t and t, what="model-server view")
+    got = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    assert got["vllm:num_requests_waiting"] == 4 and got["vllm:num_requests_running"] == 2
+    assert got["vllm:kv_cache_usage_perc"] == 0.25 and 0 <= got["turboprom_congestion_age_seconds"] < 5
+    lint = subprocess.run([require_binary("promtool"), "check", "metrics"], input=text.encode(), capture_output=True,
+                          timeout=30)
+    # exit 3 = lint findings only (1 would be a parse error); the only finding allowed is the one
+    # vLLM's own /metrics gets too: its names contain ':'
+    problems = [ln for ln in (lint.stdout + lint.stderr).decode().splitlines() if ln.strip()]
+    assert lint.returncode in (0, 3) and all(ln.endswith("metric names should not contain ':'") for ln in problems), problems
+    # e0's KV events carry its block size (the protocol's optional BlockSize)
+    with urllib.request.urlopen(f"{url}/api/v1/congestion/model_server/e0/metrics", timeout=10) as r:
+        assert 'vllm:cache_config_info{block_size="4"} 1.0' in r.read().decode()
+    status, out, _ = http_json(f"{url}/api/v1/congestion/model_server/nowhere/metrics")
+    assert status == 404 and out["errorType"] == "not_found"

@@ -41,5 +41,4 @@ def build_fast_signals(ctx: ServerContext, tracker: Any) -> None:
         from scheduler_metrics.schema import SIGNAL_BY_SAMPLE_NAME
 
         ctx.components["fast_scrape"] = FastScrape(ctx.components["scraper"], cfg.fast_scrape_jobs,
-                                                   cfg.fast_scrape_interval_s, SIGNAL_BY_SAMPLE_NAME, tracker.consume,
-                                                   ctx.executor)
+                                                   cfg.fast_scrape_interval_s, SIGNAL_BY_SAMPLE_NAME, tracker.consume)

@@ -13,14 +13,16 @@ regular-expression pass (C), so the parse sees only those lines.
 Series labels are built exactly as the normal scrape builds them (target labels, ``honor_labels``,
 ``metric_relabel_configs``, via ``process.target_series_labels``), so a fast sample and a stored
 sample of the same series land on the same tracker state. Targets are read from the scrape manager
-on every round, so discovery and reloads apply. One target is fetched at a time per round per job
-with a concurrency bound; a round that overruns its interval skips ahead (counted), never queues up.
+on every round, so discovery and reloads apply. A round fetches a job's targets concurrently (with a
+bound); one that overruns its interval skips ahead (counted), never queues up. It runs on its own
+thread and event loop, parsing there too (the kept lines are few).
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import re
+import threading
 import time
 import urllib.parse
 from typing import Any, Callable, Iterable
@@ -52,41 +54,64 @@ def line_filter(names: Iterable[str]) -> re.Pattern[bytes]:
 
 class FastScrape:
     def __init__(self, manager: Any, jobs: Iterable[str], interval_s: float, names: Iterable[str],
-                 consume: Callable[[SampleBatch], None], executor: Any = None, *, concurrency: int = 64) -> None:
+                 consume: Callable[[SampleBatch], None], *, concurrency: int = 64) -> None:
         self.manager = manager  # ingest.scrape.manager.ScrapeManager: its loops are the targets
         self.jobs = tuple(jobs)
         self.interval_s = interval_s
         self.names = frozenset(names)
         self.consume = consume
-        self.executor = executor
         self._filter = line_filter(self.names)
         self._query = urllib.parse.urlencode([("name[]", n) for n in sorted(self.names)])
         self._labels: dict[tuple, dict[str, Labels]] = {}  # target key -> raw series text -> labels
-        self._sem = asyncio.Semaphore(concurrency)
+        self._concurrency = concurrency
+        self._sem: asyncio.Semaphore | None = None
         self._tasks: list[asyncio.Task] = []
         self._session: aiohttp.ClientSession | None = None
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop_ev: asyncio.Event | None = None
         self.rounds = 0
         self.samples = 0
 
-    async def start(self) -> None:
-        if self._tasks or not self.jobs:
+    def start(self) -> None:
+        """Runs on its own thread and event loop, so its HTTP work never queues behind (or delays) the
+        server's request handling on the main loop."""
+        if self._thread is not None or not self.jobs:
             return
-        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=256, keepalive_timeout=30))
-        self._tasks = [asyncio.get_running_loop().create_task(self._run(job), name=f"fast scrape {job}")
-                       for job in self.jobs]
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), name="fast-scrape", daemon=True)
+        self._thread.start()
 
-    async def stop(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
+    def stop(self) -> None:
+        t, self._thread = self._thread, None
+        if t is None:
+            return
+        loop, stop = self._loop, self._stop_ev
+        if loop is not None and stop is not None:
             try:
-                await t
-            except asyncio.CancelledError:
+                loop.call_soon_threadsafe(stop.set)
+            except RuntimeError:  # loop already closed
                 pass
-            except Exception:  # noqa: BLE001
-                log.exception("fast scrape task failed")
-        self._tasks = []
-        if self._session is not None:
+        t.join(timeout=10)
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop_ev = asyncio.Event()
+        self._sem = asyncio.Semaphore(self._concurrency)
+        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=256, keepalive_timeout=30))
+        self._tasks = [asyncio.create_task(self._run(job), name=f"fast scrape {job}") for job in self.jobs]
+        try:
+            await self._stop_ev.wait()
+        finally:
+            for t in self._tasks:
+                t.cancel()
+            for t in self._tasks:
+                try:
+                    await t
+                except asyncio.CancelledError:
+                    pass
+                except Exception:  # noqa: BLE001
+                    log.exception("fast scrape task failed")
+            self._tasks = []
             await self._session.close()
             self._session = None
 
@@ -107,7 +132,7 @@ class FastScrape:
             await asyncio.sleep(max(0.0, nxt - time.monotonic()))
 
     async def _one(self, job: str, lp: Any) -> None:
-        assert self._session is not None
+        assert self._session is not None and self._sem is not None
         spec = lp.spec
         url = spec.url + ("&" if "?" in spec.url else "?") + self._query
         timeout = min(spec.timeout_ms / 1000.0, max(self.interval_s * 2, 0.1))
@@ -126,7 +151,7 @@ class FastScrape:
                 FAST_SCRAPES.labels(job, "error").inc()
                 return
         try:
-            n = await asyncio.get_running_loop().run_in_executor(self.executor, self._process, lp, body, ts)
+            n = self._process(lp, body, ts)  # small (the tracker's lines only); this thread is ours
         except IngestError as e:
             FAST_SCRAPES.labels(job, "error").inc()
             log.debug("fast scrape of %s: %s", spec.url, e)

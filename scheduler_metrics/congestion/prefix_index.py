@@ -198,6 +198,11 @@ class PrefixIndex:
                           "kv_events_age_seconds": round(now - st.last_event_at, 6) if st.last_event_at else None}
             return out
 
+    def block_sizes(self) -> dict[InstanceKey, list[int]]:
+        """KV block sizes (tokens) each instance's events used."""
+        with self._lock:
+            return {k: sorted(st.block_sizes) for k, st in self._inst.items()}
+
     def status(self) -> dict[InstanceKey, dict[str, Any]]:
         with self._lock:
             return {k: {"cached_blocks": len(st.by_engine), "distinct_blocks": len(st.refs), "stored": st.stored,

@@ -287,10 +287,63 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
             {"status": "success", "data": {"prompt_tokens": len(q["token_ids"]), "snapshot_version": snap.version,
                                            "generated_at": snap.generated_at, "instances": rows}}))
 
+    async def model_server_metrics(request: web.Request) -> web.StreamResponse:
+        tracker = tracker_or_error()
+        if tracker is None:
+            return _error(503, "unavailable", no_tracker)
+        try:
+            f = _filters(request)
+        except BadParam as e:
+            return _error(400, "bad_data", str(e))
+        inst = request.match_info["instance"]
+        snap = tracker.snapshot() if f["tenant"] == DEFAULT_TENANT else _tenant_snapshot(tracker.snapshot())
+        rows = [d for d in snap.instances if d["instance"] == inst
+                and (not f["cluster"] or d["cluster"] in f["cluster"])
+                and (not f["model_name"] or d["model_name"] in f["model_name"])]
+        if not rows:
+            return _error(404, "not_found", f"no instance {inst!r} in the congestion view (with these filters)")
+        index = ctx.components.get("prefix_index")
+        sizes = index.block_sizes() if index is not None else {}
+        return web.Response(body=model_server_text(rows, sizes), content_type="text/plain",
+                            charset="utf-8", headers={"Cache-Control": "no-store"})
+
     app.router.add_get("/api/v1/congestion", congestion)
+    app.router.add_get("/api/v1/congestion/model_server/{instance}/metrics", model_server_metrics)
     app.router.add_get("/api/v1/congestion/stream", stream)
     app.router.add_post("/api/v1/congestion/push", push)
     app.router.add_post("/api/v1/congestion/prefix", prefix)
+
+
+# The Gateway API Inference Extension's model-server protocol (what llm-d's endpoint picker scrapes
+# from each model server): its metric -> the vLLM name the picker reads -> the tracker's field.
+MODEL_SERVER_METRICS = (
+    ("TotalQueuedRequests", "vllm:num_requests_waiting", "queue_length"),
+    ("TotalRunningRequests", "vllm:num_requests_running", "running"),
+    ("KVCacheUtilization", "vllm:kv_cache_usage_perc", "kv_usage"),
+)
+
+
+def _label_value(v: str) -> str:
+    return v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def model_server_text(rows: list[dict[str, Any]], block_sizes: dict[tuple[str, str, str], list[int]]) -> bytes:
+    """One instance's load as the model-server metrics a picker reads, in the text exposition format
+    (vLLM's names, ``model_name`` label), plus the data age so a picker can refuse stale numbers."""
+    out: list[str] = []
+    for proto, name, fieldname in MODEL_SERVER_METRICS + (("", "turboprom_congestion_age_seconds", "age_seconds"),):
+        out.append(f"# HELP {name} {proto + ' (Gateway API Inference Extension model-server protocol)' if proto else 'Age of the newest sample behind these values.'}")
+        out.append(f"# TYPE {name} gauge")
+        for d in rows:
+            v = d.get(fieldname)
+            if v is not None:
+                out.append(f'{name}{{model_name="{_label_value(d["model_name"])}"}} {float(v)!r}')
+    sizes = sorted({bs for d in rows for bs in block_sizes.get(_entry_key(d), [])})
+    if sizes:  # the protocol's optional BlockSize, as vLLM labels it
+        out.append("# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig")
+        out.append("# TYPE vllm:cache_config_info gauge")
+        out.extend(f'vllm:cache_config_info{{block_size="{bs}"}} 1.0' for bs in sizes)
+    return ("\n".join(out) + "\n").encode()
 
 
 MAX_PUSH_BYTES = 4 * 1024 * 1024
@@ -316,6 +369,6 @@ def _prefix_query(body: bytes) -> dict[str, Any]:
     if len(toks) > MAX_PROMPT_TOKENS:
         raise BadParam(f"token_ids: at most {MAX_PROMPT_TOKENS} tokens, got {len(toks)}")
     lora = q.get("lora_id")
-    if lora is not None and (not isinstance(lora, int) or isinstance(lora, bool)):
-        raise BadParam(f"lora_id must be an integer or null, got {lora!r}")
+    if lora is not None and (not isinstance(lora, int) or isinstance(lora, bool) or not 0 <= lora < 2**63):
+        raise BadParam(f"lora_id must be a non-negative integer or null, got {lora!r}")
     return {"token_ids": toks, "lora_id": lora}

@@ -137,7 +137,8 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
 
     no_tracker = "congestion tracker is not configured on this server"
 
-    async def congestion(request: web.Request) -> web.StreamResponse:
+    def tracker_view(request: web.Request) -> tuple[Any, dict[str, Any]] | web.Response:
+        """(snapshot the caller's tenant sees, filters), or the error answer."""
         tracker = tracker_or_error()
         if tracker is None:
             return _error(503, "unavailable", no_tracker)
@@ -146,8 +147,13 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
         except BadParam as e:
             return _error(400, "bad_data", str(e))
         snap = tracker.snapshot()
-        if f["tenant"] != DEFAULT_TENANT:
-            snap = _tenant_snapshot(snap)
+        return (snap if f["tenant"] == DEFAULT_TENANT else _tenant_snapshot(snap)), f
+
+    async def congestion(request: web.Request) -> web.StreamResponse:
+        view = tracker_view(request)
+        if isinstance(view, web.Response):
+            return view
+        snap, f = view
         body = snap.body_for(f["cluster"], f["model_name"], f["instance"], f["include_stale"])
         return web.Response(body=body, content_type="application/json")
 
@@ -288,15 +294,11 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
                                            "generated_at": snap.generated_at, "instances": rows}}))
 
     async def model_server_metrics(request: web.Request) -> web.StreamResponse:
-        tracker = tracker_or_error()
-        if tracker is None:
-            return _error(503, "unavailable", no_tracker)
-        try:
-            f = _filters(request)
-        except BadParam as e:
-            return _error(400, "bad_data", str(e))
+        view = tracker_view(request)
+        if isinstance(view, web.Response):
+            return view
+        snap, f = view
         inst = request.match_info["instance"]
-        snap = tracker.snapshot() if f["tenant"] == DEFAULT_TENANT else _tenant_snapshot(tracker.snapshot())
         rows = [d for d in snap.instances if d["instance"] == inst
                 and (not f["cluster"] or d["cluster"] in f["cluster"])
                 and (not f["model_name"] or d["model_name"] in f["model_name"])]

@@ -19,7 +19,7 @@ Prometheus 3.x's OTLP receiver translates them.
 - Delta (and unspecified) temporality sums and histograms are refused, as Prometheus refuses them by
   default; ``NoRecordedValue`` points become stale markers in every series they feed; points without a
   timestamp are refused. The start time is not stored (Prometheus 3.x's default too).
-- Exemplars of sums and histograms (trace_id/span_id as hex, filtered attributes while the label set
+- Exemplars of monotonic sums and histograms (trace_id/span_id as hex, filtered attributes while the label set
   stays within 128 characters) go with the counter series or with the first bucket whose bound holds
   the exemplar's value.
 
@@ -364,7 +364,7 @@ class OtlpTranslator:
             return
         r.meta.setdefault((meta.metric_family, meta.type, meta.help, meta.unit), meta)
         if which in ("gauge", "sum"):
-            self._numbers(r, ctx, pts, name)
+            self._numbers(r, ctx, pts, name, kind == COUNTER)
         elif which == "summary":
             self._summaries(r, ctx, pts, name)
         else:
@@ -377,14 +377,15 @@ class OtlpTranslator:
         r.p_flags.append(p.flags)
         return pid, self._base(ctx, _attr_key(p.attributes))
 
-    def _numbers(self, r: _Request, ctx: _Context, pts, name: str) -> None:
+    def _numbers(self, r: _Request, ctx: _Context, pts, name: str, exemplars: bool) -> None:
+        """Gauges and sums; exemplars are kept for counters only (Prometheus drops them on gauges)."""
         for p in pts:
             pid, bid = self._point(r, ctx, p)
             sid = self._sid(r, bid, name)
             r.sid.append(sid)
             r.pid.append(pid)
             r.val.append(p.as_double if p.WhichOneof("value") == "as_double" else float(p.as_int))
-            if p.exemplars and sid >= 0:
+            if exemplars and p.exemplars and sid >= 0:
                 series = r.series[sid]
                 r.exemplars.extend(_exemplar(e, series) for e in p.exemplars)
 

@@ -92,7 +92,8 @@ def test_json_body_with_hex_exemplar_ids(srv) -> None:
                                 "attributes": [{"key": "http.route", "value": {"stringValue": "/v1/chat"}}],
                                 "exemplars": [{"timeUnixNano": str(now * 1_000_000), "asInt": "1",
                                                "traceId": "5b8efff798038103d269b633813fc60c", "spanId": "eee19b7ec3c1b174"}]}]}},
-            {"name": "json.temp", "unit": "Cel", "gauge": {"dataPoints": [{"timeUnixNano": now * 1_000_000, "asDouble": 21.5}]}},
+            {"name": "json.temp", "unit": "Cel", "gauge": {"dataPoints": [{"timeUnixNano": now * 1_000_000, "asDouble": 21.5, "exemplars": [
+                {"timeUnixNano": str(now * 1_000_000), "asDouble": 21, "traceId": "00112233445566778899aabbccddeeff"}]}]}},
             {"name": "unknown.field.ignored", "gauge": {"dataPoints": [{"timeUnixNano": now * 1_000_000, "asDouble": 1}]}, "x": 1},
         ]}]}]}
     st, body, hdrs = _post(srv.url, json.dumps(doc).encode(), "application/json")
@@ -107,6 +108,9 @@ def test_json_body_with_hex_exemplar_ids(srv) -> None:
         {"query": "json_requests_total", "start": t - 60, "end": t + 60}))
     assert b["data"][0]["exemplars"] == [{"labels": {"trace_id": "5b8efff798038103d269b633813fc60c", "span_id": "eee19b7ec3c1b174"},
                                           "value": "1", "timestamp": math.floor(now) / 1000}]
+    st, b, _ = http_json(srv.url + "/api/v1/query_exemplars?" + urllib.parse.urlencode(
+        {"query": "json_temp_celsius", "start": t - 60, "end": t + 60}))
+    assert st == 200 and b["data"] == []  # gauge exemplars are dropped, as Prometheus does
 
 
 def test_gzip_summary_collisions_and_stale_markers(srv) -> None:

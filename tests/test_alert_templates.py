@@ -1,4 +1,4 @@
-"""Alert label/annotation templates (planner/alert_template.py) against the outputs Prometheus
+"""Alert label/annotation templates (planner/alert_template.py, planner/go_template.py) against the outputs Prometheus
 documents for its template functions (template/template_test.go's expectations) and Go's
 text/template behaviour that rule files rely on."""
 from __future__ import annotations
@@ -7,7 +7,8 @@ import math
 
 import pytest
 
-from planner.alert_template import Context, Sample, TemplateError, execute, expand, go_float_g, go_sprintf
+from planner.alert_template import Context, Sample, execute, expand
+from planner.go_template import TemplateError, go_float_g, go_sprintf
 
 EXT = Context(external_url="http://testhost:9090/path/prefix")
 

@@ -12,7 +12,7 @@ APT_PEERS := prometheus victoria-metrics etcd-server nats-server prometheus-node
 # its C source or setup.py changes. Without it ingest uses the pure-Python walk (same results).
 NATIVE_SO = ingest/_rw_native$(shell $(PY) -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))' 2>/dev/null)
 
-.PHONY: demo test install native peers clean bench
+.PHONY: demo test install native peers clean bench cluster-demo
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -39,6 +39,10 @@ peers:
 
 demo: $(STAMP) $(NATIVE_SO)
 	$(VPY) -m turboprom.demo --data-dir $(DATA) --listen $(LISTEN)
+
+# A local cluster on loopback (3 NATS JetStream nodes, etcd, distributor, 2 ingesters, querier; docs/cluster.md).
+cluster-demo: $(STAMP) $(NATIVE_SO) peers
+	$(VPY) -m turboprom.cluster.local_cluster --dir $(DATA)-cluster
 
 test: $(STAMP) $(NATIVE_SO) peers
 	$(VPY) -m pytest -q -ra

@@ -7,8 +7,9 @@ One stream (``num_replicas`` = 3 by default, file storage) holds one subject per
   nats-py's async publish; the call returns only when JetStream acknowledged all of them (a stored
   message on a quorum of the stream's replicas), and raises ``LogUnavailable`` otherwise (timeout,
   no quorum, no server): the write is then not acknowledged to its sender.
-- ``consumer(partition, durable)``: a durable pull consumer of one partition (explicit ack, ack
-  policy *all*: acking a message acknowledges the partition up to it), the ingester's replay point.
+- ``consumer_after(partition, durable, seq)``: a durable pull consumer of one partition starting
+  after stream sequence ``seq`` (ack policy *all*: acking a message acknowledges the partition up
+  to it); ``ack_floor(durable)`` is where a restarted ingester resumes.
 """
 from __future__ import annotations
 
@@ -100,23 +101,32 @@ class IngestLog:
         if failed:
             raise LogUnavailable(f"JetStream refused {len(failed)} of {len(messages)} partition messages: {failed[0]!r}")
 
-    async def consumer(self, partition: int, durable: str, *, reset: bool = False):
-        """The durable pull subscription of ``partition`` (created if missing; deleted first when
-        ``reset``: a replica whose local data is gone must replay the partition from the start)."""
+    async def consumer_after(self, partition: int, durable: str, after_seq: int):
+        """The durable pull subscription of ``partition`` delivering from the message after stream
+        sequence ``after_seq`` (0: from the start). Any earlier consumer of that name is replaced:
+        messages it had delivered but that were never acknowledged must come again, in order,
+        before anything newer (waiting out its ack_wait would let newer messages, acknowledged
+        with ack policy *all*, cover them)."""
         s = self.settings
-        if reset:
-            try:
-                await self.js.delete_consumer(s.stream, durable)
-            except NotFoundError:
-                pass
-        cfg = api.ConsumerConfig(durable_name=durable, ack_policy=api.AckPolicy.ALL, ack_wait=30.0,
-                                 max_ack_pending=1024, filter_subject=s.subject(partition),
-                                 deliver_policy=api.DeliverPolicy.ALL)
+        try:
+            await self.js.delete_consumer(s.stream, durable)
+        except NotFoundError:
+            pass
+        start = (dict(deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=after_seq + 1) if after_seq
+                 else dict(deliver_policy=api.DeliverPolicy.ALL))
+        cfg = api.ConsumerConfig(durable_name=durable, ack_policy=api.AckPolicy.ALL, ack_wait=60.0,
+                                 max_ack_pending=1024, filter_subject=s.subject(partition), **start)
         return await self.js.pull_subscribe(s.subject(partition), durable=durable, stream=s.stream, config=cfg)
 
     async def ack_floor(self, durable: str) -> int:
-        info = await self.js.consumer_info(self.settings.stream, durable)
-        return int(info.ack_floor.stream_seq or 0) if info.ack_floor else 0
+        """Stream sequence up to which ``durable`` has acknowledged (0 when it does not exist)."""
+        try:
+            info = await self.js.consumer_info(self.settings.stream, durable)
+        except NotFoundError:
+            return 0
+        floor = int(info.ack_floor.stream_seq or 0) if info.ack_floor else 0
+        # a consumer created to start after S reports floor 0 until its first ack: it is S
+        return max(floor, int(info.config.opt_start_seq or 1) - 1)
 
     async def last_seq(self, partition: int) -> int:
         """Stream sequence of the partition's newest message (0 when it has none)."""

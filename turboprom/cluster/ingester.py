@@ -7,6 +7,9 @@ the summarizer and congestion sinks), in a worker thread. Only then is each part
 up to its last appended message (ack policy *all*): the consumer's ack floor is the last sequence
 persisted locally, so after a crash or restart the partition resumes from it (messages appended but
 not yet acknowledged come again, and storage takes identical samples as idempotent duplicates).
+The consumer is recreated to start right after the ack floor, so what an earlier process had been
+delivered but never acknowledged comes first, in order; a gap in delivery sequences (a fetch answer
+lost while reconnecting) re-reads the partition from what was applied the same way.
 
 ``cluster-node.json`` in the data dir names the node and the partitions whose data it holds; when
 it is missing (a new or wiped disk), the node's old consumers are deleted so its partitions replay
@@ -24,9 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from nats.errors import Error as NatsError
 from nats.errors import TimeoutError as NatsTimeout
-from nats.js.errors import Error as JetStreamError
 
 from storage.batch import SampleBatch
 from turboprom.cluster import columns_codec
@@ -67,6 +68,7 @@ class PartitionIngester:
         self._appender: asyncio.Task | None = None
         self._labels_cache: dict = {}
         self._reconcile_lock = asyncio.Lock()
+        self._inflight: dict[int, int] = defaultdict(int)  # partition -> batches queued, not yet acknowledged
 
     def durable(self, partition: int) -> str:
         return re.sub(r"[^A-Za-z0-9_-]", "_", f"{self.node_id}-p{partition:04d}")
@@ -105,34 +107,62 @@ class PartitionIngester:
                 self._loops.pop(p).cancel()
                 self.membership.caught_up.discard(p)
                 log.info("partition %d released", p)
+            for p in [p for p, t in self._loops.items() if t.done()]:  # a loop that ended: start it again
+                log.error("partition %d: fetch loop ended (%r); restarting it", p, self._loops.pop(p).exception())
             for p in sorted(want - set(self._loops)):
                 self._loops[p] = asyncio.get_running_loop().create_task(self._fetch_loop(p), name=f"partition {p} fetch")
 
-    async def _fetch_loop(self, p: int) -> None:
+    async def _open(self, p: int):
+        """The partition's consumer, delivering right after what this node has applied."""
         while True:
             try:
-                sub = await self.log.consumer(p, self.durable(p), reset=self._fresh)
-                self.applied[p] = await self.log.ack_floor(self.durable(p))
-                self.targets[p] = await self.log.last_seq(p)
-                break
-            except (NatsError, JetStreamError, asyncio.TimeoutError) as e:
+                floor = 0 if self._fresh and p not in self.applied else await self.log.ack_floor(self.durable(p))
+                after = max(floor, self.applied.get(p, 0))
+                sub = await self.log.consumer_after(p, self.durable(p), after)
+                self.applied[p] = after
+                if p not in self.targets:
+                    self.targets[p] = await self.log.last_seq(p)
+                return sub
+            except Exception as e:  # noqa: BLE001 - no leader yet, reconnecting, ...: retry
                 log.warning("partition %d: consumer not ready: %r", p, e)
                 await asyncio.sleep(0.5)
+
+    async def _fetch_loop(self, p: int) -> None:
+        sub = await self._open(p)
         if p not in self.held:
             self.held.add(p)
             self._save_marker()
         self._check_caught_up(p)
+        last_cseq, last_sseq = 0, self.applied[p]
         while True:
             try:
                 msgs = await sub.fetch(FETCH_BATCH, timeout=1.0)
             except (NatsTimeout, asyncio.TimeoutError):
                 continue
-            except (NatsError, JetStreamError) as e:
+            except Exception as e:  # noqa: BLE001 - a partition's loop must outlive any client error
                 log.warning("partition %d: fetch failed: %r", p, e)
                 await asyncio.sleep(0.2)
                 continue
-            if msgs:
-                await self._queue.put((p, msgs))
+            keep = []
+            gap = False
+            for m in msgs:
+                seq = m.metadata.sequence
+                if int(seq.consumer) != last_cseq + 1:  # a delivery lost on the way: start again after it
+                    gap = True
+                    break
+                last_cseq = int(seq.consumer)
+                if int(seq.stream) > last_sseq:  # not a redelivery of something already queued
+                    keep.append(m)
+                    last_sseq = int(seq.stream)
+            if keep:
+                self._inflight[p] += 1
+                await self._queue.put((p, keep))
+            if gap:
+                log.warning("partition %d: delivery gap after stream sequence %d; re-reading from what was applied", p, last_sseq)
+                while self._inflight[p]:
+                    await asyncio.sleep(0.05)
+                sub = await self._open(p)
+                last_cseq, last_sseq = 0, self.applied[p]
 
     def _check_caught_up(self, p: int) -> None:
         if self.applied.get(p, 0) >= self.targets.get(p, 1 << 62):
@@ -162,16 +192,17 @@ class PartitionIngester:
                 try:
                     await loop.run_in_executor(self.executor, self._append, items)
                     break
-                except OSError as e:  # disk trouble: nothing acknowledged, retry (the log keeps it all)
-                    log.error("append from the ingest log failed, retrying: %s", e)
+                except Exception:  # noqa: BLE001 - disk trouble, ...: nothing acknowledged, retry (the log keeps it all)
+                    log.exception("append from the ingest log failed, retrying")
                     await asyncio.sleep(1.0)
             last: dict[int, Any] = {}
             for p, msgs in items:
                 last[p] = msgs[-1]
+                self._inflight[p] -= 1
             for p, m in last.items():
                 try:
                     await m.ack()
-                except (NatsError, JetStreamError) as e:  # redelivered later; duplicates are idempotent
+                except Exception as e:  # noqa: BLE001 - redelivered later; duplicates are idempotent
                     log.warning("partition %d: ack failed: %r", p, e)
                     continue
                 self.applied[p] = max(self.applied.get(p, 0), int(m.metadata.sequence.stream))

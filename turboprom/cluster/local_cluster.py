@@ -97,6 +97,7 @@ class LocalCluster:
     nats_nodes: int = 3
     publish_timeout: str = "5s"
     extra_args: list[str] = field(default_factory=list)
+    ports: dict[str, int] = field(default_factory=dict)  # fixed ports by process name (default: free ones)
     nats: list[Proc] = field(default_factory=list)
     etcd: Proc | None = None
     roles: dict[str, Proc] = field(default_factory=dict)
@@ -158,7 +159,7 @@ class LocalCluster:
                 "--cluster.node-id", name, "--cluster.publish-timeout", self.publish_timeout, *self.extra_args]
 
     def add_role(self, role: str, name: str) -> Proc:
-        port = self.roles[name].port if name in self.roles else free_port()
+        port = self.roles[name].port if name in self.roles else self.ports.get(name) or free_port()
         p = Proc(name, self.role_cmd(role, name, port), self.base / f"{name}.log", port).start()
         self.roles[name] = p
         return p
@@ -199,8 +200,11 @@ def main() -> None:
     ap.add_argument("--dir", default="./cluster-data")
     ap.add_argument("--ingesters", type=int, default=2)
     ap.add_argument("--partitions", type=int, default=64)
+    ap.add_argument("--distributor-port", type=int, default=9091)
+    ap.add_argument("--querier-port", type=int, default=9090)
     a = ap.parse_args()
-    c = LocalCluster(Path(a.dir), ingesters=a.ingesters, partitions=a.partitions).start()
+    c = LocalCluster(Path(a.dir), ingesters=a.ingesters, partitions=a.partitions,
+                     ports={"distributor-0": a.distributor_port, "querier-0": a.querier_port}).start()
     try:
         for name, p in c.roles.items():
             print(f"{name:14s} pid {p.pid:7d}  {c.url(name)}", flush=True)

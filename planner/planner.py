@@ -50,7 +50,7 @@ from planner.query_log import LogEntry, QueryLog
 from planner.kll_store import REQ_DEFAULT_K
 from planner.sds import REQ_MIN_PHI, SDS, SDSSpec, shape_of
 from planner.summarizer import Summarizer
-from planner.window import plan_windows
+from planner.summary_scan import window_plan
 from promql.query_guard import parse as guarded_parse
 from storage.matchers import Matcher
 
@@ -664,7 +664,8 @@ class Planner:
                     e = np.arange(start_ms, (end_ms if end_ms is not None else start_ms) + 1, max(step_ms, 1)) if step_ms else np.array([start_ms])
                     from planner.rewrite import edge_fraction, worth_it
 
-                    plan = plan_windows(e, c.range_ms, sds.spec.pane_ms, lo, hi)
+                    plan = window_plan(sds, [Matcher("__name__", "=", c.metric)] + [Matcher(*m) for m in c.matchers],
+                                       e, c.range_ms, lo, hi)
                     item["summary_panes"] = plan.summary_panes
                     item["raw_edge_fraction"] = round(edge_fraction(plan), 4)
                     if plan.summary_panes == 0:

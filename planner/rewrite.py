@@ -23,8 +23,7 @@ from planner.algorithm_registry import allowed
 from planner.normalize import servable_call
 from planner.sds import SDS, shape_of
 from planner.served_functions import SERVED
-from planner.summary_scan import ScanResult, scan_exact, scan_kll
-from planner.window import plan_windows
+from planner.summary_scan import ScanResult, scan_exact, scan_kll, window_plan
 from promql.eval_selectors import duration_ms, effective_times, to_matchers
 from promql.types import VectorSteps
 
@@ -105,7 +104,7 @@ def prepare_or_why(node: Any, ectx: Any, rctx: RewriteContext, algorithm: str) -
     if rctx.cost_based and sds.stats.verdict(shape_of(func, range_ms, len(ends))) == "slower":
         return None, "measured slower"
     lo, hi = sds.coverage()
-    plan = plan_windows(ends, range_ms, sds.spec.pane_ms, lo, hi)
+    plan = window_plan(sds, matchers, ends, range_ms, lo, hi)
     if plan.summary_panes == 0:
         return None, "no pane"  # no whole covered pane in any window: raw is as cheap
     if rctx.cost_based and not worth_it(func, plan, range_ms, sds.spec.pane_ms):
@@ -126,7 +125,7 @@ def worth_it_cached(sds: SDS, matchers: list, func: str, ends: np.ndarray, range
     if not hit.any():
         return False
     lo, hi = sds.coverage()
-    rest = plan_windows(ends[~hit], range_ms, sds.spec.pane_ms, lo, hi)
+    rest = window_plan(sds, matchers, ends[~hit], range_ms, lo, hi)
     span = int(plan.end.max() - plan.start.min()) if len(plan.end) else 0
     return edge_span(rest) <= MAX_EDGE_FRACTION * max(span, 1)
 

@@ -357,9 +357,54 @@ def scan_exact(sds: SDS, source: RawSource, matchers: Sequence[Matcher], func: s
     return res
 
 
+def window_plan(sds: SDS, matchers: Sequence[Matcher], ends: np.ndarray, range_ms: int, cov_lo: int,
+                cov_hi: int) -> WindowPlan:
+    """Which panes and raw edges answer each window: what the scan reads and the cost check weighs."""
+    plan = plan_windows(ends, range_ms, sds.spec.pane_ms, cov_lo, cov_hi)
+    if sds.spec.algorithm != "exact":
+        return plan
+    return snap_aligned_edges(plan, sds.store, sds.registry.match(matchers), sds.spec.pane_ms, cov_lo, cov_hi)
+
+
+def snap_aligned_edges(plan: WindowPlan, store: Any, sel: np.ndarray, pane_ms: int, cov_lo: int,
+                       cov_hi: int) -> WindowPlan:
+    """Windows whose bounds fall on pane boundaries (Grafana aligns steps; a pane that divides the step
+    and the range makes every window such) need no raw edges. A window ``(start, end]`` with
+    ``start = k*P`` holds all of pane k but a sample at exactly ``start``; one with ``end = m*P`` holds
+    of pane m only a sample at exactly ``end``. Each pane's first sample time says whether such a sample
+    exists: where no selected series has one, pane k joins the summary part and the edge read goes;
+    where one does, that step keeps its raw edge (so answers stay exact)."""
+    P = int(pane_ms)
+    has = plan.khi > plan.klo
+    k0 = plan.start // P
+    m = plan.end // P
+    left = has & (plan.start % P == 0) & (plan.klo == k0 + 1) & (k0 >= cov_lo)
+    right = has & (plan.end % P == 0) & (plan.khi == m) & (m < cov_hi)
+    if not (left.any() or right.any()):
+        return plan
+    ks = np.concatenate([k0[left], m[right]])
+    a, b = int(ks.min()), int(ks.max()) + 1
+    arr = store.pane_arrays(sel, a, b, frozenset({"first_t"}))
+    first_t, count = arr["first_t"], arr["count"]
+    klo = plan.klo.copy()
+    (lx, ly), (rx, ry) = (plan.left[0].copy(), plan.left[1].copy()), (plan.right[0].copy(), plan.right[1])
+    if left.any():
+        c = k0[left] - a
+        on_edge = ((first_t[:, c] == plan.start[left][None, :]) & (count[:, c] > 0)).any(axis=0)
+        idx = np.flatnonzero(left)[~on_edge]
+        klo[idx] = k0[idx]
+        lx[idx], ly[idx] = plan.start[idx] + 1, plan.start[idx]  # empty
+    if right.any():
+        c = m[right] - a
+        on_edge = ((first_t[:, c] == plan.end[right][None, :]) & (count[:, c] > 0)).any(axis=0)
+        idx = np.flatnonzero(right)[~on_edge]
+        rx[idx] = plan.end[idx] + 1  # empty
+    return WindowPlan(plan.start, plan.end, klo, plan.khi, (lx, ly), (rx, ry))
+
+
 def _scan_exact(sds: SDS, source: RawSource, matchers: Sequence[Matcher], func: str, ends: np.ndarray,
                 range_ms: int, cov_lo: int, cov_hi: int) -> ScanResult:
-    plan = plan_windows(ends, range_ms, sds.spec.pane_ms, cov_lo, cov_hi)
+    plan = window_plan(sds, matchers, ends, range_ms, cov_lo, cov_hi)
     sel, raw = _read_raw(sds, source, matchers, plan)
     S = len(sel)
     store = sds.store

@@ -113,3 +113,54 @@ def test_constant_and_single_sample_windows_have_zero_stddev():
         _compare(raw, fast, q)
         zeros = raw.values[raw.present] == 0
         assert zeros.any() and (fast.values[fast.present][zeros] == 0).all()
+
+
+@pytest.fixture(scope="module")
+def aligned_world():
+    """Scrape-like data with jittered timestamps, plus series whose samples fall exactly on pane and step
+    boundaries (a text import with round timestamps), summarized with 15 s panes."""
+    rng = np.random.default_rng(31)
+    from storage.labels import make_labels
+
+    items = []
+    n = 1200
+    for i in range(6):
+        base = T0 - T0 % 15_000 + 15_000  # on pane and step boundaries
+        jitter = 0 if i >= 4 else int(rng.integers(1, 14_999))
+        ts = base + jitter + 15_000 * np.arange(n, dtype=np.int64)
+        if i == 5:
+            ts = ts[rng.random(n) < 0.7]  # gaps: some boundary instants hold a sample, some not
+        g = rng.normal(50, 10, len(ts))
+        c = np.cumsum(rng.integers(0, 5, len(ts))).astype(float)
+        c[len(ts) // 2:] -= c[len(ts) // 2]  # a reset
+        items.append((make_labels({"__name__": "g", "inst": str(i)}), ts, g))
+        items.append((make_labels({"__name__": "x_total", "inst": str(i)}), ts, c))
+    src, batch = load(items)
+    tmin, tmax = int(batch.timestamps.min()), int(batch.timestamps.max())
+    live_from = tmin + (tmax - tmin) // 2 + 12_345
+    summ, sdss = summarized(src, batch, [("g", "exact"), ("x_total", "exact")], live_from, pane_ms=15_000)
+    by = {s.metric: s for s in sdss}
+    hook = RewriteHook(RewriteContext(lambda metric, alg, m: by.get(metric) if alg == "exact" else None, cost_based=False))
+    return Engine(src), hook, tmin, tmax, src
+
+
+@pytest.mark.parametrize("q", ["sum_over_time(g[{r}])", "min_over_time(g[{r}])", "avg_over_time(g[{r}])",
+                               "last_over_time(g[{r}])", "count_over_time(g[{r}])", "changes(g[{r}])",
+                               "rate(x_total[{r}])", "increase(x_total[{r}])", "resets(x_total[{r}])",
+                               'sum(rate(x_total{{inst!~"[45]"}}[{r}]))',
+                               # a series with a sample on some boundaries: those steps raw, the others not
+                               'max_over_time(g{{inst=~"0|5"}}[{r}])', 'increase(x_total{{inst=~"1|5"}}[{r}])'])
+def test_grafana_aligned_windows_need_no_raw_edges_and_equal_raw(aligned_world, q):
+    eng, hook, tmin, tmax, _ = aligned_world
+    for r_ms in (60_000, 300_000, 3_600_000):
+        qq = q.format(r=f"{r_ms // 1000}s")
+        end = (tmax - 600_000) // 15_000 * 15_000
+        start = end - 3_600_000
+        raw = eng.range_query(qq, start, end, 15_000)
+        fast = eng.range_query(qq, start, end, 15_000, node_hooks=[hook])
+        _compare(raw, fast, qq)
+        assert any(p.startswith("summary:") for p in fast.stats.paths), qq
+        if "inst!~" in qq:  # only jittered series selected: every window is whole panes, nothing read raw
+            assert fast.stats.samples_scanned == 0, (qq, fast.stats.samples_scanned)
+        else:  # boundary samples of the round-timestamp series keep those edges raw
+            assert fast.stats.samples_scanned > 0, qq

@@ -108,13 +108,14 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("query")
     q.add_argument("--data-dir", default="./data")
     rp = sub.add_parser("replay", help="replay an LLM serving trace through the bundled schedulers (simulator)")
-    rp.add_argument("--trace", required=True, help="Mooncake .jsonl or Azure .csv trace")
+    rp.add_argument("--trace", required=True, help="Mooncake .jsonl or Azure .csv trace, or a generated agent trace: agent[:sessions=600,seed=1,...]")
     rp.add_argument("--instances", type=int, default=32)
-    rp.add_argument("--scheduler", default="vesta,smetric", help="comma list: vesta, vesta-noprice, smetric, round-robin, least-queue, prefix-affinity, llm-d, dynamo")
+    rp.add_argument("--scheduler", default="vesta,smetric", help="comma list: vesta, vesta-noprice, smetric, smetric:SECONDS (overload threshold), round-robin, least-queue, prefix-affinity, llm-d, dynamo")
     rp.add_argument("--load", default="0.5,0.7,0.9", help="comma list of offered prefill utilizations")
     rp.add_argument("--disaggregated", default=None, metavar="PxD", help="prefill/decode split, e.g. 24x8 (overrides --instances)")
     rp.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
     rp.add_argument("--signals", choices=["tracker", "oracle"], default="tracker", help="where schedulers read backlog/price (default: TurboProm's congestion tracker, in process)")
+    rp.add_argument("--gpus-per-nic", type=int, default=None, help="GPUs of a node sharing one NIC (default 8: one 200 Gb/s NIC per node; 1: one per GPU)")
     rp.add_argument("--live", default=None, metavar="URL", help="live mode: push worker metrics to this TurboProm and poll its congestion API")
     rp.add_argument("--speed", type=float, default=20.0, help="live mode: simulated seconds per wall second")
     rp.add_argument("--out", default=None, help="write DIR/results.csv and DIR/ttft_vs_load.png")
@@ -174,7 +175,7 @@ def _cost_report(args: argparse.Namespace) -> int:
 def _replay(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from scheduler_metrics.sim.replay import SCHEDULERS, main_replay
+    from scheduler_metrics.sim.replay import SCHEDULERS, main_replay, scheduler_known
 
     dis = None
     if args.disaggregated:
@@ -183,10 +184,10 @@ def _replay(args: argparse.Namespace) -> int:
             raise CliError(f"replay: --disaggregated {args.disaggregated!r}: expected PxD with positive counts, e.g. 24x8")
         dis = (int(p), int(d))
     scheds = [s.strip() for s in args.scheduler.split(",") if s.strip()]
-    unknown = [s for s in scheds if s not in SCHEDULERS]
+    unknown = [s for s in scheds if not scheduler_known(s)]
     if unknown or not scheds:
         raise CliError(f"replay: unknown scheduler {', '.join(map(repr, unknown)) or repr(args.scheduler)} "
-                       f"(known: {', '.join(SCHEDULERS)})")
+                       f"(known: {', '.join(SCHEDULERS)}, smetric:SECONDS)")
     try:
         loads = [float(x) for x in args.load.split(",") if x.strip()]
     except ValueError:
@@ -194,17 +195,27 @@ def _replay(args: argparse.Namespace) -> int:
     if not loads or any(not 0 < x for x in loads):
         raise CliError(f"replay: --load {args.load!r}: utilizations must be positive, e.g. 0.5,0.7,0.9")
     trace = Path(args.trace)
-    if not trace.is_file():
+    if args.trace.startswith("agent"):
+        from scheduler_metrics.sim.agent_trace import parse_spec
+
+        try:
+            parse_spec(args.trace)
+        except ValueError as e:
+            raise CliError(f"replay: {e}") from None
+    elif not trace.is_file():
         raise CliError(f"replay: trace file {args.trace} not found" if not trace.exists()
                        else f"replay: trace {args.trace} is not a file")
-    if trace.suffix not in (".jsonl", ".csv"):
+    elif trace.suffix not in (".jsonl", ".csv"):
         raise CliError(f"replay: trace {args.trace}: expected a Mooncake .jsonl or an Azure .csv trace")
     if args.live:
         from scheduler_metrics.sim.live import main_live
 
         main_live(args.trace, args.live, args.instances, scheds, loads, args.out, limit=args.limit, speed=args.speed)
         return 0
-    main_replay(args.trace, args.instances, scheds, loads, args.out, disaggregated=dis, limit=args.limit, signals=args.signals)
+    if args.gpus_per_nic is not None and not 1 <= args.gpus_per_nic <= 8:
+        raise CliError(f"replay: --gpus-per-nic {args.gpus_per_nic}: expected 1..8")
+    main_replay(args.trace, args.instances, scheds, loads, args.out, disaggregated=dis, limit=args.limit, signals=args.signals,
+                gpus_per_nic=args.gpus_per_nic)
     return 0
 
 

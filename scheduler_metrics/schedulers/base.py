@@ -35,11 +35,20 @@ class ClusterView:
     price: float
     service_tps: np.ndarray
     candidates: np.ndarray  # instance indices that may execute (prefill-capable)
-    cached_tokens: Callable[[int, int], int]  # (instance, session) -> KV tokens of that session held there
+    cached_tokens: Callable[[int, int], int]  # (instance, session) -> KV tokens of that session held there (any tier)
     prefill_time: Callable[[np.ndarray, np.ndarray], np.ndarray]  # (tokens, running) -> seconds, vectorized
-    transfer_time: Callable[[float], float]  # tokens -> seconds over the link
-    nic_wait_s: np.ndarray  # per instance: seconds until its link is free
+    transfer_time: Callable[[float], float]  # tokens -> seconds over a cross-node link (no waiting)
+    nic_wait_s: np.ndarray  # per instance: seconds until its NIC is free
     signal_time: float = 0.0  # when the signals in this view were produced
+    # Tiers and links, for schedulers that price KV movement (Vesta). Defaults keep simple views valid.
+    gpu_cached: Callable[[int, int], int] | None = None  # (instance, session) -> tokens in its GPU prefix cache
+    host_cached: Callable[[int, int], int] | None = None  # (instance, session) -> tokens in its host KV store
+    h2d_time: Callable[[np.ndarray], np.ndarray] | None = None  # tokens -> seconds host DRAM -> GPU, vectorized
+    # (src, dsts, tokens per dst) -> seconds for the KV to arrive at each dst, including waiting for
+    # every link crossed (0 where dst == src or tokens == 0)
+    fetch_time: Callable[[int, np.ndarray, np.ndarray], np.ndarray] | None = None
+    # (src, dsts) -> seconds of delay imposed on later transfers per second of link time added on that path
+    link_price: Callable[[int, np.ndarray], np.ndarray] | None = None
 
 
 @dataclass
@@ -48,6 +57,7 @@ class Decision:
     kv_source: int = -1  # instance whose KV for this session is reused (-1: none)
     holder: int = -1  # where the session's KV lives after this turn (-1: the executor)
     migrate_from: int = -1  # holder change: move the reusable prefix from here to ``holder`` first
+    fetch: bool = True  # reuse ``kv_source``'s prefix over the network (False: recompute what is not local)
     penalty_s: float = 0.0  # congestion penalty applied to the chosen executor (for metrics)
 
 

@@ -2,14 +2,13 @@
 
 * Holder: hash of the session id among the instances serving its current context-length bucket.
   When a session grows into the next bucket, its longest reusable prefix moves to the new holder.
-* Executor: argmin over candidates of
-      backlog(c) + compute(c) + fetch(c) + price * added_work(c)
-  where compute is the prefill of the tokens not covered by the holder's cache, fetch is the time to
-  pull the reusable prefix from the holder (0 on the holder itself, including the wait for the
-  holder's link), and added_work is the work (in tokens: recomputed tokens + link time expressed in
-  prefill tokens) this choice adds relative to the cheapest candidate. ``price`` is TurboProm's
-  cluster congestion price (seconds of delay imposed on later requests per token of added work): small
-  with spare capacity (borrow idle GPUs early), steep near saturation (prefer less transfer).
+* Executor: argmin over candidates of backlog + load + min(fetch + compute, recompute) + prices
+  (``VestaScheduler.score``): per candidate, the prefix it already has (holder copy, or a temporary
+  GPU copy left by an earlier turn it ran) is reused, the rest is fetched from the holder or
+  recomputed, whichever is cheaper there; fetch time includes waiting for the links at both ends.
+  Prefill tokens are priced with TurboProm's cluster congestion price (seconds of delay imposed on
+  later requests per added token), link seconds with the path's own link price: small with spare
+  capacity (borrow idle GPUs early), steep near saturation (prefer less work and transfer).
 * A remote executor writes the new KV state back to the holder (the simulator charges the link).
 """
 from __future__ import annotations
@@ -79,27 +78,69 @@ class VestaScheduler:
         h_old = self.holder.get(req.session, -1)
         migrate_from = h_old if (h_old >= 0 and h_old != h_new) else -1
         self.holder[req.session] = h_new
+        # where the reusable prefix is read from: the holder (after a bucket move, the old holder,
+        # whose prefix the simulator first copies to the new one)
         src = h_old if h_old >= 0 else h_new
-        cached = min(req.reuse_tokens, cl.cached_tokens(src, req.session))
         cand = cl.candidates
         if self.drained:
             keep = np.array([int(c) not in self.drained for c in cand])
             if keep.any():
                 cand = cand[keep]
-        uncached = np.full(len(cand), float(req.input_tokens - cached))
-        compute = cl.prefill_time(uncached, cl.running[cand])
-        remote = cand != h_new
-        fetch = np.where(remote & (cached > 0), cl.transfer_time(cached) + cl.nic_wait_s[h_new], 0.0)
-        # Work in prefill-token units: the link time a remote fetch adds, at the candidate's rate.
-        tps = np.where(cl.service_tps[cand] > 0, cl.service_tps[cand], 1.0)
-        work = uncached + fetch * tps
-        added = work - work.min()
-        price = cl.price if (self.use_price and np.isfinite(cl.price)) else 0.0
-        penalty = price * added
-        backlog = self._pending.backlog(cl)[cand]
-        score = backlog + compute + fetch + penalty
-        k = int(np.argmin(score))
+        sc = self.score(req, cl, cand, src)
+        k = int(np.argmin(sc.total))
         exe = int(cand[k])
-        self._pending.add(exe, float(compute[k]))
-        return Decision(executor=exe, kv_source=h_new, holder=h_new,
-                        migrate_from=migrate_from, penalty_s=float(penalty[k]))
+        self._pending.add(exe, float(sc.compute[k]))
+        return Decision(executor=exe, kv_source=h_new, holder=h_new, migrate_from=migrate_from,
+                        penalty_s=float(sc.penalty[k]), fetch=bool(sc.fetch[k]))
+
+    def score(self, req: RequestView, cl: ClusterView, cand: np.ndarray, src: int) -> "Score":
+        """Per candidate executor ``c``::
+
+            total(c) = backlog(c) + load(c) + min(fetch(c) + prefill(rest) + link_price(c) x fetch(c),
+                                                  prefill(all but local))  + compute_price x prefilled(c)
+
+        ``local``: what ``c`` already has on its GPU (as holder, or a temporary copy from an earlier
+        turn it ran) or in host DRAM (``load`` = the PCIe copy); the rest of the reusable prefix is
+        fetched from ``src`` (``fetch`` includes waiting for the links at both ends, the executor's
+        own included) or recomputed, whichever is cheaper on ``c``. Link seconds are priced with the
+        path's own congestion price (seconds of others' transfer delay per link second), prefill
+        tokens with TurboProm's cluster price (seconds of others' delay per token); prices count
+        relative to the cheapest candidate."""
+        reuse, sess, n = req.reuse_tokens, req.session, len(cand)
+        avail = float(min(reuse, cl.cached_tokens(src, sess)))
+        if cl.gpu_cached is not None and cl.host_cached is not None:
+            gpu = np.array([min(reuse, cl.gpu_cached(int(c), sess)) for c in cand], dtype=float)
+            host = np.array([min(reuse, cl.host_cached(int(c), sess)) for c in cand], dtype=float)
+        else:  # a view without tiers: only the source has the prefix, on its GPU
+            gpu, host = np.where(cand == src, avail, 0.0), np.zeros(n)
+        local = np.maximum(gpu, host)
+        load = cl.h2d_time(np.maximum(host - gpu, 0.0)) if cl.h2d_time is not None else np.zeros(n)
+        extra = np.maximum(avail - local, 0.0)
+        if cl.fetch_time is not None:
+            link_s = cl.fetch_time(src, cand, extra)
+        else:
+            link_s = np.where(extra > 0, np.array([cl.transfer_time(float(x)) for x in extra]) + cl.nic_wait_s[src], 0.0)
+        priced = self.use_price
+        lprice = cl.link_price(src, cand) if (priced and cl.link_price is not None) else np.zeros(n)
+        cprice = cl.price if (priced and np.isfinite(cl.price)) else 0.0
+        running = cl.running[cand]
+        tok_f = np.maximum(1.0, req.input_tokens - local - extra)
+        tok_r = np.maximum(1.0, req.input_tokens - local)
+        comp_f = cl.prefill_time(tok_f, running)
+        comp_r = cl.prefill_time(tok_r, running)
+        time_f, pen_f = load + link_s + comp_f, lprice * link_s + cprice * tok_f
+        time_r, pen_r = load + comp_r, cprice * tok_r
+        fetch = (time_f + pen_f) <= (time_r + pen_r)
+        time = np.where(fetch, time_f, time_r)
+        penalty = np.where(fetch, pen_f, pen_r)
+        penalty = penalty - penalty.min()
+        total = self._pending.backlog(cl)[cand] + time + penalty
+        return Score(total, penalty, fetch & (extra > 0), np.where(fetch, comp_f, comp_r))
+
+
+@dataclass
+class Score:
+    total: np.ndarray
+    penalty: np.ndarray
+    fetch: np.ndarray  # True: fetch the missing prefix; False: recompute it (or nothing to fetch)
+    compute: np.ndarray  # prefill seconds on each candidate

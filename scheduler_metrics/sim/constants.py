@@ -1,71 +1,143 @@
 """Every model/hardware constant of the simulator, in one place, with where it comes from.
 
-The simulator is not the papers' testbed: these constants describe a plausible 7B-class model on
-one 80 GB data-center GPU per instance. They are NOT tuned to reproduce any paper's numbers.
+The testbed modelled is the one the Vesta paper names: Qwen2.5-7B served on NVIDIA H20 GPUs, one
+GPU per instance, 8 GPUs per node. Rates are derived from the model's config.json and the H20's
+published specification with one stated efficiency assumption each (marked ASSUMPTION); none was
+tuned after a comparison was run. docs/scheduling.md lists them again with the sweeps that show
+which of them decide an outcome.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
+
+# NVIDIA H20 (product brief): 148 TFLOPS dense BF16, 96 GB HBM3 at 4.0 TB/s, NVLink 900 GB/s
+# (bidirectional), PCIe Gen5 x16 (64 GB/s per direction).
+H20_BF16_FLOPS = 148e12
+H20_HBM_BYTES_PER_S = 4.0e12
+H20_HBM_BYTES = 96e9
+H20_NVLINK_BYTES_PER_S = 450e9  # one direction of 900 GB/s
+H20_PCIE_BYTES_PER_S = 64e9  # Gen5 x16, one direction
+
+# Qwen2.5-7B config.json: 7.61e9 parameters, 28 layers, hidden 3584, 4 KV heads x 128 head dim, bf16.
+QWEN7B_PARAMS = 7.61e9
+QWEN7B_LAYERS = 28
+QWEN7B_HIDDEN = 3584
+QWEN7B_WEIGHT_BYTES = QWEN7B_PARAMS * 2
+
+# ASSUMPTION: prefill reaches 55% of peak BF16 FLOPs (model FLOPs utilization typical of
+# vLLM/SGLang prefill on Hopper-class GPUs for 7B models); decode reaches 70% of HBM bandwidth.
+PREFILL_MFU = 0.55
+DECODE_BW_EFFICIENCY = 0.70
 
 
 @dataclass(frozen=True)
 class ModelConstants:
-    # KV bytes per token for Qwen2.5-7B: 28 layers x 2 (K,V) x 4 KV heads x 128 head dim x 2 bytes (bf16)
-    # = 57,344 B/token (model config.json: num_hidden_layers=28, num_key_value_heads=4, head_dim=128).
+    # KV bytes per token: 28 layers x 2 (K,V) x 4 KV heads x 128 head dim x 2 bytes = 57,344 B/token.
     kv_bytes_per_token: int = 57_344
-    # Prefill: time(n) = fixed + n / tps + quad * n^2 (attention's quadratic term). 7B dense model at
-    # ~14 TFLOP per 1k tokens (2 x 7.6e9 params x 1000) on a GPU sustaining ~250 TFLOP/s bf16 in
-    # prefill gives ~17k tokens/s; we use 12k tokens/s to include framework overheads. The quadratic
-    # term makes a 100k-token prefill ~2x its linear estimate, in line with FlashAttention-2 scaling.
+    # Prefill time(n) = fixed + n / tps + quad * n^2.
+    #  linear: 2 x 7.61e9 FLOP per token at 148e12 x 0.55 FLOP/s -> 5,348 tokens/s;
+    #  quadratic (causal attention, QK^T and AV): 2 x 2 x layers x hidden FLOP per token pair over
+    #  n^2/2 pairs -> 0.5 x 4 x 28 x 3584 / (148e12 x 0.55) = 2.47e-9 s per token^2;
+    #  fixed: scheduler step + kernel launches, ~15 ms (vLLM step overhead at small batch).
     prefill_fixed_s: float = 0.015
-    prefill_tokens_per_s: float = 12_000.0
-    prefill_quad_s_per_token2: float = 8.0e-10
-    # Decode: one step of a batch of B sequences takes base + per_seq * B (memory-bound weights read
-    # once per step ~ 15 GB / 2 TB/s = 7.5 ms, plus KV reads growing with the batch).
-    decode_step_base_s: float = 0.012
-    decode_step_per_seq_s: float = 0.00025
-    max_batch: int = 128
-    # Colocated prefill/decode: prefill iterations are slowed by the running decode batch
-    # (chunked-prefill interference); factor = 1 + interference * running / max_batch.
-    decode_interference: float = 0.5
+    prefill_tokens_per_s: float = H20_BF16_FLOPS * PREFILL_MFU / (2 * QWEN7B_PARAMS)
+    prefill_quad_s_per_token2: float = 0.5 * 4 * QWEN7B_LAYERS * QWEN7B_HIDDEN / (H20_BF16_FLOPS * PREFILL_MFU)
+    # Decode step of a batch = weights read once (15.2 GB at 4.0 TB/s x 0.7 = 5.4 ms) + the batch's KV
+    # read (its context tokens x 57,344 B at the same bandwidth) + 1 ms framework overhead per step.
+    decode_step_base_s: float = QWEN7B_WEIGHT_BYTES / (H20_HBM_BYTES_PER_S * DECODE_BW_EFFICIENCY) + 0.001
+    decode_kv_read_s_per_token: float = 57_344 / (H20_HBM_BYTES_PER_S * DECODE_BW_EFFICIENCY)
+    max_batch: int = 256  # vLLM's default max_num_seqs
+    # Colocated prefill/decode with chunked prefill: each engine step carries at most this many
+    # tokens (vLLM's max_num_batched_tokens for chunked prefill, 2048). A decode step that shares the
+    # engine step with a prefill chunk waits for the chunk (2048 / 5,348 tok/s = 0.38 s), so while a
+    # prefill runs, running decodes advance one token per chunk: they stall for the prefill's duration
+    # less the share of decode steps, chunk_time / (chunk_time + decode step).
+    chunk_budget_tokens: int = 2048
 
 
 @dataclass(frozen=True)
 class HardwareConstants:
-    # Host (CPU DRAM) KV cache per instance, in tokens: 512 GB host cache / 57 KB per token ~ 9M tokens;
-    # we allow 4M tokens (about 230 GB) per instance for sessions' accumulated KV.
+    # Host (CPU DRAM) KV store per instance (the session holder's copy), in tokens: 2 TB of host DRAM
+    # per 8-GPU node = 250 GB per GPU / 57 KB ~ 4.3M tokens; we use 4M.
     host_kv_capacity_tokens: int = 4_000_000
-    # GPU KV budget (tokens) used for the kv_usage signal: (80 GB - 16 GB weights - activations) / 57 KB.
-    gpu_kv_capacity_tokens: int = 900_000
-    # Inter-instance link: 200 Gb/s RDMA NIC = 25 GB/s; we assume 20 GB/s achievable, 1 ms setup.
-    link_bytes_per_s: float = 20e9
-    link_latency_s: float = 0.001
+    # GPU KV budget: (96 GB - 15.2 GB weights - ~8 GB activations/graphs) / 57,344 B ~ 1.27M tokens.
+    gpu_kv_capacity_tokens: int = 1_270_000
+    # Of that, idle KV kept as a GPU prefix cache (sessions between turns, temporary copies of
+    # fetched prefixes), LRU; the rest is the running batch's. ASSUMPTION: half.
+    gpu_cache_tokens: int = 635_000
+    # Host -> GPU load of KV kept in host DRAM: PCIe Gen5 x16, 64 GB/s; ASSUMPTION: 50% effective for
+    # paged (block-scattered) copies -> 32 GB/s, i.e. 1.8 ms per 1k tokens.
+    h2d_bytes_per_s: float = H20_PCIE_BYTES_PER_S * 0.5
+    # Network between nodes: one 200 Gb/s RDMA NIC (25 GB/s), ASSUMPTION 90% achievable = 22.5 GB/s,
+    # shared by the ``gpus_per_nic`` GPUs of a node (8: one NIC per node; 1: one NIC per GPU).
+    nic_bytes_per_s: float = 200e9 / 8 * 0.9
+    gpus_per_node: int = 8
+    gpus_per_nic: int = 8
+    link_latency_s: float = 0.001  # RDMA connection/registration setup per transfer
+    # Inside a node KV moves GPU-to-GPU over NVLink (450 GB/s per direction, ASSUMPTION 70% = 315 GB/s).
+    nvlink_bytes_per_s: float = H20_NVLINK_BYTES_PER_S * 0.7
 
 
 @dataclass(frozen=True)
 class SimConstants:
-    model: ModelConstants = ModelConstants()
-    hw: HardwareConstants = HardwareConstants()
+    model: ModelConstants = field(default_factory=ModelConstants)
+    hw: HardwareConstants = field(default_factory=HardwareConstants)
     block_tokens: int = 512  # Mooncake hash_ids cover 512-token blocks
     signal_period_s: float = 0.25  # how often workers export metrics / schedulers see fresh signals
 
+    def with_hw(self, **changes: float) -> "SimConstants":
+        return replace(self, hw=replace(self.hw, **changes))
+
     def prefill_time(self, tokens: float, running: float = 0.0, colocated: bool = True) -> float:
+        """Seconds to prefill ``tokens`` (``running`` decodes share the engine steps when colocated)."""
         m = self.model
         if tokens <= 0:
             return 0.0
         t = m.prefill_fixed_s + tokens / m.prefill_tokens_per_s + m.prefill_quad_s_per_token2 * tokens * tokens
-        if colocated:
-            t *= 1.0 + m.decode_interference * min(running, m.max_batch) / m.max_batch
+        if colocated and running > 0:
+            # every chunk step also runs one decode step for the running batch
+            t *= 1.0 + self.decode_step_time(running, 0.0) / self.chunk_time()
         return t
 
-    def decode_time(self, output_tokens: int, batch: float) -> float:
+    def chunk_time(self) -> float:
         m = self.model
-        return output_tokens * (m.decode_step_base_s + m.decode_step_per_seq_s * min(max(batch, 1.0), m.max_batch))
+        return m.chunk_budget_tokens / m.prefill_tokens_per_s
 
-    def transfer_time(self, tokens: float) -> float:
+    def decode_step_time(self, batch: float, context_tokens: float) -> float:
+        """One decode step of ``batch`` sequences holding ``context_tokens`` KV in total."""
+        m = self.model
+        if batch <= 0:
+            return 0.0
+        return m.decode_step_base_s + m.decode_kv_read_s_per_token * context_tokens
+
+    def decode_time(self, output_tokens: int, batch: float, context_tokens: float = 0.0) -> float:
+        """Decode of ``output_tokens`` in a batch of ``batch`` sequences (``context_tokens`` of KV in the
+        batch at the start; it grows by half the output on average)."""
+        b = min(max(batch, 1.0), self.model.max_batch)
+        return output_tokens * self.decode_step_time(b, context_tokens + 0.5 * b * output_tokens)
+
+    def decode_stall_fraction(self, batch: float, context_tokens: float) -> float:
+        """Share of a co-running prefill's duration during which decodes on that GPU make no progress."""
+        ct = self.chunk_time()
+        return ct / (ct + self.decode_step_time(max(batch, 1.0), context_tokens))
+
+    def network_time(self, tokens: float, same_node: bool) -> float:
+        """Seconds to move ``tokens`` of KV between two GPUs (NVLink inside a node, NIC across nodes),
+        not counting waiting for the link."""
         if tokens <= 0:
             return 0.0
-        return self.hw.link_latency_s + tokens * self.model.kv_bytes_per_token / self.hw.link_bytes_per_s
+        bw = self.hw.nvlink_bytes_per_s if same_node else self.hw.nic_bytes_per_s
+        return self.hw.link_latency_s + tokens * self.model.kv_bytes_per_token / bw
+
+    def transfer_time(self, tokens: float) -> float:
+        """Cross-node KV transfer time (the common case for a remote executor)."""
+        return self.network_time(tokens, same_node=False)
+
+    def h2d_time(self, tokens: float) -> float:
+        """Seconds to load ``tokens`` of KV from host DRAM into GPU memory."""
+        if tokens <= 0:
+            return 0.0
+        return tokens * self.model.kv_bytes_per_token / self.hw.h2d_bytes_per_s
 
 
 DEFAULT = SimConstants()

@@ -15,7 +15,7 @@ import urllib.request
 import numpy as np
 
 from scheduler_metrics.sim.cluster import ClusterSim, SignalSource, SimResult
-from scheduler_metrics.sim.replay import SCHEDULERS, format_table, progress_bar, time_scale_for, write_csv
+from scheduler_metrics.sim.replay import format_table, make_scheduler, progress_bar, time_scale_for, write_csv
 from scheduler_metrics.sim.signals import _EXPORTS, instance_name, snapshot_arrays, worker_values
 from scheduler_metrics.sim.traces import load_trace
 
@@ -77,7 +77,8 @@ def run_live(trace_path: str, base_url: str, instances: int, scheduler: str, loa
     if limit:
         trace = trace.head(limit)
     sig = LiveSignals(base_url, speed=speed, cluster=f"sim-live-{scheduler}")
-    sim = ClusterSim(trace, SCHEDULERS[scheduler](instances), sig, instances=instances, load=load,
+    sched = make_scheduler(scheduler, instances)
+    sim = ClusterSim(trace, sched, sig, instances=instances, load=load,  # type: ignore[arg-type]
                      time_scale=time_scale_for(trace, load, instances), progress=progress_bar(f"live {scheduler} @ {load:g}"))
     return sim.run(), sig
 

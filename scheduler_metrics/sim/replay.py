@@ -14,12 +14,13 @@ from scheduler_metrics.schedulers.routers import (DynamoScheduler, LeastQueueSch
                                                   PrefixAffinityScheduler, RoundRobinScheduler)
 from scheduler_metrics.schedulers.smetric import SMetricScheduler
 from scheduler_metrics.schedulers.vesta import VestaScheduler
-from scheduler_metrics.sim.cluster import ClusterSim, SimResult
+from scheduler_metrics.sim.cluster import ClusterSim, SimResult, prefill_times
 from scheduler_metrics.sim.constants import DEFAULT, SimConstants
 from scheduler_metrics.sim.signals import OracleSignals, TrackerSignals
-from scheduler_metrics.sim.traces import Trace, load_trace
+from scheduler_metrics.sim.traces import Trace, format_stats, load_trace
 
-CSV_COLUMNS = ["scheduler", "load", "requests", "mean_ttft_ms", "p50_ttft_ms", "p99_ttft_ms", "throughput_tps", "kv_transfer_bytes"]
+CSV_COLUMNS = ["scheduler", "load", "requests", "mean_ttft_ms", "p50_ttft_ms", "p99_ttft_ms", "throughput_tps", "kv_transfer_bytes",
+               "floor_ttft_ms", "queue_share", "decode_tps", "remote_fraction", "recompute_fraction", "prefill_util"]
 
 SCHEDULERS: dict[str, Callable[[int], object]] = {
     "vesta": lambda n: VestaScheduler(n),
@@ -33,12 +34,32 @@ SCHEDULERS: dict[str, Callable[[int], object]] = {
 }
 
 
+def make_scheduler(spec: str, n: int) -> object:
+    """A scheduler by name; ``smetric:SECONDS`` sets SMetric's overload threshold."""
+    name, _, arg = spec.partition(":")
+    if name == "smetric" and arg:
+        try:
+            return SMetricScheduler(n, overload_backlog_s=float(arg), name=f"smetric:{float(arg):g}")
+        except ValueError:
+            raise ValueError(f"scheduler {spec!r}: expected smetric:SECONDS, e.g. smetric:7") from None
+    if spec not in SCHEDULERS:
+        raise ValueError(f"unknown scheduler {spec!r}; known: {', '.join(SCHEDULERS)}, smetric:SECONDS")
+    return SCHEDULERS[spec](n)
+
+
+def scheduler_known(spec: str) -> bool:
+    try:
+        make_scheduler(spec, 1)
+    except ValueError:
+        return False
+    return True
+
+
 def natural_utilization(trace: Trace, prefill_instances: int, c: SimConstants = DEFAULT) -> float:
     """Offered prefill utilization of the trace at its original pace: the prefill work of the
     uncached prompt tokens (ideal prefix reuse) over (instances x trace span)."""
-    m = c.model
-    tok = (trace.input_tokens - trace.reuse_tokens).astype(float)
-    work = np.where(tok > 0, m.prefill_fixed_s + tok / m.prefill_tokens_per_s + m.prefill_quad_s_per_token2 * tok**2, 0.0).sum()
+    tok = np.maximum(1, trace.input_tokens - trace.reuse_tokens).astype(float)
+    work = float(prefill_times(c, tok, np.zeros(len(tok)), False).sum())
     span = max(trace.duration_s, 1.0)
     return float(work / (prefill_instances * span))
 
@@ -56,16 +77,16 @@ class ReplaySpec:
     instances: int = 32
     disaggregated: tuple[int, int] | None = None
     signals: str = "tracker"  # tracker | oracle
+    constants: SimConstants = DEFAULT
 
 
 def run_one(spec: ReplaySpec, scheduler: str, load: float, progress: Callable[[int, int], None] | None = None) -> SimResult:
-    if scheduler not in SCHEDULERS:
-        raise ValueError(f"unknown scheduler {scheduler!r}; known: {', '.join(SCHEDULERS)}")
     n_prefill = spec.disaggregated[0] if spec.disaggregated else spec.instances
-    sched = SCHEDULERS[scheduler](n_prefill)
+    sched = make_scheduler(scheduler, n_prefill)
     sig = TrackerSignals() if spec.signals == "tracker" else OracleSignals()
-    sim = ClusterSim(spec.trace, sched, sig, instances=spec.instances, disaggregated=spec.disaggregated, load=load,
-                     time_scale=time_scale_for(spec.trace, load, n_prefill), progress=progress)
+    sim = ClusterSim(spec.trace, sched, sig, instances=spec.instances, disaggregated=spec.disaggregated, load=load,  # type: ignore[arg-type]
+                     time_scale=time_scale_for(spec.trace, load, n_prefill, spec.constants), constants=spec.constants,
+                     progress=progress)
     return sim.run()
 
 
@@ -93,12 +114,14 @@ def sweep(spec: ReplaySpec, schedulers: list[str], loads: list[float], show_prog
 
 
 def format_table(results: list[SimResult]) -> str:
-    head = f"{'scheduler':<16}{'load':>6}{'requests':>10}{'mean TTFT ms':>14}{'p50 ms':>10}{'p99 ms':>11}{'tok/s':>10}{'KV moved GB':>13}"
+    head = (f"{'scheduler':<16}{'load':>6}{'requests':>10}{'mean TTFT ms':>14}{'p50 ms':>10}{'p99 ms':>11}{'floor ms':>10}"
+            f"{'queue %':>9}{'tok/s':>10}{'decode TPS':>12}{'KV moved GB':>13}{'remote %':>10}{'util %':>8}")
     lines = [head, "-" * len(head)]
     for r in results:
         row = r.row()
         lines.append(f"{row['scheduler']:<16}{row['load']:>6g}{row['requests']:>10}{row['mean_ttft_ms']:>14.1f}{row['p50_ttft_ms']:>10.1f}"
-                     f"{row['p99_ttft_ms']:>11.1f}{row['throughput_tps']:>10.1f}{row['kv_transfer_bytes'] / 1e9:>13.2f}")
+                     f"{row['p99_ttft_ms']:>11.1f}{row['floor_ttft_ms']:>10.1f}{100 * row['queue_share']:>9.1f}{row['throughput_tps']:>10.1f}"
+                     f"{row['decode_tps']:>12.1f}{row['kv_transfer_bytes'] / 1e9:>13.2f}{100 * row['remote_fraction']:>10.1f}{100 * row['prefill_util']:>8.1f}")
     return "\n".join(lines)
 
 
@@ -138,11 +161,17 @@ def plot(results: list[SimResult], path: Path, title: str) -> None:
 
 
 def main_replay(trace_path: str, instances: int, schedulers: list[str], loads: list[float], out: str | None,
-                disaggregated: tuple[int, int] | None = None, limit: int | None = None, signals: str = "tracker") -> list[SimResult]:
+                disaggregated: tuple[int, int] | None = None, limit: int | None = None, signals: str = "tracker",
+                gpus_per_nic: int | None = None) -> list[SimResult]:
     trace = load_trace(trace_path)
     if limit:
         trace = trace.head(limit)
-    spec = ReplaySpec(trace, instances=instances, disaggregated=disaggregated, signals=signals)
+    c = DEFAULT if gpus_per_nic is None else DEFAULT.with_hw(gpus_per_nic=gpus_per_nic)
+    print(format_stats(trace))
+    print(f"testbed: Qwen2.5-7B on H20, prefill {c.model.prefill_tokens_per_s:.0f} tok/s, "
+          f"{c.hw.gpus_per_node} GPUs/node, one {c.hw.nic_bytes_per_s / 1e9:.1f} GB/s NIC per {c.hw.gpus_per_nic} GPU(s), "
+          f"NVLink {c.hw.nvlink_bytes_per_s / 1e9:.0f} GB/s, host->GPU {c.hw.h2d_bytes_per_s / 1e9:.0f} GB/s")
+    spec = ReplaySpec(trace, instances=instances, disaggregated=disaggregated, signals=signals, constants=c)
     results = sweep(spec, schedulers, loads)
     print(format_table(results))
     if out:

@@ -172,7 +172,7 @@ def test_vesta_reuses_temporary_gpu_copies() -> None:
 
 def _doc_table() -> tuple[str, str]:
     text = (REPO / "docs" / "scheduling.md").read_text()
-    m = re.search(r"<!-- quick-reproduction -->\s*\n\s*(.turboprom replay [^\n]+)\n.*?```\n(.*?)```", text, re.S)
+    m = re.search(r"<!-- quick-reproduction -->\s*\n\s*(\S*turboprom replay [^\n]+)\n.*?```\n(.*?)```", text, re.S)
     assert m, "docs/scheduling.md lacks the quick-reproduction block"
     return m.group(1).strip(), m.group(2)
 

@@ -7,6 +7,7 @@
   sweep, and its best per load as the baseline), router baselines (seed 1);
 * the Mooncake conversation trace and the Azure code trace (16 instances) at one load;
 * cost-model sensitivity (NIC per GPU instead of per node, 2x faster prefill, 10x slower NIC);
+* the same agent sessions packed onto 8 instances (one node), where prefill queueing matters more;
 * the pricing ablation on 6 prefill + 2 decode instances;
 * AgentWeave vs whole-request batching and Autellix, 5 seeds, with 95% confidence intervals.
 
@@ -37,6 +38,8 @@ INSTANCES = 16  # two 8-GPU nodes
 COST_LOAD = 2.0
 COST_SMETRICS = ("smetric:0.5", "smetric:2")
 PD_LOADS = (2.0, 4.0)
+DENSE_INSTANCES = 8  # the same 400 sessions on one node: more sessions per GPU, prefill-bound
+DENSE_LOADS = (4.0,)
 SMETRICS = [f"smetric:{t:g}" for t in THRESHOLDS]
 ROUTERS = ["llm-d", "dynamo", "least-queue", "prefix-affinity", "round-robin"]
 SESSIONS = 400
@@ -60,7 +63,8 @@ def _trace(name: str, seed: int):
 def _job(args: tuple) -> dict:
     exp, trace_name, seed, sched, load, variant, dis = args
     c = CONSTANT_VARIANTS[variant]
-    spec = ReplaySpec(_trace(trace_name, seed), instances=INSTANCES if dis is None else sum(dis), disaggregated=dis, constants=c)
+    n = DENSE_INSTANCES if exp == "dense" else INSTANCES
+    spec = ReplaySpec(_trace(trace_name, seed), instances=n if dis is None else sum(dis), disaggregated=dis, constants=c)
     t0 = time.time()
     r = run_one(spec, sched, load)
     row = {"experiment": exp, "trace": trace_name, "seed": seed, "variant": variant, **r.row(), "wall_s": round(time.time() - t0, 1)}
@@ -85,6 +89,10 @@ def jobs() -> list[tuple]:
         for seed in SEEDS:
             for s in ["vesta", *COST_SMETRICS]:
                 out.append(("costmodel", "agent", seed, s, COST_LOAD, variant, None))
+    for load in DENSE_LOADS:
+        for seed in SEEDS:
+            for s in ["vesta", *SMETRICS]:
+                out.append(("dense", "agent", seed, s, load, "default (NIC per node)", None))
     for load in PD_LOADS:
         for seed in SEEDS:
             for s in ["vesta", "vesta-noprice", "smetric:0.5"]:
@@ -131,18 +139,20 @@ def summarize(rows: list[dict], flows: list[dict]) -> str:
                       f"{mean_of(rs, 'decode_tps'):.1f} | {mean_of(rs, 'throughput_tps'):.0f} | {mean_of(rs, 'kv_transfer_bytes') / 1e9:.0f} | "
                       f"{mean_of(rs, 'remote_fraction'):.1%} |")
     md.append("\n### Vesta vs the best SMetric threshold per load and seed (agent trace)\n")
-    md.append("| load | best SMetric threshold (per seed) | Vesta mean TTFT vs best SMetric, 95% CI | vs SMetric 2 s | p99 vs best SMetric | decode TPS vs best SMetric |")
-    md.append("| --- | --- | --- | --- | --- | --- |")
-    for load in LOADS:
-        gaps, gaps2, p99, tps, best = [], [], [], [], []
+    md.append("| instances | load | best SMetric threshold (per seed) | Vesta mean TTFT vs best SMetric, 95% CI | vs SMetric 2 s | p99 vs best SMetric | decode TPS vs best SMetric | Vesta queue share | prefill util |")
+    md.append("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for exp, load in [("main", x) for x in LOADS] + [("dense", x) for x in DENSE_LOADS]:
+        gaps, gaps2, p99, tps, best, qs, ut = [], [], [], [], [], [], []
         for seed in SEEDS:
-            v = pick(experiment="main", scheduler="vesta", load=load, seed=seed)
-            sm = pick(experiment="main", load=load, seed=seed)
+            v = pick(experiment=exp, scheduler="vesta", load=load, seed=seed)
+            sm = pick(experiment=exp, load=load, seed=seed)
             sm = [r for r in sm if r["scheduler"].startswith("smetric")]
             if not v or not sm:
                 continue
             b = min(sm, key=lambda r: r["mean_ttft_ms"])
             best.append(b["scheduler"].split(":")[1] + " s")
+            qs.append(v[0]["queue_share"])
+            ut.append(v[0]["prefill_util"])
             gaps.append(v[0]["mean_ttft_ms"] / b["mean_ttft_ms"] - 1)
             p99.append(v[0]["p99_ttft_ms"] / b["p99_ttft_ms"] - 1)
             tps.append(v[0]["decode_tps"] / b["decode_tps"] - 1)
@@ -153,7 +163,9 @@ def summarize(rows: list[dict], flows: list[dict]) -> str:
             m2, h2 = ci95(np.array(gaps2))
             mp, hp = ci95(np.array(p99))
             mt, ht = ci95(np.array(tps))
-            md.append(f"| {load:g} | {', '.join(best)} | {m:+.1%} ± {h:.1%} | {m2:+.1%} ± {h2:.1%} | {mp:+.1%} ± {hp:.1%} | {mt:+.1%} ± {ht:.1%} |")
+            n = DENSE_INSTANCES if exp == "dense" else INSTANCES
+            md.append(f"| {n} | {load:g} | {', '.join(best)} | {m:+.1%} ± {h:.1%} | {m2:+.1%} ± {h2:.1%} | {mp:+.1%} ± {hp:.1%} | "
+                      f"{mt:+.1%} ± {ht:.1%} | {np.mean(qs):.1%} | {np.mean(ut):.1%} |")
     for exp, title in (("mooncake", f"Mooncake conversation trace, {INSTANCES} colocated, load 0.7"), ("azure", f"Azure code trace (no sessions), {INSTANCES} colocated, load 0.7")):
         md.append(f"\n### {title}\n")
         md.append("| scheduler | mean TTFT ms | p50 ms | p99 ms | floor ms | queue share | decode TPS | KV moved GB | remote |")
@@ -213,11 +225,18 @@ def main() -> None:
     ap.add_argument("--out", default="bench/out/scheduling")
     ap.add_argument("--jobs", type=int, default=2, help="worker processes")
     ap.add_argument("--summary-only", action="store_true", help="rebuild summary.md from the CSVs already in --out")
+    ap.add_argument("--only", default=None, help="run only this experiment (main, dense, mooncake, azure, costmodel, 6p2d) and "
+                    "replace its rows in --out/replay.csv")
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    if not a.summary_only:
+    if a.only:
+        with ProcessPoolExecutor(a.jobs) as ex:
+            new = list(ex.map(_job, [j for j in jobs() if j[0] == a.only]))
+        kept = [r for r in _read(out / "replay.csv") if r["experiment"] != a.only] if (out / "replay.csv").exists() else []
+        _write(out / "replay.csv", kept + new)
+    elif not a.summary_only:
         with ProcessPoolExecutor(a.jobs) as ex:
             rows = list(ex.map(_job, jobs()))
         _write(out / "replay.csv", rows)

@@ -27,9 +27,11 @@ engine sets vllm:num_requests_waiting to the wall-clock ms of the change, 10 tim
                           engine change -> seen by the picker; run in the "direct picker" phases
   engine load             requests/s each engine serves, by client (TurboProm's fast scrape and
                           normal scrape vs one direct picker), and bytes per request
+  poll, own process       the same 200 polls/s against congestion.poll_listen (the snapshot served by a
+                          child process fed each new snapshot over ZMQ), beside the in-server poll
 
     .venv/bin/python bench/congestion_bench.py [--phase-s 15] [--rate 100000] [--wal-fsync always]
-                                               [--engines 32] [--fast-interval 0.05]
+                                               [--engines 32] [--fast-interval 0.05] [--no-poll-process]
 """
 from __future__ import annotations
 
@@ -505,6 +507,9 @@ def run_phase(name: str, server_url: str, args: argparse.Namespace, ingest: bool
                                              d, "poll_one", q)),
             ctx.Process(target=freshness_probe, args=(server_url, start_at, d, q)),
         ]
+        if args.poll_port:
+            procs.append(ctx.Process(target=poller, args=(u.hostname, args.poll_port, "/api/v1/congestion", 200.0,
+                                                          start_at, d, "poll_all_process", q)))
         if fleet_ports:
             procs.append(ctx.Process(target=fleet_observer, args=(u.hostname, u.port, start_at, d, q)))
         if kv_port:
@@ -559,6 +564,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--engines", type=int, default=32, help="live engine exporters (0 = no fleet)")
     ap.add_argument("--fast-interval", type=float, default=0.05, help="server's fast scrape interval, s")
+    ap.add_argument("--no-poll-process", action="store_true",
+                    help="do not also poll the poll endpoint's own process (congestion.poll_listen)")
     ap.add_argument("--json", default=None, help="write all results here")
     args = ap.parse_args()
 
@@ -575,6 +582,7 @@ def main() -> None:
         fleet_proc.start()
         k, ports = fq.get(timeout=120)
     kv_port = free_port() if args.engines else 0
+    args.poll_port = 0 if args.no_poll_process else free_port()
     phases = {"idle": dict(ingest=False, heavy=False), "ingest": dict(ingest=True, heavy=False),
               "ingest+query": dict(ingest=True, heavy=True), "peer idle": dict(ingest=False, heavy=False, peer=True),
               "peer ingest": dict(ingest=True, heavy=False, peer=True)}
@@ -585,6 +593,8 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="congestion-bench-") as tmp:
             cfg = Path(tmp) / "turboprom.yml"
             text = "congestion:\n  resolution: 1s\n"
+            if args.poll_port:
+                text += f"  poll_listen: '127.0.0.1:{args.poll_port}'\n"
             if args.engines:
                 targets = ", ".join(f'"127.0.0.1:{p}"' for p in ports)
                 text = (f"scrape_configs:\n  - job_name: fleet\n    scrape_interval: 15s\n    static_configs:\n"
@@ -612,13 +622,14 @@ def main() -> None:
         vals = [r[key][field] for r in runs if key in r and r[key].get(field) is not None]
         return round(statistics.median(vals), 2) if vals else float("nan")
 
-    print("\n| phase | poll p50 / p99 ms (achieved polls/s) | one-instance poll p50 / p99 ms | freshness p50 / p99 ms | "
+    print("\n| phase | poll p50 / p99 ms (achieved polls/s) | same poll, own process, p50 / p99 ms | one-instance poll p50 / p99 ms | freshness p50 / p99 ms | "
           "ingest samples/s (target) | heavy range query p50 ms | tracker publish delay p50 / p99 (bucket le, ms) | "
           "consume per batch p50 / p99 (le, ms) |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for phase, runs in results.items():
         pk = "peer_promql_poll" if phase.startswith(("peer", "direct")) else "poll_all"
         print(f"| {phase} | {med(runs, pk, 'p50_ms')} / {med(runs, pk, 'p99_ms')} ({med(runs, pk, 'achieved_per_s')}) | "
+              f"{med(runs, 'poll_all_process', 'p50_ms')} / {med(runs, 'poll_all_process', 'p99_ms')} | "
               f"{med(runs, 'poll_one', 'p50_ms')} / {med(runs, 'poll_one', 'p99_ms')} | {med(runs, 'freshness', 'p50_ms')} / "
               f"{med(runs, 'freshness', 'p99_ms')} | {med(runs, 'ingest', 'samples_per_s')} ({args.rate}) | "
               f"{med(runs, 'heavy_query', 'p50_ms')} | "

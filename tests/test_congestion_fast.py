@@ -300,3 +300,26 @@ def test_model_server_protocol_endpoint(env: dict[str, Any]) -> None:
         assert 'vllm:cache_config_info{block_size="4"} 1.0' in r.read().decode()
     status, out, _ = http_json(f"{url}/api/v1/congestion/model_server/nowhere/metrics")
     assert status == 404 and out["errorType"] == "not_found"
+
+
+def test_poll_endpoint_in_its_own_process(tmp_path: Path) -> None:
+    """congestion.poll_listen: the same poll answered by a child process fed every new snapshot."""
+    port = free_port()
+    cfg = tmp_path / "turboprom.yml"
+    cfg.write_text(f"congestion:\n  resolution: 0\n  poll_listen: '127.0.0.1:{port}'\n")
+    with ServerProcess(tmp_path / "data", ["--config", str(cfg)]) as server:
+        side = f"http://127.0.0.1:{port}"
+        for v in (3, 8):
+            assert post(server.url + "/api/v1/congestion/push",
+                        f'vllm:num_requests_waiting{{cluster="pp",model_name="m",instance="w{v}"}} {v}\n'.encode())[0] == 200
+            got = wait_for(lambda: (d := congestion(side, cluster="pp")["instances"]) and any(
+                x["queue_length"] == v for x in d) and d, what=f"queue {v} in the poll process")
+        main = congestion(server.url, cluster="pp")
+        side_view = wait_for(lambda: (d := congestion(side, cluster="pp")) and d["version"] >= main["version"] and d,
+                             what="same snapshot version")
+        assert {x["instance"] for x in side_view["instances"]} == {x["instance"] for x in main["instances"]} == {"w3", "w8"}
+        assert [x["instance"] for x in got] == ["w3", "w8"]
+        status, out, _ = http_json(side + "/api/v1/congestion?include_stale=maybe")
+        assert status == 400 and "include_stale" in out["error"]
+        status, out, _ = http_json(side + "/api/v1/congestion", headers={"X-Scope-OrgID": "other"})
+        assert status == 200 and out["data"]["instances"] == [] and out["data"]["version"] == 0

@@ -1,5 +1,6 @@
-"""Connects vLLM KV event publishers (``congestion.kv_events``) to the prefix index, and the fast
-signal scrape (``congestion.fast_scrape_jobs``) to the congestion tracker.
+"""Connects vLLM KV event publishers (``congestion.kv_events``) to the prefix index, the fast
+signal scrape (``congestion.fast_scrape_jobs``) to the congestion tracker, and the tracker to the
+poll endpoint's own process (``congestion.poll_listen``).
 
 ``ingest.kv_events`` decodes; ``scheduler_metrics.congestion.prefix_index`` keeps the view; this
 module is the adapter between the two (neither stage imports the other).
@@ -27,9 +28,14 @@ def apply_batch(index: PrefixIndex, ep: KVEventEndpoint, batch: EventBatch, miss
 
 
 def build_fast_signals(ctx: ServerContext, tracker: Any) -> None:
-    """``prefix_index`` + ``kv_events`` components when publishers are configured; ``fast_scrape`` when
-    jobs are named. Both are started and stopped with the server's other components."""
+    """``congestion_poll_server`` when ``poll_listen`` is set; ``prefix_index`` + ``kv_events`` when
+    publishers are configured; ``fast_scrape`` when jobs are named. All start and stop with the
+    server's other components."""
     cfg = tracker.config
+    if cfg.poll_listen:
+        from turboprom.congestion_poll_server import CongestionPollServer
+
+        ctx.components["congestion_poll_server"] = CongestionPollServer(tracker, cfg.poll_listen)
     if cfg.kv_events:
         index = PrefixIndex(cfg.kv_max_blocks_per_instance)
         endpoints = [KVEventEndpoint(e["endpoint"], e["instance"], e["cluster"], e["model_name"], e["topic"])

@@ -39,6 +39,7 @@ class CongestionConfig:
     fast_scrape_jobs: tuple[str, ...] = ()  # scrape_configs job names whose targets get the fast scrape
     kv_events: tuple[dict[str, str], ...] = ()  # vLLM KV event publishers: endpoint, instance, cluster, model_name, topic
     kv_max_blocks_per_instance: int = 1_000_000
+    poll_listen: str = ""  # host:port of the poll endpoint's own process ("" = off; port 0 = any)
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any] | None) -> "CongestionConfig":
@@ -62,6 +63,11 @@ class CongestionConfig:
                 cfg.fast_scrape_jobs = tuple(value)
             elif name == "kv_events":
                 cfg.kv_events = _kv_endpoints(value)
+            elif name == "poll_listen":
+                host, sep, port = str(value).rpartition(":")
+                if not isinstance(value, str) or (value and (not sep or not port.isdigit() or int(port) > 65535)):
+                    raise ValueError(f"congestion.poll_listen: expected host:port like 127.0.0.1:9091, got {value!r}")
+                cfg.poll_listen = value
             elif name.endswith("_s"):
                 setattr(cfg, name, parse_seconds(value, key))
             elif isinstance(value, bool) or not isinstance(value, (int, float)) \

@@ -112,10 +112,14 @@ class IngestLog:
             await self.js.delete_consumer(s.stream, durable)
         except NotFoundError:
             pass
+        # The consumer's own state lives on one JetStream server (num_replicas=1): its ack floor is only
+        # a resume hint (the ingester's applied sequence is the truth, and a lost consumer means a replay
+        # from the start, duplicates being idempotent), and replicated consumer state cost each NATS node
+        # most of its CPU (one raft group per ingester and partition; docs/benchmarks.md).
         start = (dict(deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=after_seq + 1) if after_seq
                  else dict(deliver_policy=api.DeliverPolicy.ALL))
         cfg = api.ConsumerConfig(durable_name=durable, ack_policy=api.AckPolicy.ALL, ack_wait=60.0,
-                                 max_ack_pending=1024, filter_subject=s.subject(partition), **start)
+                                 max_ack_pending=1024, filter_subject=s.subject(partition), num_replicas=1, **start)
         return await self.js.pull_subscribe(s.subject(partition), durable=durable, stream=s.stream, config=cfg)
 
     async def ack_floor(self, durable: str) -> int:

@@ -20,6 +20,7 @@ p50/p99 request latency (first attempt to final answer), peak RSS (VmHWM of the 
 retries and failed requests. Medians over --repeats runs.
 
     .venv/bin/python bench/ingest_remote_write.py [--series 100000] [--rounds 4] [--repeats 3] [--labels fleet]
+        [--compare DIR --targets turboprom,turboprom-base,prometheus,victoria-metrics]  # before/after in one run
         [--profile DIR]   # py-spy collapsed stacks of the TurboProm server's timed part (bench/profile_summary.py reads them)
 """
 from __future__ import annotations
@@ -168,6 +169,8 @@ def proc_peak_rss_mb(pid: int) -> float:
 
 
 class Peer:
+    compare_dir: Path | None = None  # --compare: the checkout "turboprom-base" serves from
+
     def __init__(self, name: str, tmp: Path):
         self.name = name
         self.tmp = tmp
@@ -180,6 +183,14 @@ class Peer:
         if self.name == "turboprom":
             self.server = ServerProcess(self.tmp / "tp-data", port=port).start()
             self.proc = self.server.proc
+        elif self.name == "turboprom-base":  # the same server from another checkout (before/after in one run)
+            if self.compare_dir is None:
+                raise SystemExit("target turboprom-base needs --compare DIR")
+            (self.tmp / "base-data").mkdir()
+            self.proc = subprocess.Popen([sys.executable, "-m", "turboprom", "serve", "--data-dir", str(self.tmp / "base-data"),
+                                          "--listen", f"127.0.0.1:{port}"], cwd=self.compare_dir,
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            wait_http(f"http://127.0.0.1:{port}/-/ready", 60, self.proc)
         elif self.name == "prometheus":
             cfg = self.tmp / "prom.yml"
             cfg.write_text("global: {scrape_interval: 1h}\n")
@@ -231,7 +242,7 @@ def run_one(name: str, payloads: list[bytes], counts: list[int], warm: list[byte
         w = asyncio.run(send_all(peer.url, warm, warm_counts, senders))  # creates the series (not timed)
         if w["failed"]:
             raise RuntimeError(f"{name}: {w['failed']} warm-up requests refused")
-        spy = start_profile(peer.proc.pid, profile) if profile is not None and name == "turboprom" else None
+        spy = start_profile(peer.proc.pid, profile) if profile is not None and name.startswith("turboprom") else None
         cpu0 = proc_cpu_s(peer.proc.pid)
         r = asyncio.run(send_all(peer.url, payloads, counts, senders))
         cpu = proc_cpu_s(peer.proc.pid) - cpu0
@@ -257,9 +268,12 @@ def main() -> None:
     ap.add_argument("--targets", default="turboprom,prometheus,victoria-metrics")
     ap.add_argument("--shapes", default="2000x1,500x20")
     ap.add_argument("--labels", default="fleet", choices=["fleet", "simple"])
+    ap.add_argument("--compare", type=Path, default=None,
+                    help="a checkout of another TurboProm version (git worktree or archive): target turboprom-base serves from it")
     ap.add_argument("--profile", type=Path, default=None,
                     help="directory: a py-spy profile (collapsed stacks) of the TurboProm server's timed part per shape and run")
     a = ap.parse_args()
+    Peer.compare_dir = a.compare
     if a.profile is not None:
         a.profile.mkdir(parents=True, exist_ok=True)
     t0 = int(time.time() * 1000) - 3_600_000 * 3
@@ -277,7 +291,7 @@ def main() -> None:
         results: dict[str, list[dict]] = {}
         for rep in range(a.repeats):
             for name in a.targets.split(","):
-                prof = a.profile / f"turboprom-{shape}-run{rep + 1}.txt" if a.profile is not None else None
+                prof = a.profile / f"{name}-{shape}-run{rep + 1}.txt" if a.profile is not None else None
                 r = run_one(name, payloads, counts, warm, warm_counts, a.senders, prof)
                 results.setdefault(name, []).append(r)
                 print(f"  run {rep + 1} {name:17s} {r['samples_s']:>10,.0f} samples/s  {r['samples_cpu_s']:>10,.0f} /cpu-s  "

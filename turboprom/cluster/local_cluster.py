@@ -209,6 +209,7 @@ def main() -> None:
         for name, p in c.roles.items():
             print(f"{name:14s} pid {p.pid:7d}  {c.url(name)}", flush=True)
         print(f"remote write: {c.url('distributor-0')}/api/v1/write   Prometheus API: {c.url('querier-0')}", flush=True)
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})  # after the children started
         signal.sigwait({signal.SIGINT, signal.SIGTERM})
     finally:
         c.stop()

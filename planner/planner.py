@@ -35,6 +35,7 @@ Config (``ctx.config.raw["planner"]``), all optional::
 from __future__ import annotations
 
 import logging
+import math
 import re
 import threading
 import time
@@ -201,6 +202,7 @@ class KeyStats:
     max_range_ms: int = 0
     max_span_ms: int = 0  # widest data span a query read (its range plus its window)
     min_range_ms: int = 0  # shortest window seen: the pane must fit in it (several times) for the summary to pay
+    align_ms: int = 0  # gcd of the windows' bounds seen (ends, steps, ranges): a pane dividing it needs no raw edges
     windows: deque = field(default_factory=lambda: deque(maxlen=64))
     series: int = 0
     sample_rate: float = 0.0  # samples per second of data, estimated from raw scans
@@ -377,6 +379,7 @@ class Planner:
                         ks.sample_rate = max(ks.sample_rate, entry.samples / len(cands) / (data_ms / 1000))
                 ks.max_range_ms = max(ks.max_range_ms, c.range_ms)
                 ks.min_range_ms = c.range_ms if not ks.min_range_ms else min(ks.min_range_ms, c.range_ms)
+                ks.align_ms = math.gcd(ks.align_ms, int(c.range_ms), int(entry.end_ms), int(max(entry.step_ms, 0)))
                 ks.max_span_ms = max(ks.max_span_ms, c.range_ms + max(entry.end_ms - entry.start_ms, 0))
                 ks.windows.append(max(entry.result_series, 1) * steps)
                 ks.series = max(ks.series, entry.result_series)
@@ -490,16 +493,24 @@ class Planner:
         n = sum(s.stats.ingested_samples for s in live)
         return cpu / n if n >= 10_000 else cost_model.DEFAULT_FOLD_COST_S
 
+    MAX_SPAN_PANES = 500  # a finer pane for alignment only while the widest span read stays within this many
+
     def pane_for(self, ks: KeyStats) -> int:
         """The pane of a new plan: the configured one, or a finer divisor of a minute when the pattern's
-        shortest window would hold fewer than 4 whole panes (``rate(x[1m])`` with 1 m panes has none)."""
+        shortest window would hold fewer than 4 whole panes (``rate(x[1m])`` with 1 m panes has none).
+        Among those, the coarsest that divides the bounds of the windows seen (Grafana aligns a panel's
+        steps to its step): its windows are whole panes, with no raw edge to read, as long as the widest
+        span read stays within ``MAX_SPAN_PANES`` panes."""
         pane = self.config.pane_ms
+        base = pane
         if ks.min_range_ms and ks.min_range_ms < 4 * pane:
+            base = next((p for p in PANE_CHOICES_MS if p <= pane and 4 * p <= ks.min_range_ms),
+                        min(pane, PANE_CHOICES_MS[-1]))
+        if ks.align_ms and base in PANE_CHOICES_MS:
             for p in PANE_CHOICES_MS:
-                if p <= pane and 4 * p <= ks.min_range_ms:
+                if p <= base and ks.align_ms % p == 0 and ks.max_span_ms <= self.MAX_SPAN_PANES * p:
                     return p
-            return min(pane, PANE_CHOICES_MS[-1])
-        return pane
+        return base
 
     def _consider(self, c: Candidate, ks: KeyStats) -> None:
         raw_cpu = sum(ks.raw_cpu) / len(ks.raw_cpu)
@@ -625,6 +636,7 @@ class Planner:
 
     # --- introspection -----------------------------------------------------------------------
     def plans(self) -> list[dict[str, Any]]:
+        self.summarizer.drain()  # what was consumed is counted in the listing
         return [s.describe() for s in sorted(self.sds.values(), key=lambda s: s.id)]
 
     def candidates_report(self) -> list[dict[str, Any]]:

@@ -265,3 +265,21 @@ def test_many_flushes_merge_pane_files_and_restore_the_same_answers(tmp_path, mo
 def pa_compute_le(tab, limit):
     import pyarrow.compute as pc
     return pc.less(tab["pane"], limit)
+
+
+def test_pane_of_a_new_plan_divides_the_windows_bounds_grafana_aligns():
+    from planner.planner import KeyStats
+
+    st = _stack(load([])[0])
+    p = st.planner
+    grafana_1h = KeyStats(min_range_ms=300_000, max_span_ms=3_900_000, align_ms=15_000)
+    assert p.pane_for(grafana_1h) == 15_000  # steps of 15 s: every window whole panes
+    assert p.pane_for(KeyStats(min_range_ms=3_600_000, max_span_ms=90_000_000, align_ms=60_000)) == 60_000
+    # a 25 h span at 15 s would be 6,000 panes: the configured pane (its windows keep raw edges)
+    assert p.pane_for(KeyStats(min_range_ms=300_000, max_span_ms=90_000_000, align_ms=15_000)) == 60_000
+    assert p.pane_for(KeyStats(min_range_ms=300_000, max_span_ms=4 * 3_600_000, align_ms=5_000)) == 60_000
+    # bounds at arbitrary milliseconds (rule evaluations): the configured pane
+    assert p.pane_for(KeyStats(min_range_ms=300_000, max_span_ms=300_000, align_ms=7)) == 60_000
+    # a short window still gets a pane it holds 4 times, aligned when it can be
+    assert p.pane_for(KeyStats(min_range_ms=60_000, max_span_ms=3_660_000, align_ms=10_000)) == 10_000
+    assert p.pane_for(KeyStats(min_range_ms=60_000, max_span_ms=3_660_000, align_ms=0)) == 15_000

@@ -70,6 +70,7 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
 
         def build() -> dict[str, Any]:
             summ = p.summarizer
+            summ.drain()  # what was consumed is counted in the listing
             return {
                 "plans": [_describe(s) for s in sorted(p.sds.values(), key=lambda s: s.id)],
                 "summarizer": {"cpu_seconds": summ.cpu_seconds, "samples": summ.samples, "max_ts": summ.max_ts},

@@ -54,6 +54,9 @@ def build_querier(config: ServerConfig) -> ServerContext:
     from turboprom.cluster.membership import ClusterView
     from turboprom.wiring import build_context
 
+    # summaries are filled at ingest, which a querier never sees: no plans may serve answers here
+    planner = config.raw.get("planner") if isinstance(config.raw.get("planner"), dict) else {}
+    config.raw = {**config.raw, "planner": {**planner, "enabled": False}}
     view = ClusterView(config.cluster)
     fanout = FanoutStorage(view, timeout_s=config.query_timeout_s + 5)
     ctx = build_context(config, storage=fanout)

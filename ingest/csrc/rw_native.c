@@ -128,7 +128,7 @@ static int table_grow(RefTable *t) {
 static PyObject *RefTable_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     RefTable *t = (RefTable *)type->tp_alloc(type, 0);
     if (!t) return NULL;
-    t->mask = 1023;
+    t->mask = 63; /* small: one table per tenant and protocol; it doubles as series arrive */
     t->slots = (Slot *)malloc((t->mask + 1) * sizeof(Slot));
     if (!t->slots) {
         Py_DECREF(t);

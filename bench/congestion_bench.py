@@ -32,6 +32,7 @@ engine sets vllm:num_requests_waiting to the wall-clock ms of the change, 10 tim
 
     .venv/bin/python bench/congestion_bench.py [--phase-s 15] [--rate 100000] [--wal-fsync always]
                                                [--engines 32] [--fast-interval 0.05] [--no-poll-process]
+    .venv/bin/python bench/congestion_bench.py --consume-micro   # tracker cost per batch, in-process
 """
 from __future__ import annotations
 
@@ -556,6 +557,36 @@ def run_phase(name: str, server_url: str, args: argparse.Namespace, ingest: bool
     return out
 
 
+def consume_micro(batches: int = 300, repeats: int = 5) -> None:
+    """The tracker's per-batch cost in-process, 2000-series scrape-shaped batches (1600 congestion
+    series + 400 others, 7-8 labels each): label-set lookup per batch vs storage series ids."""
+    import numpy as np
+
+    from scheduler_metrics.congestion import CongestionConfig, CongestionTracker
+    from storage.batch import SampleBatch
+    from storage.labels import make_labels
+
+    ls = [make_labels(dict(lb)) for lb in label_sets()]
+    sids = np.arange(len(ls), dtype=np.int64)
+    out: dict[str, list[float]] = {"label sets": [], "series ids": []}
+    for _ in range(repeats):
+        for name, ids in (("label sets", None), ("series ids", sids)):
+            tr = CongestionTracker(CongestionConfig(resolution_s=0))
+            t0 = time.time() * 1000
+            lat = []
+            for k in range(batches):
+                b = SampleBatch(ls, np.arange(len(ls)), np.full(len(ls), int(t0 + k * 100)),
+                                np.full(len(ls), float(k)), series_ids=ids)
+                t = time.perf_counter()
+                tr.consume(b)
+                lat.append(time.perf_counter() - t)
+            out[name].append(statistics.median(lat[10:]) * 1000)
+    for name, xs in out.items():
+        print(f"consume per 2000-series batch, {name}: median {statistics.median(xs):.3f} ms "
+              f"(runs: {', '.join(f'{x:.3f}' for x in xs)})")
+    print(f"ratio label sets / series ids: {statistics.median(out['label sets']) / statistics.median(out['series ids']):.2f}x")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--phase-s", type=float, default=15.0)
@@ -567,7 +598,11 @@ def main() -> None:
     ap.add_argument("--no-poll-process", action="store_true",
                     help="do not also poll the poll endpoint's own process (congestion.poll_listen)")
     ap.add_argument("--json", default=None, help="write all results here")
+    ap.add_argument("--consume-micro", action="store_true", help="only the in-process tracker consume comparison")
     args = ap.parse_args()
+    if args.consume_micro:
+        consume_micro()
+        return
 
     from tests.helpers import ServerProcess, free_port
 

@@ -155,6 +155,9 @@ def build_report(query_log: Any, planner: Any = None, canary: Any = None, storag
             backfill_cpu += float(p.get("backfill_cpu_seconds") or 0.0)
             summary_bytes += int(p.get("bytes") or 0)
         retired = [dict(r) for r in planner.retired.values() if r.get("retired_at", 0) * 1000 >= since]
+        for r in retired:  # plans retired in the window cost summarization CPU too
+            ingest_cpu += float(r.get("ingest_cpu_seconds") or 0.0)
+            backfill_cpu += float(r.get("backfill_cpu_seconds") or 0.0)
     storage_info: dict[str, Any] = {}
     if storage is not None and hasattr(storage, "stats"):
         st = storage.stats()

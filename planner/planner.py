@@ -311,7 +311,10 @@ class Planner:
             return
         now = time.time()
         self.retired[sds_id] = {"id": sds_id, "metric": sds.metric, "algorithm": sds.spec.algorithm, "reason": reason,
-                                "retired_at": now, "measured": sds.stats.measured(), "hits": sds.stats.hits}
+                                "retired_at": now, "measured": sds.stats.measured(), "hits": sds.stats.hits,
+                                # what it cost while it lived stays in the cost report's totals
+                                "ingest_cpu_seconds": sds.stats.ingest_cpu_s,
+                                "backfill_cpu_seconds": sds.stats.backfill_cpu_s}
         while len(self.retired) > 200:
             self.retired.pop(next(iter(self.retired)))
         if measured:

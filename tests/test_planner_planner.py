@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import pytest
 
 from planner.normalize import candidates, normalize
 from planner.persist import SDSPersistence
@@ -283,3 +284,25 @@ def test_pane_of_a_new_plan_divides_the_windows_bounds_grafana_aligns():
     # a short window still gets a pane it holds 4 times, aligned when it can be
     assert p.pane_for(KeyStats(min_range_ms=60_000, max_span_ms=3_660_000, align_ms=10_000)) == 10_000
     assert p.pane_for(KeyStats(min_range_ms=60_000, max_span_ms=3_660_000, align_ms=0)) == 15_000
+
+
+def test_cost_report_keeps_the_summarization_cpu_of_retired_plans():
+    from planner.cost_report import build_report
+
+    items = random_series(seed=6)
+    src, batch = load(items)
+    st = _stack(src)
+    feed(st.summarizer, batch)
+    sds = st.planner.adopt(SDSSpec("x_total", "exact", 60_000), reason="test")
+    st.summarizer.flush()
+    live = sds.stats.ingest_cpu_s + 0.25  # a measurable cost, whatever this machine's speed
+    sds.stats.ingest_cpu_s = live
+    before = build_report(st.query_log, st.planner)["totals"]
+    st.planner.retire(sds.id, "test", measured=True)
+    after = build_report(st.query_log, st.planner)["totals"]
+    # (plan listings round to microseconds)
+    assert after["summary_ingest_cpu_s"] == pytest.approx(before["summary_ingest_cpu_s"], abs=1e-6)
+    assert after["summary_ingest_cpu_s"] == pytest.approx(live, abs=1e-6)
+    assert after["summary_backfill_cpu_s"] == pytest.approx(before["summary_backfill_cpu_s"], abs=1e-6)
+    assert after["summary_bytes"] == 0
+    st.query_log.close()

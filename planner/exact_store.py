@@ -227,6 +227,21 @@ class ExactPaneStore:
                 out[f] = res
             return out
 
+    def first_times(self, sids: np.ndarray, ks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(first sample time, sample count) of each series in ``sids`` in each pane of ``ks``, both
+        (len(sids), len(ks)); a pane the store does not hold has count 0."""
+        with self.lock:
+            idx = np.asarray(ks, np.int64) - self.k0
+            held = (idx >= 0) & (idx < self.nk)
+            safe = np.where(held, idx, 0)
+            sids = np.asarray(sids, np.int64)
+            if not len(sids) or not self.nk:
+                z = np.zeros((len(sids), len(idx)), np.int64)
+                return z, z.copy()
+            first = self.cols["first_t"][np.ix_(sids, safe)]
+            count = np.where(held[None, :], self.cols["count"][np.ix_(sids, safe)], 0)
+            return first, count
+
     # --- persistence ------------------------------------------------------------------------
     def export_rows(self, k_lo: int, k_hi: int) -> dict[str, np.ndarray]:
         """Non-empty panes in [k_lo, k_hi) as flat columns (series, pane, fields...)."""

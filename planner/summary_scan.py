@@ -382,21 +382,17 @@ def snap_aligned_edges(plan: WindowPlan, store: Any, sel: np.ndarray, pane_ms: i
     right = has & (plan.end % P == 0) & (plan.khi == m) & (m < cov_hi)
     if not (left.any() or right.any()):
         return plan
-    ks = np.concatenate([k0[left], m[right]])
-    a, b = int(ks.min()), int(ks.max()) + 1
-    arr = store.pane_arrays(sel, a, b, frozenset({"first_t"}))
-    first_t, count = arr["first_t"], arr["count"]
+    nl = int(left.sum())
+    first_t, count = store.first_times(sel, np.concatenate([k0[left], m[right]]))
     klo = plan.klo.copy()
     (lx, ly), (rx, ry) = (plan.left[0].copy(), plan.left[1].copy()), (plan.right[0].copy(), plan.right[1])
-    if left.any():
-        c = k0[left] - a
-        on_edge = ((first_t[:, c] == plan.start[left][None, :]) & (count[:, c] > 0)).any(axis=0)
+    if nl:
+        on_edge = ((first_t[:, :nl] == plan.start[left][None, :]) & (count[:, :nl] > 0)).any(axis=0)
         idx = np.flatnonzero(left)[~on_edge]
         klo[idx] = k0[idx]
         lx[idx], ly[idx] = plan.start[idx] + 1, plan.start[idx]  # empty
     if right.any():
-        c = m[right] - a
-        on_edge = ((first_t[:, c] == plan.end[right][None, :]) & (count[:, c] > 0)).any(axis=0)
+        on_edge = ((first_t[:, nl:] == plan.end[right][None, :]) & (count[:, nl:] > 0)).any(axis=0)
         idx = np.flatnonzero(right)[~on_edge]
         rx[idx] = plan.end[idx] + 1  # empty
     return WindowPlan(plan.start, plan.end, klo, plan.khi, (lx, ly), (rx, ry))

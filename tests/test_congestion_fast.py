@@ -189,6 +189,9 @@ def test_fast_scrape_is_fresh_and_not_stored(env: dict[str, Any]) -> None:
         # sooner than the 3 s scrape interval; the entry's data age says how old its newest sample is
         assert time.time() - t0 < 1.5
         assert 0 <= d["age_seconds"] < 1.0
+    # the second engine exposes the same series text; one round is parsed as one body, yet it stays its own series
+    other = f"127.0.0.1:{env['exporters'][1][0]}"
+    assert congestion(url, instance=other)["instances"][0]["queue_length"] == 0
     # the fast samples were not stored: the stored series has one sample per 3 s scrape, not one per 100 ms
     q = urllib.parse.urlencode({"query": f'count_over_time(vllm:num_requests_waiting{{instance="{inst}"}}[30s])'})
 

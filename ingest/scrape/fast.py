@@ -46,6 +46,12 @@ FAST_SECONDS = Histogram("turboprom_fast_scrape_seconds", "Wall time of one fast
                          buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25))
 
 
+_TAG_NAME = "__fast_target__"  # a target's id on its lines while a round is parsed as one body
+_TAG = _TAG_NAME.encode()
+_TAG_BRACE = re.compile(rb"^([^{\s]+)\{", re.M)
+_TAG_BARE = re.compile(rb"^([^{\s]+)([ \t])", re.M)
+
+
 def line_filter(names: Iterable[str]) -> re.Pattern[bytes]:
     """Lines of a text exposition body whose sample name is one of ``names`` (comments dropped)."""
     alt = b"|".join(re.escape(n.encode()) for n in sorted(names, key=len, reverse=True))
@@ -62,7 +68,9 @@ class FastScrape:
         self.consume = consume
         self._filter = line_filter(self.names)
         self._query = urllib.parse.urlencode([("name[]", n) for n in sorted(self.names)])
-        self._labels: dict[tuple, dict[str, Labels]] = {}  # target key -> raw series text -> labels
+        self._labels: dict[str, tuple[Labels, int]] = {}  # tagged series text -> (labels, target id)
+        self._tids: dict[tuple, int] = {}  # target key -> id (stable for the life of this scraper)
+        self._by_tid: dict[int, Any] = {}  # id -> the target's current scrape loop
         self._concurrency = concurrency
         self._sem: asyncio.Semaphore | None = None
         self._tasks: list[asyncio.Task] = []
@@ -121,7 +129,8 @@ class FastScrape:
     async def _run(self, job: str) -> None:
         nxt = time.monotonic()
         while True:
-            await asyncio.gather(*(self._one(job, lp) for lp in self._targets(job)))
+            got = await asyncio.gather(*(self._one(job, lp) for lp in self._targets(job)))
+            self._process_round(job, [g for g in got if g is not None])
             self.rounds += 1
             nxt += self.interval_s
             now = time.monotonic()
@@ -131,7 +140,8 @@ class FastScrape:
                 nxt += skipped * self.interval_s
             await asyncio.sleep(max(0.0, nxt - time.monotonic()))
 
-    async def _one(self, job: str, lp: Any) -> None:
+    async def _one(self, job: str, lp: Any) -> tuple[Any, bytes, int] | None:
+        """(target, its kept lines, scrape time ms), or None when the scrape failed."""
         assert self._session is not None and self._sem is not None
         spec = lp.spec
         url = spec.url + ("&" if "?" in spec.url else "?") + self._query
@@ -144,50 +154,95 @@ class FastScrape:
                                              timeout=aiohttp.ClientTimeout(total=timeout)) as r:
                     if r.status != 200:
                         FAST_SCRAPES.labels(job, "error").inc()
-                        return
+                        return None
                     body = await r.read()
                 ts = int(time.time() * 1000)
             except (asyncio.TimeoutError, aiohttp.ClientError, OSError):
                 FAST_SCRAPES.labels(job, "error").inc()
-                return
-        try:
-            n = self._process(lp, body, ts)  # small (the tracker's lines only); this thread is ours
-        except IngestError as e:
-            FAST_SCRAPES.labels(job, "error").inc()
-            log.debug("fast scrape of %s: %s", spec.url, e)
-            return
-        self.samples += n
-        FAST_SCRAPES.labels(job, "ok").inc()
+                return None
         FAST_SECONDS.observe(time.perf_counter() - t0)
+        return lp, b"\n".join(self._filter.findall(body)), ts
 
-    def _process(self, lp: Any, body: bytes, ts: int) -> int:
-        """Kept lines -> SampleBatch at the scrape time -> consumer (worker thread)."""
-        kept = self._filter.findall(body)
-        if not kept:
-            return 0
-        parsed = parse_text(b"\n".join(kept) + b"\n")
-        spec, cfg = lp.spec, lp.cfg
-        cache = self._labels.setdefault(spec.key, {})
-        if len(cache) > 100_000:
+    def _target_id(self, lp: Any) -> int:
+        tid = self._tids.get(lp.spec.key)
+        if tid is None:
+            tid = self._tids[lp.spec.key] = len(self._tids)
+        self._by_tid[tid] = lp
+        return tid
+
+    def _process_round(self, job: str, got: list[tuple[Any, bytes, int]], split_on_error: bool = True) -> None:
+        """All targets of a round -> one parse, one SampleBatch, one consume (this thread). Each
+        target's lines are tagged with a target label first (one regex substitution per body), so
+        the same series text from two engines stays two series; the parser's fixed cost is paid once
+        per round instead of once per target."""
+        parts = []
+        ts_of: dict[int, int] = {}
+        for lp, kept, ts in got:
+            if not kept:
+                FAST_SCRAPES.labels(job, "ok").inc()
+                continue
+            tid = self._target_id(lp)
+            ts_of[tid] = ts
+            parts.append(_TAG_BARE.sub(rb'\1{' + _TAG + b'="%d"}\2' % tid,
+                                       _TAG_BRACE.sub(rb'\1{' + _TAG + b'="%d",' % tid, kept)))
+        if not parts:
+            return
+        try:
+            parsed = parse_text(b"\n".join(parts) + b"\n")
+        except IngestError as e:  # one target's body is bad: the round goes target by target
+            if not split_on_error:
+                raise
+            log.debug("fast scrape round of job %s: %s; parsing per target", job, e)
+            for lp, kept, ts in got:
+                if kept:
+                    self._process_round_one(job, lp, kept, ts)
+            return
+        cache = self._labels
+        if len(cache) > 200_000:
             cache.clear()
         labels: list[Labels] = []
-        for key in parsed.keys:
-            lbl = cache.get(key)
-            if lbl is None:
-                lbl = cache[key] = target_series_labels(parse_series_key(key), spec.labels, cfg.honor_labels,
-                                                        cfg.metric_relabel_configs)
-            labels.append(lbl)
+        key_tid = np.empty(len(parsed.keys), np.int64)
+        for i, key in enumerate(parsed.keys):  # per distinct series; cached, so Python only for new ones
+            hit = cache.get(key)
+            if hit is None:
+                pairs = parse_series_key(key)
+                tid = int(next(v for k, v in pairs if k == _TAG_NAME))
+                lp = self._by_tid[tid]
+                lbl = target_series_labels(tuple((k, v) for k, v in pairs if k != _TAG_NAME), lp.spec.labels,
+                                           lp.cfg.honor_labels, lp.cfg.metric_relabel_configs)
+                hit = cache[key] = (lbl, tid)
+            labels.append(hit[0])
+            key_tid[i] = hit[1]
+        n = self._emit(parsed, labels, key_tid, ts_of)
+        self.samples += n
+        FAST_SCRAPES.labels(job, "ok").inc(len(parts))
+
+    def _process_round_one(self, job: str, lp: Any, kept: bytes, ts: int) -> None:
+        try:
+            self._process_round(job, [(lp, kept, ts)], split_on_error=False)
+        except IngestError as e:
+            FAST_SCRAPES.labels(job, "error").inc()
+            log.debug("fast scrape of %s: %s", lp.spec.url, e)
+
+    def _emit(self, parsed: Any, labels: list[Labels], key_tid: np.ndarray, ts_of: dict[int, int]) -> int:
         keep_series = np.fromiter((len(x) > 0 for x in labels), bool, count=len(labels))
         keep = keep_series[parsed.series_index]
+        sidx = parsed.series_index
         if not keep.all():
             pos = np.cumsum(keep_series) - 1
             labels = [x for x, k in zip(labels, keep_series) if k]
-            sidx = pos[parsed.series_index[keep]]
-        else:
-            sidx = parsed.series_index
-        vals = parsed.values[keep]
-        tss = np.where(parsed.has_ts[keep] & cfg.honor_timestamps, parsed.timestamps[keep], ts)
-        batch = SampleBatch(labels, sidx, tss, vals)
+            sidx = pos[sidx[keep]]
+        tids = key_tid[parsed.series_index[keep]]
+        top = int(key_tid.max()) + 1 if len(key_tid) else 0
+        scrape_ts = np.zeros(top, np.int64)
+        honor = np.zeros(top, bool)
+        for tid, ts in ts_of.items():
+            if tid < top:
+                scrape_ts[tid] = ts
+                honor[tid] = self._by_tid[tid].cfg.honor_timestamps
+        own = parsed.has_ts[keep] & honor[tids]
+        tss = np.where(own, parsed.timestamps[keep], scrape_ts[tids])
+        batch = SampleBatch(labels, sidx, tss, parsed.values[keep])
         self.consume(batch)
         return len(batch)
 

@@ -15,7 +15,8 @@ Series labels are built exactly as the normal scrape builds them (target labels,
 sample of the same series land on the same tracker state. Targets are read from the scrape manager
 on every round, so discovery and reloads apply. A round fetches a job's targets concurrently (with a
 bound); one that overruns its interval skips ahead (counted), never queues up. It runs on its own
-thread and event loop, parsing there too (the kept lines are few).
+thread and event loop, and parses a whole round as one body (each target's lines tagged with its id),
+so the parser's fixed cost and the consumer's per-batch cost are paid once per round.
 """
 from __future__ import annotations
 

@@ -326,3 +326,39 @@ def test_poll_endpoint_in_its_own_process(tmp_path: Path) -> None:
         assert status == 400 and "include_stale" in out["error"]
         status, out, _ = http_json(side + "/api/v1/congestion", headers={"X-Scope-OrgID": "other"})
         assert status == 200 and out["data"]["instances"] == [] and out["data"]["version"] == 0
+
+
+@pytest.mark.parametrize("raw, message", [
+    ({"fast_scrape_interval": "10ms", "fast_scrape_jobs": ["vllm"]}, "between 50ms and 250ms"),
+    ({"fast_scrape_jobs": ["vllm"]}, "needs fast_scrape_interval"),
+    ({"fast_scrape_interval": "100ms", "fast_scrape_jobs": "vllm"}, "list of job names"),
+    ({"kv_events": [{"instance": "a"}]}, "endpoint is required"),
+    ({"kv_events": [{"endpoint": "127.0.0.1:5557", "instance": "a"}]}, "ZMQ address"),
+    ({"kv_events": [{"endpoint": "tcp://h:1", "instance": "a", "port": 1}]}, "unknown key(s) port"),
+    ({"poll_listen": "9091"}, "host:port"),
+    ({"stream_interval": -1}, "stream_interval must be >= 0"),
+])
+def test_fast_path_settings_refused_with_a_reason(raw: dict, message: str) -> None:
+    from scheduler_metrics.congestion import CongestionConfig
+
+    with pytest.raises(ValueError) as e:
+        CongestionConfig.from_mapping(raw)
+    assert message in str(e.value)
+
+
+def test_prefix_index_counts_each_medium() -> None:
+    """A block offloaded to CPU and kept on GPU stays held until both copies are evicted."""
+    from scheduler_metrics.congestion.prefix_index import PrefixIndex
+
+    idx = PrefixIndex()
+    key = ("c", "m", "w")
+    toks = [5, 6, 7, 8]
+    idx.stored(key, [1], None, toks, 4, medium="GPU")
+    idx.stored(key, [1], None, toks, 4, medium="CPU")
+    assert idx.match(toks)[key]["matched_blocks"] == 1
+    idx.removed(key, [1], "GPU")
+    assert idx.match(toks)[key]["matched_blocks"] == 1
+    idx.removed(key, [1], "CPU")
+    assert idx.match(toks)[key]["matched_blocks"] == 0 and idx.status()[key]["distinct_blocks"] == 0
+    with pytest.raises(ValueError, match="need 8 token ids"):
+        idx.stored(key, [2, 3], 1, toks, 4)

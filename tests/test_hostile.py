@@ -283,7 +283,8 @@ FILLERS = {  # values for path parameters: every parametrized route must be list
     "/api/v1/label/{name}/values": ["__name__", "token", "instance", "job", "trace_id", "cluster", "model_name",
                                     "__tenant__", "alertname", "owner"],
     "/api/v1/planner/plans/{id}": [],  # filled with the default tenant's plan ids
-    "/static": ["/index.html", "/app.js", "/style.css"],
+    "/api/v1/congestion/model_server/{instance}/metrics": ["dflt-gpu-worker-77", "nope"],
+    "/static": ["/index.html", "/js/autocomplete.js", "/style.css"],
 }
 NOT_SWEPT = {"/api/v1/{path}"}  # OPTIONS only (CORS preflight, no data)
 

@@ -372,8 +372,7 @@ class RuleManager:
         g.evaluations += 1
 
     def _instant(self, query: str, ts_ms: int) -> tuple[list[Labels], list[float]]:
-        kw = {"origin": "rule"} if hasattr(self.engine, "hook") else {}  # the planned engine logs rule queries
-        return self._vector(self.engine.instant_query(query, ts_ms, **kw))
+        return self._vector(self.engine.instant_query(query, ts_ms, origin="rule"))  # logged as a rule's query
 
     @staticmethod
     def _vector(res: Any) -> tuple[list[Labels], list[float]]:

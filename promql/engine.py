@@ -173,6 +173,7 @@ class Engine:
         node_hooks: Sequence[NodeHook] = (),
         max_depth: int | None = None,
         max_memory_bytes: int | None = None,
+        origin: str | None = None,  # who asks (api, rule, ...): engines that log queries record it; this one keeps no log
     ) -> QueryResult:
         expr = self.parse(query, max_depth)
         steps = np.array([int(time_ms)], dtype=np.int64)
@@ -193,6 +194,7 @@ class Engine:
         node_hooks: Sequence[NodeHook] = (),
         max_depth: int | None = None,
         max_memory_bytes: int | None = None,
+        origin: str | None = None,
     ) -> QueryResult:
         if step_ms <= 0:
             raise BadData("zero or negative query resolution step widths are not accepted. Try a positive integer")

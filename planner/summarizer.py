@@ -11,7 +11,9 @@ folds, so ``consume`` only queues a batch (with the SDSs live at that moment and
 ``drain`` folds the queued batches together, when enough samples wait, after ``QUEUE_S`` seconds, and
 before anything reads panes (``SDS.coverage`` calls it; so does the backfill before each chunk). What a
 batch is folded into, and at which floor, is decided when it arrives: an SDS adopted later never folds
-it (its backfill reads it from storage), and an order-independent payload keeps the floor it had then. Samples are split
+it (its backfill reads it from storage), and an order-independent payload keeps the floor it had then.
+
+Samples are split
 between the live path and backfill by time: live takes ``t >= live_from_ts``, backfill reads everything
 older from raw storage, so no sample is counted twice. Late samples (not newer than their series' last
 folded sample, or older than the live start but inside the history the backfill has already folded)

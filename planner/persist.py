@@ -109,7 +109,8 @@ class SDSPersistence:
             return
         lo, hi = files[0][0], files[-1][1]
         tmp = d / f".panes-{lo}-{hi}.parquet.tmp"
-        pq.write_table(pa.concat_tables([pq.read_table(f) for _, _, f in files]), tmp)
+        # permissive: a column one flush wrote as int and another as float (all-empty panes) still merges
+        pq.write_table(pa.concat_tables([pq.read_table(f) for _, _, f in files], promote_options="permissive"), tmp)
         tmp.replace(d / f"panes-{lo}-{hi}.parquet")
         for a, b, f in files:
             if (a, b) != (lo, hi):

@@ -296,12 +296,14 @@ def test_reload_under_load(tmp_path: Path) -> None:
         failures: list[str] = []
         stop = threading.Event()
 
-        def load() -> None:
+        def load(k: int) -> None:
             i = 0
             while not stop.is_set():
                 i += 1
                 try:
-                    code, _, _ = http_json(srv.url + "/api/v1/import/prometheus", f"load_metric {i}\n".encode())
+                    # one series per thread: two threads writing one series in the same millisecond
+                    # (samples stamped on arrival) is a duplicate timestamp, refused as Prometheus does
+                    code, _, _ = http_json(srv.url + "/api/v1/import/prometheus", f'load_metric{{thread="{k}"}} {i}\n'.encode())
                     if code >= 300:
                         failures.append(f"import {code}")
                     code, b, _ = http_json(srv.url + "/api/v1/query?query=sum(up)")
@@ -310,7 +312,7 @@ def test_reload_under_load(tmp_path: Path) -> None:
                 except Exception as e:  # noqa: BLE001
                     failures.append(repr(e))
 
-        threads = [threading.Thread(target=load) for _ in range(2)]
+        threads = [threading.Thread(target=load, args=(k,)) for k in range(2)]
         for t in threads:
             t.start()
         try:

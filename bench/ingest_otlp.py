@@ -27,7 +27,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import aiohttp
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.metrics.v1 import metrics_pb2 as pb
 
@@ -108,40 +107,7 @@ def build(engines: int, per_request: int, rounds: int, t0: int) -> tuple[list[by
     return otlp, rws, counts
 
 
-async def send_all(url: str, bodies: list[bytes], counts: list[int], senders: int, headers: dict[str, str]) -> dict:
-    lat: list[float] = []
-    res = {"acked": 0, "retries": 0, "failed": 0, "first_failure": ""}
-    it = iter(range(len(bodies)))
-
-    async def worker(session: aiohttp.ClientSession) -> None:
-        for i in it:
-            t = time.perf_counter()
-            for attempt in range(50):
-                async with session.post(url, data=bodies[i], headers=headers) as resp:
-                    body = await resp.read()
-                    status = resp.status
-                if 200 <= status < 300:
-                    res["acked"] += counts[i]
-                    break
-                if (status == 429 or status >= 500) and attempt < 49:
-                    res["retries"] += 1
-                    await asyncio.sleep(0.05)
-                    continue
-                res["failed"] += 1
-                res["first_failure"] = res["first_failure"] or f"HTTP {status}: {body[:200]!r}"
-                break
-            lat.append(time.perf_counter() - t)
-
-    t0 = time.perf_counter()
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=senders)) as session:
-        await asyncio.gather(*(worker(session) for _ in range(senders)))
-    res["wall_s"] = time.perf_counter() - t0
-    res["lat"] = sorted(lat)
-    return res
-
-
 OTLP_HEADERS = {"Content-Type": "application/x-protobuf"}
-RW_HEADERS = {"Content-Type": "application/x-protobuf", "Content-Encoding": "snappy", "X-Prometheus-Remote-Write-Version": "0.1.0"}
 
 
 def run_one(target: str, bodies: list[bytes], counts: list[int], n_warm: int, senders: int) -> dict:
@@ -151,18 +117,14 @@ def run_one(target: str, bodies: list[bytes], counts: list[int], n_warm: int, se
     try:
         peer.start()
         url = peer.url.replace("/api/v1/write", "/api/v1/otlp/v1/metrics") if protocol == "otlp" else peer.url
-        headers = OTLP_HEADERS if protocol == "otlp" else RW_HEADERS
-        w = asyncio.run(send_all(url, bodies[:n_warm], counts[:n_warm], senders, headers))
+        headers = OTLP_HEADERS if protocol == "otlp" else rw.RW_HEADERS
+        w = asyncio.run(rw.send_all(url, bodies[:n_warm], counts[:n_warm], senders, headers))
         if w["failed"]:
             raise RuntimeError(f"{target}: warm-up refused: {w['first_failure']}")
         cpu0 = rw.proc_cpu_s(peer.proc.pid)
-        r = asyncio.run(send_all(url, bodies[n_warm:], counts[n_warm:], senders, headers))
+        r = asyncio.run(rw.send_all(url, bodies[n_warm:], counts[n_warm:], senders, headers))
         cpu = rw.proc_cpu_s(peer.proc.pid) - cpu0
-        lat = r["lat"]
-        return {"samples_s": r["acked"] / r["wall_s"], "samples_cpu_s": r["acked"] / max(cpu, 1e-9),
-                "p50_ms": lat[len(lat) // 2] * 1000, "p99_ms": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000,
-                "rss_mb": rw.proc_peak_rss_mb(peer.proc.pid), "acked_share": r["acked"] / max(sum(counts[n_warm:]), 1),
-                "retries": r["retries"], "failed": r["failed"], "first_failure": r["first_failure"]}
+        return rw.result_row(r, cpu, peer.proc.pid, sum(counts[n_warm:]))
     finally:
         peer.stop()
         shutil.rmtree(tmp, ignore_errors=True)

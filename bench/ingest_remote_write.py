@@ -119,13 +119,16 @@ def build_payloads(n_series: int, per_req_series: int, samples_per_series: int, 
 MAX_ATTEMPTS = 50
 
 
-async def send_all(url: str, payloads: list[bytes], counts: list[int], senders: int) -> dict:
+RW_HEADERS = {"Content-Type": "application/x-protobuf", "Content-Encoding": "snappy",
+              "X-Prometheus-Remote-Write-Version": "0.1.0"}
+
+
+async def send_all(url: str, payloads: list[bytes], counts: list[int], senders: int,
+                   headers: dict[str, str] = RW_HEADERS) -> dict:
     """Send every payload; only 2xx answers count their samples as ingested."""
     lat: list[float] = []
     res = {"acked_samples": 0, "retries": 0, "failed": 0}
     it = iter(range(len(payloads)))
-    headers = {"Content-Type": "application/x-protobuf", "Content-Encoding": "snappy",
-               "X-Prometheus-Remote-Write-Version": "0.1.0"}
 
     async def worker(session: aiohttp.ClientSession) -> None:
         for i in it:
@@ -152,6 +155,16 @@ async def send_all(url: str, payloads: list[bytes], counts: list[int], senders: 
     res["wall_s"] = time.perf_counter() - t0
     res["lat"] = lat
     return res
+
+
+def result_row(r: dict, cpu_s: float, pid: int, sent_samples: int) -> dict:
+    """One target's figures from ``send_all``'s result and the server's CPU over the timed part."""
+    lat = sorted(r["lat"])
+    acked = r["acked_samples"]
+    return {"samples_s": acked / r["wall_s"], "samples_cpu_s": acked / max(cpu_s, 1e-9), "p50_ms": lat[len(lat) // 2] * 1000,
+            "p99_ms": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000, "rss_mb": proc_peak_rss_mb(pid),
+            "acked_share": acked / max(sent_samples, 1), "retries": r["retries"], "failed": r["failed"],
+            "first_failure": r.get("first_failure", "")}
 
 
 def proc_cpu_s(pid: int) -> float:
@@ -248,12 +261,7 @@ def run_one(name: str, payloads: list[bytes], counts: list[int], warm: list[byte
         cpu = proc_cpu_s(peer.proc.pid) - cpu0
         if spy is not None:
             stop_profile(spy)
-        lat = sorted(r["lat"])
-        acked = r["acked_samples"]
-        return {"samples_s": acked / r["wall_s"], "samples_cpu_s": acked / max(cpu, 1e-9), "p50_ms": lat[len(lat) // 2] * 1000,
-                "p99_ms": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000, "rss_mb": proc_peak_rss_mb(peer.proc.pid),
-                "acked_share": acked / max(sum(counts), 1), "retries": r["retries"], "failed": r["failed"],
-                "first_failure": r.get("first_failure", "")}
+        return result_row(r, cpu, peer.proc.pid, sum(counts))
     finally:
         peer.stop()
         shutil.rmtree(tmp, ignore_errors=True)

@@ -65,7 +65,6 @@ def test_dashboard_json_matches_the_definitions() -> None:
     for d in DASHBOARDS:
         on_disk = json.loads((Path(__file__).resolve().parent.parent / "docs" / "grafana" / f"{d.uid}.json").read_text())
         assert on_disk == json.loads(json.dumps(grafana_json(d))), f"regenerate docs/grafana with python -m turboprom.dashboards ({d.uid})"
-        assert [[t["expr"] for t in p["targets"]] for p in on_disk["panels"]] == [[t.expr for t in p.targets] for p in d.panels]
 
 
 # Grafana's built-in variables a panel query may use (public/app/features/variables: __interval,

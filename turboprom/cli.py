@@ -195,7 +195,7 @@ def _replay(args: argparse.Namespace) -> int:
     if not loads or any(not 0 < x for x in loads):
         raise CliError(f"replay: --load {args.load!r}: utilizations must be positive, e.g. 0.5,0.7,0.9")
     trace = Path(args.trace)
-    if args.trace.startswith("agent"):
+    if args.trace == "agent" or args.trace.startswith("agent:"):
         from scheduler_metrics.sim.agent_trace import parse_spec
 
         try:

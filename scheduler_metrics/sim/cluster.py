@@ -295,7 +295,7 @@ class ClusterSim:
             prefill_time=lambda tok, run: prefill_times(c, tok, run, self.colocated),
             transfer_time=c.transfer_time, nic_wait_s=nic_wait, signal_time=self.signal_time,
             gpu_cached=self.gpu_cached, host_cached=self.host_cached,
-            h2d_time=lambda tok: np.asarray(tok, dtype=float) * c.model.kv_bytes_per_token / c.hw.h2d_bytes_per_s,
+            h2d_time=c.h2d_time,
             fetch_time=self._fetch_time, link_price=self._link_price)
 
     def zero_queue_ttft(self) -> np.ndarray:

@@ -9,6 +9,9 @@ which of them decide an outcome.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
 
 # NVIDIA H20 (product brief): 148 TFLOPS dense BF16, 96 GB HBM3 at 4.0 TB/s, NVLink 900 GB/s
 # (bidirectional), PCIe Gen5 x16 (64 GB/s per direction).
@@ -23,6 +26,7 @@ QWEN7B_PARAMS = 7.61e9
 QWEN7B_LAYERS = 28
 QWEN7B_HIDDEN = 3584
 QWEN7B_WEIGHT_BYTES = QWEN7B_PARAMS * 2
+QWEN7B_KV_BYTES_PER_TOKEN = QWEN7B_LAYERS * 2 * 4 * 128 * 2  # layers x (K,V) x 4 KV heads x head dim 128 x bf16
 
 # ASSUMPTION: prefill reaches 55% of peak BF16 FLOPs (model FLOPs utilization typical of
 # vLLM/SGLang prefill on Hopper-class GPUs for 7B models); decode reaches 70% of HBM bandwidth.
@@ -33,7 +37,7 @@ DECODE_BW_EFFICIENCY = 0.70
 @dataclass(frozen=True)
 class ModelConstants:
     # KV bytes per token: 28 layers x 2 (K,V) x 4 KV heads x 128 head dim x 2 bytes = 57,344 B/token.
-    kv_bytes_per_token: int = 57_344
+    kv_bytes_per_token: int = QWEN7B_KV_BYTES_PER_TOKEN
     # Prefill time(n) = fixed + n / tps + quad * n^2.
     #  linear: 2 x 7.61e9 FLOP per token at 148e12 x 0.55 FLOP/s -> 5,348 tokens/s;
     #  quadratic (causal attention, QK^T and AV): 2 x 2 x layers x hidden FLOP per token pair over
@@ -45,7 +49,7 @@ class ModelConstants:
     # Decode step of a batch = weights read once (15.2 GB at 4.0 TB/s x 0.7 = 5.4 ms) + the batch's KV
     # read (its context tokens x 57,344 B at the same bandwidth) + 1 ms framework overhead per step.
     decode_step_base_s: float = QWEN7B_WEIGHT_BYTES / (H20_HBM_BYTES_PER_S * DECODE_BW_EFFICIENCY) + 0.001
-    decode_kv_read_s_per_token: float = 57_344 / (H20_HBM_BYTES_PER_S * DECODE_BW_EFFICIENCY)
+    decode_kv_read_s_per_token: float = QWEN7B_KV_BYTES_PER_TOKEN / (H20_HBM_BYTES_PER_S * DECODE_BW_EFFICIENCY)
     max_batch: int = 256  # vLLM's default max_num_seqs
     # Colocated prefill/decode with chunked prefill: each engine step carries at most this many
     # tokens (vLLM's max_num_batched_tokens for chunked prefill, 2048). A decode step that shares the
@@ -133,11 +137,13 @@ class SimConstants:
         """Cross-node KV transfer time (the common case for a remote executor)."""
         return self.network_time(tokens, same_node=False)
 
-    def h2d_time(self, tokens: float) -> float:
-        """Seconds to load ``tokens`` of KV from host DRAM into GPU memory."""
-        if tokens <= 0:
-            return 0.0
-        return tokens * self.model.kv_bytes_per_token / self.hw.h2d_bytes_per_s
+    def h2d_time(self, tokens: Any) -> Any:
+        """Seconds to load ``tokens`` of KV from host DRAM into GPU memory (a number, or an array of them:
+        the scheduler scores every candidate with the same cost the simulator charges)."""
+        if np.ndim(tokens) == 0:
+            return 0.0 if tokens <= 0 else tokens * self.model.kv_bytes_per_token / self.hw.h2d_bytes_per_s
+        t = np.asarray(tokens, dtype=float)
+        return np.where(t > 0, t * self.model.kv_bytes_per_token / self.hw.h2d_bytes_per_s, 0.0)
 
 
 DEFAULT = SimConstants()

@@ -1,6 +1,8 @@
 """Trace replay sweeps: schedulers x loads on one trace; CSV and plot output."""
 from __future__ import annotations
 
+import math
+
 import csv
 import sys
 import time
@@ -39,9 +41,12 @@ def make_scheduler(spec: str, n: int) -> object:
     name, _, arg = spec.partition(":")
     if name == "smetric" and arg:
         try:
-            return SMetricScheduler(n, overload_backlog_s=float(arg), name=f"smetric:{float(arg):g}")
+            x = float(arg)
         except ValueError:
-            raise ValueError(f"scheduler {spec!r}: expected smetric:SECONDS, e.g. smetric:7") from None
+            x = math.nan
+        if not (math.isfinite(x) and x >= 0):
+            raise ValueError(f"scheduler {spec!r}: expected smetric:SECONDS with SECONDS >= 0, e.g. smetric:7")
+        return SMetricScheduler(n, overload_backlog_s=x, name=f"smetric:{x:g}")
     if spec not in SCHEDULERS:
         raise ValueError(f"unknown scheduler {spec!r}; known: {', '.join(SCHEDULERS)}, smetric:SECONDS")
     return SCHEDULERS[spec](n)

@@ -72,7 +72,7 @@ def format_stats(t: Trace) -> str:
 def load_trace(path: str | Path, block_tokens: int = 512) -> Trace:
     """A Mooncake .jsonl, an Azure .csv, or a generated agent trace (``agent`` or
     ``agent:sessions=600,seed=1,...``; see ``agent_trace.AgentTraceParams``)."""
-    if str(path).startswith("agent"):
+    if str(path) == "agent" or str(path).startswith("agent:"):
         from scheduler_metrics.sim.agent_trace import generate, parse_spec
 
         return generate(parse_spec(str(path)))

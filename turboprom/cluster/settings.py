@@ -34,6 +34,10 @@ class ClusterSettings:
             raise ValueError(f"--cluster.stream-replicas {self.stream_replicas}: expected 1, 3 or 5")
         if not self.name.replace("-", "").replace("_", "").isalnum():
             raise ValueError(f"--cluster.name {self.name!r}: letters, digits, '-' and '_' only")
+        if not self.publish_timeout_s > 0:
+            raise ValueError(f"--cluster.publish-timeout {self.publish_timeout_s}s: expected more than 0")
+        if self.advertise_url and not self.advertise_url.startswith(("http://", "https://")):
+            raise ValueError(f"--cluster.advertise-url {self.advertise_url!r}: expected http://host:port or https://host:port")
         if self.role != "all" and self.role != "querier" and not self.nats_urls:
             raise ValueError(f"--role {self.role} needs --cluster.nats-urls")
         if self.role in ("ingester", "querier") and not self.etcd_endpoints:

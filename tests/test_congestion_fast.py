@@ -172,6 +172,10 @@ def test_kv_events_prefix_view(env: dict[str, Any]) -> None:
     assert set(prefix(url, prompt, instance="e1")) == {"e1"}
     status, out = post(url + "/api/v1/congestion/prefix", b'{"token_ids": [1, -2]}')
     assert status == 400 and out["errorType"] == "bad_data" and "token_ids" in out["error"]
+    for bad in (b'{"token_ids": [1, "2"]}', b'{"token_ids": [1, 2.5]}', b'{"token_ids": [[1], [2]]}',
+                b'{"token_ids": [true, false]}', b'{"token_ids": [1, 18446744073709551615]}', b'{"token_ids": 7}'):
+        status, out = post(url + "/api/v1/congestion/prefix", bad)
+        assert status == 400 and "token_ids" in out["error"], (bad, status, out)
     status, out = post(url + "/api/v1/congestion/prefix", b'{"tokens": [1]}')
     assert status == 400 and "unknown field" in out["error"]
 

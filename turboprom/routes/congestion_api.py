@@ -26,6 +26,7 @@ import math
 import time
 from typing import Any
 
+import numpy as np
 import orjson
 from aiohttp import web
 
@@ -264,16 +265,24 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
         index = ctx.components.get("prefix_index")
         if tracker is None or index is None:
             return _error(503, "unavailable", "no KV event view on this server (configure congestion.kv_events)")
+        body = await request.read()
         try:
-            q = _prefix_query(await request.read())
             f = _filters(request)
         except BadParam as e:
             return _error(400, "bad_data", str(e))
-        if f["tenant"] != DEFAULT_TENANT:
+        own = f["tenant"] == DEFAULT_TENANT
+
+        def work() -> tuple[int, Any]:  # a prompt is up to MAX_PROMPT_TOKENS: parsed and hashed off the loop
+            q = _prefix_query(body)
+            return len(q["token_ids"]), (index.match(q["token_ids"], q["lora_id"]) if own else None)
+
+        try:
+            n_tokens, matches = await asyncio.get_running_loop().run_in_executor(ctx.executor, work)
+        except BadParam as e:
+            return _error(400, "bad_data", str(e))
+        if not own:
             return web.Response(content_type="application/json", body=orjson.dumps(
-                {"status": "success", "data": {"prompt_tokens": len(q["token_ids"]), "instances": []}}))
-        matches = await asyncio.get_running_loop().run_in_executor(ctx.executor, index.match, q["token_ids"],
-                                                                   q["lora_id"])
+                {"status": "success", "data": {"prompt_tokens": n_tokens, "instances": []}}))
         snap = tracker.snapshot()
         load = {_entry_key(d): d for d in snap.instances}
         cs, ms, ins = set(f["cluster"]), set(f["model_name"]), set(f["instance"])
@@ -290,7 +299,7 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
         rows.sort(key=lambda r: (-r["matched_blocks"], r["congestion_price_seconds_per_token"] is None,
                                  r["congestion_price_seconds_per_token"] or 0.0, r["instance"]))
         return web.Response(content_type="application/json", body=orjson.dumps(
-            {"status": "success", "data": {"prompt_tokens": len(q["token_ids"]), "snapshot_version": snap.version,
+            {"status": "success", "data": {"prompt_tokens": n_tokens, "snapshot_version": snap.version,
                                            "generated_at": snap.generated_at, "instances": rows}}))
 
     async def model_server_metrics(request: web.Request) -> web.StreamResponse:
@@ -366,10 +375,17 @@ def _prefix_query(body: bytes) -> dict[str, Any]:
     if unknown:
         raise BadParam(f"unknown field(s) {', '.join(unknown)} (known: token_ids, lora_id)")
     toks = q.get("token_ids")
-    if not isinstance(toks, list) or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**63 for t in toks):
-        raise BadParam("token_ids must be a list of non-negative integers (the prompt's token ids)")
+    bad = "token_ids must be a list of non-negative integers (the prompt's token ids)"
+    if not isinstance(toks, list):
+        raise BadParam(bad)
     if len(toks) > MAX_PROMPT_TOKENS:
         raise BadParam(f"token_ids: at most {MAX_PROMPT_TOKENS} tokens, got {len(toks)}")
+    try:  # checked in bulk: an object array (bools, floats, strings, nested lists) or a negative id is refused
+        arr = np.asarray(toks)
+    except (ValueError, OverflowError):
+        raise BadParam(bad) from None
+    if toks and (arr.dtype.kind != "i" or arr.ndim != 1 or bool((arr < 0).any())):
+        raise BadParam(bad)
     lora = q.get("lora_id")
     if lora is not None and (not isinstance(lora, int) or isinstance(lora, bool) or not 0 <= lora < 2**63):
         raise BadParam(f"lora_id must be a non-negative integer or null, got {lora!r}")

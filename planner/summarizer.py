@@ -42,22 +42,6 @@ _UNRESOLVED, _OUT_OF_SCOPE = -1, -2  # entries of the storage id -> local id tab
 _NO_FLOOR = np.iinfo(np.int64).max  # an SDS not live when a batch arrived folds none of it
 
 
-def _concat(batches: list[SampleBatch]) -> SampleBatch:
-    """One batch holding several (their series lists concatenated; storage ids kept if all have them)."""
-    series: list = []
-    offsets = np.zeros(len(batches), np.int64)
-    for i, b in enumerate(batches):
-        offsets[i] = len(series)
-        series.extend(b.series)
-    lens = np.fromiter((len(b) for b in batches), np.int64, len(batches))
-    idx = np.concatenate([b.series_index for b in batches]) + np.repeat(offsets, lens)
-    ids = None
-    if all(b.series_ids is not None for b in batches):
-        ids = np.concatenate([np.asarray(b.series_ids, np.int64) for b in batches])
-    return SampleBatch(series, idx, np.concatenate([b.timestamps for b in batches]),
-                       np.concatenate([b.values for b in batches]), tenant=batches[0].tenant, series_ids=ids)
-
-
 class Summarizer:
     def __init__(self, storage: Any = None, frontier: WriteFrontier | None = None):
         self.storage = storage
@@ -188,7 +172,7 @@ class Summarizer:
                 j += 1
             run = entries[i:j]
             targets = run[0][1]
-            batch = run[0][0] if len(run) == 1 else _concat([e[0] for e in run])
+            batch = run[0][0] if len(run) == 1 else SampleBatch.concat([e[0] for e in run])
             positions = self._positions_by_metric(batch, {x.metric for x in targets})
             stale = is_stale(batch.values) if positions else None
             lens = np.fromiter((len(e[0]) for e in run), np.int64, len(run))

@@ -58,6 +58,23 @@ class SampleBatch:
         return len(self.timestamps)
 
     @classmethod
+    def concat(cls, batches: list["SampleBatch"]) -> "SampleBatch":
+        """One batch holding several of one tenant: series lists joined (a series may appear more than
+        once), metadata joined, storage ids kept when every part has them (references are per request
+        space and are dropped: storage then resolves the joined batch by labels)."""
+        if len(batches) == 1:
+            return batches[0]
+        offsets = np.cumsum([0] + [len(b.series) for b in batches[:-1]]).astype(np.int64)
+        lens = np.fromiter((len(b) for b in batches), np.int64, len(batches))
+        ids = None
+        if all(b.series_ids is not None for b in batches):
+            ids = np.concatenate([np.asarray(b.series_ids, np.int64) for b in batches])
+        return cls([s for b in batches for s in b.series],
+                   np.concatenate([b.series_index for b in batches]) + np.repeat(offsets, lens),
+                   np.concatenate([b.timestamps for b in batches]), np.concatenate([b.values for b in batches]),
+                   metadata=[m for b in batches for m in b.metadata], tenant=batches[0].tenant, series_ids=ids)
+
+    @classmethod
     def empty(cls) -> "SampleBatch":
         return cls([], np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.float64))
 

@@ -26,7 +26,6 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from nats.errors import TimeoutError as NatsTimeout
 
 from storage.batch import SampleBatch
@@ -38,16 +37,6 @@ from turboprom.cluster.settings import ClusterSettings
 log = logging.getLogger("turboprom.cluster")
 FETCH_BATCH = 256
 MAX_DRAIN = 1024  # messages joined into one append at most
-
-
-def concat(batches: list[SampleBatch]) -> SampleBatch:
-    if len(batches) == 1:
-        return batches[0]
-    base = np.cumsum([0] + [len(b.series) for b in batches[:-1]])
-    return SampleBatch([s for b in batches for s in b.series],
-                       np.concatenate([b.series_index + o for b, o in zip(batches, base)]),
-                       np.concatenate([b.timestamps for b in batches]), np.concatenate([b.values for b in batches]),
-                       metadata=[m for b in batches for m in b.metadata], tenant=batches[0].tenant)
 
 
 class PartitionIngester:
@@ -175,7 +164,7 @@ class PartitionIngester:
                 b = columns_codec.decode_batch(m.data, self._labels_cache)
                 by_tenant[b.tenant].append(b)
         for batches in by_tenant.values():
-            batch = concat(batches)
+            batch = SampleBatch.concat(batches)
             res = self.pipeline.append_sync(batch)
             if res.rejected_total:
                 log.debug("ingest log: %d samples refused by storage: %s", res.rejected_total, "; ".join(res.errors[:3]))

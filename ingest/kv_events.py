@@ -182,7 +182,8 @@ class KVEventSubscriber:
         t, self._thread = self._thread, None
         if t is not None:
             t.join(timeout=5)
-        if self._ctx is not None:
+        # term() waits for every socket to close: only once the thread that owns them has ended
+        if self._ctx is not None and (t is None or not t.is_alive()):
             self._ctx.term()
             self._ctx = None
 
@@ -203,7 +204,7 @@ class KVEventSubscriber:
             while not self._stop.is_set():
                 for s, _ in poller.poll(self.poll_ms):
                     st = socks[s]
-                    while True:
+                    while not self._stop.is_set():  # a busy publisher must not keep the thread from stopping
                         try:
                             frames = s.recv_multipart(zmq.NOBLOCK)
                         except zmq.Again:

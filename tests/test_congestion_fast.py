@@ -190,9 +190,11 @@ def test_fast_scrape_is_fresh_and_not_stored(env: dict[str, Any]) -> None:
         t0 = time.time()
         d = wait_for(lambda: (x := congestion(url, instance=inst)["instances"]) and x[0]["queue_length"] == v and x[0],
                      timeout=3, what=f"queue_length {v} via the fast scrape")
-        # sooner than the 3 s scrape interval; the entry's data age says how old its newest sample is
-        assert time.time() - t0 < 1.5
-        assert 0 <= d["age_seconds"] < 1.0
+        # sooner than the 3 s scrape interval could (the bound leaves room for a loaded CI machine; the
+        # latency itself is measured by bench/congestion_bench.py); the entry's data age says how old
+        # its newest sample is
+        assert time.time() - t0 < 2.5
+        assert 0 <= d["age_seconds"] < 2.5
     # the second engine exposes the same series text; one round is parsed as one body, yet it stays its own series
     other = f"127.0.0.1:{env['exporters'][1][0]}"
     assert congestion(url, instance=other)["instances"][0]["queue_length"] == 0
@@ -205,10 +207,14 @@ def test_fast_scrape_is_fresh_and_not_stored(env: dict[str, Any]) -> None:
         return float(res[0]["value"][1]) if res else 0.0
 
     assert 1 <= wait_for(stored, timeout=8, what="a stored sample from the normal scrape") <= 11
-    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    ok = [ln for ln in text.splitlines() if ln.startswith('turboprom_fast_scrapes_total{job="vllm",outcome="ok"}')]
-    assert ok and float(ok[0].split()[-1]) >= 10
+
+    def fast_rounds() -> float:  # rounds counted as they run (several per normal scrape)
+        with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        ok = [ln for ln in text.splitlines() if ln.startswith('turboprom_fast_scrapes_total{job="vllm",outcome="ok"}')]
+        return float(ok[0].split()[-1]) if ok else 0.0
+
+    wait_for(lambda: fast_rounds() >= 10, timeout=10, what="ten fast-scrape rounds in /metrics")
 
 
 def test_stream_deltas_at_interval(env: dict[str, Any]) -> None:

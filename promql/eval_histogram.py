@@ -21,6 +21,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from promql.errors import ExecutionError
+from promql.functions import FunctionSpec, Histograms
 from promql.eval_labels import go_quote
 from promql.types import FloatHistogram, HistogramError, HistogramSet, HistWindows, RangeWindows, Value, VectorSteps
 from storage.labels import Labels, metric_name
@@ -403,47 +404,30 @@ def pair_cells(op: str, lhs_cells: np.ndarray, rhs_cells: np.ndarray, return_boo
 
 # --- functions --------------------------------------------------------------------------------
 
-# range-vector functions that ignore histogram samples, with an info when a window mixes them
-_FLOATS_OF_MIXED_RANGE = {"deriv", "predict_linear", "double_exponential_smoothing", "holt_winters"}
-_EXTRAPOLATED = {"rate", "increase", "delta"}
-_INSTANT_PAIR = {"irate", "idelta"}
-# vector functions reading the histograms themselves
-_HIST_PROPERTIES: dict[str, Callable[[FloatHistogram], float]] = {
-    "histogram_count": lambda h: h.count,
-    "histogram_sum": lambda h: h.sum,
-    "histogram_avg": lambda h: h.divide(h.count).sum if h.count else FloatHistogram(sum=h.sum).divide(0.0).sum,
-}
-_HIST_UNSUPPORTED = {"info"}
-_NATIVE_FUNCTIONS = {"histogram_quantile", "histogram_fraction", "histogram_stddev", "histogram_stdvar"}
-_ROW_MAPPING = {"label_replace", "label_join", "sort_by_label", "sort_by_label_desc"}
-# range functions in promql/functions/over_time.py: they read RangeWindows.hist themselves
-HIST_AWARE_RANGE = {
-    "count_over_time", "present_over_time", "last_over_time", "first_over_time", "ts_of_last_over_time",
-    "ts_of_first_over_time", "min_over_time", "max_over_time", "ts_of_min_over_time", "ts_of_max_over_time",
-    "sum_over_time", "avg_over_time", "stddev_over_time", "stdvar_over_time", "quantile_over_time", "mad_over_time",
-}
-
-
-def call_with_histograms(name: str, call: Callable[[list[Value]], Value], args: list[Value], fctx: Any) -> Value:
-    """Evaluate function ``name`` whose arguments carry histogram samples."""
+def call_with_histograms(spec: FunctionSpec, call: Callable[[list[Value]], Value], args: list[Value], fctx: Any) -> Value:
+    """Evaluate the function of ``spec`` whose arguments carry histogram samples, as its
+    ``spec.histograms`` says."""
     ann = fctx.annotations
-    if name in HIST_AWARE_RANGE:
+    mode = spec.histograms
+    name = spec.name
+    if mode is Histograms.READS:
         return call(args)
-    if name in _HIST_UNSUPPORTED:
+    if mode is Histograms.UNSUPPORTED:
         raise unsupported(f"{name}()")
-    if name in _HIST_PROPERTIES:
-        return _hist_property(_HIST_PROPERTIES[name], args[0])  # type: ignore[arg-type]
-    if name in _NATIVE_FUNCTIONS:
+    if mode is Histograms.PROPERTY:
+        assert spec.histogram_property is not None
+        return _hist_property(spec.histogram_property, args[0])  # type: ignore[arg-type]
+    if mode is Histograms.NATIVE:
         from promql.eval_histogram_buckets import native_histogram_function
 
         return native_histogram_function(name, call, args, fctx)
-    if name == "histogram_quantiles" and isinstance(args[0], VectorSteps):
+    if mode is Histograms.QUANTILES and isinstance(args[0], VectorSteps):
         from promql.eval_histogram_buckets import native_histogram_quantiles
 
         return native_histogram_quantiles(call, args, fctx)
-    if name in ("absent", "timestamp"):
+    if mode is Histograms.PRESENCE:
         return call([union_presence(a) if isinstance(a, VectorSteps) else a for a in args])
-    if name == "absent_over_time":
+    if mode is Histograms.ABSENT_RANGE:
         rw = args[0]
         assert isinstance(rw, RangeWindows)
         nf, nh = window_counts(rw)
@@ -451,7 +435,7 @@ def call_with_histograms(name: str, call: Callable[[list[Value]], Value], args: 
         z = np.zeros_like(n)
         return call([RangeWindows(rw.labels, np.zeros(rw.num_series + 1, np.int64), np.empty(0, np.int64), np.empty(0),
                                   z, n, rw.window_end, rw.range_ms, rw.drop_name)])
-    if name in _ROW_MAPPING:
+    if mode is Histograms.LABELS:
         return _via_row_ids(name, call, args)
     wi = [i for i, a in enumerate(args) if isinstance(a, RangeWindows)]
     if not wi:
@@ -461,16 +445,16 @@ def call_with_histograms(name: str, call: Callable[[list[Value]], Value], args: 
     nf, nh = window_counts(rw)
     out = call([strip(a) for a in args])
     pos = fctx.pos(wi[0])
-    if name in _FLOATS_OF_MIXED_RANGE:
+    if mode is Histograms.FLOATS_MIXED_INFO:
         _info_mixed_rows(rw, (nh > 0) & (nf > 0), ann, pos)
         return out
-    if name in _EXTRAPOLATED or name in _INSTANT_PAIR:
+    if mode is Histograms.EXTRAPOLATED or mode is Histograms.INSTANT_PAIR:
         from promql.eval_histogram_rate import rate_with_histograms
 
-        return rate_with_histograms(name, rw, out, fctx)
-    if name == "changes":
+        return rate_with_histograms(name, mode is Histograms.EXTRAPOLATED, rw, out, fctx)
+    if mode is Histograms.CHANGES:
         return _changes(rw, out, nh)
-    if name == "resets":
+    if mode is Histograms.RESETS:
         from promql.eval_histogram_rate import resets_with_histograms
 
         return resets_with_histograms(rw, out)

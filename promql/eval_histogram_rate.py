@@ -22,7 +22,6 @@ from promql.eval_labels import go_quote
 from promql.types import FloatHistogram, HistogramError, RangeWindows, Value, VectorSteps
 from storage.labels import metric_name
 
-EXTRAPOLATED = {"rate", "increase", "delta"}
 def _not_counter(name: str, pos: str) -> str:
     return f"PromQL warning: this native histogram metric is not a counter: {go_quote(name)}{pos}"
 
@@ -197,7 +196,7 @@ def _attach(out: Value, rw: RangeWindows, values: np.ndarray | None, present: np
     return VectorSteps(labels, vals, pres, drop, None, out_plane)
 
 
-def rate_with_histograms(name: str, rw: RangeWindows, out: Value, fctx: Any) -> Value:
+def rate_with_histograms(name: str, extrapolated: bool, rw: RangeWindows, out: Value, fctx: Any) -> Value:
     """rate/increase/delta/irate/idelta where windows hold histogram samples: histogram-only
     windows give a histogram, windows mixing floats and histograms a warning and no sample."""
     ann = fctx.annotations
@@ -211,7 +210,7 @@ def rate_with_histograms(name: str, rw: RangeWindows, out: Value, fctx: Any) -> 
         s, c = int(s), int(c)
         fl, hl = _window_samples(rw, s, c)
         mname = metric_name(rw.labels[s])
-        if name in EXTRAPOLATED:
+        if extrapolated:
             if fl:
                 ann.warn(mixed_floats_histograms(mname, pos))
                 kill[s, c] = True

@@ -17,6 +17,7 @@ MatrixSelector or SubqueryExpr is evaluated; a non-None return value (a Value sh
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -45,15 +46,11 @@ from promql.eval_selectors import (
     eval_vector_selector,
     windows_from_series,
 )
-from promql.functions import FUNCTIONS, FunctionContext, load_all
+from promql.functions import FUNCTIONS, FunctionContext, FunctionSpec, load_all
 from promql.types import HistWindows, RangeWindows, Scalar, StringValue, Value, VectorSteps
 from storage.series_set import SeriesSet
 
 _HOOKED = (pp.Call, pp.AggregateExpr, pp.VectorSelector, pp.MatrixSelector, pp.SubqueryExpr)
-_SORT_FUNCS = {"sort", "sort_desc", "sort_by_label", "sort_by_label_desc"}
-_loaded = False
-# functions that combine all series of their range-vector argument (no series-block splitting)
-_CROSS_SERIES = {"absent_over_time"}
 _CHUNK_CELLS = 1 << 18  # series x steps per block handed to a range-vector function
 
 
@@ -98,13 +95,6 @@ def concat_vectors(parts: list[VectorSteps], t: int) -> VectorSteps:
         plane = np.concatenate([p.hist if p.hist is not None else empty_plane(p.values.shape) for p in parts], axis=0)
     return VectorSteps(labels, np.concatenate([p.values for p in parts], axis=0),
                        np.concatenate([p.present for p in parts], axis=0), drop, sts, plane)
-
-
-def _ensure_functions() -> None:
-    global _loaded
-    if not _loaded:
-        load_all()
-        _loaded = True
 
 
 def value_bytes(v: Value) -> int:
@@ -177,7 +167,7 @@ def value_size(v: Value) -> int:
 
 class Evaluator:
     def __init__(self, positions: dict[int, int] | None = None) -> None:
-        _ensure_functions()
+        load_all()
         self.positions = positions or {}
         # id(node) -> operand values of a node evaluated step by step in Prometheus's engine (for
         # its sample accounting in ``eval``)
@@ -291,15 +281,15 @@ class Evaluator:
     # -- function calls -------------------------------------------------------------------
     def eval_call(self, node: Any, ctx: EvalContext) -> Value:
         name = node.func.name
-        impl = FUNCTIONS.get(name)
-        if impl is None:
+        spec = FUNCTIONS.get(name)
+        if spec is None:
             raise ExecutionError(f"function {name!r} is not implemented")
         args: list[Value] = []
         for a in node.args:
             args.append(self.eval(a, ctx, streamed=_unparen(a).__class__ is pp.MatrixSelector))
         if not any(isinstance(a, RangeWindows) for a in args):  # step by step over instant vectors
             self._operands[id(node)] = [a for a in args if isinstance(a, (VectorSteps, Scalar))]
-        if name in _SORT_FUNCS and ctx.num_steps > 1:
+        if spec.sorts and ctx.num_steps > 1:
             ctx.annotations.warn(
                 "PromQL warning: sort is ineffective for range queries since results are always ordered by labels"
                 + self.pos_suffix(node, ctx)
@@ -317,18 +307,21 @@ class Evaluator:
         fctx.position = self.pos(node, ctx)
         fctx.arg_positions = [self.pos(a, ctx) for a in node.args]  # type: ignore[misc]  # None: unknown
         if any(has_hist(a) for a in args):
-            res = call_with_histograms(name, lambda a: self._call_chunked(name, impl, fctx, a), args, fctx)
+            res = call_with_histograms(spec, lambda a: self._call_chunked(spec, fctx, a), args, fctx)
         else:
-            res = self._call_chunked(name, impl, fctx, [strip(a) for a in args])
+            res = self._call_chunked(spec, fctx, [strip(a) for a in args])
         if isinstance(res, VectorSteps):
+            if not spec.keeps_name and res.num_series:
+                res = dataclasses.replace(res, drop_name=np.ones(res.num_series, dtype=bool))
             res = merge_same_labels(res)
         return res
 
-    def _call_chunked(self, name: str, impl: Any, fctx: FunctionContext, args: list[Value]) -> Value:
+    def _call_chunked(self, spec: FunctionSpec, fctx: FunctionContext, args: list[Value]) -> Value:
         """Range-vector functions work series by series: feed them blocks of series so their
         (series x steps) temporaries stay cache-sized and memory stays bounded."""
+        impl = spec.impl
         wi = [i for i, a in enumerate(args) if isinstance(a, RangeWindows)]
-        if len(wi) != 1 or name in _CROSS_SERIES:
+        if len(wi) != 1 or spec.cross_series:
             return impl(fctx, args)
         w = args[wi[0]]
         s, t = w.num_series, w.num_steps

@@ -14,16 +14,18 @@ import promql_parser as pp
 from storage.labels import Labels
 from storage.matchers import Matcher
 
+from promql.functions import load_all
 from promql.promqltest_script import EvalCmd, Hist, LoadCmd
 
 PLAIN, EXP, NH = "plain", "exp", "nh"
 
-# promql/parser/functions.go (snapshot in FORMAT.md): Experimental: true
-EXPERIMENTAL_FUNCTIONS = frozenset({
-    "double_exponential_smoothing", "end", "histogram_quantiles", "info", "mad_over_time", "max_of",
-    "min_of", "range", "sort_by_label", "sort_by_label_desc", "start", "start_timestamp", "step",
-    "ts_of_first_over_time", "ts_of_last_over_time", "ts_of_max_over_time", "ts_of_min_over_time",
-})
+
+def _experimental(name: str) -> bool:
+    """Prometheus gates the function behind promql-experimental-functions (its function table)."""
+    spec = load_all().get(name)
+    return spec is not None and spec.experimental
+
+
 EXPERIMENTAL_AGGREGATORS = frozenset({"limitk", "limit_ratio"})
 TYPE_UNIT_LABELS = ("__type__", "__unit__")
 
@@ -139,7 +141,7 @@ def classify(cmd: EvalCmd, state: LoadedState) -> Classification:
         # the experimental grammar (heuristic; matches INVENTORY.md's two cases)
         return Classification(EXP, "signed numeric offset followed by an operator (duration expressions)", None, ast)
     for n in walk(ast):
-        if isinstance(n, pp.Call) and n.func.name in EXPERIMENTAL_FUNCTIONS:
+        if isinstance(n, pp.Call) and _experimental(n.func.name):
             return Classification(EXP, f"experimental function {n.func.name}()", None, ast)
         if isinstance(n, pp.AggregateExpr) and str(n.op) in EXPERIMENTAL_AGGREGATORS:
             return Classification(EXP, f"experimental aggregator {n.op}", None, ast)

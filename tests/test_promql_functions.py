@@ -317,8 +317,6 @@ def test_sort_orders_and_nan_last():
     out, _ = call("sort_desc", [0], vec)
     assert [dict(lb)["a"] for lb in out.labels] == ["1", "3", "2"]
     assert ann.warnings == []
-    _, ann = call("sort", [0, M], VectorSteps(vec.labels, np.zeros((3, 2)), np.ones((3, 2), dtype=bool)))
-    assert ann.warnings == ["PromQL warning: sort is ineffective for range queries since results are always ordered by labels (1:1)"]
 
 
 def test_sort_by_label_is_natural():

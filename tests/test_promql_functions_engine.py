@@ -52,6 +52,14 @@ def test_sort_desc_orders_instant_result(engine):
     assert [dict(lb)["instance"] for lb in res.labels] == ["a", "b"]
 
 
+@pytest.mark.parametrize("fn", ["sort", "sort_desc", "sort_by_label", "sort_by_label_desc"])
+def test_sorting_warns_in_range_queries_only(engine, fn):
+    expr = f'{fn}(jobs_total, "instance")' if "label" in fn else f"{fn}(jobs_total)"
+    warning = "PromQL warning: sort is ineffective for range queries since results are always ordered by labels (1:1)"
+    assert engine.range_query(expr, 0, 10 * M, M).annotations.warnings == [warning]
+    assert engine.instant_query(expr, 10 * M).annotations.warnings == []
+
+
 def test_histogram_quantile_over_rate(engine):
     res = engine.instant_query("histogram_quantile(0.5, rate(lat_bucket[5m]))", 30 * M)
     # per-second rates 5/60, 8/60, 10/60: rank 5/60 is exactly the le=0.5 bucket -> 0.5

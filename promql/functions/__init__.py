@@ -13,6 +13,7 @@ Conventions shared with the evaluator:
 """
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -50,23 +51,84 @@ class FunctionContext:
 
 FunctionImpl = Callable[[FunctionContext, list[Value]], Value]
 
-FUNCTIONS: dict[str, FunctionImpl] = {}
+
+class Histograms(enum.Enum):
+    """What the evaluator does when a function's arguments carry native-histogram samples
+    (promql/eval_histogram.py ``call_with_histograms`` switches on it)."""
+
+    FLOATS_ONLY = "floats_only"  # histogram samples are ignored; over a range vector: refused
+    READS = "reads"  # the implementation reads the histogram plane / windows itself
+    UNSUPPORTED = "unsupported"  # refused with an error
+    PROPERTY = "property"  # one float per histogram sample: ``FunctionSpec.histogram_property``
+    NATIVE = "native"  # classic buckets by the implementation, native histograms beside it
+    QUANTILES = "quantiles"  # histogram_quantiles: several native quantiles at once
+    PRESENCE = "presence"  # a histogram sample counts as a present sample (absent, timestamp)
+    ABSENT_RANGE = "absent_range"  # absent_over_time: histogram samples count as samples
+    LABELS = "labels"  # label-only functions: every sample, float or histogram, is carried through
+    FLOATS_MIXED_INFO = "floats_mixed_info"  # floats only, an info for windows mixing both kinds
+    EXTRAPOLATED = "extrapolated"  # rate/increase/delta: a histogram per histogram-only window
+    INSTANT_PAIR = "instant_pair"  # irate/idelta: from the last two samples
+    CHANGES = "changes"  # changes between samples of either kind
+    RESETS = "resets"  # counter resets between samples of either kind
 
 
-def register(*names: str) -> Callable[[FunctionImpl], FunctionImpl]:
+@dataclass(frozen=True)
+class FunctionSpec:
+    """Everything the evaluator knows about one PromQL function, in one place.
+
+    * ``sorts`` -- the function orders its result; over a range query Prometheus warns that the
+      ordering is ineffective.
+    * ``cross_series`` -- the function combines all series of its range-vector argument, so the
+      evaluator may not split that argument into blocks of series.
+    * ``histograms`` -- what histogram samples in the arguments do (``Histograms``).
+    * ``keeps_name`` -- False: the evaluator marks every output series' metric name for removal, as
+      Prometheus does for functions computing a new value. True: names stay as the implementation
+      marks them (functions passing samples through, and those whose output has no name of its
+      own: ``vector``, ``absent``, date functions without an argument).
+    * ``experimental`` -- Prometheus gates the function behind ``--enable-feature=promql-experimental-functions``.
+    """
+
+    name: str
+    impl: FunctionImpl
+    sorts: bool = False
+    cross_series: bool = False
+    histograms: Histograms = Histograms.FLOATS_ONLY
+    keeps_name: bool = False
+    experimental: bool = False
+    histogram_property: Callable[[Any], float] | None = None
+
+    def __call__(self, ctx: FunctionContext, args: list[Value]) -> Value:
+        return self.impl(ctx, args)
+
+
+FUNCTIONS: dict[str, FunctionSpec] = {}
+_loaded = False
+
+
+def register(*names: str, sorts: bool = False, cross_series: bool = False,
+             histograms: Histograms = Histograms.FLOATS_ONLY, keeps_name: bool = False,
+             experimental: bool = False, histogram_property: Callable[[Any], float] | None = None,
+             ) -> Callable[[FunctionImpl], FunctionImpl]:
+    """Register ``impl`` under each of ``names`` with one ``FunctionSpec`` per name."""
     def deco(fn: FunctionImpl) -> FunctionImpl:
         for n in names:
-            FUNCTIONS[n] = fn
+            if n in FUNCTIONS:
+                raise ValueError(f"PromQL function {n!r} registered twice")
+            FUNCTIONS[n] = FunctionSpec(n, fn, sorts, cross_series, histograms, keeps_name, experimental,
+                                        histogram_property)
         return fn
 
     return deco
 
 
-def load_all() -> dict[str, FunctionImpl]:
-    """Import every module of this package so their @register entries fill FUNCTIONS."""
-    import importlib
-    import pkgutil
+def load_all() -> dict[str, FunctionSpec]:
+    """Import every module of this package so their ``register`` entries fill FUNCTIONS."""
+    global _loaded
+    if not _loaded:
+        import importlib
+        import pkgutil
 
-    for mod in pkgutil.iter_modules(__path__):
-        importlib.import_module(f"{__name__}.{mod.name}")
+        for mod in pkgutil.iter_modules(__path__):
+            importlib.import_module(f"{__name__}.{mod.name}")
+        _loaded = True
     return FUNCTIONS

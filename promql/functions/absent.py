@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from promql.functions import FunctionContext, register
+from promql.functions import FunctionContext, Histograms, register
 from promql.types import RangeWindows, Value, VectorSteps
 from storage.labels import METRIC_NAME, Labels, make_labels
 
@@ -39,7 +39,7 @@ def _absent_at(ctx: FunctionContext, missing: np.ndarray, drop_name: bool) -> Ve
     return VectorSteps([labels], np.ones((1, len(missing))), missing[None, :].copy(), np.array([drop_name]))
 
 
-@register("absent")
+@register("absent", histograms=Histograms.PRESENCE, keeps_name=True)
 def absent(ctx: FunctionContext, args: list[Value]) -> Value:
     vec = args[0]
     assert isinstance(vec, VectorSteps)
@@ -47,7 +47,7 @@ def absent(ctx: FunctionContext, args: list[Value]) -> Value:
     return _absent_at(ctx, missing, False)
 
 
-@register("absent_over_time")
+@register("absent_over_time", histograms=Histograms.ABSENT_RANGE, cross_series=True)
 def absent_over_time(ctx: FunctionContext, args: list[Value]) -> Value:
     rw = args[0]
     assert isinstance(rw, RangeWindows)

@@ -8,7 +8,7 @@ from promql.functions.common import scalar_arg, vector_arg
 from promql.types import Scalar, Value, VectorSteps
 
 
-@register("vector")
+@register("vector", keeps_name=True)
 def vector(ctx: FunctionContext, args: list[Value]) -> Value:
     vals = scalar_arg(args[0], len(ctx.step_times))
     T = len(vals)

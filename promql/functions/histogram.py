@@ -18,10 +18,10 @@ import math
 
 import numpy as np
 
-from promql.functions import FunctionContext, register
+from promql.functions import FunctionContext, Histograms, register
 from promql.functions.common import scalar_arg, vector_arg
 from promql.functions.formatting import format_go_g
-from promql.types import Value, VectorSteps
+from promql.types import FloatHistogram, Value, VectorSteps
 from storage.labels import Labels, get, metric_name
 
 _SMALL_DELTA = 1e-12
@@ -284,7 +284,7 @@ def _go_2g(v: float) -> str:
     return s
 
 
-@register("histogram_quantile")
+@register("histogram_quantile", histograms=Histograms.NATIVE)
 def histogram_quantile(ctx: FunctionContext, args: list[Value]) -> Value:
     vec = vector_arg(args[1])
     T = vec.num_steps
@@ -366,7 +366,7 @@ def bucket_fractions(bk: "_Block", lower_t: np.ndarray, upper_t: np.ndarray) -> 
     return res
 
 
-@register("histogram_fraction")
+@register("histogram_fraction", histograms=Histograms.NATIVE)
 def histogram_fraction(ctx: FunctionContext, args: list[Value]) -> Value:
     vec = vector_arg(args[2])
     T = vec.num_steps
@@ -388,8 +388,15 @@ def _native_only(ctx: FunctionContext, args: list[Value]) -> Value:
     return VectorSteps.empty(vec.num_steps)
 
 
-for _name in ("histogram_count", "histogram_sum", "histogram_avg", "histogram_stddev", "histogram_stdvar"):
-    register(_name)(_native_only)
+def _histogram_avg(h: FloatHistogram) -> float:
+    return h.divide(h.count).sum if h.count else FloatHistogram(sum=h.sum).divide(0.0).sum
+
+
+register("histogram_count", histograms=Histograms.PROPERTY, histogram_property=lambda h: h.count)(_native_only)
+register("histogram_sum", histograms=Histograms.PROPERTY, histogram_property=lambda h: h.sum)(_native_only)
+register("histogram_avg", histograms=Histograms.PROPERTY, histogram_property=_histogram_avg)(_native_only)
+register("histogram_stddev", histograms=Histograms.NATIVE)(_native_only)
+register("histogram_stdvar", histograms=Histograms.NATIVE)(_native_only)
 
 
 def format_openmetrics_float(v: float) -> str:
@@ -400,7 +407,7 @@ def format_openmetrics_float(v: float) -> str:
     return s + ".0"
 
 
-@register("histogram_quantiles")
+@register("histogram_quantiles", histograms=Histograms.QUANTILES, experimental=True)
 def histogram_quantiles(ctx: FunctionContext, args: list[Value]) -> Value:
     """Experimental: several quantiles at once, each output series labelled with its quantile."""
     from promql.functions.common import string_arg

@@ -16,7 +16,7 @@ import promql_parser as pp
 
 from promql.errors import BadData, ExecutionError
 from promql.eval_selectors import selector_matchers
-from promql.functions import FunctionContext, register
+from promql.functions import FunctionContext, Histograms, register
 from promql.functions.common import vector_arg
 from promql.functions.labels import merge_same_labelsets
 from promql.types import Value, VectorSteps
@@ -108,7 +108,7 @@ def _modifiers(node: Any) -> str:
     return out
 
 
-@register("info")
+@register("info", histograms=Histograms.UNSUPPORTED, keeps_name=True, experimental=True)
 def info(ctx: FunctionContext, args: list[Value]) -> Value:
     base = vector_arg(args[0])
     T = base.num_steps

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from promql.errors import ExecutionError
-from promql.functions import FunctionContext, register
+from promql.functions import FunctionContext, Histograms, register
 from promql.functions.common import string_arg, vector_arg
 from promql.go_strings import decode_go_literal
 from promql.types import Value, VectorSteps
@@ -98,7 +98,7 @@ def merge_same_labelsets(labels: list[Labels], values: np.ndarray, present: np.n
     )
 
 
-@register("label_replace")
+@register("label_replace", histograms=Histograms.LABELS, keeps_name=True)
 def label_replace(ctx: FunctionContext, args: list[Value]) -> Value:
     vec = vector_arg(args[0])
     dst, repl, src, regex_s = (string_arg(a) for a in args[1:5])
@@ -125,7 +125,7 @@ def label_replace(ctx: FunctionContext, args: list[Value]) -> Value:
     return merge_same_labelsets(labels, vec.values, vec.present, dn, vec.sample_ts)
 
 
-@register("label_join")
+@register("label_join", histograms=Histograms.LABELS, keeps_name=True)
 def label_join(ctx: FunctionContext, args: list[Value]) -> Value:
     vec = vector_arg(args[0])
     dst = string_arg(args[1])

@@ -88,13 +88,13 @@ def _go_min(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.where(np.isneginf(a) | np.isneginf(b), -np.inf, r)
 
 
-@register("max_of")
+@register("max_of", experimental=True)
 def max_of(ctx: FunctionContext, args: list[Value]) -> Value:
     T = len(ctx.step_times)
     return Scalar(_go_max(scalar_arg(args[0], T), scalar_arg(args[1], T)))
 
 
-@register("min_of")
+@register("min_of", experimental=True)
 def min_of(ctx: FunctionContext, args: list[Value]) -> Value:
     T = len(ctx.step_times)
     return Scalar(_go_min(scalar_arg(args[0], T), scalar_arg(args[1], T)))

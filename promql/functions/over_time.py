@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from promql.functions import FunctionContext, register
+from promql.functions import FunctionContext, Histograms, register
 from promql.functions.common import (
     dense_blocks,
     iterate_window_positions,
@@ -87,7 +87,7 @@ def _ignores_histograms(range_arg: int = 0, pos_arg: int = 0):
     return deco
 
 
-@register("count_over_time")
+@register("count_over_time", histograms=Histograms.READS)
 def count_over_time(ctx: FunctionContext, args: list[Value]) -> Value:
     rw = windows_arg(args[0])
     n = (rw.hi - rw.lo).astype(np.float64)
@@ -97,7 +97,7 @@ def count_over_time(ctx: FunctionContext, args: list[Value]) -> Value:
     return window_vector(rw, n, n > 0)
 
 
-@register("present_over_time")
+@register("present_over_time", histograms=Histograms.READS)
 def present_over_time(ctx: FunctionContext, args: list[Value]) -> Value:
     rw = windows_arg(args[0])
     p = _nonempty(rw)
@@ -133,7 +133,7 @@ def _edge_with_histograms(rw: RangeWindows, vals: np.ndarray, ts: np.ndarray, n:
     return window_vector(rw, vals, fhas & ~hwins, keep_name=keep_name, plane=plane)
 
 
-@register("last_over_time")
+@register("last_over_time", histograms=Histograms.READS, keeps_name=True)
 def last_over_time(ctx: FunctionContext, args: list[Value]) -> Value:
     rw = windows_arg(args[0])
     _, last, n = window_first_last(rw)
@@ -146,7 +146,7 @@ def last_over_time(ctx: FunctionContext, args: list[Value]) -> Value:
     return window_vector(rw, vals, n > 0, keep_name=True)
 
 
-@register("first_over_time")
+@register("first_over_time", histograms=Histograms.READS, keeps_name=True)
 def first_over_time(ctx: FunctionContext, args: list[Value]) -> Value:
     rw = windows_arg(args[0])
     first, _, n = window_first_last(rw)
@@ -159,7 +159,7 @@ def first_over_time(ctx: FunctionContext, args: list[Value]) -> Value:
     return window_vector(rw, vals, n > 0, keep_name=True)
 
 
-@register("ts_of_last_over_time")
+@register("ts_of_last_over_time", histograms=Histograms.READS, experimental=True)
 def ts_of_last_over_time(ctx: FunctionContext, args: list[Value]) -> Value:
     rw = windows_arg(args[0])
     _, last, n = window_first_last(rw)
@@ -172,7 +172,7 @@ def ts_of_last_over_time(ctx: FunctionContext, args: list[Value]) -> Value:
     return window_vector(rw, vals, n > 0)
 
 
-@register("ts_of_first_over_time")
+@register("ts_of_first_over_time", histograms=Histograms.READS, experimental=True)
 def ts_of_first_over_time(ctx: FunctionContext, args: list[Value]) -> Value:
     rw = windows_arg(args[0])
     first, _, n = window_first_last(rw)
@@ -208,13 +208,13 @@ def _minmax(rw: RangeWindows, ufunc: np.ufunc) -> VectorSteps:
     return window_vector(rw, out, p)
 
 
-@register("max_over_time")
+@register("max_over_time", histograms=Histograms.READS)
 @_ignores_histograms()
 def max_over_time(ctx: FunctionContext, args: list[Value]) -> Value:
     return _minmax(windows_arg(args[0]), np.fmax)
 
 
-@register("min_over_time")
+@register("min_over_time", histograms=Histograms.READS)
 @_ignores_histograms()
 def min_over_time(ctx: FunctionContext, args: list[Value]) -> Value:
     return _minmax(windows_arg(args[0]), np.fmin)
@@ -242,13 +242,13 @@ def _ts_of_extreme(rw: RangeWindows, want_max: bool) -> VectorSteps:
     return window_vector(rw, out, n > 0)
 
 
-@register("ts_of_max_over_time")
+@register("ts_of_max_over_time", histograms=Histograms.READS, experimental=True)
 @_ignores_histograms()
 def ts_of_max_over_time(ctx: FunctionContext, args: list[Value]) -> Value:
     return _ts_of_extreme(windows_arg(args[0]), True)
 
 
-@register("ts_of_min_over_time")
+@register("ts_of_min_over_time", histograms=Histograms.READS, experimental=True)
 @_ignores_histograms()
 def ts_of_min_over_time(ctx: FunctionContext, args: list[Value]) -> Value:
     return _ts_of_extreme(windows_arg(args[0]), False)
@@ -382,7 +382,7 @@ def _sum_avg_with_histograms(ctx: FunctionContext, rw: RangeWindows, vals: np.nd
     return window_vector(rw, vals, (nf > 0) & ~mixed, plane=plane)
 
 
-@register("sum_over_time")
+@register("sum_over_time", histograms=Histograms.READS)
 def sum_over_time(ctx: FunctionContext, args: list[Value]) -> Value:
     rw = windows_arg(args[0])
     vals = _window_sums(rw, False)
@@ -390,7 +390,7 @@ def sum_over_time(ctx: FunctionContext, args: list[Value]) -> Value:
     return out if out is not None else window_vector(rw, vals, (rw.hi - rw.lo) > 0)
 
 
-@register("avg_over_time")
+@register("avg_over_time", histograms=Histograms.READS)
 def avg_over_time(ctx: FunctionContext, args: list[Value]) -> Value:
     rw = windows_arg(args[0])
     vals = _window_sums(rw, True)
@@ -531,14 +531,14 @@ def _variance(rw: RangeWindows) -> np.ndarray:
     return out.reshape(n.shape)
 
 
-@register("stdvar_over_time")
+@register("stdvar_over_time", histograms=Histograms.READS)
 @_ignores_histograms()
 def stdvar_over_time(ctx: FunctionContext, args: list[Value]) -> Value:
     rw = windows_arg(args[0])
     return window_vector(rw, _variance(rw), (rw.hi - rw.lo) > 0)
 
 
-@register("stddev_over_time")
+@register("stddev_over_time", histograms=Histograms.READS)
 @_ignores_histograms()
 def stddev_over_time(ctx: FunctionContext, args: list[Value]) -> Value:
     rw = windows_arg(args[0])
@@ -603,7 +603,7 @@ def _quantile_rows(q: np.ndarray, mat: np.ndarray, counts: np.ndarray) -> np.nda
     return np.where(n == 0, np.nan, res)
 
 
-@register("quantile_over_time")
+@register("quantile_over_time", histograms=Histograms.READS)
 @_ignores_histograms(range_arg=1, pos_arg=0)
 def quantile_over_time(ctx: FunctionContext, args: list[Value]) -> Value:
     rw = windows_arg(args[1])
@@ -621,7 +621,7 @@ def quantile_over_time(ctx: FunctionContext, args: list[Value]) -> Value:
     return window_vector(rw, out.reshape(n.shape), p)
 
 
-@register("mad_over_time")
+@register("mad_over_time", histograms=Histograms.READS, experimental=True)
 @_ignores_histograms()
 def mad_over_time(ctx: FunctionContext, args: list[Value]) -> Value:
     rw = windows_arg(args[0])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from promql.functions import FunctionContext, register
+from promql.functions import FunctionContext, Histograms, register
 from promql.functions.common import (
     iterate_window_positions,
     kahan_inc,
@@ -169,17 +169,17 @@ def _possible_non_counter(ctx: FunctionContext, out: VectorSteps) -> None:
             )
 
 
-@register("rate")
+@register("rate", histograms=Histograms.EXTRAPOLATED)
 def rate(ctx: FunctionContext, args: list[Value]) -> Value:
     return _extrapolated(ctx, windows_arg(args[0]), True, True)
 
 
-@register("increase")
+@register("increase", histograms=Histograms.EXTRAPOLATED)
 def increase(ctx: FunctionContext, args: list[Value]) -> Value:
     return _extrapolated(ctx, windows_arg(args[0]), True, False)
 
 
-@register("delta")
+@register("delta", histograms=Histograms.EXTRAPOLATED)
 def delta(ctx: FunctionContext, args: list[Value]) -> Value:
     return _extrapolated(ctx, windows_arg(args[0]), False, False)
 
@@ -204,12 +204,12 @@ def _instant(rw: RangeWindows, is_rate: bool) -> VectorSteps:
     return window_vector(rw, res, present)
 
 
-@register("irate")
+@register("irate", histograms=Histograms.INSTANT_PAIR)
 def irate(ctx: FunctionContext, args: list[Value]) -> Value:
     return _instant(windows_arg(args[0]), True)
 
 
-@register("idelta")
+@register("idelta", histograms=Histograms.INSTANT_PAIR)
 def idelta(ctx: FunctionContext, args: list[Value]) -> Value:
     return _instant(windows_arg(args[0]), False)
 
@@ -603,14 +603,14 @@ def _linear_regression(rw: RangeWindows, intercept_ms: np.ndarray | None) -> tup
     return slope.reshape(S, T), intercept.reshape(S, T), present
 
 
-@register("deriv")
+@register("deriv", histograms=Histograms.FLOATS_MIXED_INFO)
 def deriv(ctx: FunctionContext, args: list[Value]) -> Value:
     rw = windows_arg(args[0])
     slope, _, present = _linear_regression(rw, None)
     return window_vector(rw, slope, present)
 
 
-@register("predict_linear")
+@register("predict_linear", histograms=Histograms.FLOATS_MIXED_INFO)
 def predict_linear(ctx: FunctionContext, args: list[Value]) -> Value:
     rw = windows_arg(args[0])
     duration = scalar_arg(args[1], rw.num_steps)
@@ -620,7 +620,7 @@ def predict_linear(ctx: FunctionContext, args: list[Value]) -> Value:
     return window_vector(rw, res, present)
 
 
-@register("resets")
+@register("resets", histograms=Histograms.RESETS)
 def resets(ctx: FunctionContext, args: list[Value]) -> Value:
     rw = windows_arg(args[0])
     prev, same = pairwise_prev(rw)
@@ -630,7 +630,7 @@ def resets(ctx: FunctionContext, args: list[Value]) -> Value:
     return window_vector(rw, window_count_of(flags, rw.lo, rw.hi), n >= 1)
 
 
-@register("changes")
+@register("changes", histograms=Histograms.CHANGES)
 def changes(ctx: FunctionContext, args: list[Value]) -> Value:
     rw = windows_arg(args[0])
     vals = np.asarray(rw.vals, dtype=np.float64)

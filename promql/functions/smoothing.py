@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from promql.errors import ExecutionError
-from promql.functions import FunctionContext, register
+from promql.functions import FunctionContext, Histograms, register
 from promql.functions.common import iterate_window_positions, scalar_arg, scatter_back, window_vector, windows_arg
 from promql.types import Value
 
@@ -18,7 +18,8 @@ def _go_f(x: float) -> str:
     return f"{x:f}"
 
 
-@register("double_exponential_smoothing", "holt_winters")
+@register("holt_winters", histograms=Histograms.FLOATS_MIXED_INFO)
+@register("double_exponential_smoothing", histograms=Histograms.FLOATS_MIXED_INFO, experimental=True)
 def double_exponential_smoothing(ctx: FunctionContext, args: list[Value]) -> Value:
     rw = windows_arg(args[0])
     T = rw.num_steps

@@ -1,7 +1,8 @@
 """sort, sort_desc, sort_by_label, sort_by_label_desc.
 
 Ordering only matters for instant queries (one step): the series are reordered. For range queries
-Prometheus warns that sorting is ineffective (results are always ordered by labels)."""
+Prometheus warns that sorting is ineffective (results are always ordered by labels): the evaluator
+does, for every function registered with ``sorts=True``."""
 from __future__ import annotations
 
 import functools
@@ -9,21 +10,12 @@ import re
 
 import numpy as np
 
-from promql.functions import FunctionContext, register
+from promql.functions import FunctionContext, Histograms, register
 from promql.functions.common import string_arg, vector_arg
 from promql.types import Value, VectorSteps
 from storage.labels import Labels, get
 
 _CHUNK = re.compile(r"(\d+|\D+)", re.ASCII)
-
-
-def _warn_range(ctx: FunctionContext) -> None:
-    st = ctx.step_times
-    if len(st) and st[0] != st[-1]:
-        ctx.annotations.warn(
-            "PromQL warning: sort is ineffective for range queries since results are always ordered by labels"
-            + ctx.pos()
-        )
 
 
 def _take(vec: VectorSteps, order: list[int] | np.ndarray) -> VectorSteps:
@@ -48,15 +40,13 @@ def _by_value(vec: VectorSteps, descending: bool) -> VectorSteps:
     return _take(vec, order)
 
 
-@register("sort")
+@register("sort", sorts=True, keeps_name=True)
 def sort(ctx: FunctionContext, args: list[Value]) -> Value:
-    _warn_range(ctx)
     return _by_value(vector_arg(args[0]), False)
 
 
-@register("sort_desc")
+@register("sort_desc", sorts=True, keeps_name=True)
 def sort_desc(ctx: FunctionContext, args: list[Value]) -> Value:
-    _warn_range(ctx)
     return _by_value(vector_arg(args[0]), True)
 
 
@@ -110,7 +100,6 @@ def _label_cmp(names: list[str], desc: bool):
 
 
 def _by_label(ctx: FunctionContext, args: list[Value], desc: bool) -> VectorSteps:
-    _warn_range(ctx)
     vec = vector_arg(args[0])
     names = [string_arg(a) for a in args[1:]]
     cmp = _label_cmp(names, desc)
@@ -118,11 +107,11 @@ def _by_label(ctx: FunctionContext, args: list[Value], desc: bool) -> VectorStep
     return _take(vec, order)
 
 
-@register("sort_by_label")
+@register("sort_by_label", sorts=True, histograms=Histograms.LABELS, keeps_name=True, experimental=True)
 def sort_by_label(ctx: FunctionContext, args: list[Value]) -> Value:
     return _by_label(ctx, args, False)
 
 
-@register("sort_by_label_desc")
+@register("sort_by_label_desc", sorts=True, histograms=Histograms.LABELS, keeps_name=True, experimental=True)
 def sort_by_label_desc(ctx: FunctionContext, args: list[Value]) -> Value:
     return _by_label(ctx, args, True)

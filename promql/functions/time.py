@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from promql.functions import FunctionContext, register
+from promql.functions import FunctionContext, Histograms, register
 from promql.functions.common import vector_arg
 from promql.types import Scalar, Value, VectorSteps
 
@@ -13,7 +13,7 @@ def time_(ctx: FunctionContext, args: list[Value]) -> Value:
     return Scalar(np.asarray(ctx.step_times, dtype=np.float64) / 1000.0)
 
 
-@register("timestamp")
+@register("timestamp", histograms=Histograms.PRESENCE)
 def timestamp(ctx: FunctionContext, args: list[Value]) -> Value:
     vec = vector_arg(args[0])
     if vec.sample_ts is not None:
@@ -91,7 +91,7 @@ def _date_fn(part: str):
 
 
 for _part in ("year", "month", "day_of_month", "day_of_year", "days_in_month", "day_of_week", "hour", "minute"):
-    register(_part)(_date_fn(_part))
+    register(_part, keeps_name=True)(_date_fn(_part))  # no argument: vector(time()), named by nothing
 
 
 def _query_bound(which: str):
@@ -106,10 +106,10 @@ def _query_bound(which: str):
 # Experimental query-bound scalars: start(), end(), step() and range() of the top-level query
 # (an instant query has start == end and step 0).
 for _which in ("start", "end", "step", "range"):
-    register(_which)(_query_bound(_which))
+    register(_which, experimental=True)(_query_bound(_which))
 
 
-@register("start_timestamp")
+@register("start_timestamp", experimental=True)
 def start_timestamp(ctx: FunctionContext, args: list[Value]) -> Value:
     """Experimental. This storage keeps no start timestamps (created timestamps), which is
     Prometheus with start timestamps disabled: the result is empty."""

@@ -4,6 +4,8 @@ vLLM's wire format), the fast scrape of real HTTP exporters (prometheus-client, 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -336,6 +338,75 @@ def test_poll_endpoint_in_its_own_process(tmp_path: Path) -> None:
         assert status == 400 and "include_stale" in out["error"]
         status, out, _ = http_json(side + "/api/v1/congestion", headers={"X-Scope-OrgID": "other"})
         assert status == 200 and out["data"]["instances"] == [] and out["data"]["version"] == 0
+        # Same ETag on both ports for the same snapshot; If-None-Match with it answers 304 without a body
+        # until the next snapshot.
+        # (snapshots are rebuilt every rebuild_period, 0.5 s, so a revalidation can race the next one)
+        for base in (server.url, side):
+            assert wait_for(lambda: revalidate(base, etag_of(base)[0]) == (304, b""), what=f"304 from {base}")
+        main_tag, main_version = etag_of(server.url)
+        side_tag, side_version = etag_of(side)
+        assert main_tag.split("-")[0] == side_tag.split("-")[0]  # one epoch: one tracker behind both ports
+        if main_version == side_version:
+            assert main_tag == side_tag
+        assert revalidate(side, '"0-0"')[0] == 200
+        assert post(server.url + "/api/v1/congestion/push",
+                    b'vllm:num_requests_waiting{cluster="pp",model_name="m",instance="w3"} 30\n')[0] == 200
+        tag, _ = etag_of(side)
+        assert wait_for(lambda: revalidate(side, tag)[0] == 200, what="a new snapshot (200 with a body)")
+
+
+def etag_of(base: str) -> tuple[str, int]:
+    with urllib.request.urlopen(base + "/api/v1/congestion?cluster=pp", timeout=10) as r:
+        return r.headers["ETag"], json.loads(r.read())["data"]["version"]
+
+
+def revalidate(base: str, tag: str) -> tuple[int, bytes]:
+    req = urllib.request.Request(base + "/api/v1/congestion?cluster=pp", headers={"If-None-Match": tag})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def test_poll_process_applies_the_servers_auth(tmp_path: Path) -> None:
+    """The poll port answers only callers the main server would (same web config: users, roles,
+    tenants), and is refused beyond loopback without auth, as the main port is."""
+    import base64
+
+    import bcrypt
+
+    pw = {"reader": "reader-pw", "teamb": "teamb-pw", "nobody": "x"}
+    web = tmp_path / "web.yml"
+    hashes = "".join(f"  {u}: {bcrypt.hashpw(p.encode(), bcrypt.gensalt(rounds=4)).decode()}\n" for u, p in pw.items()
+                     if u != "nobody")
+    web.write_text(f"basic_auth_users:\n{hashes}tenants:\n  teamb: [team-b]\n")
+    port = free_port()
+    cfg = tmp_path / "turboprom.yml"
+    cfg.write_text(f"congestion:\n  resolution: 0\n  poll_listen: '127.0.0.1:{port}'\n")
+
+    def basic(user: str) -> dict[str, str]:
+        return {"Authorization": "Basic " + base64.b64encode(f"{user}:{pw[user]}".encode()).decode()}
+
+    with ServerProcess(tmp_path / "data", ["--config", str(cfg), "--web.config.file", str(web)]) as server:
+        side = f"http://127.0.0.1:{port}/api/v1/congestion"
+        status, out, hdrs = http_json(side)
+        assert status == 401 and out["errorType"] == "unauthorized" and "WWW-Authenticate" in hdrs
+        assert http_json(side, headers=basic("nobody"))[0] == 401
+        status, out, _ = http_json(side, headers=basic("reader"))
+        assert status == 200 and out["status"] == "success"
+        # a tenant-restricted user may not read the default tenant's view here either
+        status, out, _ = http_json(side, headers=basic("teamb"))
+        assert status == 403 and "tenant" in out["error"]
+        status, out, _ = http_json(side, headers={**basic("teamb"), "X-Scope-OrgID": "team-b"})
+        assert status == 200 and out["data"]["instances"] == []
+        assert http_json(server.url + "/api/v1/congestion", headers=basic("reader"))[0] == 200
+    # no auth configured: a non-loopback poll address is refused at startup, naming the way out
+    cfg.write_text("congestion:\n  poll_listen: '0.0.0.0:0'\n")
+    proc = subprocess.run([sys.executable, "-m", "turboprom", "serve", "--config", str(cfg), "--data-dir",
+                           str(tmp_path / "d2"), "--listen", f"127.0.0.1:{free_port()}"],
+                          capture_output=True, timeout=120, cwd=Path(__file__).resolve().parent.parent)
+    assert proc.returncode != 0 and b"without authentication" in proc.stderr, proc.stderr[-2000:]
 
 
 @pytest.mark.parametrize("raw, message", [

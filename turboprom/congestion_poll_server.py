@@ -2,56 +2,72 @@
 
 Why: in the server process a poll waits for the GIL and the event loop behind ingest decoding,
 storage appends and query evaluation, so its tail latency follows whatever else runs. Here the
-tracker (in the server process) hands every new snapshot's pre-encoded body to a child process
-over a ZMQ PUSH socket with ``ZMQ_CONFLATE`` (only the newest snapshot is ever queued; the send is a
-copy with the GIL released); the child decodes it once and answers ``GET /api/v1/congestion`` (same
-filters and JSON as the main server's) from its own event loop and its own GIL.
+tracker (in the server process) posts every new snapshot's pre-encoded body to a shared-memory board
+(``turboprom/snapshot_board.py``: a memcpy into a double buffer, no pipe, no wake-up of the child);
+the child answers ``GET /api/v1/congestion`` (same filters, JSON and ``ETag``/``If-None-Match`` as the
+main server's) from its own event loop and its own GIL. An unfiltered poll of an unchanged snapshot
+reads one 8-byte word from the board and sends the body it already holds; a new snapshot costs one
+copy; only a filtered poll decodes the body (once per snapshot, filtered bodies cached).
 
-Scope: this port serves that one read-only view of the default tenant, nothing else: no auth of
-the main server applies, so it binds to loopback unless told otherwise and is off by default. A
-caller naming another tenant (X-Scope-OrgID) gets the empty view, as on the main server.
+Scope: this port serves that one read-only view of the default tenant, nothing else. It applies the
+main server's web config (``--web.config.file``): the same users, roles (``read``), tenant limits and
+TLS, and the same listen guard (a non-loopback address needs auth or ``--insecure``). A caller
+naming another tenant (X-Scope-OrgID) gets the empty view, as on the main server.
 """
 from __future__ import annotations
 
+import gc
 import logging
 import multiprocessing as mp
 import os
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
-import zmq
+from turboprom.snapshot_board import BoardBodyTooLarge, BoardReader, BoardWriter
 
 log = logging.getLogger("turboprom.congestion")
 
 
-def _serve(host: str, port: int, feed: str, ready: Any) -> None:
-    """Child process: PULL snapshots, serve them over HTTP until killed."""
+@dataclass(frozen=True)
+class PollSettings:
+    """What the child needs of the server's configuration (picklable: the child is spawned)."""
+
+    host: str
+    port: int
+    board: str
+    web_config_file: str | None = None
+    auth_limits: dict[str, Any] | None = None
+    web_timeouts: dict[str, Any] | None = None  # the server YAML's ``web:`` section (read/idle timeouts)
+
+
+def _serve(settings: PollSettings, ready: Any) -> None:
+    """Child process: serve the board over HTTP until killed (or the server is gone)."""
     import asyncio
 
     import orjson
     from aiohttp import web
 
     from scheduler_metrics.congestion.tracker import CongestionSnapshot
-    from turboprom.routes.congestion_api import BadParam, _error, _filters, _tenant_snapshot
+    from turboprom.http_guard import GuardedAppRunner, Timeouts
+    from turboprom.routes.congestion_api import (BadParam, _error, _filters, _tenant_snapshot, not_modified,
+                                                 snapshot_etag)
     from turboprom.tenancy import DEFAULT_TENANT
 
-    current: list[CongestionSnapshot] = [CongestionSnapshot(0, 0.0, [], [], {})]
+    reader = BoardReader(settings.board)
+    decoded: list[CongestionSnapshot | None] = [None]  # the newest snapshot, decoded on first filtered poll
 
-    def receive() -> None:
-        ctx = zmq.Context()
-        sock = ctx.socket(zmq.PULL)
-        sock.setsockopt(zmq.CONFLATE, 1)
-        sock.connect(feed)
-        while True:
-            body = sock.recv()
+    def snapshot_of(version: int, body: bytes) -> CongestionSnapshot:
+        snap = decoded[0]
+        if snap is None or snap.version != version:
             data = orjson.loads(body)["data"]
             snap = CongestionSnapshot(data["version"], data["generated_at"], data["instances"], data["clusters"],
                                       data["model"])
             snap.body = body
-            current[0] = snap
+            decoded[0] = snap
+        return snap
 
-    threading.Thread(target=receive, name="congestion-feed", daemon=True).start()
     parent_pid = os.getppid()
 
     def watch_parent() -> None:  # the server was killed (no stop()): do not outlive it
@@ -66,17 +82,43 @@ def _serve(host: str, port: int, feed: str, ready: Any) -> None:
             f = _filters(request)
         except BadParam as e:
             return _error(400, "bad_data", str(e))
-        snap = current[0] if f["tenant"] == DEFAULT_TENANT else _tenant_snapshot(current[0])
-        return web.Response(body=snap.body_for(f["cluster"], f["model_name"], f["instance"], f["include_stale"]),
-                            content_type="application/json")
+        try:
+            version, body = reader.read()
+        except BoardBodyTooLarge as e:
+            return _error(503, "unavailable", str(e))
+        if f["tenant"] != DEFAULT_TENANT:
+            snap = _tenant_snapshot(snapshot_of(version, body))
+            return web.Response(body=snap.body_for(f["cluster"], f["model_name"], f["instance"], f["include_stale"]),
+                                content_type="application/json")
+        etag = snapshot_etag(reader.epoch, version)
+        headers = {"ETag": etag, "Cache-Control": "no-cache"}
+        if not_modified(request, etag):
+            return web.Response(status=304, headers=headers)
+        if f["cluster"] or f["model_name"] or f["instance"] or not f["include_stale"]:
+            body = snapshot_of(version, body).body_for(f["cluster"], f["model_name"], f["instance"],
+                                                       f["include_stale"])
+        return web.Response(body=body, content_type="application/json", headers=headers)
 
     async def main() -> None:
-        app = web.Application()
+        middlewares = []
+        ssl_ctx = None
+        if settings.web_config_file:
+            from turboprom.auth import Authenticator, WebConfig, auth_middleware
+
+            cfg = WebConfig.load(settings.web_config_file)
+            if cfg.auth_enabled:
+                middlewares.append(auth_middleware(Authenticator(cfg, settings.auth_limits)))
+            ssl_ctx = cfg.ssl_context()
+        app = web.Application(middlewares=middlewares)
         app.router.add_get("/api/v1/congestion", congestion)
-        runner = web.AppRunner(app, access_log=None)
+        runner = GuardedAppRunner(app, Timeouts.from_config({"web": settings.web_timeouts or {}}), access_log=None,
+                                  handle_signals=False)
         await runner.setup()
-        site = web.TCPSite(runner, host, port)
+        site = web.TCPSite(runner, settings.host, settings.port, ssl_context=ssl_ctx)
         await site.start()
+        # Everything allocated so far lives as long as the process: keep the collector from walking it.
+        gc.collect()
+        gc.freeze()
         ready.send(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
         await asyncio.Event().wait()
 
@@ -86,45 +128,46 @@ def _serve(host: str, port: int, feed: str, ready: Any) -> None:
 class CongestionPollServer:
     """Started and stopped with the server's components; ``port`` is the bound port once started."""
 
-    def __init__(self, tracker: Any, listen: str) -> None:
+    def __init__(self, tracker: Any, listen: str, *, web_config_file: str | None = None,
+                 auth_limits: dict[str, Any] | None = None, web_timeouts: dict[str, Any] | None = None) -> None:
         host, _, port = listen.rpartition(":")
         self.host, self.port = host or "127.0.0.1", int(port)
         self.tracker = tracker
+        self.web_config_file = web_config_file
+        self.auth_limits = auth_limits
+        self.web_timeouts = web_timeouts
         self._proc: Any = None
-        self._ctx: zmq.Context | None = None
-        self._push: zmq.Socket | None = None
+        self._board: BoardWriter | None = None
         self._unsubscribe: Any = None
-        self._send_lock = threading.Lock()
+        self._warned_large = False
 
     def start(self) -> None:
         if self._proc is not None:
             return
-        self._ctx = zmq.Context()
-        self._push = self._ctx.socket(zmq.PUSH)
-        self._push.setsockopt(zmq.CONFLATE, 1)
-        self._push.setsockopt(zmq.LINGER, 0)
-        feed_port = self._push.bind_to_random_port("tcp://127.0.0.1")
+        self._board = BoardWriter(epoch=self.tracker.epoch)
+        self._publish(self.tracker.snapshot())
+        self._unsubscribe = self.tracker.subscribe(self._publish)
+        settings = PollSettings(self.host, self.port, self._board.path, self.web_config_file, self.auth_limits,
+                                self.web_timeouts)
         mpc = mp.get_context("spawn")
         parent, child = mpc.Pipe()
-        self._proc = mpc.Process(target=_serve, args=(self.host, self.port, f"tcp://127.0.0.1:{feed_port}", child),
-                                 name="congestion-poll-server", daemon=True)
+        self._proc = mpc.Process(target=_serve, args=(settings, child), name="congestion-poll-server", daemon=True)
         self._proc.start()
         if not parent.poll(60):
+            self.stop()
             raise RuntimeError(f"congestion poll server did not start on {self.host}:{self.port}")
         self.port = parent.recv()
-        self._unsubscribe = self.tracker.subscribe(self._publish)
-        self._publish(self.tracker.snapshot())
         log.info("congestion poll server on %s:%d (pid %d)", self.host, self.port, self._proc.pid)
 
     def _publish(self, snap: Any) -> None:
-        push = self._push
-        if push is None:
+        board = self._board
+        if board is None:
             return
-        with self._send_lock:  # zmq sockets are not thread-safe (refresher thread vs start)
-            try:
-                push.send(snap.body, zmq.NOBLOCK, copy=True)
-            except zmq.Again:  # the child is not connected yet: the next rebuild sends again
-                pass
+        if len(snap.body) > board.capacity and not self._warned_large:
+            self._warned_large = True
+            log.warning("congestion snapshot of %d bytes does not fit the poll process's board (%d bytes): "
+                        "the poll port answers 503 until it shrinks", len(snap.body), board.capacity)
+        board.post(snap.version, snap.body)
 
     def stop(self) -> None:
         if self._unsubscribe is not None:
@@ -134,10 +177,6 @@ class CongestionPollServer:
         if proc is not None:
             proc.terminate()
             proc.join(10)
-        with self._send_lock:
-            if self._push is not None:
-                self._push.close(0)
-                self._push = None
-        if self._ctx is not None:
-            self._ctx.term()
-            self._ctx = None
+        board, self._board = self._board, None
+        if board is not None:
+            board.close()

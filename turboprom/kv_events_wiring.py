@@ -33,9 +33,17 @@ def build_fast_signals(ctx: ServerContext, tracker: Any) -> None:
     server's other components."""
     cfg = tracker.config
     if cfg.poll_listen:
+        from turboprom.auth import WebConfig, check_listen_guard
         from turboprom.congestion_poll_server import CongestionPollServer
 
-        ctx.components["congestion_poll_server"] = CongestionPollServer(tracker, cfg.poll_listen)
+        sc = ctx.config
+        web_cfg = WebConfig.load(sc.web_config_file) if sc.web_config_file else None
+        # The poll port is held to the main port's rule: beyond loopback only with auth (or --insecure).
+        check_listen_guard(cfg.poll_listen.rpartition(":")[0] or "127.0.0.1", web_cfg, sc.insecure)
+        web = sc.raw.get("web")
+        ctx.components["congestion_poll_server"] = CongestionPollServer(
+            tracker, cfg.poll_listen, web_config_file=sc.web_config_file, auth_limits=sc.raw.get("auth"),
+            web_timeouts=web if isinstance(web, dict) else None)
     if cfg.kv_events:
         index = PrefixIndex(cfg.kv_max_blocks_per_instance)
         endpoints = [KVEventEndpoint(e["endpoint"], e["instance"], e["cluster"], e["model_name"], e["topic"])

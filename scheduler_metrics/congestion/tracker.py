@@ -33,6 +33,7 @@ through a ``write`` callable (the ingest pipeline's ``submit_sync`` or ``storage
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 import time
 from dataclasses import dataclass
@@ -146,6 +147,8 @@ class CongestionTracker:
         self.write = write
         self.clock = clock
         self._lock = threading.Lock()
+        # Versions restart at 0 with the process: the epoch tells one run's snapshots from another's.
+        self.epoch = secrets.randbits(63)
         self._cache: dict[Labels, int] = {}
         self._sid_slot = np.full(1024, _MISS, np.int32)  # storage series id -> slot (-1 irrelevant)
         # slot state

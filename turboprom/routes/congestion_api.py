@@ -1,6 +1,7 @@
 """The congestion API: polls, server-sent events, pushed load, and prefix-aware placement.
 
-  GET  /api/v1/congestion          the tracker's ready-made snapshot (JSON poll)
+  GET  /api/v1/congestion          the tracker's ready-made snapshot (JSON poll); ``ETag`` per snapshot,
+                                   ``If-None-Match`` with it answers 304 while nothing changed
   GET  /api/v1/congestion/stream   server-sent events: a full ``congestion`` event, then one per new
                                    snapshot, or with ``delta=true`` ``delta`` events holding only the
                                    entries that changed and the keys that went away; ``interval``
@@ -121,6 +122,24 @@ def delta(prev: dict[str, Any], cur: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def snapshot_etag(epoch: int, version: int) -> str:
+    """The ``ETag`` of a snapshot's bodies: unchanged while the snapshot is (a poller sending it back
+    in ``If-None-Match`` gets 304 and no body)."""
+    return f'"{epoch:x}-{version}"'
+
+
+def not_modified(request: web.Request, etag: str) -> bool:
+    """Whether ``If-None-Match`` names ``etag`` (or ``*``); weak tags compare equal, as for GET."""
+    raw = request.headers.get("If-None-Match")
+    if not raw:
+        return False
+    for tag in raw.split(","):
+        tag = tag.strip()
+        if tag == "*" or tag.removeprefix("W/") == etag:
+            return True
+    return False
+
+
 def _tenant_snapshot(snap: Any) -> Any:
     """What a tenant other than the default sees: the same shape with nothing in it."""
     from scheduler_metrics.congestion.tracker import CongestionSnapshot
@@ -155,8 +174,14 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
         if isinstance(view, web.Response):
             return view
         snap, f = view
+        if f["tenant"] != DEFAULT_TENANT:  # the empty view: nothing to revalidate
+            return web.Response(body=snap.body_for(), content_type="application/json")
+        etag = snapshot_etag(tracker_or_error().epoch, snap.version)
+        headers = {"ETag": etag, "Cache-Control": "no-cache"}
+        if not_modified(request, etag):
+            return web.Response(status=304, headers=headers)
         body = snap.body_for(f["cluster"], f["model_name"], f["instance"], f["include_stale"])
-        return web.Response(body=body, content_type="application/json")
+        return web.Response(body=body, content_type="application/json", headers=headers)
 
     async def stream(request: web.Request) -> web.StreamResponse:
         tracker = tracker_or_error()

@@ -16,8 +16,16 @@ ignored; ``omit_defaults`` may drop trailing defaults, so missing trailing field
 The subscriber runs one thread with one SUB socket per configured endpoint; each endpoint is bound
 to the identity labels (cluster, model_name, instance) of the engine behind it, since the events
 themselves do not say who sent them. Decoded events go to ``handle(endpoint, events, seq_gap)``
-(the prefix index); ingest does not know what consumes them. Sequence gaps are counted and passed
-on so the consumer can treat that instance's view as incomplete.
+(the prefix index); ingest does not know what consumes them.
+
+Replay (vLLM's ``replay_endpoint``, a ROUTER socket in front of the publisher's buffer of its last
+``buffer_steps`` batches): on a sequence gap the subscriber sends the first missing sequence number
+(8 bytes, big-endian) from a DEALER socket and applies the batches that come back,
+``[seq, payload]`` each, up to the end marker ``[-1, b""]``, before the live batch that revealed the
+gap. A subscriber that joins a running engine (first batch with ``seq > 0``) asks for everything
+still buffered the same way. What the buffer no longer holds, or what does not come back within
+``replay_timeout_s``, is counted as missed and passed on, so the consumer can treat that instance's
+view as incomplete.
 
 Hand-written on purpose: pyzmq and msgpack do the transport and decoding; what is left is the
 positional layout above, which no library on PyPI decodes without depending on vLLM itself.
@@ -40,6 +48,10 @@ EVENTS = Counter("turboprom_kv_events_total", "vLLM KV-cache events received, by
 GAPS = Counter("turboprom_kv_events_missed_batches_total", "Event batches missed (sequence gaps) per endpoint.",
                ["endpoint"])
 BAD = Counter("turboprom_kv_events_undecodable_total", "Messages that were not vLLM KV event batches.")
+REPLAYED = Counter("turboprom_kv_events_replayed_batches_total",
+                   "Event batches recovered from a publisher's replay socket after a sequence gap, per endpoint.",
+                   ["endpoint"])
+END_SEQ = (-1).to_bytes(8, "big", signed=True)  # vLLM's end-of-replay marker
 
 _MASK64 = (1 << 64) - 1
 
@@ -136,6 +148,7 @@ class KVEventEndpoint:
     cluster: str = ""
     model_name: str = ""
     topic: str = ""  # ZMQ subscription prefix ("" = everything)
+    replay_endpoint: str = ""  # the publisher's ROUTER for missed batches ("" = none)
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -148,6 +161,7 @@ class _EndpointState:
     last_seq: int = -1
     batches: int = 0
     missed: int = 0
+    replayed: int = 0
     last_event_at: float = 0.0
     errors: list[str] = field(default_factory=list)
 
@@ -158,10 +172,13 @@ Handler = Callable[[KVEventEndpoint, EventBatch, int], None]  # (endpoint, batch
 class KVEventSubscriber:
     """Connects a SUB socket to every endpoint and hands decoded batches to ``handle`` (own thread)."""
 
-    def __init__(self, endpoints: list[KVEventEndpoint], handle: Handler, *, poll_ms: int = 100) -> None:
+    def __init__(self, endpoints: list[KVEventEndpoint], handle: Handler, *, poll_ms: int = 100,
+                 replay_timeout_s: float = 1.0) -> None:
         self.endpoints = endpoints
         self.handle = handle
         self.poll_ms = poll_ms
+        self.replay_timeout_s = replay_timeout_s
+        self._replay_socks: dict[str, zmq.Socket] = {}
         self.state = {e.endpoint: _EndpointState(e) for e in endpoints}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -213,21 +230,39 @@ class KVEventSubscriber:
         finally:
             for s in socks:
                 s.close(0)
+            for s in self._replay_socks.values():
+                s.close(0)
+            self._replay_socks.clear()
+
+    def _decode(self, st: _EndpointState, payload: bytes) -> EventBatch | None:
+        try:
+            return decode_batch(payload)
+        except KVEventFormatError as e:
+            BAD.inc()
+            if len(st.errors) < 5:
+                st.errors.append(str(e))
+            log.warning("kv events from %s: %s", st.spec.endpoint, e)
+            return None
 
     def _one(self, st: _EndpointState, frames: list[bytes]) -> None:
         if len(frames) != 3 or len(frames[1]) != 8:
             BAD.inc()
             return
         seq = int.from_bytes(frames[1], "big")
-        try:
-            batch = decode_batch(frames[2])
-        except KVEventFormatError as e:
-            BAD.inc()
-            if len(st.errors) < 5:
-                st.errors.append(str(e))
-            log.warning("kv events from %s: %s", st.spec.endpoint, e)
+        batch = self._decode(st, frames[2])
+        if batch is None:
             return
-        missed = seq - st.last_seq - 1 if st.last_seq >= 0 and seq > st.last_seq + 1 else 0
+        gap = seq > st.last_seq + 1 if st.last_seq >= 0 else seq > 0
+        if gap and st.spec.replay_endpoint:
+            self._replay(st, seq)
+        # without replay a late join is not a gap (nothing was expected yet); with it, what the
+        # publisher no longer buffered is
+        missed = seq - st.last_seq - 1 if seq > st.last_seq + 1 and (st.last_seq >= 0 or st.spec.replay_endpoint) else 0
+        if st.last_seq >= seq:
+            return  # replay already delivered it (it arrived live while the replay ran)
+        self._deliver(st, seq, batch, missed)
+
+    def _deliver(self, st: _EndpointState, seq: int, batch: EventBatch, missed: int) -> None:
         if missed:
             st.missed += missed
             GAPS.labels(st.spec.endpoint).inc(missed)
@@ -241,8 +276,52 @@ class KVEventSubscriber:
         except Exception:  # noqa: BLE001 - a consumer error must not stop the subscriber
             log.exception("kv event handler failed for %s", st.spec.endpoint)
 
+    def _replay(self, st: _EndpointState, until: int) -> None:
+        """Batches ``last_seq + 1 .. until - 1`` from the publisher's replay socket, applied in order;
+        a gap inside what comes back (the buffer's horizon) is passed on as missed."""
+        assert self._ctx is not None
+        sock = self._replay_socks.get(st.spec.endpoint)
+        if sock is None:
+            sock = self._replay_socks[st.spec.endpoint] = self._ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(st.spec.replay_endpoint)
+        start = st.last_seq + 1
+        try:
+            sock.send_multipart([b"", start.to_bytes(8, "big")], zmq.NOBLOCK)
+        except zmq.Again:
+            return
+        deadline = time.monotonic() + self.replay_timeout_s
+        got = 0
+        while not self._stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0 or not sock.poll(int(left * 1000) + 1):
+                # no answer in time: drop the socket so a late answer cannot end the next replay early
+                log.warning("kv events replay from %s timed out after %d batches", st.spec.replay_endpoint, got)
+                sock.close(0)
+                del self._replay_socks[st.spec.endpoint]
+                break
+            frames = sock.recv_multipart()
+            if frames and frames[0] == b"":
+                frames = frames[1:]
+            if len(frames) != 2 or len(frames[0]) != 8:
+                BAD.inc()
+                continue
+            if frames[0] == END_SEQ:
+                break
+            seq = int.from_bytes(frames[0], "big")
+            if seq <= st.last_seq or seq >= until:
+                continue  # already applied, or the live stream brings it
+            batch = self._decode(st, frames[1])
+            if batch is None:
+                continue
+            self._deliver(st, seq, batch, seq - st.last_seq - 1)  # last_seq starts at -1: a replay starts at 0
+            got += 1
+        if got:
+            st.replayed += got
+            REPLAYED.labels(st.spec.endpoint).inc(got)
+
     def status(self) -> list[dict[str, Any]]:
         return [{"endpoint": st.spec.endpoint, "instance": st.spec.instance, "cluster": st.spec.cluster,
                  "model_name": st.spec.model_name, "topic": st.spec.topic, "batches": st.batches,
-                 "missed_batches": st.missed, "last_seq": st.last_seq,
+                 "missed_batches": st.missed, "replayed_batches": st.replayed, "last_seq": st.last_seq,
                  "last_event_at": st.last_event_at or None, "errors": list(st.errors)} for st in self.state.values()]

@@ -81,6 +81,106 @@ class VLLMPublisher:
         self.ctx.term()
 
 
+def replayed(url: str) -> float:
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+        lines = [ln for ln in r.read().decode().splitlines()
+                 if ln.startswith("turboprom_kv_events_replayed_batches_total{")]
+    return sum(float(ln.split()[-1]) for ln in lines)
+
+
+class ReplayingPublisher(VLLMPublisher):
+    """vLLM's publisher with ``replay_endpoint``: every batch kept in a bounded buffer, and a ROUTER
+    that answers ``[id, b"", start_seq]`` with ``[id, b"", seq, payload]`` for each buffered batch
+    from ``start_seq`` on, then ``[id, b"", -1, b""]``. ``send(..., lost=True)`` buffers a batch
+    without publishing it (what a dropped message looks like to the subscriber)."""
+
+    def __init__(self, port: int, replay_port: int, buffer_steps: int = 100) -> None:
+        super().__init__(port)
+        self.router = self.ctx.socket(zmq.ROUTER)
+        self.router.setsockopt(zmq.LINGER, 0)
+        self.router.bind(f"tcp://127.0.0.1:{replay_port}")
+        self.buffer: list[tuple[int, bytes]] = []
+        self.buffer_steps = buffer_steps
+        self.requests: list[int] = []
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def send(self, *events: list, skip: int = 0, dp_rank: int | None = None, lost: bool = False) -> None:
+        payload = msgpack.packb([time.time(), list(events)])
+        with self._lock:
+            self.buffer = (self.buffer + [(self.seq, payload)])[-self.buffer_steps:]
+            if not lost:
+                self.sock.send_multipart([self.topic, self.seq.to_bytes(8, "big"), payload])
+            self.seq += 1
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            if not self.router.poll(50):
+                continue
+            ident, _, start = self.router.recv_multipart()
+            start_seq = int.from_bytes(start, "big")
+            self.requests.append(start_seq)
+            with self._lock:
+                for seq, payload in self.buffer:
+                    if seq >= start_seq:
+                        self.router.send_multipart([ident, b"", seq.to_bytes(8, "big"), payload])
+                self.router.send_multipart([ident, b"", (-1).to_bytes(8, "big", signed=True), b""])
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.router.close(0)
+        super().close()
+
+
+def test_missed_kv_events_are_replayed(tmp_path: Path) -> None:
+    """Batches published before the subscriber joined, and batches lost on the way, come back from the
+    publisher's replay socket; only what its buffer no longer holds counts as missed."""
+    kv, replay = free_port(), free_port()
+    cfg = tmp_path / "turboprom.yml"
+    cfg.write_text(f"congestion:\n  resolution: 0\n  kv_events:\n    - {{endpoint: 'tcp://127.0.0.1:{kv}', "
+                   f"replay_endpoint: 'tcp://127.0.0.1:{replay}', instance: r0, cluster: kv, model_name: m, "
+                   f"topic: kv-events}}\n")
+    pub = ReplayingPublisher(kv, replay, buffer_steps=6)
+    prompt = list(range(500, 524))  # 6 blocks
+    try:
+        # before the server exists: nobody receives these, the buffer keeps them
+        pub.send(stored([1], None, prompt[0:4]))
+        pub.send(stored([2], 1, prompt[4:8]))
+        with ServerProcess(tmp_path / "data", ["--config", str(cfg)]) as server:
+            url = server.url
+
+            def joined() -> bool:  # the first live batch reaches a late subscriber: it asks for the rest
+                pub.send(stored([3], 2, prompt[8:12]))
+                return prefix(url, prompt).get("r0", {}).get("matched_blocks", 0) >= 3
+
+            wait_for(joined, what="late join replayed")
+            assert pub.requests[0] == 0
+            m = prefix(url, prompt)["r0"]
+            assert m["missed_event_batches"] == 0, m
+            assert replayed(url) >= 2  # at least the two sent before the server started
+            # two batches lost on the way: the next live one reveals the gap, the replay fills it
+            before = replayed(url)
+            pub.send(stored([4], 3, prompt[12:16]), lost=True)
+            pub.send(stored([5], 4, prompt[16:20]), lost=True)
+            pub.send(stored([6], 5, prompt[20:24]))
+            m = wait_for(lambda: (r := prefix(url, prompt)["r0"])["matched_blocks"] == 6 and r, what="gap replayed")
+            assert m["missed_event_batches"] == 0 and m["matched_tokens"] == 24
+            assert replayed(url) - before == 2
+            # a gap beyond the buffer's horizon (6 batches): what it no longer holds is missed
+            before = replayed(url)
+            for k in range(8):
+                pub.send(["BlockRemoved", [900 + k], "GPU"], lost=True)
+            pub.send(["BlockRemoved", [6], "GPU"])
+            m = wait_for(lambda: (r := prefix(url, prompt)["r0"])["matched_blocks"] == 5 and r, what="horizon gap")
+            assert m["missed_event_batches"] == 3, m  # 8 lost, the last 5 still buffered beside the live one
+            assert replayed(url) - before == 5
+    finally:
+        pub.close()
+
+
 def stored(hashes: list[int], parent: int | None, tokens: list[int], lora: int | None = None, medium: str | None = "GPU") -> list:
     return ["BlockStored", hashes, parent, tokens, BLOCK, lora, medium]
 
@@ -416,6 +516,8 @@ def test_poll_process_applies_the_servers_auth(tmp_path: Path) -> None:
     ({"kv_events": [{"instance": "a"}]}, "endpoint is required"),
     ({"kv_events": [{"endpoint": "127.0.0.1:5557", "instance": "a"}]}, "ZMQ address"),
     ({"kv_events": [{"endpoint": "tcp://h:1", "instance": "a", "port": 1}]}, "unknown key(s) port"),
+    ({"kv_events": [{"endpoint": "tcp://h:1", "instance": "a", "replay_endpoint": "h:2"}]},
+     "replay_endpoint must be a ZMQ address"),
     ({"poll_listen": "9091"}, "host:port"),
     ({"stream_interval": -1}, "stream_interval must be >= 0"),
 ])

@@ -46,7 +46,8 @@ def build_fast_signals(ctx: ServerContext, tracker: Any) -> None:
             web_timeouts=web if isinstance(web, dict) else None)
     if cfg.kv_events:
         index = PrefixIndex(cfg.kv_max_blocks_per_instance)
-        endpoints = [KVEventEndpoint(e["endpoint"], e["instance"], e["cluster"], e["model_name"], e["topic"])
+        endpoints = [KVEventEndpoint(e["endpoint"], e["instance"], e["cluster"], e["model_name"], e["topic"],
+                                     e["replay_endpoint"])
                      for e in cfg.kv_events]
         ctx.components["prefix_index"] = index
         ctx.components["kv_events"] = KVEventSubscriber(endpoints, lambda ep, b, missed: apply_batch(index, ep, b, missed))

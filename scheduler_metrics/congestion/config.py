@@ -37,7 +37,7 @@ class CongestionConfig:
     stream_interval_s: float = 0.0  # default SSE pacing (0 = an event per snapshot); ?interval= overrides
     fast_scrape_interval_s: float = 0.0  # fast signal scrape of fast_scrape_jobs (0 = off; 0.05-0.25 s)
     fast_scrape_jobs: tuple[str, ...] = ()  # scrape_configs job names whose targets get the fast scrape
-    kv_events: tuple[dict[str, str], ...] = ()  # vLLM KV event publishers: endpoint, instance, cluster, model_name, topic
+    kv_events: tuple[dict[str, str], ...] = ()  # vLLM KV event publishers: endpoint, instance, cluster, model_name, topic, replay_endpoint
     kv_max_blocks_per_instance: int = 1_000_000
     poll_listen: str = ""  # host:port of the poll endpoint's own process ("" = off; port 0 = any)
 
@@ -92,7 +92,7 @@ class CongestionConfig:
 
 
 _INT_FIELDS = ("max_cache_entries", "kv_max_blocks_per_instance")
-_KV_KEYS = ("endpoint", "instance", "cluster", "model_name", "topic")
+_KV_KEYS = ("endpoint", "instance", "cluster", "model_name", "topic", "replay_endpoint")
 
 
 def _kv_endpoints(value: Any) -> tuple[dict[str, str], ...]:
@@ -109,9 +109,9 @@ def _kv_endpoints(value: Any) -> tuple[dict[str, str], ...]:
         for k in ("endpoint", "instance"):
             if not isinstance(ent.get(k), str) or not ent[k]:
                 raise ValueError(f"congestion.kv_events[{i}]: {k} is required (a non-empty string)")
-        if not str(ent["endpoint"]).startswith(("tcp://", "ipc://", "inproc://")):
-            raise ValueError(f"congestion.kv_events[{i}]: endpoint must be a ZMQ address like tcp://host:5557, "
-                             f"got {ent['endpoint']!r}")
+        for k, example in (("endpoint", "tcp://host:5557"), ("replay_endpoint", "tcp://host:5558")):
+            if k in ent and not str(ent[k]).startswith(("tcp://", "ipc://", "inproc://")):
+                raise ValueError(f"congestion.kv_events[{i}]: {k} must be a ZMQ address like {example}, got {ent[k]!r}")
         bad = [k for k in _KV_KEYS if k in ent and not isinstance(ent[k], str)]
         if bad:
             raise ValueError(f"congestion.kv_events[{i}]: {', '.join(bad)} must be strings")

@@ -19,6 +19,7 @@ from promql.eval_histogram import (
     window_counts,
 )
 from promql.eval_labels import go_quote
+from promql.functions.rate import extrapolation_factor
 from promql.types import FloatHistogram, HistogramError, RangeWindows, Value, VectorSteps
 from storage.labels import metric_name
 
@@ -110,21 +111,11 @@ def extrapolated_histogram_rate(points: list[tuple[int, FloatHistogram]], range_
     if res is None:
         return None
     first_t, last_t = points[0][0], points[-1][0]
-    to_start = (first_t - range_start) / 1000
-    to_end = (range_end - last_t) / 1000
-    sampled = (last_t - first_t) / 1000
-    avg = sampled / (len(points) - 1)
-    threshold = avg * 1.1
-    if to_start >= threshold:
-        to_start = avg / 2
-    if is_counter and res.count > 0 and points[0][1].count >= 0:
-        to_zero = sampled * (points[0][1].count / res.count)
-        to_start = min(to_start, to_zero)
-    if to_end >= threshold:
-        to_end = avg / 2
-    factor = (sampled + to_start + to_end) / sampled if sampled != 0 else 1.0
-    if is_rate:
-        factor /= range_ms / 1000
+    if last_t == first_t:
+        return res.scale(1.0)
+    factor = float(extrapolation_factor(np.float64(res.count), np.float64(points[0][1].count), np.int64(first_t),
+                                        np.int64(last_t), np.int64(len(points)), range_start, range_end,
+                                        range_ms / 1000, is_counter, is_rate))
     return res.scale(factor)
 
 

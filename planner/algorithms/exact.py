@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from promql.functions.rate import extrapolation_factor
+
 FLOAT_FIELDS = ("s1", "s2", "vmin", "vmax", "first_v", "last_v", "corr")
 INT_FIELDS = ("count", "nnan", "npinf", "nninf", "first_t", "last_t", "resets", "changes")
 FIELDS = INT_FIELDS + FLOAT_FIELDS
@@ -183,21 +185,6 @@ def extrapolated_rate(
         result = st.last_v - st.first_v
         if is_counter:
             result = result + st.corr
-        first_t = st.first_t.astype(np.float64)
-        last_t = st.last_t.astype(np.float64)
-        dur_start = (first_t - range_start) / 1000.0
-        dur_end = (range_end - last_t) / 1000.0
-        sampled = (last_t - first_t) / 1000.0
-        avg_between = sampled / (st.count - 1).astype(np.float64)
-        threshold = avg_between * 1.1
-        dur_start = np.where(dur_start >= threshold, avg_between / 2, dur_start)
-        if is_counter:
-            zero_ok = (result > 0) & (st.first_v >= 0)
-            dur_zero = sampled * (st.first_v / result)
-            dur_start = np.where(zero_ok & (dur_zero < dur_start), dur_zero, dur_start)
-        dur_end = np.where(dur_end >= threshold, avg_between / 2, dur_end)
-        factor = (sampled + dur_start + dur_end) / sampled
-        if is_rate:
-            factor = factor / range_s
-        result = result * factor
+        result = result * extrapolation_factor(result, st.first_v, st.first_t, st.last_t, st.count,
+                                               range_start, range_end, range_s, is_counter, is_rate)
     return result, present

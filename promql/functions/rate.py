@@ -27,6 +27,51 @@ _COUNTER_SUFFIXES = ("_total", "_sum", "_count", "_bucket")
 _CHUNK_WINDOWS = 1 << 15
 
 
+def extrapolation_factor(delta: np.ndarray, first_v: np.ndarray, first_t: np.ndarray, last_t: np.ndarray,
+                         count: np.ndarray, range_start: np.ndarray | int, range_end: np.ndarray | int,
+                         range_s: float, is_counter: bool, is_rate: bool) -> np.ndarray:
+    """Prometheus's extrapolatedRate: the factor turning ``delta`` (last - first of each window,
+    counter-reset corrected for counters) into rate (``is_rate``), increase or delta.
+
+    The samples cover [first_t, last_t] (int64 ms) of the window [range_start, range_end]; each
+    edge is extrapolated to the window's boundary, or by half the average sample interval when
+    the boundary is further than 1.1 intervals away; a counter's start is never extrapolated below
+    zero (``first_v``). Arrays broadcast; the arithmetic keeps Prometheus's operation order so the
+    float64 results are bit-identical. Windows need ``count >= 2`` (the caller's presence mask).
+    Shared by the raw path (``_extrapolated``), the native-histogram path and the planner's
+    exact summaries, so all three answer alike."""
+    with np.errstate(all="ignore"):
+        sampled = np.array(np.subtract(last_t, first_t), dtype=np.float64)
+        sampled /= 1000.0
+        avg = np.array(np.subtract(count, 1), dtype=np.float64)
+        np.divide(sampled, avg, out=avg)  # average interval between samples
+        threshold = avg * 1.1
+        avg *= 0.5  # extrapolate by half an interval where the window edge is far
+        d_start = np.array(np.subtract(first_t, range_start), dtype=np.float64)
+        d_start /= 1000.0
+        shape = np.broadcast_shapes(d_start.shape, avg.shape)
+        if d_start.shape != shape:
+            d_start = np.broadcast_to(d_start, shape).copy()
+        np.copyto(d_start, avg, where=d_start >= threshold)
+        if is_counter:
+            # Counters cannot go below zero: stop the extrapolation at the zero point.
+            d_zero = first_v / delta
+            d_zero = d_zero * sampled
+            clamp = (delta > 0) & (first_v >= 0) & (d_zero < d_start)
+            np.copyto(d_start, d_zero, where=clamp)
+        d_end = np.array(np.subtract(range_end, last_t), dtype=np.float64)
+        d_end /= 1000.0
+        if d_end.shape != shape:
+            d_end = np.broadcast_to(d_end, shape).copy()
+        np.copyto(d_end, avg, where=d_end >= threshold)
+        d_start += sampled
+        d_start += d_end
+        d_start /= sampled  # the extrapolation factor
+        if is_rate:
+            d_start /= range_s
+    return d_start
+
+
 def _extrapolated(ctx: FunctionContext, rw: RangeWindows, is_counter: bool, is_rate: bool) -> VectorSteps:
     """Prometheus's extrapolatedRate for every window at once: the hottest function of
     dashboard queries. Counter-reset windows are found from the (usually few) reset samples and
@@ -63,34 +108,8 @@ def _extrapolated(ctx: FunctionContext, rw: RangeWindows, is_counter: bool, is_r
                 i0, i1 = np.searchsorted(reset_w, (a * T, b * T))
                 if i1 > i0:
                     res.reshape(-1)[reset_w[i0:i1] - a * T] = reset_res[i0:i1]
-            t_first = ts[first]
-            t_last = np.take(ts, last, mode="wrap")
-            sampled = (t_last - t_first).astype(np.float64)
-            sampled /= 1000.0
-            avg = (nn - 1).astype(np.float64)
-            np.divide(sampled, avg, out=avg)  # average interval between samples
-            threshold = avg * 1.1
-            avg *= 0.5  # extrapolate by half an interval where the window edge is far
-            d_start = (t_first - starts).astype(np.float64)
-            d_start /= 1000.0
-            np.copyto(d_start, avg, where=d_start >= threshold)
-            if is_counter:
-                # Counters cannot go below zero: stop the extrapolation at the zero point.
-                d_zero = v_first / res
-                d_zero *= sampled
-                clamp = res > 0
-                clamp &= v_first >= 0
-                clamp &= d_zero < d_start
-                np.copyto(d_start, d_zero, where=clamp)
-            d_end = (ends - t_last).astype(np.float64)
-            d_end /= 1000.0
-            np.copyto(d_end, avg, where=d_end >= threshold)
-            d_start += sampled
-            d_start += d_end
-            d_start /= sampled  # the extrapolation factor
-            if is_rate:
-                d_start /= range_s
-            res *= d_start
+            res *= extrapolation_factor(res, v_first, ts[first], np.take(ts, last, mode="wrap"), nn,
+                                        starts, ends, range_s, is_counter, is_rate)
     out = window_vector(rw, out, present)
     if is_counter:
         _possible_non_counter(ctx, out)

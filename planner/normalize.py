@@ -13,6 +13,7 @@ from typing import Any
 
 
 from planner.served_functions import REQ_MIN_PHI, algorithm_for
+from promql.ast_walk import children
 from promql.eval_selectors import duration_ms, to_matchers
 from promql.query_guard import parse as guarded_parse
 
@@ -247,13 +248,8 @@ def candidates(query_or_node: Any, req_min_phi: float = REQ_MIN_PHI) -> list[Can
             alg = algorithm_for(func, phi, req_min_phi) or ""
             out.append(Candidate(vs.name, extra, alg, func, duration_ms(ms.range)))
             return
-        for attr in ("lhs", "rhs", "expr", "param"):
-            child = getattr(n, attr, None) if _kind(n) not in ("NumberLiteral", "StringLiteral", "VectorSelector", "MatrixSelector") else None
-            if child is not None and not isinstance(child, (str, int, float)):
-                walk(child)
-        if _kind(n) == "Call":
-            for a in n.args:
-                walk(a)
+        for child in children(n):
+            walk(child)
 
     walk(node)
     return out

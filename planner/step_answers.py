@@ -35,6 +35,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from promql.ast_walk import walk
 from promql.types import Annotations, QueryResult, QueryStats
 
 NEVER = np.iinfo(np.int64).max
@@ -156,9 +157,7 @@ class _Cost:
 def cacheable(node: Any) -> bool:
     """True when every step's answer depends only on samples at or before the step: no ``@`` and no
     negative offset anywhere in the expression (both read outside ``(.., t]``)."""
-    stack = [node]
-    while stack:
-        n = stack.pop()
+    for n in walk(node):
         k = type(n).__name__
         if k in ("VectorSelector", "SubqueryExpr"):
             if getattr(n, "at", None) is not None:
@@ -166,15 +165,6 @@ def cacheable(node: Any) -> bool:
             off = getattr(n, "offset", None)
             if off is not None and off.total_seconds() < 0:
                 return False
-        if k == "MatrixSelector":
-            stack.append(n.vector_selector)
-            continue
-        for attr in ("lhs", "rhs", "expr", "param"):
-            c = getattr(n, attr, None)
-            if c is not None and not isinstance(c, (str, int, float)):
-                stack.append(c)
-        if k == "Call":
-            stack.extend(n.args)
     return True
 
 

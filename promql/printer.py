@@ -21,6 +21,7 @@ from typing import Any
 
 import promql_parser as pp
 
+from promql.ast_walk import walk
 from promql.go_strings import decode_go_literal
 
 _LEGACY_LABEL = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -187,7 +188,7 @@ def to_promql(expr: Any, inject_at_ms: int | None = None, source: str | None = N
     not valid UTF-8: promql-parser decodes ``"\\xff"`` to U+00FF, Go keeps the byte 0xff and prints
     it back as ``\\xff``."""
     raw = _raw_string_literals(source) if source else None
-    if raw is not None and len(raw) != sum(1 for n in _walk(expr) if isinstance(n, pp.StringLiteral)):
+    if raw is not None and len(raw) != sum(1 for n in walk(expr) if isinstance(n, pp.StringLiteral)):
         raw = None
     _RAW.stack.append(iter(raw) if raw is not None else None)
     try:
@@ -233,26 +234,6 @@ def _raw_string_literals(text: str) -> list[str] | None:
     except (IndexError, ValueError):
         return None
     return out
-
-
-def _walk(e: Any):
-    stack = [e]
-    while stack:
-        n = stack.pop()
-        yield n
-        if isinstance(n, pp.MatrixSelector):
-            kids = [n.vector_selector]
-        elif isinstance(n, (pp.SubqueryExpr, pp.ParenExpr, pp.UnaryExpr)):
-            kids = [n.expr]
-        elif isinstance(n, pp.Call):
-            kids = list(n.args)
-        elif isinstance(n, pp.AggregateExpr):
-            kids = ([n.param] if n.param is not None else []) + [n.expr]
-        elif isinstance(n, pp.BinaryExpr):
-            kids = [n.lhs, n.rhs]
-        else:
-            kids = []
-        stack.extend(reversed(kids))
 
 
 def format_query(query: str) -> str:

@@ -32,7 +32,8 @@ from storage.labels import Labels
 from promql.errors import PromQLError
 from promql.memory_source import HistogramOverlay, MemorySource
 from promql.printer import to_promql
-from promql.promqltest_classify import EXP, NH, PLAIN, LoadedState, classify, walk
+from promql.ast_walk import walk
+from promql.promqltest_classify import EXP, NH, PLAIN, LoadedState, classify
 from promql.promqltest_compare import Actual, check_annotations, check_expected_failure, compare, from_query_result
 from promql.promqltest_script import ClearCmd, EvalCmd, Hist, LoadCmd, ScriptError, parse_script
 from promql.types import FloatHistogram

@@ -14,6 +14,7 @@ import promql_parser as pp
 from storage.labels import Labels
 from storage.matchers import Matcher
 
+from promql.ast_walk import walk
 from promql.functions import load_all
 from promql.promqltest_script import EvalCmd, Hist, LoadCmd
 
@@ -31,28 +32,6 @@ TYPE_UNIT_LABELS = ("__type__", "__unit__")
 
 _TOKEN = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]*")
 _MATCH_OPS = {"Equal": "=", "NotEqual": "!=", "Re": "=~", "NotRe": "!~"}
-
-
-def children(e: Any) -> list[Any]:
-    if isinstance(e, pp.MatrixSelector):
-        return [e.vector_selector]
-    if isinstance(e, (pp.SubqueryExpr, pp.ParenExpr, pp.UnaryExpr)):
-        return [e.expr]
-    if isinstance(e, pp.Call):
-        return list(e.args)
-    if isinstance(e, pp.AggregateExpr):
-        return ([e.param] if e.param is not None else []) + [e.expr]
-    if isinstance(e, pp.BinaryExpr):
-        return [e.lhs, e.rhs]
-    return []
-
-
-def walk(e: Any) -> Iterator[Any]:
-    stack = [e]
-    while stack:
-        n = stack.pop()
-        yield n
-        stack.extend(reversed(children(n)))
 
 
 def selector_matchers(vs: Any) -> list[Matcher]:

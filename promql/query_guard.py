@@ -25,6 +25,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from promql.ast_walk import children
 from promql.errors import BadData
 
 DEFAULT_MAX_DEPTH = 256
@@ -181,21 +182,6 @@ def parse(query: str, max_depth: int = DEFAULT_MAX_DEPTH) -> Any:
     return expr
 
 
-def _children(node: Any) -> list[Any]:
-    kind = type(node).__name__
-    if kind == "BinaryExpr":
-        return [node.lhs, node.rhs]
-    if kind == "Call":
-        return list(node.args)
-    if kind == "AggregateExpr":
-        return [node.expr] + ([node.param] if node.param is not None else [])
-    if kind in ("ParenExpr", "UnaryExpr", "SubqueryExpr"):
-        return [node.expr]
-    if kind == "MatrixSelector":
-        return [node.vector_selector]
-    return []
-
-
 def validate(expr: Any) -> None:
     """Read every duration of a parsed tree once (iteratively): the binding converts them on access and
     fails on values Python cannot hold; such a value is the caller's mistake. (``@`` times are checked
@@ -208,7 +194,7 @@ def validate(expr: Any) -> None:
                 getattr(node, attr, None)
             except (ValueError, OverflowError) as e:
                 raise BadData(f"parse error: duration out of range ({attr}: {e})") from None
-        todo.extend(_children(node))
+        todo.extend(children(node))
 
 
 def ensure_recursion_headroom(depth: int) -> None:

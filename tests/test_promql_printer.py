@@ -33,7 +33,7 @@ def conformance_queries() -> list[str]:
 
 def _shape(e) -> str:
     """Node types in pre-order: the reprinted query must have the same tree."""
-    from promql.promqltest_classify import walk
+    from promql.ast_walk import walk
 
     return " ".join(type(n).__name__ for n in walk(e))
 

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import promql_parser as pp
 
+from promql.ast_walk import children
 from promql.errors import BadData, ExecutionError
 from promql.eval_selectors import selector_matchers
 from promql.functions import FunctionContext, Histograms, register
@@ -51,23 +52,11 @@ def _effective_name_matchers(ms: list[Matcher]) -> list[Matcher]:
     return [Matcher(METRIC_NAME, "=", _TARGET_INFO)]
 
 
-def _children(n: Any) -> list[Any]:
-    if isinstance(n, pp.MatrixSelector):
-        return [n.vector_selector]
-    out: list[Any] = []
-    for attr in ("param", "expr", "lhs", "rhs", "args"):
-        v = getattr(n, attr, None)
-        if v is None:
-            continue
-        out.extend(v if isinstance(v, (list, tuple)) else [v])
-    return out
-
-
 def _first_selector(node: Any, path: tuple = ()) -> tuple[Any, tuple] | None:
     """Pre-order first VectorSelector under ``node`` and the path of its ancestors."""
     if isinstance(node, pp.VectorSelector):
         return node, path
-    for c in _children(node):
+    for c in children(node):
         found = _first_selector(c, path + (node,))
         if found is not None:
             return found

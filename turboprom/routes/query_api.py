@@ -20,6 +20,7 @@ from typing import Any
 
 from aiohttp import web
 
+from promql.ast_walk import walk
 from promql.engine import DEFAULT_MAX_MEMORY_BYTES
 from promql.errors import PromQLError
 from promql.query_guard import DEFAULT_MAX_DEPTH
@@ -347,26 +348,8 @@ def _ast_json(expr: Any) -> bytes:
 
 
 def _vector_selectors(root: Any) -> list[Any]:
-    """Vector selectors of a tree, left to right (an explicit stack: no recursion)."""
-    out: list[Any] = []
-    todo = [root]
-    while todo:
-        node = todo.pop()
-        kind = type(node).__name__
-        if kind == "VectorSelector":
-            out.append(node)
-            continue
-        if kind == "MatrixSelector":
-            out.append(node.vector_selector)
-            continue
-        children = []
-        for attr in ("expr", "lhs", "rhs", "param"):
-            child = getattr(node, attr, None)
-            if child is not None and not isinstance(child, (str, int, float)):
-                children.append(child)
-        children.extend(getattr(node, "args", None) or [])
-        todo.extend(reversed(children))
-    return out
+    """Vector selectors of a tree, left to right."""
+    return [n for n in walk(root) if type(n).__name__ == "VectorSelector"]
 
 
 def _has_selector(node: Any) -> bool:

@@ -9,9 +9,9 @@
 * cost-model sensitivity (NIC per GPU instead of per node, 2x faster prefill, 10x slower NIC);
 * the same agent sessions packed onto 8 instances (one node), where prefill queueing matters more;
 * the pricing ablation on 6 prefill + 2 decode instances;
-* AgentWeave vs whole-request batching and Autellix, 5 seeds, with 95% confidence intervals.
 
-Writes one CSV per experiment and ``summary.md`` (the tables of docs/scheduling.md).
+Writes one CSV per experiment and ``summary.md`` (the tables of docs/scheduling.md). The workflow
+(AgentWeave) results come from ``bench/workflow_bench.py``.
 """
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ import numpy as np
 from scheduler_metrics.sim.agent_trace import AgentTraceParams, generate
 from scheduler_metrics.sim.constants import DEFAULT, SimConstants
 from scheduler_metrics.sim.replay import ReplaySpec, run_one
+from scheduler_metrics.sim.stats import ci95
 from scheduler_metrics.sim.traces import format_stats, load_trace
-from scheduler_metrics.sim.workflow_sim import sweep as flow_sweep
 
 SHARED = Path(__file__).resolve().parent.parent.parent / "shared"
 SEEDS = (1, 2, 3)
@@ -100,19 +100,7 @@ def jobs() -> list[tuple]:
     return out
 
 
-# Student t quantile t(0.975, df) for df = 1..10 (standard tables); the runs here have 3-5 seeds.
-T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
-
-
-def ci95(x: np.ndarray) -> tuple[float, float]:
-    """Mean and half-width of the 95% t interval."""
-    x = np.asarray(x, dtype=float)
-    if len(x) < 2:
-        return float(x.mean()), float("nan")
-    return float(x.mean()), float(T975[min(len(x), 11) - 2] * x.std(ddof=1) / np.sqrt(len(x)))
-
-
-def summarize(rows: list[dict], flows: list[dict]) -> str:
+def summarize(rows: list[dict]) -> str:
     md: list[str] = []
     for name in ("agent", "mooncake", "azure-code"):
         seed = 1 if name == "agent" else 0
@@ -202,19 +190,6 @@ def summarize(rows: list[dict], flows: list[dict]) -> str:
         md.append(f"| {load:g} | {np.mean([v[k]['mean_ttft_ms'] for k in seeds]):.1f} | {np.mean([u[k]['mean_ttft_ms'] for k in seeds]):.1f} | "
                   f"{np.mean([s[k]['mean_ttft_ms'] for k in seeds]):.1f} | {m:+.1%} ± {h:.1%} | "
                   f"{np.mean([v[k]['kv_transfer_bytes'] for k in seeds]) / 1e9:.0f} / {np.mean([u[k]['kv_transfer_bytes'] for k in seeds]) / 1e9:.0f} |")
-    md.append("\n### AgentWeave (5 seeds, 600 requests per point, 8 GPUs)\n")
-    md.append("| workflow | rate/s | AgentWeave / whole throughput, 95% CI | whole / AgentWeave mean latency, 95% CI | AgentWeave / Autellix throughput | Autellix / AgentWeave mean latency |")
-    md.append("| --- | --- | --- | --- | --- | --- |")
-    keys = sorted({(f["workflow"], f["rate_rps"]) for f in flows})
-    for wf, rate in keys:
-        by = {(f["policy"], f["seed"]): f for f in flows if f["workflow"] == wf and f["rate_rps"] == rate}
-        seeds = sorted({k[1] for k in by})
-        tw = np.array([by[("agentweave", s)]["throughput_rps"] / by[("whole", s)]["throughput_rps"] for s in seeds])
-        lw = np.array([by[("whole", s)]["mean_latency_s"] / by[("agentweave", s)]["mean_latency_s"] for s in seeds])
-        ta = np.array([by[("agentweave", s)]["throughput_rps"] / by[("autellix", s)]["throughput_rps"] for s in seeds])
-        la = np.array([by[("autellix", s)]["mean_latency_s"] / by[("agentweave", s)]["mean_latency_s"] for s in seeds])
-        cells = [f"{m:.2f}x ± {h:.2f}" for m, h in (ci95(tw), ci95(lw), ci95(ta), ci95(la))]
-        md.append(f"| {wf} | {rate:g} | " + " | ".join(cells) + " |")
     return "\n".join(md) + "\n"
 
 
@@ -243,15 +218,8 @@ def main() -> None:
         with ProcessPoolExecutor(a.jobs) as ex:
             rows = list(ex.map(_job, jobs()))
         _write(out / "replay.csv", rows)
-        flows = []
-        for wf in ("rag", "deep-search"):
-            for seed in range(1, 6):
-                for r in flow_sweep(wf, [8, 16, 24], n=600, seed=seed):
-                    flows.append({**r.row(), "seed": seed})
-        _write(out / "agentweave.csv", flows)
     rows = _read(out / "replay.csv")
-    flows = _read(out / "agentweave.csv")
-    (out / "summary.md").write_text(summarize(rows, flows))
+    (out / "summary.md").write_text(summarize(rows))
     print((out / "summary.md").read_text())
     print(f"total {time.time() - t0:.0f}s")
 

@@ -11,14 +11,13 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler_metrics.schedulers.agentweave import RAG, chunked_topk, topk
+from scheduler_metrics.schedulers.agentweave import chunked_topk, topk
 from scheduler_metrics.schedulers.vesta import VestaScheduler
 from scheduler_metrics.sim.cluster import ClusterSim
 from scheduler_metrics.sim.live import run_live
 from scheduler_metrics.sim.replay import CSV_COLUMNS, ReplaySpec, natural_utilization, run_one, time_scale_for
 from scheduler_metrics.sim.signals import OracleSignals, TrackerSignals
 from scheduler_metrics.sim.traces import load_trace
-from scheduler_metrics.sim.workflow_sim import make_requests, simulate
 from tests.helpers import REPO, SHARED, ServerProcess
 
 MOONCAKE = SHARED / "traces" / "mooncake_conversation_trace.jsonl"
@@ -136,13 +135,6 @@ def test_chunked_rerank_equals_unchunked(scores: list[float], k: int, chunk: int
     a_ids, a_s = topk(ids, s, k)
     b_ids, b_s = chunked_topk(ids, s, k, chunk)
     assert np.array_equal(a_ids, b_ids) and np.array_equal(a_s, b_s)
-
-
-def test_agentweave_workflow_sim_completes_everything() -> None:
-    arrivals, docs = make_requests(200, 12.0, seed=3)
-    for policy in ("agentweave", "whole", "autellix"):
-        r = simulate(RAG, policy, arrivals, docs, workers=8, rate=12.0)
-        assert r.requests == 200 and (r.latency_s > 0).all() and r.throughput_rps > 0
 
 
 def test_replay_cli_writes_csv_and_plot(tmp_path: Path) -> None:

@@ -147,3 +147,91 @@ class SimConstants:
 
 
 DEFAULT = SimConstants()
+
+
+# ----------------------------------------------------------------------------- workflow stages
+# The workflow simulator (sim/workflow_sim.py) runs the auxiliary models of agent workflows on the
+# same H20s as the LLM (Qwen2.5-7B, ModelConstants above). A GPU stage's batch time is a roofline:
+# per-call launch cost + max(weights read once from HBM, FLOPs of the batch at an assumed MFU), plus
+# any per-batch decode steps. Parameter counts and sequence lengths come from the models' configs.
+#
+# ASSUMPTION: encoder inference (BERT/XLM-R/ViT class, fp16, batch >= 16) reaches 40% of peak BF16
+# FLOPs; memory-bound phases reach the same 70% of HBM bandwidth as LLM decode.
+ENCODER_MFU = 0.40
+# ASSUMPTION: one eager PyTorch forward of a 24-layer encoder launches ~250 kernels at ~8 us each.
+ENCODER_LAUNCH_S = 0.002
+
+
+@dataclass(frozen=True)
+class GpuStageModel:
+    """Batch time of one auxiliary model on one H20 (a roofline, see ``batch_time``)."""
+
+    params: float  # parameters
+    tokens_per_item: int  # sequence length of one item (a query-passage pair, a frame's patches, ...)
+    decode_steps: int = 0  # per batch: autoregressive steps of a small decoder (ASR)
+    decoder_params: float = 0.0
+    launch_s: float = ENCODER_LAUNCH_S
+    mfu: float = ENCODER_MFU
+
+    def batch_time(self, items: Any) -> Any:
+        """Seconds for a batch of ``items`` (number or array; 0 items cost nothing)."""
+        n = np.asarray(items, dtype=float)
+        weights = 2.0 * self.params / (H20_HBM_BYTES_PER_S * DECODE_BW_EFFICIENCY)
+        compute = 2.0 * self.params * self.tokens_per_item * n / (H20_BF16_FLOPS * self.mfu)
+        dec_step = 2.0 * self.decoder_params / (H20_HBM_BYTES_PER_S * DECODE_BW_EFFICIENCY) + 0.0002
+        t = self.launch_s + np.maximum(weights, compute) + self.decode_steps * dec_step
+        t = np.where(n > 0, t, 0.0)
+        return float(t) if np.ndim(t) == 0 else t
+
+
+@dataclass(frozen=True)
+class CpuStageModel:
+    """A CPU/network stage (index probe, web call, frame decode): lognormal latency per item, run on
+    a pool of ``slots`` concurrent workers per node."""
+
+    median_s: float
+    sigma: float = 0.0
+
+
+@dataclass(frozen=True)
+class WorkflowConstants:
+    # Embedding: BAAI/bge-large-en-v1.5 (335M parameters, 24 layers, hidden 1024); a query is <= 32
+    # tokens, a passage 256.
+    embed_query: GpuStageModel = GpuStageModel(params=335e6, tokens_per_item=32)
+    # Rerank: BAAI/bge-reranker-v2-m3 (568M parameters, XLM-RoBERTa-large); one item is a
+    # query + passage pair of 32 + 256 tokens -> 2 x 568e6 x 288 / (148e12 x 0.4) = 5.5 ms per pair.
+    rerank: GpuStageModel = GpuStageModel(params=568e6, tokens_per_item=288)
+    # KB-RAG passages are longer (512-token knowledge-base sections): 32 + 512 tokens per pair.
+    rerank_long: GpuStageModel = GpuStageModel(params=568e6, tokens_per_item=544)
+    # Vision: the Qwen2-VL vision encoder (675M parameters, 14-pixel patches); a 448 x 448 frame is
+    # 32 x 32 = 1024 patches, merged 2 x 2 into 256 LLM tokens (``visual_tokens_per_frame``).
+    vision: GpuStageModel = GpuStageModel(params=675e6, tokens_per_item=1024)
+    visual_tokens_per_frame: int = 256
+    # ASR: Whisper large-v3 (1.55B parameters; encoder ~635M over 1500 frames per 30 s segment, the
+    # decoder ~907M) emitting ~100 tokens per segment: the batch pays 100 decoder steps once.
+    asr: GpuStageModel = GpuStageModel(params=635e6, tokens_per_item=1500, decode_steps=100, decoder_params=907e6)
+    transcript_tokens_per_segment: int = 100
+    # ASSUMPTION: dense ANN probe of one index shard (FAISS HNSW, ~10M 1024-d vectors, efSearch 128)
+    # ~3 ms; ann-benchmarks reports 10^3-10^4 queries/s per core at recall 0.9 on 1M-vector sets.
+    ann_probe: CpuStageModel = CpuStageModel(median_s=0.003, sigma=0.3)
+    # ASSUMPTION: BM25 query on a Lucene/Elasticsearch shard ~15 ms.
+    bm25: CpuStageModel = CpuStageModel(median_s=0.015, sigma=0.4)
+    # ASSUMPTION: a web search API call ~0.8 s and a page fetch + HTML-to-text ~1.0 s median, both
+    # heavy-tailed (sigma 0.6): they are network-bound and set DeepSearch's tool time.
+    web_search: CpuStageModel = CpuStageModel(median_s=0.8, sigma=0.6)
+    page_fetch: CpuStageModel = CpuStageModel(median_s=1.0, sigma=0.6)
+    # ASSUMPTION: decoding + resizing one 448 x 448 frame with ffmpeg on one core ~4 ms.
+    frame_decode: CpuStageModel = CpuStageModel(median_s=0.004, sigma=0.2)
+    # Merging independent chunks' top-k lists (Ayo's aggregate primitive): a CPU task, ~1 ms.
+    topk_merge: CpuStageModel = CpuStageModel(median_s=0.001)
+    cpu_slots_per_gpu: int = 8  # CPU workers / connection slots per GPU's share of a node
+    # ASSUMPTION: dispatching one batch or LLM iteration (scheduler decision, queue bookkeeping) 0.5 ms,
+    # the same for every policy; handing a supplement (a running top-k) to the next chunk 0.2 ms.
+    dispatch_s: float = 0.0005
+    supplement_handoff_s: float = 0.0002
+    # The LLM engine's KV budget on a GPU that also holds the auxiliary models (~3.2 GB of weights):
+    # (96 - 15.2 - 3.2 - 8) GB / 57,344 B per token.
+    llm_kv_tokens: int = 1_210_000
+
+
+WORKFLOW = WorkflowConstants()

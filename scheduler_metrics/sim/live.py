@@ -2,6 +2,9 @@
 pushed to /api/v1/import/prometheus every signal period) and the scheduler polls the real
 congestion API (GET /api/v1/congestion) over HTTP for every decision window.
 
+Workflows (``run_flow_live``): the workflow scheduler's queue state makes the same round trip
+(pushed as ``turboprom_flow_queue_depth``, read back with PromQL) before AgentWeave sizes chunks.
+
 Simulated time runs ``speed`` times faster than wall time. The server measures rates per wall
 second, so its backlog seconds and price are converted back to simulated seconds (x speed).
 """
@@ -18,6 +21,7 @@ from scheduler_metrics.sim.cluster import ClusterSim, SignalSource, SimResult
 from scheduler_metrics.sim.replay import format_table, make_scheduler, progress_bar, time_scale_for, write_csv
 from scheduler_metrics.sim.signals import _EXPORTS, instance_name, snapshot_arrays, worker_values
 from scheduler_metrics.sim.traces import load_trace
+from scheduler_metrics.sim.workflow_sim import FlowResult, FlowSignals, WorkflowSim, simulate
 
 
 class LiveSignals(SignalSource):
@@ -99,3 +103,60 @@ def main_live(trace_path: str, base_url: str, instances: int, schedulers: list[s
         Path(out).mkdir(parents=True, exist_ok=True)
         write_csv(results, Path(out) / "results.csv")
     return results
+
+
+class LiveFlowSignals(FlowSignals):
+    """Workflow live mode: every signal period the simulated scheduler pushes its per-module queue
+    depths as ``turboprom_flow_queue_depth{workflow, module}`` (and the chunk size and round count it
+    ran) to a running TurboProm, then reads the depths back with an instant PromQL query; AgentWeave's
+    chunk size is computed from what the server answered. Simulated time is paced at ``speed`` times
+    wall time."""
+
+    def __init__(self, base_url: str, workflow: str, policy: str, speed: float = 10.0, timeout_s: float = 5.0):
+        self.base = base_url.rstrip("/")
+        self.workflow, self.policy, self.speed, self.timeout = workflow, policy, speed, timeout_s
+        self.cluster = f"flow-live-{workflow}-{policy}"
+        self.t0_wall: float | None = None
+        self.depths: dict[str, float] = {}
+        self.pushes = 0
+        self.queries = 0
+        self.query_latency_s: list[float] = []
+        self.mismatches = 0  # answers that differ from what was pushed in the same period
+
+    def _exposition(self, depths: dict[str, float], sim: WorkflowSim) -> bytes:
+        base = f'cluster="{self.cluster}",instance="sim",workflow="{self.workflow}"'
+        lines = [f'turboprom_flow_queue_depth{{{base},module="{m}"}} {float(v)!r}' for m, v in sorted(depths.items())]
+        lines.append(f'turboprom_flow_rounds_total{{{base}}} {float(sim.rounds)!r}')
+        if sim.chunks:
+            lines.append(f'turboprom_flow_chunk_size{{{base},module="all"}} {float(sim.chunks[-1])!r}')
+        return ("\n".join(lines) + "\n").encode()
+
+    def observe(self, now: float, sim: WorkflowSim) -> None:
+        if self.t0_wall is None:
+            self.t0_wall = time.time() - now / self.speed
+        wait = self.t0_wall + now / self.speed - time.time()
+        if wait > 0:
+            time.sleep(wait)
+        pushed = sim.queue_depths()
+        req = urllib.request.Request(self.base + "/api/v1/import/prometheus", data=self._exposition(pushed, sim), method="POST",
+                                     headers={"Content-Type": "text/plain; version=0.0.4"})
+        with urllib.request.urlopen(req, timeout=self.timeout) as r:
+            r.read()
+        self.pushes += 1
+        t = time.perf_counter()
+        q = urllib.parse.urlencode({"query": f'turboprom_flow_queue_depth{{cluster="{self.cluster}"}}'})
+        with urllib.request.urlopen(f"{self.base}/api/v1/query?{q}", timeout=self.timeout) as r:
+            body = json.loads(r.read())
+        self.query_latency_s.append(time.perf_counter() - t)
+        self.queries += 1
+        if body.get("status") != "success":
+            raise RuntimeError(f"flow queue-depth query failed: {body}")
+        self.depths = {s["metric"]["module"]: float(s["value"][1]) for s in body["data"]["result"]}
+        if any(abs(self.depths.get(m, -1.0) - v) > 1e-9 for m, v in pushed.items()):
+            self.mismatches += 1
+
+
+def run_flow_live(base_url: str, workflow: str, policy: str, rate: float, n: int, seed: int, *, speed: float = 10.0,
+                  **kw) -> tuple[FlowResult, LiveFlowSignals]:
+    sig = LiveFlowSignals(base_url, workflow, policy, speed=speed)
+    return simulate(workflow, policy, rate, n, seed, signals=sig, **kw), sig

@@ -81,14 +81,10 @@ def test_delete_series_through_grant_gateway_and_audit(tmp_path: Path) -> None:
 def test_vesta_migration_through_kedgeflow(tmp_path: Path) -> None:
     """A KV prefix migration: approved only under a low congestion price, dispatched once to the
     scheduler's control endpoint, conditional on the holder version, all audited."""
-    import asyncio
-    import threading
     import time
 
-    from aiohttp import web
-
-    from scheduler_metrics.kedgeflow.grant import GrantSigner, GrantVerifier, load_or_create_key
-    from scheduler_metrics.schedulers.control import SchedulerControl
+    from scheduler_metrics.kedgeflow.grant import GrantVerifier, load_or_create_key
+    from scheduler_metrics.schedulers.control import ControlServer, SchedulerControl
     from scheduler_metrics.schedulers.vesta import VestaScheduler
     from tests.helpers import free_port
 
@@ -99,21 +95,8 @@ def test_vesta_migration_through_kedgeflow(tmp_path: Path) -> None:
     control = SchedulerControl(vesta, GrantVerifier.from_pem(pem))
     vesta.holder[7] = 1
     port = free_port()
-    loop = asyncio.new_event_loop()
-    started = threading.Event()
-
-    def run() -> None:
-        asyncio.set_event_loop(loop)
-        runner = web.AppRunner(control.app())
-        loop.run_until_complete(runner.setup())
-        loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
-        started.set()
-        loop.run_forever()
-        loop.run_until_complete(runner.cleanup())
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    started.wait(10)
+    endpoint = ControlServer(control, port)
+    endpoint.start()
     cfg = tmp_path / "cfg.yml"
     cfg.write_text(f"kedgeflow:\n  targets:\n    scheduler.kv_migrate: http://127.0.0.1:{port}/api/v1/scheduler/migrate\n"
                    "congestion:\n  rate_window: 1s\n")
@@ -158,8 +141,7 @@ def test_vesta_migration_through_kedgeflow(tmp_path: Path) -> None:
             outcomes = [e["data"]["status"] for e in _get(srv.url + "/api/v1/audit?kind=outcome")["data"]]
             assert outcomes == ["committed", "rejected_by_target"]
     finally:
-        loop.call_soon_threadsafe(loop.stop)
-        t.join(10)
+        endpoint.close()
 
 
 def _control_refuses_unauthorized(url: str, action: dict, token: str, control: object) -> None:

@@ -133,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     av.add_argument("--data-dir", default="./data")
     av.add_argument("--public-key", default=None, help="PEM public key to verify heads with (default: the data dir's signing key)")
     av.add_argument("--head-every", type=int, default=64, help="the server's head-signing interval (kedgeflow.audit_head_every)")
+    av.add_argument("--limit", type=int, default=100, help="list the last N entries (0: all, -1: none)")
     ak = ausub.add_parser("export-key", help="print the audit signing public key (PEM), to keep outside the data dir")
     ak.add_argument("--data-dir", default="./data")
     from planner.cli import add_parser as add_plan_parser  # H: `turboprom plan list|show|explain`
@@ -224,7 +225,7 @@ def _audit(args: argparse.Namespace) -> int:
 
     from cryptography.hazmat.primitives import serialization
 
-    from scheduler_metrics.kedgeflow.audit import verify
+    from scheduler_metrics.kedgeflow.audit import entry_summary, iter_entries, verify
     from scheduler_metrics.kedgeflow.grant import load_or_create_key
 
     base = Path(args.data_dir) / "kedgeflow"
@@ -242,6 +243,13 @@ def _audit(args: argparse.Namespace) -> int:
         return 2
     rep = verify(base / "audit", pub, args.head_every)  # type: ignore[arg-type]
     print(f"audit log: {rep.entries} entries, {rep.heads} signed heads")
+    if args.limit >= 0:
+        entries = list(iter_entries(base / "audit" / "audit.jsonl"))
+        shown = entries[-args.limit:] if args.limit else entries
+        if len(shown) < len(entries):
+            print(f"  ({len(entries) - len(shown)} earlier entries not listed; --limit 0 lists all)")
+        for e in shown:
+            print(entry_summary(e))
     for p in rep.problems:
         print(f"PROBLEM: {p}")
     print("OK: no tampering detected" if rep.ok else f"FAILED: {len(rep.problems)} problem(s)")

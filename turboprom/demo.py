@@ -4,7 +4,11 @@
   replaying the Mooncake conversation trace, placed by the Vesta scheduler, which polls TurboProm's
   congestion API; TurboProm scrapes the workers and itself;
 * a recurring dashboard workload (the bundled Grafana dashboards' panels, refreshed every 10 s), so
-  the planner adopts summaries within minutes and the cost report shows what they save.
+  the planner adopts summaries within minutes and the cost report shows what they save;
+* KedgeFlow in the loop: the fleet's scheduler serves a control endpoint that trusts the server's
+  grant key only, and its rebalancing loop proposes KV migrations off congested instances; the
+  server's policy approves them under the live congestion price, the gateway dispatches each grant
+  once, and the audit log (``/audit``, ``turboprom audit verify``) records every step.
 """
 from __future__ import annotations
 
@@ -24,7 +28,18 @@ from turboprom.config import ServerConfig
 SHARED_TRACE = Path(__file__).resolve().parent.parent.parent / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
 
 
-def demo_config(listen: str, worker_targets: list[str], scheduler_target: str | None) -> dict:
+def demo_grant_key_pem(data_dir: str | Path) -> bytes:
+    """The public half of the server's KedgeFlow signing key (created now if the data dir has none),
+    as ``turboprom audit export-key`` prints it: the only key the fleet's control endpoint trusts."""
+    from cryptography.hazmat.primitives import serialization
+
+    from scheduler_metrics.kedgeflow.grant import load_or_create_key
+
+    key = load_or_create_key(Path(data_dir) / "kedgeflow" / "signing-key.pem")
+    return key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+
+
+def demo_config(listen: str, worker_targets: list[str], scheduler_target: str | None, control_url: str | None = None) -> dict:
     jobs = [{"job_name": "turboprom", "scrape_interval": "5s", "static_configs": [{"targets": [listen]}]}]
     if worker_targets:
         jobs.append({"job_name": "vllm-workers", "scrape_interval": "1s", "scrape_timeout": "1s", "honor_labels": True,
@@ -34,8 +49,13 @@ def demo_config(listen: str, worker_targets: list[str], scheduler_target: str | 
     # the demo opts in to sketches (a plain server answers exactly by default); approx=false or
     # exact=true on a request turns them off again
     planner = {"min_count": 3, "period": "5m", "pane": "1m", "approximate": True}
-    return {"global": {"scrape_interval": "5s", "evaluation_interval": "15s"}, "scrape_configs": jobs,
-            "congestion": {"resolution": "5s"}, "planner": planner}
+    cfg = {"global": {"scrape_interval": "5s", "evaluation_interval": "15s"}, "scrape_configs": jobs,
+           "congestion": {"resolution": "5s"}, "planner": planner}
+    if control_url:
+        # the fleet scheduler's control endpoint is where approved scheduler actions are dispatched
+        cfg["kedgeflow"] = {"targets": {"scheduler.kv_migrate": f"{control_url}/api/v1/scheduler/migrate",
+                                        "scheduler.drain_instance": f"{control_url}/api/v1/scheduler/drain"}}
+    return cfg
 
 
 def banner(listen: str, data_dir: str, fleet: bool) -> str:
@@ -53,6 +73,14 @@ def banner(listen: str, data_dir: str, fleet: bool) -> str:
         f"  Cost report:   .venv/bin/turboprom cost-report --url {base} --since 1h",
         f"  Replay:        .venv/bin/turboprom replay --trace ../shared/traces/mooncake_conversation_trace.jsonl --instances 32 --scheduler vesta,smetric --load 0.5,0.9 --limit 3000",
         f"  Grafana:       add a Prometheus datasource with URL {base}; import docs/grafana/*.json",
+    ]
+    if fleet:
+        lines += [
+            f"  KedgeFlow:     {base}/audit   (the scheduler proposes KV migrations off congested instances;",
+            "                 each is approved by policy, granted once, dispatched to the fleet's control endpoint)",
+            f"  Audit verify:  .venv/bin/turboprom audit verify --data-dir {data_dir}",
+        ]
+    lines += [
         "",
         "Dashboard refreshes reuse the answers of steps no new sample touched, and summaries are adopted once",
         "queries recur (a few minutes). This demo turns approximation on (planner.approximate: true): sketch",
@@ -105,14 +133,15 @@ def main(argv: list[str] | None = None) -> int:
     if not a.no_fleet and Path(a.trace).exists():
         from scheduler_metrics.sim.demo_fleet import DemoFleet
 
-        fleet = DemoFleet(base, a.trace, instances=a.instances, load=a.load)
+        fleet = DemoFleet(base, a.trace, instances=a.instances, load=a.load, control_key_pem=demo_grant_key_pem(a.data_dir))
         comps.append(fleet)
     from turboprom.demo_workload import DashboardWorkload
 
     comps.append(DashboardWorkload(base))
     cfg_path = Path(a.data_dir) / "demo-config.yml"
     cfg_path.write_text(yaml.safe_dump(demo_config(a.listen, fleet.targets if fleet else [],
-                                                   f"127.0.0.1:{fleet.sched_port}" if fleet else None), sort_keys=False))
+                                                   f"127.0.0.1:{fleet.sched_port}" if fleet else None,
+                                                   fleet.control_url if fleet else None), sort_keys=False))
     cfg = ServerConfig(data_dir=a.data_dir, listen=a.listen, config_file=str(cfg_path))
     cfg.load_file()
     print(banner(a.listen, a.data_dir, fleet is not None), flush=True)

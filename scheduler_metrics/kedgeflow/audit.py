@@ -283,3 +283,15 @@ def verify(directory: str | Path, public_key: Ed25519PublicKey, head_every: int 
         rep.problems.append(f"{uncovered} entries (from seq {last_seq + 1}) are not covered by any signed head: "
                             f"heads file deleted or truncated, or entries forged")
     return rep
+
+
+def entry_summary(entry: dict[str, Any]) -> str:
+    """One readable line for an entry: its kind and the fields that say what happened."""
+    d = entry.get("data") if isinstance(entry.get("data"), dict) else {}
+    action = d.get("action") if isinstance(d.get("action"), dict) else {}
+    parts = [f"{action.get('verb', '')} {action.get('target', '')}".strip()] if action else []
+    for k in ("approved", "allowance_id", "won", "state", "stage", "status", "verb", "target", "reason", "by"):
+        if k in d and d[k] not in (None, ""):
+            parts.append(f"{k}={d[k]}")
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(entry.get("ts_ms", 0) / 1000))
+    return f"{entry.get('seq', '?'):>6}  {when}  {entry.get('kind', '?'):<16} {entry.get('tenant', '')}  {'  '.join(parts)}"[:400]

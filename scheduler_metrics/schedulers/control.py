@@ -12,11 +12,18 @@ be unexpired, be for exactly the posted action (byte-for-byte digest), name this
 carry the ``Idempotency-Key`` as its allowance id (401 without a grant, 403 for one that does not
 authorize the request). A caller that can reach the endpoint but holds no grant changes nothing.
 ``allow_unsigned=True`` turns the check off; it exists for in-process simulations only.
+
+A simulation that owns the scheduler passes ``mover``: the migration is then carried out in the
+simulation's own thread (the session's KV moves over the simulated links and the holder is pinned),
+and the endpoint answers only after it happened, or 503 when it did not (nothing changed).
+``GET /api/v1/scheduler/actions`` lists what this endpoint applied, by idempotency key.
 """
 from __future__ import annotations
 
+import asyncio
 import threading
-from typing import Any
+import time
+from typing import Any, Callable
 
 from aiohttp import web
 
@@ -27,19 +34,31 @@ from scheduler_metrics.schedulers.vesta import VestaScheduler
 
 VERB_OF_PATH = {"migrate": "scheduler.kv_migrate", "drain": "scheduler.drain_instance"}
 
+# (session, new holder) -> what moved, or None when the migration was not carried out
+Mover = Callable[[int, int], "dict[str, Any] | None"]
+
 
 class SchedulerControl:
-    def __init__(self, vesta: VestaScheduler, verifier: GrantVerifier | None = None, *, allow_unsigned: bool = False):
+    def __init__(self, vesta: VestaScheduler, verifier: GrantVerifier | None = None, *, allow_unsigned: bool = False,
+                 mover: Mover | None = None):
         if verifier is None and not allow_unsigned:
             raise ValueError("SchedulerControl needs a GrantVerifier (the KedgeFlow public key), or allow_unsigned=True")
         self.vesta = vesta
         self.verifier = verifier
+        self.mover = mover
         self.refused = 0
         self.versions: dict[int, int] = {}
         self.drained: set[int] = set()
         self.applied: dict[str, dict[str, Any]] = {}
+        self.applied_at: dict[str, float] = {}
         self.commits = 0
         self._lock = threading.Lock()
+
+    def attach(self, vesta: VestaScheduler) -> None:
+        """Control a new scheduler instance (a simulation restarting its replay); drained instances stay drained."""
+        with self._lock:
+            vesta.drained |= self.drained
+            self.vesta = vesta
 
     def holder(self, session: int) -> tuple[int, int]:
         with self._lock:
@@ -59,10 +78,18 @@ class SchedulerControl:
             version = self.versions.get(session, 0)
             if version != expected:
                 return 412, {"error": f"holder version of session {session} is {version}, not {expected}"}
-            self.vesta.pin_holder(session, to)  # honoured by later placements, not just recorded
+            moved: dict[str, Any] = {}
+            if self.mover is not None:
+                done = self.mover(session, to)
+                if done is None:
+                    return 503, {"error": f"the migration of session {session} was not carried out (the simulation did not take it up); nothing changed"}
+                moved = done
+            else:
+                self.vesta.pin_holder(session, to)  # honoured by later placements, not just recorded
             self.versions[session] = version + 1
-            res = {"session": session, "holder": to, "holder_version": version + 1}
+            res = {"session": session, "holder": to, "holder_version": version + 1, **moved}
             self.applied[key] = res
+            self.applied_at[key] = time.time()
             self.commits += 1
             return 200, res
 
@@ -77,6 +104,7 @@ class SchedulerControl:
             self.drained.add(inst)
             self.vesta.drained.add(inst)  # Vesta stops placing work and sessions there
             res = {"drained": sorted(self.drained)}
+            self.applied_at[key] = time.time()
             self.applied[key] = res
             self.commits += 1
             return 200, res
@@ -125,11 +153,68 @@ class SchedulerControl:
             return web.json_response(res, status=status)
 
         async def get_holder(request: web.Request) -> web.Response:
-            h, v = self.holder(int(request.match_info["session"]))
+            try:
+                session = int(request.match_info["session"])
+            except ValueError:
+                return web.json_response({"error": "session must be an integer"}, status=400)
+            h, v = self.holder(session)
             return web.json_response({"holder": h, "holder_version": v})
+
+        async def get_actions(request: web.Request) -> web.Response:
+            with self._lock:
+                rows = [{"idempotency_key": k, "applied_at": self.applied_at.get(k), "result": r} for k, r in self.applied.items()]
+                return web.json_response({"commits": self.commits, "refused": self.refused, "drained": sorted(self.drained),
+                                          "applied": rows})
 
         app = web.Application()
         app.router.add_post("/api/v1/scheduler/migrate", handle)
         app.router.add_post("/api/v1/scheduler/drain", handle)
         app.router.add_get("/api/v1/scheduler/holders/{session}", get_holder)
+        app.router.add_get("/api/v1/scheduler/actions", get_actions)
         return app
+
+
+class ControlServer:
+    """Serves a ``SchedulerControl`` on a loopback port from its own thread and event loop, so the
+    endpoint answers while the thread that owns the scheduler (a simulation) is busy."""
+
+    def __init__(self, control: SchedulerControl, port: int, host: str = "127.0.0.1"):
+        self.control, self.host, self.port = control, host, port
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, timeout_s: float = 10.0) -> None:
+        started = threading.Event()
+        failed: list[BaseException] = []
+        loop = self._loop = asyncio.new_event_loop()
+
+        def run() -> None:
+            asyncio.set_event_loop(loop)
+            runner = web.AppRunner(self.control.app(), access_log=None)
+            try:
+                loop.run_until_complete(runner.setup())
+                loop.run_until_complete(web.TCPSite(runner, self.host, self.port).start())
+            except BaseException as e:  # noqa: BLE001 - reported to start()
+                failed.append(e)
+                started.set()
+                return
+            started.set()
+            loop.run_forever()
+            loop.run_until_complete(runner.cleanup())
+            loop.close()
+
+        self._thread = threading.Thread(target=run, name="scheduler-control", daemon=True)
+        self._thread.start()
+        if not started.wait(timeout_s):
+            raise RuntimeError(f"scheduler control endpoint did not start on {self.url} within {timeout_s:g} s")
+        if failed:
+            raise RuntimeError(f"scheduler control endpoint could not listen on {self.url}: {failed[0]}")
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        if self._loop is not None and self._thread is not None and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout_s)

@@ -256,6 +256,20 @@ class ClusterSim:
         end = start + dur
         return max(end, done_by or 0.0)
 
+    def migrate_kv(self, session: int, src: int, dst: int) -> int:
+        """Move the session's held KV (``src``'s host-DRAM copy) to ``dst`` now, over the links between
+        them: what an approved KV migration does. Returns the tokens moved. Call it from the thread
+        that runs the simulation, between events."""
+        tokens = self.host_cached(src, session)
+        if tokens <= 0 or src == dst:
+            return 0
+        ready = self._transfer(src, dst, tokens, max(self.now, self._kv_ready.get((src, session), self.now)))
+        self._cache_put(dst, session, tokens)
+        self._kv_ready[(dst, session)] = ready
+        self._cache_drop(src, session)
+        self.inst[dst].kv_transfer_bytes += tokens * self.c.model.kv_bytes_per_token
+        return tokens
+
     def kv_usage(self) -> np.ndarray:
         """GPU KV-cache usage (0..1) from the running sequences, as vLLM reports it."""
         return np.minimum(np.array([s.gpu_kv_tokens for s in self.inst], dtype=float) / self.c.hw.gpu_kv_capacity_tokens, 1.0)

@@ -3,17 +3,30 @@
 and a Vesta scheduler places the replayed trace's requests using TurboProm's congestion API.
 
 Time runs ``speed`` x faster than the wall clock; the trace is replayed in a loop.
+
+Given the KedgeFlow grant key (``control_key_pem``), the fleet also serves its scheduler's control
+endpoint (``schedulers/control.py``: it trusts grants signed by that key only) and runs the
+scheduler's rebalancing loop (``schedulers/rebalance.py``), which proposes KV migrations off
+congested instances through the server. An approved migration is carried out in the simulation's
+own thread, between events: the session's KV moves over the simulated links to its new holder.
 """
 from __future__ import annotations
 
+import heapq
 import logging
 import socket
 import threading
+from dataclasses import dataclass, field
+from operator import itemgetter
+from typing import Any
 
 import numpy as np
 
 from scheduler_metrics.instrumentation import SchedulerMetrics, WorkerMetrics
+from scheduler_metrics.kedgeflow.grant import GrantVerifier
 from scheduler_metrics.schedulers.base import Decision
+from scheduler_metrics.schedulers.control import ControlServer, SchedulerControl
+from scheduler_metrics.schedulers.rebalance import KVRebalancer
 from scheduler_metrics.schedulers.vesta import VestaScheduler
 from scheduler_metrics.sim.cluster import ClusterSim, RequestResult
 from scheduler_metrics.sim.live import LiveSignals
@@ -24,15 +37,67 @@ from scheduler_metrics.sim.traces import Trace, load_trace
 log = logging.getLogger("turboprom.demo")
 
 
+@dataclass
+class _Move:
+    session: int
+    to: int
+    done: threading.Event = field(default_factory=threading.Event)
+    result: dict[str, Any] | None = None
+
+
+class Migrations:
+    """Approved migrations handed from the control endpoint's thread to the simulation's thread.
+
+    ``submit`` waits until the simulation carried the move out, or withdraws it: a move is either
+    applied (result returned) or never applied (None), never both."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._queue: list[_Move] = []
+
+    def submit(self, session: int, to: int, timeout_s: float = 5.0) -> dict[str, Any] | None:
+        mv = _Move(session, to)
+        with self._lock:
+            self._queue.append(mv)
+        if mv.done.wait(timeout_s):
+            return mv.result
+        with self._lock:
+            if mv.result is None:
+                self._queue.remove(mv)
+            return mv.result
+
+    def apply(self, sim: ClusterSim, vesta: VestaScheduler) -> None:
+        """In the simulation's thread: move each queued session's KV to its new holder and pin it there."""
+        with self._lock:
+            for mv in self._queue:
+                src = vesta.holder.get(mv.session, -1)
+                tokens = sim.migrate_kv(mv.session, src, mv.to) if src >= 0 else 0
+                vesta.pin_holder(mv.session, mv.to)
+                mv.result = {"from": src, "moved_kv_tokens": int(tokens),
+                             "moved_kv_bytes": int(tokens * sim.c.model.kv_bytes_per_token), "sim_time_s": round(sim.now, 3)}
+                mv.done.set()
+            self._queue.clear()
+
+
 class FleetSignals(LiveSignals):
     """Workers export through their own prometheus-client registries (scraped, not pushed)."""
 
-    def __init__(self, base_url: str, workers: list[WorkerMetrics], speed: float, cluster: str):
+    def __init__(self, base_url: str, workers: list[WorkerMetrics], speed: float, cluster: str,
+                 migrations: Migrations | None = None, vesta: VestaScheduler | None = None):
         super().__init__(base_url, speed=speed, cluster=cluster)
         self.workers = workers
+        self.migrations, self.vesta = migrations, vesta
         self._last = np.zeros((len(workers), 5))
+        self.held: list[list[tuple[int, int]]] = [[] for _ in workers]  # per instance: largest held session KVs
+
+    def observe(self, now: float, cl: ClusterSim) -> None:
+        if self.migrations is not None and self.vesta is not None:
+            self.migrations.apply(cl, self.vesta)
+        super().observe(now, cl)
 
     def export(self, cl: ClusterSim) -> None:
+        # what each instance holds (host-DRAM KV of the sessions it is holder of), read by the rebalancer
+        self.held = [heapq.nlargest(_HELD_LISTED, s.cache.items(), key=itemgetter(1)) for s in cl.inst]
         cap = cl.c.hw.gpu_kv_capacity_tokens
         for i, (w, s) in enumerate(zip(self.workers, cl.inst)):
             w.set_queue(s.waiting, s.running)
@@ -58,11 +123,13 @@ class FleetSignals(LiveSignals):
 
 class DemoFleet:
     def __init__(self, base_url: str, trace_path: str, *, instances: int = 8, load: float = 0.7, speed: float = 1.0,
-                 cluster: str = "demo", first_port: int = 0, limit: int | None = 4000):
+                 cluster: str = "demo", first_port: int = 0, limit: int | None = 4000, control_key_pem: bytes | None = None,
+                 rebalance_period_s: float = 5.0, rebalance_cooldown_s: float = 30.0):
         self.base_url, self.instances, self.load, self.speed, self.cluster = base_url, instances, load, speed, cluster
         trace = load_trace(trace_path)
         self.trace: Trace = trace.head(limit) if limit else trace
-        self.workers = [WorkerMetrics("qwen2.5-7b", cluster=cluster, instance=instance_name(i)) for i in range(instances)]
+        self.model = "qwen2.5-7b"
+        self.workers = [WorkerMetrics(self.model, cluster=cluster, instance=instance_name(i)) for i in range(instances)]
         self.sched_metrics = SchedulerMetrics("vesta", cluster=cluster, instance="vesta-0")
         # ports are chosen now (the scrape config names them) and served from ``start``: until then a
         # scrape finds nothing, so history written before the fleet starts stays in time order
@@ -72,10 +139,33 @@ class DemoFleet:
         self._thread: threading.Thread | None = None
         self.completed = 0
         self._sim: ClusterSim | None = None
+        self._signals: FleetSignals | None = None
+        # KedgeFlow: the scheduler's control endpoint and its rebalancing loop (only with a grant key)
+        self.migrations = Migrations()
+        self.control: SchedulerControl | None = None
+        self.control_server: ControlServer | None = None
+        self.rebalancer: KVRebalancer | None = None
+        if control_key_pem is not None:
+            self.control = SchedulerControl(VestaScheduler(instances), GrantVerifier.from_pem(control_key_pem),
+                                            mover=self.migrations.submit)
+            self.control_server = ControlServer(self.control, _free_port())
+            self.rebalancer = KVRebalancer(base_url, [instance_name(i) for i in range(instances)], self.held_sessions,
+                                           lambda session: self.control.holder(session)[1],  # type: ignore[union-attr]
+                                           cluster=cluster, model=self.model, period_s=rebalance_period_s,
+                                           cooldown_s=rebalance_cooldown_s)
 
     @property
     def targets(self) -> list[str]:
         return [f"127.0.0.1:{p}" for p in self.ports]
+
+    @property
+    def control_url(self) -> str | None:
+        return self.control_server.url if self.control_server is not None else None
+
+    def held_sessions(self, instance: int) -> list[tuple[int, int]]:
+        """The largest session KVs ``instance`` holds, as of the last signal period."""
+        sig = self._signals
+        return list(sig.held[instance]) if sig is not None and instance < len(sig.held) else []
 
     def _on_result(self, r: RequestResult, d: Decision) -> None:
         """vLLM's per-request histograms from the simulated timeline (called right after dispatch, so the
@@ -99,8 +189,11 @@ class DemoFleet:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            sig = FleetSignals(self.base_url, self.workers, self.speed, self.cluster)
-            sim = self._sim = ClusterSim(self.trace, VestaScheduler(self.instances), sig, instances=self.instances, load=self.load,
+            vesta = VestaScheduler(self.instances)
+            if self.control is not None:
+                self.control.attach(vesta)
+            sig = self._signals = FleetSignals(self.base_url, self.workers, self.speed, self.cluster, self.migrations, vesta)
+            sim = self._sim = ClusterSim(self.trace, vesta, sig, instances=self.instances, load=self.load,
                              time_scale=time_scale_for(self.trace, self.load, self.instances), on_result=self._on_result)
             try:
                 sim.run()
@@ -116,16 +209,26 @@ class DemoFleet:
         for w, port in zip(self.workers, self.ports):
             w.serve(port)
         self.sched_metrics.serve(self.sched_port)
+        if self.control_server is not None:
+            self.control_server.start()
         self._thread = threading.Thread(target=self._run, name="demo-fleet", daemon=True)
         self._thread.start()
+        if self.rebalancer is not None:
+            self.rebalancer.start()
 
     def stop(self) -> None:
         self._stop.set()
+        if self.rebalancer is not None:
+            self.rebalancer.stop()
+        if self.control_server is not None:
+            self.control_server.close()
         for w in self.workers:
             w.close()
         self.sched_metrics.close()
 
 
+# Session KVs per instance the rebalancer may choose from (the largest held there).
+_HELD_LISTED = 8
 # A request that produced this many tokens stopped on its length limit (finished_reason="length").
 _MAX_TOKENS = 1024
 # Inter-token gaps observed per request: the decode of one simulated request is uniform, so a few

@@ -11,32 +11,11 @@ from typing import Any, Awaitable, Callable
 from aiohttp import web
 
 from turboprom import api_json, api_metrics
-from turboprom.api_params import Params, ParamError
+from turboprom.api_errors import JSON, APIError, error_response
+from turboprom.api_params import Params
 from turboprom.context import ServerContext
 
 log = logging.getLogger("turboprom.api")
-
-JSON = "application/json"
-
-# Prometheus's status code for each errorType.
-STATUS_BY_ERROR_TYPE = {
-    "bad_data": 400,
-    "execution": 422,
-    "canceled": 503,
-    "timeout": 503,
-    "internal": 500,
-    "unavailable": 503,
-    "not_found": 404,
-}
-
-
-class APIError(Exception):
-    def __init__(self, error_type: str, message: str, status: int | None = None):
-        super().__init__(message)
-        self.error_type = error_type
-        self.message = message
-        self.status = status or STATUS_BY_ERROR_TYPE.get(error_type, 500)
-
 
 def json_response(body: bytes, status: int = 200) -> web.Response:
     # Exactly "application/json" like Prometheus (aiohttp's content_type= would add a charset).
@@ -80,11 +59,6 @@ def set_cors(request: web.Request, response: web.StreamResponse) -> None:
         response.headers.update(CORS_HEADERS)
 
 
-def error_response(error_type: str, message: str, status: int | None = None) -> web.Response:
-    code = status or STATUS_BY_ERROR_TYPE.get(error_type, 500)
-    return json_response(api_json.error(error_type, message), code)
-
-
 def ok(data: Any, warnings: list[str] | None = None) -> web.Response:
     return json_response(api_json.success(data, warnings or ()))
 
@@ -103,9 +77,7 @@ def api_handler(fn: Handler) -> Callable[[web.Request], Awaitable[web.StreamResp
         try:
             params = await Params.from_request(request)
             resp = await fn(request, params)
-        except ParamError as e:
-            resp = error_response("bad_data", str(e))
-        except APIError as e:
+        except APIError as e:  # ParamError included
             resp = error_response(e.error_type, e.message, e.status)
         except web.HTTPException:
             raise

@@ -17,6 +17,7 @@ from multidict import MultiDict, MultiDictProxy
 from promql.eval_selectors import selector_matchers
 from storage.matchers import Matcher
 from storage.regex import regex_error
+from turboprom.api_errors import ParamError
 from turboprom.durations import parse_duration_ms
 
 # Prometheus's defaults for optional time ranges (v1.MinTime / v1.MaxTime), in ms.
@@ -35,13 +36,6 @@ _RFC3339 = re.compile(
 MAX_RANGE_POINTS = 11000
 # What Prometheus's parseTime yields for "NaN"/"Inf" on amd64 (int64 overflow of the fraction).
 NAN_TIME_MS = -9223372036854
-
-
-class ParamError(Exception):
-    """A caller fault: answered as ``bad_data`` with HTTP 400."""
-
-    error_type = "bad_data"
-    http_status = 400
 
 
 def go_quote(s: str) -> str:

@@ -39,11 +39,11 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 import bcrypt
-import orjson
 import yaml
 from aiohttp import web
 
 from scheduler_metrics.kedgeflow.policy import Principal
+from turboprom.api_errors import error_response
 
 log = logging.getLogger("turboprom.auth")
 
@@ -480,11 +480,6 @@ class Authenticator:
         return allowed is None or tenant in allowed
 
 
-def _error(status: int, etype: str, msg: str, headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(status=status, body=orjson.dumps({"status": "error", "errorType": etype, "error": msg}),
-                        content_type="application/json", headers=headers)
-
-
 def auth_middleware(auth: Authenticator) -> Callable:
     @web.middleware
     async def mw(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
@@ -494,18 +489,18 @@ def auth_middleware(auth: Authenticator) -> Callable:
         try:
             user = await auth.identify_async(request)
         except AuthOverloaded as e:
-            return _error(429, "unavailable", f"{e}; retry later", {"Retry-After": "1"})
+            return error_response("unavailable", f"{e}; retry later", 429, {"Retry-After": "1"})
         if user is None:
-            return _error(401, "unauthorized", "authentication required: send HTTP basic auth or a bearer token",
-                          {"WWW-Authenticate": 'Basic realm="turboprom"'})
+            return error_response("unauthorized", "authentication required: send HTTP basic auth or a bearer token",
+                                  401, {"WWW-Authenticate": 'Basic realm="turboprom"'})
         principal = auth.principal_for(user)
         if role not in principal.roles and "admin" not in principal.roles:
-            return _error(403, "forbidden", f"user {user!r} lacks the {role!r} role needed for {request.path}")
+            return error_response("forbidden", f"user {user!r} lacks the {role!r} role needed for {request.path}", 403)
         # No header means the default tenant, which a tenant-restricted user may not read either.
         tenant = request.headers.get("X-Scope-OrgID") or "default"
         if not auth.tenant_allowed(user, tenant):
-            return _error(403, "forbidden", f"user {user!r} may not act as tenant {tenant!r}"
-                          + (" (send X-Scope-OrgID)" if "X-Scope-OrgID" not in request.headers else ""))
+            return error_response("forbidden", f"user {user!r} may not act as tenant {tenant!r}"
+                                  + (" (send X-Scope-OrgID)" if "X-Scope-OrgID" not in request.headers else ""), 403)
         request["principal"] = principal
         return await handler(request)
 

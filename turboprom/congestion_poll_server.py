@@ -51,8 +51,8 @@ def _serve(settings: PollSettings, ready: Any) -> None:
 
     from scheduler_metrics.congestion.tracker import CongestionSnapshot
     from turboprom.http_guard import GuardedAppRunner, Timeouts
-    from turboprom.routes.congestion_api import (BadParam, _error, _filters, _tenant_snapshot, not_modified,
-                                                 snapshot_etag)
+    from turboprom.api_errors import ParamError, error_response
+    from turboprom.routes.congestion_api import _filters, _tenant_snapshot, not_modified, snapshot_etag
     from turboprom.tenancy import DEFAULT_TENANT
 
     reader = BoardReader(settings.board)
@@ -80,12 +80,12 @@ def _serve(settings: PollSettings, ready: Any) -> None:
     async def congestion(request: web.Request) -> web.StreamResponse:
         try:
             f = _filters(request)
-        except BadParam as e:
-            return _error(400, "bad_data", str(e))
+        except ParamError as e:
+            return error_response("bad_data", str(e))
         try:
             version, body = reader.read()
         except BoardBodyTooLarge as e:
-            return _error(503, "unavailable", str(e))
+            return error_response("unavailable", str(e))
         if f["tenant"] != DEFAULT_TENANT:
             snap = _tenant_snapshot(snapshot_of(version, body))
             return web.Response(body=snap.body_for(f["cluster"], f["model_name"], f["instance"], f["include_stale"]),

@@ -26,11 +26,11 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
-import orjson
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_server import Server
 
+from turboprom.api_errors import error_response
 from turboprom.durations import parse_duration_ms
 
 log = logging.getLogger("turboprom.http")
@@ -193,9 +193,7 @@ def body_deadline_middleware(timeouts: Timeouts) -> Callable:
 
 
 def body_timeout_response(seconds: float) -> web.Response:
-    resp = web.Response(status=408, body=orjson.dumps({
-        "status": "error", "errorType": "bad_data",
-        "error": f"request body not received within {seconds:g}s (web.read_body_timeout): send the body faster or in smaller requests"}),
-        content_type="application/json", headers={"Connection": "close"})
+    resp = error_response("bad_data", f"request body not received within {seconds:g}s (web.read_body_timeout): send the "
+                          "body faster or in smaller requests", 408, {"Connection": "close"})
     resp.force_close()
     return resp

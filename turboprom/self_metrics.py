@@ -12,9 +12,10 @@ from __future__ import annotations
 import time
 from typing import Awaitable, Callable
 
-import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Histogram, generate_latest
+
+from turboprom.api_errors import error_response
 
 HTTP_REQUESTS = Counter("turboprom_http_requests", "HTTP requests served, by route and status code.", ["handler", "code"])
 HTTP_DURATION = Histogram(
@@ -68,7 +69,5 @@ def exposition(request: web.Request, ctx) -> web.Response:
     from turboprom.tenancy import OPERATOR_ONLY, is_operator
 
     if not is_operator(request, ctx):
-        return web.Response(status=403, headers={"Content-Type": "application/json"},
-                            body=orjson.dumps({"status": "error", "errorType": "forbidden",
-                                               "error": f"/metrics: {OPERATOR_ONLY}"}))
+        return error_response("forbidden", f"/metrics: {OPERATOR_ONLY}", 403)
     return web.Response(body=generate_latest(REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -187,7 +187,7 @@ def count_series_of(view: TenantView) -> int:
 # ---------------------------------------------------------------- request plumbing for route modules
 def request_tenant(request: Any) -> str:
     """The caller's tenant; an invalid X-Scope-OrgID is the caller's fault (400 bad_data)."""
-    from turboprom.api_params import ParamError
+    from turboprom.api_errors import ParamError
 
     try:
         return tenant_of(request.headers)
@@ -226,7 +226,7 @@ OPERATOR_ONLY = ("this view covers every tenant: it needs a user not restricted 
 def require_operator(request: Any, ctx: Any) -> None:
     """403 (errorType forbidden) unless ``is_operator``."""
     if not is_operator(request, ctx):
-        from turboprom.api_common import APIError
+        from turboprom.api_errors import APIError
 
         raise APIError("forbidden", OPERATOR_ONLY, 403)
 

@@ -22,6 +22,7 @@ from aiohttp import web
 from storage.matchers import Matcher
 from storage.series_set import SeriesSet
 from turboprom.api_common import run_off_loop
+from turboprom.api_errors import error_response
 from turboprom.cluster import columns_codec, partitions
 from turboprom.context import ServerContext
 
@@ -57,9 +58,6 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
     storage = ctx.storage
     total = ingester.settings.partitions
 
-    def bad(msg: str) -> web.Response:
-        return web.json_response({"status": "error", "errorType": "bad_data", "error": msg}, status=400)
-
     async def body(request: web.Request) -> dict:
         return orjson.loads(await request.read())
 
@@ -69,7 +67,7 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
             ms = matchers_from_json(q["matchers"])
             mint, maxt, wanted = int(q["mint"]), int(q["maxt"]), set(map(int, q["partitions"]))
         except (KeyError, TypeError, ValueError) as e:
-            return bad(f"select: {e}")
+            return error_response("bad_data", f"select: {e}")
 
         def job() -> bytes:
             ss = storage.select(ms, mint, maxt)
@@ -85,7 +83,7 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
             sets = [matchers_from_json(s) for s in q["matcher_sets"]]
             mint, maxt = int(q["mint"]), int(q["maxt"])
         except (KeyError, TypeError, ValueError) as e:
-            return bad(f"series: {e}")
+            return error_response("bad_data", f"series: {e}")
         out = await run_off_loop(ctx, storage.series, sets, mint, maxt)
         return web.Response(body=orjson.dumps(out), content_type="application/json")
 
@@ -95,7 +93,7 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
             sets = [matchers_from_json(s) for s in q.get("matcher_sets", [])]
             mint, maxt, name = int(q["mint"]), int(q["maxt"]), q.get("name")
         except (KeyError, TypeError, ValueError) as e:
-            return bad(f"labels: {e}")
+            return error_response("bad_data", f"labels: {e}")
         if name is None:
             out = await run_off_loop(ctx, storage.label_names, mint, maxt, sets)
         else:

@@ -33,7 +33,7 @@ from aiohttp import web
 
 from ingest.errors import IngestError
 from ingest.text_import import TextImporter
-from turboprom.api_params import ParamError
+from turboprom.api_errors import ParamError, error_response
 from turboprom.context import ServerContext
 from turboprom.tenancy import DEFAULT_TENANT, request_tenant
 
@@ -45,15 +45,6 @@ _FALSE = {"false", "0", "no"}
 HEARTBEAT_S = 15.0
 
 
-def _error(status: int, error_type: str, message: str) -> web.Response:
-    return web.Response(status=status, content_type="application/json",
-                        body=orjson.dumps({"status": "error", "errorType": error_type, "error": message}))
-
-
-class BadParam(ValueError):
-    pass
-
-
 def _bool(request: web.Request, name: str, default: bool) -> bool:
     raw = request.query.get(name)
     if raw is None:
@@ -63,7 +54,7 @@ def _bool(request: web.Request, name: str, default: bool) -> bool:
         return True
     if v in _FALSE:
         return False
-    raise BadParam(f"invalid parameter {name!r}: expected true or false, got {raw!r}")
+    raise ParamError(f"invalid parameter {name!r}: expected true or false, got {raw!r}")
 
 
 def _number(request: web.Request, name: str, lo: float, hi: float) -> float | None:
@@ -73,9 +64,9 @@ def _number(request: web.Request, name: str, lo: float, hi: float) -> float | No
     try:
         v = float(raw)
     except ValueError:
-        raise BadParam(f"invalid parameter {name!r}: cannot parse {raw!r} to a number") from None
+        raise ParamError(f"invalid parameter {name!r}: cannot parse {raw!r} to a number") from None
     if not math.isfinite(v) or not lo <= v <= hi:
-        raise BadParam(f"invalid parameter {name!r}: must be between {lo:g} and {hi:g}, got {raw!r}")
+        raise ParamError(f"invalid parameter {name!r}: must be between {lo:g} and {hi:g}, got {raw!r}")
     return v
 
 
@@ -84,18 +75,15 @@ def _filters(request: web.Request) -> dict[str, Any]:
     for name in FILTERS:
         vals = request.query.getall(name, [])
         if any(v == "" for v in vals):
-            raise BadParam(f"invalid parameter {name!r}: empty value")
+            raise ParamError(f"invalid parameter {name!r}: empty value")
         out[name] = vals
     for alias, name in FILTER_ALIASES.items():
         vals = request.query.getall(alias, [])
         if any(v == "" for v in vals):
-            raise BadParam(f"invalid parameter {alias!r}: empty value")
+            raise ParamError(f"invalid parameter {alias!r}: empty value")
         out[name] = out[name] + vals
     out["include_stale"] = _bool(request, "include_stale", True)
-    try:
-        out["tenant"] = request_tenant(request)
-    except ParamError as e:
-        raise BadParam(str(e)) from None
+    out["tenant"] = request_tenant(request)
     return out
 
 
@@ -161,11 +149,11 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
         """(snapshot the caller's tenant sees, filters), or the error answer."""
         tracker = tracker_or_error()
         if tracker is None:
-            return _error(503, "unavailable", no_tracker)
+            return error_response("unavailable", no_tracker)
         try:
             f = _filters(request)
-        except BadParam as e:
-            return _error(400, "bad_data", str(e))
+        except ParamError as e:
+            return error_response("bad_data", str(e))
         snap = tracker.snapshot()
         return (snap if f["tenant"] == DEFAULT_TENANT else _tenant_snapshot(snap)), f
 
@@ -186,16 +174,16 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
     async def stream(request: web.Request) -> web.StreamResponse:
         tracker = tracker_or_error()
         if tracker is None:
-            return _error(503, "unavailable", no_tracker)
+            return error_response("unavailable", no_tracker)
         try:
             f = _filters(request)
             interval_q = _number(request, "interval", 0.0, 3600.0)
             limit_f = _number(request, "limit", 1, 1_000_000)
             as_delta = _bool(request, "delta", False)
-        except BadParam as e:
-            return _error(400, "bad_data", str(e))
+        except ParamError as e:
+            return error_response("bad_data", str(e))
         if limit_f is not None and limit_f != int(limit_f):
-            return _error(400, "bad_data", f"invalid parameter 'limit': must be an integer, got {limit_f:g}")
+            return error_response("bad_data", f"invalid parameter 'limit': must be an integer, got {limit_f:g}")
         limit = int(limit_f) if limit_f is not None else None
         interval = tracker.config.stream_interval_s if interval_q is None else interval_q
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
@@ -258,19 +246,21 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
     async def push(request: web.Request) -> web.StreamResponse:
         tracker = tracker_or_error()
         if tracker is None:
-            return _error(503, "unavailable", no_tracker)
+            return error_response("unavailable", no_tracker)
         try:
             tenant = request_tenant(request)
         except ParamError as e:
-            return _error(400, "bad_data", str(e))
+            return error_response("bad_data", str(e))
         if tenant != DEFAULT_TENANT:
-            return _error(400, "bad_data", "pushed load feeds the operator's congestion view: send it without "
-                                           "X-Scope-OrgID (the default tenant)")
+            return error_response("bad_data", "pushed load feeds the operator's congestion view: send it without "
+                                              "X-Scope-OrgID (the default tenant)")
         if request.content_length is not None and request.content_length > MAX_PUSH_BYTES:
-            return _error(413, "bad_data", f"push body over {MAX_PUSH_BYTES} bytes: send only the tracker's families")
+            return error_response("bad_data", f"push body over {MAX_PUSH_BYTES} bytes: send only the tracker's families",
+                                  413)
         body = await request.read()
         if len(body) > MAX_PUSH_BYTES:
-            return _error(413, "bad_data", f"push body over {MAX_PUSH_BYTES} bytes: send only the tracker's families")
+            return error_response("bad_data", f"push body over {MAX_PUSH_BYTES} bytes: send only the tracker's families",
+                                  413)
         openmetrics = "openmetrics" in (request.content_type or "").lower() or None
 
         def work() -> int:
@@ -281,7 +271,7 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
         try:
             n = await asyncio.get_running_loop().run_in_executor(ctx.executor, work)
         except IngestError as e:
-            return _error(400, "bad_data", e.message)
+            return error_response("bad_data", e.message)
         return web.Response(content_type="application/json",
                             body=orjson.dumps({"status": "success", "data": {"samples": n}}))
 
@@ -289,12 +279,12 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
         tracker = tracker_or_error()
         index = ctx.components.get("prefix_index")
         if tracker is None or index is None:
-            return _error(503, "unavailable", "no KV event view on this server (configure congestion.kv_events)")
+            return error_response("unavailable", "no KV event view on this server (configure congestion.kv_events)")
         body = await request.read()
         try:
             f = _filters(request)
-        except BadParam as e:
-            return _error(400, "bad_data", str(e))
+        except ParamError as e:
+            return error_response("bad_data", str(e))
         own = f["tenant"] == DEFAULT_TENANT
 
         def work() -> tuple[int, Any]:  # a prompt is up to MAX_PROMPT_TOKENS: parsed and hashed off the loop
@@ -303,8 +293,8 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
 
         try:
             n_tokens, matches = await asyncio.get_running_loop().run_in_executor(ctx.executor, work)
-        except BadParam as e:
-            return _error(400, "bad_data", str(e))
+        except ParamError as e:
+            return error_response("bad_data", str(e))
         if not own:
             return web.Response(content_type="application/json", body=orjson.dumps(
                 {"status": "success", "data": {"prompt_tokens": n_tokens, "instances": []}}))
@@ -337,7 +327,7 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
                 and (not f["cluster"] or d["cluster"] in f["cluster"])
                 and (not f["model_name"] or d["model_name"] in f["model_name"])]
         if not rows:
-            return _error(404, "not_found", f"no instance {inst!r} in the congestion view (with these filters)")
+            return error_response("not_found", f"no instance {inst!r} in the congestion view (with these filters)")
         index = ctx.components.get("prefix_index")
         sizes = index.block_sizes() if index is not None else {}
         return web.Response(body=model_server_text(rows, sizes), content_type="text/plain",
@@ -393,25 +383,25 @@ def _prefix_query(body: bytes) -> dict[str, Any]:
     try:
         q = orjson.loads(body)
     except orjson.JSONDecodeError as e:
-        raise BadParam(f"body is not JSON: {e}") from None
+        raise ParamError(f"body is not JSON: {e}") from None
     if not isinstance(q, dict):
-        raise BadParam('body must be a JSON object like {"token_ids": [1, 2, 3]}')
+        raise ParamError('body must be a JSON object like {"token_ids": [1, 2, 3]}')
     unknown = sorted(set(q) - {"token_ids", "lora_id"})
     if unknown:
-        raise BadParam(f"unknown field(s) {', '.join(unknown)} (known: token_ids, lora_id)")
+        raise ParamError(f"unknown field(s) {', '.join(unknown)} (known: token_ids, lora_id)")
     toks = q.get("token_ids")
     bad = "token_ids must be a list of non-negative integers (the prompt's token ids)"
     if not isinstance(toks, list):
-        raise BadParam(bad)
+        raise ParamError(bad)
     if len(toks) > MAX_PROMPT_TOKENS:
-        raise BadParam(f"token_ids: at most {MAX_PROMPT_TOKENS} tokens, got {len(toks)}")
+        raise ParamError(f"token_ids: at most {MAX_PROMPT_TOKENS} tokens, got {len(toks)}")
     try:  # checked in bulk: an object array (bools, floats, strings, nested lists) or a negative id is refused
         arr = np.asarray(toks)
     except (ValueError, OverflowError):
-        raise BadParam(bad) from None
+        raise ParamError(bad) from None
     if toks and (arr.dtype.kind != "i" or arr.ndim != 1 or bool((arr < 0).any())):
-        raise BadParam(bad)
+        raise ParamError(bad)
     lora = q.get("lora_id")
     if lora is not None and (not isinstance(lora, int) or isinstance(lora, bool) or not 0 <= lora < 2**63):
-        raise BadParam(f"lora_id must be a non-negative integer or null, got {lora!r}")
+        raise ParamError(f"lora_id must be a non-negative integer or null, got {lora!r}")
     return {"token_ids": toks, "lora_id": lora}

@@ -6,7 +6,8 @@ import time
 from aiohttp import web
 
 from planner.cost_report import build_report
-from turboprom.api_common import error_response, ok, run_off_loop
+from turboprom.api_errors import error_response
+from turboprom.api_common import ok, run_off_loop
 from turboprom.cost_report import FORMATS, render
 from turboprom.durations import parse_duration_ms
 from turboprom.tenancy import TenantView, tenant_of as _tenant_of

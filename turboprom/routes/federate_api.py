@@ -21,7 +21,8 @@ from aiohttp import web
 
 from storage.stale import is_stale
 from turboprom import exposition
-from turboprom.api_common import APIError, api_handler, run_off_loop
+from turboprom.api_errors import APIError
+from turboprom.api_common import api_handler, run_off_loop
 from turboprom.api_params import Params, invalid_param, parse_matchers_param
 from turboprom.context import ServerContext
 from turboprom.remote_read import visible_matchers

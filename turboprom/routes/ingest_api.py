@@ -41,16 +41,13 @@ from ingest.remote_write import V1, V2, RemoteWriteDecoder
 from ingest.snappy_block import decompress
 from ingest.text_import import TextImporter, parse_extra_labels
 from turboprom.tenancy import label_batch, tenant_of
+from turboprom.api_errors import error_response
 from turboprom.context import ServerContext
 from turboprom.limits import SeriesAdmission
 from turboprom.http_guard import BodyTimeout
 
 V2_HEADERS = ("X-Prometheus-Remote-Write-Samples-Written", "X-Prometheus-Remote-Write-Histograms-Written",
               "X-Prometheus-Remote-Write-Exemplars-Written")
-
-
-def _error(status: int, message: str, error_type: str = "bad_data", headers: dict | None = None) -> web.Response:
-    return web.json_response({"status": "error", "errorType": error_type, "error": message}, status=status, headers=headers)
 
 
 def _remote_write_proto(content_type: str) -> str | None:
@@ -135,10 +132,10 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
         metrics.reject(protocol, e.reason, e.samples)
         metrics.REJECTED_REQUESTS.labels(reason=e.reason, protocol=protocol).inc()
         if isinstance(e, Overloaded):
-            return _error(overload_status, e.message, "unavailable", headers={"Retry-After": str(e.retry_after_s)})
+            return error_response("unavailable", e.message, overload_status, {"Retry-After": str(e.retry_after_s)})
         if e.status == 429:  # a tenant limit: retry later
-            return _error(429, e.message, "unavailable", headers={"Retry-After": "1"})
-        return _error(e.status, e.message)
+            return error_response("unavailable", e.message, 429, {"Retry-After": "1"})
+        return error_response("bad_data", e.message, e.status)
 
     def limited(batch, tenant: str):
         """Input and per-tenant limits (turboprom.limits) before anything is written."""
@@ -181,8 +178,8 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
             raise e
         metrics.REQUESTS.labels(protocol=protocol, code="503").inc()
         metrics.REJECTED_REQUESTS.labels(reason="storage_unavailable", protocol=protocol).inc()
-        return _error(503, f"storage unavailable: {e.strerror or os.strerror(e.errno)}; nothing from this request was written, retry later",
-                      "unavailable", headers={"Retry-After": "5"})
+        return error_response("unavailable", f"storage unavailable: {e.strerror or os.strerror(e.errno)}; nothing from this "
+                              "request was written, retry later", 503, {"Retry-After": "5"})
 
     async def write(request: web.Request) -> web.Response:
         t0 = time.perf_counter()
@@ -190,16 +187,17 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
         protocol = "remote_write_v2" if proto == V2 else "remote_write"
         if proto is None:
             metrics.REQUESTS.labels(protocol="remote_write", code="415").inc()
-            return _error(415, f"unsupported remote write Content-Type {request.headers.get('Content-Type')!r}: "
-                               f"expected application/x-protobuf with proto={V1} or proto={V2}")
+            return error_response("bad_data", f"unsupported remote write Content-Type {request.headers.get('Content-Type')!r}: "
+                                              f"expected application/x-protobuf with proto={V1} or proto={V2}", 415)
         try:
             tenant = tenant_of(request.headers)
         except ValueError as e:
-            return _error(400, str(e))
+            return error_response("bad_data", str(e))
         enc = request.headers.get("Content-Encoding", "snappy").strip().lower()
         if enc not in ("snappy", ""):
             metrics.REQUESTS.labels(protocol=protocol, code="415").inc()
-            return _error(415, f"unsupported Content-Encoding {enc!r}: remote write bodies must be snappy block-compressed")
+            return error_response("bad_data", f"unsupported Content-Encoding {enc!r}: remote write bodies must be snappy "
+                                              "block-compressed", 415)
         try:
             body = await read_body(request)
             with pipeline.slot():
@@ -238,7 +236,7 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
         if problems:
             metrics.REQUESTS.labels(protocol=protocol, code="400").inc()
             msg = f"partial write: {result.accepted} samples written; " + "; ".join(problems)
-            return _error(400, msg, headers=headers)
+            return error_response("bad_data", msg, 400, headers)
         metrics.REQUESTS.labels(protocol=protocol, code="204").inc()
         return web.Response(status=204, headers=headers)
 
@@ -248,7 +246,7 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
         try:
             tenant = tenant_of(request.headers)
         except ValueError as e:
-            return _error(400, str(e))
+            return error_response("bad_data", str(e))
         try:
             extra = parse_extra_labels(request.query.getall("extra_label", []))
             ts_param = request.query.get("timestamp")
@@ -286,8 +284,9 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
         if result.rejected_total:
             metrics.REQUESTS.labels(protocol=protocol, code="400").inc()
             detail = ", ".join(f"{n} {r.replace('_', ' ')}" for r, n in sorted(result.rejected.items()))
-            return _error(400, f"partial import: {result.accepted} samples written; {result.rejected_total} of {len(batch)} "
-                               f"rejected by storage ({detail})" + (f"; first: {'; '.join(result.errors[:3])}" if result.errors else ""))
+            return error_response("bad_data", f"partial import: {result.accepted} samples written; {result.rejected_total} of "
+                                              f"{len(batch)} rejected by storage ({detail})"
+                                              + (f"; first: {'; '.join(result.errors[:3])}" if result.errors else ""), 400)
         metrics.REQUESTS.labels(protocol=protocol, code="204").inc()
         return web.Response(status=204)
 

@@ -28,8 +28,10 @@ from aiohttp import web
 
 from scheduler_metrics.kedgeflow.action import Action, canonical_json
 from scheduler_metrics.kedgeflow.grant import Grant, GrantError
-from turboprom.api_common import error_response, ok, run_off_loop
-from turboprom.api_params import ParamError, parse_time
+from turboprom.api_errors import error_response
+from turboprom.api_common import ok, run_off_loop
+from turboprom.api_errors import ParamError
+from turboprom.api_params import parse_time
 from turboprom.context import ServerContext
 from turboprom.http_guard import BodyTimeout
 from turboprom.principal import request_principal, request_tenant

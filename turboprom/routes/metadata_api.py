@@ -13,8 +13,9 @@ from aiohttp import web
 from storage.labels import Labels
 from turboprom import api_json
 from turboprom.tenancy import tenant_storage
-from turboprom.api_common import (GZIP_MIN_BYTES, APIError, accepts_gzip, add_get_post, api_handler, encoded_response,
-                                   gzip_body, ok, run_off_loop)
+from turboprom.api_errors import APIError
+from turboprom.api_common import (GZIP_MIN_BYTES, accepts_gzip, add_get_post, api_handler, encoded_response, gzip_body,
+                                  ok, run_off_loop)
 from turboprom.api_params import MAX_TIME_MS, MIN_TIME_MS, Params, invalid_param, parse_matchers_param, unescape_label_name
 from turboprom.context import ServerContext
 
@@ -166,7 +167,7 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
 
     async def series_delete(request: web.Request) -> web.Response:
         # Prometheus has no DELETE on /api/v1/series: deleting series is the admin API's POST/PUT.
-        from turboprom.api_common import error_response
+        from turboprom.api_errors import error_response
 
         resp = error_response("bad_data", "method DELETE is not allowed on /api/v1/series (allowed: GET, POST); delete series "
                               "with POST or PUT /api/v1/admin/tsdb/delete_series (needs --web.enable-admin-api)", 405)

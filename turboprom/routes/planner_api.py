@@ -16,7 +16,8 @@ from typing import Any
 from aiohttp import web
 
 from turboprom.tenancy import DEFAULT_TENANT, request_tenant
-from turboprom.api_common import APIError, add_get_post, api_handler, ok, run_off_loop
+from turboprom.api_errors import APIError
+from turboprom.api_common import add_get_post, api_handler, ok, run_off_loop
 from turboprom.api_params import Params, invalid_param
 from turboprom.api_params import parse_query as parse_promql
 from turboprom.context import ServerContext

@@ -29,8 +29,9 @@ from promql.types import QueryResult
 from turboprom import api_json
 from turboprom.api_ast import translate_ast
 from turboprom.api_pretty import pretty
-from turboprom.api_common import (GZIP_MIN_BYTES, APIError, accepts_gzip, add_get_post, api_handler, encoded_response,
-                                   gzip_body, json_response, ok, run_off_loop, set_cors)
+from turboprom.api_errors import APIError
+from turboprom.api_common import (GZIP_MIN_BYTES, accepts_gzip, add_get_post, api_handler, encoded_response, gzip_body,
+                                  json_response, ok, run_off_loop, set_cors)
 from turboprom.api_params import MAX_RANGE_POINTS, MAX_TIME_MS, MIN_TIME_MS, Params, invalid_param
 from turboprom.api_params import parse_query as parse_promql
 from turboprom.context import ServerContext
@@ -120,7 +121,7 @@ async def _limited_evaluate(limits: Any, tenant: str, request: web.Request, ctx:
         async with limits.query_slot(tenant):
             return await _evaluate(request, ctx, params, timeout_s, run)
     except LimitExceeded as e:
-        from turboprom.api_common import error_response
+        from turboprom.api_errors import error_response
 
         resp = error_response("unavailable", str(e), e.status)
         resp.headers["Retry-After"] = str(e.retry_after_s)

@@ -24,7 +24,8 @@ from ingest.errors import IngestError
 from ingest.snappy_block import compress, decompress
 from storage.series_set import SeriesSet
 from turboprom import remote_read as rr
-from turboprom.api_common import APIError, api_handler, error_response, run_off_loop, set_cors
+from turboprom.api_errors import APIError, error_response
+from turboprom.api_common import api_handler, run_off_loop, set_cors
 from turboprom.api_params import Params
 from turboprom.context import ServerContext
 from turboprom.tenancy import tenant_storage

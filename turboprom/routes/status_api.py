@@ -34,7 +34,8 @@ from aiohttp import web
 
 import turboprom
 from storage.matchers import Matcher
-from turboprom.api_common import APIError, api_handler, error_response, ok, run_off_loop, set_cors
+from turboprom.api_errors import APIError, error_response
+from turboprom.api_common import api_handler, ok, run_off_loop, set_cors
 from turboprom.api_params import MAX_TIME_MS, MIN_TIME_MS, Params, invalid_param, parse_metric_selector
 from turboprom.context import ServerContext
 from turboprom.tenancy import forget_deleted_summaries, require_operator, sees_default_only_state, tenant_storage

@@ -4,7 +4,8 @@ Same payloads, same run, same machine: snappy-compressed prometheus.WriteRequest
 ahead of time (not timed), sent by 4 concurrent senders (aiohttp, one client process) over
 loopback. Shapes: 2000 series x 1 sample per request (what a scraping Prometheus sends) and
 500 series x 20 samples; 100k active series (every round writes each series once per sample slot,
-timestamps advancing 15 s per round, so nothing is out of order).
+timestamps advancing 15 s per round, so nothing is out of order; the newest sample ~30 s old when
+a run starts, as a forwarding Prometheus sends them).
 
 Label sets (``--labels``): ``fleet`` (default) -- half vLLM-engine series (9-11 labels: model_name,
 engine, pod, namespace, node, cluster, ...; histogram buckets with ``le``), half node-exporter series
@@ -284,22 +285,30 @@ def main() -> None:
     Peer.compare_dir = a.compare
     if a.profile is not None:
         a.profile.mkdir(parents=True, exist_ok=True)
-    t0 = int(time.time() * 1000) - 3_600_000 * 3
     for shape in a.shapes.split(","):
         per_req, per_series = map(int, shape.split("x"))
         rounds = a.rounds if per_series == 1 else max(1, a.rounds // 4)
+
+        def payloads_now() -> tuple[list[bytes], list[int], list[bytes], list[int]]:
+            """Bodies whose newest sample is ~30 s old when the run starts, as a forwarding Prometheus
+            sends them (built again for every run, untimed: data hours old would make the congestion
+            tracker forget and re-learn every instance on every rebuild, which a live fleet never does)."""
+            span_ms = (rounds + 1) * per_series * 15_000
+            allp, allc = build_payloads(a.series, per_req, per_series, rounds + 1,
+                                        int(time.time() * 1000) - span_ms - 30_000, a.labels)
+            n_warm = -(-a.series // per_req)
+            return allp[n_warm:], allc[n_warm:], allp[:n_warm], allc[:n_warm]
+
         t_build = time.time()
-        allp, allc = build_payloads(a.series, per_req, per_series, rounds + 1, t0, a.labels)
-        n_warm = -(-a.series // per_req)
-        warm, payloads = allp[:n_warm], allp[n_warm:]
-        warm_counts, counts = allc[:n_warm], allc[n_warm:]
+        payloads, counts, _, _ = payloads_now()
         samples = sum(counts)
         print(f"# shape {shape} ({a.labels} labels): {len(payloads)} requests, {samples} samples, {a.series} active series, "
-              f"{a.senders} senders (payloads built in {time.time() - t_build:.1f}s)", flush=True)
+              f"{a.senders} senders (payloads built in {time.time() - t_build:.1f}s before each run)", flush=True)
         results: dict[str, list[dict]] = {}
         for rep in range(a.repeats):
             for name in a.targets.split(","):
                 prof = a.profile / f"{name}-{shape}-run{rep + 1}.txt" if a.profile is not None else None
+                payloads, counts, warm, warm_counts = payloads_now()
                 r = run_one(name, payloads, counts, warm, warm_counts, a.senders, prof)
                 results.setdefault(name, []).append(r)
                 print(f"  run {rep + 1} {name:17s} {r['samples_s']:>10,.0f} samples/s  {r['samples_cpu_s']:>10,.0f} /cpu-s  "

@@ -378,3 +378,43 @@ def test_series_ids_from_storage_give_the_same_signals(tmp_path) -> None:
         assert [(d["instance"], d["queue_length"]) for d in back] == [("a", 7.0)]
     finally:
         db.close()
+
+
+def test_dropping_many_instances_at_once_keeps_the_others(tmp_path) -> None:
+    """Instances that fall silent together are forgotten in one rebuild; the series ids of the
+    instances still reporting keep their slots, and a forgotten one comes back with fresh state."""
+    import time
+
+    from ingest.pipeline import IngestPipeline
+    from storage.tsdb import TSDB
+
+    clock = Clock(time.time() - 120)
+    tr = CongestionTracker(CongestionConfig(rate_window_s=1.0, stale_after_s=5, drop_after_s=20), clock=clock)
+    db = TSDB(str(tmp_path / "db"), background=False)
+    try:
+        pipe = IngestPipeline(db)
+        pipe.add_sink(tr)
+        workers = [SimWorker(f"w{i}", 1000.0) for i in range(6)]
+        for _ in range(4):
+            clock.t += 0.5
+            items = [x for w in workers for x in w.step(clock.t, 0.5, tps=400, req_per_s=1, backlog=100, waiting=1)]
+            pipe.append_sync(SampleBatch.from_series(items))
+        assert len(tr.refresh().instances) == 6
+        kept_ids = None
+        for _ in range(50):  # only w5 keeps reporting for 25 s
+            clock.t += 0.5
+            batch = SampleBatch.from_series(workers[5].step(clock.t, 0.5, tps=400, req_per_s=1, backlog=100, waiting=3))
+            pipe.append_sync(batch)
+            kept_ids = batch.series_ids
+        left = tr.refresh().instances
+        assert [(d["instance"], d["queue_length"]) for d in left] == [("w5", 3.0)]
+        assert kept_ids is not None and (tr._sid_slot[kept_ids] >= 0).all()
+        assert len(tr._free_slots) == 5 * len(kept_ids) and len(tr._free_insts) == 5
+        clock.t += 0.5
+        items = workers[0].step(clock.t, 0.5, tps=400, req_per_s=1, backlog=100, waiting=9)
+        items += workers[5].step(clock.t, 0.5, tps=400, req_per_s=1, backlog=100, waiting=4)
+        pipe.append_sync(SampleBatch.from_series(items))
+        back = {d["instance"]: d["queue_length"] for d in tr.refresh().instances}
+        assert back == {"w0": 9.0, "w5": 4.0}
+    finally:
+        db.close()

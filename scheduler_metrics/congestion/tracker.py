@@ -457,9 +457,16 @@ class CongestionTracker:
         return snap
 
     def _drop_silent(self, now: float) -> None:
+        """Forget instances silent for longer than ``drop_after_s`` (lock held). The storage id -> slot
+        map is cleared for all their slots in one pass, however many instances go at once."""
         limit_ms = (now - self.config.drop_after_s) * 1000.0
         newest = self._inst_newest[: self._ninst]
-        for i in np.flatnonzero((newest >= 0) & (newest < limit_ms)).tolist():
+        gone = np.flatnonzero((newest >= 0) & (newest < limit_ms)).tolist()
+        if not gone:
+            return
+        freed: list[int] = []
+        dropped: list[InstanceKey] = []
+        for i in gone:
             key = self._inst_keys[i]
             if key is None:
                 continue
@@ -468,18 +475,28 @@ class CongestionTracker:
                 if lbl is not None:
                     self._cache.pop(lbl, None)
                 self._slot_labels[s] = None
-                self._slot_sig[s] = -1
-                self._slot_inst[s] = -1
-                self._valid[s] = False
-                self._free_slots.append(s)
-            freed = np.fromiter(self._inst_slots[i], np.int32, len(self._inst_slots[i]))
-            self._sid_slot[np.isin(self._sid_slot, freed)] = _MISS
+                freed.append(s)
             self._inst_slots[i] = set()
             del self._inst_ids[key]
             self._inst_keys[i] = None
             self._inst_newest[i] = -1
             self._free_insts.append(i)
-            log.info("congestion: dropped instance %s (silent for > %.0fs)", key, self.config.drop_after_s)
+            dropped.append(key)
+        if freed:
+            fs = np.asarray(freed, np.int64)
+            self._slot_sig[fs] = -1
+            self._slot_inst[fs] = -1
+            self._valid[fs] = False
+            self._free_slots.extend(freed)
+            is_freed = np.zeros(self._nslots, bool)
+            is_freed[fs] = True
+            mapped = self._sid_slot >= 0
+            hit = np.zeros(len(self._sid_slot), bool)
+            hit[mapped] = is_freed[self._sid_slot[mapped]]
+            self._sid_slot[hit] = _MISS
+        if dropped:
+            log.info("congestion: dropped %d instance(s) silent for > %.0fs: %s%s", len(dropped), self.config.drop_after_s,
+                     ", ".join(map(str, dropped[:5])), " ..." if len(dropped) > 5 else "")
 
     def _build(self, now: float, n: int, sig: np.ndarray, inst: np.ndarray, scale: np.ndarray, val: np.ndarray,
                rate: np.ndarray, rate_slow: np.ndarray, rate_ok: np.ndarray, valid: np.ndarray, newest: np.ndarray,

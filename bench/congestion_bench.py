@@ -19,10 +19,11 @@ The fast signal paths, measured in the same phases against a live engine fleet (
 exporters in one process, prometheus-client like vLLM's /metrics with a vLLM-sized body; each
 engine sets vllm:num_requests_waiting to the wall-clock ms of the change, 10 times a second):
   fast-scrape freshness   engine change -> visible in GET /api/v1/congestion?cluster=fleet (polled
-                          100/s), the server fast-scraping the fleet every --fast-interval and storing
-                          it every 15 s
+                          100/s on the main port and on the poll process), the server fast-scraping the
+                          fleet every --fast-interval and storing it every 15 s
   events freshness        a vLLM-format ZMQ PUB sends BlockStored 10x/s; time until
-                          POST /api/v1/congestion/prefix shows the block (polled every 1 ms)
+                          POST /api/v1/congestion/prefix shows the block (polled every 1 ms), on the
+                          main port and on the poll process (which subscribes to the events itself)
   direct picker (peer)    what llm-d's endpoint picker does: GET every engine's /metrics every 50 ms;
                           engine change -> seen by the picker; run in the "direct picker" phases
   engine load             requests/s each engine serves, by client (TurboProm's fast scrape and
@@ -56,6 +57,23 @@ sys.path.insert(0, str(REPO))
 N_WORKERS = 200
 N_OTHER = 400
 SERIES_PER_REQ = N_WORKERS * 8 + N_OTHER  # 2000
+
+
+def free_pair() -> int:
+    """A free loopback port whose successor is free too."""
+    import socket
+
+    from tests.helpers import free_port
+
+    for _ in range(100):
+        p = free_port()
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", p + 1))
+                return p
+            except OSError:
+                continue
+    raise RuntimeError("no two consecutive free ports")
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -362,8 +380,8 @@ def first_seen(values: dict[str, float], seen_at: float, out: list[float], last:
             out.append(seen_at - v / 1000.0)
 
 
-def fleet_observer(host: str, port: int, start: Any, duration: float, q: mp.Queue) -> None:
-    """Polls the fleet's entries 100/s; engine change -> visible in the API."""
+def fleet_observer(host: str, port: int, name: str, start: Any, duration: float, q: mp.Queue) -> None:
+    """Polls the fleet's entries 100/s on ``port``; engine change -> visible in the API."""
     start_at = wait_start(start)
     conn = http.client.HTTPConnection(host, port, timeout=10)
     fresh: list[float] = []
@@ -376,7 +394,7 @@ def fleet_observer(host: str, port: int, start: Any, duration: float, q: mp.Queu
         now = time.time()
         first_seen({d["instance"]: d["queue_length"] for d in body["data"]["instances"]}, now, fresh, last)
         time.sleep(0.01)
-    q.put(("fast_scrape_freshness", {**summary_ms(fresh[len(last):]), "instances": len(last)}))
+    q.put((f"fast_scrape_freshness{name}", {**summary_ms(fresh[len(last):]), "instances": len(last)}))
 
 
 def direct_picker(ports: list[int], start: Any, duration: float, q: mp.Queue) -> None:
@@ -412,15 +430,16 @@ def direct_picker(ports: list[int], start: Any, duration: float, q: mp.Queue) ->
     q.put(("direct_picker_freshness", asyncio.run(run())))
 
 
-def events_probe(url: str, kv_port: int, start: Any, duration: float, q: mp.Queue) -> None:
-    """vLLM-format KV events (ZMQ PUB, [topic, seq, msgpack batch]) -> visible in the prefix view."""
+def events_probe(host: str, port: int, name: str, kv_port: int, start: Any, duration: float, q: mp.Queue) -> None:
+    """vLLM-format KV events (ZMQ PUB on ``kv_port``, [topic, seq, msgpack batch]) -> visible in
+    the prefix view on ``port`` (polled every 1 ms)."""
     import msgpack
     import zmq
 
     ctx = zmq.Context()
     pub = ctx.socket(zmq.PUB)
     pub.bind(f"tcp://127.0.0.1:{kv_port}")
-    conn = http.client.HTTPConnection(urllib.parse.urlparse(url).hostname, urllib.parse.urlparse(url).port, timeout=10)
+    conn = http.client.HTTPConnection(host, port, timeout=10)
     seq = 0
 
     def send(tokens: list[int]) -> None:
@@ -461,7 +480,7 @@ def events_probe(url: str, kv_port: int, start: Any, duration: float, q: mp.Queu
         time.sleep(0.1)
     pub.close(0)
     ctx.term()
-    q.put(("events_freshness", {**summary_ms(lat), "lost": lost}))
+    q.put((f"events_freshness{name}", {**summary_ms(lat), "lost": lost}))
 
 
 # ----------------------------------------------------------------------------- orchestration
@@ -511,10 +530,14 @@ def run_phase(name: str, server_url: str, args: argparse.Namespace, ingest: bool
         if args.poll_port:
             procs.append(ctx.Process(target=poller, args=(u.hostname, args.poll_port, "/api/v1/congestion", 200.0,
                                                           start_at, d, "poll_all_process", q)))
-        if fleet_ports:
-            procs.append(ctx.Process(target=fleet_observer, args=(u.hostname, u.port, start_at, d, q)))
-        if kv_port:
-            procs.append(ctx.Process(target=events_probe, args=(server_url, kv_port, start_at, d, q)))
+        # the fast paths read on the main port and, with poll_listen, on the poll process ("_process"),
+        # each by its own probe (and for events its own publisher), so neither waits on the other
+        api_ports = [("", u.port, kv_port)] + ([("_process", args.poll_port, kv_port + 1)] if args.poll_port else [])
+        for name, port, kvp in api_ports:
+            if fleet_ports:
+                procs.append(ctx.Process(target=fleet_observer, args=(u.hostname, port, name, start_at, d, q)))
+            if kv_port:
+                procs.append(ctx.Process(target=events_probe, args=(u.hostname, port, name, kvp, start_at, d, q)))
     if picker:
         procs.append(ctx.Process(target=direct_picker, args=(list(fleet_ports), start_at, d, q)))
     if ingest:
@@ -616,7 +639,7 @@ def main() -> None:
         fleet_proc = ctx.Process(target=fleet, args=(args.engines, fq, child))
         fleet_proc.start()
         k, ports = fq.get(timeout=120)
-    kv_port = free_port() if args.engines else 0
+    kv_port = free_pair() if args.engines else 0  # kv_port: the main port's probe, + 1: the poll process's
     args.poll_port = 0 if args.no_poll_process else free_port()
     phases = {"idle": dict(ingest=False, heavy=False), "ingest": dict(ingest=True, heavy=False),
               "ingest+query": dict(ingest=True, heavy=True), "peer idle": dict(ingest=False, heavy=False, peer=True),
@@ -635,8 +658,9 @@ def main() -> None:
                 text = (f"scrape_configs:\n  - job_name: fleet\n    scrape_interval: 15s\n    static_configs:\n"
                         f"      - targets: [{targets}]\n        labels: {{cluster: fleet}}\n"
                         f"{text}  fast_scrape_interval: {args.fast_interval}\n  fast_scrape_jobs: [fleet]\n"
-                        f"  kv_events:\n    - {{endpoint: 'tcp://127.0.0.1:{kv_port}', instance: kv0, cluster: kv, "
-                        f"model_name: m, topic: kv}}\n")
+                        f"  kv_events:\n" + "".join(
+                            f"    - {{endpoint: 'tcp://127.0.0.1:{kv_port + i}', instance: kv{i}, cluster: kv, "
+                            f"model_name: m, topic: kv}}\n" for i in range(2)))
             cfg.write_text(text)
             with ServerProcess(Path(tmp) / "data", ["--config", str(cfg), "--wal-fsync", args.wal_fsync]) as server:
                 for _ in range(args.repeats):
@@ -672,7 +696,8 @@ def main() -> None:
               f"{runs[0]['consume_seconds']['p50_le_ms']} / {runs[0]['consume_seconds']['p99_le_ms']} |")
     if args.engines:
         print(f"\nFast paths ({args.engines} engines, fast scrape every {args.fast_interval * 1000:g} ms):")
-        print("\n| phase | via fast scrape p50 / p99 / max ms | via KV events p50 / p99 ms | direct 50 ms picker p50 / p99 ms | "
+        print("\n| phase | via fast scrape p50 / p99 / max ms: main port / poll process | via KV events p50 / p99 ms: "
+              "main port / poll process | direct 50 ms picker p50 / p99 ms | "
               "engine requests/s per engine: fast scrape / normal scrape / one direct picker | bytes per request: "
               "fast scrape / direct picker |")
         print("| --- | --- | --- | --- | --- | --- |")
@@ -681,10 +706,15 @@ def main() -> None:
                 vals = [r["engine_load"].get(client, {}).get(field) for r in runs if "engine_load" in r]
                 vals = [v for v in vals if v is not None]
                 return round(statistics.median(vals), 2) if vals else "-"
-            print(f"| {phase} | {med(runs, 'fast_scrape_freshness', 'p50_ms')} / {med(runs, 'fast_scrape_freshness', 'p99_ms')}"
-                  f" / {med(runs, 'fast_scrape_freshness', 'max_ms')} | {med(runs, 'events_freshness', 'p50_ms')} / "
-                  f"{med(runs, 'events_freshness', 'p99_ms')} | {med(runs, 'direct_picker_freshness', 'p50_ms')} / "
-                  f"{med(runs, 'direct_picker_freshness', 'p99_ms')} | {load('TurboProm-fast-scrape', 'requests_per_s_per_engine')}"
+
+            def trio(key: str) -> str:
+                return " / ".join(str(med(runs, key, f)) for f in ("p50_ms", "p99_ms", "max_ms"))
+
+            def duo(key: str) -> str:
+                return " / ".join(str(med(runs, key, f)) for f in ("p50_ms", "p99_ms"))
+            print(f"| {phase} | {trio('fast_scrape_freshness')}; {trio('fast_scrape_freshness_process')} | "
+                  f"{duo('events_freshness')}; {duo('events_freshness_process')} | {duo('direct_picker_freshness')} | "
+                  f"{load('TurboProm-fast-scrape', 'requests_per_s_per_engine')}"
                   f" / {load('TurboProm-scraper', 'requests_per_s_per_engine')} / {load('direct-picker', 'requests_per_s_per_engine')}"
                   f" | {load('TurboProm-fast-scrape', 'bytes_per_request')} / {load('direct-picker', 'bytes_per_request')} |")
     if args.json:

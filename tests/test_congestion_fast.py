@@ -138,9 +138,9 @@ class ReplayingPublisher(VLLMPublisher):
 def test_missed_kv_events_are_replayed(tmp_path: Path) -> None:
     """Batches published before the subscriber joined, and batches lost on the way, come back from the
     publisher's replay socket; only what its buffer no longer holds counts as missed."""
-    kv, replay = free_port(), free_port()
+    kv, replay, poll = free_port(), free_port(), free_port()
     cfg = tmp_path / "turboprom.yml"
-    cfg.write_text(f"congestion:\n  resolution: 0\n  kv_events:\n    - {{endpoint: 'tcp://127.0.0.1:{kv}', "
+    cfg.write_text(f"congestion:\n  resolution: 0\n  poll_listen: '127.0.0.1:{poll}'\n  kv_events:\n    - {{endpoint: 'tcp://127.0.0.1:{kv}', "
                    f"replay_endpoint: 'tcp://127.0.0.1:{replay}', instance: r0, cluster: kv, model_name: m, "
                    f"topic: kv-events}}\n")
     pub = ReplayingPublisher(kv, replay, buffer_steps=6)
@@ -177,6 +177,13 @@ def test_missed_kv_events_are_replayed(tmp_path: Path) -> None:
             m = wait_for(lambda: (r := prefix(url, prompt)["r0"])["matched_blocks"] == 5 and r, what="horizon gap")
             assert m["missed_event_batches"] == 3, m  # 8 lost, the last 5 still buffered beside the live one
             assert replayed(url) - before == 5
+            # the poll process subscribes to the same publisher (and replays alike): same prefix view
+            side = wait_for(lambda: (r := prefix(f"http://127.0.0.1:{poll}", prompt).get("r0"))
+                            and r["missed_event_batches"] == 3 and r, what="the poll process's view")
+            assert {k: side[k] for k in ("matched_blocks", "matched_tokens", "cached_blocks", "missed_event_batches")} \
+                == {k: m[k] for k in ("matched_blocks", "matched_tokens", "cached_blocks", "missed_event_batches")}
+            status, out = post(f"http://127.0.0.1:{poll}/api/v1/congestion/prefix", b'{"token_ids": [1, -2]}')
+            assert status == 400 and "token_ids" in out["error"]
     finally:
         pub.close()
 

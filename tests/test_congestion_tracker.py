@@ -325,6 +325,37 @@ def test_refresher_thread_publishes_quickly(clock: Clock) -> None:
         tr.stop()
 
 
+def test_fast_path_data_skips_the_coalescing_wait() -> None:
+    """Bulk ingest waits out ``rebuild_min_interval`` after the last rebuild; ``consume_now`` (a fast
+    scrape round, a push) is published at once."""
+    import time
+
+    tr = CongestionTracker(CongestionConfig(rebuild_period_s=30, rebuild_min_interval_s=3.0))  # real clock
+    versions: list[tuple[float, float]] = []  # (time, queue length) per snapshot with the instance
+    tr.subscribe(lambda s: versions.append((time.time(), s.instances[0]["queue_length"])) if s.instances else None)
+    tr.start()
+
+    def sample(v: float) -> SampleBatch:
+        return SampleBatch.from_series([(lbl("vllm:num_requests_waiting", "w1"), [int(time.time() * 1000)], [v])])
+
+    try:
+        tr.consume(sample(1.0))
+        end = time.time() + 5
+        while not versions and time.time() < end:
+            time.sleep(0.01)
+        assert versions and versions[-1][1] == 1.0
+        tr.consume(sample(2.0))  # coalesced: the last rebuild was just now
+        time.sleep(0.3)
+        assert versions[-1][1] == 1.0
+        t0 = time.time()
+        tr.consume_now(sample(3.0))
+        while versions[-1][1] != 3.0 and time.time() < t0 + 2.0:
+            time.sleep(0.005)
+        assert versions[-1][1] == 3.0 and versions[-1][0] - t0 < 1.0
+    finally:
+        tr.stop()
+
+
 def test_config_from_mapping() -> None:
     cfg = CongestionConfig.from_mapping({"stale_after": "2s", "drop_after": "1m", "resolution": "500ms", "rho_max": 0.9})
     assert (cfg.stale_after_s, cfg.drop_after_s, cfg.resolution_s, cfg.rho_max) == (2.0, 60.0, 0.5, 0.9)

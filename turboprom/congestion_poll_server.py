@@ -5,11 +5,13 @@ storage appends and query evaluation, so its tail latency follows whatever else 
 tracker (in the server process) posts every new snapshot's pre-encoded body to a shared-memory board
 (``turboprom/snapshot_board.py``: a memcpy into a double buffer, no pipe, no wake-up of the child);
 the child answers ``GET /api/v1/congestion`` (same filters, JSON and ``ETag``/``If-None-Match`` as the
-main server's) from its own event loop and its own GIL. An unfiltered poll of an unchanged snapshot
+main server's) from its own event loop and its own GIL. With ``kv_events`` configured it also
+subscribes to the engines' KV events itself and answers ``POST /api/v1/congestion/prefix`` (its own
+prefix index, the board's load), so an event is visible without a hop through the server process. An unfiltered poll of an unchanged snapshot
 reads one 8-byte word from the board and sends the body it already holds; a new snapshot costs one
 copy; only a filtered poll decodes the body (once per snapshot, filtered bodies cached).
 
-Scope: this port serves that one read-only view of the default tenant, nothing else. It applies the
+Scope: this port serves those read-only views of the default tenant, nothing else. It applies the
 main server's web config (``--web.config.file``): the same users, roles (``read``), tenant limits and
 TLS, and the same listen guard (a non-loopback address needs auth or ``--insecure``). A caller
 naming another tenant (X-Scope-OrgID) gets the empty view, as on the main server.
@@ -40,19 +42,22 @@ class PollSettings:
     web_config_file: str | None = None
     auth_limits: dict[str, Any] | None = None
     web_timeouts: dict[str, Any] | None = None  # the server YAML's ``web:`` section (read/idle timeouts)
+    kv_events: tuple[dict[str, str], ...] = ()  # congestion.kv_events: this process subscribes too
+    kv_max_blocks_per_instance: int = 1_000_000
 
 
 def _serve(settings: PollSettings, ready: Any) -> None:
     """Child process: serve the board over HTTP until killed (or the server is gone)."""
     import asyncio
+    import sys
 
     import orjson
     from aiohttp import web
 
     from scheduler_metrics.congestion.tracker import CongestionSnapshot
-    from turboprom.http_guard import GuardedAppRunner, Timeouts
     from turboprom.api_errors import ParamError, error_response
-    from turboprom.routes.congestion_api import _filters, _tenant_snapshot, not_modified, snapshot_etag
+    from turboprom.http_guard import GuardedAppRunner, Timeouts
+    from turboprom.routes.congestion_api import _filters, _tenant_snapshot, not_modified, prefix_response, snapshot_etag
     from turboprom.tenancy import DEFAULT_TENANT
 
     reader = BoardReader(settings.board)
@@ -67,6 +72,25 @@ def _serve(settings: PollSettings, ready: Any) -> None:
             snap.body = body
             decoded[0] = snap
         return snap
+
+    def current() -> CongestionSnapshot:
+        try:
+            return snapshot_of(*reader.read())
+        except BoardBodyTooLarge:
+            return CongestionSnapshot(0, time.time(), [], [], {})
+
+    # The prefix view from this process's own subscription to the engines' KV events: an event is
+    # visible here without waiting for the server process's GIL (a PUB socket serves both subscribers).
+    index = None
+    if settings.kv_events:
+        from ingest.kv_events import KVEventEndpoint, KVEventSubscriber
+        from scheduler_metrics.congestion.prefix_index import PrefixIndex
+        from turboprom.kv_events_wiring import apply_batch
+
+        sys.setswitchinterval(0.001)  # the subscriber thread must not hold the GIL 5 ms at a time
+        index = PrefixIndex(settings.kv_max_blocks_per_instance)
+        endpoints = [KVEventEndpoint(**e) for e in settings.kv_events]
+        KVEventSubscriber(endpoints, lambda ep, b, missed: apply_batch(index, ep, b, missed)).start()
 
     parent_pid = os.getppid()
 
@@ -111,6 +135,11 @@ def _serve(settings: PollSettings, ready: Any) -> None:
             ssl_ctx = cfg.ssl_context()
         app = web.Application(middlewares=middlewares)
         app.router.add_get("/api/v1/congestion", congestion)
+        if index is not None:
+            async def prefix(request: web.Request) -> web.StreamResponse:
+                return await prefix_response(request, index, current, None)
+
+            app.router.add_post("/api/v1/congestion/prefix", prefix)
         runner = GuardedAppRunner(app, Timeouts.from_config({"web": settings.web_timeouts or {}}), access_log=None,
                                   handle_signals=False)
         await runner.setup()
@@ -147,8 +176,9 @@ class CongestionPollServer:
         self._board = BoardWriter(epoch=self.tracker.epoch)
         self._publish(self.tracker.snapshot())
         self._unsubscribe = self.tracker.subscribe(self._publish)
+        cfg = self.tracker.config
         settings = PollSettings(self.host, self.port, self._board.path, self.web_config_file, self.auth_limits,
-                                self.web_timeouts)
+                                self.web_timeouts, tuple(cfg.kv_events), cfg.kv_max_blocks_per_instance)
         mpc = mp.get_context("spawn")
         parent, child = mpc.Pipe()
         self._proc = mpc.Process(target=_serve, args=(settings, child), name="congestion-poll-server", daemon=True)

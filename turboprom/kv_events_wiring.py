@@ -46,9 +46,7 @@ def build_fast_signals(ctx: ServerContext, tracker: Any) -> None:
             web_timeouts=web if isinstance(web, dict) else None)
     if cfg.kv_events:
         index = PrefixIndex(cfg.kv_max_blocks_per_instance)
-        endpoints = [KVEventEndpoint(e["endpoint"], e["instance"], e["cluster"], e["model_name"], e["topic"],
-                                     e["replay_endpoint"])
-                     for e in cfg.kv_events]
+        endpoints = [KVEventEndpoint(**e) for e in cfg.kv_events]
         ctx.components["prefix_index"] = index
         ctx.components["kv_events"] = KVEventSubscriber(endpoints, lambda ep, b, missed: apply_batch(index, ep, b, missed))
     if cfg.fast_scrape_jobs and ctx.components.get("scraper") is not None:
@@ -56,4 +54,4 @@ def build_fast_signals(ctx: ServerContext, tracker: Any) -> None:
         from scheduler_metrics.schema import SIGNAL_BY_SAMPLE_NAME
 
         ctx.components["fast_scrape"] = FastScrape(ctx.components["scraper"], cfg.fast_scrape_jobs,
-                                                   cfg.fast_scrape_interval_s, SIGNAL_BY_SAMPLE_NAME, tracker.consume)
+                                                   cfg.fast_scrape_interval_s, SIGNAL_BY_SAMPLE_NAME, tracker.consume_now)

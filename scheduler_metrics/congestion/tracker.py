@@ -11,8 +11,9 @@ Data path (``consume``, called from ingest worker threads with the samples stora
    (slot, time), per-slot increments (counter resets handled), one EWMA rate update per slot,
    newest value per slot, newest sample time per instance. O(1) work per relevant sample.
 3. A refresher thread rebuilds a ready-to-serve snapshot (instances, cluster aggregates and the
-   pre-encoded JSON body) shortly after new data (``rebuild_min_interval_s``) and at least every
-   ``rebuild_period_s`` (ages, staleness); polls only read that snapshot, never storage.
+   pre-encoded JSON body) shortly after new data (``rebuild_min_interval_s``; at once after data
+   from a fast path, ``consume_now``) and at least every ``rebuild_period_s`` (ages, staleness);
+   polls only read that snapshot, never storage.
 
 Per instance (key: ``cluster``, ``model_name`` (else ``model``), ``instance`` labels; entries and written-back
 series are labelled ``model_name``) it keeps: queue
@@ -189,6 +190,7 @@ class CongestionTracker:
                                                                                  np.zeros(0, np.int64), [])
         # snapshot
         self._dirty = threading.Event()
+        self._urgent = threading.Event()  # the pending data came by a fast path: rebuild at once
         self._version = 0
         self._last_build = 0.0
         self._snapshot = CongestionSnapshot(0, self.clock(), [], [], self._model_info())
@@ -213,6 +215,13 @@ class CongestionTracker:
             self._consume(batch, n)
         finally:
             CONSUME_SECONDS.observe(time.perf_counter() - t0)
+
+    def consume_now(self, batch: SampleBatch) -> None:
+        """``consume``, and the next snapshot is built without the coalescing wait: for the fast
+        paths (a whole fast-scrape round, an engine's own push), which arrive a few times a second
+        per source and exist to be fresh; bulk ingest keeps coalescing."""
+        self.consume(batch)
+        self._urgent.set()
 
     def _consume(self, batch: SampleBatch, n: int) -> None:
         now = self.clock()
@@ -757,9 +766,11 @@ class CongestionTracker:
             # build, which is wall time and so grows when the GIL is contended), never longer than
             # rebuild_period_s. Small fleets (builds of a few ms) still publish within ~10-20 ms; a
             # 1000-instance fleet (~15 ms builds) every ~60 ms instead of taking half a core from ingest.
+            # Data from a fast path (consume_now) is published at once.
             wait = max(cfg.rebuild_min_interval_s, min(3.0 * self.last_build_s, cfg.rebuild_period_s)) - (now - self._last_build)
-            if wait > 0:
-                self._stop.wait(wait)
+            if wait > 0 and not self._urgent.is_set():
+                self._urgent.wait(wait)
+            self._urgent.clear()
             try:
                 t = time.perf_counter()
                 self.refresh()
@@ -787,6 +798,7 @@ class CongestionTracker:
     def stop(self) -> None:
         self._stop.set()
         self._dirty.set()
+        self._urgent.set()
         t, self._thread = self._thread, None
         if t is not None:
             t.join(timeout=5)

@@ -265,7 +265,7 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
 
         def work() -> int:
             batch = importer.to_batch(body, default_ts_ms=int(time.time() * 1000), openmetrics=openmetrics)
-            tracker.consume(batch)
+            tracker.consume_now(batch)
             return len(batch)
 
         try:
@@ -280,42 +280,7 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
         index = ctx.components.get("prefix_index")
         if tracker is None or index is None:
             return error_response("unavailable", "no KV event view on this server (configure congestion.kv_events)")
-        body = await request.read()
-        try:
-            f = _filters(request)
-        except ParamError as e:
-            return error_response("bad_data", str(e))
-        own = f["tenant"] == DEFAULT_TENANT
-
-        def work() -> tuple[int, Any]:  # a prompt is up to MAX_PROMPT_TOKENS: parsed and hashed off the loop
-            q = _prefix_query(body)
-            return len(q["token_ids"]), (index.match(q["token_ids"], q["lora_id"]) if own else None)
-
-        try:
-            n_tokens, matches = await asyncio.get_running_loop().run_in_executor(ctx.executor, work)
-        except ParamError as e:
-            return error_response("bad_data", str(e))
-        if not own:
-            return web.Response(content_type="application/json", body=orjson.dumps(
-                {"status": "success", "data": {"prompt_tokens": n_tokens, "instances": []}}))
-        snap = tracker.snapshot()
-        load = {_entry_key(d): d for d in snap.instances}
-        cs, ms, ins = set(f["cluster"]), set(f["model_name"]), set(f["instance"])
-        rows = []
-        for key, m in matches.items():
-            c, mdl, inst = key
-            if (cs and c not in cs) or (ms and mdl not in ms) or (ins and inst not in ins):
-                continue
-            d = load.get(key)
-            if d is not None and d["stale"] and not f["include_stale"]:
-                continue
-            rows.append({"cluster": c, "model_name": mdl, "instance": inst, **m,
-                         **{k: (d or {}).get(k) for k in PREFIX_LOAD_FIELDS}, "load_known": d is not None})
-        rows.sort(key=lambda r: (-r["matched_blocks"], r["congestion_price_seconds_per_token"] is None,
-                                 r["congestion_price_seconds_per_token"] or 0.0, r["instance"]))
-        return web.Response(content_type="application/json", body=orjson.dumps(
-            {"status": "success", "data": {"prompt_tokens": n_tokens, "snapshot_version": snap.version,
-                                           "generated_at": snap.generated_at, "instances": rows}}))
+        return await prefix_response(request, index, tracker.snapshot, ctx.executor)
 
     async def model_server_metrics(request: web.Request) -> web.StreamResponse:
         view = tracker_view(request)
@@ -377,6 +342,56 @@ MAX_PROMPT_TOKENS = 1_000_000
 # Load fields of an instance entry returned beside its prefix match.
 PREFIX_LOAD_FIELDS = ("queue_length", "running", "kv_usage", "backlog_seconds", "utilization",
                       "congestion_price_seconds_per_token", "age_seconds", "stale")
+
+
+# A prompt this size or smaller is parsed and hashed on the event loop (tens of microseconds): a hop
+# to a worker thread would queue it behind ingest and query work for longer than the work itself.
+INLINE_PREFIX_BYTES = 16 * 1024
+
+
+async def prefix_response(request: web.Request, index: Any, snapshot: Any, executor: Any) -> web.Response:
+    """``POST /api/v1/congestion/prefix`` against ``index`` (a PrefixIndex) with the load of
+    ``snapshot()`` (the tracker's, or the poll process's copy): the main server and the poll process
+    answer it alike."""
+    body = await request.read()
+    try:
+        f = _filters(request)
+    except ParamError as e:
+        return error_response("bad_data", str(e))
+    own = f["tenant"] == DEFAULT_TENANT
+
+    def work() -> tuple[int, Any]:
+        q = _prefix_query(body)
+        return len(q["token_ids"]), (index.match(q["token_ids"], q["lora_id"]) if own else None)
+
+    try:
+        if len(body) <= INLINE_PREFIX_BYTES:
+            n_tokens, matches = work()
+        else:  # a prompt is up to MAX_PROMPT_TOKENS: parsed and hashed off the loop
+            n_tokens, matches = await asyncio.get_running_loop().run_in_executor(executor, work)
+    except ParamError as e:
+        return error_response("bad_data", str(e))
+    if not own:
+        return web.Response(content_type="application/json", body=orjson.dumps(
+            {"status": "success", "data": {"prompt_tokens": n_tokens, "instances": []}}))
+    snap = snapshot()
+    load = {_entry_key(d): d for d in snap.instances}
+    cs, ms, ins = set(f["cluster"]), set(f["model_name"]), set(f["instance"])
+    rows = []
+    for key, m in matches.items():
+        c, mdl, inst = key
+        if (cs and c not in cs) or (ms and mdl not in ms) or (ins and inst not in ins):
+            continue
+        d = load.get(key)
+        if d is not None and d["stale"] and not f["include_stale"]:
+            continue
+        rows.append({"cluster": c, "model_name": mdl, "instance": inst, **m,
+                     **{k: (d or {}).get(k) for k in PREFIX_LOAD_FIELDS}, "load_known": d is not None})
+    rows.sort(key=lambda r: (-r["matched_blocks"], r["congestion_price_seconds_per_token"] is None,
+                             r["congestion_price_seconds_per_token"] or 0.0, r["instance"]))
+    return web.Response(content_type="application/json", body=orjson.dumps(
+        {"status": "success", "data": {"prompt_tokens": n_tokens, "snapshot_version": snap.version,
+                                       "generated_at": snap.generated_at, "instances": rows}}))
 
 
 def _prefix_query(body: bytes) -> dict[str, Any]:

@@ -21,7 +21,7 @@ import numpy as np
 
 from planner.algorithm_registry import allowed
 from planner.normalize import servable_call
-from planner.sds import SDS, shape_of
+from planner.sds import SDS, read_fold_seconds, shape_of
 from planner.served_functions import SERVED
 from planner.summary_scan import ScanResult, scan_exact, scan_kll, window_plan
 from promql.eval_selectors import duration_ms, effective_times, to_matchers
@@ -200,6 +200,19 @@ def with_policy(hook: Callable[[Any, Any], Any], approximate: bool) -> Callable[
     return bound
 
 
+def timed(answer: Callable[[], "Served | None"]) -> "Served | None":
+    """``answer()``, with what serving it from the summary cost (wall and CPU seconds) set on the result:
+    the shadow runs weigh this against the raw path. Folds of samples that arrived before the read
+    (``read_fold_seconds``) are summarization, already counted as the plan's ingest CPU: left out."""
+    (fw0, fc0), w0, c0 = read_fold_seconds(), time.perf_counter(), time.thread_time()
+    served = answer()
+    if served is not None:
+        fw1, fc1 = read_fold_seconds()
+        served.wall_s = max(time.perf_counter() - w0 - (fw1 - fw0), 0.0)
+        served.cpu_s = max(time.thread_time() - c0 - (fc1 - fc0), 0.0)
+    return served
+
+
 class RewriteHook:
     """``hook(node, eval_ctx) -> Value | None`` for ``Engine.*_query(node_hooks=[...])``."""
 
@@ -213,15 +226,13 @@ class RewriteHook:
         if type(node).__name__ != "Call":
             return None
         for rule in self.rules:
-            w0, c0 = time.perf_counter(), time.thread_time()
             try:
-                served = rule(node, ectx, self.rctx)
+                served = timed(lambda: rule(node, ectx, self.rctx))
             except Exception:  # noqa: BLE001 - a summary problem must never fail the query: go raw
                 log.exception("summary rewrite failed; evaluating raw")
                 ectx.extra.pop(_FILL_KEY, None)
                 return None
             if served is not None:
-                served.wall_s, served.cpu_s = time.perf_counter() - w0, time.thread_time() - c0
                 ectx.extra.pop(_FILL_KEY, None)
                 self._report(served, ectx)
                 return served.value

@@ -23,7 +23,6 @@ plus rules for ``AggregateExpr`` nodes (``RewriteHook`` itself only looks at cal
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -32,7 +31,7 @@ from planner.distinct_store import cpc_sketch, cpc_union
 from planner.group_scan import scan_group
 from planner.normalize import distinct_shape, group_shape, topk_shape
 from planner.raw_segments import RawPrefix
-from planner.rewrite import RULES, RewriteContext, RewriteHook, Rule, Served, _number, _prepare, _vector, rule_kll, worth_it
+from planner.rewrite import RULES, RewriteContext, RewriteHook, Rule, Served, _number, _prepare, _vector, rule_kll, timed, worth_it
 from planner.sds import SDS, shape_of
 from planner.summary_scan import RawSource, ScanResult, _read_raw, scan_kll
 from planner.topk_store import frequent_strings_sketch, provable_topk
@@ -275,18 +274,19 @@ class SketchRewriteHook(RewriteHook):
 
     def __call__(self, node: Any, ectx: Any) -> Any:
         if self.find_group is not None and type(node).__name__ == "AggregateExpr" and not ectx.extra.get("exact"):
-            served = None
-            w0, c0 = time.perf_counter(), time.thread_time()
-            for rule in AGGREGATE_RULES:
-                try:
+            def first_answer() -> Served | None:
+                for rule in AGGREGATE_RULES:
                     served = rule(node, ectx, self.rctx, self.find_group)
-                except Exception:  # noqa: BLE001 - a summary problem must never fail the query: go raw
-                    log.exception("aggregate summary rewrite failed; evaluating raw")
-                    return None
-                if served is not None:
-                    break
+                    if served is not None:
+                        return served
+                return None
+
+            try:
+                served = timed(first_answer)
+            except Exception:  # noqa: BLE001 - a summary problem must never fail the query: go raw
+                log.exception("aggregate summary rewrite failed; evaluating raw")
+                return None
             if served is not None:
-                served.wall_s, served.cpu_s = time.perf_counter() - w0, time.thread_time() - c0
                 self._report(served, ectx)
                 return served.value
             return None

@@ -40,6 +40,16 @@ from planner.topk_store import epsilon_for
 from storage.labels import Labels, metric_name
 from storage.matchers import Matcher
 
+_READ_FOLD = threading.local()
+
+
+def read_fold_seconds() -> tuple[float, float]:
+    """(wall s, CPU s) this thread has spent, in ``SDS.coverage``, folding samples that arrived before
+    the read (the summarizer's queue and an SDS's buffer). That is summarization work, counted in the
+    plan's ingest CPU; the rewrite leaves it out of what serving from the summary cost, so it is not
+    counted twice and a read that happened to fold a queue is not measured slower than raw for it."""
+    return getattr(_READ_FOLD, "wall", 0.0), getattr(_READ_FOLD, "cpu", 0.0)
+
 
 @dataclass(frozen=True)
 class SDSSpec:
@@ -157,7 +167,7 @@ class SDSStats:
 
     def record(self, shape: tuple, served_wall: float, served_cpu: float, raw_wall: float, raw_cpu: float) -> None:
         self.shadow.append((served_wall, served_cpu, raw_wall, raw_cpu))
-        self.shapes.setdefault(shape, deque(maxlen=16)).append((time.time(), served_wall, raw_wall))
+        self.shapes.setdefault(shape, deque(maxlen=16)).append((time.time(), served_wall, raw_wall, served_cpu, raw_cpu))
 
     def _recent(self, shape: tuple) -> list[tuple[float, float, float]]:
         d = self.shapes.get(shape)
@@ -167,24 +177,32 @@ class SDSStats:
         return [x for x in d if now - x[0] < self.SHAPE_TTL_S]
 
     def verdict(self, shape: tuple) -> str | None:
-        """"faster" / "slower" than raw for this shape of use (median of its recent shadow runs), or None
-        while fewer than ``SHAPE_MIN_RUNS`` are known."""
+        """"faster" / "slower" than raw for this shape of use (medians of its recent shadow runs), or None
+        while fewer than ``SHAPE_MIN_RUNS`` are known.
+
+        "slower" needs the summary's median wall time *and* its median CPU time at or above the raw
+        path's. The two halves of a shadow pair run at different moments (the served one on the query's
+        thread, the raw one later on the canary's), so on a busy machine their wall times also measure
+        whatever else ran then; CPU time measures the work itself. A summary that does less work than
+        the raw path is not retired on a wall-clock difference the load made, and one that does more
+        work and is no faster goes."""
         r = self._recent(shape)
         if len(r) < self.SHAPE_MIN_RUNS:
             return None
         # statistics.median: on these few values it is ~100x cheaper than numpy's, and this runs on
         # every query the summary could serve
-        served = statistics.median([x[1] for x in r])
-        raw = statistics.median([x[2] for x in r])
-        return "faster" if served < raw else "slower"
+        slower_wall = statistics.median([x[1] for x in r]) >= statistics.median([x[2] for x in r])
+        slower_cpu = statistics.median([x[3] for x in r]) >= statistics.median([x[4] for x in r])
+        return "slower" if slower_wall and slower_cpu else "faster"
 
-    def shape_medians(self) -> dict[str, tuple[float, float]]:
-        """Per shape of use with a verdict: (median served wall s, median raw wall s) of its recent runs."""
+    def shape_medians(self) -> dict[str, tuple[float, float, float, float]]:
+        """Per shape of use with a verdict: medians of its recent runs (served wall s, raw wall s,
+        served CPU s, raw CPU s)."""
         out = {}
         for sh in list(self.shapes):
             r = self._recent(sh)
             if len(r) >= self.SHAPE_MIN_RUNS:
-                out[shape_label(sh)] = (statistics.median(x[1] for x in r), statistics.median(x[2] for x in r))
+                out[shape_label(sh)] = tuple(statistics.median(x[i] for x in r) for i in (1, 2, 3, 4))
         return out
 
     def needs_probe(self, shape: tuple) -> bool:
@@ -421,6 +439,7 @@ class SDS:
 
         Taken under the fold lock: a fold in flight has already moved its samples out of the buffer,
         so checking the buffer alone would let a read see panes the fold has not reached yet."""
+        w0, c0 = time.perf_counter(), time.thread_time()
         if self.before_read is not None and self.live_from is not None:
             # batches the summarizer still queues: folded first when one holds a sample of a pane this
             # read would take as sealed (newer samples only seal panes once folded); outside the lock
@@ -431,6 +450,8 @@ class SDS:
             # panes measured faster but let live answers differ from raw: not done)
             self.flush_pending()
             max_ts = self.max_ts
+        _READ_FOLD.wall = getattr(_READ_FOLD, "wall", 0.0) + time.perf_counter() - w0
+        _READ_FOLD.cpu = getattr(_READ_FOLD, "cpu", 0.0) + time.thread_time() - c0
         if self.live_from is None or self.cov_lo is None:
             return 0, 0
         sealed = (max_ts - self.seal_delay_ms) // self.spec.pane_ms  # panes before this are sealed

@@ -222,6 +222,59 @@ def test_plan_slower_than_raw_in_shadow_runs_is_retired_and_not_readopted():
     assert any("retired on measurement" in c["last_decision"] for c in st.planner.candidates_report())
 
 
+def test_slower_verdict_needs_both_wall_and_cpu():
+    """A shadow pair's halves run at different moments: a wall-clock loss with less CPU work is the
+    load, not the summary, and does not retire it; more work and no faster does."""
+    from planner.sds import SDSStats, shape_of
+
+    sh = shape_of("rate", 300_000, 4)
+    st = SDSStats()
+    for _ in range(3):
+        st.record(sh, 0.020, 0.002, 0.015, 0.008)  # slower wall, a quarter of the CPU
+    assert st.verdict(sh) == "faster"
+    st = SDSStats()
+    for _ in range(3):
+        st.record(sh, 0.020, 0.009, 0.015, 0.008)  # slower on both
+    assert st.verdict(sh) == "slower"
+    assert st.shape_medians()[shape_label_of(sh)] == (0.020, 0.015, 0.009, 0.008)
+
+
+def shape_label_of(sh):
+    from planner.sds import shape_label
+
+    return shape_label(sh)
+
+
+def test_served_cost_leaves_out_folds_of_earlier_samples():
+    """A read that first folds the summarizer's queue (samples that arrived before it) is charged for
+    serving only: the fold is the plan's summarization CPU, and a served sub-tree measured with it
+    would look slower than raw for work the summarizer does anyway."""
+    items = random_series(seed=5)
+    src, batch = load(items)
+    tmax = int(batch.timestamps.max())
+    st = _stack(src, {"canary_fraction": 0, "cost_based": False})
+    feed(st.summarizer, batch)
+    q = "rate(x_total[30m])"
+    for _ in range(3):  # recurs: adopted and backfilled
+        st.engine.range_query(q, tmax - 3_600_000, tmax, 600_000)
+    (sds,) = st.planner.sds.values()
+    real = sds.before_read
+    burn_s = 0.05
+
+    def folding_read(t_ms):  # the queue's fold, made long enough to measure
+        real(t_ms)
+        c0 = time.thread_time()
+        while time.thread_time() - c0 < burn_s:
+            pass
+    sds.before_read = folding_read
+    seen = []
+    st.hook.rctx.on_served = lambda served, ectx: seen.append(served)
+    res = st.engine.range_query(q, tmax - 3_600_000, tmax, 600_000)
+    assert any(p.startswith("summary:") for p in res.stats.paths) and seen
+    assert res.stats.cpu_seconds >= burn_s  # the query's thread did fold
+    assert 0 < seen[0].cpu_s < burn_s and seen[0].wall_s < burn_s  # serving alone was measured
+
+
 def test_many_flushes_merge_pane_files_and_restore_the_same_answers(tmp_path, monkeypatch):
     """Each flush writes the panes sealed since the last one; past MERGE_FILES files they become one.
     An interrupted merge (merged file written, old files not yet removed) restores without counting

@@ -78,10 +78,12 @@ def test_demo_scheduler_migrates_kv_through_kedgeflow(tmp_path: Path) -> None:
             assert ev["destination_price_seconds_per_token"] < reb.congested_price
             # approved by the server's policy on the live cluster price, below its bound
             assert first.decision["approved"] and first.decision["signals"]["price"] < 0.05, first.decision
-            # the target moved the session's KV in the simulation and pinned the new holder
-            res = first.outcome["result"]
-            assert res["holder"] == params["to"] and res["from"] == params["from"] and res["moved_kv_tokens"] > 0, res
-            assert control.vesta.holder[params["session"]] == params["to"]
+            # the target pinned the new holder and moved the session's KV in the simulation (the KV the
+            # source held when the loop chose it, unless the simulation evicted or moved it in between)
+            results = [(r.action["params"], r.outcome["result"]) for r in done]
+            assert all(res["holder"] == p["to"] for p, res in results), results
+            assert any(res["from"] == p["from"] and res["moved_kv_tokens"] > 0 for p, res in results), results
+            assert control.holder(params["session"])[1] == params["expected_holder_version"] + 1 or len(done) > 1
 
             # each committed grant was applied exactly once at the target
             actions = _get(fleet.control_url + "/api/v1/scheduler/actions")
@@ -98,9 +100,10 @@ def test_demo_scheduler_migrates_kv_through_kedgeflow(tmp_path: Path) -> None:
             # an uncertain dispatch (the control endpoint gone) never restores the allowance
             fleet.control_server.close()  # type: ignore[union-attr]
             session = params["session"]
+            version = control.holder(session)[1]
             spec = {"verb": "scheduler.kv_migrate", "target": f"session/{session}",
                     "params": {"cluster": "demo", "model": fleet.model, "session": session, "from": params["to"], "to": params["from"],
-                               "expected_holder_version": control.holder(session)[1]}}
+                               "expected_holder_version": version}}
             deadline = time.time() + 20
             while not (prop := _post(srv.url + "/api/v1/kedgeflow/propose", spec))["decision"]["approved"] and time.time() < deadline:
                 time.sleep(0.5)  # the policy refuses while the cluster price is above its bound: ask again
@@ -109,7 +112,7 @@ def test_demo_scheduler_migrates_kv_through_kedgeflow(tmp_path: Path) -> None:
             assert out["status"] == "uncertain", out
             out = _post(srv.url + "/api/v1/kedgeflow/execute", {"action": prop["action"], "grant": prop["grant"]})
             assert out["status"] == "refused" and "consumed" in out["reason"], out
-            assert control.commits == len(committed) and control.vesta.holder[session] == params["to"]
+            assert control.commits == len(committed) and control.holder(session)[1] == version
 
             # every step is in the audit log, per allowance
             entries = _get(srv.url + "/api/v1/audit?limit=0")["data"]

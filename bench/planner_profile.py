@@ -27,6 +27,7 @@ sys.path.insert(0, str(REPO))
 from bench.planner_bench import series_defs, values_for  # noqa: E402
 from planner.stack import build  # noqa: E402
 from promql.engine import Engine  # noqa: E402
+from promql.query_opts import QueryOpts  # noqa: E402
 from storage.batch import SampleBatch  # noqa: E402
 from storage.labels import make_labels  # noqa: E402
 from storage.options import StorageOptions  # noqa: E402
@@ -158,7 +159,7 @@ def main() -> int:
                 eng.range_query(q, end - 3_600_000, end, 30_000)
                 plain.append(time.perf_counter() - t)
                 t = time.perf_counter()
-                res = pe.range_query(q, end - 3_600_000, end, 30_000, exact=q.startswith("sum(rate"))
+                res = pe.range_query(q, end - 3_600_000, end, 30_000, QueryOpts(exact=q.startswith("sum(rate")))
                 planned.append(time.perf_counter() - t)
             print(f"overhead {q:32s} plain {med(plain):7.2f} ms  planned {med(planned):7.2f} ms  "
                   f"(+{med(planned) - med(plain):.2f} ms) {','.join(res.stats.paths)}", flush=True)

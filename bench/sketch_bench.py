@@ -33,6 +33,7 @@ from planner.rewrite_sketch import SketchRewriteHook, ordered_rules  # noqa: E40
 from planner.sds import SDS, SDSSpec  # noqa: E402
 from planner.summarizer import Summarizer  # noqa: E402
 from promql.engine import Engine  # noqa: E402
+from promql.query_opts import QueryOpts  # noqa: E402
 from promql.memory_source import MemorySource  # noqa: E402
 from storage.batch import SampleBatch  # noqa: E402
 from storage.labels import make_labels  # noqa: E402
@@ -198,7 +199,7 @@ def main() -> int:
             times = []
             for _ in range(a.repeats + 1):
                 w0 = time.perf_counter()
-                res = eng.range_query(q, start, end, step, node_hooks=hooks)
+                res = eng.range_query(q, start, end, step, QueryOpts(node_hooks=hooks))
                 times.append(time.perf_counter() - w0)
             path = res.stats.paths[0]
             extra = ""

@@ -1,17 +1,19 @@
-"""``PlannedEngine``: the engine's interface, with the rewrite hook attached, every query logged and
-fed to the planner. ``exact=True`` runs the raw path (still logged, marked exact). ``approx`` (None: the
-tenant's ``planner.approximate``) says whether approximate algorithms may answer; by default answers
-equal the raw path."""
+"""``PlannedEngine``: the engine interface (promql/query_opts.py), with the rewrite hook attached,
+every query logged and fed to the planner. ``QueryOpts.exact`` runs the raw path (still logged,
+marked exact). ``QueryOpts.approx`` (None: the tenant's ``planner.approximate``) says whether
+approximate algorithms may answer; by default answers equal the raw path."""
 from __future__ import annotations
 
 import time
-from typing import Any
+from dataclasses import replace
+from typing import Any, Callable
 
 from planner.normalize import candidates, normalize
 from planner.query_log import LogEntry, QueryLog
 from planner.rewrite import RewriteHook, with_policy
 from planner.step_answers import StepAnswers, cacheable
 from promql.query_guard import parse as guarded_parse
+from promql.query_opts import NO_OPTS, QueryOpts
 from promql.types import QueryResult
 
 
@@ -59,27 +61,22 @@ class PlannedEngine:
         self.origin = origin
         self._patterns = _Patterns()
 
-    def __getattr__(self, name: str) -> Any:  # parse(), source, ... pass through
-        return getattr(self.engine, name)
+    def instant_query(self, query: str, time_ms: int, opts: QueryOpts = NO_OPTS) -> QueryResult:
+        return self._run("instant", query, int(time_ms), int(time_ms), 0, opts,
+                         lambda o: self.engine.instant_query(query, time_ms, o))
 
-    def instant_query(self, query: str, time_ms: int, *, exact: bool = False, approx: bool | None = None,
-                      origin: str | None = None, tenant: str = "default", **kw: Any) -> QueryResult:
-        return self._run("instant", query, int(time_ms), int(time_ms), 0, exact, approx, origin, tenant,
-                         lambda hooks: self.engine.instant_query(query, time_ms, node_hooks=hooks, **kw))
-
-    def range_query(self, query: str, start_ms: int, end_ms: int, step_ms: int, *, exact: bool = False,
-                    approx: bool | None = None, origin: str | None = None, tenant: str = "default",
-                    **kw: Any) -> QueryResult:
-        def call(hooks: tuple) -> QueryResult:
-            if (self.step_answers is None or exact or end_ms - start_ms < step_ms
+    def range_query(self, query: str, start_ms: int, end_ms: int, step_ms: int,
+                    opts: QueryOpts = NO_OPTS) -> QueryResult:
+        def call(o: QueryOpts) -> QueryResult:
+            if (self.step_answers is None or opts.exact or end_ms - start_ms < step_ms
                     or not self._patterns.get(query, self.planner)[2]):
-                return self.engine.range_query(query, start_ms, end_ms, step_ms, node_hooks=hooks, **kw)
-            key = (tenant, query, kw.get("lookback_delta_ms"), self.approximate_for(tenant, approx))
+                return self.engine.range_query(query, start_ms, end_ms, step_ms, o)
+            key = (opts.tenant, query, opts.lookback_delta_ms, self.approximate_for(opts.tenant, opts.approx))
             return self.step_answers.range_query(
                 key, int(start_ms), int(end_ms), int(step_ms),
-                lambda s, e: self.engine.range_query(query, s, e, step_ms, node_hooks=hooks, **kw))
+                lambda s, e: self.engine.range_query(query, s, e, step_ms, o))
 
-        return self._run("range", query, int(start_ms), int(end_ms), int(step_ms), exact, approx, origin, tenant, call)
+        return self._run("range", query, int(start_ms), int(end_ms), int(step_ms), opts, call)
 
     def approximate_for(self, tenant: str, approx: bool | None) -> bool:
         if approx is not None:
@@ -87,16 +84,19 @@ class PlannedEngine:
         cfg = self.planner.config if self.planner is not None else None
         return cfg.approximate_for(tenant) if cfg is not None else False
 
-    def _run(self, kind: str, query: str, start: int, end: int, step: int, exact: bool, approx: bool | None,
-             origin: str | None, tenant: str, call: Any) -> QueryResult:
+    def _run(self, kind: str, query: str, start: int, end: int, step: int, opts: QueryOpts,
+             call: Callable[[QueryOpts], QueryResult]) -> QueryResult:
+        """Evaluate through ``call`` (given the options for the raw engine: the rewrite hook added
+        unless ``exact``) and log the query."""
+        exact, tenant, origin = opts.exact, opts.tenant, opts.origin
         arrival = int(time.time() * 1000)
         wall0, cpu0 = time.perf_counter(), time.thread_time()
-        approximate = (not exact) and self.approximate_for(tenant, approx)
+        approximate = (not exact) and self.approximate_for(tenant, opts.approx)
         hooks = () if exact else (with_policy(self.hook, approximate),)
         err = ""
         res = None
         try:
-            res = call(hooks)
+            res = call(replace(opts, node_hooks=(*opts.node_hooks, *hooks)))
             return res
         except Exception as e:
             err = f"{type(e).__name__}: {e}"

@@ -42,6 +42,7 @@ import yaml
 from storage.batch import SampleBatch
 from storage.labels import METRIC_NAME, Labels, make_labels
 from storage.stale import STALE_NAN
+from promql.query_opts import QueryOpts
 
 log = logging.getLogger("turboprom.planner")
 
@@ -372,7 +373,7 @@ class RuleManager:
         g.evaluations += 1
 
     def _instant(self, query: str, ts_ms: int) -> tuple[list[Labels], list[float]]:
-        return self._vector(self.engine.instant_query(query, ts_ms, origin="rule"))  # logged as a rule's query
+        return self._vector(self.engine.instant_query(query, ts_ms, QueryOpts(origin="rule")))  # logged as a rule's query
 
     @staticmethod
     def _vector(res: Any) -> tuple[list[Labels], list[float]]:

@@ -8,8 +8,8 @@
 
 Both return ``promql.types.QueryResult`` (range queries always "matrix"; an instant query whose
 expression is a range selector or subquery returns a ragged matrix in ``QueryResult.csr``).
-Per-query options (lookback, timeout, max samples, max depth, memory budget, a ``threading.Event``
-to cancel, and ``node_hooks``) override the engine defaults.
+Per-query options (``promql.query_opts.QueryOpts``: lookback, timeout, max samples, max depth,
+memory budget, a ``threading.Event`` to cancel, and ``node_hooks``) override the engine defaults.
 
 Limits (docs/reliability.md, "Query limits"): ``max_depth`` refuses expressions deeper than that
 before the parser binding runs (BadData, 400; promql/query_guard.py); ``max_samples`` counts the
@@ -22,21 +22,21 @@ Semantics follow Prometheus 3.x with delayed ``__name__`` removal; see docs/comp
 """
 from __future__ import annotations
 
-import threading
 import time
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import promql_parser as pp
 
 from promql import query_guard
 from promql.errors import BadData, ExecutionError, PromQLError, TooManySamples
-from promql.eval_context import BYTES_PER_CELL, EvalContext, NodeHook, QueryBudget
+from promql.eval_context import BYTES_PER_CELL, EvalContext, QueryBudget
 from promql.eval_histogram import has_hist, histogram_points, refuse_result, strip
 from promql.eval_labels import SAME_LABELSET, apply_name_drop, drop_metric_name, merge_same_labels
 from promql.eval_positions import locate_all
 from promql.evaluator import Evaluator
 from promql.query_guard import DEFAULT_MAX_DEPTH
+from promql.query_opts import NO_OPTS, QueryOpts
 from promql.source import SampleSource
 from promql.types import Annotations, QueryResult, QueryStats, RangeWindows, Scalar, StringValue, VectorSteps
 
@@ -161,41 +161,13 @@ class Engine:
         return parse(query, self.max_depth if max_depth is None else int(max_depth))
 
     # -- public API -----------------------------------------------------------------------
-    def instant_query(
-        self,
-        query: str,
-        time_ms: int,
-        *,
-        lookback_delta_ms: int | None = None,
-        timeout_s: float | None = None,
-        max_samples: int | None = None,
-        cancel: threading.Event | None = None,
-        node_hooks: Sequence[NodeHook] = (),
-        max_depth: int | None = None,
-        max_memory_bytes: int | None = None,
-        origin: str | None = None,  # who asks (api, rule, ...): engines that log queries record it; this one keeps no log
-    ) -> QueryResult:
-        expr = self.parse(query, max_depth)
+    def instant_query(self, query: str, time_ms: int, opts: QueryOpts = NO_OPTS) -> QueryResult:
+        expr = self.parse(query, opts.max_depth)
         steps = np.array([int(time_ms)], dtype=np.int64)
-        return self._run(query, expr, steps, int(time_ms), int(time_ms), 0, False,
-                         lookback_delta_ms, timeout_s, max_samples, cancel, node_hooks, max_memory_bytes)
+        return self._run(query, expr, steps, int(time_ms), int(time_ms), 0, False, opts)
 
-    def range_query(
-        self,
-        query: str,
-        start_ms: int,
-        end_ms: int,
-        step_ms: int,
-        *,
-        lookback_delta_ms: int | None = None,
-        timeout_s: float | None = None,
-        max_samples: int | None = None,
-        cancel: threading.Event | None = None,
-        node_hooks: Sequence[NodeHook] = (),
-        max_depth: int | None = None,
-        max_memory_bytes: int | None = None,
-        origin: str | None = None,
-    ) -> QueryResult:
+    def range_query(self, query: str, start_ms: int, end_ms: int, step_ms: int,
+                    opts: QueryOpts = NO_OPTS) -> QueryResult:
         if step_ms <= 0:
             raise BadData("zero or negative query resolution step widths are not accepted. Try a positive integer")
         if end_ms < start_ms:
@@ -203,25 +175,24 @@ class Engine:
         for name, v in (("start", start_ms), ("end", end_ms), ("step", step_ms)):
             if not (_INT64_MIN <= int(v) <= _INT64_MAX):
                 raise BadData(f"{name} {v} is out of range: times and steps are int64 milliseconds")
-        expr = self.parse(query, max_depth)
+        expr = self.parse(query, opts.max_depth)
         et = expr_type(expr)
         if et not in ("Vector", "Scalar"):
             raise BadData(f'invalid expression type "{_DOC_TYPES[et]}" for range query, must be Scalar or instant Vector')
         n = (int(end_ms) - int(start_ms)) // int(step_ms) + 1
-        mem = self.max_memory_bytes if max_memory_bytes is None else int(max_memory_bytes)
+        mem = self.max_memory_bytes if opts.max_memory_bytes is None else int(opts.max_memory_bytes)
         if mem > 0 and n * BYTES_PER_CELL > mem:  # the step times alone, before anything is evaluated
             raise TooManySamples()
         steps = int(start_ms) + np.arange(n, dtype=np.int64) * int(step_ms)
-        return self._run(query, expr, steps, int(start_ms), int(end_ms), int(step_ms), True,
-                         lookback_delta_ms, timeout_s, max_samples, cancel, node_hooks, max_memory_bytes)
+        return self._run(query, expr, steps, int(start_ms), int(end_ms), int(step_ms), True, opts)
 
     # -- internals ------------------------------------------------------------------------
     def _run(self, query: str, expr: Any, steps: np.ndarray, start: int, end: int, step: int, is_range: bool,
-             lookback_delta_ms: int | None, timeout_s: float | None, max_samples: int | None,
-             cancel: threading.Event | None, node_hooks: Sequence[NodeHook],
-             max_memory_bytes: int | None = None) -> QueryResult:
+             opts: QueryOpts) -> QueryResult:
         wall0 = time.perf_counter()
         cpu0 = time.thread_time()
+        lookback_delta_ms, timeout_s, max_samples = opts.lookback_delta_ms, opts.timeout_s, opts.max_samples
+        cancel, node_hooks, max_memory_bytes = opts.cancel, opts.node_hooks, opts.max_memory_bytes
         tmo = self.timeout_s if timeout_s is None else float(timeout_s)
         lookback = self.lookback_delta_ms if not lookback_delta_ms or lookback_delta_ms <= 0 else int(lookback_delta_ms)
         stats = QueryStats()

@@ -13,6 +13,7 @@ from planner.rewrite_sketch import SketchRewriteHook, ordered_rules
 from planner.sds import SDS, SDSSpec
 from planner.stack import build
 from promql.engine import Engine
+from promql.query_opts import QueryOpts
 from storage.labels import make_labels
 from tests.test_planner_exact import _compare
 from tests.test_planner_fixtures import T0, feed, load, summarized
@@ -72,7 +73,7 @@ def test_distinct_counts_within_stated_error(cpc_world, q):
     src, sdss, hook, served, tmin, tmax = cpc_world
     eng = Engine(src)
     raw = eng.range_query(q, tmin + 3_600_000, tmax, 120_000)
-    fast = eng.range_query(q, tmin + 3_600_000, tmax, 120_000, node_hooks=[hook])
+    fast = eng.range_query(q, tmin + 3_600_000, tmax, 120_000, QueryOpts(node_hooks=[hook]))
     assert fast.stats.paths[0].startswith("summary:cpc-tokens"), fast.stats.paths
     assert any("algorithm cpc" in i and "distinct count relative error" in i for i in fast.annotations.infos)
     assert (raw.present == fast.present).all()
@@ -96,7 +97,7 @@ def test_other_shapes_fall_back(cpc_world, q):
     src, sdss, hook, served, tmin, tmax = cpc_world
     eng = Engine(src)
     t = tmin + 3 * 3_600_000 + 1
-    fast = eng.instant_query(q, t, node_hooks=[hook])
+    fast = eng.instant_query(q, t, QueryOpts(node_hooks=[hook]))
     assert fast.stats.paths == ["raw"], q
     _compare(eng.instant_query(q, t), fast, q)
 
@@ -114,7 +115,7 @@ def test_cpc_adopted_only_at_high_cardinality_and_restored(tmp_path):
     assert {s.spec.algorithm for s in st.planner.sds.values()} == {"exact"}
     res = st.engine.range_query(q, tmax - 3 * 3_600_000, tmax, 600_000)
     assert res.stats.paths[0].startswith("summary:exact-")
-    _compare(st.engine.range_query(q, tmax - 3 * 3_600_000, tmax, 600_000, exact=True), res, q)
+    _compare(st.engine.range_query(q, tmax - 3 * 3_600_000, tmax, 600_000, QueryOpts(exact=True)), res, q)
 
     cfg2 = dict(cfg, cpc_min_series=100, min_count=2, approximate=True)  # CPC is approximate: the operator opts in
     st2 = build(src, Engine(src), tmp_path, cfg2)
@@ -141,8 +142,8 @@ def test_refresh_reuses_sealed_steps(cpc_world):
     src, sdss, hook, served, tmin, tmax = cpc_world
     eng = Engine(src)
     q = "count(count by (model) (count_over_time(tokens[40m])))"
-    a = eng.range_query(q, tmin + 3_600_000, tmax, 300_000, node_hooks=[hook])
-    b = eng.range_query(q, tmin + 3_600_000, tmax, 300_000, node_hooks=[hook])
+    a = eng.range_query(q, tmin + 3_600_000, tmax, 300_000, QueryOpts(node_hooks=[hook]))
+    b = eng.range_query(q, tmin + 3_600_000, tmax, 300_000, QueryOpts(node_hooks=[hook]))
     assert served[-2][0].scan.info["cached_steps"] == 0 and served[-1][0].scan.info["cached_steps"] > 0
     np.testing.assert_array_equal(a.values, b.values)
     np.testing.assert_array_equal(a.present, b.present)

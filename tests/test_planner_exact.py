@@ -7,6 +7,7 @@ import pytest
 
 from planner.rewrite import RewriteContext, RewriteHook
 from promql.engine import Engine
+from promql.query_opts import QueryOpts
 from tests.test_planner_fixtures import T0, load, random_series, summarized
 
 EXACT_QUERIES = [
@@ -63,7 +64,7 @@ def test_exact_matches_raw_range_queries(world, qi):
         end = min(start + step * int(rng.integers(1, 120)), tmax + 600_000)
         q = EXACT_QUERIES[qi].format(r=f"{r_ms // 1000}s")
         raw = eng.range_query(q, start, end, step)
-        fast = eng.range_query(q, start, end, step, node_hooks=[hook])
+        fast = eng.range_query(q, start, end, step, QueryOpts(node_hooks=[hook]))
         _compare(raw, fast, q)
         served += any(p.startswith("summary:") for p in fast.stats.paths)
         assert raw.stats.paths == ["raw"]
@@ -75,7 +76,7 @@ def test_exact_instant_queries_and_infos(world):
     for q in ["rate(x_total[1h])", "stddev_over_time(g[30m])", "sum(increase(x_total[2h]))"]:
         t = tmin + (tmax - tmin) * 3 // 4 + 777
         raw = eng.instant_query(q, t)
-        fast = eng.instant_query(q, t, node_hooks=[hook])
+        fast = eng.instant_query(q, t, QueryOpts(node_hooks=[hook]))
         _compare(raw, fast, q)
         assert any(p.startswith("summary:exact-") for p in fast.stats.paths)
         assert any("served from summary" in i and "exact" in i for i in fast.annotations.infos)
@@ -83,14 +84,14 @@ def test_exact_instant_queries_and_infos(world):
 
 def test_window_without_whole_pane_falls_back_to_raw(world):
     eng, hook, tmin, tmax, _ = world
-    fast = eng.instant_query("rate(x_total[50s])", tmin + 3_600_000 + 5_000, node_hooks=[hook])
+    fast = eng.instant_query("rate(x_total[50s])", tmin + 3_600_000 + 5_000, QueryOpts(node_hooks=[hook]))
     assert fast.stats.paths == ["raw"]
 
 
 def test_metric_without_plan_runs_raw(world):
     eng, hook, tmin, tmax, _ = world
     src_q = "quantile_over_time(0.5, g[1h])"  # no KLL SDS in this world
-    fast = eng.instant_query(src_q, tmin + 7_200_000, node_hooks=[hook])
+    fast = eng.instant_query(src_q, tmin + 7_200_000, QueryOpts(node_hooks=[hook]))
     assert fast.stats.paths == ["raw"]
 
 
@@ -108,7 +109,7 @@ def test_constant_and_single_sample_windows_have_zero_stddev():
         # evaluation 90 s after a sample: a 6m window holds exactly that sample, inside a whole pane
         start, end = int(ts[100]) + 90_000, int(ts[1900]) + 90_000
         raw = eng.range_query(q, start, end, 3_600_000)
-        fast = eng.range_query(q, start, end, 3_600_000, node_hooks=[hook])
+        fast = eng.range_query(q, start, end, 3_600_000, QueryOpts(node_hooks=[hook]))
         assert fast.stats.paths[0].startswith("summary:")
         _compare(raw, fast, q)
         zeros = raw.values[raw.present] == 0
@@ -157,7 +158,7 @@ def test_grafana_aligned_windows_need_no_raw_edges_and_equal_raw(aligned_world, 
         end = (tmax - 600_000) // 15_000 * 15_000
         start = end - 3_600_000
         raw = eng.range_query(qq, start, end, 15_000)
-        fast = eng.range_query(qq, start, end, 15_000, node_hooks=[hook])
+        fast = eng.range_query(qq, start, end, 15_000, QueryOpts(node_hooks=[hook]))
         _compare(raw, fast, qq)
         assert any(p.startswith("summary:") for p in fast.stats.paths), qq
         if "inst!~" in qq:  # only jittered series selected: every window is whole panes, nothing read raw

@@ -14,6 +14,7 @@ from planner.sds import SDS, SDSSpec
 from planner.stack import build
 from planner.summarizer import Summarizer
 from promql.engine import Engine
+from promql.query_opts import QueryOpts
 from storage.batch import SampleBatch
 from tests.test_planner_exact import _compare
 from tests.test_planner_fixtures import feed, load, random_series
@@ -78,7 +79,7 @@ def test_group_panes_equal_raw(group_world, qi):
         end = min(start + step * int(rng.integers(1, 90)), tmax + 600_000)
         q = QUERIES[qi].format(r=f"{r_ms // 1000}s")
         raw = eng.range_query(q, start, end, step)
-        fast = eng.range_query(q, start, end, step, node_hooks=[hook])
+        fast = eng.range_query(q, start, end, step, QueryOpts(node_hooks=[hook]))
         _compare(raw, fast, q)
         if any(p.startswith("summary:group-") for p in fast.stats.paths):
             n_served += 1
@@ -99,7 +100,7 @@ def test_other_shapes_fall_back_to_raw(group_world, q):
     src, sdss, hook, served, tmin, tmax, live_from = group_world
     eng = Engine(src)
     t = tmin + (tmax - tmin) * 3 // 4 + 999
-    fast = eng.instant_query(q, t, node_hooks=[hook])
+    fast = eng.instant_query(q, t, QueryOpts(node_hooks=[hook]))
     assert fast.stats.paths == ["raw"], q
     _compare(eng.instant_query(q, t), fast, q)
 
@@ -108,7 +109,7 @@ def test_canary_reevaluates_the_aggregate(group_world):
     src, sdss, hook, served, tmin, tmax, live_from = group_world
     eng = Engine(src)
     served.clear()
-    eng.range_query("sum by (job) (sum_over_time(g[2h]))", live_from - 3_600_000, tmax, 300_000, node_hooks=[hook])
+    eng.range_query("sum by (job) (sum_over_time(g[2h]))", live_from - 3_600_000, tmax, 300_000, QueryOpts(node_hooks=[hook]))
     rec = Canary(fraction=0.0).check_now(*served[-1])
     assert rec["algorithm"] == "group" and rec["max_error"] <= 1e-9 and rec["checked"] == 1
 
@@ -143,7 +144,7 @@ def test_planner_adopts_group_sds_and_restores_it(tmp_path):
     assert sds.spec.algorithm == "group" and sds.spec.grouping == ("job",) and sds.spec.matchers == ()
     fast = st.engine.range_query(q, tmax - 3 * 3_600_000, tmax, 600_000)
     assert fast.stats.paths[0].startswith("summary:group-g")
-    _compare(st.engine.range_query(q, tmax - 3 * 3_600_000, tmax, 600_000, exact=True), fast, q)
+    _compare(st.engine.range_query(q, tmax - 3 * 3_600_000, tmax, 600_000, QueryOpts(exact=True)), fast, q)
     # the same SDS serves the coarser grouping and other range/step; explain names it
     q2 = "sum(sum_over_time(g[45m]))"
     f2 = st.engine.range_query(q2, tmax - 3 * 3_600_000, tmax, 300_000)
@@ -171,7 +172,7 @@ def test_topk_over_group_sums_is_exact(group_world):
     eng = Engine(src)
     q = "topk(2, sum by (inst, job) (sum_over_time(x_total[2h])))"
     raw = eng.range_query(q, live_from - 3_600_000, tmax, 600_000)
-    fast = eng.range_query(q, live_from - 3_600_000, tmax, 600_000, node_hooks=[hook])
+    fast = eng.range_query(q, live_from - 3_600_000, tmax, 600_000, QueryOpts(node_hooks=[hook]))
     assert fast.stats.paths[0].startswith("summary:group-x_total")
     _compare(raw, fast, q)
 
@@ -198,12 +199,12 @@ def test_refresh_reuses_sealed_steps_and_late_samples_invalidate():
     eng = Engine(src)
     q = "sum by (job) (sum_over_time(g[1h]))"
     args = (live_from + 3_600_000, tmax, 300_000)
-    first = eng.range_query(q, *args, node_hooks=[hook])
-    again = eng.range_query(q, *args, node_hooks=[hook])
+    first = eng.range_query(q, *args, QueryOpts(node_hooks=[hook]))
+    again = eng.range_query(q, *args, QueryOpts(node_hooks=[hook]))
     assert served[-2].scan.info["cached_steps"] == 0 and served[-1].scan.info["cached_steps"] > 0
     _compare(first, again, q)
     src.append(late)
     summ.consume(late)
-    after = eng.range_query(q, *args, node_hooks=[hook])
+    after = eng.range_query(q, *args, QueryOpts(node_hooks=[hook]))
     assert served[-1].scan.info["cached_steps"] == 0  # the late samples bumped the store's epoch
     _compare(eng.range_query(q, *args), after, q)

@@ -8,6 +8,7 @@ from planner.canary import Canary
 from planner.kll_store import rank_error
 from planner.rewrite import RewriteContext, RewriteHook
 from promql.engine import Engine
+from promql.query_opts import QueryOpts
 from storage.labels import make_labels
 from tests.test_planner_fixtures import T0, load, summarized
 
@@ -33,7 +34,7 @@ def test_kll_rank_error_within_bound():
     for phi, rng_s, step in [(0.5, 3600, 60), (0.9, 1800, 97), (0.99, 7200, 300), (0.1, 600, 15)]:
         q = f"quantile_over_time({phi}, lat[{rng_s}s])"
         start, end = tmin + 2 * 3_600_000, tmin + 4 * 3_600_000
-        res = eng.range_query(q, start, end, step * 1000, node_hooks=[hook])
+        res = eng.range_query(q, start, end, step * 1000, QueryOpts(node_hooks=[hook]))
         assert any(p.startswith("summary:kll-") for p in res.stats.paths)
         assert any("rank error" in i for i in res.annotations.infos)
         s, ctx = served[-1]
@@ -60,7 +61,7 @@ def test_kll_small_windows_are_exact_quantiles():
     src, batch = load(items)
     summ, (sds,) = summarized(src, batch, [("lat", "kll")], live_from=T0 + 5_000_000)
     hook = RewriteHook(RewriteContext(lambda m, a, ms: sds, cost_based=False, approximate=True))
-    res = Engine(src).instant_query("quantile_over_time(0.75, lat[10m])", T0 + 20_000_000 + 1234, node_hooks=[hook])
+    res = Engine(src).instant_query("quantile_over_time(0.75, lat[10m])", T0 + 20_000_000 + 1234, QueryOpts(node_hooks=[hook]))
     assert res.stats.paths[0].startswith("summary:")
     w = items[0][2][(ts > T0 + 20_000_000 + 1234 - 600_000) & (ts <= T0 + 20_000_000 + 1234)]
     v = res.values[0]

@@ -16,6 +16,7 @@ from storage.batch import SampleBatch
 from tests.test_planner_exact import _compare
 from storage.labels import make_labels
 from promql.memory_source import MemorySource
+from promql.query_opts import QueryOpts
 from tests.test_planner_fixtures import T0, feed, load, random_series
 
 QUERIES = [
@@ -83,7 +84,7 @@ def test_exact_answers_with_late_samples_equal_raw(late_world, qi):
         end = min(start + step * int(rng.integers(5, 80)), tmax + 300_000)
         q = QUERIES[qi].format(r=f"{r_ms // 1000}s")
         raw = eng.range_query(q, start, end, step)
-        fast = eng.range_query(q, start, end, step, node_hooks=[hook])
+        fast = eng.range_query(q, start, end, step, QueryOpts(node_hooks=[hook]))
         _compare(raw, fast, q)
         served += any(p.startswith("summary:") for p in fast.stats.paths)
     assert served >= 3
@@ -112,7 +113,7 @@ def test_sketch_answers_with_late_samples_within_bound(late_world):
     canary = Canary(fraction=0.0)
     recs = []
     for q in ['quantile_over_time(0.5, g{inst!="0"}[2h])', 'quantile_over_time(0.95, g{inst!="0"}[3h])']:  # inst 0 holds NaN: sketches skip NaN
-        res = eng.range_query(q, live_from - 2 * 3_600_000, tmax, 600_000, node_hooks=[hook])
+        res = eng.range_query(q, live_from - 2 * 3_600_000, tmax, 600_000, QueryOpts(node_hooks=[hook]))
         assert any(p.startswith("summary:") for p in res.stats.paths)
         recs.append(canary.check_now(*served[-1]))
     assert recs[0]["algorithm"] == "kll" and recs[1]["algorithm"] == "req"
@@ -179,7 +180,7 @@ def test_late_samples_at_pane_boundaries_fix_the_next_entry_pair():
               "rate(rc_total[1h])"]:
         args = (live_from + 600_000, tmax, 120_000)
         raw = eng.range_query(q, *args)
-        fast = eng.range_query(q, *args, node_hooks=[hook])
+        fast = eng.range_query(q, *args, QueryOpts(node_hooks=[hook]))
         assert fast.stats.paths[0].startswith("summary:"), q
         _compare(raw, fast, q)
 
@@ -210,19 +211,19 @@ def test_late_samples_after_cached_answers_still_equal_raw():
     qs = ["rate(x_total[30m])", "changes(g[1h])", "sum_over_time(g[45m])", "quantile_over_time(0.5, g{inst!=\"0\"}[1h])"]
     args = (live_from + 3_600_000, tmax, 300_000)
     for q in qs:  # fill whatever the summary path caches, twice (a dashboard refresh)
-        eng.range_query(q, *args, node_hooks=[hook])
-        eng.range_query(q, *args, node_hooks=[hook])
+        eng.range_query(q, *args, QueryOpts(node_hooks=[hook]))
+        eng.range_query(q, *args, QueryOpts(node_hooks=[hook]))
     src.append(late)
     summ.consume(late)
     for q in qs[:3]:
         raw = eng.range_query(q, *args)
-        fast = eng.range_query(q, *args, node_hooks=[hook])
+        fast = eng.range_query(q, *args, QueryOpts(node_hooks=[hook]))
         assert fast.stats.paths[0].startswith("summary:"), q
         _compare(raw, fast, q)
     # the KLL answers reflect the late samples too: the served value has the raw window's rank
     served: list = []
     hook2 = _hook(sdss, served)
-    res = eng.range_query(qs[3], *args, node_hooks=[hook2])
+    res = eng.range_query(qs[3], *args, QueryOpts(node_hooks=[hook2]))
     rec = Canary(fraction=0.0).check_now(*served[-1])
     assert res.stats.paths[0].startswith("summary:kll-") and rec["within_bound"] >= 0.99 * rec["checked"]
     assert rec["rank_within_bound"] >= 0.99 * rec["rank_checked"]
@@ -285,7 +286,7 @@ def test_samples_stored_while_the_backfill_reads_their_range_are_folded():
     eng, hook = Engine(src), _hook({("x_total", "exact"): sds})
     for q in ("increase(x_total[5m])", "count_over_time(x_total[5m])", "sum_over_time(x_total[10m])", "changes(x_total[5m])"):
         raw = eng.range_query(q, t0 - 1_800_000, t, 15_000)
-        fast = eng.range_query(q, t0 - 1_800_000, t, 15_000, node_hooks=[hook])
+        fast = eng.range_query(q, t0 - 1_800_000, t, 15_000, QueryOpts(node_hooks=[hook]))
         assert any(p.startswith("summary:") for p in fast.stats.paths), q
         _compare(raw, fast, q)
 

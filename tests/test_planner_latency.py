@@ -18,6 +18,7 @@ from planner.summarizer import Summarizer
 from planner.summary_scan import StepCache, _read_raw, _sketch_density, step_cache
 from planner.window import coalesce_reads, plan_windows, samples_between
 from promql.engine import Engine
+from promql.query_opts import QueryOpts
 from storage.batch import SampleBatch
 from storage.labels import make_labels
 from tests.helpers import ServerProcess
@@ -93,7 +94,7 @@ def test_refreshes_reuse_sealed_steps_and_equal_raw_as_data_arrives(qi):
     for k in range(6):  # a dashboard: end follows the newest data, aligned to the step
         end = now // step * step
         raw = eng.range_query(q, end - span, end, step)
-        fast = eng.range_query(q, end - span, end, step, node_hooks=[hook])
+        fast = eng.range_query(q, end - span, end, step, QueryOpts(node_hooks=[hook]))
         _compare(raw, fast, q)
         assert _served(fast), q
         reused += _reused(fast)
@@ -119,7 +120,7 @@ def test_random_ranges_steps_offsets_with_repeats_equal_raw():
         span = step * int(rng.integers(1, 60))
         for _ in range(2):  # the same panel twice: the second is (mostly) from the cache
             raw = eng.range_query(q, end - span, end, step)
-            fast = eng.range_query(q, end - span, end, step, node_hooks=[hook])
+            fast = eng.range_query(q, end - span, end, step, QueryOpts(node_hooks=[hook]))
             _compare(raw, fast, q)
             reused += _reused(fast)
             end += step * int(rng.integers(0, 3))
@@ -130,8 +131,8 @@ def test_late_sample_in_a_sealed_pane_invalidates_the_cache():
     src, summ, sdss, hook, eng, tmin, cut, tmax, more = _world(seed=71)
     q, step = "sum_over_time(g[30m])", 60_000
     end = cut // step * step - 10 * step
-    first = eng.range_query(q, end - 3_600_000, end, step, node_hooks=[hook])
-    again = eng.range_query(q, end - 3_600_000, end, step, node_hooks=[hook])
+    first = eng.range_query(q, end - 3_600_000, end, step, QueryOpts(node_hooks=[hook]))
+    again = eng.range_query(q, end - 3_600_000, end, step, QueryOpts(node_hooks=[hook]))
     assert _reused(again) == 61 and _served(again)
     cache = step_cache(sdss["g"].store)
     inv = cache.invalidations
@@ -143,7 +144,7 @@ def test_late_sample_in_a_sealed_pane_invalidates_the_cache():
     late = SampleBatch([lbl], np.zeros(1, np.int64), np.array([(t0 + t1) // 2], np.int64), np.array([5e6]))
     src.append(late)
     summ.consume(late)
-    after = eng.range_query(q, end - 3_600_000, end, step, node_hooks=[hook])
+    after = eng.range_query(q, end - 3_600_000, end, step, QueryOpts(node_hooks=[hook]))
     raw = eng.range_query(q, end - 3_600_000, end, step)
     _compare(raw, after, q)
     assert _reused(after) == 0 and cache.invalidations == inv + 1
@@ -155,7 +156,7 @@ def test_lagging_new_series_in_sealed_panes_invalidates_the_cache():
     src, summ, sdss, hook, eng, tmin, cut, tmax, more = _world(seed=72)
     q, step = "count_over_time(g[20m])", 60_000
     end = cut // step * step - 5 * step
-    eng.range_query(q, end - 3_600_000, end, step, node_hooks=[hook])
+    eng.range_query(q, end - 3_600_000, end, step, QueryOpts(node_hooks=[hook]))
     # a series first seen now, with samples inside already-sealed panes (newer than the live start)
     lbl = make_labels({"__name__": "g", "job": "j9", "inst": "late"})
     ts = np.arange(end - 2_400_000, end - 600_000, 20_000, dtype=np.int64)
@@ -163,7 +164,7 @@ def test_lagging_new_series_in_sealed_panes_invalidates_the_cache():
     src.append(b)
     summ.consume(b)
     raw = eng.range_query(q, end - 3_600_000, end, step)
-    fast = eng.range_query(q, end - 3_600_000, end, step, node_hooks=[hook])
+    fast = eng.range_query(q, end - 3_600_000, end, step, QueryOpts(node_hooks=[hook]))
     _compare(raw, fast, q)
     assert any(dict(l).get("inst") == "late" for l in fast.labels) and _reused(fast) == 0
 
@@ -172,13 +173,13 @@ def test_coverage_growth_keeps_entries_shrink_drops_them():
     src, summ, sdss, hook, eng, tmin, cut, tmax, more = _world(seed=73)
     q, step = "avg_over_time(g[10m])", 60_000
     end = cut // step * step - 5 * step
-    eng.range_query(q, end - 1_800_000, end, step, node_hooks=[hook])
+    eng.range_query(q, end - 1_800_000, end, step, QueryOpts(node_hooks=[hook]))
     sds = sdss["g"]
     sds.cov_lo -= 30  # coverage grows into the past (a backfill chunk): cached windows stay valid
-    res = eng.range_query(q, end - 1_800_000, end, step, node_hooks=[hook])
+    res = eng.range_query(q, end - 1_800_000, end, step, QueryOpts(node_hooks=[hook]))
     assert _reused(res) == 31
     sds.cov_lo += 60  # coverage shrank: nothing cached is trusted
-    res = eng.range_query(q, end - 1_800_000, end, step, node_hooks=[hook])
+    res = eng.range_query(q, end - 1_800_000, end, step, QueryOpts(node_hooks=[hook]))
     assert _reused(res) == 0
     _compare(eng.range_query(q, end - 1_800_000, end, step), res, q)
 
@@ -187,7 +188,7 @@ def test_backfill_into_cached_panes_invalidates():
     src, summ, sdss, hook, eng, tmin, cut, tmax, more = _world(seed=76)
     q, step = "sum_over_time(g[10m])", 60_000
     end = cut // step * step - 5 * step
-    eng.range_query(q, end - 1_800_000, end, step, node_hooks=[hook])
+    eng.range_query(q, end - 1_800_000, end, step, QueryOpts(node_hooks=[hook]))
     store = sdss["g"].store
     e0 = store.epoch
     # a write (e.g. restored rows) into a pane the cached steps relied on
@@ -196,7 +197,7 @@ def test_backfill_into_cached_panes_invalidates():
     sid = np.zeros(1, np.int64)
     store.ingest_sorted(sid, np.array([int(ss.timestamps[0]) + 1]), np.array([1.0]), live=False)
     assert store.epoch == e0 + 1 and lbl is not None
-    res = eng.range_query(q, end - 1_800_000, end, step, node_hooks=[hook])
+    res = eng.range_query(q, end - 1_800_000, end, step, QueryOpts(node_hooks=[hook]))
     assert _reused(res) == 0
 
 
@@ -204,13 +205,13 @@ def test_unsealed_steps_are_never_cached():
     src, summ, sdss, hook, eng, tmin, cut, tmax, more = _world(seed=74, seal_delay_ms=600_000)
     q, step = "sum_over_time(g[5m])", 30_000
     end = cut // step * step + 5 * step  # the last ~15 minutes are not sealed (seal delay 10 min)
-    a = eng.range_query(q, end - 1_800_000, end, step, node_hooks=[hook])
-    b = eng.range_query(q, end - 1_800_000, end, step, node_hooks=[hook])
+    a = eng.range_query(q, end - 1_800_000, end, step, QueryOpts(node_hooks=[hook]))
+    b = eng.range_query(q, end - 1_800_000, end, step, QueryOpts(node_hooks=[hook]))
     lo, hi = sdss["g"].coverage()
     sealed_steps = int(((end - 1_800_000 + np.arange(61) * step) < hi * P).sum())
     assert 0 < _reused(b) == sealed_steps < 61
     more(cut, cut + 3_600_000)  # new data lands in the formerly open panes: still equal to raw
-    c = eng.range_query(q, end - 1_800_000, end, step, node_hooks=[hook])
+    c = eng.range_query(q, end - 1_800_000, end, step, QueryOpts(node_hooks=[hook]))
     _compare(eng.range_query(q, end - 1_800_000, end, step), c, q)
     assert a.values.shape == b.values.shape
 
@@ -219,16 +220,16 @@ def test_raw_path_fills_the_cache_when_the_cost_check_keeps_a_panel_raw():
     src, summ, sdss, hook, eng, tmin, cut, tmax, more = _world(seed=75, cost_based=True)
     q, step = "rate(x_total[5m])", 30_000  # step < pane: the edges cover the whole span -> raw
     end = cut // step * step - 4 * step
-    first = eng.range_query(q, end - 3_600_000, end, step, node_hooks=[hook])
+    first = eng.range_query(q, end - 3_600_000, end, step, QueryOpts(node_hooks=[hook]))
     assert first.stats.paths == ["raw"]
     _compare(eng.range_query(q, end - 3_600_000, end, step), first, q)
     end2 = end + 2 * step  # the refresh: two new steps, the rest from the cache
-    second = eng.range_query(q, end2 - 3_600_000, end2, step, node_hooks=[hook])
+    second = eng.range_query(q, end2 - 3_600_000, end2, step, QueryOpts(node_hooks=[hook]))
     assert _served(second) and _reused(second) == 119
     _compare(eng.range_query(q, end2 - 3_600_000, end2, step), second, q)
     # the raw answer evaluated by the hook carries the engine's own annotations (with positions)
     q2 = "sum(rate(g[5m]))"
-    a = eng.range_query(q2, end - 3_600_000, end, step, node_hooks=[hook])
+    a = eng.range_query(q2, end - 3_600_000, end, step, QueryOpts(node_hooks=[hook]))
     b = eng.range_query(q2, end - 3_600_000, end, step)
     assert a.stats.paths == ["raw"] and a.annotations.infos == b.annotations.infos and a.annotations.infos
     assert a.annotations.warnings == b.annotations.warnings
@@ -262,7 +263,7 @@ def test_edge_reads_skip_dense_stretches_between_edges():
     hook = RewriteHook(RewriteContext(lambda m, a, ms: sds if a == "exact" else None, cost_based=False))
     q = "avg_over_time(g[2h])"
     _compare(eng.range_query(q, int(ends[0]), int(ends[-1]), 1_800_000),
-             eng.range_query(q, int(ends[0]), int(ends[-1]), 1_800_000, node_hooks=[hook]), q)
+             eng.range_query(q, int(ends[0]), int(ends[-1]), 1_800_000, QueryOpts(node_hooks=[hook])), q)
     # the estimate itself: per-pane totals prorated
     est = samples_between(np.array([t_dense[0]]), np.array([t_dense[0] + 600_000]), P, *sds.store.pane_totals())
     assert 0.8 * 18_000 <= est[0] <= 1.2 * 18_000

@@ -15,6 +15,7 @@ from planner.query_log import QueryLog
 from planner.sds import SDS, SDSSpec
 from planner.stack import build
 from promql.engine import Engine
+from promql.query_opts import QueryOpts
 from storage.batch import SampleBatch
 from tests.test_planner_fixtures import feed, load, random_series
 
@@ -57,11 +58,11 @@ def test_adopts_after_recurrence_with_defaults_and_shares_one_sds():
     for q2, step in [(q, 600_000), ("sum(increase(x_total[2h]))", 300_000), ('rate(x_total{job="j1"}[45m])', 0)]:
         if step:
             fast = eng.range_query(q2, tmax - 3_600_000, tmax, step)
-            raw = eng.range_query(q2, tmax - 3_600_000, tmax, step, exact=True)
+            raw = eng.range_query(q2, tmax - 3_600_000, tmax, step, QueryOpts(exact=True))
             fv, rv = fast.values[fast.present], raw.values[raw.present]
         else:  # an alert/rule-style instant evaluation
             fast = eng.instant_query(q2, tmax - 1234)
-            raw = eng.instant_query(q2, tmax - 1234, exact=True)
+            raw = eng.instant_query(q2, tmax - 1234, QueryOpts(exact=True))
             fv, rv = fast.values, raw.values
         assert fast.stats.paths[0].startswith("summary:exact-x_total"), q2
         assert raw.stats.paths == ["raw"]
@@ -87,7 +88,7 @@ def test_uncovered_and_exact_queries_run_raw_and_one_offs_are_not_adopted():
         st.engine.instant_query(q, tmax)
     assert not any(s.metric == "x_total" for s in st.planner.sds.values())
     st.planner.adopt(SDSSpec("g", "exact", 60_000), reason="test")
-    r = st.engine.instant_query("max_over_time(g[1h])", tmax, exact=True)
+    r = st.engine.instant_query("max_over_time(g[1h])", tmax, QueryOpts(exact=True))
     assert r.stats.paths == ["raw"] and not r.annotations.infos
 
 
@@ -147,7 +148,7 @@ def test_restart_rebuilds_open_panes_from_raw(tmp_path):
     assert hi > flushed_hi, "panes after the last flush were rebuilt from raw storage"
     for q in ["increase(x_total[3h])", "rate(x_total[17m])", "resets(x_total[1h])"]:
         fast = st2.engine.range_query(q, cut - 3_600_000, tmax, 60_000)
-        raw = st2.engine.range_query(q, cut - 3_600_000, tmax, 60_000, exact=True)
+        raw = st2.engine.range_query(q, cut - 3_600_000, tmax, 60_000, QueryOpts(exact=True))
         assert fast.stats.paths[0] == f"summary:{sds.id}"
         np.testing.assert_array_equal(fast.present, raw.present)
         np.testing.assert_allclose(fast.values[fast.present], raw.values[raw.present], rtol=1e-9)
@@ -309,7 +310,7 @@ def test_many_flushes_merge_pane_files_and_restore_the_same_answers(tmp_path, mo
     q_end = int(cuts[-2])
     for q in ["increase(x_total[3h])", "rate(x_total[17m])", "resets(x_total[1h])"]:
         fast = st2.engine.range_query(q, q_end - 3_600_000, q_end, 60_000)
-        raw = st2.engine.range_query(q, q_end - 3_600_000, q_end, 60_000, exact=True)
+        raw = st2.engine.range_query(q, q_end - 3_600_000, q_end, 60_000, QueryOpts(exact=True))
         assert fast.stats.paths[0] == f"summary:{sds.id}"
         np.testing.assert_array_equal(fast.present, raw.present)
         np.testing.assert_allclose(fast.values[fast.present], raw.values[raw.present], rtol=1e-9)

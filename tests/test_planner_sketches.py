@@ -14,6 +14,7 @@ from planner.rewrite import RewriteContext, RewriteHook
 from planner.rewrite_sketch import ordered_rules
 from planner.stack import build
 from promql.engine import Engine
+from promql.query_opts import QueryOpts
 from storage.labels import make_labels
 from tests.test_planner_fixtures import T0, feed, load, summarized
 
@@ -50,7 +51,7 @@ def test_req_rank_error_within_stated_bound(req_world):
     within = total = 0
     for phi, rng_s, step in [(0.9, 3600, 60), (0.95, 1800, 97), (0.99, 7200, 300), (0.999, 5400, 120), (0.9, 600, 15)]:
         q = f"quantile_over_time({phi}, lat[{rng_s}s])"
-        res = eng.range_query(q, tmin + 2 * 3_600_000, tmin + 4 * 3_600_000, step * 1000, node_hooks=[hook])
+        res = eng.range_query(q, tmin + 2 * 3_600_000, tmin + 4 * 3_600_000, step * 1000, QueryOpts(node_hooks=[hook]))
         assert any(p.startswith("summary:req-lat") for p in res.stats.paths), q
         assert any("algorithm req" in i and "rank error <=" in i for i in res.annotations.infos), res.annotations.infos
         rec = canary.check_now(*served[-1])
@@ -82,9 +83,9 @@ def test_low_phi_uses_kll_and_non_literal_phi_runs_raw(req_world):
     served: list = []
     hook, eng = _hook(by, served), Engine(src)
     t = tmin + 3 * 3_600_000 + 123
-    res = eng.instant_query("quantile_over_time(0.5, lat[1h])", t, node_hooks=[hook])
+    res = eng.instant_query("quantile_over_time(0.5, lat[1h])", t, QueryOpts(node_hooks=[hook]))
     assert res.stats.paths[0].startswith("summary:kll-lat")
-    res = eng.instant_query("quantile_over_time(scalar(vector(0.99)), lat[1h])", t, node_hooks=[hook])
+    res = eng.instant_query("quantile_over_time(scalar(vector(0.99)), lat[1h])", t, QueryOpts(node_hooks=[hook]))
     assert res.stats.paths == ["raw"]
     # phi above 1 follows Prometheus (+Inf) from the summary; exact=true-style (no hook) is raw
     res = eng.instant_query("quantile_over_time(0.99, lat[1h])", t)
@@ -95,7 +96,7 @@ def test_req_value_is_a_sample_within_float32_rounding(req_world):
     src, by, tmin, tmax = req_world
     hook, eng = _hook(by, []), Engine(src)
     t = tmin + 3 * 3_600_000 + 777
-    res = eng.instant_query("quantile_over_time(0.99, lat[10m])", t, node_hooks=[hook])
+    res = eng.instant_query("quantile_over_time(0.99, lat[10m])", t, QueryOpts(node_hooks=[hook]))
     assert res.stats.paths[0].startswith("summary:req-")
     items = {l: (ts, v) for l, ts, v in _lat_items(3)}
     for lbl, v in zip(res.labels, res.values):
@@ -125,11 +126,11 @@ def test_planner_adopts_req_and_it_survives_a_restart(tmp_path):
         res = st.engine.range_query(q, tmax - 3 * 3_600_000, tmax, 300_000)
     assert not st.planner.sds and "summary:" not in " ".join(res.stats.paths)
     for _ in range(3):  # the request opts in (approx=true): adopted after the third (default min_count)
-        st.engine.range_query(q, tmax - 3 * 3_600_000, tmax, 300_000, approx=True)
+        st.engine.range_query(q, tmax - 3 * 3_600_000, tmax, 300_000, QueryOpts(approx=True))
     assert [s.spec.algorithm for s in st.planner.sds.values()] == ["req"]
     plain = st.engine.range_query(q, tmax - 3 * 3_600_000, tmax, 300_000)
     assert "summary:" not in " ".join(plain.stats.paths)  # a sketch never answers a query that did not opt in
-    fast = st.engine.range_query(q, tmax - 3 * 3_600_000, tmax, 300_000, approx=True)
+    fast = st.engine.range_query(q, tmax - 3 * 3_600_000, tmax, 300_000, QueryOpts(approx=True))
     assert fast.stats.paths[0].startswith("summary:req-lat")
     ex = st.planner.explain(q)
     assert ex["subtrees"][0]["path"].startswith("summary:req-") and "REQ" in ex["subtrees"][0]["error_bound"]
@@ -139,7 +140,7 @@ def test_planner_adopts_req_and_it_survives_a_restart(tmp_path):
     try:
         (sds2,) = st2.planner.sds.values()
         assert sds2.spec.algorithm == "req" and sds2.backfill_state == "restored"
-        again = st2.engine.range_query(q, tmax - 3 * 3_600_000, tmax, 300_000, approx=True)
+        again = st2.engine.range_query(q, tmax - 3 * 3_600_000, tmax, 300_000, QueryOpts(approx=True))
         assert again.stats.paths[0].startswith("summary:req-lat")
         np.testing.assert_array_equal(again.values, fast.values)
         np.testing.assert_array_equal(again.present, fast.present)
@@ -164,7 +165,7 @@ def test_quantile_by_over_rates_is_served_exactly_from_per_series_panes():
     eng = Engine(src)
     for q in ["quantile by (job) (0.9, rate(x_total[1h]))", "quantile(0.5, increase(x_total[30m]))"]:
         raw = eng.range_query(q, tmin + 3_600_000, tmax, 600_000)
-        fast = eng.range_query(q, tmin + 3_600_000, tmax, 600_000, node_hooks=[hook])
+        fast = eng.range_query(q, tmin + 3_600_000, tmax, 600_000, QueryOpts(node_hooks=[hook]))
         assert fast.stats.paths[0].startswith("summary:exact-x_total")
         _compare(raw, fast, q)
 
@@ -192,7 +193,7 @@ def test_value_interval_holds_prometheus_answer_on_noisy_gauges(interval_s):
     for phi in (0.5, 0.9, 0.99):
         for rng_s, step in ((600, 60), (3600, 300)):
             q = f"quantile_over_time({phi}, lat[{rng_s}s])"
-            res = eng.range_query(q, tmin + 2 * 3_600_000, tmax, step * 1000, node_hooks=[hook])
+            res = eng.range_query(q, tmin + 2 * 3_600_000, tmax, step * 1000, QueryOpts(node_hooks=[hook]))
             assert any(p.startswith("summary:") for p in res.stats.paths), q
             rec = canary.check_now(*served[-1])
             within += rec["within_bound"]

@@ -10,6 +10,7 @@ from planner.stack import build
 from planner.step_answers import cacheable
 from promql.engine import Engine
 from promql.memory_source import MemorySource
+from promql.query_opts import QueryOpts
 from storage.batch import SampleBatch
 from storage.labels import make_labels
 
@@ -106,7 +107,7 @@ def test_refreshes_under_live_ingest_equal_raw_and_reuse_steps():
             start, end = grafana_range(t)
             for q in PANELS:
                 served = st.engine.range_query(q, start, end, STEP)
-                raw = st.engine.range_query(q, start, end, STEP, exact=True)
+                raw = st.engine.range_query(q, start, end, STEP, QueryOpts(exact=True))
                 same(served, raw, q)
                 if refresh:
                     assert any(p.startswith("steps:reused:") for p in served.stats.paths), q
@@ -135,7 +136,7 @@ def test_late_and_out_of_order_writes_invalidate_exactly_what_they_touch():
             t += 10_000
             start, end = grafana_range(t)
             for q in PANELS:
-                same(st.engine.range_query(q, start, end, STEP), st.engine.range_query(q, start, end, STEP, exact=True), q)
+                same(st.engine.range_query(q, start, end, STEP), st.engine.range_query(q, start, end, STEP, QueryOpts(exact=True)), q)
         assert st.engine.step_answers.describe()["invalidated_steps"] > 0
     finally:
         st.planner.stop()
@@ -189,7 +190,7 @@ def test_lagging_senders_and_refreshes_at_any_phase_equal_raw():
             now = t - int(rng.integers(0, 15_000))  # the refresh lands anywhere in the step grid
             start, end = grafana_range(now)
             for q in PANELS[:4] + ["sum by (model_name) (increase(vllm:generation_tokens_total[10m]))"]:
-                same(st.engine.range_query(q, start, end, STEP), st.engine.range_query(q, start, end, STEP, exact=True), q)
+                same(st.engine.range_query(q, start, end, STEP), st.engine.range_query(q, start, end, STEP, QueryOpts(exact=True)), q)
         assert any(s.spec.algorithm == "exact" for s in st.planner.sds.values())
     finally:
         st.planner.stop()
@@ -224,7 +225,7 @@ def test_reuse_that_costs_more_than_evaluating_whole_is_bypassed_and_measured_ag
                 sa.costs[key].warm.clear()
                 sa.costs[key].warm.extend([(1e6, 1)] * 2)
             served = st.engine.range_query(q, start, end, STEP)
-            same(served, st.engine.range_query(q, start, end, STEP, exact=True), q)
+            same(served, st.engine.range_query(q, start, end, STEP, QueryOpts(exact=True)), q)
         d = sa.describe()
         assert d["bypassed_keys"] == 1 and d["bypassed_queries"] >= 2, d
         assert not any(p.startswith("steps:reused:") for p in served.stats.paths)

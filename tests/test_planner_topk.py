@@ -13,6 +13,7 @@ from planner.rewrite_sketch import SketchRewriteHook, ordered_rules
 from planner.sds import SDS, SDSSpec
 from planner.stack import build
 from promql.engine import Engine
+from promql.query_opts import QueryOpts
 from storage.labels import make_labels
 from tests.test_planner_exact import _compare
 from tests.test_planner_fixtures import T0, feed, load, summarized
@@ -60,7 +61,7 @@ def test_tracked_items_give_exact_topk(q):
     src, sds, hook, served = _world(lg_max=10)
     eng = Engine(src)
     raw = eng.range_query(q, T0 + 3_600_000, T0 + HOURS * 3_600_000, 300_000)
-    fast = eng.range_query(q, T0 + 3_600_000, T0 + HOURS * 3_600_000, 300_000, node_hooks=[hook])
+    fast = eng.range_query(q, T0 + 3_600_000, T0 + HOURS * 3_600_000, 300_000, QueryOpts(node_hooks=[hook]))
     assert fast.stats.paths[0].startswith("summary:fi-reqs"), fast.stats.paths
     assert any("algorithm fi" in i and "top-k set proven" in i for i in fast.annotations.infos)
     _compare(raw, fast, q)
@@ -79,7 +80,7 @@ def test_after_evictions_served_only_when_provable():
     args = (T0 + 3_600_000, T0 + HOURS * 3_600_000, 600_000)
     q = "topk(2, sum by (tenant) (count_over_time(reqs[1h])))"
     raw = eng.range_query(q, *args)
-    fast = eng.range_query(q, *args, node_hooks=[hook])
+    fast = eng.range_query(q, *args, QueryOpts(node_hooks=[hook]))
     assert fast.stats.paths[0].startswith("summary:fi-reqs")
     total = eng.range_query("sum(count_over_time(reqs[1h]))", *args).values[0]
     rl = {l: i for i, l in enumerate(raw.labels)}
@@ -89,7 +90,7 @@ def test_after_evictions_served_only_when_provable():
         assert (raw.present[rl[l]] == p).all()
         assert (np.abs(fast.values[j][p] - raw.values[rl[l]][p]) <= epsilon_for(5) * total[p]).all()
     q12 = "topk(12, sum by (tenant) (count_over_time(reqs[1h])))"
-    res = eng.range_query(q12, *args, node_hooks=[hook])
+    res = eng.range_query(q12, *args, QueryOpts(node_hooks=[hook]))
     assert res.stats.paths == ["raw"]
     _compare(eng.range_query(q12, *args), res, q12)
 
@@ -103,7 +104,7 @@ def test_after_evictions_served_only_when_provable():
 def test_other_shapes_run_raw(q):
     src, sds, hook, served = _world(lg_max=10)
     eng = Engine(src)
-    fast = eng.instant_query(q, T0 + 3 * 3_600_000, node_hooks=[hook])
+    fast = eng.instant_query(q, T0 + 3 * 3_600_000, QueryOpts(node_hooks=[hook]))
     assert fast.stats.paths == ["raw"]
 
 
@@ -121,7 +122,7 @@ def test_planner_adopts_fi_above_threshold_and_restores(tmp_path):
     assert sorted(s.spec.algorithm for s in st.planner.sds.values()) == ["exact", "fi"]
     fast = st.engine.range_query(q, tmax - 2 * 3_600_000, tmax, 600_000)
     assert fast.stats.paths[0].startswith("summary:fi-reqs")
-    _compare(st.engine.range_query(q, tmax - 2 * 3_600_000, tmax, 600_000, exact=True), fast, q)
+    _compare(st.engine.range_query(q, tmax - 2 * 3_600_000, tmax, 600_000, QueryOpts(exact=True)), fast, q)
     st.planner.stop()
     st.query_log.close()
     st2 = build(src, Engine(src), tmp_path, cfg)

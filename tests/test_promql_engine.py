@@ -14,6 +14,7 @@ import pytest
 from promql.engine import Engine, expr_type, parse
 from promql.errors import BadData, ExecutionError, QueryCanceled, QueryTimeout, TooManySamples
 from promql.memory_source import MemorySource
+from promql.query_opts import QueryOpts
 from promql.types import Scalar, VectorSteps
 from storage.labels import make_labels
 from storage.stale import STALE_NAN
@@ -54,7 +55,7 @@ def test_instant_vector_and_lookback(counters):
     assert len(eng.instant_query("req_total", 3_600_000 + 300_000 - 1).labels) == 3
     assert len(eng.instant_query("req_total", 3_600_000 + 300_000).labels) == 0
     # per-query lookback override
-    assert len(eng.instant_query("req_total", 3_600_000 + 60_000, lookback_delta_ms=30_000).labels) == 0
+    assert len(eng.instant_query("req_total", 3_600_000 + 60_000, QueryOpts(lookback_delta_ms=30_000)).labels) == 0
 
 
 def test_stale_marker_hides_series():
@@ -143,20 +144,20 @@ def test_max_samples_limit(counters):
     # 3 series x 1 step is within the limit
     assert len(eng.instant_query("req_total", 600_000).labels) == 3
     # per-query override beats the engine default
-    res = eng.instant_query("req_total[5m]", 600_000, max_samples=1000)
+    res = eng.instant_query("req_total[5m]", 600_000, QueryOpts(max_samples=1000))
     assert res.csr[0][-1] == 60
     with pytest.raises(TooManySamples):
-        Engine(counters).range_query("req_total", 0, 3_600_000, 15_000, max_samples=100)
+        Engine(counters).range_query("req_total", 0, 3_600_000, 15_000, QueryOpts(max_samples=100))
 
 
 def test_timeout_and_cancel(counters):
     eng = Engine(counters)
     with pytest.raises(QueryTimeout):
-        eng.instant_query("sum(rate(req_total[5m]))", 600_000, timeout_s=0.0)
+        eng.instant_query("sum(rate(req_total[5m]))", 600_000, QueryOpts(timeout_s=0.0))
     ev = threading.Event()
     ev.set()
     with pytest.raises(QueryCanceled):
-        eng.instant_query("sum(rate(req_total[5m]))", 600_000, cancel=ev)
+        eng.instant_query("sum(rate(req_total[5m]))", 600_000, QueryOpts(cancel=ev))
     assert QueryTimeout.error_type == "timeout" and QueryCanceled.error_type == "canceled"
 
 
@@ -185,7 +186,7 @@ def test_node_hooks_replace_subtrees(counters):
         return None
 
     eng = Engine(counters)
-    res = eng.range_query("sum by (job) (req_total) * 2", 0, 120_000, 60_000, node_hooks=[hook])
+    res = eng.range_query("sum by (job) (req_total) * 2", 0, 120_000, 60_000, QueryOpts(node_hooks=[hook]))
     assert res.labels == [(("job", "x"),)] and res.values.tolist() == [[84.0, 84.0, 84.0]]
     assert "AggregateExpr" in seen and "VectorSelector" not in seen  # sub-tree not evaluated
     assert res.stats.paths == ["summary:test"]
@@ -198,7 +199,7 @@ def test_node_hooks_replace_subtrees(counters):
             steps_seen.append(ctx.step_times.tolist())
         return None
 
-    eng.instant_query("max_over_time(req_total[3m:1m])", 600_000, node_hooks=[hook2])
+    eng.instant_query("max_over_time(req_total[3m:1m])", 600_000, QueryOpts(node_hooks=[hook2]))
     assert steps_seen == [[480_000, 540_000, 600_000]]
 
 
@@ -210,7 +211,7 @@ def test_hook_can_return_scalar(counters):
             return Scalar(np.full(ctx.num_steps, 7.0))
         return None
 
-    res = Engine(counters).instant_query("scalar(req_total) + 1", 600_000, node_hooks=[hook])
+    res = Engine(counters).instant_query("scalar(req_total) + 1", 600_000, QueryOpts(node_hooks=[hook]))
     assert res.result_type == "scalar" and res.scalar == 8.0
 
 

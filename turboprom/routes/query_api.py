@@ -3,19 +3,20 @@
 
 Evaluation and JSON encoding run on ``ctx.executor``; the event loop only parses parameters.
 The engine is ``ctx.components["engine"]`` (``promql.engine.Engine``). When the planner registers
-``ctx.components["planned_engine"]`` (same interface, rewrites onto summaries and logs queries),
-queries go there; ``exact=true`` is passed on to it and forces the raw path; ``approx=true|false``
-overrides the operator's ``planner.approximate`` for the request (a Grafana datasource's custom query
-parameter can set it, so an exact and a fast datasource can sit side by side).
+``ctx.components["planned_engine"]`` (the same interface, promql/query_opts.py: rewrites onto
+summaries and logs queries), queries go there; ``exact=true`` is passed on to it and forces the raw
+path; ``approx=true|false`` overrides the operator's ``planner.approximate`` for the request (a
+Grafana datasource's custom query parameter can set it, so an exact and a fast datasource can sit
+side by side).
 """
 from __future__ import annotations
 
 import asyncio
-import inspect
 import json
 import zlib
 import threading
 import time
+from dataclasses import replace
 from typing import Any
 
 from aiohttp import web
@@ -25,6 +26,7 @@ from promql.engine import DEFAULT_MAX_MEMORY_BYTES
 from promql.errors import PromQLError
 from promql.query_guard import DEFAULT_MAX_DEPTH
 from promql.eval_selectors import to_matchers
+from promql.query_opts import QueryEngine, QueryOpts
 from promql.types import QueryResult
 from turboprom import api_json
 from turboprom.api_ast import translate_ast
@@ -66,30 +68,18 @@ def _check_query_syntax(ctx: ServerContext, q: str) -> None:
         raise invalid_param("query", str(e)) from None
 
 
-def _pick_engine(ctx: ServerContext, exact: bool, tenant: str = DEFAULT_TENANT) -> Any:
+def _pick_engine(ctx: ServerContext, tenant: str = DEFAULT_TENANT) -> QueryEngine:
+    """The default tenant's engine (the planner's, which logs every query and honours
+    ``QueryOpts.exact`` itself), or the caller's tenant's."""
     if tenant != DEFAULT_TENANT:
         engines = ctx.components.get("tenant_engines")
         if engines is None:
             raise APIError("unavailable", "multi-tenancy is not enabled on this server")
         return engines.get(tenant)
-    # The planner's engine when present: it logs every query and honours ``exact`` itself (no
-    # rewrite onto summaries); the raw engine otherwise, or for ``exact`` when the planned
-    # engine cannot take the flag.
-    planned = ctx.components.get("planned_engine")
-    engine = planned or ctx.components.get("engine")
-    if exact and planned is not None and not _accepts(planned.instant_query, "exact"):
-        engine = ctx.components.get("engine")
+    engine = ctx.components.get("planned_engine") or ctx.components.get("engine")
     if engine is None:
         raise APIError("unavailable", "query engine is not available")
     return engine
-
-
-def _accepts(method: Any, name: str) -> bool:
-    try:
-        params = inspect.signature(method).parameters
-    except (TypeError, ValueError):
-        return False
-    return name in params or any(p.kind == p.VAR_KEYWORD for p in params.values())
 
 
 def _check_limits(ctx: ServerContext, q: str, tenant: str) -> Any:
@@ -105,9 +95,15 @@ def _check_limits(ctx: ServerContext, q: str, tenant: str) -> Any:
     return limits
 
 
-def _max_samples(limits: Any, tenant: str) -> dict[str, int]:
-    v = limits.max_samples(tenant) if limits is not None else None
-    return {"max_samples": v} if v else {}
+def _query_opts(ctx: ServerContext, limits: Any, tenant: str, params: Params, lookback: int | None) -> QueryOpts:
+    """The request's options for the engine (parsed on the event loop; the timeout and the cancel
+    event are added when evaluation starts): its flags, the tenant's sample limit, the server's depth
+    and memory limits."""
+    max_samples = limits.max_samples(tenant) if limits is not None else None
+    return QueryOpts(lookback_delta_ms=lookback, max_samples=max_samples or None, tenant=tenant,
+                     exact=bool(params.boolean("exact")),
+                     approx=params.boolean("approx"),  # None: the operator's planner.approximate for the tenant
+                     **_query_limits(ctx))
 
 
 async def _limited_evaluate(limits: Any, tenant: str, request: web.Request, ctx: ServerContext, params: Params,
@@ -126,17 +122,6 @@ async def _limited_evaluate(limits: Any, tenant: str, request: web.Request, ctx:
         resp = error_response("unavailable", str(e), e.status)
         resp.headers["Retry-After"] = str(e.retry_after_s)
         return resp
-
-
-def _call(method: Any, *args: Any, exact: bool, **kwargs: Any) -> QueryResult:
-    try:
-        params = inspect.signature(method).parameters
-    except (TypeError, ValueError):
-        params = {}
-    if "exact" in params:
-        kwargs["exact"] = exact
-    kwargs = {k: v for k, v in kwargs.items() if k in params or any(p.kind == p.VAR_KEYWORD for p in params.values())}
-    return method(*args, **kwargs)
 
 
 def _effective_timeout(ctx: ServerContext, param_s: float | None) -> float:
@@ -233,15 +218,12 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
         tenant = request_tenant(request)
         limits = _check_limits(ctx, q, tenant)  # length limit before parsing
         _check_query_syntax(ctx, q)
-        exact = bool(params.boolean("exact"))
-        approx = params.boolean("approx")  # None: the operator's planner.approximate for this tenant
-        engine = _pick_engine(ctx, exact, tenant)
+        opts = _query_opts(ctx, limits, tenant, params, lookback)
+        engine = _pick_engine(ctx, tenant)
         timeout_s = _effective_timeout(ctx, timeout)
 
         def run(cancel: threading.Event, remaining: float) -> QueryResult:
-            return observe_query(_call(engine.instant_query, q, t, exact=exact, approx=approx, lookback_delta_ms=lookback, timeout_s=remaining,
-                                       cancel=cancel, tenant=tenant, **_max_samples(limits, tenant), **_query_limits(ctx)),
-                                 "instant")
+            return observe_query(engine.instant_query(q, t, replace(opts, timeout_s=remaining, cancel=cancel)), "instant")
 
         return await _limited_evaluate(limits, tenant, request, ctx, params, timeout_s, run)
 
@@ -271,15 +253,12 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
             parse_promql(q, _max_depth(ctx))
         except ValueError as e:  # Prometheus 2.42 does not name the parameter here
             raise APIError("bad_data", str(e)) from None
-        exact = bool(params.boolean("exact"))
-        approx = params.boolean("approx")  # None: the operator's planner.approximate for this tenant
-        engine = _pick_engine(ctx, exact, tenant)
+        opts = _query_opts(ctx, limits, tenant, params, lookback)
+        engine = _pick_engine(ctx, tenant)
         timeout_s = _effective_timeout(ctx, timeout)
 
         def run(cancel: threading.Event, remaining: float) -> QueryResult:
-            return observe_query(_call(engine.range_query, q, start, end, step, exact=exact, approx=approx, lookback_delta_ms=lookback,
-                                       timeout_s=remaining, cancel=cancel, tenant=tenant, **_max_samples(limits, tenant),
-                                       **_query_limits(ctx)), "range")
+            return observe_query(engine.range_query(q, start, end, step, replace(opts, timeout_s=remaining, cancel=cancel)), "range")
 
         return await _limited_evaluate(limits, tenant, request, ctx, params, timeout_s, run)
 

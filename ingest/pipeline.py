@@ -158,6 +158,12 @@ class IngestPipeline:
         if len(batch) == 0:
             return AppendResult()
         result = self.storage.append(batch)
+        self.deliver(batch, result)
+        return result
+
+    def deliver(self, batch: SampleBatch, result: AppendResult) -> None:
+        """Hand the samples storage took (``result``) to the sinks. Also for batches stored by
+        another path than ``append`` (a history import writing blocks), so summaries fold them."""
         if self.sinks and (self.sink_tenants is None or batch.tenant in self.sink_tenants):
             part = accepted_part(batch, result)
             if part is not None and len(part):
@@ -167,4 +173,3 @@ class IngestPipeline:
                     except Exception:  # noqa: BLE001 - a sink must not fail ingestion
                         metrics.SINK_ERRORS.labels(sink=type(sink).__name__).inc()
                         log.exception("ingest sink %r failed", sink)
-        return result

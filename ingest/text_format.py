@@ -96,9 +96,9 @@ def parse_series_key(key: str, line: int | None = None) -> SeriesPairs:
     return tuple(pairs)
 
 
-def _bad_line(lines: list[str], i: int, what: str) -> IngestError:
+def _bad_line(lines: list[str], i: int, what: str, line_offset: int = 0) -> IngestError:
     text = lines[i]
-    return IngestError("bad_text", f"line {i + 1}: {what}: {text[:200]!r}")
+    return IngestError("bad_text", f"line {i + 1 + line_offset}: {what}: {text[:200]!r}")
 
 
 def _parse_float_slow(s: str) -> float:
@@ -113,8 +113,14 @@ def _parse_float_slow(s: str) -> float:
     return float(t.replace("_", "") if "_" not in t[:1] else t)
 
 
-def parse_text(body: bytes | str, *, openmetrics: bool | None = None) -> ParsedText:
-    """Parse a whole exposition. Raises IngestError('bad_text', 'line N: ...') on the first bad line."""
+def parse_text(body: bytes | str, *, openmetrics: bool | None = None, terminated: bool = True,
+               line_offset: int = 0) -> ParsedText:
+    """Parse a whole exposition. Raises IngestError('bad_text', 'line N: ...') on the first bad line.
+
+    A large file is parsed in pieces of whole lines: ``line_offset`` is the number of lines before
+    this piece (messages and ``ParsedText.lines`` count from the file's start), and
+    ``terminated=False`` says an OpenMetrics piece is not the document's end (its caller checks the
+    ``# EOF`` terminator; one inside the piece is refused)."""
     if isinstance(body, (bytes, bytearray, memoryview)):
         try:
             text = bytes(body).decode("utf-8")
@@ -127,26 +133,31 @@ def parse_text(body: bytes | str, *, openmetrics: bool | None = None) -> ParsedT
         lines.pop()
     if openmetrics is None:
         openmetrics = any(ln.rstrip("\r") == "# EOF" for ln in lines[-3:])
-    if openmetrics:
+    if openmetrics and terminated:
         eof = next((i for i in range(len(lines) - 1, -1, -1) if lines[i].rstrip("\r") == "# EOF"), None)
         if eof is None:
             raise IngestError("bad_text", "OpenMetrics body without the '# EOF' terminator")
         if any(ln.strip() for ln in lines[eof + 1:]):
-            raise _bad_line(lines, eof + 1, "content after '# EOF'")
+            raise _bad_line(lines, eof + 1, "content after '# EOF'", line_offset)
         lines = lines[:eof]
     arr = pa.array(lines, pa.string())
     stripped = pc.utf8_trim_whitespace(arr)
     is_comment = pc.starts_with(stripped, "#")
     is_blank = pc.equal(pc.utf8_length(stripped), 0)
     skip = pc.or_(is_comment, is_blank)
-    meta = _metadata(arr.filter(is_comment), np.nonzero(is_comment.to_numpy(zero_copy_only=False))[0], lines)
+    comment_pos = np.nonzero(is_comment.to_numpy(zero_copy_only=False))[0]
+    if openmetrics and not terminated and len(comment_pos):
+        eof = pc.equal(pc.utf8_rtrim(arr.take(pa.array(comment_pos)), "\r"), "# EOF").to_numpy(zero_copy_only=False)
+        if eof.any():
+            raise _bad_line(lines, int(comment_pos[np.argmax(eof)]), "'# EOF' before the end of the file", line_offset)
+    meta = _metadata(arr.filter(is_comment), comment_pos, lines, line_offset)
 
     sample_pos = np.nonzero(~skip.to_numpy(zero_copy_only=False))[0]
     sample_lines = arr.take(pa.array(sample_pos))
     ex = pc.extract_regex(sample_lines, _SAMPLE_RE)
     if ex.null_count:
         bad = np.nonzero(~ex.is_valid().to_numpy(zero_copy_only=False))[0][0]
-        raise _bad_line(lines, int(sample_pos[bad]), "invalid sample line (expected 'name{labels} value [timestamp]')")
+        raise _bad_line(lines, int(sample_pos[bad]), "invalid sample line (expected 'name{labels} value [timestamp]')", line_offset)
     series = ex.field("series")
     vals_s = ex.field("value")
     try:
@@ -158,7 +169,7 @@ def parse_text(body: bytes | str, *, openmetrics: bool | None = None) -> ParsedT
             try:
                 values[i] = _parse_float_slow(s)
             except ValueError:
-                raise _bad_line(lines, int(sample_pos[i]), f"invalid value {s!r}") from None
+                raise _bad_line(lines, int(sample_pos[i]), f"invalid value {s!r}", line_offset) from None
     ts_s = ex.field("ts")
     has_ts = pc.not_equal(pc.utf8_length(ts_s), 0).to_numpy(zero_copy_only=False)
     timestamps = np.zeros(len(values), np.int64)
@@ -179,8 +190,8 @@ def parse_text(body: bytes | str, *, openmetrics: bool | None = None) -> ParsedT
                 try:
                     float(s) if openmetrics else int(s)
                 except ValueError:
-                    raise _bad_line(lines, int(sample_pos[rows[j]]), f"invalid timestamp {s!r}") from None
-            raise _bad_line(lines, int(sample_pos[rows[0]]), "invalid timestamp")
+                    raise _bad_line(lines, int(sample_pos[rows[j]]), f"invalid timestamp {s!r}", line_offset) from None
+            raise _bad_line(lines, int(sample_pos[rows[0]]), "invalid timestamp", line_offset)
     enc = series.dictionary_encode()
     keys = enc.dictionary.to_pylist()
     sidx = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
@@ -190,7 +201,7 @@ def parse_text(body: bytes | str, *, openmetrics: bool | None = None) -> ParsedT
         has_ex = pc.fill_null(pc.greater(pc.utf8_length(ex_s), 0), False).to_numpy(zero_copy_only=False)
         rows = np.nonzero(has_ex)[0]
         exemplars = list(zip(rows.tolist(), ex_s.filter(pa.array(has_ex)).to_pylist()))
-    return ParsedText(keys, sidx, values, timestamps, has_ts, sample_pos + 1, meta, exemplars)
+    return ParsedText(keys, sidx, values, timestamps, has_ts, sample_pos + 1 + line_offset, meta, exemplars)
 
 
 _EXEMPLAR_RE = re.compile(r'^[ \t]*#[ \t]*\{((?:[^"}]|"(?:[^"\\]|\\.)*")*)\}[ \t]+([^ \t]+)(?:[ \t]+([^ \t]+))?[ \t\r]*$')
@@ -219,7 +230,7 @@ def parse_exemplar(text: str, line: int) -> tuple[tuple[tuple[str, str], ...], f
     return tuple(sorted(pairs)), value, ts_ms
 
 
-def _metadata(comments: pa.Array, pos: np.ndarray, lines: list[str]) -> list[MetricMetadata]:
+def _metadata(comments: pa.Array, pos: np.ndarray, lines: list[str], line_offset: int = 0) -> list[MetricMetadata]:
     if len(comments) == 0:
         return []
     ex = pc.extract_regex(comments, _META_RE)
@@ -240,7 +251,7 @@ def _metadata(comments: pa.Array, pos: np.ndarray, lines: list[str]) -> list[Met
         if kind == "TYPE":
             t = rest.strip().lower()
             if t not in _TYPES:
-                raise _bad_line(lines, ln, f"unknown metric type {t!r}")
+                raise _bad_line(lines, ln, f"unknown metric type {t!r}", line_offset)
             m.type = "unknown" if t == "untyped" else t
         elif kind == "HELP":
             m.help = _HELP_UNESCAPE.sub(lambda r: "\n" if r.group(1) == "n" else r.group(1), rest) if "\\" in rest else rest

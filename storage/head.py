@@ -29,6 +29,7 @@ R_FUTURE = "too_far_in_future"
 R_OOO = "out_of_order"
 R_TOO_OLD = "too_old"
 R_DUP_TS = "duplicate_timestamp"
+R_RETENTION = "beyond_retention"
 
 
 # A read that finds more unsealed rows than this sorts them into a run first (when no other seal is
@@ -188,8 +189,11 @@ class Head:
     # --- write path ---------------------------------------------------------------------------
 
     def prepare(self, sid: np.ndarray, ts: np.ndarray, val: np.ndarray, *, now_ms: int, future_tolerance_ms: int,
-                ooo_window_ms: int, min_valid_time: int, lookup_persisted=None) -> Prepared:
+                ooo_window_ms: int, min_valid_time: int, lookup_persisted=None, retention_min: int = INT64_MIN) -> Prepared:
         """Validate a batch (caller holds the write lock). Does not modify the head.
+
+        ``retention_min``: samples older than it are refused (``beyond_retention``): retention would
+        delete them at once, so acknowledging them would lose them silently.
 
         ``lookup_persisted(sid, ts) -> (index or -1, value bits)`` finds samples in blocks; it is
         only asked about samples older than ``min_valid_time`` (the persisted range)."""
@@ -213,6 +217,12 @@ class Head:
             if fut.any():
                 reject(R_FUTURE, fut, positions)
                 positions = positions[~fut]
+                s, t, v = sid[positions], ts[positions], val[positions]
+        if retention_min != INT64_MIN:
+            gone = t < retention_min
+            if gone.any():
+                reject(R_RETENTION, gone, positions)
+                positions = positions[~gone]
                 s, t, v = sid[positions], ts[positions], val[positions]
         o = order_by_series_time(s, t)
         order = positions

@@ -25,6 +25,10 @@ class AppendResult:
     accepted_mask: np.ndarray | None = None
     # Storage series id of each entry of ``batch.series`` (int64), None = not computed.
     series_ids: np.ndarray | None = None
+    # When samples were rejected: the time bounds (int64 ms) that applied, for messages that say which
+    # window refused them: "retention_min" (older is beyond retention), "min_valid_time" (the end of the
+    # persisted range), "ooo_min" (the out-of-order window's start), "ooo_window_ms", "retention_ms".
+    bounds: dict[str, int] = field(default_factory=dict)
 
     @property
     def rejected_total(self) -> int:

@@ -23,10 +23,11 @@ import numpy as np
 import orjson
 
 from storage import metrics as M
+from storage.backfill import BackfillError, BackfillResult, drop_repeats, first_where, in_intervals, sorted_rows, split_ranges
 from storage.batch import SampleBatch
 from storage.block import Block, BlockGone, parse_labels_json, write_block
 from storage.catalog import write_catalog
-from storage.columns import INT64_MAX, INT64_MIN, dedupe_sorted, find_keys, group_bounds, grow, merge_sorted_parts, ranges_index, sort_by_series_time, unique
+from storage.columns import INT64_MAX, INT64_MIN, dedupe_sorted, find_keys, group_bounds, merge_sorted_parts, ranges_index, sort_by_series_time, unique
 from storage.head import Head
 from storage.index import SeriesIndex
 from storage.interface import AppendResult
@@ -34,7 +35,8 @@ from storage.labels import Labels, format_labels
 from storage.matchers import Matcher
 from storage.options import StorageOptions
 from storage.series_set import SeriesSet
-from storage.wal import WAL, Handler, replay_wal
+from storage.head_replay import replay_head
+from storage.wal import WAL
 
 log = logging.getLogger("turboprom.storage")
 _IN_ORDER = np.empty(0, dtype=np.int64)  # order cache marker: ids already in label order
@@ -87,9 +89,12 @@ class TSDB:
             ids, created = self.index.ids_for(batch.series, batch.series_refs)
             self.head.ensure(len(self.index))
             sid = ids[batch.series_index]
-            prep = self.head.prepare(sid, batch.timestamps, batch.values, now_ms=int(time.time() * 1000),
+            now = int(time.time() * 1000)
+            retention_min = self._retention_min(batch.timestamps, now)
+            prep = self.head.prepare(sid, batch.timestamps, batch.values, now_ms=now,
                                      future_tolerance_ms=opts.future_tolerance_ms, ooo_window_ms=opts.out_of_order_window_ms,
-                                     min_valid_time=self.min_valid_time, lookup_persisted=self._lookup_persisted)
+                                     min_valid_time=self.min_valid_time, lookup_persisted=self._lookup_persisted,
+                                     retention_min=retention_min)
             if created:
                 M.SERIES_CREATED.inc(len(created))
             seq = 0
@@ -103,6 +108,10 @@ class TSDB:
         res.series_ids = ids
         res.duplicates = prep.duplicates
         res.rejected = prep.rejected
+        if prep.rejected:
+            res.bounds = {"retention_min": int(retention_min), "retention_ms": opts.retention_ms,
+                          "min_valid_time": int(self.min_valid_time), "ooo_window_ms": opts.out_of_order_window_ms,
+                          "ooo_min": int(self.head.maxt - opts.out_of_order_window_ms) if self.head.maxt != INT64_MIN else INT64_MIN}
         for reason, pos, _ in prep.examples:
             lbl = batch.series[int(batch.series_index[pos])]
             res.errors.append(f"{reason.replace('_', ' ')}: {format_labels(lbl)} @ {int(batch.timestamps[pos])}")
@@ -113,6 +122,118 @@ class TSDB:
             M.DUPLICATES.inc(res.duplicates)
         for reason, c in prep.rejected.items():
             M.REJECTED.labels(reason).inc(c)
+        return res
+
+    def _retention_min(self, ts: np.ndarray, now_ms: int) -> int:
+        """Oldest timestamp retention keeps once ``ts`` is stored (INT64_MIN: no time retention).
+        Retention is measured back from the newest sample in the store, this batch included (its
+        samples not too far in the future): older samples would be deleted at the next pass."""
+        if self.options.retention_ms <= 0 or len(ts) == 0:
+            return INT64_MIN
+        newest = max(self.head.maxt, self._blocks_maxt)
+        bmax = int(ts.max())
+        if bmax > now_ms + self.options.future_tolerance_ms:
+            ok = ts[ts <= now_ms + self.options.future_tolerance_ms]
+            bmax = int(ok.max()) if len(ok) else INT64_MIN
+        newest = max(newest, bmax)
+        return INT64_MIN if newest == INT64_MIN else newest - self.options.retention_ms
+
+    @property
+    def _blocks_maxt(self) -> int:
+        blocks = self._blocks_snapshot()
+        return max((b.maxt for b in blocks), default=INT64_MIN)
+
+    def history_block_range(self) -> tuple[int, int]:
+        """(range ms, level) of the blocks an import writes: the largest compaction level, so the
+        compactor has nothing left to merge in a finished import."""
+        ranges = self._compaction_ranges()
+        return (ranges[-1], len(ranges) + 1) if ranges else (self.options.block_duration_ms, 1)
+
+    def import_history(self, batch: SampleBatch, progress=None) -> BackfillResult:
+        """Write historical samples straight into blocks (storage/backfill.py). All or nothing:
+        raises BackfillError before writing anything when a sample is refused. ``progress(blocks
+        written, blocks to write)`` is called as blocks are written."""
+        if self._closed:
+            raise RuntimeError("storage is closed")
+        res = BackfillResult()
+        if len(batch) == 0:
+            return res
+        opts = self.options
+        with self._maint_lock:  # no head cut, compaction or retention pass in between
+            with self._wlock:
+                ids, created = self.index.ids_for(batch.series)
+                self.head.ensure(len(self.index))
+                head_min = int(self.head.mint) if self.head.num_samples else INT64_MAX
+                newest = max(int(self.head.maxt), self._blocks_maxt)
+            if created:
+                M.SERIES_CREATED.inc(len(created))
+            s, t, v, pos = sorted_rows(ids[batch.series_index], batch.timestamps, batch.values)
+            now = int(time.time() * 1000)
+            bounds = {"retention_ms": opts.retention_ms, "head_min": head_min,
+                      "future_max": now + opts.future_tolerance_ms, "future_tolerance_ms": opts.future_tolerance_ms}
+            if opts.future_tolerance_ms > 0:
+                fut = t > now + opts.future_tolerance_ms
+                if fut.any():
+                    raise BackfillError("too_far_in_future", "more than the future tolerance ahead of the wall clock",
+                                        first_where(fut, pos), int(fut.sum()), bounds)
+            s, t, v, pos, res.duplicates = drop_repeats(s, t, v, pos)
+            if opts.retention_ms > 0:
+                cutoff = max(newest, int(t.max())) - opts.retention_ms
+                bounds["retention_min"] = cutoff
+                old = t < cutoff
+                if old.any():
+                    raise BackfillError("beyond_retention", "older than the retention window", first_where(old, pos),
+                                        int(old.sum()), bounds)
+            live = t >= head_min
+            if live.any():
+                raise BackfillError("in_head_range", "at or after the oldest sample in the head", first_where(live, pos),
+                                    int(live.sum()), bounds)
+            # Samples inside existing blocks' ranges: exact repeats are dropped, other values refused.
+            inb = in_intervals(t, [(b.mint, b.maxt) for b in self._blocks_snapshot()])
+            if inb.any():
+                cand = np.flatnonzero(inb)
+                found, bits = self._lookup_persisted(s[cand], t[cand])
+                hit = found >= 0
+                if hit.any():
+                    same = bits[found[hit]] == v[cand[hit]].view(np.uint64)
+                    if not same.all():
+                        bad = np.zeros(len(t), dtype=bool)
+                        bad[cand[hit][~same]] = True
+                        raise BackfillError("duplicate_timestamp", "a different value than the sample already stored at "
+                                            "that series and timestamp", first_where(bad, pos), int(bad.sum()), bounds)
+                    keep = np.ones(len(t), dtype=bool)
+                    keep[cand[hit]] = False
+                    res.duplicates += int(hit.sum())
+                    s, t, v, pos = s[keep], t[keep], v[keep], pos[keep]
+            res.written = np.zeros(len(batch), dtype=bool)
+            res.written[pos] = True
+            range_ms, level = self.history_block_range()
+            res.block_range_ms = range_ms
+            res.samples, res.series = int(len(t)), int(len(np.unique(s)))
+            todo = int(len(np.unique(t // np.int64(range_ms)))) if len(t) else 0
+            new: list[Block] = []
+            try:
+                for _, bs, bt, bv in split_ranges(s, t, v, range_ms):
+                    new.append(Block(write_block(self.blocks_dir, self.index.labels, bs, bt, bv, level=level), self._global_ids))
+                    M.BLOCKS_WRITTEN.inc()
+                    if progress is not None:
+                        progress(len(new), todo)
+            except BaseException:
+                for b in new:  # a failed import leaves no block behind
+                    b.remove()
+                raise
+            with self._wlock:
+                with self._blocks_lock:
+                    self._blocks = sorted(self._blocks + new, key=lambda x: (x.mint, x.maxt))
+                if new:
+                    # appends older than the imported range are checked against the blocks (repeats, conflicts)
+                    self.min_valid_time = max(self.min_valid_time, max(b.maxt for b in new) + 1)
+            for b in new:
+                log.info("imported block %s [%d, %d]: %d samples, %d series", b.id, b.mint, b.maxt, b.num_samples, b.num_series)
+            res.blocks = [{"id": b.id, "minTime": b.mint, "maxTime": b.maxt, "numSamples": b.num_samples,
+                           "numSeries": b.num_series} for b in new]
+            self._catalog_changed()
+            self._update_gauges()
         return res
 
     # ------------------------------------------------------------------------------------------
@@ -297,51 +418,7 @@ class TSDB:
 
     def _replay(self) -> None:
         t0 = time.perf_counter()
-        remap = np.full(0, -1, dtype=np.int64)
-        pend: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-
-        def on_series(items: list) -> None:
-            nonlocal remap
-            hi = max((it[0] for it in items), default=-1)
-            remap = grow(remap, hi + 1, -1)
-            for sid, pairs in items:
-                remap[sid] = self.index.get_or_create(tuple((a, b) for a, b in pairs))[0]
-
-        def on_samples(sid: np.ndarray, ts: np.ndarray, val: np.ndarray) -> None:
-            g = remap[sid]
-            if (g < 0).any():  # a record referencing an undefined id: skip those rows
-                ok = g >= 0
-                log.warning("WAL samples record references %d undefined series ids; skipped", int((~ok).sum()))
-                g, ts, val = g[ok], ts[ok], val[ok]
-            pend.append((g, ts, val))
-
-        def flush() -> None:
-            # Sorted runs of ~2M rows each: smaller sorts stay in cache; reads merge across runs.
-            self.head.ensure(len(self.index))
-            while pend:
-                take, n = 0, 0
-                while take < len(pend) and n < 2_000_000:
-                    n += len(pend[take][0])
-                    take += 1
-                chunk = pend[:take]
-                del pend[:take]
-                s, t, v = sort_by_series_time(np.concatenate([p[0] for p in chunk]), np.concatenate([p[1] for p in chunk]),
-                                              np.concatenate([p[2] for p in chunk]))
-                s, t, v = dedupe_sorted(s, t, v)
-                self.head.commit(s, t, v, as_run=True)
-
-        def on_tombstone(series: list, mint: int, maxt: int) -> None:
-            flush()
-            ids = [self.index.get(tuple((a, b) for a, b in lb)) for lb in series]
-            ids = np.array([i for i in ids if i is not None], dtype=np.int64)
-            if len(ids):
-                sel = np.zeros(len(self.index), dtype=bool)
-                sel[ids] = True
-                self.head.drop_rows(lambda r: sel[r.sid] & (r.ts >= mint) & (r.ts <= maxt))
-
-        stats = replay_wal(self.path / "wal", Handler(on_series, on_samples, on_tombstone))
-        flush()
-        self.head.ensure(len(self.index))
+        stats = replay_head(self.path / "wal", self.index, self.head)
         dt = time.perf_counter() - t0
         M.WAL_REPLAY_SECONDS.set(dt)
         if self.head.num_samples or stats["segments"]:

@@ -141,8 +141,9 @@ def list_wal(dirpath: Path) -> tuple[list[int], list[int]]:
     return sorted(segs), sorted(cps)
 
 
-def replay_wal(dirpath: Path, handler: Handler) -> dict:
-    """Replay newest checkpoint + later segments. A torn/corrupt record truncates the log there."""
+def replay_wal(dirpath: Path, handler: Handler, *, repair: bool = True) -> dict:
+    """Replay newest checkpoint + later segments. A torn/corrupt record truncates the log there
+    (``repair=False``: reading stops there and nothing is changed, for readers beside a running server)."""
     segs, cps = list_wal(dirpath)
     stats = {"checkpoint": None, "segments": 0, "truncated": False}
     after = -1
@@ -160,6 +161,9 @@ def replay_wal(dirpath: Path, handler: Handler) -> dict:
         path = dirpath / f"{s:08d}"
         ok, good = _read_records(path, handler, repair=True)
         stats["segments"] += 1
+        if not ok and not repair:
+            stats["truncated"] = True
+            break
         if not ok:
             size = path.stat().st_size
             log.warning("WAL segment %s: torn or corrupt record at byte %d of %d; truncating the log there%s",

@@ -104,6 +104,21 @@ def build_parser() -> argparse.ArgumentParser:
     ckr = cksub.add_parser("rules", help="check rule files")
     ckr.add_argument("files", nargs="+", metavar="FILE")
 
+    im = sub.add_parser("import", help="write history (OpenMetrics/Prometheus text with timestamps, or CSV) into blocks",
+                        description="Backfill, like promtool tsdb create-blocks-from openmetrics: the samples are written "
+                                    "straight into aligned blocks, into a stopped server's --data-dir or through a running "
+                                    "server (--url, needs --web.enable-admin-api). Samples older than the retention window, "
+                                    "or inside the live head's range, are refused and nothing is written.")
+    im.add_argument("file", metavar="FILE", help="OpenMetrics (ends with '# EOF', timestamps in seconds), Prometheus text "
+                                                 "(timestamps in ms) or .csv with a header: __name__, labels..., timestamp, value")
+    im.add_argument("--data-dir", default="./data", help="data dir of a stopped server (default ./data)")
+    im.add_argument("--url", default=None, help="import through this running server instead (POST /api/v1/admin/tsdb/import)")
+    im.add_argument("--format", choices=["auto", "openmetrics", "prometheus", "csv"], default="auto",
+                    help="default auto: .csv is CSV, a file ending with '# EOF' OpenMetrics, else Prometheus text")
+    im.add_argument("--retention-time", type=_duration, default=15 * 86_400_000,
+                    help="with --data-dir: the server's --retention-time (default 15d); older samples are refused")
+    im.add_argument("--tenant", default="default", help="tenant the series belong to (default: the default tenant)")
+
     q = sub.add_parser("sql", help="run SQL against the DuckDB catalog and blocks")
     q.add_argument("query")
     q.add_argument("--data-dir", default="./data")
@@ -383,6 +398,12 @@ def _serve(args: argparse.Namespace) -> int:
     cfg = _config_from_args(args)
     _check_data_dir(cfg.data_dir)
     _check_port_free(cfg.host, cfg.port, cfg.listen)
+    from turboprom.data_lock import DataDirLocked, lock_data_dir
+
+    try:
+        lock_data_dir(cfg.data_dir)  # held until the process ends
+    except DataDirLocked as e:
+        raise CliError(f"{e}: stop it, or choose another --data-dir") from None
     from turboprom.cluster.roles import serve_role
     from turboprom.server import StartupError
 
@@ -408,6 +429,13 @@ def _run(args: argparse.Namespace) -> int:
         from planner.cli import run as run_plan
 
         return run_plan(args)
+    if args.command == "import":
+        from turboprom.history_import import ImportRefused, run_cli
+
+        try:
+            return run_cli(args)
+        except ImportRefused as e:
+            raise CliError(str(e)) from None
     if args.command == "sql":
         from storage.catalog import run_sql
 

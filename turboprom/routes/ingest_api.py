@@ -44,6 +44,7 @@ from turboprom.tenancy import label_batch, tenant_of
 from turboprom.api_errors import error_response
 from turboprom.context import ServerContext
 from turboprom.limits import SeriesAdmission
+from turboprom.rejections import storage_problem
 from turboprom.http_guard import BodyTimeout
 
 V2_HEADERS = ("X-Prometheus-Remote-Write-Samples-Written", "X-Prometheus-Remote-Write-Histograms-Written",
@@ -228,9 +229,7 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
             headers = dict(zip(V2_HEADERS, (str(result.accepted + result.duplicates), "0", str(ex_written))))
         problems = []
         if result.rejected_total:
-            detail = ", ".join(f"{n} {r.replace('_', ' ')}" for r, n in sorted(result.rejected.items()))
-            problems.append(f"{result.rejected_total} of {len(decoded.batch)} samples rejected by storage ({detail})"
-                            + (f"; first: {'; '.join(result.errors[:3])}" if result.errors else ""))
+            problems.append(storage_problem(result, len(decoded.batch)))
         if decoded.histograms:
             problems.append(f"{decoded.histograms} native histogram samples refused: native histograms are not supported")
         if problems:
@@ -283,10 +282,8 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
             metrics.reject(protocol, reason, n)
         if result.rejected_total:
             metrics.REQUESTS.labels(protocol=protocol, code="400").inc()
-            detail = ", ".join(f"{n} {r.replace('_', ' ')}" for r, n in sorted(result.rejected.items()))
-            return error_response("bad_data", f"partial import: {result.accepted} samples written; {result.rejected_total} of "
-                                              f"{len(batch)} rejected by storage ({detail})"
-                                              + (f"; first: {'; '.join(result.errors[:3])}" if result.errors else ""), 400)
+            return error_response("bad_data", f"partial import: {result.accepted} samples written; "
+                                              f"{storage_problem(result, len(batch))}", 400)
         metrics.REQUESTS.labels(protocol=protocol, code="204").inc()
         return web.Response(status=204)
 
@@ -344,9 +341,7 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
         problems = list(tr.problems)
         rejected = tr.rejected_points
         if result.rejected_total:
-            detail = ", ".join(f"{n} {r.replace('_', ' ')}" for r, n in sorted(result.rejected.items()))
-            problems.append(f"{result.rejected_total} of {len(batch)} samples rejected by storage ({detail})"
-                            + (f"; first: {'; '.join(result.errors[:3])}" if result.errors else ""))
+            problems.append(storage_problem(result, len(batch)))
             if result.accepted_mask is not None:
                 lost = tr.sample_point[~result.accepted_mask]
                 rejected += len(np.unique(lost[lost >= 0]))

@@ -9,8 +9,8 @@ of time; each trial sends a fresh block of rounds to both targets (order alterna
 Ingest figures per trial: acknowledged samples/s (wall, until the last 2xx) and acknowledged samples
 per CPU-second of *every* process of the target (single node: 1 process; cluster: distributor,
 ingesters, querier, NATS x3 and etcd), CPU measured from the first request until the cluster's
-ingesters have applied everything (so the cluster's consumption is charged). Also the time from the
-last acknowledgement until both ingesters had applied every message (``visible_lag_s``).
+ingesters have applied everything on the log (so the cluster's consumption is charged). Also the
+time from the last acknowledgement until both ingesters had applied every message (apply lag).
 
 Query figures: each dashboard query as a range query over the written hour-long window (step 15 s),
 alternating single/querier, ``--query-repeats`` times; medians.
@@ -38,7 +38,6 @@ import ingest_remote_write as rw  # noqa: E402
 from tests.helpers import ServerProcess  # noqa: E402
 from turboprom.cluster.local_cluster import LocalCluster  # noqa: E402
 
-T0 = 1_760_000_000_000
 QUERIES = [
     'sum by (model_name) (rate(vllm:prompt_tokens_total[5m]))',
     'histogram_quantile(0.99, sum by (le, model_name) (rate(vllm:time_to_first_token_seconds_bucket[5m])))',
@@ -48,12 +47,9 @@ QUERIES = [
 ]
 
 
-def cpu_of(pids: list[int]) -> float:
-    return sum(rw.proc_cpu_s(p) for p in pids)
-
-
-def cluster_pids(c: LocalCluster) -> list[int]:
-    return [p.pid for p in c.roles.values()] + [p.pid for p in c.nats] + [c.etcd.pid]
+def cluster_procs(c: LocalCluster) -> dict[str, int]:
+    """Every process of the cluster by name (roles, NATS nodes, etcd)."""
+    return {**{n: p.pid for n, p in c.roles.items()}, **{p.name: p.pid for p in c.nats}, "etcd": c.etcd.pid}
 
 
 def run_query(url: str, q: str, start_s: float, end_s: float) -> float:
@@ -72,13 +68,19 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=3)
     ap.add_argument("--senders", type=int, default=4)
     ap.add_argument("--query-repeats", type=int, default=7)
+    ap.add_argument("--partitions", type=int, default=64)
+    ap.add_argument("--profile", type=Path, help="py-spy raw stacks of the cluster's TurboProm processes per trial, "
+                    "into this dir (bench/profile_summary.py reads them)")
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="tp-cluster-bench-"))
     single = ServerProcess(tmp / "single")
-    cluster = LocalCluster(tmp / "cluster", ingesters=2, partitions=64)
+    cluster = LocalCluster(tmp / "cluster", ingesters=2, partitions=a.partitions)
     try:
         single.start()
         cluster.start()
+        # recent timestamps, the last round a minute ago: the congestion trackers (single node and ingesters)
+        # see live instances, as under real scrape traffic, instead of dropping and logging silent ones
+        T0 = (int(time.time()) - a.rounds * a.trials * 15 - 60) * 1000
         bodies, counts = rw.build_payloads(a.series, 2000, 1, a.rounds * a.trials, T0)
         per_trial = len(bodies) // a.trials
         rows: dict[str, list[dict]] = {"single": [], "cluster": []}
@@ -87,15 +89,25 @@ def main() -> None:
             order = ["single", "cluster"] if trial % 2 == 0 else ["cluster", "single"]
             for name in order:
                 url = (single.url if name == "single" else cluster.url("distributor-0")) + "/api/v1/write"
-                pids = [single.proc.pid] if name == "single" else cluster_pids(cluster)
-                cpu0 = cpu_of(pids)
+                procs = {"single": single.proc.pid} if name == "single" else cluster_procs(cluster)
+                pids = list(procs.values())
+                spies = []
+                if a.profile and name == "cluster":
+                    a.profile.mkdir(parents=True, exist_ok=True)
+                    spies = [rw.start_profile(cluster.roles[n].pid, a.profile / f"trial{trial + 1}-{n}.txt")
+                             for n in cluster.roles if not n.startswith("querier")]
+                cpu_each0 = {n: rw.proc_cpu_s(p) for n, p in procs.items()}
+                cpu0 = sum(cpu_each0.values())
                 res = asyncio.run(rw.send_all(url, bodies[chunk], counts[chunk], a.senders))
                 lag = 0.0
                 if name == "cluster":
                     t = time.perf_counter()
-                    cluster.wait_caught_up(["ingester-0", "ingester-1"], timeout=300)
+                    cluster.wait_applied(["ingester-0", "ingester-1"], timeout=300)
                     lag = time.perf_counter() - t
-                cpu = cpu_of(pids) - cpu0
+                cpu_each = {n: rw.proc_cpu_s(p) - cpu_each0[n] for n, p in procs.items()}
+                cpu = sum(cpu_each.values())
+                for spy in spies:
+                    rw.stop_profile(spy)
                 acked = res["acked_samples"]
                 row = {"samples_s": acked / res["wall_s"], "samples_cpu_s": acked / max(cpu, 1e-9), "cpu_s": cpu,
                        "failed": res["failed"], "retries": res["retries"], "lag_s": lag}
@@ -104,8 +116,8 @@ def main() -> None:
                 rows[name].append(row)
                 print(f"trial {trial + 1} {name:8s} {row['samples_s']:>10,.0f} samples/s  {row['samples_cpu_s']:>10,.0f} /cpu-s  "
                       f"cpu {cpu:6.1f}s  retries {res['retries']}  failed {res['failed']}  apply lag {lag:.2f}s", flush=True)
-        # catch-up is measured by wait_caught_up against the log's last sequence at take-over; for
-        # steady ingest it suffices to wait until the querier's answer equals the single node's
+                if name == "cluster":
+                    print("    cpu-s by process: " + ", ".join(f"{n} {c:.1f}" for n, c in cpu_each.items()), flush=True)
         end_s = (T0 + (a.rounds * a.trials - 1) * 15_000) / 1000
         start_s = T0 / 1000
         time.sleep(2)

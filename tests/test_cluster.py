@@ -105,7 +105,7 @@ def test_answers_equal_the_single_node(setup):
     write_all(dist, bodies)
     write_all(single.url, bodies[:2], {"X-Scope-OrgID": "team-a"})
     write_all(dist, bodies[:2], {"X-Scope-OrgID": "team-a"})
-    cluster.wait_caught_up(["ingester-0", "ingester-1"])
+    cluster.wait_applied(["ingester-0", "ingester-1"])
     end = T0 / 1000 + 3 * 4 * STEP_S
     same_answers(single.url, querier, end)
     same_answers(single.url, querier, end, {"X-Scope-OrgID": "team-a"})
@@ -133,6 +133,7 @@ def test_ingester_killed_then_caught_up_from_the_log(setup):
     cluster.add_role("ingester", "ingester-0")
     cluster.wait_ready("ingester-0")
     cluster.wait_caught_up(["ingester-0"])
+    cluster.wait_applied(["ingester-0"])
     caught_up_s = time.monotonic() - t
     st = cluster.ingester_status("ingester-0")
     assert st["targets"] and all(st["applied"][p] >= st["targets"][p] for p in st["targets"])

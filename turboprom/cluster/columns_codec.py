@@ -2,15 +2,26 @@
 a partition's message on the ingest log (distributor -> JetStream -> ingester) and a partition
 read (ingester -> querier).
 
-A message is one Arrow record batch of N samples: ``series`` (dictionary-encoded: the dictionary
-holds the K canonical label sets as JSON, the indices say which one each sample belongs to), ``t``
-(int64 ms) and ``v`` (float64, bit-exact, so the stale marker survives). The dictionary keeps label
-sets that no sample references, so a read's series without samples in range survive too. The
-tenant and the metric metadata travel in the schema metadata. pyarrow does the framing; the only
-per-series work is the JSON of each label set, done once per series and message.
+A log message (``encode_log_message``) is ``b"TPL2"``, two uint32 lengths (little-endian), a
+small JSON header (tenant, metric metadata) and one Arrow IPC record-batch message of a fixed
+schema (no schema message travels: both ends know it) holding N samples: ``h1``, ``h2`` (the two
+uint64 halves of the sample's series' log reference, series_dictionary.py), ``key`` (the series'
+canonical label set as JSON at a sample where this message defines the series, null elsewhere),
+``t`` (int64 ms) and ``v`` (float64, bit-exact, so the stale marker survives). References per
+sample rather than per series keep a message to one record batch (one pyarrow call each way, the
+cost that dominates small messages); a scrape-shaped write has one sample per series anyway.
+Messages without the prefix are the earlier format that carried every label key in every message
+(one Arrow IPC stream like a partition read's): a log written before keeps replaying.
+
+A partition read (``encode_series_set``) is one record batch of N samples: ``series``
+(dictionary-encoded: the dictionary holds the K canonical label sets as JSON, the indices say which
+one each sample belongs to), ``t`` and ``v``. The dictionary keeps label sets that no sample
+references, so a read's series without samples in range survive too. pyarrow does the framing.
 """
 from __future__ import annotations
 
+import struct
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -20,6 +31,76 @@ import pyarrow as pa
 from storage.batch import MetricMetadata, SampleBatch
 from storage.labels import Labels
 from storage.series_set import SeriesSet
+from turboprom.cluster.series_dictionary import log_refs
+
+
+LOG_MAGIC = b"TPL2"
+_LOG_HEAD = struct.Struct("<II")
+_LOG_SCHEMA = pa.schema([("h1", pa.uint64()), ("h2", pa.uint64()), ("key", pa.binary()), ("t", pa.int64()), ("v", pa.float64())])
+
+
+@dataclass
+class LogPart:
+    """One decoded log message: N samples with their series' log references (``h1``, ``h2``) and,
+    where the message defines the series, its label key (None elsewhere)."""
+
+    h1: np.ndarray
+    h2: np.ndarray
+    keys: list
+    timestamps: np.ndarray
+    values: np.ndarray
+    tenant: str
+    metadata: list[MetricMetadata]
+
+
+def _ipc(batch: pa.RecordBatch) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as w:
+        w.write_batch(batch)
+    return sink.getvalue().to_pybytes()
+
+
+def _column(a: np.ndarray, dtype: type, typ: pa.DataType) -> pa.Array:
+    a = np.ascontiguousarray(a, dtype)
+    return pa.Array.from_buffers(typ, len(a), [None, pa.py_buffer(a)])
+
+
+def encode_log_message(h1: np.ndarray, h2: np.ndarray, keys: Sequence[bytes | None], timestamps: np.ndarray,
+                       values: np.ndarray, *, tenant: str = "default", metadata: Sequence[MetricMetadata] = ()) -> bytes:
+    """The message of N samples (module docstring); ``keys``: None where the sample's series is not
+    defined by this message."""
+    meta: dict = {"tenant": tenant}
+    if metadata:
+        meta["metadata"] = [[m.metric_family, m.type, m.help, m.unit] for m in metadata]
+    key_col = pa.nulls(len(h1), pa.binary()) if all(x is None for x in keys) else pa.array(keys, pa.binary())
+    body = pa.RecordBatch.from_arrays([_column(h1, np.uint64, pa.uint64()), _column(h2, np.uint64, pa.uint64()), key_col,
+                                       _column(timestamps, np.int64, pa.int64()), _column(values, np.float64, pa.float64())],
+                                      schema=_LOG_SCHEMA).serialize()
+    head = orjson.dumps(meta)
+    head += b" " * (-(len(LOG_MAGIC) + _LOG_HEAD.size + len(head)) % 8)  # the record batch 8-byte aligned
+    return b"".join((LOG_MAGIC, _LOG_HEAD.pack(len(head), body.size), head, body))
+
+
+def is_log_message(data: bytes) -> bool:
+    return data[:4] == LOG_MAGIC
+
+
+def decode_log_message(data: bytes) -> LogPart:
+    """A log message's columns; a message of the earlier format (one Arrow IPC stream with every
+    label key in every message) comes out the same way, its first sample of each series defining it."""
+    if not is_log_message(data):
+        keys, idx, ts, vs, meta = _read(data)
+        h1, h2 = log_refs(keys)
+        return LogPart(h1[idx], h2[idx], [keys[i] for i in idx.tolist()], ts, vs,
+                       meta.get(b"tenant", b"default").decode(), _metadata(meta))
+    nh, nb = _LOG_HEAD.unpack_from(data, 4)
+    o = len(LOG_MAGIC) + _LOG_HEAD.size
+    meta = orjson.loads(data[o:o + nh])
+    b = pa.ipc.read_record_batch(pa.py_buffer(data).slice(o + nh, nb), _LOG_SCHEMA)
+    key_col = b.column(2)
+    keys = [None] * len(key_col) if key_col.null_count == len(key_col) else key_col.to_pylist()
+    return LogPart(b.column(0).to_numpy(), b.column(1).to_numpy(), keys, b.column(3).to_numpy(), b.column(4).to_numpy(),
+                   meta.get("tenant", "default"), [MetricMetadata(*m) for m in meta.get("metadata", ())])
 
 
 def label_keys(series: Sequence[Labels]) -> list[bytes]:
@@ -36,30 +117,10 @@ def encode(keys: Sequence[bytes], series_index: np.ndarray, timestamps: np.ndarr
         meta[b"metadata"] = orjson.dumps([[m.metric_family, m.type, m.help, m.unit] for m in metadata])
     batch = pa.record_batch([series, pa.array(timestamps, pa.int64()), pa.array(values, pa.float64())],
                             schema=pa.schema([("series", series.type), ("t", pa.int64()), ("v", pa.float64())], metadata=meta))
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, batch.schema) as w:
-        w.write_batch(batch)
-    return sink.getvalue().to_pybytes()
+    return _ipc(batch)
 
 
-def _labels(keys: list[bytes], cache: dict[bytes, Labels] | None) -> list[Labels]:
-    if cache is None:
-        return [tuple(tuple(p) for p in orjson.loads(k)) for k in keys]
-    out = []
-    for k in keys:  # per series of a message: a dict lookup for series seen before
-        lbl = cache.get(k)
-        if lbl is None:
-            if len(cache) >= LABEL_CACHE_MAX:
-                cache.clear()
-            lbl = cache[k] = tuple(tuple(p) for p in orjson.loads(k))
-        out.append(lbl)
-    return out
-
-
-LABEL_CACHE_MAX = 2_000_000
-
-
-def _read(data: bytes, cache: dict[bytes, Labels] | None = None) -> tuple[list[Labels], np.ndarray, np.ndarray, np.ndarray, dict]:
+def _read(data: bytes) -> tuple[list[bytes], np.ndarray, np.ndarray, np.ndarray, dict]:
     reader = pa.ipc.open_stream(pa.py_buffer(data))
     batches = list(reader)
     meta = reader.schema.metadata or {}
@@ -67,18 +128,16 @@ def _read(data: bytes, cache: dict[bytes, Labels] | None = None) -> tuple[list[L
         return [], np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.float64), meta
     b = batches[0]
     col = b.column(0)
-    labels = _labels(col.dictionary.to_pylist(), cache)
     idx = col.indices.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
-    ts = b.column(1).to_numpy(zero_copy_only=False)
-    vs = b.column(2).to_numpy(zero_copy_only=False)
-    return labels, idx, ts, vs, meta
+    return col.dictionary.to_pylist(), idx, b.column(1).to_numpy(zero_copy_only=False), b.column(2).to_numpy(zero_copy_only=False), meta
 
 
-def decode_batch(data: bytes, cache: dict[bytes, Labels] | None = None) -> SampleBatch:
-    """A log message as a SampleBatch; ``cache`` (label JSON -> labels) spares re-parsing known series."""
-    labels, idx, ts, vs, meta = _read(data, cache)
-    md = [MetricMetadata(*m) for m in orjson.loads(meta[b"metadata"])] if b"metadata" in meta else []
-    return SampleBatch(labels, idx, ts, vs, metadata=md, tenant=meta.get(b"tenant", b"default").decode())
+def _labels(keys: list[bytes]) -> list[Labels]:
+    return [tuple(tuple(p) for p in orjson.loads(k)) for k in keys]
+
+
+def _metadata(meta: dict) -> list[MetricMetadata]:
+    return [MetricMetadata(*m) for m in orjson.loads(meta[b"metadata"])] if b"metadata" in meta else []
 
 
 def encode_series_set(ss: SeriesSet) -> bytes:
@@ -88,7 +147,8 @@ def encode_series_set(ss: SeriesSet) -> bytes:
 
 
 def decode_series_set(data: bytes) -> SeriesSet:
-    labels, idx, ts, vs, _ = _read(data)
+    keys, idx, ts, vs, _ = _read(data)
+    labels = _labels(keys)
     offsets = np.zeros(len(labels) + 1, np.int64)
     np.cumsum(np.bincount(idx, minlength=len(labels)), out=offsets[1:])
     return SeriesSet(labels, offsets, np.asarray(ts, np.int64), np.asarray(vs, np.float64))

@@ -1,8 +1,10 @@
 """An ingester: consumes the partitions etcd assigns it from the ingest log into its local TSDB.
 
 Per owned partition a fetch loop pulls from the partition's durable consumer and queues what it
-got; one appender drains the queue, decodes every message (columns_codec), joins them into one
-batch per tenant and appends through the node's ordinary ingest pipeline (TSDB with its WAL, then
+got; one appender drains the queue, decodes every message (columns_codec), resolves the series'
+log references in the node's series dictionary (series_dictionary.py: label keys are parsed only
+for series it has not seen), joins them into one batch per tenant, each series once and known to
+storage by a local reference, and appends through the node's ordinary ingest pipeline (TSDB with its WAL, then
 the summarizer and congestion sinks), in a worker thread. Only then is each partition acknowledged
 up to its last appended message (ack policy *all*): the consumer's ack floor is the last sequence
 persisted locally, so after a crash or restart the partition resumes from it (messages appended but
@@ -28,19 +30,30 @@ from typing import Any
 
 from nats.errors import TimeoutError as NatsTimeout
 
-from storage.batch import SampleBatch
+import numpy as np
+from prometheus_client import Counter
+
+from storage.batch import SampleBatch, SeriesRefColumn
+from storage.matchers import Matcher
 from turboprom.cluster import columns_codec
+from turboprom.cluster.columns_codec import LogPart
 from turboprom.cluster.ingest_log import IngestLog
 from turboprom.cluster.membership import ClusterState, Membership
+from turboprom.cluster.series_dictionary import SeriesDictionary
 from turboprom.cluster.settings import ClusterSettings
 
 log = logging.getLogger("turboprom.cluster")
 FETCH_BATCH = 256
 MAX_DRAIN = 1024  # messages joined into one append at most
+UNDEFINED = Counter("turboprom_cluster_undefined_series_samples", "Samples from the ingest log dropped because their "
+                    "series' label key was neither in the log read nor in this node's storage (a replay that starts "
+                    "after the series' last definition, e.g. at a log truncated by retention).")
+ALL_SERIES = [[Matcher("__name__", "=~", ".*")]]
 
 
 class PartitionIngester:
-    def __init__(self, settings: ClusterSettings, membership: Membership, pipeline: Any, executor: Any, data_dir: str):
+    def __init__(self, settings: ClusterSettings, membership: Membership, pipeline: Any, executor: Any, data_dir: str,
+                 storage: Any):
         self.settings = settings
         self.membership = membership
         self.node_id = membership.node_id
@@ -55,7 +68,7 @@ class PartitionIngester:
         self._loops: dict[int, asyncio.Task] = {}
         self._queue: asyncio.Queue = asyncio.Queue(maxsize=4096)
         self._appender: asyncio.Task | None = None
-        self._labels_cache: dict = {}
+        self.dictionary = SeriesDictionary(lambda: storage.series(ALL_SERIES, -(1 << 62), 1 << 62))
         self._reconcile_lock = asyncio.Lock()
         self._inflight: dict[int, int] = defaultdict(int)  # partition -> batches queued, not yet acknowledged
 
@@ -157,14 +170,29 @@ class PartitionIngester:
         if self.applied.get(p, 0) >= self.targets.get(p, 1 << 62):
             self.membership.caught_up.add(p)
 
+    def _batch_of(self, parts: list[LogPart]) -> SampleBatch:
+        """One tenant's decoded messages as one batch, each series once, by local reference."""
+        one = len(parts) == 1
+        cat = (lambda f: getattr(parts[0], f)) if one else (lambda f: np.concatenate([getattr(x, f) for x in parts]))
+        h1, h2, ts, vs = cat("h1"), cat("h2"), cat("timestamps"), cat("values")
+        local = self.dictionary.define(h1, h2, parts[0].keys if one else [k for x in parts for k in x.keys])
+        if (local < 0).any():
+            keep = local >= 0
+            UNDEFINED.inc(int((~keep).sum()))
+            log.warning("ingest log: %d samples without a label key for their series dropped", int((~keep).sum()))
+            local, ts, vs = local[keep], ts[keep], vs[keep]
+        uniq, si = np.unique(local, return_inverse=True)
+        return SampleBatch(self.dictionary.labels_of(uniq), si, ts, vs, metadata=[m for x in parts for m in x.metadata],
+                           tenant=parts[0].tenant, series_refs=SeriesRefColumn(self.dictionary.space, uniq))
+
     def _append(self, items: list[tuple[int, list]]) -> None:
-        by_tenant: dict[str, list[SampleBatch]] = defaultdict(list)
+        by_tenant: dict[str, list[LogPart]] = defaultdict(list)
         for _, msgs in items:
             for m in msgs:
-                b = columns_codec.decode_batch(m.data, self._labels_cache)
-                by_tenant[b.tenant].append(b)
-        for batches in by_tenant.values():
-            batch = SampleBatch.concat(batches)
+                part = columns_codec.decode_log_message(m.data)
+                by_tenant[part.tenant].append(part)
+        for parts in by_tenant.values():
+            batch = self._batch_of(parts)
             res = self.pipeline.append_sync(batch)
             if res.rejected_total:
                 log.debug("ingest log: %d samples refused by storage: %s", res.rejected_total, "; ".join(res.errors[:3]))
@@ -201,6 +229,13 @@ class PartitionIngester:
         return {"node": self.node_id, "owned": sorted(self._loops), "caught_up": sorted(self.membership.caught_up),
                 "held": sorted(self.held), "applied": {str(p): s for p, s in sorted(self.applied.items())},
                 "targets": {str(p): s for p, s in sorted(self.targets.items())}}
+
+    async def lag(self) -> dict[int, int]:
+        """Per owned partition: messages on the log after the last one this node applied (0 = all of it)."""
+        out = {}
+        for p in sorted(self._loops):
+            out[p] = max(0, await self.log.last_seq(p) - self.applied.get(p, 0))
+        return out
 
     async def stop(self) -> None:
         for t in list(self._loops.values()) + ([self._appender] if self._appender else []):

@@ -173,9 +173,17 @@ class LocalCluster:
             return _get(self.url(name) + "/-/ready")[0] == 200
         wait_until(ready, timeout, f"{name} did not become ready")
 
-    def ingester_status(self, name: str) -> dict:
-        code, body = _get(self.url(name) + "/internal/cluster/v1/status")
+    def ingester_status(self, name: str, lag: bool = False) -> dict:
+        code, body = _get(self.url(name) + "/internal/cluster/v1/status" + ("?lag=1" if lag else ""), timeout=10)
         return json.loads(body) if code == 200 else {}
+
+    def wait_applied(self, names: list[str], timeout: float = 60.0) -> None:
+        """Until each ingester has applied everything on the log of every partition it owns (what was
+        acknowledged before the call is then queryable)."""
+        def done() -> bool:
+            sts = [self.ingester_status(n, lag=True) for n in names]
+            return all(st and st.get("owned") and "lag" in st and not any(st["lag"].values()) for st in sts)
+        wait_until(done, timeout, f"{', '.join(names)} did not apply the whole log")
 
     def wait_caught_up(self, names: list[str], timeout: float = 60.0) -> None:
         def done() -> bool:

@@ -4,7 +4,8 @@ A series' partition is a hash of its canonical label set modulo the fixed partit
 non-default tenant's series carry the ``__tenant__`` label (turboprom/tenancy.py) inside that set,
 so the hash covers tenant + labels, and equal label sets of two tenants land independently. The
 hash is CRC-32 of the label set's canonical JSON (``columns_codec.label_keys``): stable across
-processes and versions, unlike Python's ``hash``.
+processes and versions, unlike Python's ``hash``. The distributor computes it once per series
+(series_dictionary.SeriesKeys).
 """
 from __future__ import annotations
 
@@ -22,19 +23,13 @@ def partitions_of(keys: Sequence[bytes], partitions: int) -> np.ndarray:
     return h % partitions
 
 
-def split(batch: SampleBatch, keys: Sequence[bytes], partitions: int) -> list[tuple[int, list[bytes], np.ndarray, np.ndarray, np.ndarray]]:
-    """``(partition, series keys, series_index, timestamps, values)`` per partition present in the
-    batch, samples in batch order within each partition."""
+def split(batch: SampleBatch, series_part: np.ndarray) -> list[tuple[int, np.ndarray]]:
+    """``(partition, positions of its samples)`` per partition present in the batch
+    (``series_part``: each series' partition), samples in batch order within each partition."""
     if len(batch) == 0:
         return []
-    series_part = partitions_of(keys, partitions)
-    sample_part = series_part[batch.series_index]
+    sample_part = np.asarray(series_part, np.int64)[batch.series_index]
     order = np.argsort(sample_part, kind="stable")
     sp = sample_part[order]
     bounds = np.flatnonzero(np.diff(sp)) + 1
-    out = []
-    for lo, hi in zip(np.r_[0, bounds], np.r_[bounds, len(sp)]):
-        sel = order[lo:hi]
-        used, local = np.unique(batch.series_index[sel], return_inverse=True)
-        out.append((int(sp[lo]), [keys[i] for i in used], local, batch.timestamps[sel], batch.values[sel]))
-    return out
+    return [(int(sp[lo]), order[lo:hi]) for lo, hi in zip(np.r_[0, bounds], np.r_[bounds, len(sp)])]

@@ -9,7 +9,8 @@ carry (columns_codec), so a second server framework and port would add nothing b
   exactly those partitions (series of other partitions this node also holds are filtered out);
 - ``POST /internal/cluster/v1/series`` / ``labels`` / ``label_values`` -> JSON (unions, so the
   querier needs no per-partition filtering for them);
-- ``GET /internal/cluster/v1/status`` -> the node's owned, caught-up and applied sequences.
+- ``GET /internal/cluster/v1/status`` -> the node's owned, caught-up and applied sequences; with
+  ``?lag=1`` also each owned partition's messages on the log not yet applied.
 """
 from __future__ import annotations
 
@@ -100,8 +101,14 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
             out = await run_off_loop(ctx, storage.label_values, str(name), mint, maxt, sets)
         return web.Response(body=orjson.dumps(list(out)), content_type="application/json")
 
-    async def status(_: web.Request) -> web.Response:
-        return web.json_response(ingester.status())
+    async def status(request: web.Request) -> web.Response:
+        st = ingester.status()
+        if request.query.get("lag") == "1":  # asks the log for each partition's last sequence
+            try:
+                st["lag"] = {str(p): n for p, n in (await ingester.lag()).items()}
+            except Exception as e:  # noqa: BLE001 - the log unreachable: say so, the rest stands
+                st["lag_error"] = repr(e)
+        return web.json_response(st)
 
     app.router.add_post(PREFIX + "/select", select)
     app.router.add_post(PREFIX + "/series", series)

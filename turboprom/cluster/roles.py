@@ -43,7 +43,8 @@ def build_ingester(config: ServerConfig) -> ServerContext:
     s = config.cluster
     ctx = build_context(config)
     membership = Membership(s, node_id_of(s, config), advertise_url(s, config))
-    ctx.components["partition_ingester"] = PartitionIngester(s, membership, ctx.components["ingest"], ctx.executor, config.data_dir)
+    ctx.components["partition_ingester"] = PartitionIngester(s, membership, ctx.components["ingest"], ctx.executor, config.data_dir,
+                                                                  ctx.storage)
     ctx.components["membership"] = membership
     return ctx
 

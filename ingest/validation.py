@@ -7,7 +7,7 @@ import time
 import numpy as np
 
 from ingest.errors import IngestError
-from storage.labels import METRIC_NAME, Labels, format_labels
+from storage.labels import METRIC_NAME, Labels, format_labels, intern_pairs
 
 METRIC_NAME_RE = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")  # the legacy (Prometheus 2) character sets
 LABEL_NAME_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
@@ -73,7 +73,7 @@ def validate_pairs(pairs: list[tuple[str, str]]) -> Labels:
         raise IngestError("missing_metric_name", f"series without a metric name (__name__): {_show(pairs)}")
     if not valid_metric_name(name):
         raise IngestError("invalid_metric_name", f"invalid metric name {name!r} in series {_show(pairs)}")
-    return tuple(sorted(p for p in pairs if p[1] != ""))
+    return tuple(sorted(intern_pairs(pairs)))
 
 
 def now_ms() -> int:

@@ -20,6 +20,22 @@ def make_labels(pairs: Mapping[str, str] | Iterable[tuple[str, str]]) -> Labels:
     return tuple(sorted((n, v) for n, v in items if v != ""))
 
 
+# One shared (name, value) tuple per distinct pair: label sets of a fleet repeat the same names and
+# mostly the same values (cluster, job, model, le, mode, ...), so a series built from decoded
+# strings would otherwise hold its own copy of every pair (~160 bytes per label). Bounded: past the
+# cap the table starts over (later series share less; nothing else changes).
+_PAIRS: dict[tuple[str, str], tuple[str, str]] = {}
+MAX_INTERNED_PAIRS = 1 << 20
+
+
+def intern_pairs(pairs: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+    """``pairs`` with every pair replaced by the shared tuple equal to it (empty values dropped)."""
+    if len(_PAIRS) >= MAX_INTERNED_PAIRS:
+        _PAIRS.clear()
+    shared = _PAIRS.setdefault
+    return [shared(p, p) for p in pairs if p[1] != ""]
+
+
 def get(labels: Labels, name: str, default: str = "") -> str:
     for n, v in labels:
         if n == name:

@@ -240,3 +240,23 @@ def test_concurrent_decoders_share_one_table():
             assert state.labels[r] == lbl
             assert ref_of.setdefault(lbl, r) == r
     assert len(state) == len(ref_of) == 300
+
+
+def test_new_series_share_their_label_pairs(monkeypatch):
+    """Series first seen in different requests (compiled and Python walks, 1.0 and 2.0) hold the
+    same (name, value) tuple for the pairs they have in common; past the table's cap it starts over
+    and the labels stay equal."""
+    import storage.labels as L
+
+    for native in (True, False):
+        dec = RemoteWriteDecoder(future_tolerance_ms=0, native=native)
+        a = dec.decode_v1(v1_payload([({"__name__": "m", "cluster": "c1", "i": "1"}, [(1000, 1.0)])])).batch.series[0]
+        b = dec.decode_v2(v2_payload([({"__name__": "m", "cluster": "c1", "i": "2"}, [(1000, 1.0)])])).batch.series[0]
+        assert a == (("__name__", "m"), ("cluster", "c1"), ("i", "1")) and b[2] == ("i", "2")
+        assert a[0] is b[0] and a[1] is b[1] and a[2] is not b[2]
+    monkeypatch.setattr(L, "MAX_INTERNED_PAIRS", 2)
+    dec = RemoteWriteDecoder(future_tolerance_ms=0, native=False)
+    got = [dec.decode_v1(v1_payload([({"__name__": "m", "cluster": "c1", "i": str(k)}, [(1000, 1.0)])])).batch.series[0]
+           for k in range(5)]
+    assert got == [(("__name__", "m"), ("cluster", "c1"), ("i", str(k))) for k in range(5)]
+    assert len(L._PAIRS) <= 2 + 3

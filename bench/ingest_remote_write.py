@@ -18,7 +18,9 @@ retry, or refused with another 4xx, counts as failed and its samples are not cou
 
 Reports per target: acknowledged samples/s (wall), acknowledged samples per server CPU-second,
 p50/p99 request latency (first attempt to final answer), peak RSS (VmHWM of the server process),
-retries and failed requests. Medians over --repeats runs.
+RSS per active series (VmRSS 2 s after the untimed warm-up that creates the series, minus VmRSS of
+the empty server, over the series count: one sample per series in the head), retries and failed
+requests. Medians over --repeats runs.
 
     .venv/bin/python bench/ingest_remote_write.py [--series 100000] [--rounds 4] [--repeats 3] [--labels fleet]
         [--compare DIR --targets turboprom,turboprom-base,prometheus,victoria-metrics]  # before/after in one run
@@ -174,6 +176,15 @@ def proc_cpu_s(pid: int) -> float:
     return (int(parts[11]) + int(parts[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def proc_rss_mb(pid: int) -> float:
+    """Resident set now (VmRSS), MB."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
 def proc_peak_rss_mb(pid: int) -> float:
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -248,21 +259,24 @@ def stop_profile(spy: subprocess.Popen) -> None:
 
 
 def run_one(name: str, payloads: list[bytes], counts: list[int], warm: list[bytes], warm_counts: list[int],
-            senders: int, profile: Path | None = None) -> dict:
+            senders: int, n_series: int, profile: Path | None = None) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix=f"bench-rw-{name}-"))
     peer = Peer(name, tmp)
     try:
         peer.start()
+        rss0 = proc_rss_mb(peer.proc.pid)
         w = asyncio.run(send_all(peer.url, warm, warm_counts, senders))  # creates the series (not timed)
         if w["failed"]:
             raise RuntimeError(f"{name}: {w['failed']} warm-up requests refused")
+        time.sleep(2.0)  # let the series settle (Go/Python allocators, a head seal) before reading RSS
+        rss_series = (proc_rss_mb(peer.proc.pid) - rss0) * 1024 * 1024 / max(n_series, 1)
         spy = start_profile(peer.proc.pid, profile) if profile is not None and name.startswith("turboprom") else None
         cpu0 = proc_cpu_s(peer.proc.pid)
         r = asyncio.run(send_all(peer.url, payloads, counts, senders))
         cpu = proc_cpu_s(peer.proc.pid) - cpu0
         if spy is not None:
             stop_profile(spy)
-        return result_row(r, cpu, peer.proc.pid, sum(counts))
+        return {**result_row(r, cpu, peer.proc.pid, sum(counts)), "rss_per_series_b": rss_series}
     finally:
         peer.stop()
         shutil.rmtree(tmp, ignore_errors=True)
@@ -309,18 +323,20 @@ def main() -> None:
             for name in a.targets.split(","):
                 prof = a.profile / f"{name}-{shape}-run{rep + 1}.txt" if a.profile is not None else None
                 payloads, counts, warm, warm_counts = payloads_now()
-                r = run_one(name, payloads, counts, warm, warm_counts, a.senders, prof)
+                r = run_one(name, payloads, counts, warm, warm_counts, a.senders, a.series, prof)
                 results.setdefault(name, []).append(r)
                 print(f"  run {rep + 1} {name:17s} {r['samples_s']:>10,.0f} samples/s  {r['samples_cpu_s']:>10,.0f} /cpu-s  "
-                      f"p99 {r['p99_ms']:7.1f} ms  peak RSS {r['rss_mb']:6.0f} MB  acked {r['acked_share']:.1%}  "
+                      f"p99 {r['p99_ms']:7.1f} ms  peak RSS {r['rss_mb']:6.0f} MB  RSS/series {r['rss_per_series_b']:5.0f} B  acked {r['acked_share']:.1%}  "
                       f"retries {r['retries']}  failed {r['failed']}", flush=True)
                 if r["first_failure"]:
                     print(f"    first refused request: {r['first_failure']}", flush=True)
         med = {n: {k: statistics.median(x[k] for x in rs) for k in rs[0] if k != "first_failure"} for n, rs in results.items()}
-        print(f"| shape {shape} | acked samples/s | acked samples per server CPU-s | p50 ms | p99 ms | peak RSS MB | acked | retries | failed |")
-        print("|---|---|---|---|---|---|---|---|---|")
+        print(f"| shape {shape} | acked samples/s | acked samples per server CPU-s | p50 ms | p99 ms | peak RSS MB "
+              "| RSS per series B | acked | retries | failed |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         for n, m in med.items():
             print(f"| {n} | {m['samples_s']:,.0f} | {m['samples_cpu_s']:,.0f} | {m['p50_ms']:.1f} | {m['p99_ms']:.1f} | {m['rss_mb']:.0f} "
+                  f"| {m['rss_per_series_b']:,.0f} "
                   f"| {m['acked_share']:.1%} | {m['retries']:.0f} | {m['failed']:.0f} |")
         if "turboprom" in med:
             for n, m in med.items():

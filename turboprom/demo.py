@@ -39,7 +39,8 @@ def demo_grant_key_pem(data_dir: str | Path) -> bytes:
     return key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
 
 
-def demo_config(listen: str, worker_targets: list[str], scheduler_target: str | None, control_url: str | None = None) -> dict:
+def demo_config(listen: str, worker_targets: list[str], scheduler_target: str | None, control_url: str | None = None,
+                kv_events: list[dict[str, str]] | None = None) -> dict:
     jobs = [{"job_name": "turboprom", "scrape_interval": "5s", "static_configs": [{"targets": [listen]}]}]
     if worker_targets:
         jobs.append({"job_name": "vllm-workers", "scrape_interval": "1s", "scrape_timeout": "1s", "honor_labels": True,
@@ -50,7 +51,7 @@ def demo_config(listen: str, worker_targets: list[str], scheduler_target: str | 
     # exact=true on a request turns them off again
     planner = {"min_count": 3, "period": "5m", "pane": "1m", "approximate": True}
     cfg = {"global": {"scrape_interval": "5s", "evaluation_interval": "15s"}, "scrape_configs": jobs,
-           "congestion": {"resolution": "5s"}, "planner": planner}
+           "congestion": {"resolution": "5s", **({"kv_events": kv_events} if kv_events else {})}, "planner": planner}
     if control_url:
         # the fleet scheduler's control endpoint is where approved scheduler actions are dispatched
         cfg["kedgeflow"] = {"targets": {"scheduler.kv_migrate": f"{control_url}/api/v1/scheduler/migrate",
@@ -141,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg_path = Path(a.data_dir) / "demo-config.yml"
     cfg_path.write_text(yaml.safe_dump(demo_config(a.listen, fleet.targets if fleet else [],
                                                    f"127.0.0.1:{fleet.sched_port}" if fleet else None,
-                                                   fleet.control_url if fleet else None), sort_keys=False))
+                                                   fleet.control_url if fleet else None,
+                                                   fleet.kv_event_endpoints if fleet else None), sort_keys=False))
     cfg = ServerConfig(data_dir=a.data_dir, listen=a.listen, config_file=str(cfg_path))
     cfg.load_file()
     print(banner(a.listen, a.data_dir, fleet is not None), flush=True)

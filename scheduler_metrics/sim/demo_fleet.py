@@ -4,6 +4,10 @@ and a Vesta scheduler places the replayed trace's requests using TurboProm's con
 
 Time runs ``speed`` x faster than the wall clock; the trace is replayed in a loop.
 
+Each instance also publishes its GPU prefix cache's changes as vLLM KV events over ZMQ
+(``sim/kv_publisher.py``: vLLM's PUB framing and replay socket); ``kv_event_endpoints`` are the
+``congestion.kv_events`` entries that point TurboProm's prefix view at them.
+
 Given the KedgeFlow grant key (``control_key_pem``), the fleet also serves its scheduler's control
 endpoint (``schedulers/control.py``: it trusts grants signed by that key only) and runs the
 scheduler's rebalancing loop (``schedulers/rebalance.py``), which proposes KV migrations off
@@ -29,6 +33,7 @@ from scheduler_metrics.schedulers.control import ControlServer, SchedulerControl
 from scheduler_metrics.schedulers.rebalance import KVRebalancer
 from scheduler_metrics.schedulers.vesta import VestaScheduler
 from scheduler_metrics.sim.cluster import ClusterSim, RequestResult
+from scheduler_metrics.sim.kv_publisher import SessionKVPublisher
 from scheduler_metrics.sim.live import LiveSignals
 from scheduler_metrics.sim.replay import time_scale_for
 from scheduler_metrics.sim.signals import instance_name
@@ -83,9 +88,11 @@ class FleetSignals(LiveSignals):
     """Workers export through their own prometheus-client registries (scraped, not pushed)."""
 
     def __init__(self, base_url: str, workers: list[WorkerMetrics], speed: float, cluster: str,
-                 migrations: Migrations | None = None, vesta: VestaScheduler | None = None):
+                 migrations: Migrations | None = None, vesta: VestaScheduler | None = None,
+                 kv_publishers: list[SessionKVPublisher] | None = None):
         super().__init__(base_url, speed=speed, cluster=cluster)
         self.workers = workers
+        self.kv_publishers = kv_publishers or []
         self.migrations, self.vesta = migrations, vesta
         self._last = np.zeros((len(workers), 5))
         self.held: list[list[tuple[int, int]]] = [[] for _ in workers]  # per instance: largest held session KVs
@@ -119,6 +126,9 @@ class FleetSignals(LiveSignals):
             # The simulated engine admits past its KV capacity where vLLM would preempt: count it as vLLM does.
             if s.gpu_kv_tokens > cap:
                 w.preempted()
+        # the GPU prefix caches' changes as vLLM KV events (BlockStored / BlockRemoved)
+        for pub, s in zip(self.kv_publishers, cl.inst):
+            pub.sync(s.gpu)
 
 
 class DemoFleet:
@@ -135,6 +145,9 @@ class DemoFleet:
         # scrape finds nothing, so history written before the fleet starts stays in time order
         self.ports = [first_port + i if first_port else _free_port() for i in range(instances)]
         self.sched_port = _free_port()
+        # each engine's KV event publisher (vLLM's PUB + replay ROUTER), bound from ``start``
+        self.kv_ports = [(_free_port(), _free_port()) for _ in range(instances)]
+        self.kv_publishers: list[SessionKVPublisher] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.completed = 0
@@ -157,6 +170,13 @@ class DemoFleet:
     @property
     def targets(self) -> list[str]:
         return [f"127.0.0.1:{p}" for p in self.ports]
+
+    @property
+    def kv_event_endpoints(self) -> list[dict[str, str]]:
+        """The ``congestion.kv_events`` entries of this fleet's publishers."""
+        return [{"endpoint": f"tcp://127.0.0.1:{pub}", "replay_endpoint": f"tcp://127.0.0.1:{rep}",
+                 "instance": instance_name(i), "cluster": self.cluster, "model_name": self.model, "topic": "kv-events"}
+                for i, (pub, rep) in enumerate(self.kv_ports)]
 
     @property
     def control_url(self) -> str | None:
@@ -192,7 +212,8 @@ class DemoFleet:
             vesta = VestaScheduler(self.instances)
             if self.control is not None:
                 self.control.attach(vesta)
-            sig = self._signals = FleetSignals(self.base_url, self.workers, self.speed, self.cluster, self.migrations, vesta)
+            sig = self._signals = FleetSignals(self.base_url, self.workers, self.speed, self.cluster, self.migrations, vesta,
+                                               self.kv_publishers)
             sim = self._sim = ClusterSim(self.trace, vesta, sig, instances=self.instances, load=self.load,
                              time_scale=time_scale_for(self.trace, self.load, self.instances), on_result=self._on_result)
             try:
@@ -209,6 +230,8 @@ class DemoFleet:
         for w, port in zip(self.workers, self.ports):
             w.serve(port)
         self.sched_metrics.serve(self.sched_port)
+        self.kv_publishers = [SessionKVPublisher(f"tcp://127.0.0.1:{pub}", f"tcp://127.0.0.1:{rep}")
+                              for pub, rep in self.kv_ports]
         if self.control_server is not None:
             self.control_server.start()
         self._thread = threading.Thread(target=self._run, name="demo-fleet", daemon=True)
@@ -225,6 +248,12 @@ class DemoFleet:
         for w in self.workers:
             w.close()
         self.sched_metrics.close()
+        # the replay thread publishes the KV events: their sockets close once it has stopped (a thread
+        # still inside a slow step keeps them; they go with the process)
+        if self._thread is None or (self._thread.join(2.0) or not self._thread.is_alive()):
+            for pub in self.kv_publishers:
+                pub.close()
+            self.kv_publishers = []
 
 
 # Session KVs per instance the rebalancer may choose from (the largest held there).

@@ -104,6 +104,12 @@ class Limits:
             over[str(t)] = replace(base, **{k: _number(LimitValues, k, v, f"limits.tenants.{t}") for k, v in vals.items()})
         return cls(base, over)
 
+    def carry_state(self, old: "Limits") -> None:
+        """Take over what ``old`` counts (active series seen, queries running, rate buckets), for a
+        config reload: the new values apply from the next request, nothing counted is forgotten.
+        The state is shared, not copied, so queries admitted under ``old`` release their slot here."""
+        self._lock, self._series, self._running, self._buckets = old._lock, old._series, old._running, old._buckets
+
     def of(self, tenant: str) -> LimitValues:
         return self.overrides.get(tenant, self.base)
 

@@ -7,12 +7,17 @@ config is then applied to:
 - ``scrape_configs`` (and ``global`` scrape defaults, ``self_scrape``): jobs added, removed, changed;
 - ``rule_files`` (and ``global.evaluation_interval``): groups replaced; unchanged rules keep their state;
 - ``alerting`` and ``global.external_labels``: Alertmanagers and alert relabeling replaced (queued alerts stay);
-- ``planner.pinned``: new pins adopted, removed pins become ordinary plans (retired when unused);
+- ``limits``: the new values apply from the next request; what the old limits counted (active series,
+  running queries, rate buckets) carries over, and remote write re-checks every series once;
+- ``planner`` settings read at each use (``PLANNER_RELOADABLE``): ``approximate`` and the per-tenant
+  ``tenants.*.approximate``, ``min_count``, ``retire_after``, ``budget``, ``history``, ``max_history``,
+  ``background_backfill``; ``pinned``: new pins adopted, removed pins become ordinary plans (retired when unused);
 - the document ``/api/v1/status/config`` shows.
 
 Everything else needs a restart: the listen address, data dir and storage flags, web/auth settings,
-ingest, limits, congestion, kedgeflow and the other planner settings (the server logs which
-sections changed without effect). ``prometheus_config_last_reload_successful`` and
+ingest, congestion, kedgeflow and the planner settings that shape built structures (``enabled``,
+``pane``, ``period``, ``seal_delay``, ``canary_fraction``, ``cost_based``, ``step_cache_bytes``, ...);
+the server logs which changed without effect. ``prometheus_config_last_reload_successful`` and
 ``prometheus_config_last_reload_success_timestamp_seconds`` in ``/metrics`` report the outcome.
 """
 from __future__ import annotations
@@ -34,7 +39,12 @@ RELOAD_TS = Gauge("prometheus_config_last_reload_success_timestamp_seconds",
                   "Timestamp of the last successful configuration reload.")
 
 # Sections a reload applies; any other change is logged as needing a restart.
-APPLIED = ("global", "scrape_configs", "self_scrape", "rule_files", "alerting")
+APPLIED = ("global", "scrape_configs", "self_scrape", "rule_files", "alerting", "limits")
+# planner: YAML keys a reload applies -> PlannerConfig fields (each read where it is used, not built into
+# a structure at start-up); "pinned" is applied by _apply_pins.
+PLANNER_RELOADABLE = {"approximate": "approximate", "tenants": "tenant_approximate", "min_count": "min_count",
+                      "retire_after": "retire_after_ms", "budget": "budget_bytes", "history": "history_ms",
+                      "max_history": "max_history_ms", "background_backfill": "background_backfill"}
 
 
 def mark_loaded(ctx: ServerContext) -> None:
@@ -104,14 +114,44 @@ async def _apply(ctx: ServerContext, raw: dict[str, Any]) -> None:
             mgr.start()
         else:
             await loop.run_in_executor(ctx.executor, mgr.replace_groups, rules_new, alerting_options(cfg, raw))
+    _apply_limits(ctx, raw)
+    _apply_planner_settings(ctx, raw)
     _apply_pins(ctx, raw)
     for section in sorted(set(old) | set(raw)):
         if section not in APPLIED and section != "planner" and old.get(section) != raw.get(section):
             log.warning("config reload: section %r changed; it takes effect at the next restart", section)
-    if {k: v for k, v in (old.get("planner") or {}).items() if k != "pinned"} != \
-            {k: v for k, v in (raw.get("planner") or {}).items() if k != "pinned"}:
-        log.warning("config reload: planner settings other than 'pinned' changed; they take effect at the next restart")
+    fixed = set(PLANNER_RELOADABLE) | {"pinned"}
+    changed = sorted(k for k in set(old.get("planner") or {}) | set(raw.get("planner") or {})
+                     if k not in fixed and (old.get("planner") or {}).get(k) != (raw.get("planner") or {}).get(k))
+    if changed:
+        log.warning("config reload: planner setting(s) %s changed; they take effect at the next restart", ", ".join(changed))
     cfg.raw = raw
+
+
+def _apply_limits(ctx: ServerContext, raw: dict[str, Any]) -> None:
+    from turboprom.limits import Limits
+
+    old = ctx.components.get("limits")
+    if old is None or (ctx.config.raw or {}).get("limits") == raw.get("limits"):
+        return
+    new = Limits.from_config(raw.get("limits"))
+    new.carry_state(old)
+    ctx.components["limits"] = new  # readers take it per request; remote write re-admits series under it
+    log.info("config reload: limits applied")
+
+
+def _apply_planner_settings(ctx: ServerContext, raw: dict[str, Any]) -> None:
+    planner = ctx.components.get("planner")
+    if planner is None:
+        return
+    from planner.planner import PlannerConfig
+
+    new = PlannerConfig.from_raw(raw.get("planner"))
+    moved = [f for f in PLANNER_RELOADABLE.values() if getattr(planner.config, f) != getattr(new, f)]
+    for f in moved:
+        setattr(planner.config, f, getattr(new, f))
+    if moved:
+        log.info("config reload: planner %s applied", ", ".join(moved))
 
 
 def _apply_pins(ctx: ServerContext, raw: dict[str, Any]) -> None:

@@ -55,9 +55,10 @@ def test_demo_fleet_publishes_kv_events(tmp_path: Path) -> None:
                     tokens = session_tokens(session, blocks * BLOCK_TOKENS)
                     got = prefix(srv.url, tokens).get(instance_name(inst))
                     side = prefix(f"http://127.0.0.1:{poll}", tokens).get(instance_name(inst))
-                    # the session may grow or be evicted meanwhile: count it once both views saw it whole
-                    if got and side and got["matched_blocks"] == side["matched_blocks"] == blocks:
-                        assert got["matched_tokens"] == blocks * BLOCK_TOKENS and got["load_known"]
+                    # the session may grow or be evicted meanwhile: count it once both views saw it whole,
+                    # and the instance's load (scraped every 1 s) is known beside it
+                    if got and side and got["matched_blocks"] == side["matched_blocks"] == blocks and got["load_known"]:
+                        assert got["matched_tokens"] == blocks * BLOCK_TOKENS
                         assert got["cluster"] == "demo" and got["model_name"] == fleet.model
                         checked[f"{inst}/{session}"] = blocks
                 time.sleep(0.5)

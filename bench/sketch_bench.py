@@ -183,7 +183,7 @@ def main() -> int:
     step = 120_000  # a dashboard step of 2 panes (finer steps re-read nearly all raw samples at the edges)
 
     def hook_for(alg):
-        return SketchRewriteHook(RewriteContext(lambda m, al, ms: sdss.get(al) if al == alg else None, cost_based=False),
+        return SketchRewriteHook(RewriteContext(lambda m, al, ms, func=None: sdss.get(al) if al == alg else None, cost_based=False),
                                  rules=ordered_rules(),
                                  find_group=(lambda m, ms, by, al="group": sdss.get(al) if al == alg else None)
                                  if alg in ("group", "cpc") else None)

@@ -15,7 +15,8 @@ algorithm names or probes a store with ``hasattr``:
   ``plan list``; ``bytes_per_pane`` / ``window_cost_s``: the cost model's a-priori figures until measured;
   ``canary``: how the canary compares a served answer with raw (``exact`` within 1e-9, quantile ``rank``
   error / value interval, ``relative`` count error); ``min_series``: the ``PlannerConfig`` field with the
-  scope size from which the planner adopts it.
+  scope size from which the planner adopts it; ``serves(store, func)``: whether a store of it can answer
+  ``func`` (an exact store keeps only the pane fields of the functions its plan was adopted for).
 
 A new algorithm is one store module plus one entry here (and its rewrite rule).
 """
@@ -31,6 +32,7 @@ from planner.distinct_store import DEFAULT_LG_K, CPCPaneStore, rse
 from planner.exact_store import ExactPaneStore
 from planner.group_store import GroupPaneStore
 from planner.kll_store import DEFAULT_K, REQ_DEFAULT_K, KLLPaneStore, rank_error, req_rank_error
+from planner.served_functions import SERVED
 from planner.topk_store import DEFAULT_LG_MAX, TopKPaneStore, epsilon_for
 
 
@@ -63,6 +65,19 @@ class Algorithm:
     window_cost_s: float
     canary: str  # how the canary compares with raw: "exact" (1e-9), "rank" (rank error), "relative" (count error)
     min_series: str | None = None
+    serves: Callable[[Any, str], bool] = lambda store, func: True
+
+
+def exact_fields(spec: Any) -> tuple[str, ...] | None:
+    """The pane fields an exact SDS keeps (its ``fields`` parameter, comma-separated), or None for all
+    (pinned plans and plans persisted before fields were chosen)."""
+    f = spec.param("fields", None)
+    return None if not f else tuple(x for x in str(f).split(",") if x)
+
+
+def _exact_serves(store: Any, func: str) -> bool:
+    f = SERVED.get(func)
+    return f is not None and f.family == "exact" and store.covers(f.needs)
 
 
 def _grouping(spec: Any, what: str) -> tuple[str, ...]:
@@ -94,8 +109,8 @@ def _cpc_bound(sds: Any, phi: float | None) -> str:
 
 ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (
     Algorithm("exact", exact=True, scope="metric", order_independent=False,
-              make_store=lambda spec: ExactPaneStore(spec.pane_ms), bound=lambda sds, phi: "exact",
-              bytes_per_pane=15 * 8 + 3 * 8, window_cost_s=0.2e-6, canary="exact"),
+              make_store=lambda spec: ExactPaneStore(spec.pane_ms, exact_fields(spec)), bound=lambda sds, phi: "exact",
+              bytes_per_pane=15 * 8 + 3 * 8, window_cost_s=0.2e-6, canary="exact", serves=_exact_serves),
     Algorithm("group", exact=True, scope="fixed", order_independent=True,
               make_store=lambda spec: GroupPaneStore(spec.pane_ms, spec.grouping),
               bound=lambda sds, phi: f"exact (cross-series panes per group of {', '.join(sds.spec.grouping)})",

@@ -57,6 +57,7 @@ def estimate(
     fold_cost_s: float = DEFAULT_FOLD_COST_S,
     plan_cpu_floor_per_s: float = 0.0,
     safety: float = 1.0,
+    bytes_per_pane: int | None = None,
 ) -> Estimate:
     rate = queries / max(period_s, 1e-9)
     edge_fraction = min(1.0, 2.0 * pane_ms / max(range_ms, 1))
@@ -64,7 +65,8 @@ def estimate(
     per_window = alg.window_cost_s
     summary = raw_cpu_per_query * edge_fraction + per_window * windows_per_query
     ingest = max(ingest_samples_per_s * fold_cost_s, plan_cpu_floor_per_s)
-    storage = int(max(series, 1) * (history_ms // max(pane_ms, 1) + 1) * alg.bytes_per_pane)
+    per_pane = alg.bytes_per_pane if bytes_per_pane is None else bytes_per_pane  # a store keeping fewer fields
+    storage = int(max(series, 1) * (history_ms // max(pane_ms, 1) + 1) * per_pane)
     if storage > budget_left_bytes:
         return Estimate(rate, raw_cpu_per_query, summary, ingest, storage, False,
                         f"storage {storage} B exceeds the remaining budget {budget_left_bytes} B")

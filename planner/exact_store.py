@@ -21,6 +21,7 @@ non-empty pane, so only ranges starting below that pane see the fixed entry.
 from __future__ import annotations
 
 import threading
+from typing import Iterable
 
 import numpy as np
 
@@ -28,6 +29,23 @@ from planner.algorithms.exact import FIELDS, INT_FIELDS, SegStats, boundary, com
 
 ENTRY_FIELDS = ("entry_corr", "entry_resets", "entry_changes")
 ALL_FIELDS = FIELDS + ENTRY_FIELDS
+# what every store keeps, whatever it serves: the sample count and the first / last sample of each pane
+# (aligned-window snapping, raw-edge boundaries, the live chain after a restart or a late rebuild)
+BASE_FIELDS = ("count", "first_t", "first_v", "last_t", "last_v")
+
+
+def stored_fields(needs: Iterable[str] | None) -> tuple[str, ...]:
+    """The pane fields a store keeps to serve functions reading ``needs`` (``served_functions.SERVED``
+    entries' ``needs``); ``None``: every field. A plan for ``rate`` of histogram buckets keeps 7 of the
+    18 (56 of 144 bytes per series and pane)."""
+    if needs is None:
+        return ALL_FIELDS
+    want = set(BASE_FIELDS) | set(needs)
+    want |= {"entry_" + f for f in ("corr", "resets", "changes") if f in want}
+    unknown = want - set(ALL_FIELDS)
+    if unknown:
+        raise ValueError(f"unknown exact pane fields: {', '.join(sorted(unknown))}")
+    return tuple(f for f in ALL_FIELDS if f in want)
 
 
 def _blank(field: str, shape: tuple[int, int]) -> np.ndarray:
@@ -39,13 +57,14 @@ def _blank(field: str, shape: tuple[int, int]) -> np.ndarray:
 
 
 class ExactPaneStore:
-    def __init__(self, pane_ms: int):
+    def __init__(self, pane_ms: int, fields: Iterable[str] | None = None):
         self.pane_ms = int(pane_ms)
+        self.fields = ALL_FIELDS if fields is None else stored_fields(fields)  # the pane fields kept
         self.lock = threading.RLock()
         self.k0 = 0  # pane index of column 0
         self.nk = 0  # columns in use
         self.ns = 0  # series in use
-        self._phys: dict[str, np.ndarray] = {f: _blank(f, (0, 0)) for f in ALL_FIELDS}
+        self._phys: dict[str, np.ndarray] = {f: _blank(f, (0, 0)) for f in self.fields}
         self._off = 0
         self.cols: dict[str, np.ndarray] = {}
         self._set_views()
@@ -101,7 +120,7 @@ class ExactPaneStore:
         off = newcap - need if lo < self.k0 else 0  # slack on the side that grows
         rows = self._phys["count"].shape[0]
         shift = self.k0 - lo
-        for f in ALL_FIELDS:
+        for f in self.fields:
             b = _blank(f, (rows, newcap))
             if self.nk:
                 b[:, off + shift : off + shift + self.nk] = self.cols[f][:, : self.nk]
@@ -153,25 +172,28 @@ class ExactPaneStore:
                 if bool(((g_k >= self.cache_floor) & (g_k < self.seal_mark)).any()):
                     self.epoch += 1
             c = g_k - self.k0
-            existing = self.cols["count"][g_sid, c] > 0
+            cols = self.cols
+            kept = [f for f in FIELDS if f in cols]
+            entries = [(e, v) for e, v in (("entry_corr", bc), ("entry_resets", br), ("entry_changes", bch)) if e in cols]
+            existing = cols["count"][g_sid, c] > 0
             if existing.any():
                 ei = np.nonzero(existing)[0]
-                old = SegStats(**{f: self.cols[f][g_sid[ei], c[ei]] for f in FIELDS})
+                # fields this store does not keep merge as blanks: nothing reads them
+                old = SegStats(**{f: cols[f][g_sid[ei], c[ei]] if f in cols else _blank(f, (1, len(ei)))[0]
+                                  for f in FIELDS})
                 if live:  # continuation of an open pane
                     merged = combine(old, seg.take(ei))
                 else:  # backfill of the samples that precede the live part of the pane
                     merged = combine(seg.take(ei), old)
-                    self.cols["entry_corr"][g_sid[ei], c[ei]] = bc[ei]
-                    self.cols["entry_resets"][g_sid[ei], c[ei]] = br[ei]
-                    self.cols["entry_changes"][g_sid[ei], c[ei]] = bch[ei]
-                for f in FIELDS:
-                    self.cols[f][g_sid[ei], c[ei]] = getattr(merged, f)
+                    for e, v in entries:
+                        cols[e][g_sid[ei], c[ei]] = v[ei]
+                for f in kept:
+                    cols[f][g_sid[ei], c[ei]] = getattr(merged, f)
             fresh = np.nonzero(~existing)[0]
-            for f in FIELDS:
-                self.cols[f][g_sid[fresh], c[fresh]] = getattr(seg, f)[fresh]
-            self.cols["entry_corr"][g_sid[fresh], c[fresh]] = bc[fresh]
-            self.cols["entry_resets"][g_sid[fresh], c[fresh]] = br[fresh]
-            self.cols["entry_changes"][g_sid[fresh], c[fresh]] = bch[fresh]
+            for f in kept:
+                cols[f][g_sid[fresh], c[fresh]] = getattr(seg, f)[fresh]
+            for e, v in entries:
+                cols[e][g_sid[fresh], c[fresh]] = v[fresh]
             if live:
                 last = np.ones(n, bool)
                 last[:-1] = sid[1:] != sid[:-1]
@@ -194,9 +216,9 @@ class ExactPaneStore:
             first = np.argmax(cnt, axis=1) + c0
             s, col = sid[has], first[has]
             bc, br, bch = boundary(prev_v[has], self.cols["first_v"][s, col], np.ones(len(s), bool))
-            self.cols["entry_corr"][s, col] = bc
-            self.cols["entry_resets"][s, col] = br
-            self.cols["entry_changes"][s, col] = bch
+            for e, v in (("entry_corr", bc), ("entry_resets", br), ("entry_changes", bch)):
+                if e in self.cols:
+                    self.cols[e][s, col] = v
 
     def has_data(self, sids: np.ndarray, pane: int) -> np.ndarray:
         with self.lock:
@@ -205,24 +227,31 @@ class ExactPaneStore:
                 return np.zeros(len(sids), bool)
             return self.cols["count"][sids, c] > 0
 
+    def covers(self, needs: Iterable[str]) -> bool:
+        """Whether this store keeps every field in ``needs``."""
+        return set(needs) <= set(self.fields)
+
     def pane_arrays(self, sids: np.ndarray, k_lo: int, k_hi: int, fields: frozenset[str] | None = None) -> dict[str, np.ndarray]:
-        """Copies of the (len(sids), k_hi - k_lo) pane arrays for panes [k_lo, k_hi) (only ``fields``
-        plus what locating first/last and entries needs; the rest come back empty)."""
+        """Copies of the (len(sids), k_hi - k_lo) pane arrays for panes [k_lo, k_hi): those ``fields``
+        need (with what locating first/last and entries needs), or every field for ``None``. A field
+        the store does not keep comes back empty."""
         with self.lock:
             out = {}
             a = max(k_lo - self.k0, 0)
             b = max(min(k_hi - self.k0, self.nk), a)
             pad_l = max(self.k0 - k_lo, 0)
             width = max(k_hi - k_lo, 0)
-            need = None
+            need = ALL_FIELDS
             if fields is not None:
-                need = set(fields) | {"count"}
+                want = set(fields) | {"count"}
                 if fields & {"corr", "resets", "changes", "first_v"}:
-                    need |= {"first_t", "first_v", "last_t", "last_v"}
-                need |= {"entry_" + f for f in ("corr", "resets", "changes") if f in fields}
-            for f, arr in self.cols.items():
+                    want |= {"first_t", "first_v", "last_t", "last_v"}
+                want |= {"entry_" + f for f in ("corr", "resets", "changes") if f in fields}
+                need = tuple(f for f in ALL_FIELDS if f in want)
+            for f in need:
                 res = _blank(f, (len(sids), width))
-                if b > a and (need is None or f in need):
+                arr = self.cols.get(f)
+                if b > a and arr is not None:
                     res[:, pad_l : pad_l + (b - a)] = arr[sids, a:b]
                 out[f] = res
             return out
@@ -263,7 +292,7 @@ class ExactPaneStore:
             self.ensure_series(int(s.max()) + 1)
             self.ensure_panes(int(rows["pane"].min()), int(rows["pane"].max()))
             c = rows["pane"] - self.k0
-            for f in ALL_FIELDS:
+            for f in self.fields:
                 self.cols[f][s, c] = rows[f]
             self.version += 1
             self.epoch += 1

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from planner.exact_store import ALL_FIELDS, _blank  # noqa: PLC2701 - the store's own blank values
+from planner.exact_store import _blank  # noqa: PLC2701 - the store's own blank values
 from storage.matchers import Matcher
 from storage.stale import is_stale
 
@@ -106,7 +106,7 @@ def rebuild_exact(sds: Any, storage: Any, sid: np.ndarray, ts: np.ndarray, floor
             c0 = max(a0 // P - store.k0, 0)
             c1 = min(k1 - store.k0 + 1, store.nk)
             if c0 < c1:
-                for f in ALL_FIELDS:
+                for f in store.fields:
                     store.cols[f][s, c0:c1] = _blank(f, (1, c1 - c0))[0]
             prev = np.nonzero(store.cols["count"][s, :min(c0, store.nk)] > 0)[0]
             if len(prev):

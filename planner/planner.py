@@ -46,10 +46,12 @@ from typing import Any
 
 from planner import cost_model
 from planner.algorithm_registry import ALGORITHMS, allowed
+from planner.exact_store import ALL_FIELDS, stored_fields
 from planner.normalize import Candidate, candidates, normalize
 from planner.query_log import LogEntry, QueryLog
 from planner.kll_store import REQ_DEFAULT_K
 from planner.sds import REQ_MIN_PHI, SDS, SDSSpec, shape_of
+from planner.served_functions import SERVED
 from planner.summarizer import Summarizer
 from planner.summary_scan import window_plan
 from promql.query_guard import parse as guarded_parse
@@ -207,6 +209,7 @@ class KeyStats:
     series: int = 0
     sample_rate: float = 0.0  # samples per second of data, estimated from raw scans
     patterns: set = field(default_factory=set)
+    funcs: set = field(default_factory=set)  # the functions seen: what an exact plan's panes must serve
     last_decision: str = ""
 
 
@@ -232,13 +235,17 @@ class Planner:
     def sds(self) -> dict[str, SDS]:
         return self.summarizer.sds
 
-    def find_sds(self, metric: str, algorithm: str, matchers: list[Matcher]) -> SDS | None:
+    def find_sds(self, metric: str, algorithm: str, matchers: list[Matcher], func: str | None = None) -> SDS | None:
+        """The covering SDS of ``algorithm`` for a selector (the one with the widest coverage), which can
+        answer ``func`` when given (an exact plan keeps only the pane fields of its functions)."""
         if not self.config.enabled:
             return None
         have = {(m.name, m.op, m.value) for m in matchers}
         best = None
         for s in self.summarizer.by_metric.get(metric, []):
             if s.spec.algorithm != algorithm or not set(s.spec.matchers) <= have:
+                continue
+            if func is not None and not s.serves(func):
                 continue
             lo, hi = s.coverage()
             if hi <= lo:
@@ -275,7 +282,7 @@ class Planner:
             if s.spec.algorithm != c.algorithm:
                 continue
             if s.algorithm.scope != "fixed":
-                if not s.spec.matchers:
+                if not s.spec.matchers and s.serves(c.func):
                     return True
             elif set(s.spec.matchers) == set(c.matchers) and (
                     set(c.grouping) <= set(s.spec.grouping) if s.algorithm.exact else tuple(c.grouping) == tuple(s.spec.grouping)):
@@ -387,6 +394,7 @@ class Planner:
                 ks.windows.append(max(entry.result_series, 1) * steps)
                 ks.series = max(ks.series, entry.result_series)
                 ks.patterns.add(entry.pattern)
+                ks.funcs.add(c.func)
                 if self._has_plan_for(c):
                     continue
                 if len(ks.arrivals) >= self.config.min_count and ks.raw_cpu:
@@ -528,6 +536,7 @@ class Planner:
         history = min(self.config.history_ms * pane_ms // self.config.pane_ms, max(2 * ks.max_span_ms, 3_600_000))
         hist = min(max(history, 2 * ks.max_range_ms), self.config.max_history_ms)
         used = sum(s.nbytes() for s in self.sds.values())
+        fields = self._exact_fields(c, ks) if c.algorithm == "exact" else None
         fold = self._fold_cost_per_sample()
         est = cost_model.estimate(
             algorithm=c.algorithm, queries=max(len(ks.arrivals) - 1, 1), period_s=self._arrival_span_s(ks),
@@ -535,6 +544,7 @@ class Planner:
             windows_per_query=sum(ks.windows) / max(len(ks.windows), 1), series=scope_series,
             ingest_samples_per_s=max(ks.sample_rate, self._recent_sample_rate(scope)), pane_ms=pane_ms, history_ms=hist,
             budget_left_bytes=self.config.budget_bytes - used, fold_cost_s=fold, plan_cpu_floor_per_s=self._plan_cpu_per_s(),
+            bytes_per_pane=None if fields is None else 8 * len(fields),
         )
         ks.last_decision = est.reason
         if est.pays and self._blocked_reason(c) is not None:
@@ -546,6 +556,8 @@ class Planner:
                 params = (("k", 200),)
             elif c.algorithm == "req":
                 params = (("k", REQ_DEFAULT_K), ("min_phi", self.config.req_min_phi))
+            elif fields is not None and fields != ALL_FIELDS:
+                params = (("fields", ",".join(fields)),)
             if ALGORITHMS[c.algorithm].scope == "fixed":  # scope = the selector's matchers; groups / items
                 spec = SDSSpec(metric=c.metric, algorithm=c.algorithm, pane_ms=pane_ms, matchers=c.matchers,
                                grouping=c.grouping)
@@ -553,6 +565,32 @@ class Planner:
                 spec = SDSSpec(metric=c.metric, algorithm=c.algorithm, pane_ms=pane_ms, params=params)
             self.adopt(spec, reason=f"recurred {len(ks.arrivals)}x in {self._arrival_span_s(ks):.0f}s; {est.reason}",
                        history_ms=hist)
+
+    def _exact_fields(self, c: Candidate, ks: KeyStats) -> tuple[str, ...]:
+        """The pane fields of a new exact plan: those of every function seen on the metric, and of the
+        plans it replaces (a new function needing more fields widens the metric's plan)."""
+        needs: set[str] = set()
+        for f in ks.funcs | {c.func}:
+            if f in SERVED:
+                needs |= SERVED[f].needs
+        for s in self.summarizer.by_metric.get(c.metric, []):
+            if s.spec.algorithm == "exact" and not s.spec.matchers:
+                needs |= set(s.store.fields)
+        return stored_fields(needs)
+
+    def _superseded_by(self, s: SDS) -> SDS | None:
+        """A per-metric exact plan keeping more pane fields than ``s`` (adopted when a function needing
+        them recurred), backfilled at least as far back: it serves every query ``s`` serves."""
+        if s.spec.algorithm != "exact" or s.spec.matchers:
+            return None
+        mine = set(s.store.fields)
+        for o in self.summarizer.by_metric.get(s.metric, []):
+            if (o is s or o.spec.algorithm != "exact" or o.spec.matchers or not mine < set(o.store.fields)
+                    or o.backfill_state not in ("done", "restored")):
+                continue
+            if o.coverage()[0] <= s.coverage()[0]:
+                return o
+        return None
 
     def _blocked_reason(self, c: Candidate) -> str | None:
         now = time.time()
@@ -593,6 +631,11 @@ class Planner:
             why = self.measured_verdict(s, now)
             if why is not None:
                 self.retire(s.id, why, measured=True)
+                continue
+            wider = self._superseded_by(s)
+            if wider is not None:
+                self.retire(s.id, f"superseded by {wider.id}, which keeps the pane fields of more functions "
+                                  f"({', '.join(sorted(set(wider.store.fields) - set(s.store.fields)))} besides these)")
                 continue
             last = max(s.stats.last_hit, s.stats.created)
             if now - last > self.config.retire_after_ms / 1000:
@@ -660,7 +703,7 @@ class Planner:
         for c in candidates(expr, self.config.req_min_phi):
             ms = [Matcher("__name__", "=", c.metric)] + [Matcher(n, o, v) for n, o, v in c.matchers]
             sds = self.find_group_sds(c.metric, ms, c.grouping, c.algorithm) if ALGORITHMS[c.algorithm].scope == "fixed" else \
-                self.find_sds(c.metric, c.algorithm, ms)
+                self.find_sds(c.metric, c.algorithm, ms, c.func)
             item: dict[str, Any] = {"function": c.func, "metric": c.metric, "range_ms": c.range_ms,
                                     "algorithm": c.algorithm}
             if sds is None:

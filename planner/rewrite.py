@@ -52,7 +52,7 @@ Rule = Callable[[Any, Any, "RewriteContext"], "Served | None"]
 class RewriteContext:
     """What rules need: the catalog lookup and the canary."""
 
-    def __init__(self, find_sds: Callable[[str, str, list], SDS | None], on_served: Callable[[Served, Any], None] | None = None,
+    def __init__(self, find_sds: Callable[[str, str, list, str], SDS | None], on_served: Callable[[Served, Any], None] | None = None,
                  cost_based: bool = True, approximate: bool = False):
         self.find_sds = find_sds
         self.on_served = on_served
@@ -93,7 +93,7 @@ def prepare_or_why(node: Any, ectx: Any, rctx: RewriteContext, algorithm: str) -
     func, ms, param = hit
     vs = ms.vector_selector
     matchers = to_matchers(vs)[0]
-    sds = rctx.find_sds(vs.name, algorithm, matchers)
+    sds = rctx.find_sds(vs.name, algorithm, matchers, func)
     if sds is None:
         return None, "no sds"
     range_ms = duration_ms(ms.range)
@@ -301,7 +301,7 @@ def raw_and_fill(node: Any, ectx: Any, rctx: RewriteContext) -> Any:
     func, ms, _ = servable_call(node)
     vs = ms.vector_selector
     matchers = to_matchers(vs)[0]
-    sds = rctx.find_sds(vs.name, "exact", matchers)
+    sds = rctx.find_sds(vs.name, "exact", matchers, func)
     armed = arm(sds) if sds is not None else None  # before the raw read: later writes invalidate
     try:  # annotation positions as the engine gives them (first occurrence of the call in the text)
         from promql.eval_positions import locate_all

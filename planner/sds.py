@@ -462,6 +462,11 @@ class SDS:
     def nbytes(self) -> int:
         return self.store.nbytes()
 
+    def serves(self, func: str) -> bool:
+        """Whether this SDS's store can answer ``func`` (e.g. an exact plan adopted for ``rate`` keeps no
+        min / max fields, so ``max_over_time`` goes raw or to a wider plan)."""
+        return self.algorithm.serves(self.store, func)
+
     def register(self, labels: list[Labels]) -> np.ndarray:
         ids = np.fromiter((self.registry.sid(l) for l in labels), dtype=np.int64, count=len(labels))
         # under the store's lock: growing reallocates the per-series arrays, and a fold running in

@@ -58,7 +58,7 @@ def cpc_world():
         return None
 
     served: list = []
-    hook = SketchRewriteHook(RewriteContext(lambda m, a, ms: None, lambda s, c: served.append((s, c)), cost_based=False, approximate=True),
+    hook = SketchRewriteHook(RewriteContext(lambda m, a, ms, func=None: None, lambda s, c: served.append((s, c)), cost_based=False, approximate=True),
                              rules=ordered_rules(), find_group=find)
     return src, sdss, hook, served, tmin, tmax
 

@@ -29,7 +29,7 @@ def world():
     summ, sdss = summarized(src, batch, [("g", "exact"), ("x_total", "exact"), ("h_bucket", "exact")], live_from)
     by = {s.metric: s for s in sdss}
 
-    def find(metric, alg, matchers):
+    def find(metric, alg, matchers, func=None):
         s = by.get(metric)
         return s if s is not None and s.spec.algorithm == alg else None
 
@@ -103,7 +103,7 @@ def test_constant_and_single_sample_windows_have_zero_stddev():
     vals = np.where(np.arange(2000) % 500 < 250, 0.6123456789, np.random.default_rng(1).random(2000))
     src, batch = load([(make_labels({"__name__": "g", "i": "0"}), ts, vals)])
     _, (sds,) = summarized(src, batch, [("g", "exact")], live_from=int(ts[1000]))
-    hook = RewriteHook(RewriteContext(lambda m, a, ms: sds, cost_based=False))
+    hook = RewriteHook(RewriteContext(lambda m, a, ms, func=None: sds, cost_based=False))
     eng = Engine(src)
     for q in ["stddev_over_time(g[6m])", "stdvar_over_time(g[6m])", "stddev_over_time(g[6h])"]:
         # evaluation 90 s after a sample: a 6m window holds exactly that sample, inside a whole pane
@@ -141,7 +141,7 @@ def aligned_world():
     live_from = tmin + (tmax - tmin) // 2 + 12_345
     summ, sdss = summarized(src, batch, [("g", "exact"), ("x_total", "exact")], live_from, pane_ms=15_000)
     by = {s.metric: s for s in sdss}
-    hook = RewriteHook(RewriteContext(lambda metric, alg, m: by.get(metric) if alg == "exact" else None, cost_based=False))
+    hook = RewriteHook(RewriteContext(lambda metric, alg, m, func=None: by.get(metric) if alg == "exact" else None, cost_based=False))
     return Engine(src), hook, tmin, tmax, src
 
 

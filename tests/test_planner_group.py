@@ -61,7 +61,7 @@ def group_world():
         return None
 
     served: list = []
-    hook = SketchRewriteHook(RewriteContext(lambda m, a, ms: None, lambda s, c: served.append((s, c)), cost_based=False),
+    hook = SketchRewriteHook(RewriteContext(lambda m, a, ms, func=None: None, lambda s, c: served.append((s, c)), cost_based=False),
                              rules=ordered_rules(), find_group=find_group)
     return src, sdss, hook, served, tmin, tmax, live_from
 
@@ -194,7 +194,7 @@ def test_refresh_reuses_sealed_steps_and_late_samples_invalidate():
     feed(summ, on_time)
     summ.backfill(sds, 30 * 86_400_000)
     served: list = []
-    hook = SketchRewriteHook(RewriteContext(lambda m, a, ms: None, lambda s, c: served.append(s), cost_based=False),
+    hook = SketchRewriteHook(RewriteContext(lambda m, a, ms, func=None: None, lambda s, c: served.append(s), cost_based=False),
                              rules=ordered_rules(), find_group=lambda m, ms, by: sds)
     eng = Engine(src)
     q = "sum by (job) (sum_over_time(g[1h]))"

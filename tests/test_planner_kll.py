@@ -26,7 +26,7 @@ def test_kll_rank_error_within_bound():
     summ, (sds,) = summarized(src, batch, [("lat", "kll")], live_from=tmin + (tmax - tmin) // 3)
     canary = Canary(fraction=0.0)
     served = []
-    hook = RewriteHook(RewriteContext(lambda m, a, ms: sds if (m, a) == ("lat", "kll") else None,
+    hook = RewriteHook(RewriteContext(lambda m, a, ms, func=None: sds if (m, a) == ("lat", "kll") else None,
                                       lambda s, ctx: served.append((s, ctx)), cost_based=False, approximate=True))
     eng = Engine(src)
     bound = rank_error(sds.store.k)
@@ -60,7 +60,7 @@ def test_kll_small_windows_are_exact_quantiles():
     items = [(make_labels({"__name__": "lat", "inst": "a"}), ts, rng.normal(0, 1, 3000))]
     src, batch = load(items)
     summ, (sds,) = summarized(src, batch, [("lat", "kll")], live_from=T0 + 5_000_000)
-    hook = RewriteHook(RewriteContext(lambda m, a, ms: sds, cost_based=False, approximate=True))
+    hook = RewriteHook(RewriteContext(lambda m, a, ms, func=None: sds, cost_based=False, approximate=True))
     res = Engine(src).instant_query("quantile_over_time(0.75, lat[10m])", T0 + 20_000_000 + 1234, QueryOpts(node_hooks=[hook]))
     assert res.stats.paths[0].startswith("summary:")
     w = items[0][2][(ts > T0 + 20_000_000 + 1234 - 600_000) & (ts <= T0 + 20_000_000 + 1234)]

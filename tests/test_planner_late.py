@@ -66,7 +66,7 @@ def late_world():
 
 
 def _hook(sdss, served=None):
-    return RewriteHook(RewriteContext(lambda m, a, ms: sdss.get((m, a)),
+    return RewriteHook(RewriteContext(lambda m, a, ms, func=None: sdss.get((m, a)),
                                       (lambda s, c: served.append((s, c))) if served is not None else None,
                                       cost_based=False, approximate=True), rules=ordered_rules())
 

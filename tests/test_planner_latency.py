@@ -58,7 +58,7 @@ def _world(seed: int, cost_based: bool = False, seal_delay_ms: int = 0):
                            b1.values[b1.timestamps >= live_from]), chunks=10)
     for sds in sdss.values():
         summ.backfill(sds, 30 * 86_400_000)
-    hook = RewriteHook(RewriteContext(lambda m, a, ms: sdss.get(m) if a == "exact" else None, cost_based=cost_based))
+    hook = RewriteHook(RewriteContext(lambda m, a, ms, func=None: sdss.get(m) if a == "exact" else None, cost_based=cost_based))
 
     def more(lo: int, hi: int) -> None:
         sel = (b2.timestamps > lo) & (b2.timestamps <= hi)
@@ -260,7 +260,7 @@ def test_edge_reads_skip_dense_stretches_between_edges():
     sel2, raw2 = _read_raw(sds, src, [m for m in sds.spec.scope_matchers()], plan, max_reads=2)
     assert len(raw.ts) < len(raw2.ts) / 3
     eng = Engine(src)
-    hook = RewriteHook(RewriteContext(lambda m, a, ms: sds if a == "exact" else None, cost_based=False))
+    hook = RewriteHook(RewriteContext(lambda m, a, ms, func=None: sds if a == "exact" else None, cost_based=False))
     q = "avg_over_time(g[2h])"
     _compare(eng.range_query(q, int(ends[0]), int(ends[-1]), 1_800_000),
              eng.range_query(q, int(ends[0]), int(ends[-1]), 1_800_000, QueryOpts(node_hooks=[hook])), q)

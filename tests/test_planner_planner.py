@@ -276,6 +276,57 @@ def test_served_cost_leaves_out_folds_of_earlier_samples():
     assert 0 < seen[0].cpu_s < burn_s and seen[0].wall_s < burn_s  # serving alone was measured
 
 
+def _same_answer(a, b):
+    assert a.labels == b.labels
+    np.testing.assert_array_equal(a.present, b.present)
+    np.testing.assert_allclose(a.values[a.present], b.values[b.present], rtol=1e-9, atol=0)
+
+
+def test_exact_plan_keeps_the_fields_of_its_functions_and_widens_for_a_new_one(tmp_path):
+    """A plan adopted for rate keeps 7 of the 18 pane fields; max_over_time on the same metric goes raw
+    until it recurs, then a plan keeping both is adopted and the narrower one is retired as superseded.
+    Answers equal the raw path throughout, and a restart restores the chosen fields."""
+    items = random_series(seed=11)
+    src, batch = load(items)
+    tmax = int(batch.timestamps.max())
+    st = _stack(src, {"cost_based": False}, data_dir=tmp_path)
+    feed(st.summarizer, batch)
+    eng = st.engine
+    rate_q, max_q = "sum by (job) (rate(x_total[30m]))", "max_over_time(x_total[30m])"
+    args = (tmax - 6 * 3_600_000, tmax, 600_000)
+    for _ in range(3):
+        eng.range_query(rate_q, *args)
+    (narrow,) = st.planner.sds.values()
+    assert set(narrow.store.fields) == {"count", "first_t", "first_v", "last_t", "last_v", "corr", "entry_corr"}
+    assert narrow.serves("rate") and narrow.serves("increase") and not narrow.serves("max_over_time")
+    res = eng.range_query(rate_q, *args)
+    assert any(p.startswith("summary:") for p in res.stats.paths)
+    _same_answer(res, eng.range_query(rate_q, *args, exact=True))
+    # the store holds 7 fields per series and pane: 56 of the 144 bytes a plan for every function takes
+    per_cell = narrow.nbytes() / (narrow.store.ns * narrow.store.nk)
+    assert per_cell == 56
+    res = eng.range_query(max_q, *args)
+    assert res.stats.paths == ["raw"]  # the narrow plan keeps no max: never answered from blanks
+    for _ in range(3):
+        eng.range_query(max_q, *args)
+    wide = next(s for s in st.planner.sds.values() if s is not narrow)
+    assert {"vmax", "corr", "entry_corr"} <= set(wide.store.fields) and "s2" not in wide.store.fields
+    st.planner.maintain()
+    assert narrow.id not in st.planner.sds and "superseded by " + wide.id in st.planner.retired[narrow.id]["reason"]
+    for q in (rate_q, max_q, "increase(x_total[1h])"):
+        res = eng.range_query(q, *args)
+        assert any(p == "summary:" + wide.id for p in res.stats.paths), q
+        _same_answer(res, eng.range_query(q, *args, exact=True))
+    st.query_log.close()  # the maintenance above flushed its panes
+    st2 = _stack(src, {"cost_based": False}, data_dir=tmp_path)
+    (restored,) = st2.planner.sds.values()
+    assert restored.id == wide.id and restored.store.fields == wide.store.fields
+    res = st2.engine.range_query(max_q, *args)
+    assert any(p.startswith("summary:") for p in res.stats.paths)
+    _same_answer(res, st2.engine.range_query(max_q, *args, exact=True))
+    st2.query_log.close()
+
+
 def test_many_flushes_merge_pane_files_and_restore_the_same_answers(tmp_path, monkeypatch):
     """Each flush writes the panes sealed since the last one; past MERGE_FILES files they become one.
     An interrupted merge (merged file written, old files not yet removed) restores without counting

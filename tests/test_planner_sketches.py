@@ -40,7 +40,7 @@ def req_world():
 
 
 def _hook(by, served):
-    return RewriteHook(RewriteContext(lambda m, a, ms: by.get(a) if m == "lat" else None,
+    return RewriteHook(RewriteContext(lambda m, a, ms, func=None: by.get(a) if m == "lat" else None,
                                       lambda s, ctx: served.append((s, ctx)), cost_based=False, approximate=True), rules=ordered_rules())
 
 
@@ -160,7 +160,7 @@ def test_quantile_by_over_rates_is_served_exactly_from_per_series_panes():
     src, batch = load(random_series(seed=9))
     tmin, tmax = int(batch.timestamps.min()), int(batch.timestamps.max())
     _, (sds,) = summarized(src, batch, [("x_total", "exact")], live_from=tmin + (tmax - tmin) // 2)
-    hook = RewriteHook(RewriteContext(lambda m, a, ms: sds if (m, a) == ("x_total", "exact") else None,
+    hook = RewriteHook(RewriteContext(lambda m, a, ms, func=None: sds if (m, a) == ("x_total", "exact") else None,
                                       cost_based=False, approximate=True), rules=ordered_rules())
     eng = Engine(src)
     for q in ["quantile by (job) (0.9, rate(x_total[1h]))", "quantile(0.5, increase(x_total[30m]))"]:

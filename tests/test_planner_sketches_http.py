@@ -73,10 +73,12 @@ def test_req_adoption_and_late_samples_over_http(ooo_server):
                 end=(end - 60_000) / 1000, step="600")
     group = dict(query="sum by (job) (sum_over_time(req_total[1h]))", start=(end - 2 * 3_600_000) / 1000,
                  end=(end - 60_000) / 1000, step="600")
+    resets = dict(rate, query="resets(req_total[2h])", step="900")
     for _ in range(4):  # recurring panels, nothing configured for them
         assert _get(url, "/api/v1/query_range", **tail)["status"] == "success"
         assert _get(url, "/api/v1/query_range", **rate)["status"] == "success"
         assert _get(url, "/api/v1/query_range", **group)["status"] == "success"
+        assert _get(url, "/api/v1/query_range", **resets)["status"] == "success"  # its plan keeps reset counts too
     plans = _wait_plans(url, {"req", "exact", "group"})
     grp = next(p for p in plans if p["algorithm"] == "group")
     assert grp["metric"] == "req_total" and grp["grouping"] == ["job"]

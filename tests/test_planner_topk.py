@@ -49,7 +49,7 @@ def _world(lg_max: int, seed: int = 3):
     def find(metric, matchers, items, algorithm="group"):
         return sds if algorithm == "fi" and tuple(items) == ("tenant",) and not [m for m in matchers if m.name != "__name__"] else None
 
-    hook = SketchRewriteHook(RewriteContext(lambda m, a, ms: None, lambda s, c: served.append((s, c)), cost_based=False, approximate=True),
+    hook = SketchRewriteHook(RewriteContext(lambda m, a, ms, func=None: None, lambda s, c: served.append((s, c)), cost_based=False, approximate=True),
                              rules=ordered_rules(), find_group=find)
     return src, sds, hook, served
 

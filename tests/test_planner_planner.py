@@ -301,7 +301,7 @@ def test_exact_plan_keeps_the_fields_of_its_functions_and_widens_for_a_new_one(t
     assert narrow.serves("rate") and narrow.serves("increase") and not narrow.serves("max_over_time")
     res = eng.range_query(rate_q, *args)
     assert any(p.startswith("summary:") for p in res.stats.paths)
-    _same_answer(res, eng.range_query(rate_q, *args, exact=True))
+    _same_answer(res, eng.range_query(rate_q, *args, QueryOpts(exact=True)))
     # the store holds 7 fields per series and pane: 56 of the 144 bytes a plan for every function takes
     per_cell = narrow.nbytes() / (narrow.store.ns * narrow.store.nk)
     assert per_cell == 56
@@ -316,14 +316,14 @@ def test_exact_plan_keeps_the_fields_of_its_functions_and_widens_for_a_new_one(t
     for q in (rate_q, max_q, "increase(x_total[1h])"):
         res = eng.range_query(q, *args)
         assert any(p == "summary:" + wide.id for p in res.stats.paths), q
-        _same_answer(res, eng.range_query(q, *args, exact=True))
+        _same_answer(res, eng.range_query(q, *args, QueryOpts(exact=True)))
     st.query_log.close()  # the maintenance above flushed its panes
     st2 = _stack(src, {"cost_based": False}, data_dir=tmp_path)
     (restored,) = st2.planner.sds.values()
     assert restored.id == wide.id and restored.store.fields == wide.store.fields
     res = st2.engine.range_query(max_q, *args)
     assert any(p.startswith("summary:") for p in res.stats.paths)
-    _same_answer(res, st2.engine.range_query(max_q, *args, exact=True))
+    _same_answer(res, st2.engine.range_query(max_q, *args, QueryOpts(exact=True)))
     st2.query_log.close()
 
 

@@ -613,7 +613,9 @@ class Planner:
         if m is None or m["runs"] < self.MIN_SHADOW_RUNS:
             return None
         verdicts = [v for v in m["shapes"].values() if v is not None]
-        if verdicts and all(v == "slower" for v in verdicts):
+        # a shape still being measured may be the one the plan pays for (a 24 h panel refreshed every
+        # minute beside a 1 h one every 10 s): wait for its verdict
+        if verdicts and all(v == "slower" for v in verdicts) and not s.stats.shapes_in_measurement():
             per_shape = "; ".join(f"{k}: {a * 1e3:.2f} vs {b * 1e3:.2f} ms wall, {c * 1e3:.2f} vs {d * 1e3:.2f} ms CPU"
                                   for k, (a, b, c, d) in s.stats.shape_medians().items())
             return (f"every shape of use measured no faster from the summary than on the raw path (medians, "

@@ -205,6 +205,10 @@ class SDSStats:
                 out[shape_label(sh)] = tuple(statistics.median(x[i] for x in r) for i in (1, 2, 3, 4))
         return out
 
+    def shapes_in_measurement(self) -> int:
+        """Shapes of use seen lately whose shadow runs are still too few for a verdict."""
+        return sum(1 for sh in list(self.shapes) if 0 < len(self._recent(sh)) < self.SHAPE_MIN_RUNS)
+
     def needs_probe(self, shape: tuple) -> bool:
         return len(self._recent(shape)) < self.SHAPE_MIN_RUNS
 

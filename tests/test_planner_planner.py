@@ -240,6 +240,26 @@ def test_slower_verdict_needs_both_wall_and_cpu():
     assert st.shape_medians()[shape_label_of(sh)] == (0.020, 0.015, 0.009, 0.008)
 
 
+def test_not_retired_while_a_shape_of_use_is_still_being_measured():
+    """A 1 h panel measured slower and a 24 h panel on the same plan with one shadow run so far: the plan
+    waits for the second verdict instead of going on the first."""
+    from planner.sds import shape_of
+
+    items = random_series(seed=4)
+    src, batch = load(items)
+    st = _stack(src)
+    sds = st.planner.adopt(SDSSpec("x_total", "exact", 60_000), reason="test")
+    short, day = shape_of("rate", 300_000, 4), shape_of("rate", 3_600_000, 1441)
+    for _ in range(6):
+        sds.stats.record(short, 0.004, 0.004, 0.003, 0.003)
+    sds.stats.record(day, 0.010, 0.010, 0.050, 0.050)
+    assert st.planner.measured_verdict(sds, time.time()) is None
+    for _ in range(2):
+        sds.stats.record(day, 0.060, 0.060, 0.050, 0.050)
+    assert "no faster from the summary" in st.planner.measured_verdict(sds, time.time())
+    st.query_log.close()
+
+
 def shape_label_of(sh):
     from planner.sds import shape_label
 

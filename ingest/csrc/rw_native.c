@@ -18,6 +18,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -542,11 +543,192 @@ static PyObject *RefTable_walk_v2(RefTable *t, PyObject *arg) {
     return res;
 }
 
+/* ---------------------------------------------------------------- text exposition (scrape bodies) */
+/* walk_text(body) -> None, or the sample lines as columns with every series text (`name` or
+ * `name{...}` as written) looked up in this table: refs, key_off, key_len, value bits, timestamp,
+ * has_ts, line number per sample line, and the comment lines joined by '\n' (bytes). It takes only
+ * the plain shape exporters write (text format 0.0.4): ASCII outside quoted label values, no
+ * control characters but tab and newline, names `[a-zA-Z_:][a-zA-Z0-9_:]*` directly followed by
+ * `{` or blanks, decimal values (or NaN, +Inf, -Inf, Inf), integer millisecond timestamps, no `#`
+ * after a series, no "# EOF" line (OpenMetrics). Anything else returns None and the caller's parser
+ * (ingest/text_format.py) decides, with its messages: the result, when there is one, is the one that
+ * parser gives (tests/test_ingest_text_native.py). */
+typedef struct {
+    Col refs, key_off, key_len, val, ts, has_ts, line;
+    uint8_t *comments;
+    size_t c_len, c_cap;
+} TextOut;
+
+static void text_out_free(TextOut *o) {
+    free(o->refs.v), free(o->key_off.v), free(o->key_len.v), free(o->val.v), free(o->ts.v), free(o->has_ts.v);
+    free(o->line.v), free(o->comments);
+}
+
+static inline int is_digit(uint8_t c) { return c >= '0' && c <= '9'; }
+static inline int name_start(uint8_t c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' || c == ':'; }
+static inline int name_char(uint8_t c) { return name_start(c) || is_digit(c); }
+
+/* A decimal float token: [+-]?(d+(.d*)?|.d+)([eE][+-]?d+)?, or NaN / +Inf / -Inf / Inf. */
+static int parse_value(const uint8_t *p, size_t n, double *out) {
+    if ((n == 3 && memcmp(p, "NaN", 3) == 0)) return *out = NAN, 1;
+    if ((n == 3 && memcmp(p, "Inf", 3) == 0) || (n == 4 && memcmp(p, "+Inf", 4) == 0)) return *out = INFINITY, 1;
+    if (n == 4 && memcmp(p, "-Inf", 4) == 0) return *out = -INFINITY, 1;
+    if (n == 0 || n > 64) return 0;
+    size_t i = 0, digits = 0;
+    if (p[i] == '+' || p[i] == '-') i++;
+    while (i < n && is_digit(p[i])) i++, digits++;
+    if (i < n && p[i] == '.') {
+        i++;
+        while (i < n && is_digit(p[i])) i++, digits++;
+    }
+    if (!digits) return 0;
+    if (i < n && (p[i] == 'e' || p[i] == 'E')) {
+        i++;
+        if (i < n && (p[i] == '+' || p[i] == '-')) i++;
+        size_t e = 0;
+        while (i < n && is_digit(p[i])) i++, e++;
+        if (!e) return 0;
+    }
+    if (i != n) return 0;
+    char buf[65];
+    memcpy(buf, p, n);
+    buf[n] = 0;
+    *out = strtod(buf, NULL); /* correctly rounded, as Python's float() and Arrow's cast */
+    return 1;
+}
+
+/* An integer timestamp: -?d{1,18}. */
+static int parse_ts(const uint8_t *p, size_t n, int64_t *out) {
+    size_t i = 0;
+    int neg = 0;
+    if (n && p[0] == '-') neg = 1, i = 1;
+    if (n - i < 1 || n - i > 18) return 0;
+    int64_t v = 0;
+    for (; i < n; i++) {
+        if (!is_digit(p[i])) return 0;
+        v = v * 10 + (p[i] - '0');
+    }
+    *out = neg ? -v : v;
+    return 1;
+}
+
+static int walk_text_body(const RefTable *t, const uint8_t *b, size_t n, TextOut *o) {
+    size_t pos = 0;
+    int64_t line = 0;
+    for (size_t i = 0; i < n; i++) { /* one check for what this walk leaves to the parser */
+        uint8_t c = b[i];
+        if (c < 0x20 && c != '\t' && c != '\n') return UNUSUAL;
+        if (c >= 0x80) {
+            if (!utf8_ok(b, n)) return UNUSUAL; /* the parser names the byte offset */
+            break;
+        }
+    }
+    while (pos < n) {
+        size_t end = pos;
+        while (end < n && b[end] != '\n') end++;
+        line++;
+        size_t i = pos;
+        while (i < end && (b[i] == ' ' || b[i] == '\t')) i++;
+        if (i == end) { /* blank */
+        } else if (b[i] == '#') {
+            if (end - pos == 5 && memcmp(b + pos, "# EOF", 5) == 0) return UNUSUAL;
+            size_t len = end - pos + 1;
+            if (o->c_len + len > o->c_cap) {
+                size_t cap = o->c_cap ? o->c_cap : 4096;
+                while (cap < o->c_len + len) cap *= 2;
+                uint8_t *nc = (uint8_t *)realloc(o->comments, cap);
+                if (!nc) return NOMEM;
+                o->comments = nc, o->c_cap = cap;
+            }
+            memcpy(o->comments + o->c_len, b + pos, end - pos);
+            o->c_len += end - pos;
+            o->comments[o->c_len++] = '\n';
+        } else {
+            if (!name_start(b[i])) return UNUSUAL;
+            size_t k0 = i;
+            while (i < end && name_char(b[i])) i++;
+            if (i < end && b[i] == '{') {
+                i++;
+                for (;;) {
+                    if (i >= end) return UNUSUAL;
+                    uint8_t c = b[i];
+                    if (c == '}') break;
+                    if (c == '"') {
+                        i++;
+                        while (i < end && b[i] != '"') {
+                            if (b[i] == '\\') i++;
+                            i++;
+                        }
+                        if (i >= end) return UNUSUAL;
+                    } else if (c >= 0x80 || c == '#') {
+                        return UNUSUAL;
+                    }
+                    i++;
+                }
+                i++; /* past '}' */
+            }
+            size_t k1 = i;
+            size_t sp = i;
+            while (i < end && (b[i] == ' ' || b[i] == '\t')) i++;
+            if (i == sp || i == end) return UNUSUAL;
+            size_t v0 = i;
+            while (i < end && b[i] != ' ' && b[i] != '\t') i++;
+            double v;
+            if (!parse_value(b + v0, i - v0, &v)) return UNUSUAL;
+            while (i < end && (b[i] == ' ' || b[i] == '\t')) i++;
+            int64_t ts = 0, has = 0;
+            if (i < end) {
+                size_t t0 = i;
+                while (i < end && b[i] != ' ' && b[i] != '\t') i++;
+                if (!parse_ts(b + t0, i - t0, &ts)) return UNUSUAL;
+                has = 1;
+                while (i < end && (b[i] == ' ' || b[i] == '\t')) i++;
+                if (i != end) return UNUSUAL;
+            }
+            int64_t bits;
+            memcpy(&bits, &v, 8);
+            size_t klen = k1 - k0;
+            int64_t ref = table_find(t, b + k0, klen, hash_bytes(b + k0, klen));
+            if (col_push(&o->refs, ref) || col_push(&o->key_off, (int64_t)k0) || col_push(&o->key_len, (int64_t)klen) ||
+                col_push(&o->val, bits) || col_push(&o->ts, ts) || col_push(&o->has_ts, has) || col_push(&o->line, line))
+                return NOMEM;
+        }
+        pos = end + 1;
+    }
+    return OK;
+}
+
+static PyObject *RefTable_walk_text(RefTable *t, PyObject *arg) {
+    Py_buffer b;
+    if (PyObject_GetBuffer(arg, &b, PyBUF_SIMPLE) < 0) return NULL;
+    TextOut o;
+    memset(&o, 0, sizeof(o));
+    int r;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_rwlock_rdlock(&t->lock);
+    r = walk_text_body(t, (const uint8_t *)b.buf, (size_t)b.len, &o);
+    pthread_rwlock_unlock(&t->lock);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&b);
+    if (r != OK) {
+        text_out_free(&o);
+        if (r == NOMEM) return PyErr_NoMemory();
+        Py_RETURN_NONE;
+    }
+    PyObject *res = Py_BuildValue("(NNNNNNNN)", col_bytes(&o.refs), col_bytes(&o.key_off), col_bytes(&o.key_len),
+                                  col_bytes(&o.val), col_bytes(&o.ts), col_bytes(&o.has_ts), col_bytes(&o.line),
+                                  PyBytes_FromStringAndSize((const char *)o.comments, (Py_ssize_t)o.c_len));
+    text_out_free(&o);
+    return res;
+}
+
 static PyMethodDef RefTable_methods[] = {
     {"walk_v1", (PyCFunction)RefTable_walk_v1, METH_O,
      "walk_v1(data) -> None or the request's columns (see ingest/rw_native.py)"},
     {"walk_v2", (PyCFunction)RefTable_walk_v2, METH_O,
      "walk_v2(data) -> None or the remote write 2.0 request's columns (see ingest/series_refs.py)"},
+    {"walk_text", (PyCFunction)RefTable_walk_text, METH_O,
+     "walk_text(body) -> None or a text exposition body's sample columns (see ingest/text_native.py)"},
     {"insert", (PyCFunction)RefTable_insert, METH_O, "insert(key) -> the series reference of these raw label bytes"},
     {NULL, NULL, 0, NULL},
 };

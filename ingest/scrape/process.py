@@ -13,6 +13,7 @@ from ingest.errors import IngestError
 from ingest.relabel import RelabelConfig, relabel
 from ingest.exemplars import Exemplar
 from ingest.text_format import parse_exemplar, parse_series_key, parse_text
+from ingest.text_native import TextRefs, text_refs_default
 from ingest.validation import validate_pairs
 from storage.batch import MetricMetadata, SampleBatch
 from storage.labels import Labels
@@ -30,6 +31,7 @@ class SeriesState:
     cache: dict[str, Labels] = field(default_factory=dict)  # raw series text -> final labels (or _DROPPED)
     last_series: set[Labels] = field(default_factory=set)  # for staleness
     max_cache: int = 500_000
+    text: TextRefs | None = field(default_factory=text_refs_default)  # compiled walk's series texts (None: parse_text)
 
 
 @dataclass
@@ -65,10 +67,14 @@ def process_scrape(body: bytes, content_type: str, scrape_ts: int, target: Label
                    honor_labels: bool, honor_timestamps: bool, mrc: list[RelabelConfig],
                    sample_limit: int = 0) -> ScrapeOutcome:
     openmetrics = "openmetrics" in content_type.lower()
-    parsed = parse_text(body, openmetrics=True if openmetrics else None)
     cache = state.cache
     if len(cache) > state.max_cache:
         cache.clear()
+        if state.text is not None:
+            state.text = TextRefs()
+    parsed = state.text.parse(body, openmetrics) if state.text is not None else None
+    if parsed is None:
+        parsed = parse_text(body, openmetrics=True if openmetrics else None)
     labels: list[Labels] = []
     for key in parsed.keys:  # per distinct series
         lbl = cache.get(key)

@@ -1,7 +1,7 @@
 """Metric metadata (TYPE/HELP/UNIT) seen by ingest, for /api/v1/metadata.
 
 API (read by turboprom/routes/metadata_api.py):
-    store = ctx.components["metadata"]          # MetadataStore
+    store = ctx.components.metadata          # MetadataStore
     store.get(metric=None, limit=None, limit_per_metric=None, tenant="default") -> dict[str, list[dict]]
         {"http_requests_total": [{"type": "counter", "help": "...", "unit": ""}], ...}
         ``limit`` caps the number of metrics, ``limit_per_metric`` the entries per metric

@@ -104,7 +104,7 @@ def test_summaries_and_congestion_only_see_the_default_tenant(tmp_path: Path) ->
     ctx = build_context(ServerConfig(data_dir=str(tmp_path / "d")))
     try:
         create_app(ctx)
-        pipeline = ctx.components["ingest"]
+        pipeline = ctx.components.ingest
         assert pipeline.sink_tenants == {"default"}
         assert {type(s).__name__ for s in pipeline.sinks} >= {"CongestionTracker", "Summarizer"}
         assert len(pipeline.sinks) == len(set(map(id, pipeline.sinks)))  # the tracker is attached once
@@ -117,7 +117,7 @@ def test_summaries_and_congestion_only_see_the_default_tenant(tmp_path: Path) ->
             res = pipeline.append_sync(label_batch(b, tenant) if tenant != "default" else b)
             assert res.accepted == 1
         assert rec.tenants == ["default"]
-        md = ctx.components["metadata"]
+        md = ctx.components.metadata
         assert md.get("m_total") == {"m_total": [{"type": "counter", "help": "ops help", "unit": ""}]}
         assert md.get("m_total", tenant="team-a") == {"m_total": [{"type": "counter", "help": "team-a help", "unit": ""}]}
     finally:

@@ -17,7 +17,7 @@ def congestion_signals(ctx: ServerContext):
     (params ``cluster``/``model`` narrow it), with the cluster rows used as the recorded snapshot."""
 
     def signals(action: Action) -> dict[str, Any]:
-        tracker = ctx.components.get("congestion")
+        tracker = ctx.components.congestion
         if tracker is None:
             return {}
         snap = tracker.snapshot()

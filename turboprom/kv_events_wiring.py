@@ -41,17 +41,17 @@ def build_fast_signals(ctx: ServerContext, tracker: Any) -> None:
         # The poll port is held to the main port's rule: beyond loopback only with auth (or --insecure).
         check_listen_guard(cfg.poll_listen.rpartition(":")[0] or "127.0.0.1", web_cfg, sc.insecure)
         web = sc.raw.get("web")
-        ctx.components["congestion_poll_server"] = CongestionPollServer(
+        ctx.components.congestion_poll_server = CongestionPollServer(
             tracker, cfg.poll_listen, web_config_file=sc.web_config_file, auth_limits=sc.raw.get("auth"),
             web_timeouts=web if isinstance(web, dict) else None)
     if cfg.kv_events:
         index = PrefixIndex(cfg.kv_max_blocks_per_instance)
         endpoints = [KVEventEndpoint(**e) for e in cfg.kv_events]
-        ctx.components["prefix_index"] = index
-        ctx.components["kv_events"] = KVEventSubscriber(endpoints, lambda ep, b, missed: apply_batch(index, ep, b, missed))
-    if cfg.fast_scrape_jobs and ctx.components.get("scraper") is not None:
+        ctx.components.prefix_index = index
+        ctx.components.kv_events = KVEventSubscriber(endpoints, lambda ep, b, missed: apply_batch(index, ep, b, missed))
+    if cfg.fast_scrape_jobs and ctx.components.scraper is not None:
         from ingest.scrape.fast import FastScrape
         from scheduler_metrics.schema import SIGNAL_BY_SAMPLE_NAME
 
-        ctx.components["fast_scrape"] = FastScrape(ctx.components["scraper"], cfg.fast_scrape_jobs,
+        ctx.components.fast_scrape = FastScrape(ctx.components.scraper, cfg.fast_scrape_jobs,
                                                    cfg.fast_scrape_interval_s, SIGNAL_BY_SAMPLE_NAME, tracker.consume_now)

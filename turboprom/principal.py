@@ -1,5 +1,5 @@
 """Who is calling. With no auth configured (the embedded default on 127.0.0.1) a caller holds every
-role; with auth configured (ctx.components["auth"]) the authenticator decides."""
+role; with auth configured (ctx.components.auth) the authenticator decides."""
 from __future__ import annotations
 
 from aiohttp import web
@@ -11,7 +11,7 @@ ALL_ROLES = frozenset({"read", "write", "admin", "scheduler"})
 
 
 def request_principal(request: web.Request, ctx: ServerContext) -> Principal:
-    auth = ctx.components.get("auth")
+    auth = ctx.components.auth
     if auth is not None:
         return auth.principal(request)
     return Principal("local", ALL_ROLES)

@@ -49,23 +49,23 @@ PLANNER_RELOADABLE = {"approximate": "approximate", "tenants": "tenant_approxima
 
 def mark_loaded(ctx: ServerContext) -> None:
     """The config the server started with counts as the first successful load (as in Prometheus).
-    ``ctx.components["config_reload"]``: (last attempt succeeded, time of the last successful load),
-    for /api/v1/status/runtimeinfo."""
+    ``ctx.config_reload``: (last attempt succeeded, time of the last successful load), for
+    /api/v1/status/runtimeinfo."""
     now = time.time()
     RELOAD_OK.set(1)
     RELOAD_TS.set(now)
-    ctx.components["config_reload"] = (True, now)
+    ctx.config_reload = (True, now)
 
 
 def _mark_failed(ctx: ServerContext) -> None:
     RELOAD_OK.set(0)
-    ctx.components["config_reload"] = (False, ctx.components.get("config_reload", (True, ctx.started_at))[1])
+    ctx.config_reload = (False, (ctx.config_reload or (True, ctx.started_at))[1])
 
 
 def _lock(ctx: ServerContext) -> asyncio.Lock:
-    lock = ctx.components.get("_reload_lock")
+    lock = ctx.reload_lock
     if lock is None:
-        lock = ctx.components["_reload_lock"] = asyncio.Lock()
+        lock = ctx.reload_lock = asyncio.Lock()
     return lock
 
 
@@ -93,24 +93,24 @@ async def _apply(ctx: ServerContext, raw: dict[str, Any]) -> None:
     cfg = ctx.config
     loop = asyncio.get_running_loop()
     rules_new = None
-    if raw.get("rule_files") or ctx.components.get("rules") is not None:
+    if raw.get("rule_files") or ctx.components.rules is not None:
         from planner.rules import load_rule_files_from_config
 
         rules_new = await loop.run_in_executor(ctx.executor, load_rule_files_from_config, raw, cfg.config_file)
     from turboprom.alert_notifier import alerting_options, external_labels, parse_alerting
 
-    notifier = ctx.components.get("notifier")
+    notifier = ctx.components.notifier
     if notifier is not None:
         notifier.apply(parse_alerting(raw.get("alerting"), cfg.config_dir), external_labels(raw))
-    scraper = ctx.components.get("scraper")
+    scraper = ctx.components.scraper
     if scraper is not None:
         await scraper.apply(configs_from_raw(raw, self_url=cfg.listen, self_interval_s=cfg.self_scrape_interval_s))
     if rules_new is not None:
-        mgr = ctx.components.get("rules")
+        mgr = ctx.components.rules
         if mgr is None:
             from turboprom.wiring import rule_manager
 
-            mgr = ctx.components["rules"] = rule_manager(ctx, rules_new, False, raw)
+            mgr = ctx.components.rules = rule_manager(ctx, rules_new, False, raw)
             mgr.start()
         else:
             await loop.run_in_executor(ctx.executor, mgr.replace_groups, rules_new, alerting_options(cfg, raw))
@@ -155,7 +155,7 @@ def _apply_planner_settings(ctx: ServerContext, raw: dict[str, Any]) -> None:
 
 
 def _apply_pins(ctx: ServerContext, raw: dict[str, Any]) -> None:
-    planner = ctx.components.get("planner")
+    planner = ctx.components.planner
     if planner is None:
         return
     from planner.planner import PlannerConfig, _dur

@@ -33,7 +33,7 @@ def create_app(ctx: ServerContext, *, route_filter: Callable[[str], bool] | None
 
     # Outermost after the metrics: every route's body read has a deadline (408 when missed).
     middlewares = [http_metrics, body_deadline_middleware(Timeouts.from_config(ctx.config.raw))]
-    auth = ctx.components.get("auth")
+    auth = ctx.components.auth
     if auth is not None:
         from turboprom.auth import auth_middleware
 
@@ -91,7 +91,7 @@ async def serve(config: ServerConfig, *, build: Callable[[ServerConfig], ServerC
     check_listen_guard(config.host, web_cfg, config.insecure)
     ctx = await asyncio.get_running_loop().run_in_executor(None, build, config)
     if web_cfg is not None and web_cfg.auth_enabled:
-        ctx.components["auth"] = Authenticator(web_cfg, config.raw.get("auth"))
+        ctx.components.auth = Authenticator(web_cfg, config.raw.get("auth"))
     app = create_app(ctx, route_filter=route_filter, extra_routes=extra_routes)
     # Header read, body read and idle timeouts (turboprom/http_guard.py; web.* in the server YAML).
     runner = GuardedAppRunner(app, timeouts, handle_signals=False, access_log=None)

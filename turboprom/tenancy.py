@@ -88,7 +88,10 @@ def label_batch(batch: SampleBatch, tenant: str) -> SampleBatch:
 
 
 class TenantView:
-    """A storage read view restricted to one tenant (implements the read side of storage.interface)."""
+    """A storage read view restricted to one tenant (implements the read side of storage.interface).
+
+    It has nothing else: appending goes through the ingest pipeline with ``label_batch``, and
+    what reports on the whole store (close, blocks, ...) is read from the storage itself."""
 
     def __init__(self, storage: Any, tenant: str):
         self.storage = storage
@@ -153,13 +156,6 @@ class TenantView:
             out["blockBytes"] = own["blockBytes"]
         return out
 
-    def __getattr__(self, name: str) -> Any:
-        # Everything else (close, ...) is the whole store's: only the read methods above are
-        # tenant-scoped, so callers must not hand a TenantView to code that reports on all data.
-        if name in ("append",):
-            raise AttributeError("TenantView is read-only: ingest through the pipeline with label_batch()")
-        return getattr(self.storage, name)
-
 
 class TenantEngines:
     """One PromQL engine per tenant, each reading through that tenant's view (created on first use)."""
@@ -202,7 +198,7 @@ def tenant_storage(ctx: Any, request: Any) -> TenantView:
 def caller_tenants(request: Any, ctx: Any) -> frozenset[str] | None:
     """The tenants the authenticated caller may act as (web config ``tenants:``); None: any tenant
     (no auth configured, or a user without a ``tenants:`` entry)."""
-    auth = ctx.components.get("auth")
+    auth = ctx.components.auth
     if auth is None:
         return None
     principal = request.get("principal") if hasattr(request, "get") else None
@@ -248,6 +244,6 @@ def restrict_sinks(pipeline: Any) -> None:
 def forget_deleted_summaries(ctx: Any, tenant: str, matcher_sets: list) -> None:
     """After a series deletion: summaries hold only the default tenant's data, so only its deletions
     retire the plans that could contain the deleted series (planner.Planner.forget_deleted)."""
-    planner = ctx.components.get("planner")
+    planner = ctx.components.planner
     if tenant == DEFAULT_TENANT and planner is not None and hasattr(planner, "forget_deleted"):
         planner.forget_deleted(matcher_sets)

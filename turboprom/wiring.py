@@ -1,8 +1,9 @@
 """Builds the server's components from config. The only place stages meet.
 
 Each stage adds its own block below the storage block (ingest pipeline, engine, scraper,
-congestion tracker, planner, ...), storing it in ``ctx.components[<name>]``. Keep each block
-small: construction and connection only; behaviour lives in the stages.
+congestion tracker, planner, ...), storing it in its field of ``ctx.components``
+(turboprom/context.py ``Components``). Keep each block small: construction and connection only;
+behaviour lives in the stages.
 """
 from __future__ import annotations
 
@@ -35,20 +36,20 @@ def build_context(config: ServerConfig, storage: Any = None) -> ServerContext:
     from ingest.exemplars import DEFAULT_MAX_EXEMPLARS, ExemplarStore
 
     set_name_validation_scheme(str((config.raw.get("global") or {}).get("metric_name_validation_scheme", "utf8")))
-    ctx.components["metadata"] = MetadataStore()
+    ctx.components.metadata = MetadataStore()
     # Prometheus's config key: storage.exemplars.max_exemplars (0 disables exemplar storage).
     ex_cfg = ((config.raw.get("storage") or {}).get("exemplars") or {})
-    ctx.components["exemplars"] = ExemplarStore(int(ex_cfg.get("max_exemplars", DEFAULT_MAX_EXEMPLARS)))
-    ctx.components["ingest"] = IngestPipeline.from_config(storage, config.raw, executor=ctx.executor, metadata=ctx.components["metadata"])
-    ctx.components["scraper"] = ScrapeManager.from_config(config.raw, ctx.components["ingest"].append_sync, ctx.executor,
+    ctx.components.exemplars = ExemplarStore(int(ex_cfg.get("max_exemplars", DEFAULT_MAX_EXEMPLARS)))
+    ctx.components.ingest = IngestPipeline.from_config(storage, config.raw, executor=ctx.executor, metadata=ctx.components.metadata)
+    ctx.components.scraper = ScrapeManager.from_config(config.raw, ctx.components.ingest.append_sync, ctx.executor,
                                                           self_url=config.listen, self_interval_s=config.self_scrape_interval_s)
-    ctx.components["scraper"].exemplars = ctx.components["exemplars"]
+    ctx.components.scraper.exemplars = ctx.components.exemplars
     # --- congestion tracker (ingest sink; writes turboprom_congestion_* back through ingest) ---
     from scheduler_metrics.congestion import CongestionConfig, CongestionTracker
 
     congestion = CongestionTracker(CongestionConfig.from_mapping(config.raw.get("congestion")))
-    congestion.attach(ctx.components.get("ingest"), storage)
-    ctx.components["congestion"] = congestion
+    congestion.attach(ctx.components.ingest, storage)
+    ctx.components.congestion = congestion
     from turboprom.kv_events_wiring import build_fast_signals
 
     build_fast_signals(ctx, congestion)  # vLLM KV events -> prefix index; fast signal scrape -> tracker
@@ -58,30 +59,30 @@ def build_context(config: ServerConfig, storage: Any = None) -> ServerContext:
     from turboprom.tenancy import DEFAULT_TENANT, TenantView
 
     default_view = TenantView(storage, DEFAULT_TENANT)  # the default tenant never sees tenant-labelled series
-    ctx.components["engine"] = Engine(default_view, lookback_delta_ms=config.lookback_delta_ms,
+    ctx.components.engine = Engine(default_view, lookback_delta_ms=config.lookback_delta_ms,
                                       max_samples=config.query_max_samples, timeout_s=config.query_timeout_s)
     # --- planner (query log, SDS summarizer as ingest sink, rewrite onto summaries, rules) ---
     from planner.stack import build as build_planner
 
-    plan = build_planner(default_view, ctx.components.get("engine"), config.data_dir, config.raw.get("planner"))
-    ctx.components["query_log"] = plan.query_log
-    ctx.components["summarizer"] = plan.summarizer
-    ctx.components["planner"] = plan.planner
-    ctx.components["planner_canary"] = plan.canary
+    plan = build_planner(default_view, ctx.components.engine, config.data_dir, config.raw.get("planner"))
+    ctx.components.query_log = plan.query_log
+    ctx.components.summarizer = plan.summarizer
+    ctx.components.planner = plan.planner
+    ctx.components.planner_canary = plan.canary
     if plan.engine is not None:
-        ctx.components["planned_engine"] = plan.engine
-    if ctx.components.get("ingest") is not None:
-        ctx.components["ingest"].add_sink(plan.summarizer)
+        ctx.components.planned_engine = plan.engine
+    if ctx.components.ingest is not None:
+        ctx.components.ingest.add_sink(plan.summarizer)
     # --- alert delivery to Alertmanager (alerting:), then the rules that feed it ---
     from turboprom.alert_notifier import Notifier, external_labels, parse_alerting
 
-    ctx.components["notifier"] = Notifier(parse_alerting(config.raw.get("alerting"), config.config_dir),
+    ctx.components.notifier = Notifier(parse_alerting(config.raw.get("alerting"), config.config_dir),
                                           external_labels(config.raw), config.notification_queue_capacity)
-    ctx.components["default_view"] = default_view
+    ctx.components.default_view = default_view
     if config.raw.get("rule_files"):
         from planner.rules import load_rule_files_from_config
 
-        ctx.components["rules"] = rule_manager(ctx, load_rule_files_from_config(config.raw, config.config_file), True,
+        ctx.components.rules = rule_manager(ctx, load_rule_files_from_config(config.raw, config.config_file), True,
                                                 config.raw)
     # --- multi-tenancy (X-Scope-OrgID): one raw engine per other tenant, logged to the query log ---
     from planner.planned_engine import PlannedEngine
@@ -90,17 +91,17 @@ def build_context(config: ServerConfig, storage: Any = None) -> ServerContext:
     def tenant_engine(view: TenantView) -> PlannedEngine:
         raw = Engine(view, lookback_delta_ms=config.lookback_delta_ms, max_samples=config.query_max_samples,
                      timeout_s=config.query_timeout_s)
-        return PlannedEngine(raw, lambda node, ectx: None, query_log=ctx.components.get("query_log"), planner=None)
+        return PlannedEngine(raw, lambda node, ectx: None, query_log=ctx.components.query_log, planner=None)
 
-    ctx.components["tenant_engines"] = TenantEngines(storage, tenant_engine)
+    ctx.components.tenant_engines = TenantEngines(storage, tenant_engine)
     from turboprom.limits import Limits
 
-    ctx.components["limits"] = Limits.from_config(config.raw.get("limits"))
-    restrict_sinks(ctx.components.get("ingest"))  # summaries and congestion signals: default tenant only
+    ctx.components.limits = Limits.from_config(config.raw.get("limits"))
+    restrict_sinks(ctx.components.ingest)  # summaries and congestion signals: default tenant only
     # --- KedgeFlow control plane (grants, ledger, gateway, audit) ---
     from turboprom.kedgeflow_wiring import build_kedgeflow
 
-    ctx.components["kedgeflow"] = build_kedgeflow(ctx)
+    ctx.components.kedgeflow = build_kedgeflow(ctx)
     return ctx
 
 
@@ -110,16 +111,16 @@ def rule_manager(ctx: ServerContext, groups: list, restore: bool, raw: dict) -> 
     from planner.rules import RuleManager
     from turboprom.alert_notifier import alerting_options
 
-    append = ctx.components["ingest"].append_sync if ctx.components.get("ingest") is not None else ctx.storage.append
-    engine = ctx.components.get("planned_engine") or ctx.components.get("engine")
-    view = ctx.components["default_view"]
-    return RuleManager(groups, engine, append, notify=ctx.components["notifier"].send, select=view.select,
+    append = ctx.components.ingest.append_sync if ctx.components.ingest is not None else ctx.storage.append
+    engine = ctx.components.query_engine
+    view = ctx.components.default_view
+    return RuleManager(groups, engine, append, notify=ctx.components.notifier.send, select=view.select,
                        options=alerting_options(ctx.config, raw), restore=restore)
 
 
 async def start_background(ctx: ServerContext) -> None:
     """Start background tasks (scraper, rule evaluation, compaction, ...). Called once the app runs."""
-    for comp in list(ctx.components.values()):
+    for comp in ctx.components.in_start_order():
         start = getattr(comp, "start", None)
         if start is not None:
             res = start()
@@ -128,7 +129,7 @@ async def start_background(ctx: ServerContext) -> None:
 
 
 async def stop_background(ctx: ServerContext) -> None:
-    for comp in reversed(list(ctx.components.values())):
+    for comp in reversed(ctx.components.in_start_order()):
         stop = getattr(comp, "stop", None)
         if stop is not None:
             try:

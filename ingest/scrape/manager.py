@@ -1,4 +1,4 @@
-"""ScrapeManager: ctx.components["scraper"].
+"""ScrapeManager: ctx.components.scraper.
 
 Lifecycle: ``start()`` (async; called by wiring.start_background) builds targets and starts one
 loop per target; ``stop()`` cancels them (no stale markers on shutdown, like Prometheus).

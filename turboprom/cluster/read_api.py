@@ -55,7 +55,7 @@ def only_partitions(ss: SeriesSet, wanted: set[int], total: int) -> SeriesSet:
 
 
 def setup(app: web.Application, ctx: ServerContext) -> None:
-    ingester = ctx.components["partition_ingester"]
+    ingester = ctx.components.partition_ingester
     storage = ctx.storage
     total = ingester.settings.partitions
 

@@ -27,10 +27,10 @@ def build_distributor(config: ServerConfig) -> ServerContext:
 
     publisher = LogPublisher(config.cluster)
     ctx = ServerContext(config=config, storage=publisher)
-    ctx.components["log_publisher"] = publisher
-    ctx.components["metadata"] = MetadataStore()
-    ctx.components["ingest"] = IngestPipeline.from_config(publisher, config.raw, executor=ctx.executor, metadata=ctx.components["metadata"])
-    ctx.components["limits"] = Limits.from_config(config.raw.get("limits"))
+    ctx.components.log_publisher = publisher
+    ctx.components.metadata = MetadataStore()
+    ctx.components.ingest = IngestPipeline.from_config(publisher, config.raw, executor=ctx.executor, metadata=ctx.components.metadata)
+    ctx.components.limits = Limits.from_config(config.raw.get("limits"))
     return ctx
 
 
@@ -43,9 +43,9 @@ def build_ingester(config: ServerConfig) -> ServerContext:
     s = config.cluster
     ctx = build_context(config)
     membership = Membership(s, node_id_of(s, config), advertise_url(s, config))
-    ctx.components["partition_ingester"] = PartitionIngester(s, membership, ctx.components["ingest"], ctx.executor, config.data_dir,
-                                                                  ctx.storage)
-    ctx.components["membership"] = membership
+    ctx.components.partition_ingester = PartitionIngester(s, membership, ctx.components.ingest, ctx.executor,
+                                                          config.data_dir, ctx.storage)
+    ctx.components.membership = membership
     return ctx
 
 
@@ -61,8 +61,10 @@ def build_querier(config: ServerConfig) -> ServerContext:
     view = ClusterView(config.cluster)
     fanout = FanoutStorage(view, timeout_s=config.query_timeout_s + 5)
     ctx = build_context(config, storage=fanout)
-    # started before everything else in the context: queries need the cluster state first
-    ctx.components = {"cluster_view": view, "fanout_storage": fanout, **ctx.components}
+    # started before everything else in the context (their fields come first): queries need the
+    # cluster state first
+    ctx.components.cluster_view = view
+    ctx.components.fanout_storage = fanout
     return ctx
 
 

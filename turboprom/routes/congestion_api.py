@@ -12,7 +12,7 @@
   POST /api/v1/congestion/prefix   ``{"token_ids": [...]}`` -> per instance, how many leading blocks of
                                    that prompt it holds (from vLLM KV events) and how loaded it is
 
-Polls and streams read the tracker's snapshot (ctx.components["congestion"]); nothing here touches
+Polls and streams read the tracker's snapshot (ctx.components.congestion); nothing here touches
 storage, so polls stay fast while ingestion and heavy queries run. Documented in docs/openapi.yaml.
 
 Tenancy: the tracker consumes the default tenant's samples only (turboprom/tenancy.py restrict_sinks),
@@ -136,12 +136,8 @@ def _tenant_snapshot(snap: Any) -> Any:
 
 
 def setup(app: web.Application, ctx: ServerContext) -> None:
-    tracker0 = ctx.components.get("congestion")
-    if tracker0 is not None:  # wiring may have built ingest after the tracker: connect again (idempotent)
-        tracker0.attach(ctx.components.get("ingest"), ctx.storage)
-
     def tracker_or_error() -> Any:
-        return ctx.components.get("congestion")
+        return ctx.components.congestion
 
     no_tracker = "congestion tracker is not configured on this server"
 
@@ -277,7 +273,7 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
 
     async def prefix(request: web.Request) -> web.StreamResponse:
         tracker = tracker_or_error()
-        index = ctx.components.get("prefix_index")
+        index = ctx.components.prefix_index
         if tracker is None or index is None:
             return error_response("unavailable", "no KV event view on this server (configure congestion.kv_events)")
         return await prefix_response(request, index, tracker.snapshot, ctx.executor)
@@ -293,7 +289,7 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
                 and (not f["model_name"] or d["model_name"] in f["model_name"])]
         if not rows:
             return error_response("not_found", f"no instance {inst!r} in the congestion view (with these filters)")
-        index = ctx.components.get("prefix_index")
+        index = ctx.components.prefix_index
         sizes = index.block_sizes() if index is not None else {}
         return web.Response(body=model_server_text(rows, sizes), content_type="text/plain",
                             charset="utf-8", headers={"Cache-Control": "no-store"})

@@ -37,12 +37,12 @@ def setup(app: web.Application, ctx) -> None:
             tenant = request_tenant(request)
         except ValueError as e:
             return error_response("bad_data", str(e))
-        qlog = ctx.components.get("query_log")
+        qlog = ctx.components.query_log
         if qlog is None:
             return error_response("unavailable", "the query log is not enabled on this server", 503)
         own = tenant == "default"  # summaries are built from the default tenant's data only
-        rep = await run_off_loop(ctx, build_report, qlog, ctx.components.get("planner") if own else None,
-                                 ctx.components.get("planner_canary") if own else None,
+        rep = await run_off_loop(ctx, build_report, qlog, ctx.components.planner if own else None,
+                                 ctx.components.planner_canary if own else None,
                                  TenantView(ctx.storage, tenant), since_ms=since_ms, tenant=tenant, limit=limit)
         if fmt == "json":
             return ok(rep)

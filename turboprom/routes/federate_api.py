@@ -92,7 +92,7 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
             raise invalid_param("match[]", str(e)) from None
         maxt = int(time.time() * 1000)
         mint = maxt - int(ctx.config.lookback_delta_ms)
-        type_of = metadata_types(ctx.components.get("metadata"), view.tenant)
+        type_of = metadata_types(ctx.components.metadata, view.tenant)
 
         def job() -> bytes:
             labels, ts, vs = latest_samples(view, sets, mint, maxt)

@@ -32,11 +32,9 @@ from aiohttp import web
 
 from ingest import metrics
 from ingest.errors import IngestError, Overloaded
-from ingest.metadata_store import MetadataStore
 from ingest.otlp_config import OtlpSettings
 from ingest.otlp_translate import OtlpTranslator
 from ingest import otlp_wire
-from ingest.pipeline import IngestPipeline
 from ingest.remote_write import V1, V2, RemoteWriteDecoder
 from ingest.snappy_block import decompress
 from ingest.text_import import TextImporter, parse_extra_labels
@@ -92,10 +90,9 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
     overload_status = int(ingest_cfg.get("overload_status", 429))
     if overload_status not in (429, 503):
         raise ValueError(f"ingest.overload_status must be 429 or 503, not {overload_status}")
-    pipeline: IngestPipeline | None = ctx.components.get("ingest")
-    if pipeline is None:  # wiring not present (e.g. a minimal app in a test): build one here
-        pipeline = ctx.components["ingest"] = IngestPipeline(ctx.storage, executor=ctx.executor,
-                                                             metadata=ctx.components.setdefault("metadata", MetadataStore()))
+    pipeline = ctx.components.ingest
+    if pipeline is None:  # a context without an ingest pipeline serves no write routes
+        return
     decoder = RemoteWriteDecoder(future_tolerance_ms=opts.future_tolerance_ms)
     importer = TextImporter(future_tolerance_ms=opts.future_tolerance_ms)
 
@@ -140,13 +137,13 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
 
     def limited(batch, tenant: str):
         """Input and per-tenant limits (turboprom.limits) before anything is written."""
-        lim = ctx.components.get("limits")
+        lim = ctx.components.limits
         return lim.check_batch(batch, tenant) if lim is not None else batch
 
     def add_exemplars(protocol: str, tenant: str, exemplars: list) -> int:
         """Exemplars go to the in-memory exemplar store (ingest/exemplars.py) after their samples;
         refused ones (out of order, label set too long) are counted, not errors, as in Prometheus."""
-        store = ctx.components.get("exemplars")
+        store = ctx.components.exemplars
         if not exemplars:
             return 0
         if store is None:
@@ -166,7 +163,7 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
 
     def admission_for(tenant: str) -> SeriesAdmission:
         """One admission per tenant and Limits object (a reload's new Limits re-checks every series)."""
-        lim = ctx.components.get("limits")
+        lim = ctx.components.limits
         adm = admissions.get(tenant)
         if adm is None or adm.limits is not lim:
             adm = admissions[tenant] = SeriesAdmission(tenant, lim)

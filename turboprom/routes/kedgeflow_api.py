@@ -107,7 +107,7 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
     limiter = RateLimiter(float(rl.get("requests_per_second", 2.0)), float(rl.get("burst", 20)))
 
     def service():
-        svc = ctx.components.get("kedgeflow")
+        svc = ctx.components.kedgeflow
         if svc is None:
             raise web.HTTPServiceUnavailable(text="kedgeflow is not configured")
         return svc
@@ -115,7 +115,7 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
     def limited(request: web.Request) -> web.Response | None:
         """429 + Retry-After when the caller's audit-writing request budget is spent."""
         who = request_principal(request, ctx)
-        key = (who.name, request.remote) if ctx.components.get("auth") is None else who.name
+        key = (who.name, request.remote) if ctx.components.auth is None else who.name
         wait = limiter.take(key)
         if wait <= 0:
             return None

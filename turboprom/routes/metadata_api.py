@@ -27,7 +27,7 @@ def _series_json(series: list[Labels]) -> str:
 
 
 def metadata_snapshot(store: Any) -> dict[str, list[dict[str, str]]]:
-    """Normalize the ingest metadata store (``ctx.components["metadata"]``) to
+    """Normalize the ingest metadata store (``ctx.components.metadata``) to
     ``{metric: [{"type", "help", "unit"}, ...]}``. Accepts a mapping or an object exposing
     ``snapshot()``/``all()``; entries may be ``MetricMetadata`` objects or dicts."""
     if store is None:
@@ -138,7 +138,7 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
         limit = _int_or_error(params, "limit")
         per_metric = _int_or_error(params, "limit_per_metric")
         metric = params.get("metric")
-        store = ctx.components.get("metadata")
+        store = ctx.components.metadata
         view = tenant_storage(ctx, request)
         tenant = view.tenant
 

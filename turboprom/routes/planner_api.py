@@ -1,6 +1,6 @@
 """Planner introspection: /api/v1/planner/{plans,plans/<id>,explain,candidates,canary,query_log}.
 
-Thin layer over ``ctx.components["planner"]`` (planner/planner.py); heavy parts run off the loop.
+Thin layer over ``ctx.components.planner`` (planner/planner.py); heavy parts run off the loop.
 ``turboprom plan list|show|explain`` (planner/cli.py) talks to these endpoints.
 
 Tenancy: the planner learns from, and its summaries hold, the default tenant's queries and data only
@@ -24,7 +24,7 @@ from turboprom.context import ServerContext
 
 
 def _planner(ctx: ServerContext) -> Any:
-    p = ctx.components.get("planner")
+    p = ctx.components.planner
     if p is None:
         raise APIError("unavailable", "the planner is not enabled on this server")
     return p
@@ -67,7 +67,7 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
             return ok({"plans": [], "summarizer": {"cpu_seconds": 0.0, "samples": 0, "max_ts": None}, "decisions": [],
                        "retired": [], "step_answers": None, "budget_bytes": p.config.budget_bytes})
 
-        engine = ctx.components.get("planned_engine")
+        engine = ctx.components.planned_engine
 
         def build() -> dict[str, Any]:
             summ = p.summarizer
@@ -122,12 +122,12 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
 
     @api_handler
     async def canary(request: web.Request, params: Params) -> web.Response:
-        c = ctx.components.get("planner_canary") if _own_state(request) else None
+        c = ctx.components.planner_canary if _own_state(request) else None
         return ok({"checks": list(c.results) if c is not None else []})
 
     @api_handler
     async def query_log(request: web.Request, params: Params) -> web.Response:
-        qlog = ctx.components.get("query_log")
+        qlog = ctx.components.query_log
         if qlog is None:
             raise APIError("unavailable", "the query log is not enabled on this server")
         limit = params.limit("limit") or 100

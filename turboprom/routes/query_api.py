@@ -2,8 +2,8 @@
 /api/v1/query_exemplars.
 
 Evaluation and JSON encoding run on ``ctx.executor``; the event loop only parses parameters.
-The engine is ``ctx.components["engine"]`` (``promql.engine.Engine``). When the planner registers
-``ctx.components["planned_engine"]`` (the same interface, promql/query_opts.py: rewrites onto
+The engine is ``ctx.components.engine`` (``promql.engine.Engine``). When the planner registers
+``ctx.components.planned_engine`` (the same interface, promql/query_opts.py: rewrites onto
 summaries and logs queries), queries go there; ``exact=true`` is passed on to it and forces the raw
 path; ``approx=true|false`` overrides the operator's ``planner.approximate`` for the request (a
 Grafana datasource's custom query parameter can set it, so an exact and a fast datasource can sit
@@ -22,9 +22,7 @@ from typing import Any
 from aiohttp import web
 
 from promql.ast_walk import walk
-from promql.engine import DEFAULT_MAX_MEMORY_BYTES
 from promql.errors import PromQLError
-from promql.query_guard import DEFAULT_MAX_DEPTH
 from promql.eval_selectors import to_matchers
 from promql.query_opts import QueryEngine, QueryOpts
 from promql.types import QueryResult
@@ -50,13 +48,13 @@ def _now_ms() -> int:
 
 
 def _max_depth(ctx: ServerContext) -> int:
-    return int(getattr(ctx.config, "query_max_depth", DEFAULT_MAX_DEPTH))
+    return ctx.config.query_max_depth
 
 
 def _query_limits(ctx: ServerContext) -> dict[str, int]:
     """Engine limits from the server's flags (``--query.max-depth``, ``--query.max-memory``)."""
     return {"max_depth": _max_depth(ctx),
-            "max_memory_bytes": int(getattr(ctx.config, "query_max_memory_bytes", DEFAULT_MAX_MEMORY_BYTES))}
+            "max_memory_bytes": ctx.config.query_max_memory_bytes}
 
 
 def _check_query_syntax(ctx: ServerContext, q: str) -> None:
@@ -72,11 +70,11 @@ def _pick_engine(ctx: ServerContext, tenant: str = DEFAULT_TENANT) -> QueryEngin
     """The default tenant's engine (the planner's, which logs every query and honours
     ``QueryOpts.exact`` itself), or the caller's tenant's."""
     if tenant != DEFAULT_TENANT:
-        engines = ctx.components.get("tenant_engines")
+        engines = ctx.components.tenant_engines
         if engines is None:
             raise APIError("unavailable", "multi-tenancy is not enabled on this server")
         return engines.get(tenant)
-    engine = ctx.components.get("planned_engine") or ctx.components.get("engine")
+    engine = ctx.components.query_engine
     if engine is None:
         raise APIError("unavailable", "query engine is not available")
     return engine
@@ -84,7 +82,7 @@ def _pick_engine(ctx: ServerContext, tenant: str = DEFAULT_TENANT) -> QueryEngin
 
 def _check_limits(ctx: ServerContext, q: str, tenant: str) -> Any:
     """Query length limit (400); returns the limits object (or None) for samples and concurrency."""
-    limits = ctx.components.get("limits")
+    limits = ctx.components.limits
     if limits is not None:
         from turboprom.limits import LimitExceeded
 
@@ -301,7 +299,7 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
             matcher_sets = [ms for vs in _vector_selectors(expr) for ms in to_matchers(vs)]
         except PromQLError as e:
             raise APIError("bad_data", str(e)) from None
-        store = ctx.components.get("exemplars")
+        store = ctx.components.exemplars
         if store is None:
             return ok([])
         tenant = request_tenant(request)

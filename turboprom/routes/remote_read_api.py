@@ -32,7 +32,7 @@ from turboprom.tenancy import tenant_storage
 
 
 def _sample_limit(ctx: ServerContext, tenant: str) -> int:
-    limits = ctx.components.get("limits")
+    limits = ctx.components.limits
     v = limits.max_samples(tenant) if limits is not None else None
     return int(v or ctx.config.query_max_samples)
 
@@ -91,7 +91,7 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
             await resp.write_eof()
             return resp
 
-        limits = ctx.components.get("limits")
+        limits = ctx.components.limits
         if limits is None:
             return await serve()
         from turboprom.limits import LimitExceeded

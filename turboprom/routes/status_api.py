@@ -6,10 +6,10 @@ unless enabled, like Prometheus's ``--web.enable-admin-api``: ``ctx.config.enabl
 ``web: {enable_admin_api: true}`` in the YAML config file.
 
 Hooks other stages may provide (all optional):
-* ``ctx.components["rules"]``: ``api_groups() -> list[dict]`` (Prometheus RuleGroup JSON shape)
+* ``ctx.components.rules``: ``api_groups() -> list[dict]`` (Prometheus RuleGroup JSON shape)
   and ``api_alerts() -> list[dict]``.
-* ``ctx.components["notifier"]``: ``alertmanagers_json()`` (turboprom/alert_notifier.py).
-* ``ctx.components["scraper"]``: ``targets_snapshot()`` -> list of target dicts/dataclasses.
+* ``ctx.components.notifier``: ``alertmanagers_json()`` (turboprom/alert_notifier.py).
+* ``ctx.components.scraper``: ``targets_snapshot()`` -> list of target dicts/dataclasses.
 * ``ctx.storage.stats()``: head/cardinality statistics (dict or object; see ``tsdb_status``).
 
 Tenancy (turboprom/tenancy.py): ``status/tsdb`` is computed over the caller's tenant's series only;
@@ -234,8 +234,8 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
             "startTime": go_time(ctx.started_at),
             "CWD": os.getcwd(),
             # (last reload succeeded, time of the last successful load): turboprom/reload.py
-            "reloadConfigSuccess": ctx.components.get("config_reload", (True, ctx.started_at))[0],
-            "lastConfigTime": go_time(ctx.components.get("config_reload", (True, ctx.started_at))[1]),
+            "reloadConfigSuccess": (ctx.config_reload or (True, ctx.started_at))[0],
+            "lastConfigTime": go_time((ctx.config_reload or (True, ctx.started_at))[1]),
             "corruptionCount": 0,
             "goroutineCount": threading.active_count(),
             "GOMAXPROCS": os.cpu_count() or 1,
@@ -271,7 +271,7 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
         typ = params.get("type").lower()
         if typ not in ("", "alert", "record"):
             raise invalid_param("type", f'not supported value "{typ}"')
-        mgr = ctx.components.get("rules")
+        mgr = ctx.components.rules
         groups: list[dict[str, Any]] = []
         # Rule files are evaluated on the default tenant's data: another tenant has no rules.
         if mgr is not None and hasattr(mgr, "api_groups") and sees_default_only_state(request):
@@ -284,7 +284,7 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
 
     @api_handler
     async def alerts(request: web.Request, params: Params) -> web.Response:
-        mgr = ctx.components.get("rules")
+        mgr = ctx.components.rules
         items: list[Any] = []
         if mgr is not None and hasattr(mgr, "api_alerts") and sees_default_only_state(request):
             items = list(await run_off_loop(ctx, mgr.api_alerts))
@@ -295,7 +295,7 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
         state = params.get("state").lower()
         pool = params.get("scrapePool")
         # Scrape jobs write into the default tenant: another tenant has no targets.
-        scraper = ctx.components.get("scraper") if sees_default_only_state(request) else None
+        scraper = ctx.components.scraper if sees_default_only_state(request) else None
         active: list[dict[str, Any]] = []
         dropped: list[dict[str, Any]] = []
         if scraper is not None and hasattr(scraper, "targets_snapshot"):
@@ -320,7 +320,7 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
 
     @api_handler
     async def scrape_pools(request: web.Request, params: Params) -> web.Response:
-        scraper = ctx.components.get("scraper") if sees_default_only_state(request) else None
+        scraper = ctx.components.scraper if sees_default_only_state(request) else None
         pools: list[str] = []
         if scraper is not None and hasattr(scraper, "scrape_pools"):
             pools = sorted(scraper.scrape_pools())
@@ -343,7 +343,7 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
     async def alertmanagers(request: web.Request, params: Params) -> web.Response:
         # The Alertmanagers of alerting.alertmanagers (turboprom/alert_notifier.py); alerts come from
         # the default tenant's rules, so another tenant sees none.
-        notifier = ctx.components.get("notifier")
+        notifier = ctx.components.notifier
         if notifier is None or not sees_default_only_state(request):
             return ok({"activeAlertmanagers": [], "droppedAlertmanagers": []})
         return ok(notifier.alertmanagers_json())

@@ -131,17 +131,17 @@ async def _apply(ctx: ServerContext, raw: dict[str, Any]) -> None:
 def _apply_limits(ctx: ServerContext, raw: dict[str, Any]) -> None:
     from turboprom.limits import Limits
 
-    old = ctx.components.get("limits")
+    old = ctx.components.limits
     if old is None or (ctx.config.raw or {}).get("limits") == raw.get("limits"):
         return
     new = Limits.from_config(raw.get("limits"))
     new.carry_state(old)
-    ctx.components["limits"] = new  # readers take it per request; remote write re-admits series under it
+    ctx.components.limits = new  # readers take it per request; remote write re-admits series under it
     log.info("config reload: limits applied")
 
 
 def _apply_planner_settings(ctx: ServerContext, raw: dict[str, Any]) -> None:
-    planner = ctx.components.get("planner")
+    planner = ctx.components.planner
     if planner is None:
         return
     from planner.planner import PlannerConfig

@@ -69,7 +69,7 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
                     if not chunk:
                         break
                     await loop.run_in_executor(ctx.executor, f.write, chunk)
-            pipeline = ctx.components.get("ingest")
+            pipeline = ctx.components.ingest
             deliver = pipeline.deliver if pipeline is not None else None
             try:
                 _, res = await loop.run_in_executor(

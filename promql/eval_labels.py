@@ -162,29 +162,6 @@ def apply_name_drop(vec: VectorSteps) -> VectorSteps:
     return merge_same_labels(out)
 
 
-def prune_absent(vec: VectorSteps) -> VectorSteps:
-    """Drop rows that are absent at every step."""
-    if vec.num_series == 0:
-        return vec
-    keep = vec.any_present().any(axis=1)
-    if keep.all():
-        return vec
-    idx = np.flatnonzero(keep)
-    return take_rows(vec, idx)
-
-
-def take_rows(vec: VectorSteps, idx: np.ndarray) -> VectorSteps:
-    il = idx.tolist()
-    return VectorSteps(
-        [vec.labels[i] for i in il],
-        vec.values[idx],
-        vec.present[idx],
-        None if vec.drop_name is None else vec.drop_name[idx],
-        None if vec.sample_ts is None else vec.sample_ts[idx],
-        None if vec.hist is None else vec.hist[idx],
-    )
-
-
 def raw_string_literal_bytes(text: str, start: int) -> bytes | None:
     """The bytes a Go/PromQL string literal starting at ``text[start]`` denotes (``\\xNN`` and
     octal escapes are raw bytes, which the parser binding turns into code points). None if no

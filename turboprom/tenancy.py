@@ -176,10 +176,6 @@ class TenantEngines:
             return eng
 
 
-def count_series_of(view: TenantView) -> int:
-    return len(view.series([], np.iinfo(np.int64).min, np.iinfo(np.int64).max))
-
-
 # ---------------------------------------------------------------- request plumbing for route modules
 def request_tenant(request: Any) -> str:
     """The caller's tenant; an invalid X-Scope-OrgID is the caller's fault (400 bad_data)."""

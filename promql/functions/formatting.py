@@ -37,20 +37,3 @@ def format_go_g(v: float) -> str:
     if exp >= 0:
         return sign + digits[: exp + 1] + "." + digits[exp + 1 :]
     return sign + "0." + "0" * (-exp - 1) + digits
-
-
-def format_go_f(v: float) -> str:
-    """strconv.FormatFloat(v, 'f', -1, 64): shortest digits, never an exponent."""
-    if math.isnan(v):
-        return "NaN"
-    if math.isinf(v):
-        return "+Inf" if v > 0 else "-Inf"
-    if v == 0:
-        return "0"
-    digits, exp = _shortest_digits(v)
-    sign = "-" if v < 0 else ""
-    if exp >= len(digits) - 1:
-        return sign + digits + "0" * (exp - len(digits) + 1)
-    if exp >= 0:
-        return sign + digits[: exp + 1] + "." + digits[exp + 1 :]
-    return sign + "0." + "0" * (-exp - 1) + digits

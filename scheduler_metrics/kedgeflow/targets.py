@@ -7,7 +7,7 @@ import sqlite3
 import threading
 import time
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Protocol
+from typing import Any, Callable, Protocol
 
 import aiohttp
 
@@ -86,5 +86,3 @@ class HTTPTarget:
                     raise RuntimeError(f"target answered {r.status}: {body}")
                 return body
 
-
-AsyncApply = Callable[[Action, str], Awaitable[dict[str, Any]]]

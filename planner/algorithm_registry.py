@@ -52,6 +52,8 @@ class PaneStore(Protocol):
 
     def import_rows(self, rows: dict[str, Any]) -> None: ...
 
+    def pane_totals(self) -> tuple[int, np.ndarray]: ...  # (first pane, samples per pane): the read cost model
+
 
 @dataclass(frozen=True)
 class Algorithm:

@@ -129,7 +129,6 @@ def rebuild_exact(sds: Any, storage: Any, sid: np.ndarray, ts: np.ndarray, floor
         keep_old = ~never & (chain_t >= store.last_t[aff])
         store.last_t[aff[keep_old]] = chain_t[keep_old]
         store.last_v[aff[keep_old]] = chain_v[keep_old]
-        if hasattr(store, "epoch"):  # readers caching results over sealed panes must see the rewrite
-            store.epoch += 1
-            store.version += 1
+        store.epoch += 1  # readers caching results over sealed panes must see the rewrite
+        store.version += 1
     return len(rts)

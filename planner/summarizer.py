@@ -372,7 +372,9 @@ class Summarizer:
             # A series whose boundary pane (next_pane - 1) already holds live samples gets this chunk
             # prepended to that pane (combine accounts for the pair); the others' next pane needs its
             # entry pair fixed from this chunk's last sample.
-            live_there = store.has_data(lsid, next_pane - 1) if hasattr(store, "has_data") else None
+            # order-dependent panes (exact) keep each pane's entry pair and the live chain's last value
+            chained = not sds.algorithm.order_independent
+            live_there = store.has_data(lsid, next_pane - 1) if chained else None
             store.ingest_sorted(sid, ts, vals, live=False)
             if live_there is not None and len(sid):
                 fix = ~live_there
@@ -382,7 +384,7 @@ class Summarizer:
             if len(sid):
                 unset = store.last_t[lsid] == np.iinfo(np.int64).min
                 store.last_t[lsid[unset]] = ts[last][unset]
-                if hasattr(store, "last_v"):
+                if chained:
                     store.last_v[lsid[unset]] = vals[last][unset]
         sds.stats.backfill_cpu_s += time.thread_time() - t0  # one-time: kept apart from the live fold
         sds.stats.backfilled_samples += len(ts)

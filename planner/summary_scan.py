@@ -18,7 +18,6 @@ query's infos (``rewrite.RewriteHook._report``) and in the plan's ``step_cache``
 from __future__ import annotations
 
 import threading
-import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
@@ -51,35 +50,9 @@ class ScanResult:
 
 
 def edge_density(sds: SDS) -> tuple[int, np.ndarray] | None:
-    """(first pane, samples per pane over the SDS's series) for the read cost model, or None."""
-    store = sds.store
-    if hasattr(store, "pane_totals"):
-        return store.pane_totals()
-    return _sketch_density(store)
-
-
-def _sketch_density(store: Any) -> tuple[int, np.ndarray] | None:
-    """Density of a sketch store without ``pane_totals``: from its (series, pane) -> sketch dict."""
-    panes = getattr(store, "panes", None)
-    if not isinstance(panes, dict) or not panes:
-        return None
-    # sketch stores: per (series, pane) item, recomputed only when panes were added (cost-model input,
-    # so counts that grew by late folds since are fine to be slightly stale)
-    key = (len(panes), getattr(store, "_newest_pane", 0))
-    hit = _SKETCH_DENSITY.get(store)
-    if hit is not None and hit[0] == key:
-        return hit[1]
-    with store.lock:
-        items = list(panes.items())
-    ks = np.fromiter((k for (_, k), _ in items), np.int64, len(items))
-    ns = np.fromiter((int(sk.n) for _, sk in items), np.int64, len(items))
-    k0 = int(ks.min())
-    tot = np.bincount(ks - k0, weights=ns).astype(np.int64)
-    _SKETCH_DENSITY[store] = (key, (k0, tot))
-    return k0, tot
-
-
-_SKETCH_DENSITY: "weakref.WeakKeyDictionary[Any, tuple]" = weakref.WeakKeyDictionary()  # retired stores go
+    """(first pane, samples per pane over the SDS's series) for the read cost model (every pane store
+    keeps these totals: ``PaneStore.pane_totals``)."""
+    return sds.store.pane_totals()
 
 
 def _read_raw(sds: SDS, source: RawSource, matchers: Sequence[Matcher], plan: WindowPlan,
@@ -223,11 +196,10 @@ def _size(e: _Entry) -> int:
 _CACHE_LOCK = threading.Lock()
 
 
-def step_cache(store: Any) -> StepCache | None:
-    """The store's step cache (exact stores only: they track the ``epoch`` the cache relies on)."""
-    if not hasattr(store, "epoch"):
-        return None
-    c = getattr(store, "step_cache", None)
+def step_cache(store: Any) -> StepCache:
+    """The exact store's step cache (created on first use), whose entries hold while its ``epoch``
+    stays (the exact scans are its only users)."""
+    c = store.step_cache
     if c is None:
         with _CACHE_LOCK:
             c = store.step_cache
@@ -251,8 +223,6 @@ def cached_mask(sds: SDS, matchers: Sequence[Matcher], func: str, ends: np.ndarr
     """Which of ``ends`` the step cache would answer now (for the rewrite's cost check)."""
     ends = np.asarray(ends, np.int64)
     cache = step_cache(sds.store)
-    if cache is None:
-        return np.zeros(len(ends), bool)
     cov_lo, _ = sds.coverage()
     e = cache.get((func, tuple(matchers), int(range_ms)), sds.store.epoch, cov_lo, len(sds.registry.labels))
     if e is None or not len(e.ends):
@@ -269,7 +239,7 @@ def fill_from_raw(sds: SDS, matchers: Sequence[Matcher], func: str, ends: np.nda
     its ``matchers`` selection (the cache holds rows per series)."""
     store = sds.store
     cache = step_cache(store)
-    if cache is None or getattr(val, "hist", None) is not None:
+    if getattr(val, "hist", None) is not None:
         return 0
     ends = np.asarray(ends, np.int64)
     cov_lo, cov_hi, epoch, nreg = armed
@@ -311,8 +281,6 @@ def scan_exact(sds: SDS, source: RawSource, matchers: Sequence[Matcher], func: s
     store = sds.store
     ends = np.asarray(ends, np.int64)
     cache = step_cache(store)
-    if cache is None:
-        return _scan_exact(sds, source, matchers, func, ends, range_ms, *sds.coverage())
     key = (func, tuple(matchers), int(range_ms))
     cov_lo, cov_hi, epoch, nreg = arm(sds)
     entry = cache.get(key, epoch, cov_lo, nreg)

@@ -15,7 +15,7 @@ import pytest
 from planner.rewrite import RewriteContext, RewriteHook
 from planner.sds import SDS, SDSSpec
 from planner.summarizer import Summarizer
-from planner.summary_scan import StepCache, _read_raw, _sketch_density, step_cache
+from planner.summary_scan import StepCache, _read_raw, step_cache
 from planner.window import coalesce_reads, plan_windows, samples_between
 from promql.engine import Engine
 from promql.query_opts import QueryOpts
@@ -327,17 +327,3 @@ def test_step_cache_is_bounded_lru():
     c.put(("f", 9), None, big, np.zeros((10, 4000)), np.ones((10, 4000), bool), sel, 0, 0, 10)
     assert list(c.d) == [("f", 9)]  # the newest entry stays even when alone over the budget
     assert c.get(("f", 9), 1, 0, 10) is None and c.nbytes == 0 and c.invalidations == 1  # epoch moved
-
-
-def test_sketch_store_density_matches_its_pane_totals():
-    from planner.kll_store import KLLPaneStore
-
-    st = KLLPaneStore(P, 200)
-    rng = np.random.default_rng(9)
-    sid = np.repeat(np.arange(3, dtype=np.int64), 400)
-    ts = np.tile(np.sort(rng.integers(0, 30 * P, 400)), 3).astype(np.int64)
-    st.ensure_series(3)
-    st.ingest_sorted(sid, ts, rng.normal(size=len(ts)))
-    k0, tot = _sketch_density(st)
-    k1, tot1 = st.pane_totals()
-    assert k0 == k1 and (tot == tot1).all() and tot.sum() == len(ts)

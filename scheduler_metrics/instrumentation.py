@@ -178,8 +178,8 @@ class WorkerMetrics(_Exporter):
     def add_kv_transfer(self, nbytes: int, direction: str, reason: str = "prefix_fetch") -> None:
         if direction not in ("in", "out"):
             raise ValueError(f"direction must be 'in' or 'out', got {direction!r}")
-        if reason not in ("prefix_fetch", "bucket_migration"):
-            raise ValueError(f"reason must be 'prefix_fetch' or 'bucket_migration', got {reason!r}")
+        if reason not in KV_TRANSFER_REASONS:
+            raise ValueError(f"reason must be one of {', '.join(KV_TRANSFER_REASONS)}, got {reason!r}")
         self._child("turboprom_worker_kv_transfer_bytes", direction=direction, reason=reason).inc(nbytes)
 
     def add_kv_writeback(self, nbytes: int, direction: str) -> None:
@@ -188,10 +188,17 @@ class WorkerMetrics(_Exporter):
         self._child("turboprom_worker_kv_writeback_bytes", direction=direction).inc(nbytes)
 
 
+# why KV moved: a prefix fetched by a remote executor, a holder change on a length-bucket move, or a
+# migration approved through KedgeFlow
+KV_TRANSFER_REASONS = ("prefix_fetch", "bucket_migration", "approved_migration")
+CONTROL_OUTCOMES = ("denied", "committed", "refused", "rejected_by_target", "uncertain", "failed", "error")
+
+
 class SchedulerMetrics(_Exporter):
     """A request router (Vesta, SMetric, baselines): where each request went and what it cost."""
 
-    FAMILY_NAMES = ("turboprom_scheduler_assignments", "turboprom_scheduler_congestion_penalty_seconds")
+    FAMILY_NAMES = ("turboprom_scheduler_assignments", "turboprom_scheduler_congestion_penalty_seconds",
+                    "turboprom_scheduler_control_actions")
 
     def __init__(self, scheduler: str, cluster: str = "default", instance: str | None = None,
                  registry: CollectorRegistry | None = None) -> None:
@@ -202,6 +209,12 @@ class SchedulerMetrics(_Exporter):
         self._child("turboprom_scheduler_assignments", scheduler=self.scheduler, holder=holder, executor=executor).inc()
         if penalty_s is not None:
             self._child("turboprom_scheduler_congestion_penalty_seconds", scheduler=self.scheduler).observe(penalty_s)
+
+    def control_action(self, verb: str, outcome: str) -> None:
+        """One action asked for through KedgeFlow and how it ended."""
+        if outcome not in CONTROL_OUTCOMES:
+            raise ValueError(f"outcome must be one of {', '.join(CONTROL_OUTCOMES)}, got {outcome!r}")
+        self._child("turboprom_scheduler_control_actions", scheduler=self.scheduler, verb=verb, outcome=outcome).inc()
 
 
 class FlowMetrics(_Exporter):

@@ -136,7 +136,8 @@ FAMILIES: tuple[MetricFamily, ...] = (
                  "Sessions this worker holds KV for, by context-length bucket.", "sessions",
                  labels=("length_bucket",), users=_V),
     MetricFamily("turboprom_worker_kv_transfer_bytes", "counter",
-                 "KV bytes moved between workers: direction=in|out, reason=prefix_fetch|bucket_migration.", "bytes",
+                 "KV bytes moved between workers: direction=in|out, reason=prefix_fetch|bucket_migration|approved_migration.",
+                 "bytes",
                  labels=("direction", "reason"), users=_V),
     MetricFamily("turboprom_worker_kv_writeback_bytes", "counter",
                  "New KV state written back to the session holder: direction=out on the executor, in on the holder.",
@@ -148,6 +149,10 @@ FAMILIES: tuple[MetricFamily, ...] = (
     MetricFamily("turboprom_scheduler_congestion_penalty_seconds", "histogram",
                  "Congestion penalty added to the chosen executor's score.", "seconds",
                  labels=("scheduler",), users=("vesta", "grafana"), buckets=OVERHEAD_BUCKETS),
+    MetricFamily("turboprom_scheduler_control_actions", "counter",
+                 "Actions the scheduler asked KedgeFlow for, by verb and outcome: denied (by policy), committed, refused, "
+                 "rejected_by_target, uncertain, failed, error (the request itself failed).", "actions",
+                 labels=("scheduler", "verb", "outcome"), users=("vesta", "grafana")),
     # --- AgentWeave: workflow scheduler ---------------------------------------------------------
     MetricFamily("turboprom_flow_queue_depth", "gauge", "Items waiting at a workflow module.", "items",
                  labels=("workflow", "module"), users=_AW),

@@ -35,6 +35,18 @@ def _get(url: str) -> dict:
     return out
 
 
+def _samples(exposition: bytes, name: str, by: str) -> dict[str, float]:
+    """Sample values of ``name`` in a text exposition, summed by one label."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(exposition.decode()):
+        for s in fam.samples:
+            if s.name == name:
+                out[s.labels[by]] = out.get(s.labels[by], 0.0) + s.value
+    return out
+
+
 def _audit_page_text(url: str, profile: Path) -> str:
     async def run() -> str:
         b = Browser(profile)
@@ -96,6 +108,14 @@ def test_demo_scheduler_migrates_kv_through_kedgeflow(tmp_path: Path) -> None:
             again = _post(srv.url + "/api/v1/kedgeflow/execute", {"action": first.action, "grant": first.grant})
             assert again["status"] == "refused" and "consumed" in again["reason"], again
             assert control.commits == len(committed)
+
+            # the fleet's exporters say the same: actions by outcome, and the migrated KV bytes at the receivers
+            actions_by = _samples(fleet.sched_metrics.exposition(), "turboprom_scheduler_control_actions_total", "outcome")
+            assert actions_by.get("committed") == len(committed), actions_by
+            assert sum(actions_by.values()) == len(reb.rounds()), (actions_by, reb.stats)
+            migrated = sum(_samples(w.exposition(), "turboprom_worker_kv_transfer_bytes_total", "reason").get("approved_migration", 0)
+                           for w in fleet.workers)
+            assert migrated == sum(res["moved_kv_bytes"] for _, res in results) > 0
 
             # an uncertain dispatch (the control endpoint gone) never restores the allowance
             fleet.control_server.close()  # type: ignore[union-attr]

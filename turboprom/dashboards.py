@@ -119,6 +119,9 @@ SCHEDULING = Dashboard("turboprom-scheduling", "LLM serving: scheduling telemetr
     Panel("KV moved", (Target(f'sum(rate(turboprom_worker_kv_transfer_bytes_total{FLEET}[$__rate_interval])) + '
                               f'sum(rate(turboprom_worker_kv_writeback_bytes_total{FLEET}[$__rate_interval]))', "bytes/s"),), "Bps"),
     Panel("Queue time p99", _quantiles("vllm:request_queue_time_seconds", (0.99,), by="instance"), "s"),
+    # what the scheduler asked KedgeFlow for (docs/kedgeflow.md, "In the demo"); the audit log holds each step
+    Panel("KedgeFlow actions by outcome", (Target(_rate("turboprom_scheduler_control_actions_total", "verb, outcome", CLUSTER),
+                                                  "{{verb}} {{outcome}}"),), "ops", stacked=True),
 ), FLEET_VARIABLES)
 
 TURBOPROM = Dashboard("turboprom-self", "TurboProm itself", (

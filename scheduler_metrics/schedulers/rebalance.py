@@ -62,7 +62,8 @@ class RebalanceStats:
 class KVRebalancer:
     def __init__(self, base_url: str, instance_names: list[str], held: HeldSessions, holder_version: Callable[[int], int], *,
                  cluster: str, model: str, period_s: float = 5.0, cooldown_s: float = 30.0, congested_price: float = 0.05,
-                 replay_probe: bool = True, headers: dict[str, str] | None = None, timeout_s: float = 15.0):
+                 replay_probe: bool = True, headers: dict[str, str] | None = None, timeout_s: float = 15.0,
+                 on_outcome: Callable[[str, str], None] | None = None):
         if period_s <= 0 or cooldown_s < 0 or congested_price <= 0:
             raise ValueError("period_s and congested_price must be positive, cooldown_s not negative")
         self.base = base_url.rstrip("/")
@@ -74,6 +75,7 @@ class KVRebalancer:
         self.replay_probe = replay_probe
         self.headers = dict(headers or {})
         self.timeout_s = timeout_s
+        self.on_outcome = on_outcome  # (verb, outcome) per proposal: denied | an execution status | error
         self.stats = RebalanceStats()
         self.history: list[RoundResult] = []  # rounds that proposed something, oldest first (bounded)
         self._moved_at: dict[int, float] = {}  # session -> when a migration of it was last proposed
@@ -170,6 +172,8 @@ class KVRebalancer:
             self.stats.errors += 1
             res.error = f"{type(e).__name__}: {e}"
             log.warning("KV migration round failed: %s", res.error)
+        if self.on_outcome is not None:
+            self.on_outcome(MIGRATE, "error" if res.error else res.outcome["status"] if res.outcome else "denied")
         with self._lock:
             self.history.append(res)
             del self.history[:-100]

@@ -53,6 +53,7 @@ class InstanceState:
     requests_done: float = 0.0
     kv_transfer_bytes: float = 0.0
     kv_writeback_bytes: float = 0.0
+    kv_migrated_bytes: float = 0.0  # of kv_transfer_bytes: received by approved migrations (``migrate_kv``)
     backlog_tokens: float = 0.0  # prefill tokens enqueued and not yet computed
     gpu_kv_tokens: float = 0.0  # KV of the running decode batch (what vLLM's kv_cache_usage_perc measures)
     waiting: int = 0  # prefill jobs not yet started
@@ -267,7 +268,9 @@ class ClusterSim:
         self._cache_put(dst, session, tokens)
         self._kv_ready[(dst, session)] = ready
         self._cache_drop(src, session)
-        self.inst[dst].kv_transfer_bytes += tokens * self.c.model.kv_bytes_per_token
+        nbytes = tokens * self.c.model.kv_bytes_per_token
+        self.inst[dst].kv_transfer_bytes += nbytes
+        self.inst[dst].kv_migrated_bytes += nbytes
         return tokens
 
     def kv_usage(self) -> np.ndarray:

@@ -94,7 +94,7 @@ class FleetSignals(LiveSignals):
         self.workers = workers
         self.kv_publishers = kv_publishers or []
         self.migrations, self.vesta = migrations, vesta
-        self._last = np.zeros((len(workers), 5))
+        self._last = np.zeros((len(workers), 6))
         self.held: list[list[tuple[int, int]]] = [[] for _ in workers]  # per instance: largest held session KVs
 
     def observe(self, now: float, cl: ClusterSim) -> None:
@@ -111,7 +111,8 @@ class FleetSignals(LiveSignals):
             w.set_kv_usage(min(1.0, max(0.0, s.gpu_kv_tokens / cap)))
             w.set_prefill_backlog(s.backlog_tokens)
             w.set_prefill_capacity(cl.c.model.prefill_tokens_per_s)
-            cur = np.array([s.prompt_tokens, s.prefill_computed, s.generation_tokens, s.kv_transfer_bytes, s.kv_writeback_bytes])
+            cur = np.array([s.prompt_tokens, s.prefill_computed, s.generation_tokens, s.kv_transfer_bytes - s.kv_migrated_bytes,
+                            s.kv_writeback_bytes, s.kv_migrated_bytes])
             d = np.maximum(cur - self._last[i], 0.0)
             prompt, computed = int(d[0]), int(min(d[1], d[0]))
             if prompt:
@@ -122,6 +123,8 @@ class FleetSignals(LiveSignals):
                 w.add_kv_transfer(int(d[3]), "in")
             if d[4]:
                 w.add_kv_writeback(int(d[4]), "out")
+            if d[5]:
+                w.add_kv_transfer(int(d[5]), "in", "approved_migration")
             self._last[i] = cur
             # The simulated engine admits past its KV capacity where vLLM would preempt: count it as vLLM does.
             if s.gpu_kv_tokens > cap:
@@ -165,7 +168,7 @@ class DemoFleet:
             self.rebalancer = KVRebalancer(base_url, [instance_name(i) for i in range(instances)], self.held_sessions,
                                            lambda session: self.control.holder(session)[1],  # type: ignore[union-attr]
                                            cluster=cluster, model=self.model, period_s=rebalance_period_s,
-                                           cooldown_s=rebalance_cooldown_s)
+                                           cooldown_s=rebalance_cooldown_s, on_outcome=self.sched_metrics.control_action)
 
     @property
     def targets(self) -> list[str]:

@@ -11,7 +11,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler_metrics.schedulers.agentweave import chunked_topk, topk
+from scheduler_metrics.schedulers.agentweave import chunked_topk, fold_topk, topk
 from scheduler_metrics.schedulers.vesta import VestaScheduler
 from scheduler_metrics.sim.cluster import ClusterSim
 from scheduler_metrics.sim.live import run_live
@@ -135,6 +135,12 @@ def test_chunked_rerank_equals_unchunked(scores: list[float], k: int, chunk: int
     a_ids, a_s = topk(ids, s, k)
     b_ids, b_s = chunked_topk(ids, s, k, chunk)
     assert np.array_equal(a_ids, b_ids) and np.array_equal(a_s, b_s)
+    # chunks folded in any completion order give the same top-k
+    pieces = [(ids[i:i + chunk], s[i:i + chunk]) for i in range(0, len(ids), chunk)]
+    state = (ids[:0], s[:0])
+    for p in reversed(pieces):
+        state = fold_topk(state, p, k)
+    assert np.array_equal(a_ids, state[0]) and np.array_equal(a_s, state[1])
 
 
 def test_replay_cli_writes_csv_and_plot(tmp_path: Path) -> None:

@@ -16,7 +16,8 @@ Policies (``POLICIES``), all fed the same arrivals, request shapes, stage models
 * ``autellix``: program-level least attained service over whole calls/stages (parallel branches,
   barriers), PLAS priority in every queue and preemption in the LLM engine.
 * ``agentweave``: the graph pipelined, chunk size per round from the queue state and the profiles
-  (``ChunkPolicy``), supplement dependencies (a running top-k) instead of a merge step, FIFO.
+  (``ChunkPolicy``), supplement dependencies (each finished chunk folds into a running top-k) instead
+  of a merge step, FIFO.
 
 The queue state AgentWeave reads comes from a ``FlowSignals`` source refreshed every signal period:
 in process (a snapshot of the simulator's queues) or live (sim/live.py: pushed to a running
@@ -72,6 +73,7 @@ class Unit:
     in_flight: int = 0
     complete: bool = False
     merging: bool = False
+    folds: int = 0
     seq: Seq | None = None
     first_start_s: float = -1.0
     end_s: float = -1.0
@@ -186,6 +188,7 @@ class WorkflowSim:
         self.overlap_s = 0.0
         self.reqs = [self._make_request(i, float(a), s) for i, (a, s) in enumerate(zip(arrivals, shapes))]
         self.active: list[FlowRequest] = []
+        self.gpu_ready: dict[Unit, None] = {}  # GPU-stage units with items not yet started (insertion-ordered)
         self.done = 0
         self.trace: list[tuple[float, str, int, str, int]] = []  # (time, event, request, stage, items), when enabled
         self.record = False
@@ -250,6 +253,7 @@ class WorkflowSim:
                 heapq.heappush(self.cpu_queue, (self._order(u) + (next(self.tick),), u, model))
             self._drain_cpu()
         else:
+            self.gpu_ready[u] = None
             self._wake_all()
 
     def _check_complete(self, u: Unit) -> None:
@@ -290,24 +294,17 @@ class WorkflowSim:
     def queue_depths(self) -> dict[str, float]:
         """Items waiting per GPU stage model, and prefill tokens waiting at the LLM engines ("llm")."""
         d: dict[str, float] = {m: 0.0 for m in self.prof.stages}
-        for r in self.active:
-            for u in r.units:
-                if u.stage.kind == "gpu" and not u.complete:
-                    d[u.stage.model] += u.avail - u.started
+        for u in self.gpu_ready:
+            d[u.stage.model] += u.avail - u.started
         d["llm"] = float(sum(s.prefill_target - s.prefilled for e in self.engines for s in (*e.waiting, *e.running)))
         return d
 
     def _module_batch(self, g: int) -> tuple[float, list[tuple[Unit, int]]] | None:
         cands = []
-        for r in self.active:
-            for u in r.units:
-                if u.stage.kind != "gpu" or u.complete or u.avail <= u.started:
-                    continue
-                if self.p.chunking == "none" and (u.started or u.avail < u.n):
-                    continue
-                if self.p.supplement and u.stage.supplement and u.in_flight:
-                    continue  # a supplement chain: the next chunk needs the running state
-                cands.append(u)
+        for u in self.gpu_ready:
+            if self.p.chunking == "none" and (u.started or u.avail < u.n):
+                continue
+            cands.append(u)
         if not cands:
             return None
         cands.sort(key=self._order)
@@ -326,7 +323,8 @@ class WorkflowSim:
             if e.has_work():  # the engine iteration that runs between two rounds on this GPU
                 pending = sum(s.prefill_target - s.prefilled for s in (*e.waiting, *e.running))
                 gap = self.prof.llm_decode.time(len(e.running)) + min(pending, e.token_budget) * self.prof.llm_prefill_s_per_token
-            chunk = self.cp.choose(prof, ready, pressure, gap_s=gap, stalled=len(e.running))
+            idle = sum(self.gpu_idle[i] for i in range(self.aux_gpus or self.gpus) if i != g)
+            chunk = self.cp.choose(prof, ready, pressure, gap_s=gap, stalled=len(e.running), idle_gpus=idle)
         batch: list[tuple[Unit, int]] = []
         items = 0
         for u in cands:
@@ -343,6 +341,8 @@ class WorkflowSim:
         for u, n in batch:
             u.started += n
             u.in_flight += n
+            if u.started >= u.avail:
+                del self.gpu_ready[u]
             if u.first_start_s < 0:
                 u.first_start_s = self.now
             self._mark(u, "start", n)
@@ -407,6 +407,8 @@ class WorkflowSim:
             for u, n in work:
                 u.done += n
                 u.in_flight -= n
+                if self.p.supplement and u.stage.supplement:
+                    u.folds += 1  # the chunk's top-k folded into the running state (cost in the batch time)
                 self._mark(u, "finish", n)
                 touched.add(u.req)
         for r in touched:
@@ -505,20 +507,43 @@ def simulate(workflow: str, policy: str, rate: float, n: int = 300, seed: int = 
 
 
 def max_rate_under_slo(workflow: str, policy: str, target_p90_s: float, seed: int, *, n: int = 300, gpus: int = 8,
-                       lo: float = 0.25, hi: float = 64.0, steps: int = 7, **kw) -> tuple[float, FlowResult | None]:
-    """Largest arrival rate (bisection in log space) whose steady-state p90 end-to-end latency stays
-    within ``target_p90_s``; returns (rate, the run at that rate)."""
-    best: tuple[float, FlowResult | None] = (0.0, None)
-    a, b = np.log(lo), np.log(hi)
-    r = simulate(workflow, policy, lo, n, seed, gpus=gpus, **kw)
-    if r.p90_s > target_p90_s:
-        return best
-    best = (lo, r)
-    for _ in range(steps):
-        mid = float(np.exp((a + b) / 2))
-        r = simulate(workflow, policy, mid, n, seed, gpus=gpus, **kw)
-        if r.p90_s <= target_p90_s:
-            best, a = (mid, r), np.log(mid)
+                       start: float = 1.0, lo: float = 0.05, hi: float = 64.0, refine: int = 6,
+                       **kw) -> tuple[float, FlowResult | None]:
+    """Largest Poisson arrival rate whose steady-state p90 end-to-end latency stays within
+    ``target_p90_s``: double or halve from ``start`` until the target is bracketed (within
+    [lo, hi]), then ``refine`` bisections in log space (resolution 2^(1/2^refine)). Returns
+    (rate, the run at that rate); (0, None) when even ``lo`` misses the target."""
+    def ok(rate: float) -> tuple[bool, FlowResult]:
+        r = simulate(workflow, policy, rate, n, seed, gpus=gpus, **kw)
+        return r.p90_s <= target_p90_s, r
+
+    rate = start
+    passed, run = ok(rate)
+    if passed:
+        good, good_run, bad = rate, run, None
+        while bad is None and good * 2 <= hi:
+            passed, run = ok(good * 2)
+            if passed:
+                good, good_run = good * 2, run
+            else:
+                bad = good * 2
+        if bad is None:
+            return good, good_run
+    else:
+        bad, good, good_run = rate, None, None
+        while good is None and bad / 2 >= lo:
+            passed, run = ok(bad / 2)
+            if passed:
+                good, good_run = bad / 2, run
+            else:
+                bad = bad / 2
+        if good is None:
+            return 0.0, None
+    for _ in range(refine):
+        mid = float(np.sqrt(good * bad))
+        passed, run = ok(mid)
+        if passed:
+            good, good_run = mid, run
         else:
-            b = np.log(mid)
-    return best
+            bad = mid
+    return good, good_run

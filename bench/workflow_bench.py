@@ -43,8 +43,8 @@ GPUS = 8
 UNLOADED_RATE = 0.1
 VARIANTS = {  # name: (slo factor, aux GPUs)
     "default": (3.0, 0),
-    "target 5x": (5.0, 0),
     "2 dedicated aux GPUs": (3.0, 2),
+    "target 5x": (5.0, 0),
 }
 LIVE_RATES = (1.0, 3.0)
 LIVE_N = 120
@@ -188,8 +188,10 @@ def main() -> None:
                     for seed in SEEDS[:a.seeds]:
                         for p in POLICIES:
                             jobs.append((app, p, seed, v, factor * base))
-            slo = list(ex.map(_slo, jobs))
-        _write(out / "slo.csv", slo)
+            slo = []
+            for row in ex.map(_slo, jobs):  # written as they come, so an interrupted run keeps its rows
+                slo.append(row)
+                _write(out / "slo.csv", slo)
         if a.live:
             _write(out / "live.csv", run_live(out, a.speed))
     live = _read(out / "live.csv") if (out / "live.csv").exists() else []

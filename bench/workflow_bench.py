@@ -132,11 +132,11 @@ def summarize(unloaded: list[dict], slo: list[dict], live: list[dict]) -> str:
             continue
         md.append(f"\n### Max req/s with p90 <= target ({variant})\n")
         md.append("| workflow | target p90 s | " + " | ".join(f"{p} req/s" for p in POLICIES) +
-                  " | AgentWeave / whole | AgentWeave / Ayo | AgentWeave / Autellix |")
-        md.append("| --- | --- | " + " | ".join("---" for _ in POLICIES) + " | --- | --- | --- |")
+                  " | AgentWeave / whole | AgentWeave / Ayo | AgentWeave / Autellix | seeds |")
+        md.append("| --- | --- | " + " | ".join("---" for _ in POLICIES) + " | --- | --- | --- | --- |")
         for app in APPS:
             by = {(r["policy"], r["seed"]): r["max_rate_rps"] for r in rows if r["workflow"] == app}
-            seeds = sorted({s for _, s in by})
+            seeds = sorted(s for s in {s for _, s in by} if all((p, s) in by for p in POLICIES))  # complete seeds only
             if not seeds:
                 continue
             target = next(r["target_p90_s"] for r in rows if r["workflow"] == app)
@@ -146,7 +146,7 @@ def summarize(unloaded: list[dict], slo: list[dict], live: list[dict]) -> str:
                 x = [by[("agentweave", s)] / by[(base, s)] for s in seeds if by[(base, s)] > 0]
                 mean, half = ci95(x)
                 ratios.append(f"{mean:.2f}x ± {half:.2f}" if x else "n/a")
-            md.append(f"| {app} | {target:.2f} | " + " | ".join(cells) + " | " + " | ".join(ratios) + " |")
+            md.append(f"| {app} | {target:.2f} | " + " | ".join(cells) + " | " + " | ".join(ratios) + f" | {len(seeds)} |")
     if live:
         md.append("\n### Live mode next to in-process (RAG, seed 1, queue state through a real server)\n")
         md.append("| policy | rate | in-process mean s | live mean s | in-process p90 | live p90 | mean chunk in-process / live | pushes / queries | mismatches | query p50 / p99 ms |")
@@ -167,11 +167,14 @@ def main() -> None:
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma list of " + ", ".join(VARIANTS))
     ap.add_argument("--seeds", type=int, default=len(SEEDS))
     ap.add_argument("--summary-only", action="store_true")
+    ap.add_argument("--live-only", action="store_true", help="run only the live-mode sweep (replaces live.csv)")
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    if not a.summary_only:
+    if a.live_only:
+        _write(out / "live.csv", run_live(out, a.speed))
+    elif not a.summary_only:
         variants = [v for v in a.variants.split(",") if v]
         unknown = set(variants) - set(VARIANTS)
         if unknown:
@@ -195,6 +198,9 @@ def main() -> None:
         if a.live:
             _write(out / "live.csv", run_live(out, a.speed))
     live = _read(out / "live.csv") if (out / "live.csv").exists() else []
+    if not (out / "slo.csv").exists():
+        print(f"{out / 'slo.csv'} not there yet: no summary ({time.time() - t0:.0f}s)")
+        return
     (out / "summary.md").write_text(summarize(_read(out / "unloaded.csv"), _read(out / "slo.csv"), live))
     print((out / "summary.md").read_text())
     print(f"total {time.time() - t0:.0f}s")

@@ -1,1 +1,1 @@
-"""PromQL evaluator over the AST of the ``promql-parser`` package, vectorized with numpy."""
+"""PromQL evaluator over the AST of TurboProm's own parser (promql/parser/), vectorized with numpy."""

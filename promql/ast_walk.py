@@ -3,13 +3,13 @@
 The one place that knows which fields of the parser's node types hold sub-expressions, so code that
 looks for selectors, literals or function calls anywhere in a query (the printer, the query guard,
 info(), the conformance classifier, the planner, the API) does not enumerate children itself.
-The walk is iterative: deeply nested queries do not hit Python's recursion limit.
+Duration expressions (ranges, steps, offsets) are not sub-expressions here. The walk is iterative: deeply nested queries do not hit Python's recursion limit.
 """
 from __future__ import annotations
 
 from typing import Any, Iterator
 
-import promql_parser as pp
+from promql import parser as pp
 
 
 def children(node: Any) -> list[Any]:
@@ -21,7 +21,7 @@ def children(node: Any) -> list[Any]:
     if isinstance(node, pp.Call):
         return list(node.args)
     if isinstance(node, pp.AggregateExpr):
-        return ([node.param] if node.param is not None else []) + [node.expr]
+        return ([node.param] if node.param is not None else []) + ([node.expr] if node.expr is not None else [])
     if isinstance(node, pp.BinaryExpr):
         return [node.lhs, node.rhs]
     return []

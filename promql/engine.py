@@ -26,7 +26,7 @@ import time
 from typing import Any
 
 import numpy as np
-import promql_parser as pp
+from promql import parser as pp
 
 from promql import query_guard
 from promql.errors import BadData, ExecutionError, PromQLError, TooManySamples
@@ -35,6 +35,7 @@ from promql.eval_histogram import has_hist, histogram_points, refuse_result, str
 from promql.eval_labels import SAME_LABELSET, apply_name_drop, drop_metric_name, merge_same_labels
 from promql.eval_positions import locate_all
 from promql.evaluator import Evaluator
+from promql.parser.durations import resolve as resolve_durations
 from promql.query_guard import DEFAULT_MAX_DEPTH
 from promql.query_opts import NO_OPTS, QueryOpts
 from promql.source import SampleSource
@@ -93,22 +94,12 @@ def _result_points(res: QueryResult) -> int:
 
 
 def parse(query: str, max_depth: int = DEFAULT_MAX_DEPTH) -> Any:
-    """Parse a PromQL expression with promql-parser; errors become BadData.
+    """Parse a PromQL expression (promql/parser/); errors are BadData with Prometheus's text
+    (``line:col: parse error: ...``).
 
-    The text is scanned first (promql/query_guard.py): expressions deeper than ``max_depth`` and
-    out-of-range durations or ``@`` times are refused before the binding sees them."""
-    if not query or not query.strip():
-        raise BadData("parse error: no expression found in input")
-    try:
-        return query_guard.parse(query, max_depth)
-    except BadData:
-        raise
-    except ValueError as e:
-        raise BadData(f"parse error: {e}") from e
-    except BaseException as e:  # the Rust binding can panic on odd input
-        if isinstance(e, (KeyboardInterrupt, SystemExit)):
-            raise
-        raise BadData(f"parse error: {e}") from e
+    The text is scanned first (promql/query_guard.py): expressions deeper than ``max_depth`` are
+    refused before they are parsed."""
+    return query_guard.parse(query, max_depth)
 
 
 def expr_type(node: Any) -> str:
@@ -193,6 +184,7 @@ class Engine:
         cpu0 = time.thread_time()
         lookback_delta_ms, timeout_s, max_samples = opts.lookback_delta_ms, opts.timeout_s, opts.max_samples
         cancel, node_hooks, max_memory_bytes = opts.cancel, opts.node_hooks, opts.max_memory_bytes
+        resolve_durations(expr, step, end - start)  # [5m+step()], offset -(1h): values for this query
         tmo = self.timeout_s if timeout_s is None else float(timeout_s)
         lookback = self.lookback_delta_ms if not lookback_delta_ms or lookback_delta_ms <= 0 else int(lookback_delta_ms)
         stats = QueryStats()

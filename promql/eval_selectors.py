@@ -12,15 +12,13 @@ Effective time per step = (``@`` time if given, else the step time) - ``offset``
 """
 from __future__ import annotations
 
-import datetime as _dt
-import re
-from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 import numpy as np
 
 from promql.errors import BadData, TooManySamples
 from promql.eval_context import EvalContext
+from promql.parser import AtModifierType
 from promql.eval_histogram import align, select_histograms, vector_plane, window_plane
 from promql.types import HistogramSet, RangeWindows, VectorSteps
 from storage.labels import METRIC_NAME
@@ -29,7 +27,6 @@ from storage.series_set import SeriesSet
 from storage.stale import is_stale
 
 _OPS = {"Equal": "=", "NotEqual": "!=", "Re": "=~", "NotRe": "!~"}
-_EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
 
 
 def duration_ms(td: Any) -> int:
@@ -39,50 +36,17 @@ def duration_ms(td: Any) -> int:
     return (td.days * 86_400_000) + (td.seconds * 1000) + (td.microseconds // 1000)
 
 
-_PANIC_DURATION = re.compile(r"SystemTimeError\((\d+(?:\.\d+)?)(s|ms|µs|us|ns)\)")
-_UNIT_MS = {"s": Decimal(1000), "ms": Decimal(1), "µs": Decimal("0.001"), "us": Decimal("0.001"), "ns": Decimal("0.000001")}
-
-
-def _round_ms(ms: Decimal) -> int:
-    """Go's math.Round (half away from zero), as Prometheus's timestamp.FromFloatSeconds."""
-    return int(ms.to_integral_value(rounding=ROUND_HALF_UP))
-
-
-def before_epoch_ms(err: BaseException) -> int | None:
-    """The ``@`` time of a timestamp before 1970, recovered from the parser binding's panic.
-
-    promql-parser stores ``@`` as a Rust SystemTime and its Python getter panics for times
-    before the epoch ("SystemTimeError(100.25s)": Rust's Debug form of the distance to the
-    epoch, exact to the nanosecond); that distance is the negative timestamp. Hand-written: the
-    binding exposes no other accessor (its ``str()`` prints such times as ``@ 0.000``)."""
-    m = _PANIC_DURATION.search(str(err))
-    if not m:
-        return None
-    return -_round_ms(Decimal(m.group(1)) * _UNIT_MS[m.group(2)])
-
-
 def at_ms(node: Any, ctx: EvalContext) -> int | None:
-    """The node's ``@`` time in ms, or None. ``start()``/``end()`` are the query's bounds."""
+    """The node's ``@`` time in ms (may be before 1970), or None. ``start()``/``end()`` are the
+    query's bounds."""
     at = node.at
     if at is None:
         return None
-    kind = str(at.type).rsplit(".", 1)[-1]
-    if kind == "Start":
+    if at.type == AtModifierType.Start:
         return ctx.query_start_ms
-    if kind == "End":
+    if at.type == AtModifierType.End:
         return ctx.query_end_ms
-    try:
-        when = at.at
-    except BaseException as e:  # the parser binding panics on timestamps before 1970
-        if isinstance(e, (KeyboardInterrupt, SystemExit)):
-            raise
-        ms = before_epoch_ms(e)
-        if ms is None:
-            raise BadData(f"unsupported @ timestamp: {e}") from e
-        return ms
-    delta = when - _EPOCH
-    us = (delta.days * 86_400_000_000) + (delta.seconds * 1_000_000) + delta.microseconds
-    return _round_ms(Decimal(us) / 1000)
+    return at.ms
 
 
 def effective_times(node: Any, ctx: EvalContext) -> np.ndarray:

@@ -21,7 +21,7 @@ import dataclasses
 from typing import Any
 
 import numpy as np
-import promql_parser as pp
+from promql import parser as pp
 
 from promql.errors import BadData, ExecutionError
 from promql.eval_aggregate import aggregate
@@ -233,6 +233,8 @@ class Evaluator:
             return StringValue(node.val)
         if isinstance(node, pp.UnaryExpr):
             v = self.eval(node.expr, ctx)
+            if str(node.op) == "+":
+                return v
             if isinstance(v, Scalar):
                 return Scalar(-v.values)
             if isinstance(v, VectorSteps):
@@ -286,6 +288,9 @@ class Evaluator:
             raise ExecutionError(f"function {name!r} is not implemented")
         args: list[Value] = []
         for a in node.args:
+            if isinstance(a, pp.VectorSelector) and a.bypass_empty_matcher_check:
+                args.append(VectorSteps.empty(ctx.num_steps))  # info()'s label selector: read by info() itself
+                continue
             args.append(self.eval(a, ctx, streamed=_unparen(a).__class__ is pp.MatrixSelector))
         if not any(isinstance(a, RangeWindows) for a in args):  # step by step over instant vectors
             self._operands[id(node)] = [a for a in args if isinstance(a, (VectorSteps, Scalar))]

@@ -1,9 +1,7 @@
 """Go/PromQL string literals decoded to the bytes they denote.
 
-promql-parser hands back string values as Python str, losing the difference between a ``\\xff``
-escape (one raw byte, as in Go) and the code point U+00FF. Where that difference matters (label
-value validation, printing a query back byte-for-byte), the literal is decoded from the query text
-here. Hand-written because no library decodes Go string-literal escapes to raw bytes.
+A ``\\xff`` escape is one raw byte in Go, not the code point U+00FF. Where that difference matters
+(label name validation against the query text), the literal is decoded from the text here. Hand-written because no library decodes Go string-literal escapes to raw bytes.
 """
 from __future__ import annotations
 

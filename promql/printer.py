@@ -1,10 +1,9 @@
-"""PromQL printer: ``to_promql(expr)`` renders a ``promql_parser`` AST the way Prometheus's
-``expr.String()`` does (promql/parser/printer.go), so that print(parse(q)) re-parses to the same
-tree and prints identically.
+"""PromQL printer: ``to_promql(expr)`` renders a syntax tree (promql/parser/ast.py) the way
+Prometheus's ``expr.String()`` does (promql/parser/printer.go), so that print(parse(q)) re-parses to
+the same tree and prints identically.
 
-Hand-written because ``str()`` of ``promql_parser`` nodes is not faithful (it prints ``foo{}`` for a
-bare name, ``inf`` for ``+Inf``, unescaped strings, and subqueries without the ``:``), and no other
-Python library prints PromQL.
+Hand-written: the printer belongs to TurboProm's own parser, and no other Python library prints
+PromQL.
 
 ``inject_at_ms``: attach ``@ <t>`` to every vector selector, matrix selector and subquery that has
 no ``@`` yet, but not inside a subquery (the conformance runner's step-invariance re-run, FORMAT.md
@@ -15,14 +14,10 @@ from __future__ import annotations
 import datetime as _dt
 import math
 import re
-import threading
 from decimal import Decimal
 from typing import Any
 
-import promql_parser as pp
-
-from promql.ast_walk import walk
-from promql.go_strings import decode_go_literal
+from promql import parser as pp
 
 _LEGACY_LABEL = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _LEGACY_METRIC = re.compile(r"^[A-Za-z_:][A-Za-z0-9_:]*$")
@@ -117,35 +112,31 @@ def go_quote(s: str) -> str:
     return "".join(out)
 
 
-def _label_name(name: str) -> str:
+def label_name(name: str) -> str:
+    """A label name as PromQL writes it: bare when legacy-valid, quoted otherwise."""
     return name if _LEGACY_LABEL.match(name) else go_quote(name)
 
 
-def _match_op(op: Any) -> str:
-    return _MATCH_OPS[str(op).rsplit(".", 1)[-1]]
+_label_name = label_name
 
 
 def _matcher(m: Any) -> str:
-    return f"{_label_name(m.name)}{_match_op(m.op)}{go_quote(m.value)}"
-
-
-def _at_ms(at: Any) -> int:
-    d = at.at
-    return round(d.timestamp() * 1000) if isinstance(d, _dt.datetime) else int(d)
+    return f"{label_name(m.name)}{m.op.value}{go_quote(m.value)}"
 
 
 def _at_str(at: Any) -> str:
     if at is None:
         return ""
-    kind = str(at.type).rsplit(".", 1)[-1]
-    if kind == "Start":
+    if at.type == pp.AtModifierType.Start:
         return " @ start()"
-    if kind == "End":
+    if at.type == pp.AtModifierType.End:
         return " @ end()"
-    return f" @ {_at_ms(at) / 1000.0:.3f}"
+    return f" @ {at.ms / 1000.0:.3f}"
 
 
-def _offset_str(offset: _dt.timedelta | None) -> str:
+def _offset_str(offset: _dt.timedelta | None, expr: Any = None) -> str:
+    if expr is not None:
+        return " offset " + _duration(expr)
     ms = timedelta_ms(offset)
     if ms > 0:
         return " offset " + format_duration_ms(ms)
@@ -165,9 +156,6 @@ def _injected_at(node: Any, inject_at_ms: int | None) -> str:
 def _selector_core(vs: Any) -> str:
     name = vs.name or ""
     parts = [_matcher(m) for m in vs.matchers.matchers]
-    if vs.matchers.or_matchers:  # promql_parser extension (not in Prometheus): keep it printable
-        groups = [",".join(sorted(_matcher(m) for m in g)) for g in vs.matchers.or_matchers]
-        return f"{name}{{{' or '.join(groups)}}}"
     if name and not _LEGACY_METRIC.match(name):
         parts.append(f"__name__={go_quote(name)}")
         name = ""
@@ -177,63 +165,49 @@ def _selector_core(vs: Any) -> str:
     return out
 
 
+def _extended(vs: Any) -> str:
+    if vs.anchored:
+        return " anchored"
+    if vs.smoothed:
+        return " smoothed"
+    return ""
+
+
 def _labels_list(labels: Any) -> str:
-    return ", ".join(_label_name(l) for l in (labels or []))
+    return ", ".join(label_name(l) for l in (labels or []))
 
 
-def to_promql(expr: Any, inject_at_ms: int | None = None, source: str | None = None) -> str:
-    """Render a promql_parser expression like Prometheus's ``String()``.
-
-    ``source`` (the query text ``expr`` was parsed from) lets string literals keep bytes that are
-    not valid UTF-8: promql-parser decodes ``"\\xff"`` to U+00FF, Go keeps the byte 0xff and prints
-    it back as ``\\xff``."""
-    raw = _raw_string_literals(source) if source else None
-    if raw is not None and len(raw) != sum(1 for n in walk(expr) if isinstance(n, pp.StringLiteral)):
-        raw = None
-    _RAW.stack.append(iter(raw) if raw is not None else None)
-    try:
-        return _p(expr, inject_at_ms)
-    finally:
-        _RAW.stack.pop()
+def _number(n: Any) -> str:
+    if n.duration:
+        ms = int(round(n.val * 1000))
+        return "-" + format_duration_ms(-ms) if ms < 0 else format_duration_ms(ms)
+    return format_float(n.val)
 
 
-class _RawState(threading.local):
-    def __init__(self) -> None:
-        self.stack: list = []
+def _duration(d: Any) -> str:
+    """A range, step or offset written as a duration expression (Prometheus's DurationExpr.String)."""
+    if isinstance(d, pp.NumberLiteral):
+        return _number(d)
+    op = d.op
+    if op in ("step", "range"):
+        out = op + "()"
+    elif op in ("min_of", "max_of"):
+        out = f"{op}({_duration(d.lhs)}, {_duration(d.rhs)})"
+    elif d.lhs is None:
+        out = ("-" if op == "-" else "") + _duration(d.rhs)
+    else:
+        out = f"{_duration(d.lhs)} {op} {_duration(d.rhs)}"
+    return f"({out})" if d.wrapped else out
 
 
-_RAW = _RawState()
+def _range_str(value: _dt.timedelta | None, expr: Any) -> str:
+    return _duration(expr) if expr is not None else format_duration_ms(timedelta_ms(value))
 
 
-def _raw_string_literals(text: str) -> list[str] | None:
-    """String literals outside label matchers, in text order, decoded to bytes the way Go does and
-    returned as str with invalid UTF-8 bytes surrogate-escaped. None if the text cannot be scanned."""
-    out: list[str] = []
-    depth = 0
-    i, n = 0, len(text)
-    try:
-        while i < n:
-            ch = text[i]
-            if ch == "{":
-                depth += 1
-            elif ch == "}":
-                depth -= 1
-            elif ch == "#":  # comment to end of line
-                j = text.find("\n", i)
-                i = n if j < 0 else j
-                continue
-            elif ch in "\"'`":
-                lit = decode_go_literal(text, i)
-                if lit is None:
-                    return None
-                if depth == 0:
-                    out.append(lit[0].decode("utf-8", "surrogateescape"))
-                i = lit[1]
-                continue
-            i += 1
-    except (IndexError, ValueError):
-        return None
-    return out
+def to_promql(expr: Any, inject_at_ms: int | None = None) -> str:
+    """Render an expression like Prometheus's ``String()`` (string literals keep their bytes:
+    invalid UTF-8 prints as ``\\xNN``)."""
+    return _p(expr, inject_at_ms)
 
 
 def format_query(query: str) -> str:
@@ -243,25 +217,29 @@ def format_query(query: str) -> str:
 
 def _p(e: Any, at: int | None) -> str:
     if isinstance(e, pp.VectorSelector):
-        return _selector_core(e) + _injected_at(e, at) + _offset_str(e.offset)
+        return _selector_core(e) + _injected_at(e, at) + _extended(e) + _offset_str(e.offset, e.offset_expr)
     if isinstance(e, pp.MatrixSelector):
         vs = e.vector_selector
-        return f"{_selector_core(vs)}[{format_duration_ms(timedelta_ms(e.range))}]{_injected_at(vs, at)}{_offset_str(vs.offset)}"
+        return (f"{_selector_core(vs)}[{_range_str(e.range, e.range_expr)}]{_extended(vs)}{_injected_at(vs, at)}"
+                f"{_offset_str(vs.offset, vs.offset_expr)}")
     if isinstance(e, pp.SubqueryExpr):
         at_s = _injected_at(e, at)
-        step = format_duration_ms(timedelta_ms(e.step)) if e.step is not None and timedelta_ms(e.step) != 0 else ""
+        if e.step is not None and timedelta_ms(e.step) != 0:
+            step = format_duration_ms(timedelta_ms(e.step))
+        elif e.step_expr is not None:
+            step = _duration(e.step_expr)
+        else:
+            step = ""
         # children of a subquery never get an injected @ (the subquery carries it)
-        return f"{_p(e.expr, None)}[{format_duration_ms(timedelta_ms(e.range))}:{step}]{at_s}{_offset_str(e.offset)}"
+        return f"{_p(e.expr, None)}[{_range_str(e.range, e.range_expr)}:{step}]{at_s}{_offset_str(e.offset, e.offset_expr)}"
     if isinstance(e, pp.NumberLiteral):
-        return format_float(e.val)
+        return _number(e)
     if isinstance(e, pp.StringLiteral):
-        it = _RAW.stack[-1] if _RAW.stack else None
-        val = next(it, e.val) if it is not None else e.val
-        return go_quote(val)
+        return go_quote(e.val)
     if isinstance(e, pp.ParenExpr):
         return "(" + _p(e.expr, at) + ")"
     if isinstance(e, pp.UnaryExpr):
-        return "-" + _p(e.expr, at)
+        return str(e.op) + _p(e.expr, at)
     if isinstance(e, pp.Call):
         return e.func.name + "(" + ", ".join(_p(a, at) for a in e.args) + ")"
     if isinstance(e, pp.AggregateExpr):
@@ -269,8 +247,7 @@ def _p(e: Any, at: int | None) -> str:
         s = op
         mod = e.modifier
         if mod is not None:
-            kind = str(mod.type).rsplit(".", 1)[-1]
-            if kind == "Without":
+            if mod.type == pp.AggModifierType.Without:
                 s += " without (" + _labels_list(mod.labels) + ") "
             elif mod.labels:
                 s += " by (" + _labels_list(mod.labels) + ") "
@@ -288,24 +265,42 @@ def _binary_modifier(e: Any) -> str:
     if m is None:
         return ""
     out = " bool" if m.return_bool else ""
-    card = str(m.card).rsplit(".", 1)[-1]
-    grouped = card in ("ManyToOne", "OneToMany")
+    card = m.card
+    grouped = card in (pp.VectorMatchCardinality.ManyToOne, pp.VectorMatchCardinality.OneToMany)
     matching = m.matching
     labels = list(matching.labels) if matching is not None else []
-    on = matching is not None and str(matching.type).rsplit(".", 1)[-1] == "Include"
+    on = matching is not None and matching.type == pp.LabelModifierType.Include
     if labels or on or grouped:
         out += (" on (" if on else " ignoring (") + _labels_list(labels) + ")"
     if grouped:
-        out += (" group_left (" if card == "ManyToOne" else " group_right (") + _labels_list(m.group_labels) + ")"
-    fv = getattr(m, "fill_values", None)
-    if fv is not None:
-        lhs, rhs = getattr(fv, "lhs", None), getattr(fv, "rhs", None)
-        if lhs is not None or rhs is not None:
-            if lhs is not None and rhs is not None and (lhs == rhs or (math.isnan(lhs) and math.isnan(rhs))):
-                out += f" fill ({format_float(lhs)})"
-            else:
-                if lhs is not None:
-                    out += f" fill_left ({format_float(lhs)})"
-                if rhs is not None:
-                    out += f" fill_right ({format_float(rhs)})"
+        out += (" group_left (" if card == pp.VectorMatchCardinality.ManyToOne else " group_right (") + _labels_list(m.group_labels) + ")"
+    lhs, rhs = m.fill_values.lhs, m.fill_values.rhs
+    if lhs is not None or rhs is not None:
+        if lhs is not None and rhs is not None and lhs == rhs:
+            out += f" fill ({_go_v(lhs)})"
+        else:
+            if lhs is not None:
+                out += f" fill_left ({_go_v(lhs)})"
+            if rhs is not None:
+                out += f" fill_right ({_go_v(rhs)})"
     return out
+
+
+def _go_v(v: float) -> str:
+    """Go's ``%v`` of a float64 (strconv 'g' with the shortest precision, exponent from 1e21)."""
+    if math.isnan(v):
+        return "NaN"
+    if math.isinf(v):
+        return "+Inf" if v > 0 else "-Inf"
+    r = repr(float(v))
+    if r.endswith(".0"):
+        r = r[:-2]
+    if "e" in r:
+        mant, ex = r.split("e")
+        exp = int(ex)
+        if -4 <= exp < 21:
+            return format_float(v)
+        return f"{mant}e{'-' if exp < 0 else '+'}{abs(exp):02d}"
+    if abs(v) >= 1e21:
+        return f"{v:e}"
+    return r

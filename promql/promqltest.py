@@ -38,7 +38,7 @@ from promql.promqltest_compare import Actual, check_annotations, check_expected_
 from promql.promqltest_script import ClearCmd, EvalCmd, Hist, LoadCmd, ScriptError, parse_script
 from promql.types import FloatHistogram
 
-import promql_parser as pp
+from promql import parser as pp
 
 MAX_SAMPLES = 10_000  # upstream NewTestEngine(t, false, 0, 10000)
 TIMEOUT_S = 100.0
@@ -294,7 +294,7 @@ def at_modifier_cases(expr: str, eval_ms: int, ast: Any) -> list[tuple[str, int]
     for n in walk(ast):
         if isinstance(n, pp.Call) and n.func.name in AT_MODIFIER_UNSAFE:
             return []
-    new_expr = to_promql(ast, inject_at_ms=eval_ms, source=expr)
+    new_expr = to_promql(ast, inject_at_ms=eval_ms)
     times = [-10 * eval_ms, 0, eval_ms // 5 if eval_ms >= 0 else -((-eval_ms) // 5), eval_ms, 10 * eval_ms]
     if eval_ms == 0:
         times = [-1000, 0, 1000]

@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-import promql_parser as pp
+from promql import parser as pp
 
 from storage.labels import Labels
 from storage.matchers import Matcher
@@ -82,7 +82,7 @@ class LoadedState:
 class Classification:
     kind: str  # plain | exp | nh
     reason: str = ""
-    parse_error: str | None = None  # set when promql_parser rejects the query
+    parse_error: str | None = None  # set when the parser rejects the query
     ast: Any = None
 
 
@@ -120,6 +120,8 @@ def classify(cmd: EvalCmd, state: LoadedState) -> Classification:
         # the experimental grammar (heuristic; matches INVENTORY.md's two cases)
         return Classification(EXP, "signed numeric offset followed by an operator (duration expressions)", None, ast)
     for n in walk(ast):
+        if _extended_syntax(n):
+            return Classification(EXP, f"experimental syntax: {_extended_syntax(n)}", None, ast)
         if isinstance(n, pp.Call) and _experimental(n.func.name):
             return Classification(EXP, f"experimental function {n.func.name}()", None, ast)
         if isinstance(n, pp.AggregateExpr) and str(n.op) in EXPERIMENTAL_AGGREGATORS:
@@ -129,6 +131,24 @@ def classify(cmd: EvalCmd, state: LoadedState) -> Classification:
             if fv is not None and (fv.lhs is not None or fv.rhs is not None):
                 return Classification(EXP, "binary-operator fill modifier", None, ast)
     return Classification(PLAIN, "", None, ast)
+
+
+def _extended_syntax(n: Any) -> str:
+    """The Prometheus 3.x experimental syntax a node uses ("" if none): duration expressions,
+    anchored/smoothed selectors, the histogram trim operators."""
+    vs = n.vector_selector if isinstance(n, pp.MatrixSelector) else n
+    if isinstance(vs, pp.VectorSelector):
+        if vs.anchored or vs.smoothed:
+            return "anchored/smoothed range selector"
+        if vs.offset_expr is not None:
+            return "duration expression"
+    if isinstance(n, pp.MatrixSelector) and n.range_expr is not None:
+        return "duration expression"
+    if isinstance(n, pp.SubqueryExpr) and (n.range_expr or n.step_expr or n.offset_expr) is not None:
+        return "duration expression"
+    if isinstance(n, pp.BinaryExpr) and str(n.op) in ("</", ">/"):
+        return "histogram trim operator"
+    return ""
 
 
 _STRING = re.compile(r"""\"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|`[^`]*`""")

@@ -1,11 +1,9 @@
 """Refuse expressions too deep to parse and walk safely, with a linear scan of the query text.
 
-The ``promql-parser`` binding holds the GIL while it parses, and its time and peak memory grow with
-the square of the expression tree's depth (measured on this machine kind: a chain of 512 ``+`` takes
-21 ms and ~35 MB, 1000 take 150 ms and ~140 MB, 3000 take 1.3 s and 1.25 GB; 4000 nested parentheses
-1.1 s and 1.1 GB). Everything after parsing (AST conversion, positions, printer, evaluator, planner
-normalisation) is recursive Python. So a query is scanned before the binding sees it, and refused
-(``BadData``, HTTP 400) when the depth of the tree it would build could exceed ``max_depth``.
+The parser (promql/parser/) and everything after it (printer, evaluator, planner normalisation)
+recurse once or more per tree level, and a parse holds the GIL. So a query is scanned before it is
+parsed, and refused (``BadData``, HTTP 400) when the depth of the tree it would build could exceed
+``max_depth``.
 
 The estimate is an upper bound of the AST depth computed per bracket group: a group's depth is one
 (the group itself: a call, an aggregation, a parenthesis, a matcher or range list) plus the number of
@@ -19,13 +17,10 @@ Python-to-Python calls do not recurse in C (CPython 3.11+).
 """
 from __future__ import annotations
 
-import math
-import re
 import sys
 from dataclasses import dataclass
 from typing import Any
 
-from promql.ast_walk import children
 from promql.errors import BadData
 
 DEFAULT_MAX_DEPTH = 256
@@ -40,15 +35,6 @@ _TWO_CHAR_OPS = frozenset(("==", "!=", "<=", ">=", "=~", "!~"))
 _OPEN = {"(": ")", "[": "]", "{": "}"}
 _CLOSE = frozenset(")]}")
 _WORD_OPS = frozenset(("and", "or", "unless", "atan2"))
-_DURATION = re.compile(r"(?:\d+(?:ms|s|m|h|d|w|y))+(?![\w.])")
-_DURATION_PART = re.compile(r"(\d+)(ms|s|m|h|d|w|y)")
-_UNIT_NS = {"ms": 10**6, "s": 10**9, "m": 60 * 10**9, "h": 3600 * 10**9, "d": 86400 * 10**9,
-            "w": 7 * 86400 * 10**9, "y": 365 * 86400 * 10**9}
-MAX_DURATION_NS = 2**63 - 1  # Prometheus durations are int64 nanoseconds
-_AT_NUMBER = re.compile(r"\s*([+-]?(?:0[xX][0-9a-fA-F]+|(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|[iI][nN][fF](?:[iI][nN][iI][tT][yY])?|[nN][aA][nN]))")
-# @ timestamps the engine can represent (the parser binding hands them over as datetimes: years 1..9999)
-MIN_AT_S = -62135596800
-MAX_AT_S = 253402300799
 
 
 @dataclass(frozen=True)
@@ -57,21 +43,11 @@ class Shape:
     nesting: int  # deepest bracket nesting ( [ {
 
 
-def _position(query: str, offset: int) -> str:
-    line = query.count("\n", 0, offset) + 1
-    return f"{line}:{offset - query.rfind(chr(10), 0, offset)}"
-
-
-def _refuse(query: str, offset: int, msg: str) -> BadData:
-    return BadData(f"{_position(query, offset)}: parse error: {msg}")
-
-
 def scan(query: str, stop_above: int = 0) -> Shape:
     """Linear scan: estimated tree depth and bracket nesting of ``query`` (strings, comments skipped).
 
-    Refuses (BadData) durations beyond int64 nanoseconds, as Prometheus's parser does, and ``@``
-    timestamps outside what the engine can represent, naming their position. With ``stop_above`` the
-    scan ends as soon as the depth is known to exceed it (the returned depth is then a lower bound)."""
+    With ``stop_above`` the scan ends as soon as the depth is known to exceed it (the returned depth
+    is then a lower bound)."""
     # stack entries: [closing char, operators at this level, deepest child group]
     stack: list[list] = [["", 0, 0]]
     nesting = 0
@@ -110,32 +86,12 @@ def scan(query: str, stop_above: int = 0) -> Shape:
                     return Shape(depth=top[1] + len(stack) - 1, nesting=nesting)
             if query[i:i + 2] in _TWO_CHAR_OPS:
                 i += 1
-        elif c.isdigit():
-            m = _DURATION.match(query, i)
-            if m is None:
-                j = i + 1
-                while j < n and (query[j].isalnum() or query[j] in "_."):
-                    j += 1
-                i = j
-                continue
-            ns = sum(int(a) * _UNIT_NS[u] for a, u in _DURATION_PART.findall(m.group(0)))
-            if ns > MAX_DURATION_NS:
-                raise _refuse(query, i, f"duration out of range: {m.group(0)} is more than the largest duration "
-                                        f"(about 292y: int64 nanoseconds)")
-            i = m.end()
+        elif c.isdigit():  # a number or duration: no operator inside (1e-3, 0x1f, 1h30m)
+            j = i + 1
+            while j < n and (query[j].isalnum() or query[j] in "_."):
+                j += 1
+            i = j
             continue
-        elif c == "@":
-            m = _AT_NUMBER.match(query, i + 1)
-            if m is not None:
-                try:
-                    v = float(int(m.group(1), 16)) if m.group(1).lower().lstrip("+-").startswith("0x") else float(m.group(1))
-                except ValueError:
-                    v = math.nan
-                if not (MIN_AT_S <= v <= MAX_AT_S):
-                    raise _refuse(query, m.start(1), f"timestamp out of bounds for @ modifier: {m.group(1)} (supported: "
-                                                     f"{MIN_AT_S} to {MAX_AT_S}, years 1 to 9999)")
-                i = m.end()
-                continue
         elif c.isalpha() or c == "_":
             j = i + 1
             while j < n and (query[j].isalnum() or query[j] in "_:."):
@@ -172,29 +128,12 @@ def check(query: str, max_depth: int = DEFAULT_MAX_DEPTH) -> Shape:
 
 
 def parse(query: str, max_depth: int = DEFAULT_MAX_DEPTH) -> Any:
-    """``check`` then parse with the binding, then ``validate``. Raises BadData; the binding's own
-    syntax errors come back as its ValueError."""
-    import promql_parser as pp
+    """``check`` then parse (promql/parser/). Raises BadData (a parse error is its subclass
+    ``promql.parser.ParseError``, with Prometheus's text)."""
+    from promql.parser import parse as parse_expr
 
     check(query, max_depth)
-    expr = pp.parse(query)
-    validate(expr)
-    return expr
-
-
-def validate(expr: Any) -> None:
-    """Read every duration of a parsed tree once (iteratively): the binding converts them on access and
-    fails on values Python cannot hold; such a value is the caller's mistake. (``@`` times are checked
-    on the text by ``scan``: reading one before 1970 makes the binding panic.)"""
-    todo = [expr]
-    while todo:
-        node = todo.pop()
-        for attr in ("offset", "range", "step"):
-            try:
-                getattr(node, attr, None)
-            except (ValueError, OverflowError) as e:
-                raise BadData(f"parse error: duration out of range ({attr}: {e})") from None
-        todo.extend(children(node))
+    return parse_expr(query)
 
 
 def ensure_recursion_headroom(depth: int) -> None:
@@ -205,4 +144,4 @@ def ensure_recursion_headroom(depth: int) -> None:
         sys.setrecursionlimit(need)
 
 
-__all__ = ["DEFAULT_MAX_DEPTH", "Shape", "scan", "check", "parse", "validate", "ensure_recursion_headroom"]
+__all__ = ["DEFAULT_MAX_DEPTH", "Shape", "scan", "check", "parse", "ensure_recursion_headroom"]

@@ -288,7 +288,7 @@ def test_max_samples_agrees_with_prometheus(small_server: ServerProcess, tmp_pat
     ("max_over_time(bomb[5m:1000000000y])", "duration out of range"),
     ("bomb[293y]", "duration out of range"),
     ("bomb @ 1e20", "timestamp out of bounds for @ modifier"),
-    ("bomb @ 99999999999999", "timestamp out of bounds for @ modifier"),
+    ("bomb @ 1e19", "timestamp out of bounds for @ modifier"),  # beyond int64 (Prometheus accepts less)
     ("bomb @ -1e300", "timestamp out of bounds for @ modifier"),
 ])
 def test_out_of_range_durations_and_times_are_400(server: ServerProcess, query: str, fragment: str) -> None:

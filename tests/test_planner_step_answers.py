@@ -4,7 +4,7 @@ out-of-order samples, new series, and deletions."""
 from __future__ import annotations
 
 import numpy as np
-import promql_parser
+from promql import parser as promql_parser
 
 from planner.stack import build
 from planner.step_answers import cacheable

@@ -173,7 +173,7 @@ def test_stats_are_filled(counters):
 
 
 def test_node_hooks_replace_subtrees(counters):
-    import promql_parser as pp
+    from promql import parser as pp
 
     seen = []
 
@@ -204,7 +204,7 @@ def test_node_hooks_replace_subtrees(counters):
 
 
 def test_hook_can_return_scalar(counters):
-    import promql_parser as pp
+    from promql import parser as pp
 
     def hook(node, ctx):
         if isinstance(node, pp.Call) and node.func.name == "scalar":

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import promql_parser
+from promql import parser as promql_parser
 import pytest
 
 from promql.errors import ExecutionError

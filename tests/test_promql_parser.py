@@ -3,7 +3,8 @@
 * Broken queries: each gives Prometheus 3.x's exact error text and ``line:col``
   (``PARSE_TEST_CASES``: the failing inputs of Prometheus's ``promql/parser/parse_test.go`` with the
   first error it expects; ``TYPO_CASES``: mistakes people make, answered identically by Prometheus
-  2.42 and by 3.x's rules).
+  2.42 and by 3.x's rules). Checked on the parser, and through ``/api/v1/query`` of a real server
+  (``invalid parameter "query": <message>``, 400, bad_data, as Prometheus answers).
 * 3.x syntax parses: duration expressions, ``anchored``/``smoothed``, ``info()``, ``limitk``,
   ``fill`` modifiers, UTF-8 quoted names, negative ``@`` times, hex/inf/nan, ``1h30m``, Go escapes.
 * Positions: every node carries its ``(start, end)`` range.
@@ -11,7 +12,11 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import math
+import urllib.error
+import urllib.parse
+import urllib.request
 
 import pytest
 
@@ -29,8 +34,9 @@ from promql.parser import (
     UnaryExpr,
     VectorSelector,
     parse,
-    walk,
 )
+from promql.ast_walk import walk
+from tests.helpers import ServerProcess
 
 # From Prometheus's promql/parser/parse_test.go (3.x): input -> first error.
 PARSE_TEST_CASES = [
@@ -267,6 +273,25 @@ def test_broken_query_message(query: str, message: str):
 ])
 def test_3x_syntax_parses(query: str):
     parse(query)
+
+
+def test_broken_queries_over_http(tmp_path):
+    """Every broken query of the table through /api/v1/query (POST form, as Grafana sends it)."""
+    wrong = []
+    with ServerProcess(tmp_path / "data") as srv:
+        for query, message in BROKEN:
+            body = urllib.parse.urlencode({"query": query, "time": "100"}).encode()
+            req = urllib.request.Request(srv.url + "/api/v1/query", data=body,
+                                         headers={"Content-Type": "application/x-www-form-urlencoded"})
+            try:
+                with urllib.request.urlopen(req, timeout=30) as r:
+                    status, got = r.status, json.loads(r.read())
+            except urllib.error.HTTPError as e:
+                status, got = e.code, json.loads(e.read())
+            want = {"status": "error", "errorType": "bad_data", "error": f'invalid parameter "query": {message}'}
+            if status != 400 or {k: got.get(k) for k in want} != want:
+                wrong.append((query, status, got))
+    assert not wrong, wrong[:5]
 
 
 def test_values():

@@ -1,8 +1,7 @@
 """``@`` timestamps before 1970 (``foo @ -100``).
 
-promql-parser keeps ``@`` as a Rust SystemTime whose Python getter panics for such times; the
-engine recovers the exact time from the panic (promql/eval_selectors.py ``before_epoch_ms``).
-Checked in-process over samples at negative timestamps, and side by side with a real Prometheus
+The parser keeps an ``@`` time as integer milliseconds (Go's ``timestamp.FromFloatSeconds``:
+rounded half away from zero), negative ones included. Checked in-process over samples at negative timestamps, and side by side with a real Prometheus
 2.42 (which supports negative ``@``) through both HTTP APIs on queries that need no stored data.
 """
 from __future__ import annotations
@@ -16,7 +15,7 @@ import urllib.request
 import pytest
 
 from promql.engine import Engine
-from promql.eval_selectors import before_epoch_ms
+from promql.parser import parse
 from promql.memory_source import MemorySource
 from tests.helpers import ServerProcess, free_port, require_binary, wait_http
 
@@ -28,13 +27,13 @@ def eng() -> Engine:
     return Engine(src)
 
 
-def test_panic_text_to_milliseconds():
-    assert before_epoch_ms(BaseException("called `Result::unwrap()` on an `Err` value: SystemTimeError(100s)")) == -100_000
-    assert before_epoch_ms(BaseException("SystemTimeError(100.25s)")) == -100_250
-    assert before_epoch_ms(BaseException("SystemTimeError(500ms)")) == -500
-    assert before_epoch_ms(BaseException("SystemTimeError(1.5ms)")) == -2  # Go's math.Round: half away from zero
-    assert before_epoch_ms(BaseException("SystemTimeError(400µs)")) == 0
-    assert before_epoch_ms(BaseException("something else")) is None
+def test_negative_at_milliseconds():
+    assert parse("foo @ -100").at.ms == -100_000
+    assert parse("foo @ -100.25").at.ms == -100_250
+    assert parse("foo[5m] @ -0.5").vector_selector.at.ms == -500
+    assert parse("foo @ -0.0005").at.ms == -1  # Go's math.Round: half away from zero
+    assert parse("foo @ -0.0004").at.ms == 0
+    assert parse("foo[1m:] @ -1e3").at.ms == -1_000_000
 
 
 @pytest.mark.parametrize("query,expect", [

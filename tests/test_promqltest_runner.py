@@ -210,14 +210,17 @@ def test_classification_rules():
     assert classify(_cmd("eval instant at 0 f + 1\n"), state).kind == PLAIN
     assert classify(_cmd("eval instant at 0 hist\n"), state).kind == NH
     assert classify(_cmd("eval instant at 0 limitk(1, f)\n"), state).kind == EXP
-    unparsed = classify(_cmd("eval instant at 0 f[1m+1s]\n"), state)
-    assert unparsed.kind == EXP and unparsed.parse_error
+    dur = classify(_cmd("eval instant at 0 f[1m+1s]\n"), state)
+    assert dur.kind == EXP and dur.parse_error is None and "duration expression" in dur.reason
+    assert classify(_cmd("eval instant at 0 rate(f[1m] anchored)\n"), state).kind == EXP
+    broken = classify(_cmd("eval instant at 0 sum(f\n"), state)
+    assert broken.kind == EXP and broken.parse_error == "1:6: parse error: unclosed left parenthesis"
     assert classify(_cmd("eval instant at 0 predict_linear(f[5m], 1h)\n"), state).kind == EXP
     assert classify(_cmd("eval instant at 0 mad_over_time(f[5m])\n"), state).kind == EXP
 
 
 def test_at_modifier_rerun_cases():
-    import promql_parser as pp
+    from promql import parser as pp
 
     cases = at_modifier_cases("sum(rate(a[5m])) + b", 3_000_000, pp.parse("sum(rate(a[5m])) + b"))
     assert {t for _, t in cases} == {-30_000_000, 0, 600_000, 3_000_000, 30_000_000}

@@ -1,6 +1,5 @@
-"""/api/v1/parse_query: promql-parser AST -> the JSON tree Prometheus's ``translateAST`` returns.
-
-promql-parser has no JSON export in Prometheus's shape, so the mapping is written here.
+"""/api/v1/parse_query: the syntax tree (promql/parser/) -> the JSON tree Prometheus's
+``translateAST`` returns.
 """
 from __future__ import annotations
 
@@ -44,7 +43,7 @@ def _at(node: Any) -> tuple[int | None, str | None]:
         return None, "start"
     if kind == "End":
         return None, "end"
-    return int(round(at.at.timestamp() * 1000)), None
+    return at.ms, None
 
 
 def _vector_selector(vs: Any) -> dict[str, Any]:

@@ -10,13 +10,13 @@ import re
 from datetime import datetime, timezone
 from typing import Sequence
 
-import promql_parser
 from aiohttp import web
 from multidict import MultiDict, MultiDictProxy
 
 from promql.eval_selectors import selector_matchers
+from promql.parser import ParseError
+from promql.parser import parse_metric_selector as parse_selector
 from storage.matchers import Matcher
-from storage.regex import regex_error
 from turboprom.api_errors import ParamError
 from turboprom.durations import parse_duration_ms
 
@@ -221,28 +221,10 @@ class Params:
         raise invalid_param(name, f"strconv.ParseBool: parsing {go_quote(val)}: invalid syntax (use true or false)")
 
 
-_ILLEGAL_REGEX = "illegal regex for "
-
-
-def parse_error_text(query: str, err: Exception) -> str:
-    """Prometheus-style ``<line>:<col>: parse error: <msg>``. promql-parser reports no position;
-    errors at the end of the input get the end position (as Prometheus's do), others 1:1."""
-    msg = str(err)
-    if msg.startswith(_ILLEGAL_REGEX):  # the parser's own regex check: say what RE2/Go says
-        bad = regex_error(msg[len(_ILLEGAL_REGEX):])
-        if bad is not None:
-            msg = str(bad)
-    line, col = 1, 1
-    if "end of input" in msg or "unclosed" in msg or "no expression" in msg:
-        lines = query.split("\n")
-        line, col = len(lines), len(lines[-1]) + 1 if query else 1
-    return f"{line}:{col}: parse error: {msg}"
-
-
 def parse_query(query: str, max_depth: int | None = None) -> object:
-    """Parse PromQL; ValueError carries the Prometheus-style message. Expressions nested deeper than
-    ``max_depth`` (None: the default, 256) and out-of-range durations or ``@`` times are refused before
-    the parser binding runs (promql/query_guard.py)."""
+    """Parse PromQL; ValueError carries Prometheus's message (``line:col: parse error: ...``).
+    Expressions nested deeper than ``max_depth`` (None: the default, 256) are refused before they are
+    parsed (promql/query_guard.py)."""
     from promql import query_guard
     from promql.errors import BadData
 
@@ -250,8 +232,6 @@ def parse_query(query: str, max_depth: int | None = None) -> object:
         return query_guard.parse(query, query_guard.DEFAULT_MAX_DEPTH if max_depth is None else max_depth)
     except BadData as e:
         raise ValueError(str(e)) from None
-    except ValueError as e:
-        raise ValueError(parse_error_text(query, e)) from None
 
 
 SELECTOR_MAX_DEPTH = 16
@@ -263,21 +243,16 @@ def parse_metric_selector(text: str) -> list[list[Matcher]]:
     from promql import query_guard
     from promql.errors import BadData
 
-    if len(text) > SELECTOR_MAX_LENGTH:  # the parser binding holds the GIL: ~60 ms per MB
+    if len(text) > SELECTOR_MAX_LENGTH:  # parsing holds the GIL
         raise ValueError(f"1:1: parse error: selector is {len(text)} characters, more than the limit of {SELECTOR_MAX_LENGTH}")
     try:
         query_guard.check(text, SELECTOR_MAX_DEPTH)  # a selector is shallow: refuse deep text before parsing
     except BadData as e:
         raise ValueError(str(e)) from None
     try:
-        node = promql_parser.parse(text)
-    except ValueError as e:
-        if "at least one non-empty matcher" in str(e):
-            # Prometheus's selector parser accepts these; match[] validation then refuses them.
-            raise ValueError("match[] must contain at least one non-empty matcher") from None
-        raise ValueError(parse_error_text(text, e)) from None
-    if type(node).__name__ != "VectorSelector" or getattr(node, "offset", None) is not None or getattr(node, "at", None) is not None:
-        raise ValueError(f"1:1: parse error: expected a series selector, got {text!r}")
+        node = parse_selector(text)
+    except ParseError as e:
+        raise ValueError(str(e)) from None
     try:
         return selector_matchers(node)
     except ValueError as e:

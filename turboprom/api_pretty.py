@@ -2,8 +2,7 @@
 
 Prometheus prints an expression on one line when its ``String()`` fits in 100 characters and
 otherwise splits it node by node (aggregations, calls and parentheses open a block, binary
-operators put the operator on its own line), indenting two spaces per level. promql-parser has
-no such printer; the one-line rendering of every node comes from ``promql.printer.to_promql``
+operators put the operator on its own line), indenting two spaces per level. The one-line rendering of every node comes from ``promql.printer.to_promql``
 (Prometheus's ``String()``), and the layout rules below follow Prometheus's prettier.
 """
 from __future__ import annotations

@@ -26,7 +26,7 @@ from promql.types import Annotations, Value
 class FunctionContext:
     step_times: np.ndarray  # int64 (T,) evaluation timestamps (ms) of this (sub)evaluation
     annotations: Annotations
-    node: Any  # the promql_parser.Call node (args' AST: e.g. absent() reads the selector's matchers)
+    node: Any  # the promql.parser.Call node (args' AST: e.g. absent() reads the selector's matchers)
     lookback_delta_ms: int = 300_000
     # Query-level bounds, for start()/end()/step()/range() style helpers.
     query_start_ms: int = 0

@@ -9,13 +9,16 @@ choice share one output label set. Python work is per (base series, distinct cho
 """
 from __future__ import annotations
 
+import datetime as _dt
+
 from typing import Any
 
 import numpy as np
-import promql_parser as pp
+from promql import parser as pp
 
 from promql.ast_walk import children
 from promql.errors import BadData, ExecutionError
+from promql.eval_histogram import has_hist
 from promql.eval_selectors import selector_matchers
 from promql.functions import FunctionContext, Histograms, register
 from promql.functions.common import vector_arg
@@ -63,12 +66,12 @@ def _first_selector(node: Any, path: tuple = ()) -> tuple[Any, tuple] | None:
     return None
 
 
-def _modifiers(node: Any) -> str:
-    """Offset and @ for the info selector, as Prometheus derives them: the first base selector's,
-    plus the offsets of enclosing subqueries until one of them carries an @."""
+def _modifiers(node: Any) -> tuple[int, Any]:
+    """Offset (ms) and @ for the info selector, as Prometheus derives them: the first base
+    selector's, plus the offsets of enclosing subqueries until one of them carries an @."""
     found = _first_selector(node) if node is not None else None
     if found is None:
-        return ""
+        return 0, None
     vs, path = found
     off_ms = 0
     off = getattr(vs, "offset", None)
@@ -83,18 +86,7 @@ def _modifiers(node: Any) -> str:
             if o is not None:
                 off_ms += int(round(o.total_seconds() * 1000))
             at = getattr(anc, "at", None)
-    out = ""
-    if off_ms:
-        out += f" offset {off_ms}ms" if off_ms > 0 else f" offset -{-off_ms}ms"
-    if at is not None:
-        kind = str(at.type).split(".")[-1]
-        if kind == "Start":
-            out += " @ start()"
-        elif kind == "End":
-            out += " @ end()"
-        elif getattr(at, "at", None) is not None:
-            out += f" @ {at.at.timestamp():.3f}"
-    return out
+    return off_ms, at
 
 
 @register("info", histograms=Histograms.UNSUPPORTED, keeps_name=True, experimental=True)
@@ -134,13 +126,18 @@ def info(ctx: FunctionContext, args: list[Value]) -> Value:
         sel = [Matcher(name, "=~", "|".join(quote_meta(v) for v in sorted(vals)))
                for name, vals in sorted(id_values.items())]
         sel += other_ms + _effective_name_matchers(name_ms)
-        text = "{" + ", ".join(_promql(m) for m in sel) + "}" + _modifiers(node_args[0] if node_args else None)
+        # a selector by construction (Prometheus builds it in code: no "non-empty matcher" check)
+        vs = pp.parse_metric_selector("{" + ", ".join(_promql(m) for m in sel) + "}")
+        off_ms, vs.at = _modifiers(node_args[0] if node_args else None)
+        vs.offset = _dt.timedelta(milliseconds=off_ms) if off_ms else None
         from promql.eval_selectors import eval_vector_selector  # evaluator-owned selection
 
         eval_ctx = ctx.extra.get("eval_ctx")
         if eval_ctx is None:
             raise ExecutionError("info() needs the evaluator's context to select info series")
-        infos = eval_vector_selector(eval_ctx, pp.parse(text))
+        infos = eval_vector_selector(eval_ctx, vs)
+        if has_hist(infos):  # Prometheus refuses these too (info.test: "info metrics should be float type")
+            raise ExecutionError("info(): the info series selected are native histograms; info metrics are floats")
     return _combine(base, infos, ignore, data, T)
 
 

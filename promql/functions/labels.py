@@ -28,8 +28,8 @@ def _valid_label_name(name: str) -> bool:
 
 def _raw_literal_bytes(ctx: FunctionContext, arg_index: int) -> bytes | None:
     """The bytes Go would decode from the string literal of argument ``arg_index``, read from the
-    query text. promql-parser decodes "\\xff" to U+00FF; Go keeps the raw byte 0xff (invalid UTF-8,
-    which Prometheus refuses as a label name), so validity must be judged on the source bytes."""
+    query text. Go keeps the raw byte of "\\xff" (invalid UTF-8, which Prometheus refuses as a
+    label name), so validity is judged on the source bytes."""
     ec = ctx.extra.get("eval_ctx")
     text = getattr(ec, "query", "") or ""
     if not text or not ctx.arg_positions or arg_index >= len(ctx.arg_positions):

@@ -13,6 +13,6 @@ from __future__ import annotations
 
 from promql.parser.ast import *  # noqa: F401,F403  (the node classes are the package's API)
 from promql.parser.ast import __all__ as _ast_all
-from promql.parser.parser import ParseError, parse, position
+from promql.parser.parser import ParseError, parse, parse_metric_selector, position
 
-__all__ = ["parse", "ParseError", "position", *_ast_all]
+__all__ = ["parse", "parse_metric_selector", "ParseError", "position", *_ast_all]

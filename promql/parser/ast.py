@@ -185,7 +185,8 @@ class DurationExpr(Expr):
             return (self.start, self.lhs.pos[1])  # type: ignore[union-attr]
         if self.lhs is None:
             return (self.start, self.rhs.pos[1])
-        return (min(self.lhs.pos[0], self.rhs.pos[0]), max(self.lhs.pos[1], self.rhs.pos[1]))
+        lp, rp = self.lhs.pos, self.rhs.pos
+        return (min(lp[0], rp[0]), max(lp[1], rp[1]))
 
 
 @dataclass(eq=False)
@@ -269,10 +270,7 @@ class BinaryExpr(Expr):
     lhs: Expr
     rhs: Expr
     modifier: Optional[BinModifier] = None
-
-    @property
-    def pos(self) -> tuple[int, int]:  # type: ignore[override]
-        return (min(self.lhs.pos[0], self.rhs.pos[0]), max(self.lhs.pos[1], self.rhs.pos[1]))
+    pos: tuple[int, int] = (0, 0)  # from the start of lhs to the end of rhs (set by the parser)
 
 
 def value_type(node: Any) -> ValueType:
@@ -296,34 +294,10 @@ def value_type(node: Any) -> ValueType:
     raise TypeError(f"not a PromQL expression: {type(node).__name__}")
 
 
-def children(node: Any) -> list[Any]:
-    """Sub-expressions in text order (duration expressions not included)."""
-    if isinstance(node, BinaryExpr):
-        return [node.lhs, node.rhs]
-    if isinstance(node, Call):
-        return list(node.args)
-    if isinstance(node, AggregateExpr):
-        return ([node.param] if node.param is not None else []) + ([node.expr] if node.expr is not None else [])
-    if isinstance(node, (ParenExpr, UnaryExpr, SubqueryExpr)):
-        return [node.expr]
-    if isinstance(node, MatrixSelector):
-        return [node.vector_selector]
-    return []
-
-
-def walk(node: Any):
-    """Pre-order traversal, iterative (deep trees do not recurse)."""
-    stack = [node]
-    while stack:
-        n = stack.pop()
-        yield n
-        stack.extend(reversed(children(n)))
-
-
 __all__ = [
     "ValueType", "MatchOp", "AtModifierType", "AggModifierType", "LabelModifierType", "VectorMatchCardinality",
     "TokenType", "Function", "Matcher", "Matchers", "AtModifier", "AggModifier", "LabelModifier",
     "VectorMatchFillValues", "BinModifier", "Expr", "NumberLiteral", "StringLiteral", "DurationExpr",
     "VectorSelector", "MatrixSelector", "SubqueryExpr", "ParenExpr", "UnaryExpr", "Call", "AggregateExpr",
-    "BinaryExpr", "value_type", "children", "walk",
+    "BinaryExpr", "value_type",
 ]

@@ -11,6 +11,7 @@ import datetime as _dt
 import math
 from typing import Any
 
+from promql.ast_walk import walk
 from promql.errors import BadData
 from promql.parser import ast as A
 
@@ -18,7 +19,7 @@ _MAX_S = float(1 << 63) / 1e9
 
 
 def has_duration_expressions(expr: Any) -> bool:
-    for n in A.walk(expr):
+    for n in walk(expr):
         if isinstance(n, A.VectorSelector) and n.offset_expr is not None:
             return True
         if isinstance(n, A.MatrixSelector) and n.range_expr is not None:
@@ -31,7 +32,7 @@ def has_duration_expressions(expr: Any) -> bool:
 def resolve(expr: Any, step_ms: int, range_ms: int) -> None:
     """Fill in the durations written as expressions (``step()`` is ``step_ms``, ``range()`` the
     query's end minus start, ``range_ms``; both 0 for an instant query)."""
-    for n in A.walk(expr):
+    for n in walk(expr):
         if isinstance(n, A.VectorSelector) and n.offset_expr is not None:
             n.offset = _duration(n.offset_expr, step_ms, range_ms, negative_ok=True)
         elif isinstance(n, A.MatrixSelector) and n.range_expr is not None:

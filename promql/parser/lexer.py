@@ -8,6 +8,7 @@ and ``pos`` where the offending token began).
 """
 from __future__ import annotations
 
+import re
 from typing import NamedTuple
 
 from promql.eval_labels import go_quote
@@ -116,8 +117,29 @@ def token_string(tok: Token) -> str:
     return go_quote(tok.val)
 
 
-class _LexError(Exception):
-    pass
+# Fast paths: text these match is lexed exactly as the state machine would lex it (anything else,
+# e.g. "1_000", "0x1f", "5.5m", strings with escapes, takes the character-by-character path).
+_SPACES = re.compile(r"[ \t\n\r]+")
+_WORD = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]*")
+_BRACE_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_PLAIN_NUMBER = re.compile(r"[0-9]+(?:\.[0-9]+)?(?![0-9A-Za-z_.])")
+_PLAIN_DURATION = re.compile(r"[0-9]+[smhdwy]s?(?:[0-9]+[smhdw]s?)*(?![0-9A-Za-z_])")
+_PLAIN_STRING = {'"': re.compile(r'"[^"\\\n\ufffd\ud800-\udfff]*"'),
+                 "'": re.compile(r"'[^'\\\n\ufffd\ud800-\udfff]*'"),
+                 "`": re.compile(r"`[^`\ufffd\ud800-\udfff]*`")}
+_SIMPLE_STMT = {",": "COMMA", "*": "MUL", "/": "DIV", "%": "MOD", "+": "ADD", "-": "SUB", "^": "POW", "@": "AT"}
+_SIMPLE_DUR = {"+": "ADD", "-": "SUB", "*": "MUL", "/": "DIV", "%": "MOD", "^": "POW", ",": "COMMA"}
+
+
+def tokenize(text: str) -> list[Token]:
+    """All tokens of ``text``, ending with EOF or with the ERROR token the lexer stopped at."""
+    lex = Lexer(text)
+    out = []
+    while True:
+        t = lex.next_token()
+        out.append(t)
+        if t.typ in ("EOF", "ERROR"):
+            return out
 
 
 class Lexer:
@@ -195,9 +217,32 @@ class Lexer:
         self.start = j
 
     def _statements(self) -> Token | None:
-        if self.s.startswith("#", self.pos):
-            self._comment()
-            return None
+        s, pos = self.s, self.pos
+        if pos < self.n:
+            c = s[pos]
+            if c in _SPACE:
+                self.pos = self.start = _SPACES.match(s, pos).end()
+                return None
+            if c == "#":
+                self._comment()
+                return None
+            typ = _SIMPLE_STMT.get(c)
+            if typ is not None:
+                self.pos = pos + 1
+                return self._emit(typ)
+            if not self.bracket_open and (_is_alpha(c) or c == ":"):
+                self.pos = _WORD.match(s, pos).end()
+                return self._word()
+            if "0" <= c <= "9":
+                m = _PLAIN_NUMBER.match(s, pos) or _PLAIN_DURATION.match(s, pos)
+                if m is not None:
+                    self.pos = m.end()
+                    return self._emit("NUMBER" if m.re is _PLAIN_NUMBER else "DURATION")
+            if c in _PLAIN_STRING:
+                m = _PLAIN_STRING[c].match(s, pos)
+                if m is not None:
+                    self.pos = m.end()
+                    return self._emit("STRING")
         r = self._next()
         if r == "":
             if self.paren_depth != 0:
@@ -208,9 +253,6 @@ class Lexer:
         if r in _SPACE:
             self._skip_spaces()
             return None
-        simple = {",": "COMMA", "*": "MUL", "/": "DIV", "%": "MOD", "+": "ADD", "-": "SUB", "^": "POW", "@": "AT"}
-        if r in simple:
-            return self._emit(simple[r])
         if r == "=":
             t = self._peek()
             if t == "=":
@@ -296,16 +338,23 @@ class Lexer:
         if self.s.startswith("#", self.pos):
             self._comment()
             return None
+        s, pos = self.s, self.pos
+        if pos < self.n:
+            c = s[pos]
+            if c in _SPACE:
+                self.pos = self.start = _SPACES.match(s, pos).end()
+                return None
+            if _is_alpha(c):
+                self.pos = _BRACE_WORD.match(s, pos).end()
+                return self._emit("IDENTIFIER")
+            if c in _PLAIN_STRING:
+                m = _PLAIN_STRING[c].match(s, pos)
+                if m is not None:
+                    self.pos = m.end()
+                    return self._emit("STRING")
         r = self._next()
         if r == "":
             return self._error("unexpected end of input inside braces")
-        if r in _SPACE:
-            self._skip_spaces()
-            return None
-        if _is_alpha(r):
-            while self.pos < self.n and _is_alnum(self.s[self.pos]):
-                self.pos += 1
-            return self._emit("IDENTIFIER")
         if r == ",":
             return self._emit("COMMA")
         if r in "\"'":
@@ -359,9 +408,8 @@ class Lexer:
         if r in _SPACE:
             self._skip_spaces()
             return None
-        simple = {"+": "ADD", "-": "SUB", "*": "MUL", "/": "DIV", "%": "MOD", "^": "POW", ",": "COMMA"}
-        if r in simple:
-            return self._emit(simple[r])
+        if r in _SIMPLE_DUR:
+            return self._emit(_SIMPLE_DUR[r])
         if r.lower() in _DURATION_KEYWORD_START:
             tok = self._duration_keyword()
             if tok is not None:
@@ -384,8 +432,10 @@ class Lexer:
         return self._emit(typ)
 
     def _keyword_or_identifier(self) -> Token:
-        while self.pos < self.n and (_is_alnum(self.s[self.pos]) or self.s[self.pos] == ":"):
-            self.pos += 1
+        self.pos = _WORD.match(self.s, self.pos).end()
+        return self._word()
+
+    def _word(self) -> Token:
         word = self.s[self.start:self.pos]
         low = word.lower()
         kw = KEY.get(low)
@@ -535,5 +585,5 @@ class Lexer:
         return not (c and _is_alnum(c))
 
 
-__all__ = ["Token", "Lexer", "describe", "token_string", "char_quote", "OPERATORS", "AGGREGATORS", "KEYWORDS",
+__all__ = ["Token", "Lexer", "tokenize", "describe", "token_string", "char_quote", "OPERATORS", "AGGREGATORS", "KEYWORDS",
            "PREPROCESSORS", "KEY"]

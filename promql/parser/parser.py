@@ -20,7 +20,7 @@ from promql.errors import BadData
 from promql.eval_labels import go_quote
 from promql.parser import ast as A
 from promql.parser.functions import get_function
-from promql.parser.lexer import AGGREGATORS, Lexer, Token, describe
+from promql.parser.lexer import AGGREGATORS, Token, describe, tokenize
 from promql.parser.literals import LiteralError, parse_duration_ms, parse_number, unquote
 
 # binary operator token -> (precedence, right associative)
@@ -94,8 +94,14 @@ def _doc(t: A.ValueType) -> str:
     return t.documented
 
 
+def go_round(x: float) -> int:
+    """Go's ``math.Round``: half away from zero."""
+    r = math.floor(abs(x) + 0.5)
+    return int(r if x >= 0 else -r)
+
+
 def _td_from_seconds(v: float) -> _dt.timedelta:
-    ns = int(round(v * 1e9))
+    ns = go_round(v * 1e9)
     return _dt.timedelta(microseconds=ns // 1000) if ns % 1000 == 0 else _dt.timedelta(microseconds=ns / 1000)
 
 
@@ -109,26 +115,29 @@ def _set_end(node: A.Expr, end: int) -> None:
 class Parser:
     def __init__(self, text: str) -> None:
         self.text = text
-        self.lex = Lexer(text)
+        self.tokens = tokenize(text)
+        self.i = 0
         self.errors: list[tuple[int, int, str]] = []
         self.ctx: list[tuple[str, str]] = []
         self.last_closing = 0
-        self.tok: Token = self._fetch()
+        self.tok: Token = self.tokens[0]
+        self._reached(self.tok)
 
     # -- tokens ----------------------------------------------------------------------------
 
-    def _fetch(self) -> Token:
-        tok = self.lex.next_token()
+    def _reached(self, tok: Token) -> None:
+        """A lexer error counts when the parser reaches it (errors recorded before come first)."""
         if tok.typ == "ERROR":
             self.errors.append((tok.pos, len(self.text), tok.val))
-        return tok
 
     def advance(self) -> Token:
         t = self.tok
         if t.typ in _CLOSING:
             self.last_closing = t.pos + len(t.val)
         if t.typ not in ("EOF", "ERROR"):
-            self.tok = self._fetch()
+            self.i += 1
+            self.tok = self.tokens[self.i]
+            self._reached(self.tok)
         return t
 
     def error(self, start: int, end: int, msg: str) -> None:
@@ -232,12 +241,8 @@ class Parser:
 
     def peek_typ(self) -> str:
         """The type of the token after the current one (without consuming either)."""
-        save = (self.lex.pos, self.lex.start, self.lex.paren_depth, self.lex.brace_open, self.lex.bracket_open,
-                self.lex.got_colon, self.lex.got_duration, self.lex.in_duration, self.lex.done)
-        tok = self.lex.next_token()
-        (self.lex.pos, self.lex.start, self.lex.paren_depth, self.lex.brace_open, self.lex.bracket_open,
-         self.lex.got_colon, self.lex.got_duration, self.lex.in_duration, self.lex.done) = save
-        return tok.typ
+        j = self.i + 1
+        return self.tokens[j].typ if j < len(self.tokens) else "EOF"
 
     def number_duration_literal(self) -> A.NumberLiteral:
         t = self.advance()
@@ -407,7 +412,7 @@ class Parser:
         return v
 
     def new_binary(self, lhs: A.Expr, op: Token, m: A.BinModifier, rhs: A.Expr) -> A.BinaryExpr:
-        return A.BinaryExpr(A.TokenType(op.val.lower()), lhs, rhs, m)
+        return A.BinaryExpr(A.TokenType(op.val.lower()), lhs, rhs, m, (lhs.pos[0], rhs.pos[1]))
 
     # -- selectors -------------------------------------------------------------------------
 
@@ -705,7 +710,7 @@ class Parser:
             target.at = A.AtModifier(kind)
         else:
             assert ts is not None
-            ms = int(round(ts * 1000)) if math.isfinite(ts) else 0
+            ms = go_round(ts * 1000) if math.isfinite(ts) else 0
             target.at = A.AtModifier(A.AtModifierType.At, ms)
         _set_end(e, self.last_closing)
 
@@ -730,6 +735,15 @@ class Parser:
             self.error(node.pos[0], node.pos[1], f"expected type {_doc(want)} in {context}, got {_doc(t)}")
 
     def check(self, node: A.Expr) -> A.ValueType:
+        """Type-check ``node`` and return its type (computed bottom-up: linear in the tree size)."""
+        if isinstance(node, A.BinaryExpr):
+            return self.check_binary(node)
+        if isinstance(node, (A.ParenExpr, A.UnaryExpr)):
+            typ = self.check(node.expr)
+            if isinstance(node, A.UnaryExpr) and typ not in (A.ValueType.Scalar, A.ValueType.Vector):
+                self.error(node.pos[0], node.pos[1], "unary expression only allowed on expressions of type scalar or "
+                                                     f"instant vector, got {go_quote(_doc(typ))}")
+            return typ
         typ = A.value_type(node)
         if isinstance(node, A.AggregateExpr):
             assert node.expr is not None
@@ -741,17 +755,8 @@ class Parser:
             if op == "count_values":
                 assert node.param is not None
                 self.expect_type(node.param, A.ValueType.String, "aggregation parameter")
-        elif isinstance(node, A.BinaryExpr):
-            self.check_binary(node)
         elif isinstance(node, A.Call):
             self.check_call(node)
-        elif isinstance(node, A.ParenExpr):
-            self.check(node.expr)
-        elif isinstance(node, A.UnaryExpr):
-            t = self.check(node.expr)
-            if t not in (A.ValueType.Scalar, A.ValueType.Vector):
-                self.error(node.pos[0], node.pos[1], "unary expression only allowed on expressions of type scalar or "
-                                                     f"instant vector, got {go_quote(_doc(t))}")
         elif isinstance(node, A.SubqueryExpr):
             t = self.check(node.expr)
             if t != A.ValueType.Vector:
@@ -774,7 +779,7 @@ class Parser:
         if not any(not _matches_empty(m) for m in n.matchers.matchers):
             self.error(n.pos[0], n.pos[1], "vector selector must contain at least one non-empty matcher")
 
-    def check_binary(self, n: A.BinaryExpr) -> None:
+    def check_binary(self, n: A.BinaryExpr) -> A.ValueType:
         lt = self.check(n.lhs)
         rt = self.check(n.rhs)
         m = n.modifier
@@ -787,8 +792,7 @@ class Parser:
         op_range = (start, start + len(op))
         if m.return_bool and typ not in _COMPARISON:
             self.error(*op_range, "bool modifier can only be used on comparison operators")
-        if (typ in _COMPARISON and not m.return_bool and A.value_type(n.rhs) == A.ValueType.Scalar
-                and A.value_type(n.lhs) == A.ValueType.Scalar):
+        if typ in _COMPARISON and not m.return_bool and rt == A.ValueType.Scalar and lt == A.ValueType.Scalar:
             self.error(*op_range, "comparisons between scalars must use BOOL modifier")
         if typ in _SET and m.card == A.VectorMatchCardinality.OneToOne:
             m.card = A.VectorMatchCardinality.ManyToMany
@@ -822,6 +826,7 @@ class Parser:
             n.modifier = None
         if (lt == sca or rt == sca) and typ in _SET:
             self.error(*n.pos, f"set operator {go_quote(op)} not allowed in binary scalar expression")
+        return sca if lt == sca and rt == sca else vec
 
     def check_call(self, n: A.Call) -> None:
         f = n.func
@@ -903,4 +908,30 @@ def parse(query: str) -> A.Expr:
     return Parser(query).parse()
 
 
-__all__ = ["ParseError", "Parser", "parse", "position"]
+
+
+def parse_metric_selector(text: str) -> A.VectorSelector:
+    """Prometheus's ``ParseMetricSelector``: a series selector alone (``foo{a="b"}``, no modifiers),
+    without the expression type checks. Raises :class:`ParseError`."""
+    p = Parser(text)
+    vs: Optional[A.VectorSelector] = None
+    try:
+        typ = p.tok.typ
+        if typ == "LEFT_BRACE":
+            vs = p.vector_selector(None)
+        elif typ in _METRIC_IDENTIFIER:
+            vs = p.vector_selector(p.tok)
+        else:
+            raise p.unexpected()
+        if p.tok.typ != "EOF":
+            raise p.unexpected()
+    except _Abort:
+        pass
+    if p.errors or vs is None:
+        if not p.errors:
+            p.errors.append((0, 0, "no expression found in input"))
+        raise ParseError(text, p.errors)
+    return vs
+
+
+__all__ = ["ParseError", "Parser", "parse", "parse_metric_selector", "position"]

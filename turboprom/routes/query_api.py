@@ -59,7 +59,7 @@ def _query_limits(ctx: ServerContext) -> dict[str, int]:
 
 def _check_query_syntax(ctx: ServerContext, q: str) -> None:
     """Parse errors are the caller's fault: bad_data, named after the ``query`` parameter. Too deep
-    expressions are refused by a scan of the text before the parser binding runs."""
+    expressions are refused by a scan of the text before the parser runs."""
     try:
         parse_promql(q, _max_depth(ctx))
     except ValueError as e:

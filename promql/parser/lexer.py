@@ -131,15 +131,172 @@ _SIMPLE_STMT = {",": "COMMA", "*": "MUL", "/": "DIV", "%": "MOD", "+": "ADD", "-
 _SIMPLE_DUR = {"+": "ADD", "-": "SUB", "*": "MUL", "/": "DIV", "%": "MOD", "^": "POW", ",": "COMMA"}
 
 
+_STRING_RE = (r'"[^"\\\n\ufffd\ud800-\udfff]*"' r"|'[^'\\\n\ufffd\ud800-\udfff]*'" r"|`[^`\ufffd\ud800-\udfff]*`")
+# One master expression per lexer state for the common tokens; whatever none of them matches is
+# handed to the state machine (Lexer) at that point, which also produces every error.
+_STMT_RE = re.compile(
+    r"(?P<sp>[ \t\n\r]+)"
+    r"|(?P<word>[A-Za-z_:][A-Za-z0-9_:]*)"
+    r"|(?P<num>[0-9]+(?:\.[0-9]+)?(?![0-9A-Za-z_.]))"
+    r"|(?P<dur>[0-9]+[smhdwy]s?(?:[0-9]+[smhdw]s?)*(?![0-9A-Za-z_]))"
+    r"|(?P<str>" + _STRING_RE + ")"
+    r"|(?P<op>==|!=|<=|>=|</|>/|=(?!~)|[,*/%+\-^@<>])"
+    r"|(?P<lp>\()|(?P<rp>\))|(?P<lb>\{)|(?P<lk>\[)|(?P<rk>\])")
+_BRACE_RE = re.compile(
+    r"(?P<sp>[ \t\n\r]+)"
+    r"|(?P<id>[A-Za-z_][A-Za-z0-9_]*)"
+    r"|(?P<str>" + _STRING_RE + ")"
+    r"|(?P<op>=~|!~|!=|=|,)"
+    r"|(?P<rb>\})")
+_DUR_RE = re.compile(
+    r"(?P<num>[0-9]+(?:\.[0-9]+)?(?![0-9A-Za-z_.]))"
+    r"|(?P<dur>[0-9]+[smhdwy]s?(?:[0-9]+[smhdw]s?)*(?![0-9A-Za-z_]))"
+    r"|(?P<rk>\])")
+_OP_TYPES = {"==": "EQLC", "!=": "NEQ", "<=": "LTE", ">=": "GTE", "</": "TRIM_UPPER", ">/": "TRIM_LOWER", "=": "EQL",
+             ",": "COMMA", "*": "MUL", "/": "DIV", "%": "MOD", "+": "ADD", "-": "SUB", "^": "POW", "@": "AT",
+             "<": "LSS", ">": "GTR"}
+_BRACE_OP_TYPES = {"=~": "EQL_REGEX", "!~": "NEQ_REGEX", "!=": "NEQ", "=": "EQL", ",": "COMMA"}
+_FILLS = frozenset({"FILL", "FILL_LEFT", "FILL_RIGHT"})
+_new_token = tuple.__new__
+
+
+def _followed_by_paren(text: str, pos: int) -> bool:
+    m = _SPACES.match(text, pos)
+    if m is not None:
+        pos = m.end()
+    return text.startswith("(", pos)
+
+
 def tokenize(text: str) -> list[Token]:
-    """All tokens of ``text``, ending with EOF or with the ERROR token the lexer stopped at."""
-    lex = Lexer(text)
-    out = []
+    """All tokens of ``text``, ending with EOF or with the ERROR token the lexer stopped at.
+
+    The loop lexes the common tokens with one regular expression per state; at anything else it
+    hands its state to a :class:`Lexer` for one token (which is where every error comes from)."""
+    lex: Lexer | None = None  # made when first needed
+    out: list[Token] = []
+    append = out.append
+    n = len(text)
+    stmt, brace_re, dur_re = _STMT_RE.match, _BRACE_RE.match, _DUR_RE.match
+    key_get, op_types, brace_ops = KEY.get, _OP_TYPES, _BRACE_OP_TYPES
+    pos = 0
+    brace = bracket = in_dur = got_colon = got_dur = False
+    depth = 0
     while True:
-        t = lex.next_token()
-        out.append(t)
-        if t.typ in ("EOF", "ERROR"):
+        if brace:
+            m = brace_re(text, pos)
+            if m is not None:
+                g = m.lastgroup
+                end = m.end()
+                if g == "id":
+                    append(_new_token(Token, ("IDENTIFIER", pos, m.group())))
+                elif g == "str":
+                    append(_new_token(Token, ("STRING", pos, m.group())))
+                elif g == "op":
+                    v = m.group()
+                    append(_new_token(Token, (brace_ops[v], pos, v)))
+                elif g == "rb":
+                    brace = False
+                    append(_new_token(Token, ("RIGHT_BRACE", pos, "}")))
+                pos = end
+                continue
+        elif in_dur:
+            m = dur_re(text, pos)
+            if m is not None:
+                g = m.lastgroup
+                end = m.end()
+                if g == "rk":
+                    bracket = in_dur = got_colon = False
+                    append(_new_token(Token, ("RIGHT_BRACKET", pos, "]")))
+                else:
+                    got_dur = True
+                    in_dur = False
+                    append(_new_token(Token, ("NUMBER" if g == "num" else "DURATION", pos, m.group())))
+                pos = end
+                continue
+        else:
+            m = stmt(text, pos)
+            if m is not None:
+                g = m.lastgroup
+                end = m.end()
+                if g == "sp":
+                    pos = end
+                    continue
+                if g == "word":
+                    if not bracket:
+                        word = m.group()
+                        low = word.lower()
+                        kw = key_get(low)
+                        if kw is not None:
+                            if kw in _FILLS and not _followed_by_paren(text, end):
+                                kw = "IDENTIFIER"
+                            typ = kw
+                        elif low in _KEY_NUMBERS:
+                            typ = "NUMBER"
+                        elif ":" in word:
+                            typ = "METRIC_IDENTIFIER"
+                        else:
+                            typ = "IDENTIFIER"
+                        append(_new_token(Token, (typ, pos, word)))
+                        pos = end
+                        continue
+                elif g == "op":
+                    v = m.group()
+                    append(_new_token(Token, (op_types[v], pos, v)))
+                    pos = end
+                    continue
+                elif g == "lp":
+                    depth += 1
+                    append(_new_token(Token, ("LEFT_PAREN", pos, "(")))
+                    pos = end
+                    continue
+                elif g == "rp":
+                    if depth > 0:
+                        depth -= 1
+                        append(_new_token(Token, ("RIGHT_PAREN", pos, ")")))
+                        pos = end
+                        continue
+                elif g == "num" or g == "dur":
+                    append(_new_token(Token, ("NUMBER" if g == "num" else "DURATION", pos, m.group())))
+                    pos = end
+                    continue
+                elif g == "str":
+                    append(_new_token(Token, ("STRING", pos, m.group())))
+                    pos = end
+                    continue
+                elif g == "lb":
+                    brace = True
+                    append(_new_token(Token, ("LEFT_BRACE", pos, "{")))
+                    pos = end
+                    continue
+                elif g == "lk":
+                    if not bracket:
+                        got_colon = False
+                        append(_new_token(Token, ("LEFT_BRACKET", pos, "[")))
+                        m = _SPACES.match(text, end)
+                        pos = m.end() if m is not None else end
+                        bracket = in_dur = True
+                        continue
+                elif bracket:  # "]"
+                    bracket = False
+                    append(_new_token(Token, ("RIGHT_BRACKET", pos, "]")))
+                    pos = end
+                    continue
+        if pos >= n and not (depth or bracket or brace):
+            append(_new_token(Token, ("EOF", n, "")))
             return out
+        # one token from the state machine
+        if lex is None:
+            lex = Lexer(text)
+        lex.pos = lex.start = pos
+        lex.brace_open, lex.bracket_open, lex.in_duration = brace, bracket, in_dur
+        lex.got_colon, lex.got_duration, lex.paren_depth = got_colon, got_dur, depth
+        t = lex.next_token()
+        append(t)
+        if t.typ == "EOF" or t.typ == "ERROR":
+            return out
+        pos = lex.pos
+        brace, bracket, in_dur = lex.brace_open, lex.bracket_open, lex.in_duration
+        got_colon, got_dur, depth = lex.got_colon, lex.got_duration, lex.paren_depth
 
 
 class Lexer:
@@ -450,10 +607,7 @@ class Lexer:
         return self._emit("METRIC_IDENTIFIER")
 
     def _followed_by_paren(self) -> bool:
-        j = self.pos
-        while j < self.n and self.s[j] in _SPACE:
-            j += 1
-        return j < self.n and self.s[j] == "("
+        return _followed_by_paren(self.s, self.pos)
 
     # -- strings ---------------------------------------------------------------------------
 

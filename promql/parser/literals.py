@@ -22,8 +22,14 @@ class LiteralError(ValueError):
     pass
 
 
+_PLAIN_DECIMAL = re.compile(r"(?:[1-9][0-9]*|0)(?:\.[0-9]+)?")
+_PLAIN_DURATION = re.compile(r"([0-9]+)(ms|[smhdwy])")
+
+
 def parse_number(text: str) -> float:
     """Prometheus's ``parser.number``: ``strconv.ParseInt(s, 0, 64)``, else ``strconv.ParseFloat``."""
+    if _PLAIN_DECIMAL.fullmatch(text):  # the common case: both readings give the nearest float
+        return float(text)
     if _PREFIXED.fullmatch(text) or _DECIMAL_INT.fullmatch(text):
         v = int(text.replace("_", ""), 0)
         if v <= _INT64_MAX:
@@ -56,6 +62,11 @@ _MAX_NS = 2**63 - 1
 def parse_duration_ms(text: str) -> int:
     """``model.ParseDuration``: units y w d h m s ms, largest first, each at most once; ``0`` alone
     is allowed. Milliseconds; raises LiteralError with Prometheus's message."""
+    m = _PLAIN_DURATION.fullmatch(text)
+    if m is not None:  # one unit: the common case
+        v, mult = int(m.group(1)), _UNITS[m.group(2)][1]
+        if v <= _MAX_NS // (mult * 1_000_000):
+            return v * mult
     if text == "0":
         return 0
     if text == "":

@@ -47,6 +47,7 @@ _MAYBE_LABEL = frozenset({
     "STEP", "RANGE", "ANCHORED", "SMOOTHED", "MAX_OF", "MIN_OF"})
 _CALLABLE_KEYWORDS = frozenset({"START", "END", "STEP", "RANGE", "MAX_OF", "MIN_OF"})
 _PARAM_AGGREGATORS = frozenset({"topk", "bottomk", "count_values", "quantile", "limitk", "limit_ratio"})
+_POSTFIX = frozenset({"LEFT_BRACKET", "OFFSET", "AT", "ANCHORED", "SMOOTHED"})
 _CLOSING = frozenset({"RIGHT_BRACE", "RIGHT_PAREN", "RIGHT_BRACKET", "DURATION", "NUMBER"})
 _MAX_DURATION_S = float(1 << 63) / 1e9
 _INT64_MAX_F = float(2**63 - 1)
@@ -115,29 +116,36 @@ def _set_end(node: A.Expr, end: int) -> None:
 class Parser:
     def __init__(self, text: str) -> None:
         self.text = text
-        self.tokens = tokenize(text)
+        self.tokens = tokens = tokenize(text)
         self.i = 0
         self.errors: list[tuple[int, int, str]] = []
         self.ctx: list[tuple[str, str]] = []
         self.last_closing = 0
-        self.tok: Token = self.tokens[0]
-        self._reached(self.tok)
+        # a lexer error is the last token, and counts when the parser reaches it (errors recorded
+        # before come first)
+        self.error_at = len(tokens) - 1 if tokens[-1].typ == "ERROR" else -1
+        self.tok: Token = tokens[0]
+        self.typ: str = self.tok.typ  # the current token's type
+        if self.error_at == 0:
+            self._reached()
 
     # -- tokens ----------------------------------------------------------------------------
 
-    def _reached(self, tok: Token) -> None:
-        """A lexer error counts when the parser reaches it (errors recorded before come first)."""
-        if tok.typ == "ERROR":
-            self.errors.append((tok.pos, len(self.text), tok.val))
+    def _reached(self) -> None:
+        tok = self.tok
+        self.errors.append((tok.pos, len(self.text), tok.val))
 
     def advance(self) -> Token:
         t = self.tok
-        if t.typ in _CLOSING:
+        typ = self.typ
+        if typ in _CLOSING:
             self.last_closing = t.pos + len(t.val)
-        if t.typ not in ("EOF", "ERROR"):
-            self.i += 1
-            self.tok = self.tokens[self.i]
-            self._reached(self.tok)
+        if typ != "EOF" and typ != "ERROR":
+            i = self.i = self.i + 1
+            self.tok = tok = self.tokens[i]
+            self.typ = tok.typ
+            if i == self.error_at:
+                self._reached()
         return t
 
     def error(self, start: int, end: int, msg: str) -> None:
@@ -164,7 +172,7 @@ class Parser:
         return self.unexpected()
 
     def expect(self, typ: str) -> Token:
-        if self.tok.typ != typ:
+        if self.typ != typ:
             raise self.syntax_error()
         return self.advance()
 
@@ -173,11 +181,11 @@ class Parser:
     def parse(self) -> A.Expr:
         expr: Optional[A.Expr] = None
         try:
-            if self.tok.typ == "EOF":
+            if self.typ == "EOF":
                 self.error(0, 0, "no expression found in input")
-            elif self.tok.typ != "ERROR":
+            elif self.typ != "ERROR":
                 expr = self.parse_expr(0)
-                if self.tok.typ != "EOF":
+                if self.typ != "EOF":
                     raise self.syntax_error()
         except _Abort:
             pass
@@ -192,9 +200,15 @@ class Parser:
     # -- expressions -----------------------------------------------------------------------
 
     def parse_expr(self, min_prec: int) -> A.Expr:
-        lhs = self.parse_unary()
+        typ = self.typ
+        if typ == "ADD" or typ == "SUB":
+            lhs = self.parse_unary()
+        else:
+            lhs = self.parse_primary()
+            if self.typ in _POSTFIX:
+                lhs = self.parse_postfix(lhs)
         while True:
-            typ = self.tok.typ
+            typ = self.typ
             prec = _BINARY.get(typ)
             if prec is None or prec < min_prec:
                 return lhs
@@ -204,16 +218,15 @@ class Parser:
             lhs = self.new_binary(lhs, op, modifier, rhs)
 
     def parse_unary(self) -> A.Expr:
-        if self.tok.typ in ("ADD", "SUB"):
-            op = self.advance()
-            e = self.parse_expr(_POW)
-            if isinstance(e, A.NumberLiteral):
-                if op.typ == "SUB":
-                    e.val = -e.val
-                e.pos = (op.pos, e.pos[1])
-                return e
-            return A.UnaryExpr(e, A.TokenType(op.val), op.pos)
-        return self.parse_postfix(self.parse_primary())
+        """A leading ``+``/``-`` (the current token): binds tighter than everything but ``^``."""
+        op = self.advance()
+        e = self.parse_expr(_POW)
+        if isinstance(e, A.NumberLiteral):
+            if op.typ == "SUB":
+                e.val = -e.val
+            e.pos = (op.pos, e.pos[1])
+            return e
+        return A.UnaryExpr(e, A.TokenType(op.val), op.pos)
 
     def parse_primary(self) -> A.Expr:
         t = self.tok
@@ -273,14 +286,14 @@ class Parser:
     def call_body(self) -> tuple[list[A.Expr], int]:
         self.expect("LEFT_PAREN")
         args: list[A.Expr] = []
-        if self.tok.typ == "RIGHT_PAREN":
+        if self.typ == "RIGHT_PAREN":
             r = self.advance()
             return args, r.pos + 1
         while True:
             args.append(self.parse_expr(0))
-            if self.tok.typ == "COMMA":
+            if self.typ == "COMMA":
                 c = self.advance()
-                if self.tok.typ == "RIGHT_PAREN":
+                if self.typ == "RIGHT_PAREN":
                     self.error(c.pos, c.pos + 1, "trailing commas not allowed in function call args")
                     break
                 continue
@@ -301,12 +314,12 @@ class Parser:
         op = self.advance()
         self.ctx.append(("aggregation", ""))
         modifier = None
-        if self.tok.typ in ("BY", "WITHOUT"):
+        if self.typ in ("BY", "WITHOUT"):
             modifier = self.agg_modifier()
             args, end = self.call_body()
         else:
             args, end = self.call_body()
-            if self.tok.typ in ("BY", "WITHOUT"):
+            if self.typ in ("BY", "WITHOUT"):
                 modifier = self.agg_modifier()
                 end = self.last_closing
         self.ctx.pop()
@@ -331,11 +344,11 @@ class Parser:
         return A.AggModifier(A.AggModifierType.Without if kw.typ == "WITHOUT" else A.AggModifierType.By, labels)
 
     def grouping_labels(self) -> list[str]:
-        if self.tok.typ != "LEFT_PAREN":
+        if self.typ != "LEFT_PAREN":
             raise self.unexpected("grouping opts", '"("')
         self.advance()
         labels: list[str] = []
-        if self.tok.typ == "RIGHT_PAREN":
+        if self.typ == "RIGHT_PAREN":
             self.advance()
             return labels
         while True:
@@ -350,12 +363,12 @@ class Parser:
                 raise self.unexpected("grouping opts", "label")
             self.advance()
             labels.append(name)
-            if self.tok.typ == "COMMA":
+            if self.typ == "COMMA":
                 self.advance()
-                if self.tok.typ == "RIGHT_PAREN":
+                if self.typ == "RIGHT_PAREN":
                     break
                 continue
-            if self.tok.typ == "RIGHT_PAREN":
+            if self.typ == "RIGHT_PAREN":
                 break
             raise self.unexpected("grouping opts", '"," or ")"')
         self.advance()
@@ -365,19 +378,19 @@ class Parser:
 
     def parse_bin_modifier(self) -> A.BinModifier:
         m = A.BinModifier(A.VectorMatchCardinality.OneToOne)
-        if self.tok.typ == "BOOL":
+        if self.typ == "BOOL":
             self.advance()
             m.return_bool = True
-        if self.tok.typ in ("ON", "IGNORING"):
+        if self.typ in ("ON", "IGNORING"):
             kw = self.advance()
             labels = self.grouping_labels()
             m.matching = A.LabelModifier(A.LabelModifierType.Include if kw.typ == "ON" else A.LabelModifierType.Exclude,
                                          labels)
-            if self.tok.typ in ("GROUP_LEFT", "GROUP_RIGHT"):
+            if self.typ in ("GROUP_LEFT", "GROUP_RIGHT"):
                 g = self.advance()
                 m.card = A.VectorMatchCardinality.ManyToOne if g.typ == "GROUP_LEFT" else A.VectorMatchCardinality.OneToMany
-                m.group_labels = self.grouping_labels() if self.tok.typ == "LEFT_PAREN" else []
-        typ = self.tok.typ
+                m.group_labels = self.grouping_labels() if self.typ == "LEFT_PAREN" else []
+        typ = self.typ
         if typ == "FILL":
             self.advance()
             v = self.fill_value()
@@ -390,7 +403,7 @@ class Parser:
             else:
                 m.fill_values.rhs = v
             other = "FILL_RIGHT" if typ == "FILL_LEFT" else "FILL_LEFT"
-            if self.tok.typ == other:
+            if self.typ == other:
                 self.advance()
                 v2 = self.fill_value()
                 if other == "FILL_LEFT":
@@ -402,10 +415,10 @@ class Parser:
     def fill_value(self) -> float:
         self.expect("LEFT_PAREN")
         sign = 1.0
-        if self.tok.typ in ("ADD", "SUB"):
+        if self.typ in ("ADD", "SUB"):
             if self.advance().typ == "SUB":
                 sign = -1.0
-        if self.tok.typ not in ("NUMBER", "DURATION"):
+        if self.typ not in ("NUMBER", "DURATION"):
             raise self.syntax_error()
         v = self.number_duration_literal().val * sign
         self.expect("RIGHT_PAREN")
@@ -420,7 +433,7 @@ class Parser:
         if name_tok is not None:
             self.advance()
             start, end = name_tok.pos, name_tok.pos + len(name_tok.val)
-            if self.tok.typ == "LEFT_BRACE":
+            if self.typ == "LEFT_BRACE":
                 matchers, end = self.label_matchers()
             else:
                 matchers = []
@@ -432,37 +445,37 @@ class Parser:
     def label_matchers(self) -> tuple[list[A.Matcher], int]:
         self.advance()  # {
         out: list[A.Matcher] = []
-        if self.tok.typ == "RIGHT_BRACE":
+        if self.typ == "RIGHT_BRACE":
             return out, self.advance().pos + 1
         while True:
             t = self.tok
             if t.typ == "IDENTIFIER":
                 self.advance()
-                if self.tok.typ not in _MATCH_OPS:
+                if self.typ not in _MATCH_OPS:
                     raise self.unexpected("label matching", "label matching operator")
                 out.append(self.matcher(t, t.val))
             elif t.typ == "STRING":
                 name = self.unquote(t)
                 self.advance()
-                if self.tok.typ in _MATCH_OPS:
+                if self.typ in _MATCH_OPS:
                     out.append(self.matcher(t, name))
                 else:
                     out.append(A.Matcher(A.MatchOp.Equal, "__name__", name))
             else:
                 raise self.unexpected("label matching", 'identifier or "}"')
-            if self.tok.typ == "COMMA":
+            if self.typ == "COMMA":
                 self.advance()
-                if self.tok.typ == "RIGHT_BRACE":
+                if self.typ == "RIGHT_BRACE":
                     break
                 continue
-            if self.tok.typ == "RIGHT_BRACE":
+            if self.typ == "RIGHT_BRACE":
                 break
             raise self.unexpected("label matching", '"," or "}"')
         return out, self.advance().pos + 1
 
     def matcher(self, label: Token, name: str) -> A.Matcher:
         op = _MATCH_OPS[self.advance().typ]
-        if self.tok.typ != "STRING":
+        if self.typ != "STRING":
             raise self.unexpected("label matching", "string")
         v = self.advance()
         value = self.unquote(v)
@@ -479,7 +492,7 @@ class Parser:
 
     def parse_postfix(self, e: A.Expr) -> A.Expr:
         while True:
-            typ = self.tok.typ
+            typ = self.typ
             if typ == "LEFT_BRACKET":
                 e = self.range_or_subquery(e)
             elif typ == "OFFSET":
@@ -497,7 +510,7 @@ class Parser:
         self.ctx.append(_RANGE_CTX)
         rng = self.positive_duration()
         self.ctx.pop()
-        if self.tok.typ == "RIGHT_BRACKET":
+        if self.typ == "RIGHT_BRACKET":
             rb = self.advance()
             msg = None
             if not isinstance(e, A.VectorSelector):
@@ -511,16 +524,16 @@ class Parser:
             value, expr = self.duration_value(rng)
             vs = e if isinstance(e, A.VectorSelector) else A.VectorSelector(None, A.Matchers([]), pos=e.pos)
             return A.MatrixSelector(vs, value, end=self.last_closing, range_expr=expr)
-        if self.tok.typ != "COLON":
+        if self.typ != "COLON":
             raise self.unexpected("subquery or range", '":" or "]"')
         self.advance()
         rvalue, rexpr = self.duration_value(rng)
         svalue = sexpr = None
-        if self.tok.typ != "RIGHT_BRACKET":
+        if self.typ != "RIGHT_BRACKET":
             self.ctx.append(_STEP_CTX)
             step = self.positive_duration()
             self.ctx.pop()
-            if self.tok.typ != "RIGHT_BRACKET":
+            if self.typ != "RIGHT_BRACKET":
                 raise self.unexpected("subquery selector", '"]"')
             svalue, sexpr = self.duration_value(step)
         rb = self.advance()
@@ -543,7 +556,7 @@ class Parser:
     def duration_expr(self, min_prec: int) -> A.Expr:
         lhs = self.duration_primary()
         while True:
-            typ = self.tok.typ
+            typ = self.typ
             prec = _DURATION_BINARY.get(typ)
             if prec is None or prec < min_prec:
                 return lhs
@@ -633,7 +646,7 @@ class Parser:
             return self.min_max_of()
         if typ in ("ADD", "SUB"):
             op = self.advance()
-            nt = self.tok.typ
+            nt = self.typ
             if nt in ("NUMBER", "DURATION"):
                 nl = self.number_duration_literal()
                 if op.typ == "SUB":
@@ -680,7 +693,7 @@ class Parser:
     def at(self, e: A.Expr) -> None:
         self.advance()
         self.ctx.append(_AT_CTX)
-        typ = self.tok.typ
+        typ = self.typ
         ts: Optional[float] = None
         kind = None
         if typ in ("START", "END"):
@@ -692,7 +705,7 @@ class Parser:
             sign = 1.0
             if typ in ("ADD", "SUB"):
                 sign = -1.0 if self.advance().typ == "SUB" else 1.0
-            if self.tok.typ not in ("NUMBER", "DURATION"):
+            if self.typ not in ("NUMBER", "DURATION"):
                 raise self.syntax_error()
             ts = self.number_duration_literal().val * sign
         self.ctx.pop()
@@ -736,36 +749,43 @@ class Parser:
 
     def check(self, node: A.Expr) -> A.ValueType:
         """Type-check ``node`` and return its type (computed bottom-up: linear in the tree size)."""
-        if isinstance(node, A.BinaryExpr):
-            return self.check_binary(node)
-        if isinstance(node, (A.ParenExpr, A.UnaryExpr)):
-            typ = self.check(node.expr)
-            if isinstance(node, A.UnaryExpr) and typ not in (A.ValueType.Scalar, A.ValueType.Vector):
-                self.error(node.pos[0], node.pos[1], "unary expression only allowed on expressions of type scalar or "
-                                                     f"instant vector, got {go_quote(_doc(typ))}")
-            return typ
-        typ = A.value_type(node)
-        if isinstance(node, A.AggregateExpr):
-            assert node.expr is not None
-            self.expect_type(node.expr, A.ValueType.Vector, "aggregation expression")
-            op = str(node.op)
-            if op in ("topk", "bottomk", "quantile", "limitk", "limit_ratio"):
-                assert node.param is not None
-                self.expect_type(node.param, A.ValueType.Scalar, "aggregation parameter")
-            if op == "count_values":
-                assert node.param is not None
-                self.expect_type(node.param, A.ValueType.String, "aggregation parameter")
-        elif isinstance(node, A.Call):
-            self.check_call(node)
-        elif isinstance(node, A.SubqueryExpr):
-            t = self.check(node.expr)
-            if t != A.ValueType.Vector:
-                self.error(node.pos[0], node.pos[1], f"subquery is only allowed on instant vector, got {t.value} instead")
-        elif isinstance(node, A.MatrixSelector):
-            self.check(node.vector_selector)
-        elif isinstance(node, A.VectorSelector):
-            self.check_selector(node)
+        return _CHECKS[type(node)](self, node)
+
+    def check_paren(self, node: A.ParenExpr) -> A.ValueType:
+        return self.check(node.expr)
+
+    def check_unary(self, node: A.UnaryExpr) -> A.ValueType:
+        typ = self.check(node.expr)
+        if typ is not _SCALAR and typ is not _VECTOR:
+            self.error(node.pos[0], node.pos[1], "unary expression only allowed on expressions of type scalar or "
+                                                 f"instant vector, got {go_quote(_doc(typ))}")
         return typ
+
+    def check_aggregate(self, node: A.AggregateExpr) -> A.ValueType:
+        assert node.expr is not None
+        self.expect_type(node.expr, _VECTOR, "aggregation expression")
+        op = str(node.op)
+        if op in ("topk", "bottomk", "quantile", "limitk", "limit_ratio"):
+            assert node.param is not None
+            self.expect_type(node.param, _SCALAR, "aggregation parameter")
+        if op == "count_values":
+            assert node.param is not None
+            self.expect_type(node.param, A.ValueType.String, "aggregation parameter")
+        return _VECTOR
+
+    def check_subquery(self, node: A.SubqueryExpr) -> A.ValueType:
+        t = self.check(node.expr)
+        if t != _VECTOR:
+            self.error(node.pos[0], node.pos[1], f"subquery is only allowed on instant vector, got {t.value} instead")
+        return A.ValueType.Matrix
+
+    def check_matrix(self, node: A.MatrixSelector) -> A.ValueType:
+        self.check_selector(node.vector_selector)
+        return A.ValueType.Matrix
+
+    def check_vector(self, node: A.VectorSelector) -> A.ValueType:
+        self.check_selector(node)
+        return _VECTOR
 
     def check_selector(self, n: A.VectorSelector) -> None:
         if n.name:
@@ -828,7 +848,7 @@ class Parser:
             self.error(*n.pos, f"set operator {go_quote(op)} not allowed in binary scalar expression")
         return sca if lt == sca and rt == sca else vec
 
-    def check_call(self, n: A.Call) -> None:
+    def check_call(self, n: A.Call) -> A.ValueType:
         f = n.func
         nargs = len(f.arg_types)
         if f.variadic == 0:
@@ -862,7 +882,17 @@ class Parser:
             if t != f.arg_types[i]:
                 self.error(*arg.pos, f"expected type {_doc(f.arg_types[i])} in call to function {go_quote(f.name)}, "
                                      f"got {_doc(t)}")
+        return f.return_type
 
+
+_SCALAR, _VECTOR = A.ValueType.Scalar, A.ValueType.Vector
+_CHECKS = {
+    A.BinaryExpr: Parser.check_binary, A.ParenExpr: Parser.check_paren, A.UnaryExpr: Parser.check_unary,
+    A.AggregateExpr: Parser.check_aggregate, A.Call: Parser.check_call, A.SubqueryExpr: Parser.check_subquery,
+    A.MatrixSelector: Parser.check_matrix, A.VectorSelector: Parser.check_vector,
+    A.NumberLiteral: lambda p, n: _SCALAR, A.DurationExpr: lambda p, n: _SCALAR,
+    A.StringLiteral: lambda p, n: A.ValueType.String,
+}
 
 _OP_TYPES = {"or": "LOR", "and": "LAND", "unless": "LUNLESS", "==": "EQLC", ">=": "GTE", ">": "GTR", "<": "LSS",
              "<=": "LTE", "!=": "NEQ", "</": "TRIM_UPPER", ">/": "TRIM_LOWER", "+": "ADD", "-": "SUB", "*": "MUL",

@@ -37,6 +37,8 @@ def go_quote(s: str) -> str:
             out.append("\\r")
         elif ord(ch) < 0x20 or ord(ch) == 0x7F:
             out.append(f"\\x{ord(ch):02x}")
+        elif "\udc80" <= ch <= "\udcff":  # a byte that is not UTF-8, carried as a surrogate escape
+            out.append(f"\\x{ord(ch) - 0xDC00:02x}")
         else:
             out.append(ch)
     return '"' + "".join(out) + '"'

@@ -79,3 +79,16 @@ def test_info_adds_target_info_labels(engine):
 def test_label_replace_collision_is_an_execution_error(engine):
     with pytest.raises(PromQLError, match="vector cannot contain metrics with the same labelset"):
         engine.instant_query('label_replace(jobs_total, "instance", "x", "", "")', 30 * M)
+
+
+def test_label_replace_and_join_label_names_are_prometheus_utf8(engine):
+    """Destination/source label names are valid when they are valid UTF-8 (U+FFFD included) and
+    refused when a ``\\x`` escape makes a byte that is not UTF-8, as in Prometheus 3.x."""
+    res = engine.instant_query('label_replace(queue_depth, "\\ufffd", "$1", "instance", "(.*)")', 30 * M)
+    assert dict(res.labels[0])["\ufffd"] == "a"
+    res = engine.instant_query('label_join(queue_depth, "\\ufffd", "-", "job", "instance")', 30 * M)
+    assert dict(res.labels[0])["\ufffd"] == "w-a"
+    for q in ('label_replace(queue_depth, "\\xff", "", "instance", "(.*)")',
+              'label_join(queue_depth, "\\xff", "-", "job")', 'label_join(queue_depth, "dst", "-", "\\xff")'):
+        with pytest.raises(PromQLError, match="invalid (destination|source) label name"):
+            engine.instant_query(q, 30 * M)

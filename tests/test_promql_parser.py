@@ -347,3 +347,18 @@ def test_multi_line_position():
     with pytest.raises(ParseError) as ei:
         parse("sum(\n  rate(x[5m])\n) by job")
     assert str(ei.value) == '3:6: parse error: unexpected identifier "job" in grouping opts, expected "("'
+
+
+def test_label_name_validity_is_prometheus_utf8():
+    """One rule for label names written in queries (grouping labels, label_replace/label_join):
+    Prometheus's ``utf8.ValidString``. ``"\\xff"`` decodes to a byte that is not UTF-8 (invalid);
+    ``"\\ufffd"`` decodes to the replacement character, which is valid UTF-8 (valid)."""
+    from promql.parser.literals import valid_label_name
+
+    assert valid_label_name("job") and valid_label_name("k8s.pod/näme") and valid_label_name("\ufffd")
+    assert not valid_label_name("") and not valid_label_name("\udcff")
+    with pytest.raises(ParseError) as e:
+        parse('sum by ("\\xff") (up)')
+    assert str(e.value) == '1:9: parse error: invalid label name for grouping: "\\xff"'
+    agg = parse('sum by ("\\ufffd", "a\\u00e9") (up)')
+    assert isinstance(agg, AggregateExpr) and agg.modifier.labels == ["\ufffd", "a\u00e9"]

@@ -7,60 +7,10 @@ import numpy as np
 from promql.errors import ExecutionError
 from promql.functions import FunctionContext, Histograms, register
 from promql.functions.common import string_arg, vector_arg
-from promql.go_strings import decode_go_literal
+from promql.parser.literals import valid_label_name
 from promql.types import Value, VectorSteps
 from storage.labels import METRIC_NAME, Labels, get, set_label
 from storage.regex import RegexError, compile_regex, expand_template
-
-
-def _valid_label_name(name: str) -> bool:
-    # Prometheus 3 accepts any non-empty valid UTF-8 label name.
-    if not name:
-        return False
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return "\ufffd" not in name
-
-
-
-
-def _raw_literal_bytes(ctx: FunctionContext, arg_index: int) -> bytes | None:
-    """The bytes Go would decode from the string literal of argument ``arg_index``, read from the
-    query text. Go keeps the raw byte of "\\xff" (invalid UTF-8, which Prometheus refuses as a
-    label name), so validity is judged on the source bytes."""
-    ec = ctx.extra.get("eval_ctx")
-    text = getattr(ec, "query", "") or ""
-    if not text or not ctx.arg_positions or arg_index >= len(ctx.arg_positions):
-        return None
-    line, col = ctx.arg_positions[arg_index]
-    if line <= 0 or col <= 0:
-        return None
-    lines = text.split("\n")
-    if line > len(lines):
-        return None
-    off = sum(len(x) + 1 for x in lines[: line - 1]) + col - 1
-    while off < len(text) and (text[off] in "( \t\r\n"):
-        off += 1
-    if off >= len(text) or text[off] not in "\"'`":
-        return None
-    r = decode_go_literal(text, off)
-    return r[0] if r is not None else None
-
-
-def _arg_valid_utf8(ctx: FunctionContext, arg_index: int) -> bool:
-    try:
-        raw = _raw_literal_bytes(ctx, arg_index)
-    except (ValueError, IndexError):
-        return True
-    if raw is None:
-        return True
-    try:
-        raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True
 
 
 def merge_same_labelsets(labels: list[Labels], values: np.ndarray, present: np.ndarray,
@@ -106,7 +56,7 @@ def label_replace(ctx: FunctionContext, args: list[Value]) -> Value:
         regex = compile_regex(regex_s)
     except RegexError as e:  # Prometheus's text (a runtime error, 422), then what Go's regexp says
         raise ExecutionError(f"invalid regular expression in label_replace(): {regex_s}: {e}") from None
-    if not _valid_label_name(dst) or not _arg_valid_utf8(ctx, 1):
+    if not valid_label_name(dst):
         raise ExecutionError(f"invalid destination label name in label_replace(): {dst}")
     labels = list(vec.labels)
     dn = vec.drop_name_mask().copy()
@@ -131,10 +81,10 @@ def label_join(ctx: FunctionContext, args: list[Value]) -> Value:
     dst = string_arg(args[1])
     sep = string_arg(args[2])
     srcs = [string_arg(a) for a in args[3:]]
-    for k, s in enumerate(srcs):
-        if not _valid_label_name(s) or not _arg_valid_utf8(ctx, 3 + k):
+    for s in srcs:
+        if not valid_label_name(s):
             raise ExecutionError(f"invalid source label name in label_join(): {s}")
-    if not _valid_label_name(dst) or not _arg_valid_utf8(ctx, 1):
+    if not valid_label_name(dst):
         raise ExecutionError(f"invalid destination label name in label_join(): {dst}")
     labels = list(vec.labels)
     dn = vec.drop_name_mask().copy()

@@ -149,4 +149,17 @@ def unquote(text: str) -> str:
     return out.decode("utf-8", "surrogateescape")
 
 
-__all__ = ["LiteralError", "parse_number", "parse_duration_ms", "unquote"]
+def valid_label_name(name: str) -> bool:
+    """Prometheus's ``model.LabelName.IsValid`` (UTF-8 names): non-empty and valid UTF-8
+    (``utf8.ValidString``). A string value keeps bytes that are not UTF-8 as surrogate escapes
+    (see :func:`unquote`), which do not encode; U+FFFD itself is a valid character."""
+    if not name:
+        return False
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+__all__ = ["LiteralError", "parse_number", "parse_duration_ms", "unquote", "valid_label_name"]

@@ -21,7 +21,7 @@ from promql.eval_labels import go_quote
 from promql.parser import ast as A
 from promql.parser.functions import get_function
 from promql.parser.lexer import AGGREGATORS, Token, describe, tokenize
-from promql.parser.literals import LiteralError, parse_duration_ms, parse_number, unquote
+from promql.parser.literals import LiteralError, parse_duration_ms, parse_number, unquote, valid_label_name
 
 # binary operator token -> (precedence, right associative)
 _BINARY = {
@@ -357,7 +357,7 @@ class Parser:
                 name = t.val
             elif t.typ == "STRING":
                 name = self.unquote(t)
-                if not _valid_label_name(name):
+                if not valid_label_name(name):
                     self.error(t.pos, t.pos + len(t.val), f"invalid label name for grouping: {go_quote(name)}")
             else:
                 raise self.unexpected("grouping opts", "label")
@@ -906,16 +906,6 @@ def _go_f(v: float) -> str:
     if math.isinf(v):
         return "+Inf" if v > 0 else "-Inf"
     return f"{v:f}"
-
-
-def _valid_label_name(name: str) -> bool:
-    if not name:
-        return False
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _matches_empty(m: A.Matcher) -> bool:

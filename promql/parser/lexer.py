@@ -134,20 +134,22 @@ _SIMPLE_DUR = {"+": "ADD", "-": "SUB", "*": "MUL", "/": "DIV", "%": "MOD", "^": 
 _STRING_RE = (r'"[^"\\\n\ufffd\ud800-\udfff]*"' r"|'[^'\\\n\ufffd\ud800-\udfff]*'" r"|`[^`\ufffd\ud800-\udfff]*`")
 # One master expression per lexer state for the common tokens; whatever none of them matches is
 # handed to the state machine (Lexer) at that point, which also produces every error.
-_STMT_RE = re.compile(
-    r"(?P<sp>[ \t\n\r]+)"
-    r"|(?P<word>[A-Za-z_:][A-Za-z0-9_:]*)"
+_STMT_RE = re.compile(  # spaces before a token are taken with it; spaces alone (before EOF, a comment) last
+    r"[ \t\n\r]*(?:"
+    r"(?P<word>[A-Za-z_:][A-Za-z0-9_:]*)"
     r"|(?P<num>[0-9]+(?:\.[0-9]+)?(?![0-9A-Za-z_.]))"
     r"|(?P<dur>[0-9]+[smhdwy]s?(?:[0-9]+[smhdw]s?)*(?![0-9A-Za-z_]))"
     r"|(?P<str>" + _STRING_RE + ")"
     r"|(?P<op>==|!=|<=|>=|</|>/|=(?!~)|[,*/%+\-^@<>])"
-    r"|(?P<lp>\()|(?P<rp>\))|(?P<lb>\{)|(?P<lk>\[)|(?P<rk>\])")
+    r"|(?P<lp>\()|(?P<rp>\))|(?P<lb>\{)|(?P<lk>\[)|(?P<rk>\]))"
+    r"|(?P<sp>[ \t\n\r]+)")
 _BRACE_RE = re.compile(
-    r"(?P<sp>[ \t\n\r]+)"
-    r"|(?P<id>[A-Za-z_][A-Za-z0-9_]*)"
+    r"[ \t\n\r]*(?:"
+    r"(?P<id>[A-Za-z_][A-Za-z0-9_]*)"
     r"|(?P<str>" + _STRING_RE + ")"
     r"|(?P<op>=~|!~|!=|=|,)"
-    r"|(?P<rb>\})")
+    r"|(?P<rb>\}))"
+    r"|(?P<sp>[ \t\n\r]+)")
 _DUR_RE = re.compile(
     r"(?P<num>[0-9]+(?:\.[0-9]+)?(?![0-9A-Za-z_.]))"
     r"|(?P<dur>[0-9]+[smhdwy]s?(?:[0-9]+[smhdw]s?)*(?![0-9A-Za-z_]))"
@@ -186,18 +188,19 @@ def tokenize(text: str) -> list[Token]:
             m = brace_re(text, pos)
             if m is not None:
                 g = m.lastgroup
-                end = m.end()
+                pos = m.end()
                 if g == "id":
-                    append(_new_token(Token, ("IDENTIFIER", pos, m.group())))
+                    v = m.group(g)
+                    append(_new_token(Token, ("IDENTIFIER", pos - len(v), v)))
                 elif g == "str":
-                    append(_new_token(Token, ("STRING", pos, m.group())))
+                    v = m.group(g)
+                    append(_new_token(Token, ("STRING", pos - len(v), v)))
                 elif g == "op":
-                    v = m.group()
-                    append(_new_token(Token, (brace_ops[v], pos, v)))
+                    v = m.group(g)
+                    append(_new_token(Token, (brace_ops[v], pos - len(v), v)))
                 elif g == "rb":
                     brace = False
-                    append(_new_token(Token, ("RIGHT_BRACE", pos, "}")))
-                pos = end
+                    append(_new_token(Token, ("RIGHT_BRACE", pos - 1, "}")))
                 continue
         elif in_dur:
             m = dur_re(text, pos)
@@ -218,12 +221,9 @@ def tokenize(text: str) -> list[Token]:
             if m is not None:
                 g = m.lastgroup
                 end = m.end()
-                if g == "sp":
-                    pos = end
-                    continue
                 if g == "word":
                     if not bracket:
-                        word = m.group()
+                        word = m.group(g)
                         low = word.lower()
                         kw = key_get(low)
                         if kw is not None:
@@ -236,51 +236,58 @@ def tokenize(text: str) -> list[Token]:
                             typ = "METRIC_IDENTIFIER"
                         else:
                             typ = "IDENTIFIER"
-                        append(_new_token(Token, (typ, pos, word)))
+                        append(_new_token(Token, (typ, end - len(word), word)))
                         pos = end
                         continue
+                elif g == "sp":
+                    pos = end
+                    continue
                 elif g == "op":
-                    v = m.group()
-                    append(_new_token(Token, (op_types[v], pos, v)))
+                    v = m.group(g)
+                    append(_new_token(Token, (op_types[v], end - len(v), v)))
                     pos = end
                     continue
                 elif g == "lp":
                     depth += 1
-                    append(_new_token(Token, ("LEFT_PAREN", pos, "(")))
+                    append(_new_token(Token, ("LEFT_PAREN", end - 1, "(")))
                     pos = end
                     continue
                 elif g == "rp":
                     if depth > 0:
                         depth -= 1
-                        append(_new_token(Token, ("RIGHT_PAREN", pos, ")")))
+                        append(_new_token(Token, ("RIGHT_PAREN", end - 1, ")")))
                         pos = end
                         continue
                 elif g == "num" or g == "dur":
-                    append(_new_token(Token, ("NUMBER" if g == "num" else "DURATION", pos, m.group())))
+                    v = m.group(g)
+                    append(_new_token(Token, ("NUMBER" if g == "num" else "DURATION", end - len(v), v)))
                     pos = end
                     continue
                 elif g == "str":
-                    append(_new_token(Token, ("STRING", pos, m.group())))
+                    v = m.group(g)
+                    append(_new_token(Token, ("STRING", end - len(v), v)))
                     pos = end
                     continue
                 elif g == "lb":
                     brace = True
-                    append(_new_token(Token, ("LEFT_BRACE", pos, "{")))
+                    append(_new_token(Token, ("LEFT_BRACE", end - 1, "{")))
                     pos = end
                     continue
                 elif g == "lk":
                     if not bracket:
                         got_colon = False
-                        append(_new_token(Token, ("LEFT_BRACKET", pos, "[")))
+                        append(_new_token(Token, ("LEFT_BRACKET", end - 1, "[")))
                         m = _SPACES.match(text, end)
                         pos = m.end() if m is not None else end
                         bracket = in_dur = True
                         continue
                 elif bracket:  # "]"
                     bracket = False
-                    append(_new_token(Token, ("RIGHT_BRACKET", pos, "]")))
+                    append(_new_token(Token, ("RIGHT_BRACKET", end - 1, "]")))
                     pos = end
                     continue
+                # the state machine takes it from here: skip the spaces first, as it would
+                pos = end - len(m.group(g))
         if pos >= n and not (depth or bracket or brace):
             append(_new_token(Token, ("EOF", n, "")))
             return out

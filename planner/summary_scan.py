@@ -327,11 +327,25 @@ def scan_exact(sds: SDS, source: RawSource, matchers: Sequence[Matcher], func: s
 
 def window_plan(sds: SDS, matchers: Sequence[Matcher], ends: np.ndarray, range_ms: int, cov_lo: int,
                 cov_hi: int) -> WindowPlan:
-    """Which panes and raw edges answer each window: what the scan reads and the cost check weighs."""
+    """Which panes and raw edges answer each window: what the scan reads and the cost check weighs.
+
+    The rewrite's cost check and the scan that follows ask for the same plan: the last one of each
+    SDS is kept, keyed by everything it depends on (the windows, the coverage, the selected series
+    and the store's epoch of sealed-pane writes)."""
+    exact = sds.spec.algorithm == "exact"
+    key = (tuple(matchers), int(range_ms), int(cov_lo), int(cov_hi), len(sds.registry.labels),
+           sds.store.epoch if exact else 0)
+    last = _last_plans.get(sds.id)
+    if last is not None and last[0] == key and np.array_equal(last[1], ends):
+        return last[2]
     plan = plan_windows(ends, range_ms, sds.spec.pane_ms, cov_lo, cov_hi)
-    if sds.spec.algorithm != "exact":
-        return plan
-    return snap_aligned_edges(plan, sds.store, sds.registry.match(matchers), sds.spec.pane_ms, cov_lo, cov_hi)
+    if exact:
+        plan = snap_aligned_edges(plan, sds.store, sds.registry.match(matchers), sds.spec.pane_ms, cov_lo, cov_hi)
+    _last_plans[sds.id] = (key, np.array(ends, np.int64), plan)
+    return plan
+
+
+_last_plans: dict[str, tuple[tuple, np.ndarray, WindowPlan]] = {}  # SDS id -> (key, ends, plan)
 
 
 def snap_aligned_edges(plan: WindowPlan, store: Any, sel: np.ndarray, pane_ms: int, cov_lo: int,

@@ -14,6 +14,11 @@ skipped; operators inside ``{...}`` are label matchers and not counted.
 ``ensure_recursion_headroom`` raises Python's recursion limit so any walk of a tree that passed the
 limit fits (a few frames per tree level); the C stack is not at risk at these depths because
 Python-to-Python calls do not recurse in C (CPython 3.11+).
+
+Parsed trees are kept per query text (``parse``): dashboards and rules send the same texts again and
+again, and a parse costs about as much as evaluating a small panel. The evaluator only reads a tree,
+except that durations written as expressions (``[5m+step()]``) are filled in per query
+(promql/parser/durations.py): trees holding those are parsed anew every time.
 """
 from __future__ import annotations
 
@@ -127,13 +132,30 @@ def check(query: str, max_depth: int = DEFAULT_MAX_DEPTH) -> Shape:
     return shape
 
 
+PARSED_CAPACITY = 4096  # distinct query texts kept; the table is emptied when full
+_parsed: dict[tuple[str, int], Any] = {}
+
+
 def parse(query: str, max_depth: int = DEFAULT_MAX_DEPTH) -> Any:
     """``check`` then parse (promql/parser/). Raises BadData (a parse error is its subclass
-    ``promql.parser.ParseError``, with Prometheus's text)."""
+    ``promql.parser.ParseError``, with Prometheus's text).
+
+    The tree is shared by every caller of the same text and must not be modified (see above);
+    refused and unparsable texts are not kept, so they fail the same way every time."""
+    key = (query, int(max_depth))
+    hit = _parsed.get(key)
+    if hit is not None:
+        return hit
     from promql.parser import parse as parse_expr
+    from promql.parser.durations import has_duration_expressions
 
     check(query, max_depth)
-    return parse_expr(query)
+    expr = parse_expr(query)
+    if not has_duration_expressions(expr):
+        if len(_parsed) >= PARSED_CAPACITY:
+            _parsed.clear()
+        _parsed[key] = expr
+    return expr
 
 
 def ensure_recursion_headroom(depth: int) -> None:

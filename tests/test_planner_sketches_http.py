@@ -31,11 +31,12 @@ def _history(url: str, end_ms: int, hours: float = 3.0) -> dict:
     n = int(hours * 3_600_000 / STEP_MS)
     ts = end_ms - (n - 1 - np.arange(n)) * STEP_MS
     data = []
-    # latencies every 3 s (a tail-quantile panel over 1 h windows of 1,200 samples: where a sketch pays)
-    m = 5 * n
-    lat_ts = end_ms - (m - 1 - np.arange(m)) * (STEP_MS // 5)
+    # latencies every 0.6 s (a tail-quantile panel over 1 h windows of 6,000 samples: where a sketch
+    # clearly pays; with fewer samples per window the cost model may rightly keep the raw path)
+    m = 25 * n
+    lat_ts = end_ms - (m - 1 - np.arange(m)) * (STEP_MS // 25)
     for i in range(3):
-        data.append(({"__name__": "lat_seconds", "inst": f"i{i}"}, lat_ts + i * 300, 0.2 + rng.lognormal(0, 1, m)))
+        data.append(({"__name__": "lat_seconds", "inst": f"i{i}"}, lat_ts + i * 150, 0.2 + rng.lognormal(0, 1, m)))
         data.append(({"__name__": "req_total", "job": f"j{i % 2}", "inst": f"i{i}"}, ts + i * 700,
                      np.cumsum(rng.random(n) * 5)))
     parts = [np.array_split(np.arange(len(t)), 6) for _, t, _ in data]

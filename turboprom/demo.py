@@ -84,9 +84,10 @@ def banner(listen: str, data_dir: str, fleet: bool) -> str:
     lines += [
         "",
         "Dashboard refreshes reuse the answers of steps no new sample touched, and summaries are adopted once",
-        "queries recur (a few minutes). This demo turns approximation on (planner.approximate: true): sketch",
-        "answers say so in their infos with a value bound; add approx=false or exact=true to a query for exact",
-        "answers (the default of a plain server). Stop with Ctrl-C.",
+        "queries recur (a few minutes); every minute a viewer also pans the dashboards back to an earlier hour.",
+        "This demo turns approximation on (planner.approximate: true): sketch answers say so in their infos",
+        "with a value bound; add approx=false or exact=true to a query for exact answers (the default of a",
+        "plain server). Stop with Ctrl-C.",
         "",
     ]
     return "\n".join(lines)
@@ -138,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         comps.append(fleet)
     from turboprom.demo_workload import DashboardWorkload
 
-    comps.append(DashboardWorkload(base))
+    comps.append(DashboardWorkload(base, history_s=a.history_hours * 3600 if fleet is not None else 0.0))
     cfg_path = Path(a.data_dir) / "demo-config.yml"
     cfg_path.write_text(yaml.safe_dump(demo_config(a.listen, fleet.targets if fleet else [],
                                                    f"127.0.0.1:{fleet.sched_port}" if fleet else None,

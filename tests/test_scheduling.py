@@ -94,6 +94,23 @@ def test_vesta_holders_are_stable_within_a_bucket_and_move_on_growth() -> None:
     assert h2 in set(v._buckets[1].tolist()) and h2 != h1
 
 
+def test_vesta_with_fewer_instances_than_buckets_still_has_a_holder_per_bucket() -> None:
+    # 3 length buckets (2 bounds) on 1 or 2 instances: every bucket shares an instance, none is empty.
+    for n in (1, 2):
+        v = VestaScheduler(n, bucket_bounds=(16_384, 65_536))
+        holders = [v.holder_for(s, tokens) for s in range(50) for tokens in (1000, 20_000, 100_000)]
+        assert set(holders) == set(range(n))
+        assert all(len(m) == 1 for m in v._buckets)
+    v = VestaScheduler(2, bucket_bounds=(16_384, 65_536))
+    v.drained.add(0)  # all of bucket 0's members drained: the holder stays, nothing divides by zero
+    assert v.holder_for(7, 1000) == 0 and v.holder_for(7, 100_000) == 1
+    # A whole replay on 2 instances with the default 3 buckets (the live demo's smallest fleet).
+    t = load_trace(MOONCAKE).head(300)
+    sim = ClusterSim(t, VestaScheduler(2), OracleSignals(), instances=2, time_scale=0.2)
+    res = sim.run()
+    assert res.requests == len(t) and res.assignments.sum() == len(t)
+
+
 def test_congestion_pricing_changes_choices_near_saturation() -> None:
     t = load_trace(MOONCAKE).head(2500)
     spec = ReplaySpec(t, instances=16, signals="tracker")

@@ -42,17 +42,9 @@ class VestaScheduler:
         share = self.bucket_share or tuple([1.0 / nb] * nb)
         if len(share) != nb:
             raise ValueError(f"bucket_share needs {nb} entries for {len(self.bucket_bounds)} bounds")
-        counts = np.maximum(1, np.floor(np.array(share) / sum(share) * self.n_instances)).astype(int)
-        while counts.sum() > self.n_instances:
-            counts[np.argmax(counts)] -= 1
-        while counts.sum() < self.n_instances:
-            counts[np.argmin(counts)] += 1
-        # Each bucket gets a contiguous range of instance ids.
-        order = np.arange(self.n_instances)
-        self._buckets, start = [], 0
-        for c in counts:
-            self._buckets.append(order[start:start + c])
-            start += c
+        if self.n_instances < 1:
+            raise ValueError(f"vesta needs at least one instance, got {self.n_instances}")
+        self._buckets = bucket_members(self.n_instances, np.array(share, dtype=float))
 
     def bucket_of(self, tokens: int) -> int:
         return int(np.searchsorted(np.array(self.bucket_bounds), tokens, side="right"))
@@ -144,3 +136,19 @@ class Score:
     penalty: np.ndarray
     fetch: np.ndarray  # True: fetch the missing prefix; False: recompute it (or nothing to fetch)
     compute: np.ndarray  # prefill seconds on each candidate
+
+
+def bucket_members(n: int, share: np.ndarray) -> list[np.ndarray]:
+    """Instance ids per context-length bucket: contiguous ranges sized by ``share``, at least one
+    instance each. With fewer instances than buckets, neighbouring buckets share an instance
+    (bucket ``b`` of ``nb`` gets instance ``b * n // nb``), so every bucket has a holder."""
+    nb = len(share)
+    if n < nb:
+        return [np.array([b * n // nb]) for b in range(nb)]
+    counts = np.maximum(1, np.floor(share / share.sum() * n)).astype(int)
+    while counts.sum() > n:
+        counts[np.argmax(counts)] -= 1
+    while counts.sum() < n:
+        counts[np.argmin(counts)] += 1
+    edges = np.concatenate([[0], np.cumsum(counts)])
+    return [np.arange(edges[b], edges[b + 1]) for b in range(nb)]

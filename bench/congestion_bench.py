@@ -59,21 +59,33 @@ N_OTHER = 400
 SERIES_PER_REQ = N_WORKERS * 8 + N_OTHER  # 2000
 
 
-def free_pair() -> int:
-    """A free loopback port whose successor is free too."""
+def free_ports_outside_ephemeral(n: int) -> list[int]:
+    """``n`` distinct free loopback ports below the kernel's ephemeral range.
+
+    The server's SUB sockets connect to every configured KV-event endpoint from startup and retry
+    every 100 ms while nothing listens there (between the phases that bind it). A retry's source
+    port comes from the ephemeral range; if the endpoint's port lies in that range too, a retry
+    eventually picks it as its own source port and connects to itself (TCP simultaneous open), and
+    the next probe's bind fails with "Address already in use". Ports below the range never collide."""
+    import random
     import socket
 
-    from tests.helpers import free_port
-
-    for _ in range(100):
-        p = free_port()
+    try:
+        lo = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        lo = 32768
+    lo = max(lo, 2048)
+    out: list[int] = []
+    for p in random.Random().sample(range(1024, lo), min(lo - 1024, 20 * n + 200)):
         with socket.socket() as s:
             try:
-                s.bind(("127.0.0.1", p + 1))
-                return p
+                s.bind(("127.0.0.1", p))
             except OSError:
                 continue
-    raise RuntimeError("no two consecutive free ports")
+        out.append(p)
+        if len(out) == n:
+            return out
+    raise RuntimeError(f"fewer than {n} free ports below {lo}")
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -430,16 +442,23 @@ def direct_picker(ports: list[int], start: Any, duration: float, q: mp.Queue) ->
     q.put(("direct_picker_freshness", asyncio.run(run())))
 
 
+def kv_instance(kv_port: int) -> str:
+    """The instance name the server is configured with for the publisher on ``kv_port``."""
+    return f"kv-{kv_port}"
+
+
 def events_probe(host: str, port: int, name: str, kv_port: int, start: Any, duration: float, q: mp.Queue) -> None:
     """vLLM-format KV events (ZMQ PUB on ``kv_port``, [topic, seq, msgpack batch]) -> visible in
-    the prefix view on ``port`` (polled every 1 ms)."""
+    the prefix view on ``port`` (polled every 1 ms). Each probe has its own port and instance (one
+    per phase and API port), so a phase never sees an earlier phase's blocks or publisher."""
     import msgpack
     import zmq
 
     ctx = zmq.Context()
     pub = ctx.socket(zmq.PUB)
-    pub.bind(f"tcp://127.0.0.1:{kv_port}")
+    pub.setsockopt(zmq.LINGER, 0)
     conn = http.client.HTTPConnection(host, port, timeout=10)
+    path = "/api/v1/congestion/prefix?" + urllib.parse.urlencode({"instance": kv_instance(kv_port)})
     seq = 0
 
     def send(tokens: list[int]) -> None:
@@ -449,38 +468,46 @@ def events_probe(host: str, port: int, name: str, kv_port: int, start: Any, dura
         seq += 1
 
     def held(tokens: list[int]) -> bool:
-        conn.request("POST", "/api/v1/congestion/prefix", body=json.dumps({"token_ids": tokens}),
-                     headers={"Content-Type": "application/json"})
+        conn.request("POST", path, body=json.dumps({"token_ids": tokens}), headers={"Content-Type": "application/json"})
         r = conn.getresponse()
         rows = json.loads(r.read())["data"]["instances"]
         return any(d["matched_blocks"] > 0 for d in rows)
 
-    for k in range(200):  # the subscriber joins late (ZMQ slow joiner): warm up until one is seen
-        send([7, 7, 7, k])
-        time.sleep(0.02)
-        if held([7, 7, 7, k]):
-            break
-    start_at = wait_start(start)
-    time.sleep(max(0.0, start_at - time.time()))
     lat: list[float] = []
     lost = 0
-    k = 0
-    while time.time() < start_at + duration - 1.0:
-        k += 1
-        tokens = [1_000_000 + k, 3, 3, 3]
-        t = time.perf_counter()
-        send(tokens)
-        while not held(tokens):
-            if time.perf_counter() - t > 1.0:
-                lost += 1
+    warm = False
+    error: str | None = None
+    try:
+        pub.bind(f"tcp://127.0.0.1:{kv_port}")
+        for k in range(200):  # the subscriber joins late (ZMQ slow joiner): warm up until one is seen
+            send([7, 7, 7, k])
+            time.sleep(0.02)
+            if held([7, 7, 7, k]):
+                warm = True
                 break
-            time.sleep(0.001)
-        else:
-            lat.append(time.perf_counter() - t)
-        time.sleep(0.1)
-    pub.close(0)
-    ctx.term()
-    q.put((f"events_freshness{name}", {**summary_ms(lat), "lost": lost}))
+        start_at = wait_start(start)
+        time.sleep(max(0.0, start_at - time.time()))
+        k = 0
+        while time.time() < start_at + duration - 1.0:
+            k += 1
+            tokens = [1_000_000 + k, 3, 3, 3]
+            t = time.perf_counter()
+            send(tokens)
+            while not held(tokens):
+                if time.perf_counter() - t > 1.0:
+                    lost += 1
+                    break
+                time.sleep(0.001)
+            else:
+                lat.append(time.perf_counter() - t)
+            time.sleep(0.1)
+    except Exception as e:  # reported, so the phase ends on time instead of waiting for this probe
+        error = f"{type(e).__name__}: {e}"
+    finally:
+        conn.close()
+        pub.close(0)
+        ctx.term()
+    q.put((f"events_freshness{name}", {**summary_ms(lat), "lost": lost, "subscriber_joined": warm, "error": error}))
 
 
 # ----------------------------------------------------------------------------- orchestration
@@ -509,9 +536,10 @@ def hist_quantiles(before: dict[float, float], after: dict[float, float]) -> dic
 
 def run_phase(name: str, server_url: str, args: argparse.Namespace, ingest: bool, heavy: bool,
               peer: bool = False, picker: bool = False, fleet_ctl: Any = None, fleet_ports: list[int] = (),
-              kv_port: int = 0) -> dict[str, Any]:
+              kv_ports: tuple[int, int] | None = None) -> dict[str, Any]:
     """One phase; ``peer`` replaces the congestion pollers by the PromQL poller (same 200/s target);
-    ``picker`` runs a direct 50 ms picker against the engine fleet beside the rest."""
+    ``picker`` runs a direct 50 ms picker against the engine fleet beside the rest; ``kv_ports``: this
+    phase's own KV-event publisher ports (main port's probe, poll process's probe)."""
     ctx = mp.get_context("spawn")
     q: mp.Queue = ctx.Queue()
     u = urllib.parse.urlparse(server_url)
@@ -532,11 +560,12 @@ def run_phase(name: str, server_url: str, args: argparse.Namespace, ingest: bool
                                                           start_at, d, "poll_all_process", q)))
         # the fast paths read on the main port and, with poll_listen, on the poll process ("_process"),
         # each by its own probe (and for events its own publisher), so neither waits on the other
-        api_ports = [("", u.port, kv_port)] + ([("_process", args.poll_port, kv_port + 1)] if args.poll_port else [])
+        kvs = kv_ports or (0, 0)
+        api_ports = [("", u.port, kvs[0])] + ([("_process", args.poll_port, kvs[1])] if args.poll_port else [])
         for name, port, kvp in api_ports:
             if fleet_ports:
                 procs.append(ctx.Process(target=fleet_observer, args=(u.hostname, port, name, start_at, d, q)))
-            if kv_port:
+            if kvp:
                 procs.append(ctx.Process(target=events_probe, args=(u.hostname, port, name, kvp, start_at, d, q)))
     if picker:
         procs.append(ctx.Process(target=direct_picker, args=(list(fleet_ports), start_at, d, q)))
@@ -620,6 +649,7 @@ def main() -> None:
     ap.add_argument("--fast-interval", type=float, default=0.05, help="server's fast scrape interval, s")
     ap.add_argument("--no-poll-process", action="store_true",
                     help="do not also poll the poll endpoint's own process (congestion.poll_listen)")
+    ap.add_argument("--phases", default="", help="comma-separated subset of the phases, in this order (default all)")
     ap.add_argument("--json", default=None, help="write all results here")
     ap.add_argument("--consume-micro", action="store_true", help="only the in-process tracker consume comparison")
     args = ap.parse_args()
@@ -639,14 +669,24 @@ def main() -> None:
         fleet_proc = ctx.Process(target=fleet, args=(args.engines, fq, child))
         fleet_proc.start()
         k, ports = fq.get(timeout=120)
-    kv_port = free_pair() if args.engines else 0  # kv_port: the main port's probe, + 1: the poll process's
     args.poll_port = 0 if args.no_poll_process else free_port()
     phases = {"idle": dict(ingest=False, heavy=False), "ingest": dict(ingest=True, heavy=False),
               "ingest+query": dict(ingest=True, heavy=True), "peer idle": dict(ingest=False, heavy=False, peer=True),
               "peer ingest": dict(ingest=True, heavy=False, peer=True)}
     if args.engines:
         phases["direct picker, ingest"] = dict(ingest=True, heavy=False, peer=True, picker=True)
+    if args.phases:
+        wanted = [p.strip() for p in args.phases.split(",")]
+        unknown = [p for p in wanted if p not in phases]
+        if unknown:
+            ap.error(f"unknown phase(s) {unknown}; known: {list(phases)}")
+        phases = {p: phases[p] for p in wanted}
     results: dict[str, list[dict[str, Any]]] = {k: [] for k in phases}
+    # Every phase with the fast paths gets its own pair of KV-event publisher ports (the main port's
+    # probe, the poll process's probe), all configured at startup; none is ever bound twice.
+    fast_runs = [(r, name) for r in range(args.repeats) for name, kw in phases.items() if not kw.get("peer")]
+    kv_list = free_ports_outside_ephemeral(2 * len(fast_runs)) if args.engines and fast_runs else []
+    kv_of = {run: (kv_list[2 * i], kv_list[2 * i + 1]) for i, run in enumerate(fast_runs)} if kv_list else {}
     try:
         with tempfile.TemporaryDirectory(prefix="congestion-bench-") as tmp:
             cfg = Path(tmp) / "turboprom.yml"
@@ -659,16 +699,16 @@ def main() -> None:
                         f"      - targets: [{targets}]\n        labels: {{cluster: fleet}}\n"
                         f"{text}  fast_scrape_interval: {args.fast_interval}\n  fast_scrape_jobs: [fleet]\n"
                         f"  kv_events:\n" + "".join(
-                            f"    - {{endpoint: 'tcp://127.0.0.1:{kv_port + i}', instance: kv{i}, cluster: kv, "
-                            f"model_name: m, topic: kv}}\n" for i in range(2)))
+                            f"    - {{endpoint: 'tcp://127.0.0.1:{p}', instance: {kv_instance(p)}, cluster: kv, "
+                            f"model_name: m, topic: kv}}\n" for p in kv_list))
             cfg.write_text(text)
             with ServerProcess(Path(tmp) / "data", ["--config", str(cfg), "--wal-fsync", args.wal_fsync]) as server:
-                for _ in range(args.repeats):
+                for rep in range(args.repeats):
                     for name, kw in phases.items():
                         fast = args.engines and not kw.get("peer")
                         results[name].append(run_phase(name, server.url, args, **kw, fleet_ctl=fleet_ctl,
                                                        fleet_ports=ports if (fast or kw.get("picker")) else [],
-                                                       kv_port=kv_port if fast else 0))
+                                                       kv_ports=kv_of.get((rep, name)) if fast else None))
                 with urllib.request.urlopen(server.url + "/api/v1/congestion") as r:
                     n_inst = len(json.loads(r.read())["data"]["instances"])
     finally:

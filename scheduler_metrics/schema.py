@@ -33,6 +33,7 @@ class Signal(str, Enum):
     REQUESTS_DONE = "requests_done"  # finished requests (counter)
     GENERATION_TOKENS = "generation_tokens"  # decode tokens produced (counter)
     KV_HELD_TOKENS = "kv_held_tokens"  # KV tokens held for sessions (gauge, summed over buckets)
+    LORA_INFO = "lora_info"  # vLLM's LoRA adapter info gauge: the labels carry the adapters, the value the update time
 
 
 # How a signal combines several series of one instance (e.g. vLLM's per-engine series, per-bucket
@@ -102,6 +103,11 @@ FAMILIES: tuple[MetricFamily, ...] = (
                  users=("vesta", "grafana"), signal=Signal.PREFIX_HITS, origin="vllm"),
     MetricFamily("vllm:num_preemptions", "counter", "Requests preempted by the engine.", "requests",
                  users=("grafana",), origin="vllm"),
+    MetricFamily("vllm:lora_requests_info", "gauge",
+                 "Running and waiting LoRA adapters (comma-separated label values) and max_lora; the value is the "
+                 "time of the update, the series with the newest value is current.", "seconds",
+                 labels=("running_lora_adapters", "waiting_lora_adapters", "max_lora"), users=("llm-d", "grafana"),
+                 signal=Signal.LORA_INFO, origin="vllm"),
     MetricFamily("vllm:request_success", "counter", "Finished requests, by finished_reason.", "requests",
                  labels=("finished_reason",), users=("vesta", "grafana"), signal=Signal.REQUESTS_DONE, origin="vllm"),
     MetricFamily("vllm:time_to_first_token_seconds", "histogram", "Time to first token.", "seconds",

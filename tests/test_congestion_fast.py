@@ -552,3 +552,59 @@ def test_prefix_index_counts_each_medium() -> None:
     assert idx.match(toks)[key]["matched_blocks"] == 0 and idx.status()[key]["distinct_blocks"] == 0
     with pytest.raises(ValueError, match="need 8 token ids"):
         idx.stored(key, [2, 3], 1, toks, 4)
+
+
+def test_lora_adapters_from_vllm_exposition(tmp_path: Path) -> None:
+    """vLLM's ``vllm:lora_requests_info`` (labels running/waiting adapters and max_lora, no
+    model_name, the value the update time) scraped from a real exporter: each instance entry carries
+    the adapters of its newest series, and the model-server view serves them back as vLLM names them."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    reg = CollectorRegistry()
+    Gauge("vllm:num_requests_waiting", "waiting", ["model_name", "cluster"], registry=reg).labels("llama", "lo").set(3)
+    # vLLM's label names; ``cluster`` stands for what the scrape config's target labels add to every series
+    lora = Gauge("vllm:lora_requests_info", "Running stats on lora requests.",
+                 ["max_lora", "waiting_lora_adapters", "running_lora_adapters", "cluster"], registry=reg)
+    lora.labels("4", "", "sql-lora", "lo").set(1000.0)  # an older adapter set stays exported
+    lora.labels("4", "tts-lora", "sql-lora,chat-lora", "lo").set(2000.0)
+    port = free_port()
+    server, thread = start_http_server(port, addr="127.0.0.1", registry=reg)
+    cfg = tmp_path / "turboprom.yml"
+    cfg.write_text(f"""
+scrape_configs:
+  - job_name: vllm
+    scrape_interval: 10s
+    static_configs:
+      - targets: ["127.0.0.1:{port}"]
+congestion:
+  resolution: 0
+  fast_scrape_interval: 100ms
+  fast_scrape_jobs: [vllm]
+""")
+    inst = f"127.0.0.1:{port}"
+    try:
+        with ServerProcess(tmp_path / "data", ["--config", str(cfg)]) as srv:
+            def entry() -> dict[str, Any] | None:
+                rows = congestion(srv.url, cluster="lo")["instances"]
+                return rows[0] if rows and rows[0]["lora"] else None
+
+            d = wait_for(entry, what="lora info in the congestion entry")
+            # one entry: the LoRA series (no model_name) joins the engine's entry instead of making its own
+            assert [r["instance"] for r in congestion(srv.url, cluster="lo")["instances"]] == [inst]
+            assert d["model_name"] == "llama" and d["queue_length"] == 3
+            assert d["lora"] == {"running": ["sql-lora", "chat-lora"], "waiting": ["tts-lora"], "max_lora": 4,
+                                 "updated_at": 2000.0}
+            with urllib.request.urlopen(f"{srv.url}/api/v1/congestion/model_server/{inst}/metrics", timeout=10) as r:
+                text = r.read().decode()
+            (smp,) = [s for f in text_string_to_metric_families(text) if f.name == "vllm:lora_requests_info"
+                      for s in f.samples]
+            assert smp.value == 2000.0 and smp.labels == {
+                "max_lora": "4", "model_name": "llama", "running_lora_adapters": "sql-lora,chat-lora",
+                "waiting_lora_adapters": "tts-lora"}
+            # the engine moves on: a newer adapter set takes over at the next fast scrape
+            lora.labels("4", "", "", "lo").set(3000.0)
+            d = wait_for(lambda: (e := entry()) and e["lora"]["updated_at"] == 3000.0 and e, what="newer lora set")
+            assert d["lora"] == {"running": [], "waiting": [], "max_lora": 4, "updated_at": 3000.0}
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -38,6 +38,7 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Callable, Iterable
 
 import numpy as np
@@ -141,7 +142,21 @@ _INSTANCE_KEYS = ("cluster", "model_name", "instance", "stack", "queue_length", 
                   "backlog_seconds", "kv_usage", "throughput_tokens_per_second", "service_rate_tokens_per_second",
                   "arrival_rate_tokens_per_second", "request_rate_per_second", "tokens_per_request", "utilization",
                   "queueing_delay_seconds", "congestion_price_seconds_per_token", "age_seconds", "backlog_reported",
-                  "service_rate_source", "saturated", "newest_sample_ms", "stale")
+                  "service_rate_source", "saturated", "newest_sample_ms", "stale", "lora")
+_LORA = SIG_INDEX[Signal.LORA_INFO]
+
+
+@lru_cache(maxsize=65_536)
+def lora_info(labels: Labels) -> dict[str, Any]:
+    """An entry's ``lora`` field from one ``vllm:lora_requests_info`` series' labels: adapter names
+    (vLLM joins them with commas) and ``max_lora`` (``None`` when absent or not an integer)."""
+    d = dict(labels)
+    try:
+        max_lora: int | None = int(d.get("max_lora", ""))
+    except ValueError:
+        max_lora = None
+    return {"running": [a for a in d.get("running_lora_adapters", "").split(",") if a],
+            "waiting": [a for a in d.get("waiting_lora_adapters", "").split(",") if a], "max_lora": max_lora}
 
 
 class CongestionTracker:
@@ -468,8 +483,10 @@ class CongestionTracker:
             peak = self._peak_tps[:n]
             last_build = self._last_build
             self._last_build = now
+            lora = self._lora_by_instance(np.flatnonzero(used), sig, inst, val, valid)
             snap = self._build(now, n, sig, inst, scale, val, rate, rate_slow, rate_ok, valid, newest, keys, order,
-                               groups, group_names, stacks, mu_busy, peak, now - last_build if last_build else 0.0)
+                               groups, group_names, stacks, mu_busy, peak, now - last_build if last_build else 0.0,
+                               lora)
         self._snapshot = snap
         done = time.perf_counter()
         BUILD_SECONDS.observe(done - t_build)
@@ -481,6 +498,40 @@ class CongestionTracker:
             except Exception:  # noqa: BLE001 - a subscriber must not stop the refresher
                 log.exception("congestion subscriber failed")
         return snap
+
+    def _lora_by_instance(self, slots: np.ndarray, sig: np.ndarray, inst: np.ndarray, val: np.ndarray,
+                          valid: np.ndarray) -> dict[int, dict[str, Any]]:
+        """Instance id -> LoRA info from its current ``vllm:lora_requests_info`` series: of the live
+        ones, the one with the newest value (vLLM sets it to the time of the change; older adapter
+        sets stay exported beside it), as the Gateway API Inference Extension's picker reads it. Lock held."""
+        m = (sig == _LORA) & valid
+        if not m.any():
+            return {}
+        ls, li, lv = slots[m], inst[m], val[m]
+        o = np.lexsort((lv, li))
+        ls, li, lv = ls[o], li[o], lv[o]
+        last = np.r_[li[1:] != li[:-1], True]
+        return {i: {**lora_info(self._slot_labels[s]), "updated_at": v}
+                for i, s, v in zip(li[last].tolist(), ls[last].tolist(), lv[last].tolist())}
+
+    @staticmethod
+    def _attach_lora(order: np.ndarray, lora: dict[int, dict[str, Any]], keys: list[InstanceKey | None],
+                     load_cnt: np.ndarray) -> tuple[np.ndarray, dict[int, dict[str, Any]]]:
+        """vLLM's ``vllm:lora_requests_info`` has no ``model_name`` label, so its series key to
+        (cluster, "", instance) while the engine's other series carry the model. Such a LoRA-only
+        instance is not an entry of its own: its info goes to the entries of the same cluster and
+        instance, and it leaves ``order`` (it is also stale, so cluster rows skip it)."""
+        aux = {i for i in lora if load_cnt[i] == 0 and keys[i] is not None and keys[i][1] == ""}  # type: ignore[index]
+        if not aux:
+            return order, lora
+        by_host = {(keys[i][0], keys[i][2]): lora[i] for i in aux}  # type: ignore[index]
+        out = {i: v for i, v in lora.items() if i not in aux}
+        kept = [i for i in order.tolist() if i not in aux]
+        for i in kept:
+            k = keys[i]
+            if i not in out and k is not None and (k[0], k[2]) in by_host:
+                out[i] = by_host[(k[0], k[2])]
+        return np.array(kept, np.int64), out
 
     def _drop_silent(self, now: float) -> None:
         """Forget instances silent for longer than ``drop_after_s`` (lock held). The storage id -> slot
@@ -528,9 +579,11 @@ class CongestionTracker:
     def _build(self, now: float, n: int, sig: np.ndarray, inst: np.ndarray, scale: np.ndarray, val: np.ndarray,
                rate: np.ndarray, rate_slow: np.ndarray, rate_ok: np.ndarray, valid: np.ndarray, newest: np.ndarray,
                keys: list[InstanceKey | None], order: np.ndarray, groups: np.ndarray, group_names: list[tuple[str, str]],
-               stacks: list[str], mu_busy: np.ndarray, peak: np.ndarray, dt_build: float) -> CongestionSnapshot:
+               stacks: list[str], mu_busy: np.ndarray, peak: np.ndarray, dt_build: float,
+               lora: dict[int, dict[str, Any]] | None = None) -> CongestionSnapshot:
         """The snapshot. ``order``: the live instance ids sorted by key (the order of ``instances``);
-        ``groups``: each live instance's (cluster, model) group in id order, named by ``group_names``."""
+        ``groups``: each live instance's (cluster, model) group in id order, named by ``group_names``;
+        ``lora``: instance id -> LoRA adapter info (instances without it get ``None``)."""
         cfg, p = self.config, self.params
         flat = inst * NSIG + sig
         size = max(n, 1) * NSIG
@@ -604,7 +657,10 @@ class CongestionTracker:
         price = congestion_price(req_rate, mu, rho, unfinished, mean_service, p)
         price = np.where(np.isnan(rho), np.nan, price)
         age = np.where(newest >= 0, now - newest / 1000.0, np.inf)
-        stale = (age > cfg.stale_after_s) | (lvl_cnt.sum(axis=1) == 0)
+        load_cnt = lvl_cnt.sum(axis=1) - lvl_cnt[:, _LORA]
+        stale = (age > cfg.stale_after_s) | (load_cnt == 0)
+        if lora:
+            order, lora = self._attach_lora(order, lora, keys, load_cnt)
 
         live = np.array([k is not None for k in keys], dtype=bool)
         idx = np.flatnonzero(live)
@@ -613,10 +669,12 @@ class CongestionTracker:
                                                 wq, price, age)]
         ident = [(*keys[i], stacks[i] or "turboprom") for i in order.tolist()]  # type: ignore[misc]
         newest_l = [int(x) if x >= 0 else None for x in newest[order].tolist()]
+        order_l = order.tolist()
+        lora_l = [lora.get(i) for i in order_l] if lora else [None] * len(order_l)
         rows = zip(ident, zip(*cols), has_backlog[order].tolist(), src_names[src[order]].tolist(),
-                   (rho[order] >= 1.0).tolist(), newest_l, stale[order].tolist())
-        instances = [dict(zip(_INSTANCE_KEYS, (*idt, *vals, hb, sname, sat, nw, st)))
-                     for idt, vals, hb, sname, sat, nw, st in rows]
+                   (rho[order] >= 1.0).tolist(), newest_l, stale[order].tolist(), lora_l)
+        instances = [dict(zip(_INSTANCE_KEYS, (*idt, *vals, hb, sname, sat, nw, st, lo)))
+                     for idt, vals, hb, sname, sat, nw, st, lo in rows]
         clusters = self._clusters(groups, group_names, stale[idx], queue[idx], running[idx], backlog[idx], kv[idx], mu[idx],
                                   lam[idx], req_rate[idx], price[idx])
         self._version += 1

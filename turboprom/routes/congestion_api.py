@@ -325,6 +325,15 @@ def model_server_text(rows: list[dict[str, Any]], block_sizes: dict[tuple[str, s
             v = d.get(fieldname)
             if v is not None:
                 out.append(f'{name}{{model_name="{_label_value(d["model_name"])}"}} {float(v)!r}')
+    loras = [(d["model_name"], d["lora"]) for d in rows if d.get("lora")]
+    if loras:  # the protocol's LoRA adapters, as vLLM exports them (the value is the update time)
+        out.append("# HELP vllm:lora_requests_info Running stats on lora requests.")
+        out.append("# TYPE vllm:lora_requests_info gauge")
+        for model, lo in loras:
+            max_lora = "" if lo["max_lora"] is None else str(lo["max_lora"])
+            out.append(f'vllm:lora_requests_info{{max_lora="{max_lora}",model_name="{_label_value(model)}",'
+                       f'running_lora_adapters="{_label_value(",".join(lo["running"]))}",'
+                       f'waiting_lora_adapters="{_label_value(",".join(lo["waiting"]))}"}} {float(lo["updated_at"])!r}')
     sizes = sorted({bs for d in rows for bs in block_sizes.get(_entry_key(d), [])})
     if sizes:  # the protocol's optional BlockSize, as vLLM labels it
         out.append("# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig")

@@ -34,6 +34,7 @@ engine sets vllm:num_requests_waiting to the wall-clock ms of the change, 10 tim
     .venv/bin/python bench/congestion_bench.py [--phase-s 15] [--rate 100000] [--wal-fsync always]
                                                [--engines 32] [--fast-interval 0.05] [--no-poll-process]
     .venv/bin/python bench/congestion_bench.py --consume-micro   # tracker cost per batch, in-process
+    .venv/bin/python bench/congestion_bench.py --poll-cpu        # server-side CPU per poll, idle server
 """
 from __future__ import annotations
 
@@ -639,6 +640,48 @@ def consume_micro(batches: int = 300, repeats: int = 5) -> None:
     print(f"ratio label sets / series ids: {statistics.median(out['label sets']) / statistics.median(out['series ids']):.2f}x")
 
 
+def poll_cpu(polls: int = 3000) -> None:
+    """Server-side CPU per unfiltered poll (200 instances), on the main port and on the poll process,
+    from /proc CPU times around ``polls`` sequential keep-alive polls on an otherwise idle server:
+    what a poll costs, as opposed to how long it waits for a core under load."""
+    import os
+    import subprocess
+
+    from tests.helpers import ServerProcess, free_port
+
+    def cpu_s(pid: int) -> float:
+        f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+    with tempfile.TemporaryDirectory(prefix="congestion-poll-cpu-") as tmp:
+        poll_port = free_port()
+        cfg = Path(tmp) / "turboprom.yml"
+        cfg.write_text(f"congestion:\n  poll_listen: '127.0.0.1:{poll_port}'\n")
+        with ServerProcess(Path(tmp) / "data", ["--config", str(cfg)]) as srv:
+            body = "".join(f'vllm:num_requests_waiting{{cluster="c",model_name="m",instance="i{i:03d}"}} {i}\n'
+                           for i in range(200))
+            c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
+            c.request("POST", "/api/v1/import/prometheus", body=body)
+            c.getresponse().read()
+            time.sleep(1.5)
+            kids = [int(p) for p in subprocess.run(["pgrep", "-P", str(srv.proc.pid)], capture_output=True,
+                                                   text=True).stdout.split()]
+            for port, name, pids in ((srv.port, "main port", [srv.proc.pid]), (poll_port, "poll process", kids)):
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+                conn.request("GET", "/api/v1/congestion")
+                size = len(conn.getresponse().read())
+                c0 = sum(cpu_s(p) for p in pids)
+                lat = []
+                for _ in range(polls):
+                    t = time.perf_counter()
+                    conn.request("GET", "/api/v1/congestion")
+                    conn.getresponse().read()
+                    lat.append(time.perf_counter() - t)
+                used = sum(cpu_s(p) for p in pids) - c0
+                print(f"{name}: body {size} B, server CPU {used / polls * 1000:.3f} ms per poll, "
+                      f"client p50 {pct(lat, 50) * 1000:.3f} / p99 {pct(lat, 99) * 1000:.3f} ms ({polls} polls)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--phase-s", type=float, default=15.0)
@@ -652,9 +695,13 @@ def main() -> None:
     ap.add_argument("--phases", default="", help="comma-separated subset of the phases, in this order (default all)")
     ap.add_argument("--json", default=None, help="write all results here")
     ap.add_argument("--consume-micro", action="store_true", help="only the in-process tracker consume comparison")
+    ap.add_argument("--poll-cpu", action="store_true", help="only the server-side CPU per poll, idle server")
     args = ap.parse_args()
     if args.consume_micro:
         consume_micro()
+        return
+    if args.poll_cpu:
+        poll_cpu()
         return
 
     from tests.helpers import ServerProcess, free_port

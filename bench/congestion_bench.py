@@ -599,8 +599,11 @@ def run_phase(name: str, server_url: str, args: argparse.Namespace, ingest: bool
         after = fleet_ctl.recv()
         n_eng = max(args.engines, 1)
         span = time.time() - fleet_t0
+        # The server's scrapes run all along (span: setup and payload building included); the direct
+        # picker only in the phase's own d seconds, so its rate is over those.
         out["engine_load"] = {
-            client: {"requests_per_s_per_engine": round((c[0] - fleet_before.get(client, [0, 0])[0]) / span / n_eng, 2),
+            client: {"requests_per_s_per_engine": round((c[0] - fleet_before.get(client, [0, 0])[0])
+                                                        / (d if client == "direct-picker" else span) / n_eng, 2),
                      "bytes_per_request": round((c[1] - fleet_before.get(client, [0, 0])[1])
                                                 / max(c[0] - fleet_before.get(client, [0, 0])[0], 1))}
             for client, c in after.items()}

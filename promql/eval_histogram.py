@@ -165,7 +165,8 @@ def strip(v: Value) -> Value:
     if isinstance(v, VectorSteps) and v.hist is not None:
         return VectorSteps(v.labels, v.values, v.present, v.drop_name, v.sample_ts)
     if isinstance(v, RangeWindows) and v.hist is not None:
-        return RangeWindows(v.labels, v.offsets, v.ts, v.vals, v.lo, v.hi, v.window_end, v.range_ms, v.drop_name)
+        return RangeWindows(v.labels, v.offsets, v.ts, v.vals, v.lo, v.hi, v.window_end, v.range_ms, v.drop_name,
+                            extended=v.extended)
     return v
 
 

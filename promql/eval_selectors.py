@@ -263,16 +263,22 @@ def eval_matrix_selector(ctx: EvalContext, ms: Any) -> RangeWindows:
     vs = ms.vector_selector
     rng = duration_ms(ms.range)
     e = effective_times(vs, ctx)
-    mint, maxt = int(e.min()) - rng + 1, int(e.max())
+    # anchored: also the samples up to the lookback delta before each window; smoothed: and after
+    extended = "anchored" if vs.anchored else "smoothed" if vs.smoothed else None
+    before = ctx.lookback_delta_ms if extended else 0
+    after = ctx.lookback_delta_ms if extended == "smoothed" else 0
+    mint, maxt = int(e.min()) - rng - before + 1, int(e.max()) + after
     ss = select(ctx, vs, mint, maxt)
     ss, hs = _select_hist(ctx, vs, mint, maxt, ss)
-    return windows_from_series(ctx, ss, e, rng, hs=hs)
+    return windows_from_series(ctx, ss, e, rng, hs=hs, extended=extended, before=before, after=after)
 
 
 def windows_from_series(ctx: EvalContext, ss: SeriesSet, e: np.ndarray, rng: int, drop_name: np.ndarray | None = None,
-                        count_samples: bool = True, hs: HistogramSet | None = None) -> RangeWindows:
+                        count_samples: bool = True, hs: HistogramSet | None = None, extended: str | None = None,
+                        before: int = 0, after: int = 0) -> RangeWindows:
     """RangeWindows over a CSR selection for window ends ``e`` and range ``rng`` (stale markers
-    removed); ``hs``: histogram samples of the same series (aligned), if any."""
+    removed); ``hs``: histogram samples of the same series (aligned), if any. An ``extended``
+    selection's ``[lo, hi)`` reaches ``before`` ms further back and ``after`` ms further on."""
     _guard_cells(ctx, len(ss.labels), len(e))
     ts, vals, off = ss.timestamps, ss.values, ss.offsets
     stale = is_stale(vals)
@@ -284,11 +290,11 @@ def windows_from_series(ctx: EvalContext, ss: SeriesSet, e: np.ndarray, rng: int
         ts, vals = ts[keep], vals[keep]
         off = np.zeros(len(off), np.int64)
         np.cumsum(counts, out=off[1:])
-    hi = window_index(off, ts, e)
-    lo = window_index(off, ts, e - rng)
+    hi = window_index(off, ts, e + after)
+    lo = window_index(off, ts, e - rng - before)
     # samples held are charged by the evaluator for the node (all windows, or one series' when a
     # function consumes them series by series, as Prometheus's engine does)
     if hi.size and count_samples:  # raw selections only (a subquery's inner selectors count themselves)
         _count_step_samples(ctx, (hi - lo).sum(axis=0))
     hw = window_plane(hs, e, rng) if hs is not None else None
-    return RangeWindows(list(ss.labels), off, ts, vals, lo, hi, e.astype(np.int64), rng, drop_name, hw)
+    return RangeWindows(list(ss.labels), off, ts, vals, lo, hi, e.astype(np.int64), rng, drop_name, hw, extended)

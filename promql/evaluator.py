@@ -47,6 +47,7 @@ from promql.eval_selectors import (
     windows_from_series,
 )
 from promql.functions import FUNCTIONS, FunctionContext, FunctionSpec, load_all
+from promql.functions.extended import check_function as check_extended
 from promql.types import HistWindows, RangeWindows, Scalar, StringValue, Value, VectorSteps
 from storage.series_set import SeriesSet
 
@@ -74,6 +75,7 @@ def slice_windows(w: RangeWindows, a: int, b: int) -> RangeWindows:
         w.range_ms,
         None if w.drop_name is None else w.drop_name[a:b],
         hw,
+        w.extended,
     )
 
 
@@ -286,6 +288,10 @@ class Evaluator:
         spec = FUNCTIONS.get(name)
         if spec is None:
             raise ExecutionError(f"function {name!r} is not implemented")
+        for a in node.args:
+            m = _unparen(a)
+            if isinstance(m, pp.MatrixSelector) and (m.vector_selector.anchored or m.vector_selector.smoothed):
+                check_extended(("anchored" if m.vector_selector.anchored else "smoothed"), name)
         args: list[Value] = []
         for a in node.args:
             if isinstance(a, pp.VectorSelector) and a.bypass_empty_matcher_check:

@@ -221,6 +221,9 @@ class RangeWindows:
     drop_name: np.ndarray | None = None  # bool (S,)
     # Histogram samples of the same series and windows (None: no histogram sample anywhere).
     hist: "HistWindows | None" = None
+    # "anchored" / "smoothed" (Prometheus 3.x extended range selectors): [lo, hi) then also holds
+    # the samples up to the lookback delta before the window (and after it, smoothed)
+    extended: str | None = None
 
     @property
     def num_series(self) -> int:

@@ -15,6 +15,7 @@ from promql.functions.common import (
     window_vector,
     windows_arg,
 )
+from promql.functions.extended import anchored_windows, extended_rate
 from promql.types import RangeWindows, Value, VectorSteps
 from storage.labels import metric_name
 
@@ -78,6 +79,8 @@ def _extrapolated(ctx: FunctionContext, rw: RangeWindows, is_counter: bool, is_r
     corrected up front (``_reset_corrected``); the extrapolation then runs over row chunks of
     the (S, T) window grid with in-place arithmetic in Prometheus's operation order, so results
     are bit-identical to its float64 evaluation."""
+    if rw.extended:
+        return extended_rate(rw, is_counter, is_rate)
     ts = np.asarray(rw.ts, dtype=np.int64)
     vals = np.asarray(rw.vals, dtype=np.float64)
     lo = np.asarray(rw.lo, dtype=np.int64)
@@ -641,20 +644,24 @@ def predict_linear(ctx: FunctionContext, args: list[Value]) -> Value:
 
 @register("resets", histograms=Histograms.RESETS)
 def resets(ctx: FunctionContext, args: list[Value]) -> Value:
-    rw = windows_arg(args[0])
+    rw, found = _anchored(windows_arg(args[0]))
     prev, same = pairwise_prev(rw)
     with np.errstate(invalid="ignore"):
         flags = same & (np.asarray(rw.vals) < prev)
     n = rw.hi - rw.lo
-    return window_vector(rw, window_count_of(flags, rw.lo, rw.hi), n >= 1)
+    return window_vector(rw, window_count_of(flags, rw.lo, rw.hi), (n >= 1) & found)
+
+
+def _anchored(rw: RangeWindows) -> tuple[RangeWindows, np.ndarray | bool]:
+    return anchored_windows(rw) if rw.extended else (rw, True)
 
 
 @register("changes", histograms=Histograms.CHANGES)
 def changes(ctx: FunctionContext, args: list[Value]) -> Value:
-    rw = windows_arg(args[0])
+    rw, found = _anchored(windows_arg(args[0]))
     vals = np.asarray(rw.vals, dtype=np.float64)
     prev, same = pairwise_prev(rw)
     with np.errstate(invalid="ignore"):
         flags = same & (vals != prev) & ~(np.isnan(vals) & np.isnan(prev))
     n = rw.hi - rw.lo
-    return window_vector(rw, window_count_of(flags, rw.lo, rw.hi), n >= 1)
+    return window_vector(rw, window_count_of(flags, rw.lo, rw.hi), (n >= 1) & found)

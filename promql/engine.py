@@ -39,6 +39,7 @@ from promql.parser.durations import resolve as resolve_durations
 from promql.query_guard import DEFAULT_MAX_DEPTH
 from promql.query_opts import NO_OPTS, QueryOpts
 from promql.source import SampleSource
+from promql.functions.extended import matrix_points
 from promql.types import Annotations, QueryResult, QueryStats, RangeWindows, Scalar, StringValue, VectorSteps
 
 _DOC_TYPES = {"Vector": "instant vector", "Matrix": "range vector", "Scalar": "scalar", "String": "string"}
@@ -289,6 +290,8 @@ class Engine:
         raise PromQLError(f"unexpected result value {type(val).__name__}")
 
     def _shape_windows(self, w: RangeWindows, t0: int) -> QueryResult:
+        if w.extended:
+            w = matrix_points(w)
         lo, hi = w.lo[:, 0], w.hi[:, 0]
         n = hi - lo
         labels = list(w.labels)

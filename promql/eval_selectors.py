@@ -187,9 +187,11 @@ def eval_vector_selector(ctx: EvalContext, vs: Any) -> VectorSteps:
     e = effective_times(vs, ctx)
     lb = ctx.lookback_delta_ms
     t = ctx.num_steps
-    mint, maxt = int(e.min()) - lb + 1, int(e.max())
+    mint, maxt = int(e.min()) - lb + 1, int(e.max()) + (lb if vs.smoothed else 0)
     ss = select(ctx, vs, mint, maxt)
     ss, hs = _select_hist(ctx, vs, mint, maxt, ss)
+    if vs.smoothed and hs is None:  # native histograms: not interpolated (the plain selection)
+        return _smoothed_steps(ctx, ss, e, lb)
     s = len(ss.labels)
     if s == 0:
         return VectorSteps.empty(t)
@@ -257,6 +259,56 @@ def _select_steps(ctx: EvalContext, ss: SeriesSet, hs: HistogramSet | None, e: n
         out = VectorSteps([out.labels[i] for i in idxs.tolist()], vals[idxs], present[idxs], None, sts[idxs],
                           None if plane is None else plane[idxs])
     return out
+
+
+def _drop_stale(ss: SeriesSet) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The selection's (timestamps, values, CSR offsets) without stale markers."""
+    ts, vals, off = ss.timestamps, ss.values, ss.offsets
+    stale = is_stale(vals)
+    if not stale.any():
+        return ts, vals, off
+    keep = ~stale
+    counts = np.add.reduceat(keep.astype(np.int64), off[:-1]) if len(ts) else np.zeros(len(off) - 1, np.int64)
+    counts = np.where(np.diff(off) == 0, 0, counts)  # reduceat on an empty segment: the next element
+    new_off = np.zeros(len(off), np.int64)
+    np.cumsum(counts, out=new_off[1:])
+    return ts[keep], vals[keep], new_off
+
+
+def _smoothed_steps(ctx: EvalContext, ss: SeriesSet, e: np.ndarray, lb: int) -> VectorSteps:
+    """A ``smoothed`` instant-vector selector (Prometheus 3.x, floats): at each time e the sample
+    at e, else the straight line between the samples around e (within the lookback delta on each
+    side), else the last sample before e; nothing when there is no sample before e."""
+    t = len(e)
+    s = len(ss.labels)
+    if s == 0 or ss.num_samples == 0:
+        return VectorSteps.empty(t)
+    _guard_cells(ctx, s, t)
+    ts, vals, off = _drop_stale(ss)
+    lo = window_index(off, ts, e - lb)  # first sample after e - lb
+    hi = window_index(off, ts, e + lb)  # one past the last sample at or before e + lb
+    i = np.minimum(np.maximum(window_index(off, ts, e - 1), lo), hi)  # first sample at or after e
+    top = max(len(ts) - 1, 0)
+    has_next = i < hi
+    has_prev = i > lo
+    nxt = np.minimum(i, top)
+    prv = np.clip(i - 1, 0, top)
+    if len(ts):
+        t_next, v_next = ts[nxt], vals[nxt]
+        t_prev, v_prev = ts[prv], vals[prv]
+    else:
+        t_next = t_prev = np.zeros((s, t), np.int64)
+        v_next = v_prev = np.zeros((s, t))
+    exact = has_next & (t_next == e[None, :])
+    with np.errstate(all="ignore"):
+        line = v_prev + (v_next - v_prev) * (e[None, :] - t_prev).astype(np.float64) / (t_next - t_prev).astype(np.float64)
+    values = np.where(exact, v_next, np.where(has_next, line, v_prev))
+    present = exact | has_prev
+    _count_step_samples(ctx, present.sum(axis=0))
+    sts = np.broadcast_to(e[None, :], (s, t)).astype(np.int64)
+    keep = present.any(axis=1)
+    idxs = np.flatnonzero(keep)
+    return VectorSteps([ss.labels[k] for k in idxs.tolist()], values[idxs], present[idxs], None, sts[idxs])
 
 
 def eval_matrix_selector(ctx: EvalContext, ms: Any) -> RangeWindows:

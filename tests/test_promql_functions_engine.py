@@ -92,3 +92,21 @@ def test_label_replace_and_join_label_names_are_prometheus_utf8(engine):
               'label_join(queue_depth, "\\xff", "-", "job")', 'label_join(queue_depth, "dst", "-", "\\xff")'):
         with pytest.raises(PromQLError, match="invalid (destination|source) label name"):
             engine.instant_query(q, 30 * M)
+
+
+def test_extended_range_selector_shown_as_range_vector():
+    """``m[1m] anchored`` / ``smoothed`` as an instant query's result (Prometheus's extendFloats):
+    the boundary value at the window start, the samples inside, the boundary value at its end."""
+    src = MemorySource()
+    src.add_series(make_labels({"__name__": "m"}), np.arange(0, 5 * M, M, dtype=np.int64), np.arange(1.0, 6.0))
+    eng = Engine(src)
+    t = 150_000  # window (90s, 150s]: one sample (120s) inside
+    plain = eng.instant_query("m[1m]", t).csr
+    assert plain[1].tolist() == [120_000] and plain[2].tolist() == [3.0]
+    _, ts, vals = eng.instant_query("m[1m] anchored", t).csr
+    assert ts.tolist() == [90_000, 120_000, 150_000] and vals.tolist() == [2.0, 3.0, 3.0]
+    _, ts, vals = eng.instant_query("m[1m] smoothed", t).csr
+    assert ts.tolist() == [90_000, 120_000, 150_000] and vals.tolist() == [2.5, 3.0, 3.5]
+    with pytest.raises(PromQLError, match="anchored modifier can only be used with: changes, delta, increase, "
+                                          "rate, resets - not with sum_over_time"):
+        eng.instant_query("sum_over_time(m[1m] anchored)", t)

@@ -130,3 +130,47 @@ def anchored_windows(rw: RangeWindows) -> tuple[RangeWindows, np.ndarray]:
     lo = np.minimum(np.maximum(rw.lo, j - 1), rw.hi)
     return RangeWindows(rw.labels, rw.offsets, rw.ts, rw.vals, lo, rw.hi, rw.window_end, rw.range_ms, rw.drop_name,
                         rw.hist), found
+
+
+def matrix_points(rw: RangeWindows) -> RangeWindows:
+    """An extended range selector shown as a range vector (an instant query's result; Prometheus's
+    ``extendFloats``): per series the boundary value at the window start (the last sample at or
+    before it, or interpolated when smoothed), the samples strictly inside, the boundary value at
+    the window end. One step only (a range vector is never a range query's result)."""
+    smoothed = rw.extended == "smoothed"
+    end = int(rw.window_end[0])
+    start = end - rw.range_ms
+    ts_parts, val_parts, counts = [], [], []
+    for s in range(rw.num_series):  # per series, only for a result shown as a range vector
+        a, b = int(rw.lo[s, 0]), int(rw.hi[s, 0])
+        t, v = rw.ts[a:b], rw.vals[a:b]
+        n = len(t)
+        if n == 0:
+            counts.append(0)
+            continue
+        last = n - 1
+        first = max(0, int(np.searchsorted(t[:last], start, side="right")) - 1)
+        if smoothed:
+            last = int(np.searchsorted(t[:last], end, side="left"))
+        if t[last] <= start:
+            counts.append(0)
+            continue
+        left, right = float(v[first]), float(v[last])
+        if smoothed and t[first] < start:
+            left = float(v[first] + (v[first + 1] - v[first]) * float(start - t[first]) / float(t[first + 1] - t[first]))
+        if smoothed and last > 0 and t[last] > end:
+            right = float(v[last - 1] + (v[last] - v[last - 1]) * float(end - t[last - 1]) / float(t[last] - t[last - 1]))
+        if t[first] <= start:
+            first += 1
+        if t[last] >= end:
+            last -= 1
+        inner = slice(first, max(last + 1, first))
+        ts_parts.append(np.concatenate([[start], t[inner], [end]]).astype(np.int64))
+        val_parts.append(np.concatenate([[left], v[inner], [right]]))
+        counts.append(len(ts_parts[-1]))
+    off = np.zeros(rw.num_series + 1, np.int64)
+    np.cumsum(np.asarray(counts, np.int64), out=off[1:])
+    ts = np.concatenate(ts_parts) if ts_parts else np.empty(0, np.int64)
+    vals = np.concatenate(val_parts) if val_parts else np.empty(0)
+    return RangeWindows(rw.labels, off, ts, vals, off[:-1, None].copy(), off[1:, None].copy(), rw.window_end,
+                        rw.range_ms, rw.drop_name)

@@ -37,6 +37,8 @@ def _sel(vs: Any) -> str:
         s += " offset $o"
     if vs.at is not None:
         s += " @ $t"
+    if vs.anchored or vs.smoothed:
+        s += " anchored" if vs.anchored else " smoothed"
     return s
 
 
@@ -127,6 +129,8 @@ def servable_call(node: Any) -> tuple[str, Any, Any] | None:
         return None
     vs = ms.vector_selector
     if vs.at is not None or not vs.name or vs.matchers.or_matchers:
+        return None
+    if vs.anchored or vs.smoothed:  # boundary values from outside the window: no pane holds them
         return None
     return func, ms, param
 

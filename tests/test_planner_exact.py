@@ -88,6 +88,21 @@ def test_window_without_whole_pane_falls_back_to_raw(world):
     assert fast.stats.paths == ["raw"]
 
 
+@pytest.mark.parametrize("q", ["rate(x_total[1h] anchored)", "increase(x_total[1h] smoothed)",
+                               "sum by (job) (delta(g[1h] anchored))", "resets(x_total[2h] anchored)"])
+def test_anchored_and_smoothed_windows_run_raw(world, q):
+    """Their boundary values come from samples outside the window: a pane summary cannot give them."""
+    eng, hook, tmin, tmax, _ = world
+    t = tmin + (tmax - tmin) * 3 // 4 + 777
+    raw = eng.range_query(q, t - 3_600_000, t, 60_000)
+    fast = eng.range_query(q, t - 3_600_000, t, 60_000, QueryOpts(node_hooks=[hook]))
+    assert fast.stats.paths == ["raw"]
+    _compare(raw, fast, q)
+    plain = q.replace(" anchored", "").replace(" smoothed", "")
+    assert any(p.startswith("summary:") for p in eng.range_query(plain, t - 3_600_000, t, 60_000,
+                                                                  QueryOpts(node_hooks=[hook])).stats.paths)
+
+
 def test_metric_without_plan_runs_raw(world):
     eng, hook, tmin, tmax, _ = world
     src_q = "quantile_over_time(0.5, g[1h])"  # no KLL SDS in this world

@@ -99,6 +99,19 @@ VLLM = Dashboard("turboprom-vllm", "LLM serving: vLLM fleet", (
                                            Target(f"sum by (model_name) (vllm:num_requests_waiting{FLEET})", "waiting {{model_name}}")), "short"),
     Panel("Mean prompt length", (Target(f'{_rate("vllm:request_prompt_tokens_sum", "model_name")} / '
                                         f'{_rate("vllm:request_prompt_tokens_count", "model_name")}', "{{model_name}}"),), "short"),
+    # service-level row: the same signals over trailing hours, as SLO and capacity reviews read them
+    Panel("TTFT p99, trailing hour (SLO)", (Target(
+        f"histogram_quantile(0.99, sum by (le, model_name) (rate(vllm:time_to_first_token_seconds_bucket{FLEET}[1h])))",
+        "p99 {{model_name}}"),), "s"),
+    Panel("End-to-end latency p99, trailing hour (SLO)", (Target(
+        f"histogram_quantile(0.99, sum by (le, model_name) (rate(vllm:e2e_request_latency_seconds_bucket{FLEET}[1h])))",
+        "p99 {{model_name}}"),), "s"),
+    Panel("Finished requests, trailing hour", (Target(
+        f"sum by (model_name) (increase(vllm:request_success_total{FLEET}[1h]))", "{{model_name}}"),), "short"),
+    Panel("Peak KV-cache usage, trailing hour", (Target(
+        f"max by (instance) (max_over_time(vllm:kv_cache_usage_perc{FLEET}[1h]))", "{{instance}}"),), "percentunit"),
+    Panel("Mean waiting requests, trailing hour", (Target(
+        f"avg by (model_name) (avg_over_time(vllm:num_requests_waiting{FLEET}[1h]))", "{{model_name}}"),), "short"),
 ), FLEET_VARIABLES)
 
 SCHEDULING = Dashboard("turboprom-scheduling", "LLM serving: scheduling telemetry", (

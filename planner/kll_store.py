@@ -70,14 +70,6 @@ def req_rank_error(k: int, phi: float) -> float:
     return REQ_CONFIDENCE_SD * max(sd, 0.0)
 
 
-def sketch_rank_bound(sk: object, phi: float) -> float:
-    """Per-window rank error bound of one (merged) sketch at ``phi`` from the sketch's own bounds."""
-    p = min(max(float(phi), 0.0), 1.0)
-    if isinstance(sk, req_floats_sketch):
-        return max(sk.get_rank_upper_bound(p, REQ_CONFIDENCE_SD) - p, p - sk.get_rank_lower_bound(p, REQ_CONFIDENCE_SD))
-    return float(sk.normalized_rank_error(False))
-
-
 class KLLPaneStore:
     """Panes of one quantile sketch kind (``kind`` = "kll" or "req")."""
 

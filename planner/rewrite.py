@@ -84,7 +84,8 @@ def _prepare(node: Any, ectx: Any, rctx: RewriteContext, algorithm: str) -> tupl
 
 def prepare_or_why(node: Any, ectx: Any, rctx: RewriteContext, algorithm: str) -> tuple[tuple | None, str]:
     """(func, ms, param, matchers, sds, range_ms, ends) when the summary path serves ``node``, else
-    (None, why); why == "cost" carries (sds, func, matchers, range_ms, ends) in ``_LAST_COSTLY``."""
+    (None, why): the reason ``plan explain`` and the hook's fall-back see ("cost": the raw path was
+    judged cheaper for these windows, and ``rule_exact`` then lets the raw answer fill the step cache)."""
     if not rctx.may_use(algorithm, ectx):
         return None, "approximation off"
     hit = servable_call(node)

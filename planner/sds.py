@@ -37,7 +37,7 @@ from planner.kll_store import rank_error, req_rank_error
 from planner.late_samples import fold_late_sketch, rebuild_exact
 from planner.served_functions import REQ_MIN_PHI
 from planner.topk_store import epsilon_for
-from storage.labels import Labels, metric_name
+from storage.labels import Labels
 from storage.matchers import Matcher
 
 _READ_FOLD = threading.local()
@@ -505,7 +505,3 @@ class SDS:
             "late_rebuilt_samples": self.stats.late_rebuilt_samples,
             "measured": self.stats.measured(),
         }
-
-
-def in_metric_scope(lbl: Labels, metric: str) -> bool:
-    return metric_name(lbl) == metric

@@ -408,7 +408,3 @@ class Summarizer:
     def describe(self) -> dict[str, Any]:
         return {"cpu_seconds": self.cpu_seconds, "samples": self.samples, "max_ts": self.max_ts,
                 "sds": sorted(self.sds)}
-
-
-def names_of(series: Sequence) -> list[str]:
-    return [metric_name(l) for l in series]

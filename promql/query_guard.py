@@ -132,8 +132,13 @@ def check(query: str, max_depth: int = DEFAULT_MAX_DEPTH) -> Shape:
     return shape
 
 
-PARSED_CAPACITY = 4096  # distinct query texts kept; the table is emptied when full
+# Texts kept: at most this many characters in all (a tree takes some tens of bytes per character,
+# so a flood of distinct long queries cannot grow the table past a few tens of MB), each at most
+# PARSED_MAX_TEXT long (dashboard and rule expressions are far shorter); emptied when full.
+PARSED_BUDGET_CHARS = 512 * 1024
+PARSED_MAX_TEXT = 4096
 _parsed: dict[tuple[str, int], Any] = {}
+_parsed_chars = 0
 
 
 def parse(query: str, max_depth: int = DEFAULT_MAX_DEPTH) -> Any:
@@ -151,10 +156,13 @@ def parse(query: str, max_depth: int = DEFAULT_MAX_DEPTH) -> Any:
 
     check(query, max_depth)
     expr = parse_expr(query)
-    if not has_duration_expressions(expr):
-        if len(_parsed) >= PARSED_CAPACITY:
+    if len(query) <= PARSED_MAX_TEXT and not has_duration_expressions(expr):
+        global _parsed_chars
+        if _parsed_chars + len(query) > PARSED_BUDGET_CHARS:
             _parsed.clear()
+            _parsed_chars = 0
         _parsed[key] = expr
+        _parsed_chars += len(query)
     return expr
 
 

@@ -443,3 +443,22 @@ def test_topk_ties_follow_prometheus_heap():
     src = _src({'m{s="a"}': ([0], [3.0]), 'm{s="b"}': ([0], [3.0]), 'm{s="c"}': ([0], [2.0])})
     res = Engine(src).instant_query("bottomk(2, m)", 0)
     assert sorted(dict(l)["s"] for l in res.labels) == ["b", "c"]
+
+
+def test_parsed_trees_are_kept_per_text_except_those_with_duration_expressions(counters: MemorySource) -> None:
+    """Recurring texts are parsed once; a tree whose durations are filled in per query
+    (``[step()*4]``) is parsed anew, so two queries with different steps never share it."""
+    q = 'sum(rate(http_requests_total{job="api"}[5m]))'
+    assert parse(q) is parse(q)
+    assert parse(q) is not parse(q + " ")
+    dyn = "sum(rate(req_total[step()*4]))"
+    assert parse(dyn) is not parse(dyn)
+    eng = Engine(counters)
+    a = eng.range_query(dyn, 600_000, 1_200_000, 15_000)  # windows of 60 s
+    b = eng.range_query(dyn, 600_000, 1_200_000, 60_000)  # windows of 240 s
+    assert a.values[0][0] == pytest.approx(0.4) and b.values[0][0] == pytest.approx(0.4)  # steady counters
+    assert a.values.shape[1] == 41 and b.values.shape[1] == 11
+    with pytest.raises(BadData):
+        parse("sum(")
+    with pytest.raises(BadData):  # refused texts are not kept: the same error every time
+        parse("sum(")

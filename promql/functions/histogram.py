@@ -165,30 +165,49 @@ def _quantile_warning(ctx: FunctionContext, qs: np.ndarray, arg_index: int) -> N
         ctx.annotations.warn(f"PromQL warning: quantile value should be between 0 and 1, got {format_go_g(float(q))}{ctx.pos(arg_index)}")
 
 
-def bucket_quantiles(bk: "_Block", qs: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """Per (group, step) quantile and the monotonicity-fix report arrays."""
+def _previous_present(p: np.ndarray) -> np.ndarray:
+    """(G, B, T): index of the nearest present bucket below each bucket (-1: none)."""
+    G, B, T = p.shape
+    j = np.arange(B, dtype=np.int64)[None, :, None]
+    upto = np.maximum.accumulate(np.where(p, j, -1), axis=1)  # nearest present at or below
+    prev = np.full((G, B, T), -1, dtype=np.int64)
+    prev[:, 1:, :] = upto[:, :-1, :]
+    return prev
+
+
+def _fix_monotonicity(bk: "_Block", prev_idx: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Prometheus's ensureMonotonicAndIgnoreSmallDeltas over every (group, step): bucket counts
+    that fall are raised to the count below, counts within a tiny relative delta of it take it.
+    Buckets that are already non-decreasing with no such near-equal neighbours (the usual case) are
+    checked in one pass over all buckets; only otherwise is the bucket-by-bucket walk needed."""
     G, B, T = bk.counts.shape
-    c = bk.counts.copy()
-    p = bk.present
-    q = np.broadcast_to(qs[None, :], (G, T))
+    c, p = bk.counts, bk.present
+    later = p & (prev_idx >= 0)
+    below = np.take_along_axis(c, np.maximum(prev_idx, 0), axis=1)
+    with np.errstate(all="ignore"):
+        same = later & (c == below)
+        fix = later & ~same & (_almost_equal(below, c, _SMALL_DELTA) | (c < below))
+    if not fix.any():
+        return c, {"forced": np.zeros((G, T), dtype=bool), "min_b": np.full((G, T), np.inf),
+                   "max_b": np.full((G, T), -np.inf), "max_diff": np.zeros((G, T))}
+    c = c.copy()
     forced = np.zeros((G, T), dtype=bool)
     min_b = np.full((G, T), np.inf)
     max_b = np.full((G, T), -np.inf)
     max_diff = np.zeros((G, T))
     started = np.zeros((G, T), dtype=bool)
     prev = np.zeros((G, T))
-    npres = np.zeros((G, T), dtype=np.int64)
     with np.errstate(all="ignore"):
         for j in range(B):
             pj = p[:, j, :]
             cur = c[:, j, :].copy()
             ubj = bk.ub[:, j][:, None]
             first = pj & ~started
-            later = pj & started
-            same = later & (cur == prev)
-            small = later & ~same & _almost_equal(prev, cur, _SMALL_DELTA)
-            dec = later & ~same & ~small & (cur < prev)
-            inc = later & ~same & ~small & ~dec
+            later_j = pj & started
+            same_j = later_j & (cur == prev)
+            small = later_j & ~same_j & _almost_equal(prev, cur, _SMALL_DELTA)
+            dec = later_j & ~same_j & ~small & (cur < prev)
+            inc = later_j & ~same_j & ~small & ~dec
             c[:, j, :] = np.where(small | dec, prev, cur)
             forced |= dec
             min_b = np.where(dec & (ubj < min_b), ubj, min_b)
@@ -197,48 +216,59 @@ def bucket_quantiles(bk: "_Block", qs: np.ndarray) -> tuple[np.ndarray, dict[str
             max_diff = np.where(dec & (d > max_diff), d, max_diff)
             prev = np.where(first | inc, cur, prev)
             started |= pj
-            npres += pj
+    return c, {"forced": forced, "min_b": min_b, "max_b": max_b, "max_diff": max_diff}
+
+
+def bucket_quantiles(bk: "_Block", qs: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Per (group, step) quantile and the monotonicity-fix report arrays (Prometheus's
+    bucketQuantile: the first bucket, below the highest present one, whose count reaches the rank,
+    interpolated linearly from the present bucket below it)."""
+    G, B, T = bk.counts.shape
+    p = bk.present
+    q = np.broadcast_to(qs[None, :], (G, T))
+    if B == 0:
+        res = np.full((G, T), np.nan)
+        res = np.where(q > 1, np.inf, np.where(q < 0, -np.inf, res))
+        z = np.zeros((G, T), dtype=bool)
+        return res, {"forced": z, "min_b": np.full((G, T), np.inf), "max_b": np.full((G, T), -np.inf),
+                     "max_diff": np.zeros((G, T))}
+    prev_idx = _previous_present(p)
+    c, rep = _fix_monotonicity(bk, prev_idx)
+    npres = p.sum(axis=1)
+    ub = np.broadcast_to(bk.ub[:, :, None], (G, B, T))
+    with np.errstate(all="ignore"):
         # Observations = (fixed) count of the highest present bucket.
-        last_idx = B - 1 - np.argmax(p[:, ::-1, :], axis=1) if B else np.zeros((G, T), np.int64)
-        obs = np.take_along_axis(c, last_idx[:, None, :], axis=1)[:, 0, :] if B else np.zeros((G, T))
+        last_idx = B - 1 - np.argmax(p[:, ::-1, :], axis=1)  # (G, T)
+        obs = np.take_along_axis(c, last_idx[:, None, :], axis=1)[:, 0, :]
         rank = q * obs
-        found = np.zeros((G, T), dtype=bool)
-        seen = np.zeros((G, T), dtype=bool)
-        prev_ub = np.zeros((G, T))
-        prev_c = np.zeros((G, T))
-        b_end = np.zeros((G, T))
-        b_cnt = np.zeros((G, T))
-        b_start = np.zeros((G, T))
-        b_prevc = np.zeros((G, T))
-        b_first = np.zeros((G, T), dtype=bool)
-        second_last_ub = np.full((G, T), np.nan)
-        for j in range(B):
-            pj = p[:, j, :]
-            cur = c[:, j, :]
-            ubj = np.broadcast_to(bk.ub[:, j][:, None], (G, T))
-            is_last = pj & (last_idx == j)
-            cand = pj & ~is_last & ~found & (cur >= rank)
-            b_end = np.where(cand, ubj, b_end)
-            b_cnt = np.where(cand, cur, b_cnt)
-            b_start = np.where(cand & seen, prev_ub, np.where(cand, 0.0, b_start))
-            b_prevc = np.where(cand & seen, prev_c, np.where(cand, 0.0, b_prevc))
-            b_first = np.where(cand, ~seen, b_first)
-            found |= cand
-            second_last_ub = np.where(is_last & seen, prev_ub, second_last_ub)
-            prev_ub = np.where(pj, ubj, prev_ub)
-            prev_c = np.where(pj, cur, prev_c)
-            seen |= pj
+        j = np.arange(B, dtype=np.int64)[None, :, None]
+        cand = p & (j != last_idx[:, None, :]) & (c >= rank[:, None, :])
+        found = cand.any(axis=1)
+        at = np.argmax(cand, axis=1)[:, None, :]  # the first such bucket
+        b_end = np.take_along_axis(ub, at, axis=1)[:, 0, :]
+        b_cnt = np.take_along_axis(c, at, axis=1)[:, 0, :]
+        below = np.take_along_axis(prev_idx, at, axis=1)[:, 0, :]
+        seen = below >= 0
+        bi = np.maximum(below, 0)[:, None, :]
+        b_start = np.where(seen, np.take_along_axis(ub, bi, axis=1)[:, 0, :], 0.0)
+        b_prevc = np.where(seen, np.take_along_axis(c, bi, axis=1)[:, 0, :], 0.0)
+        # no bucket reached the rank: the upper bound of the present bucket below the highest one
+        last_present = np.take_along_axis(p, last_idx[:, None, :], axis=1)[:, 0, :]
+        below_last = np.take_along_axis(prev_idx, last_idx[:, None, :], axis=1)[:, 0, :]
+        second_last_ub = np.where(last_present & (below_last >= 0),
+                                  np.take_along_axis(ub, np.maximum(below_last, 0)[:, None, :], axis=1)[:, 0, :], np.nan)
         interp = b_start + (b_end - b_start) * ((rank - b_prevc) / (b_cnt - b_prevc))
-        res = np.where(~found, second_last_ub, np.where(b_first & (b_end <= 0), b_end, interp))
+        res = np.where(~found, second_last_ub, np.where(~seen & (b_end <= 0), b_end, interp))
         res = np.where((npres < 2) | (obs == 0), np.nan, res)
-        res = np.where(bk.last_present_is_inf(), res, np.nan)
+        inf_top = bk.last_present_is_inf()
+        res = np.where(inf_top, res, np.nan)
         # Early returns for the quantile itself come first in Prometheus.
         res = np.where(q > 1, np.inf, res)
         res = np.where(q < 0, -np.inf, res)
         res = np.where(np.isnan(q), np.nan, res)
         valid_q = ~(np.isnan(q) | (q < 0) | (q > 1))
-        forced &= valid_q & bk.last_present_is_inf()
-    return res, {"forced": forced, "min_b": min_b, "max_b": max_b, "max_diff": max_diff}
+        rep["forced"] = rep["forced"] & valid_q & inf_top
+    return res, rep
 
 
 def _rfc3339(ms: int) -> str:

@@ -101,8 +101,20 @@ def grouping_labels(labels: Labels, names: Iterable[str], without: bool) -> Labe
 METADATA_LABELS = frozenset({METRIC_NAME, "__type__", "__unit__"})
 
 
+_DROPPED_CAPACITY = 65_536  # label sets remembered without their name (emptied when full)
+_dropped: dict[Labels, Labels] = {}
+
+
 def drop_metric_name(labels: Labels) -> Labels:
-    return tuple(p for p in labels if p[0] not in METADATA_LABELS)
+    """``labels`` without the metric name and metadata labels. Dashboards ask for the same series
+    again and again (every ``rate`` drops the name of each), so the answers are remembered."""
+    hit = _dropped.get(labels)
+    if hit is None:
+        hit = tuple(p for p in labels if p[0] not in METADATA_LABELS)
+        if len(_dropped) >= _DROPPED_CAPACITY:
+            _dropped.clear()
+        _dropped[labels] = hit
+    return hit
 
 
 def dense_ids(keys: Sequence[object]) -> tuple[np.ndarray, list[object]]:

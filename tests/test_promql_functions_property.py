@@ -368,16 +368,21 @@ def almost_equal(a: float, b: float, eps: float) -> bool:
 
 
 def bucket_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
-    """Port of Prometheus's BucketQuantile (with coalescing and the monotonicity fix)."""
+    return bucket_quantile_fixed(q, buckets)[0]
+
+
+def bucket_quantile_fixed(q: float, buckets: list[tuple[float, float]]) -> tuple[float, bool]:
+    """Port of Prometheus's BucketQuantile (with coalescing and the monotonicity fix): the quantile
+    and whether the fix raised a falling bucket (the info annotation's condition)."""
     if math.isnan(q):
-        return math.nan
+        return math.nan, False
     if q < 0:
-        return -math.inf
+        return -math.inf, False
     if q > 1:
-        return math.inf
+        return math.inf, False
     buckets = sorted(buckets, key=lambda b: b[0])
-    if not math.isinf(buckets[-1][0]):
-        return math.nan
+    if not buckets or not math.isinf(buckets[-1][0]) or buckets[-1][0] < 0:
+        return math.nan, False
     co: list[list[float]] = []
     for ub, c in buckets:
         if co and co[-1][0] == ub:
@@ -385,6 +390,7 @@ def bucket_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
         else:
             co.append([ub, c])
     prev = co[0][1]
+    forced = False
     for i in range(1, len(co)):
         cur = co[i][1]
         if cur == prev:
@@ -394,13 +400,14 @@ def bucket_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
             continue
         if cur < prev:
             co[i][1] = prev
+            forced = True
             continue
         prev = cur
     if len(co) < 2:
-        return math.nan
+        return math.nan, forced
     obs = co[-1][1]
     if obs == 0:
-        return math.nan
+        return math.nan, forced
     rank = q * obs
     b = len(co) - 1
     for i in range(len(co) - 1):
@@ -408,15 +415,17 @@ def bucket_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
             b = i
             break
     if b == len(co) - 1:
-        return co[-2][0]
+        return co[-2][0], forced
     if b == 0 and co[0][0] <= 0:
-        return co[0][0]
+        return co[0][0], forced
     start, end, count = 0.0, co[b][0], co[b][1]
     if b > 0:
         start = co[b - 1][0]
         count -= co[b - 1][1]
         rank -= co[b - 1][1]
-    return start + (end - start) * (rank / count)
+    with np.errstate(all="ignore"):  # Go's float division: x/0 is ±Inf or NaN
+        frac = float(np.float64(rank) / np.float64(count))
+    return start + (end - start) * frac, forced
 
 
 LES = ["-1", "0", "0.5", "1", "1.0", "2", "10", "+Inf"]
@@ -570,59 +579,6 @@ def test_long_window_paths_match_prometheus_ports(ws):
         check_loose("deriv", rw, ref_deriv)
 
 
-def _almost_equal_ref(a: float, b: float, eps: float) -> bool:
-    """Prometheus's almost.Equal."""
-    if math.isnan(a) and math.isnan(b) or a == b:
-        return True
-    abs_sum = abs(a) + abs(b)
-    diff = abs(a - b)
-    if a == 0 or b == 0 or abs_sum < 2.2250738585072014e-308:
-        return diff < eps * 2.2250738585072014e-308
-    return diff / min(abs_sum, 1.7976931348623157e308) < eps
-
-
-def _bucket_quantile_ref(q: float, buckets: list[tuple[float, float]]) -> tuple[float, bool]:
-    """Prometheus's bucketQuantile for one (group, step) of present (upper bound, count) buckets
-    sorted by bound, written bucket by bucket: (quantile, monotonicity fixed)."""
-    if math.isnan(q):
-        return math.nan, False
-    if q < 0:
-        return -math.inf, False
-    if q > 1:
-        return math.inf, False
-    if not buckets or not math.isinf(buckets[-1][0]) or buckets[-1][0] < 0:
-        return math.nan, False
-    b = [list(x) for x in buckets]
-    forced, prev = False, b[0][1]
-    for x in b[1:]:
-        cur = x[1]
-        if cur == prev:
-            continue
-        if _almost_equal_ref(prev, cur, 1e-12):
-            x[1] = prev
-            continue
-        if cur < prev:
-            x[1] = prev
-            forced = True
-            continue
-        prev = cur
-    if len(b) < 2:
-        return math.nan, forced
-    obs = b[-1][1]
-    if obs == 0:
-        return math.nan, forced
-    rank = q * obs
-    i = next((k for k, x in enumerate(b[:-1]) if x[1] >= rank), len(b) - 1)
-    if i == len(b) - 1:
-        return b[-2][0], forced
-    if i == 0 and b[0][0] <= 0:
-        return b[0][0], forced
-    start, prev_count = (0.0, 0.0) if i == 0 else (b[i - 1][0], b[i - 1][1])
-    with np.errstate(all="ignore"):  # Go's float division: x/0 is ±Inf or NaN
-        frac = float(np.float64(rank - prev_count) / np.float64(b[i][1] - prev_count))
-    return start + (b[i][0] - start) * frac, forced
-
-
 def test_bucket_quantiles_match_a_bucket_by_bucket_reference() -> None:
     from promql.functions.histogram import _Block, bucket_quantiles
 
@@ -646,7 +602,7 @@ def test_bucket_quantiles_match_a_bucket_by_bucket_reference() -> None:
         res, rep = bucket_quantiles(_Block(c, p, ub), qs)
         for g in range(G):
             for t in range(T):
-                want, forced = _bucket_quantile_ref(float(qs[t]), [(float(ub[g, j]), float(c[g, j, t])) for j in range(B) if p[g, j, t]])
+                want, forced = bucket_quantile_fixed(float(qs[t]), [(float(ub[g, j]), float(c[g, j, t])) for j in range(B) if p[g, j, t]])
                 got = float(res[g, t])
                 assert (math.isnan(want) and math.isnan(got)) or got == want, (trial, g, t, got, want)
                 assert bool(rep["forced"][g, t]) == (forced and 0 <= qs[t] <= 1), (trial, g, t)

@@ -333,8 +333,8 @@ def window_plan(sds: SDS, matchers: Sequence[Matcher], ends: np.ndarray, range_m
     SDS is kept, keyed by everything it depends on (the windows, the coverage, the selected series
     and the store's epoch of sealed-pane writes)."""
     exact = sds.spec.algorithm == "exact"
-    key = (tuple(matchers), int(range_ms), int(cov_lo), int(cov_hi), len(sds.registry.labels),
-           sds.store.epoch if exact else 0)
+    key = (id(sds.store), tuple(matchers), int(range_ms), int(cov_lo), int(cov_hi), len(sds.registry.labels),
+           sds.store.epoch if exact else 0)  # the store's identity: a re-adopted plan has the same id
     last = _last_plans.get(sds.id)
     if last is not None and last[0] == key and np.array_equal(last[1], ends):
         return last[2]
@@ -345,7 +345,7 @@ def window_plan(sds: SDS, matchers: Sequence[Matcher], ends: np.ndarray, range_m
     return plan
 
 
-_last_plans: dict[str, tuple[tuple, np.ndarray, WindowPlan]] = {}  # SDS id -> (key, ends, plan)
+_last_plans: dict[str, tuple[tuple, np.ndarray, WindowPlan]] = {}  # SDS id -> (key, ends, plan); one per plan ever adopted
 
 
 def snap_aligned_edges(plan: WindowPlan, store: Any, sel: np.ndarray, pane_ms: int, cov_lo: int,

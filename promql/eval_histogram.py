@@ -22,7 +22,7 @@ import numpy as np
 
 from promql.errors import ExecutionError
 from promql.functions import FunctionSpec, Histograms
-from promql.eval_labels import go_quote
+from promql.go_format import go_quote
 from promql.types import FloatHistogram, HistogramError, HistogramSet, HistWindows, RangeWindows, Value, VectorSteps
 from storage.labels import Labels, metric_name
 from storage.matchers import Matcher

@@ -14,7 +14,7 @@ from typing import Any, Callable
 import numpy as np
 
 from promql.eval_histogram import strip
-from promql.eval_labels import go_quote
+from promql.go_format import go_quote
 from promql.types import FloatHistogram, Value, VectorSteps
 from storage.labels import metric_name
 _FRAC_CACHE: dict[tuple[int, int], float] = {}

@@ -18,7 +18,7 @@ from promql.eval_histogram import (
     unsupported,
     window_counts,
 )
-from promql.eval_labels import go_quote
+from promql.go_format import go_quote
 from promql.functions.rate import extrapolation_factor
 from promql.types import FloatHistogram, HistogramError, RangeWindows, Value, VectorSteps
 from storage.labels import metric_name

@@ -12,6 +12,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from promql.errors import ExecutionError
+from promql.go_format import go_quote
 from promql.go_strings import decode_go_literal
 from promql.types import VectorSteps
 from storage.labels import METRIC_NAME, Labels
@@ -19,29 +20,6 @@ from storage.labels import METRIC_NAME, Labels
 SAME_LABELSET = "vector cannot contain metrics with the same labelset"
 
 _LEGACY_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
-
-
-def go_quote(s: str) -> str:
-    """Go's strconv.Quote for the characters label values realistically hold."""
-    out = []
-    for ch in s:
-        if ch == "\\":
-            out.append("\\\\")
-        elif ch == '"':
-            out.append('\\"')
-        elif ch == "\n":
-            out.append("\\n")
-        elif ch == "\t":
-            out.append("\\t")
-        elif ch == "\r":
-            out.append("\\r")
-        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
-            out.append(f"\\x{ord(ch):02x}")
-        elif "\udc80" <= ch <= "\udcff":  # a byte that is not UTF-8, carried as a surrogate escape
-            out.append(f"\\x{ord(ch) - 0xDC00:02x}")
-        else:
-            out.append(ch)
-    return '"' + "".join(out) + '"'
 
 
 def labels_string(labels: Labels) -> str:
@@ -182,24 +160,3 @@ def raw_string_literal_bytes(text: str, start: int) -> bytes | None:
     literal starts there."""
     r = decode_go_literal(text, start)
     return r[0] if r is not None else None
-
-
-def go_quote_bytes(b: bytes) -> str:
-    """Go's strconv.Quote of a byte string (invalid UTF-8 bytes as \\xNN)."""
-    out = []
-    i = 0
-    while i < len(b):
-        for j in (4, 3, 2, 1):
-            chunk = b[i:i + j]
-            try:
-                ch = chunk.decode("utf-8")
-            except UnicodeDecodeError:
-                continue
-            if len(ch) == 1:
-                out.append(go_quote(ch)[1:-1])
-                i += j
-                break
-        else:
-            out.append(f"\\x{b[i]:02x}")
-            i += 1
-    return '"' + "".join(out) + '"'

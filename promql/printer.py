@@ -18,6 +18,7 @@ from decimal import Decimal
 from typing import Any
 
 from promql import parser as pp
+from promql.go_format import go_quote
 
 _LEGACY_LABEL = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _LEGACY_METRIC = re.compile(r"^[A-Za-z_:][A-Za-z0-9_:]*$")
@@ -73,43 +74,6 @@ def format_float(v: float) -> str:
     if r == "-0":
         return "-0"
     return r
-
-
-def go_quote(s: str) -> str:
-    """Go ``strconv.Quote``: double-quoted, Go escapes, printable Unicode kept."""
-    out = ['"']
-    for ch in s:
-        o = ord(ch)
-        if ch == '"':
-            out.append('\\"')
-        elif ch == "\\":
-            out.append("\\\\")
-        elif ch == "\a":
-            out.append("\\a")
-        elif ch == "\b":
-            out.append("\\b")
-        elif ch == "\f":
-            out.append("\\f")
-        elif ch == "\n":
-            out.append("\\n")
-        elif ch == "\r":
-            out.append("\\r")
-        elif ch == "\t":
-            out.append("\\t")
-        elif ch == "\v":
-            out.append("\\v")
-        elif 0xDC80 <= o <= 0xDCFF:  # an invalid UTF-8 byte carried as a surrogate escape
-            out.append(f"\\x{o - 0xDC00:02x}")
-        elif ch == " " or ch.isprintable():
-            out.append(ch)
-        elif o < 0x80:
-            out.append(f"\\x{o:02x}")
-        elif o < 0x10000:
-            out.append(f"\\u{o:04x}")
-        else:
-            out.append(f"\\U{o:08x}")
-    out.append('"')
-    return "".join(out)
 
 
 def label_name(name: str) -> str:

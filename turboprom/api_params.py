@@ -14,6 +14,7 @@ from aiohttp import web
 from multidict import MultiDict, MultiDictProxy
 
 from promql.eval_selectors import selector_matchers
+from promql.go_format import go_quote
 from promql.parser import ParseError
 from promql.parser import parse_metric_selector as parse_selector
 from storage.matchers import Matcher
@@ -36,29 +37,6 @@ _RFC3339 = re.compile(
 MAX_RANGE_POINTS = 11000
 # What Prometheus's parseTime yields for "NaN"/"Inf" on amd64 (int64 overflow of the fraction).
 NAN_TIME_MS = -9223372036854
-
-
-def go_quote(s: str) -> str:
-    """Go's ``%q``: double-quoted with backslash escapes."""
-    out = ['"']
-    for ch in s:
-        o = ord(ch)
-        if ch == '"':
-            out.append('\\"')
-        elif ch == "\\":
-            out.append("\\\\")
-        elif ch == "\n":
-            out.append("\\n")
-        elif ch == "\t":
-            out.append("\\t")
-        elif ch == "\r":
-            out.append("\\r")
-        elif o < 0x20 or o == 0x7F:
-            out.append(f"\\x{o:02x}")
-        else:
-            out.append(ch)
-    out.append('"')
-    return "".join(out)
 
 
 def invalid_param(name: str, msg: str) -> ParamError:

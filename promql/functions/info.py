@@ -18,6 +18,7 @@ from promql import parser as pp
 
 from promql.ast_walk import children
 from promql.errors import BadData, ExecutionError
+from promql.go_format import go_quote
 from promql.eval_histogram import has_hist
 from promql.eval_selectors import selector_matchers
 from promql.functions import FunctionContext, Histograms, register
@@ -33,11 +34,7 @@ _IDENTIFYING = ("instance", "job")
 
 
 def _promql(m: Matcher) -> str:
-    return f"{_quote(m.name)}{m.op}{_quote(m.value)}"
-
-
-def _quote(s: str) -> str:
-    return '"' + s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+    return f"{go_quote(m.name)}{m.op}{go_quote(m.value)}"
 
 
 def _selector_matchers(vs: Any) -> list[Matcher]:

@@ -16,9 +16,9 @@ import threading
 from typing import Iterable
 
 from storage.batch import MetricMetadata
+from storage.labels import DEFAULT_TENANT
 
 _MAX_PER_METRIC = 16
-DEFAULT_TENANT = "default"
 
 
 class MetadataStore:

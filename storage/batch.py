@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from storage.labels import Labels
+from storage.labels import DEFAULT_TENANT, Labels
 
 
 @dataclass
@@ -39,7 +39,7 @@ class SampleBatch:
     timestamps: np.ndarray  # int64, shape (N,)
     values: np.ndarray  # float64, shape (N,)
     metadata: list[MetricMetadata] = field(default_factory=list)
-    tenant: str = "default"
+    tenant: str = DEFAULT_TENANT
     # Storage's series id of each entry of ``series`` (int64, shape (K,)), set by the ingest pipeline
     # on the batch it hands to sinks, so a sink resolves each series once per id instead of hashing
     # label sets per batch. None when the batch has not been through storage.
@@ -79,7 +79,7 @@ class SampleBatch:
         return cls([], np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.float64))
 
     @classmethod
-    def from_series(cls, items: list[tuple[Labels, np.ndarray, np.ndarray]], tenant: str = "default") -> "SampleBatch":
+    def from_series(cls, items: list[tuple[Labels, np.ndarray, np.ndarray]], tenant: str = DEFAULT_TENANT) -> "SampleBatch":
         """Build from (labels, timestamps, values) per series (tests, simulators, rule outputs)."""
         if not items:
             return cls.empty()

@@ -24,10 +24,9 @@ import numpy as np
 
 from storage.batch import SeriesRefColumn
 from storage.columns import grow
-from storage.labels import Labels
+from storage.labels import TENANT_LABEL, Labels
 from storage.matchers import Matcher
 
-TENANT_LABEL = "__tenant__"  # reserved label naming a non-default tenant's series (turboprom/tenancy.py)
 _TENANT_KEY = (TENANT_LABEL,)
 _EMPTY_IDS = np.empty(0, dtype=np.int64)
 

@@ -11,6 +11,10 @@ from typing import Iterable, Mapping
 Labels = tuple[tuple[str, str], ...]
 
 METRIC_NAME = "__name__"
+# Tenancy (turboprom/tenancy.py): the default tenant's series carry no tenant label; every other
+# tenant's carry this reserved one, by which storage partitions its index (storage/index.py).
+TENANT_LABEL = "__tenant__"
+DEFAULT_TENANT = "default"
 EMPTY: Labels = ()
 
 

@@ -43,6 +43,7 @@ import yaml
 from aiohttp import web
 
 from scheduler_metrics.kedgeflow.policy import Principal
+from storage.labels import DEFAULT_TENANT
 from turboprom.api_errors import error_response
 
 log = logging.getLogger("turboprom.auth")
@@ -497,7 +498,7 @@ def auth_middleware(auth: Authenticator) -> Callable:
         if role not in principal.roles and "admin" not in principal.roles:
             return error_response("forbidden", f"user {user!r} lacks the {role!r} role needed for {request.path}", 403)
         # No header means the default tenant, which a tenant-restricted user may not read either.
-        tenant = request.headers.get("X-Scope-OrgID") or "default"
+        tenant = request.headers.get("X-Scope-OrgID") or DEFAULT_TENANT
         if not auth.tenant_allowed(user, tenant):
             return error_response("forbidden", f"user {user!r} may not act as tenant {tenant!r}"
                                   + (" (send X-Scope-OrgID)" if "X-Scope-OrgID" not in request.headers else ""), 403)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from scheduler_metrics.kedgeflow.policy import Principal
+from storage.labels import DEFAULT_TENANT
 from turboprom.context import ServerContext
 
 ALL_ROLES = frozenset({"read", "write", "admin", "scheduler"})
@@ -18,4 +19,4 @@ def request_principal(request: web.Request, ctx: ServerContext) -> Principal:
 
 
 def request_tenant(request: web.Request) -> str:
-    return request.headers.get("X-Scope-OrgID", "default") or "default"
+    return request.headers.get("X-Scope-OrgID") or DEFAULT_TENANT

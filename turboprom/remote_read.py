@@ -46,7 +46,7 @@ def visible_matchers(ms: list[Matcher]) -> list[Matcher] | None:
     """A tenant's series have no visible ``__tenant__`` label (tenancy.TenantView strips it), so a
     matcher on it reads the label as absent (""): one that accepts "" is dropped, one that does not
     selects nothing (None)."""
-    from storage.index import TENANT_LABEL
+    from storage.labels import TENANT_LABEL
 
     out = []
     for m in ms:

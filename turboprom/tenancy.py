@@ -24,12 +24,10 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from storage.batch import SampleBatch
-from storage.index import TENANT_LABEL  # storage partitions its index by this label
-from storage.labels import Labels
+from storage.labels import DEFAULT_TENANT, TENANT_LABEL, Labels  # storage partitions its index by the label
 from storage.matchers import Matcher
 from storage.series_set import SeriesSet
 
-DEFAULT_TENANT = "default"
 MAX_TENANT_LEN = 150
 
 

@@ -17,7 +17,7 @@ from ingest.scrape.process import SeriesState, merge, process_scrape, report_bat
 from ingest.scrape.targets import TargetSpec
 from ingest.validation import name_validation_scheme
 
-DEFAULT_TENANT = "default"  # scraped targets belong to the operatorfrom storage.labels import Labels
+from storage.labels import DEFAULT_TENANT, Labels  # scraped targets belong to the default tenant (the operator)
 
 log = logging.getLogger("turboprom.scrape")
 

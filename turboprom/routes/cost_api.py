@@ -10,11 +10,8 @@ from turboprom.api_errors import error_response
 from turboprom.api_common import ok, run_off_loop
 from turboprom.cost_report import FORMATS, render
 from turboprom.durations import parse_duration_ms
-from turboprom.tenancy import TenantView, tenant_of as _tenant_of
-
-
-def request_tenant(request: web.Request) -> str:
-    return _tenant_of(request.headers)
+from storage.labels import DEFAULT_TENANT
+from turboprom.tenancy import TenantView, tenant_of
 
 CONTENT_TYPES = {"text": "text/plain", "csv": "text/csv", "html": "text/html"}
 
@@ -34,13 +31,13 @@ def setup(app: web.Application, ctx) -> None:
             return error_response("bad_data", f"invalid parameter: {e}")
         # Always the caller's own tenant (X-Scope-OrgID, else the default tenant): never another's.
         try:
-            tenant = request_tenant(request)
+            tenant = tenant_of(request.headers)
         except ValueError as e:
             return error_response("bad_data", str(e))
         qlog = ctx.components.query_log
         if qlog is None:
             return error_response("unavailable", "the query log is not enabled on this server", 503)
-        own = tenant == "default"  # summaries are built from the default tenant's data only
+        own = tenant == DEFAULT_TENANT  # summaries are built from the default tenant's data only
         rep = await run_off_loop(ctx, build_report, qlog, ctx.components.planner if own else None,
                                  ctx.components.planner_canary if own else None,
                                  TenantView(ctx.storage, tenant), since_ms=since_ms, tenant=tenant, limit=limit)

@@ -32,6 +32,7 @@ from storage.head import Head
 from storage.index import SeriesIndex
 from storage.interface import AppendResult
 from storage.labels import Labels, format_labels
+from storage.status import tsdb_status
 from storage.matchers import Matcher
 from storage.options import StorageOptions
 from storage.series_set import SeriesSet
@@ -647,45 +648,32 @@ class TSDB:
     # ------------------------------------------------------------------------------------------
 
     def stats(self, limit: int = 10) -> dict:
-        """Head and block statistics, shaped like Prometheus's /api/v1/status/tsdb data (plus extras)."""
+        """Store-wide figures: the head's series in Prometheus's TSDBStatus shape (storage/status.py)
+        plus the head's samples, blocks, bytes and the persisted range's end."""
         n = len(self.index)
-        head_mask = self.head.series_in_range(n, INT64_MIN, INT64_MAX)
-        head_ids = np.flatnonzero(head_mask)
+        head_ids = np.flatnonzero(self.head.series_in_range(n, INT64_MIN, INT64_MAX))
         labels_all = self.index.labels
-        by_metric: dict[str, int] = {}
-        by_pair: dict[str, int] = {}
-        values_by_name: dict[str, set] = {}
-        mem_by_name: dict[str, int] = {}
-        for i in head_ids.tolist():  # per-series Python: status endpoint only, not a hot path
-            for name, value in labels_all[i]:
-                if name == "__name__":
-                    by_metric[value] = by_metric.get(value, 0) + 1
-                key = f"{name}={value}"
-                by_pair[key] = by_pair.get(key, 0) + 1
-                values_by_name.setdefault(name, set()).add(value)
-        for name, vals in values_by_name.items():
-            mem_by_name[name] = sum(len(v) for v in vals)
-
-        def top(d: dict) -> list[dict]:
-            return [{"name": k, "value": v} for k, v in sorted(d.items(), key=lambda kv: (-kv[1], kv[0]))[:limit]]
-
-        blocks = self._blocks_snapshot()
         h = self.head
-        return {
-            "headStats": {"numSeries": len(head_ids), "numSamples": int(h.num_samples),
-                          "numLabelPairs": len(by_pair), "chunkCount": 0,
-                          "minTime": int(h.mint) if h.num_samples else 0, "maxTime": int(h.maxt) if h.num_samples else 0},
-            "seriesCountByMetricName": top(by_metric),
-            "labelValueCountByLabelName": top({k: len(v) for k, v in values_by_name.items()}),
-            "memoryInBytesByLabelName": top(mem_by_name),
-            "seriesCountByLabelValuePair": top(by_pair),
+        out = tsdb_status((labels_all[i] for i in head_ids.tolist()), limit,
+                          min_time=int(h.mint) if h.num_samples else 0, max_time=int(h.maxt) if h.num_samples else 0)
+        out["headStats"]["numSamples"] = int(h.num_samples)
+        blocks = self._blocks_snapshot()
+        out.update({
             "numSeriesTotal": n,
             "blocks": [{"id": b.id, "minTime": b.mint, "maxTime": b.maxt, "numSamples": b.num_samples,
                         "numSeries": b.num_series, "level": b.level, "bytes": b.size_bytes} for b in blocks],
             "blockBytes": sum(b.size_bytes for b in blocks),
             "walBytes": self.wal.size_bytes(),
             "minValidTime": int(self.min_valid_time),
-        }
+        })
+        return out
+
+    def tsdb_status(self, matchers: Sequence[Matcher], limit: int = 10) -> dict:
+        """Prometheus's /api/v1/status/tsdb data over the series matching ``matchers`` (e.g. one
+        tenant's): cardinality of all their stored series, time range of their head samples."""
+        series = self.series([list(matchers)], INT64_MIN // 2, INT64_MAX // 2)
+        own = self.head_stats_of(matchers)
+        return tsdb_status(series, limit, min_time=own["minTime"], max_time=own["maxTime"])
 
     def head_stats_of(self, matchers: Sequence[Matcher]) -> dict:
         """Head figures (Prometheus's headStats) of the series matching ``matchers`` only, e.g. one

@@ -21,7 +21,6 @@ import threading
 from bisect import bisect_left
 from typing import Any, Callable, Sequence
 
-import numpy as np
 
 from storage.batch import SampleBatch
 from storage.labels import DEFAULT_TENANT, TENANT_LABEL, Labels  # storage partitions its index by the label
@@ -119,39 +118,19 @@ class TenantView:
     def delete_series(self, matcher_sets: Sequence[Sequence[Matcher]], mint: int, maxt: int) -> Any:
         return self.storage.delete_series(self._sets(matcher_sets), mint, maxt)
 
+    def tsdb_status(self, limit: int = 10) -> dict[str, Any]:
+        """Prometheus's /api/v1/status/tsdb data over this tenant's series only: series, label pairs
+        and min/max time are never store-wide (another tenant's newest timestamp is theirs)."""
+        return self.storage.tsdb_status([self._m], limit)
+
     def stats(self, limit: int = 10) -> dict[str, Any]:
-        """Cardinality and head figures of this tenant's series only: series, samples, label pairs,
-        min/max time and block bytes are never store-wide (another tenant's newest timestamp or
-        volume is theirs). Per-series Python: a status endpoint, not a hot path."""
-        from collections import Counter
-
-        series = self.series([], np.iinfo(np.int64).min // 2, np.iinfo(np.int64).max // 2)
-        by_metric: Counter[str] = Counter()
-        pairs: Counter[str] = Counter()
-        values: dict[str, set[str]] = {}
-        for lbl in series:
-            for n, v in lbl:
-                if n == "__name__":
-                    by_metric[v] += 1
-                pairs[f"{n}={v}"] += 1
-                values.setdefault(n, set()).add(v)
-
-        def top(c: dict[str, int]) -> list[dict[str, Any]]:
-            return [{"name": k, "value": v} for k, v in sorted(c.items(), key=lambda kv: (-kv[1], kv[0]))[:limit]]
-
-        own = self.storage.head_stats_of([self._m]) if hasattr(self.storage, "head_stats_of") else {}
-        head = {"numSeries": len(series), "numSamples": int(own.get("numSamples", 0)), "numLabelPairs": len(pairs),
-                "chunkCount": 0, "minTime": int(own.get("minTime", 0)), "maxTime": int(own.get("maxTime", 0))}
-        out = {
-            "headStats": head,
-            "seriesCountByMetricName": top(by_metric),
-            "labelValueCountByLabelName": top({k: len(v) for k, v in values.items()}),
-            "memoryInBytesByLabelName": top({k: sum(len(x) for x in v) for k, v in values.items()}),
-            "seriesCountByLabelValuePair": top(pairs),
-            "numSeriesTotal": len(series),
-        }
-        if "blockBytes" in own:
-            out["blockBytes"] = own["blockBytes"]
+        """``tsdb_status`` plus this tenant's head samples and share of block bytes (the cost report's
+        storage figures)."""
+        out = self.tsdb_status(limit)
+        own = self.storage.head_stats_of([self._m])
+        out["headStats"]["numSamples"] = int(own["numSamples"])
+        out["numSeriesTotal"] = out["headStats"]["numSeries"]
+        out["blockBytes"] = own["blockBytes"]
         return out
 
 

@@ -10,7 +10,7 @@ Hooks other stages may provide (all optional):
   and ``api_alerts() -> list[dict]``.
 * ``ctx.components.notifier``: ``alertmanagers_json()`` (turboprom/alert_notifier.py).
 * ``ctx.components.scraper``: ``targets_snapshot()`` -> list of target dicts/dataclasses.
-* ``ctx.storage.stats()``: head/cardinality statistics (dict or object; see ``tsdb_status``).
+* ``ctx.storage.tsdb_status(matchers, limit)``: the ``status/tsdb`` data, in Prometheus's shape (storage/status.py).
 
 Tenancy (turboprom/tenancy.py): ``status/tsdb`` is computed over the caller's tenant's series only;
 rules, alerts, targets and scrape pools are the default tenant's (rule files and scrape jobs read and
@@ -24,7 +24,6 @@ import os
 import platform
 import sys
 import threading
-from collections import Counter
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any
@@ -33,7 +32,6 @@ import yaml
 from aiohttp import web
 
 import turboprom
-from storage.matchers import Matcher
 from turboprom.api_errors import APIError, error_response
 from turboprom.api_common import api_handler, ok, run_off_loop, set_cors
 from turboprom.api_params import MAX_TIME_MS, MIN_TIME_MS, Params, invalid_param, parse_metric_selector
@@ -79,91 +77,6 @@ def _as_dict(obj: Any) -> Any:
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return dataclasses.asdict(obj)
     return obj
-
-
-def _get(obj: Any, *names: str, default: Any = None) -> Any:
-    for n in names:
-        if isinstance(obj, Mapping) and n in obj:
-            return obj[n]
-        if not isinstance(obj, Mapping) and hasattr(obj, n):
-            return getattr(obj, n)
-    return default
-
-
-def _top(counter: Mapping[str, int], limit: int) -> list[dict[str, Any]]:
-    items = sorted(counter.items(), key=lambda kv: (-kv[1], kv[0]))[:limit]
-    return [{"name": k, "value": int(v)} for k, v in items]
-
-
-def _stat_list(raw: Any, limit: int) -> list[dict[str, Any]] | None:
-    if raw is None:
-        return None
-    if isinstance(raw, Mapping):
-        return _top(raw, limit)
-    out = []
-    for item in raw:
-        if isinstance(item, Mapping):
-            out.append({"name": str(item.get("name")), "value": int(item.get("value", item.get("count", 0)))})
-        else:
-            name, value = item
-            out.append({"name": str(name), "value": int(value)})
-    out.sort(key=lambda d: (-d["value"], d["name"]))
-    return out[:limit]
-
-
-def tsdb_status(storage: Any, limit: int) -> dict[str, Any]:
-    """Prometheus's TSDBStatus. Uses ``storage.stats()`` where it has the figures and computes
-    the cardinality lists from the series index otherwise."""
-    st: Any = {}
-    fn = getattr(storage, "stats", None)
-    if callable(fn):
-        try:
-            st = fn(limit) or {}
-        except TypeError:
-            st = fn() or {}
-    st = _as_dict(st)
-    head = _as_dict(_get(st, "head", "head_stats", "headStats", default={})) or {}
-
-    lists = {
-        "seriesCountByMetricName": _stat_list(_get(st, "series_count_by_metric_name", "seriesCountByMetricName"), limit),
-        "labelValueCountByLabelName": _stat_list(_get(st, "label_value_count_by_label_name", "labelValueCountByLabelName"), limit),
-        "memoryInBytesByLabelName": _stat_list(_get(st, "memory_in_bytes_by_label_name", "memoryInBytesByLabelName"), limit),
-        "seriesCountByLabelValuePair": _stat_list(_get(st, "series_count_by_label_value_pair", "seriesCountByLabelValuePair"), limit),
-    }
-    num_series = _get(head, "num_series", "numSeries", default=_get(st, "num_series", "numSeries"))
-    num_pairs = _get(head, "num_label_pairs", "numLabelPairs", default=_get(st, "num_label_pairs", "numLabelPairs"))
-    if any(v is None for v in lists.values()) or num_series is None or num_pairs is None:
-        all_series = storage.series([[Matcher("__name__", "=~", ".+")]], MIN_TIME_MS, MAX_TIME_MS)
-        by_metric: Counter[str] = Counter()
-        values_by_name: dict[str, set[str]] = {}
-        pairs: Counter[str] = Counter()
-        for lbls in all_series:
-            for n, v in lbls:
-                if n == "__name__":
-                    by_metric[v] += 1
-                values_by_name.setdefault(n, set()).add(v)
-                pairs[f"{n}={v}"] += 1
-        computed = {
-            "seriesCountByMetricName": _top(by_metric, limit),
-            "labelValueCountByLabelName": _top({n: len(vs) for n, vs in values_by_name.items()}, limit),
-            "memoryInBytesByLabelName": _top({n: sum(len(v.encode()) for v in vs) for n, vs in values_by_name.items()}, limit),
-            "seriesCountByLabelValuePair": _top(pairs, limit),
-        }
-        for k, v in lists.items():
-            if v is None:
-                lists[k] = computed[k]
-        if num_series is None:
-            num_series = len(all_series)
-        if num_pairs is None:
-            num_pairs = len(pairs)
-    head_stats = {
-        "numSeries": int(num_series),
-        "numLabelPairs": int(num_pairs),
-        "chunkCount": int(_get(head, "chunk_count", "chunkCount", default=_get(st, "chunk_count", "chunkCount", default=0)) or 0),
-        "minTime": int(_get(head, "min_time", "minTime", default=_get(st, "min_time", "minTime", default=0)) or 0),
-        "maxTime": int(_get(head, "max_time", "maxTime", default=_get(st, "max_time", "maxTime", default=0)) or 0),
-    }
-    return {"headStats": head_stats, **lists}
 
 
 def _flags(ctx: ServerContext) -> dict[str, str]:
@@ -260,7 +173,7 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
     @api_handler
     async def tsdb(request: web.Request, params: Params) -> web.Response:
         limit = params.limit("limit") or 10
-        return ok(await run_off_loop(ctx, tsdb_status, tenant_storage(ctx, request), limit))  # caller's tenant only
+        return ok(await run_off_loop(ctx, tenant_storage(ctx, request).tsdb_status, limit))  # caller's tenant only
 
     @api_handler
     async def walreplay(request: web.Request, params: Params) -> web.Response:

@@ -20,6 +20,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -133,6 +134,25 @@ def write_block(blocks_dir: Path, labels: list[Labels], sid: np.ndarray, ts: np.
     os.fsync(fd)
     os.close(fd)
     return final
+
+
+@dataclass(frozen=True)
+class UnreadableBlock:
+    """A block directory skipped at start-up because it could not be opened (left on disk for
+    inspection). Its time range is None when its meta.json itself is unreadable."""
+
+    name: str
+    reason: str
+    min_time: int | None = None
+    max_time: int | None = None
+
+    def overlaps(self, mint: int, maxt: int) -> bool:
+        if self.min_time is None or self.max_time is None:
+            return True  # unknown range: it may hold any time
+        return self.min_time <= maxt and mint <= self.max_time
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "reason": self.reason, "minTime": self.min_time, "maxTime": self.max_time}
 
 
 class BlockGone(Exception):

@@ -10,6 +10,7 @@ HEAD_SERIES = Gauge("turboprom_storage_head_series", "Series with samples in the
 HEAD_SAMPLES = Gauge("turboprom_storage_head_samples", "Samples in the head.")
 SERIES_CREATED = Counter("turboprom_storage_series_created_total", "Series ids created.")
 BLOCKS = Gauge("turboprom_storage_blocks", "Persisted blocks.")
+UNREADABLE_BLOCKS = Gauge("turboprom_storage_unreadable_blocks", "Block directories skipped at start-up because they could not be read (their samples are missing from queries).")
 BLOCK_BYTES = Gauge("turboprom_storage_blocks_bytes", "Bytes of persisted blocks on disk.")
 BLOCKS_WRITTEN = Counter("turboprom_storage_blocks_written_total", "Blocks written from the head.")
 COMPACTIONS = Counter("turboprom_storage_compactions_total", "Block compactions completed.")

@@ -25,7 +25,7 @@ import orjson
 from storage import metrics as M
 from storage.backfill import BackfillError, BackfillResult, drop_repeats, first_where, in_intervals, sorted_rows, split_ranges
 from storage.batch import SampleBatch
-from storage.block import Block, BlockGone, parse_labels_json, write_block
+from storage.block import Block, BlockGone, UnreadableBlock, parse_labels_json, write_block
 from storage.catalog import write_catalog
 from storage.columns import INT64_MAX, INT64_MIN, dedupe_sorted, find_keys, group_bounds, merge_sorted_parts, ranges_index, sort_by_series_time, unique
 from storage.head import Head
@@ -54,6 +54,8 @@ class TSDB:
         self._wlock = threading.RLock()  # appends, cuts, deletions, block list changes
         self._blocks_lock = threading.Lock()
         self._blocks: list[Block] = []
+        # Blocks skipped at start-up (unreadable): exposed in status/tsdb, a metric and query warnings.
+        self.unreadable_blocks: list[UnreadableBlock] = []
         self._closed = False
         self.min_valid_time = INT64_MIN
         self._maint_lock = threading.Lock()  # one maintenance pass at a time
@@ -393,14 +395,22 @@ class TSDB:
         bdir = self.blocks_dir
         bdir.mkdir(parents=True, exist_ok=True)
         metas = {}
+        unreadable = []
         for p in sorted(bdir.iterdir()):
             if p.name.endswith(".tmp"):
                 shutil.rmtree(p, ignore_errors=True)  # unfinished write or compaction
                 continue
+            if not p.is_dir():
+                log.warning("ignoring %s in the blocks directory: not a block", p.name)
+                continue
             try:
-                metas[p.name] = orjson.loads((p / "meta.json").read_bytes())
+                meta = orjson.loads((p / "meta.json").read_bytes())
+                if not isinstance(meta, dict):
+                    raise ValueError("not a JSON object")
+                metas[p.name] = meta
             except (OSError, ValueError) as e:
-                log.warning("ignoring unreadable block %s: %s", p.name, e)
+                log.error("skipping block %s: unreadable meta.json (left on disk for inspection): %s", p.name, e)
+                unreadable.append(UnreadableBlock(p.name, f"meta.json: {e}"))
         replaced = {par for m in metas.values() for par in m.get("parents", [])}
         blocks = []
         for name in sorted(metas):
@@ -412,8 +422,14 @@ class TSDB:
                 blocks.append(Block(bdir / name, self._global_ids))
             except Exception as e:  # noqa: BLE001 - a damaged block must not stop the server; keep it for inspection
                 log.error("skipping unreadable block %s (left on disk for inspection): %s", name, e)
+                lo, hi = metas[name].get("minTime"), metas[name].get("maxTime")
+                reason = str(e).replace(f"{bdir / name}/", "")  # file names within the block, not the data dir's path
+                unreadable.append(UnreadableBlock(name, reason, int(lo) if isinstance(lo, int) else None,
+                                                  int(hi) if isinstance(hi, int) else None))
         blocks.sort(key=lambda b: (b.mint, b.maxt))
         self._blocks = blocks
+        self.unreadable_blocks = unreadable
+        M.UNREADABLE_BLOCKS.set(len(unreadable))
         if blocks:
             self.min_valid_time = max(b.maxt for b in blocks) + 1
 
@@ -673,7 +689,13 @@ class TSDB:
         tenant's): cardinality of all their stored series, time range of their head samples."""
         series = self.series([list(matchers)], INT64_MIN // 2, INT64_MAX // 2)
         own = self.head_stats_of(matchers)
-        return tsdb_status(series, limit, min_time=own["minTime"], max_time=own["maxTime"])
+        out = tsdb_status(series, limit, min_time=own["minTime"], max_time=own["maxTime"])
+        if self.unreadable_blocks:  # not a Prometheus field: only present when blocks were skipped
+            out["unreadableBlocks"] = [b.to_json() for b in self.unreadable_blocks]
+        return out
+
+    def unreadable_blocks_overlapping(self, mint: int, maxt: int) -> list[UnreadableBlock]:
+        return [b for b in self.unreadable_blocks if b.overlaps(mint, maxt)]
 
     def head_stats_of(self, matchers: Sequence[Matcher]) -> dict:
         """Head figures (Prometheus's headStats) of the series matching ``matchers`` only, e.g. one

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from planner.rules import RuleManager
     from promql.engine import Engine
     from scheduler_metrics.congestion import CongestionTracker
+    from storage.block import UnreadableBlock
     from turboprom.alert_notifier import Notifier
     from turboprom.auth import Authenticator
     from turboprom.limits import Limits
@@ -36,6 +37,9 @@ class Components:
     cluster_view: Any = None  # querier: membership and partition owners, before any query
     fanout_storage: Any = None  # querier: storage reading partitions from the ingesters
     log_publisher: Any = None  # distributor: the ingest log (NATS JetStream) it writes to
+    # the embedded TSDB's blocks skipped at start-up (cluster roles keep no blocks of their own here);
+    # queries whose range overlaps one get a warning
+    unreadable_blocks: list[UnreadableBlock] = field(default_factory=list)
     # ingest and its sinks
     metadata: MetadataStore | None = None
     exemplars: ExemplarStore | None = None

@@ -23,9 +23,12 @@ log = logging.getLogger("turboprom")
 def build_context(config: ServerConfig, storage: Any = None) -> ServerContext:
     """``storage``: what the stages read and write (default: the embedded TSDB in the data dir; a
     cluster querier passes its fan-out storage)."""
-    if storage is None:
+    local = storage is None
+    if local:
         storage = TSDB(config.data_dir, config.storage)
     ctx = ServerContext(config=config, storage=storage)
+    if local:
+        ctx.components.unreadable_blocks = storage.unreadable_blocks
     # --- stage wiring: add components below this line ---
     # --- ingest pipeline, metadata registry, scraper (self_scrape: true adds a job for this server) ---
     from ingest.metadata_store import MetadataStore

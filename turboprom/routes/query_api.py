@@ -22,6 +22,7 @@ from typing import Any
 from aiohttp import web
 
 from promql.ast_walk import walk
+from promql.data_range import data_range
 from promql.errors import PromQLError
 from promql.eval_selectors import to_matchers
 from promql.query_opts import QueryEngine, QueryOpts
@@ -57,13 +58,32 @@ def _query_limits(ctx: ServerContext) -> dict[str, int]:
             "max_memory_bytes": ctx.config.query_max_memory_bytes}
 
 
-def _check_query_syntax(ctx: ServerContext, q: str) -> None:
-    """Parse errors are the caller's fault: bad_data, named after the ``query`` parameter. Too deep
-    expressions are refused by a scan of the text before the parser runs."""
+def _parse_query(ctx: ServerContext, q: str, param_named: bool) -> Any:
+    """The query's syntax tree, parsed once here and handed to the engine (``QueryOpts.parsed``).
+    Parse errors are the caller's fault: bad_data, named after the ``query`` parameter for instant
+    queries (Prometheus 2.42 does not name it for range queries). Too deep expressions are refused by
+    a scan of the text before the parser runs."""
     try:
-        parse_promql(q, _max_depth(ctx))
+        return parse_promql(q, _max_depth(ctx))
     except ValueError as e:
-        raise invalid_param("query", str(e)) from None
+        raise (invalid_param("query", str(e)) if param_named else APIError("bad_data", str(e))) from None
+
+
+def _warn_unreadable_blocks(ctx: ServerContext, res: QueryResult, expr: Any, start: int, end: int,
+                            lookback: int | None) -> None:
+    """A warning on the answer for each storage block skipped at start-up whose time range overlaps
+    what the query reads: its samples are missing from the result."""
+    skipped = ctx.components.unreadable_blocks
+    if not skipped:
+        return
+    rng = data_range(expr, start, end, lookback if lookback and lookback > 0 else ctx.config.lookback_delta_ms)
+    if rng is None:
+        return
+    for b in skipped:
+        if b.overlaps(*rng):
+            span = "unknown time range" if b.min_time is None else f"time range [{b.min_time}, {b.max_time}] ms"
+            res.annotations.warn(f"results may be incomplete: storage block {b.name} ({span}) could not be read "
+                                 f"at start-up and is skipped: {b.reason}")
 
 
 def _pick_engine(ctx: ServerContext, tenant: str = DEFAULT_TENANT) -> QueryEngine:
@@ -215,13 +235,15 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
         q = params.get("query")
         tenant = request_tenant(request)
         limits = _check_limits(ctx, q, tenant)  # length limit before parsing
-        _check_query_syntax(ctx, q)
-        opts = _query_opts(ctx, limits, tenant, params, lookback)
+        expr = _parse_query(ctx, q, True)
+        opts = replace(_query_opts(ctx, limits, tenant, params, lookback), parsed=expr)
         engine = _pick_engine(ctx, tenant)
         timeout_s = _effective_timeout(ctx, timeout)
 
         def run(cancel: threading.Event, remaining: float) -> QueryResult:
-            return observe_query(engine.instant_query(q, t, replace(opts, timeout_s=remaining, cancel=cancel)), "instant")
+            res = engine.instant_query(q, t, replace(opts, timeout_s=remaining, cancel=cancel))
+            _warn_unreadable_blocks(ctx, res, expr, t, t, lookback)
+            return observe_query(res, "instant")
 
         return await _limited_evaluate(limits, tenant, request, ctx, params, timeout_s, run)
 
@@ -247,16 +269,15 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
         q = params.get("query")
         tenant = request_tenant(request)
         limits = _check_limits(ctx, q, tenant)  # length limit before parsing
-        try:
-            parse_promql(q, _max_depth(ctx))
-        except ValueError as e:  # Prometheus 2.42 does not name the parameter here
-            raise APIError("bad_data", str(e)) from None
-        opts = _query_opts(ctx, limits, tenant, params, lookback)
+        expr = _parse_query(ctx, q, False)
+        opts = replace(_query_opts(ctx, limits, tenant, params, lookback), parsed=expr)
         engine = _pick_engine(ctx, tenant)
         timeout_s = _effective_timeout(ctx, timeout)
 
         def run(cancel: threading.Event, remaining: float) -> QueryResult:
-            return observe_query(engine.range_query(q, start, end, step, replace(opts, timeout_s=remaining, cancel=cancel)), "range")
+            res = engine.range_query(q, start, end, step, replace(opts, timeout_s=remaining, cancel=cancel))
+            _warn_unreadable_blocks(ctx, res, expr, start, end, lookback)
+            return observe_query(res, "range")
 
         return await _limited_evaluate(limits, tenant, request, ctx, params, timeout_s, run)
 

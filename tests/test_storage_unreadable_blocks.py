@@ -106,3 +106,40 @@ def test_status_tsdb_has_prometheus_fields_only(tmp_path: Path) -> None:
         assert st["data"]["seriesCountByMetricName"] == [{"name": "ub_metric", "value": 2}]
         assert {d["name"]: d["value"] for d in st["data"]["labelValueCountByLabelName"]} == {"__name__": 1, "job": 2}
         assert _metric(srv.url, "turboprom_storage_unreadable_blocks") == 0.0
+
+
+def _check_data(*args: str) -> tuple[int, str]:
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "turboprom", "check", "data", *args], capture_output=True, text=True,
+                       timeout=60, cwd=Path(__file__).resolve().parent.parent)
+    return r.returncode, r.stdout + r.stderr
+
+
+def test_check_data_finds_and_quarantines_damaged_blocks(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    old_block, new_block = _write_two_blocks(data)
+    code, out = _check_data(str(data))
+    assert code == 0 and "2 blocks checked: 2 sound (60 samples), 0 damaged" in out, out
+
+    # Damage that start-up cannot see (it reads data.parquet lazily): a truncated data file.
+    raw = (new_block / "data.parquet").read_bytes()
+    (new_block / "data.parquet").write_bytes(raw[: len(raw) // 2])
+    (old_block / "series.parquet").write_bytes(b"garbage")
+    code, out = _check_data(str(data))
+    assert code == 1, out
+    assert f"block {old_block.name} cannot be opened" in out and f"block {new_block.name} data cannot be read" in out
+    assert "0 sound (0 samples), 2 damaged" in out and old_block.exists()
+
+    with ServerProcess(data) as srv:  # never under a running server
+        code, out = _check_data(str(data), "--repair")
+        assert code == 1 and "in use by another TurboProm process" in out and old_block.exists()
+
+    code, out = _check_data(str(data), "--repair")
+    assert code == 0 and out.count("    moved to ") == 2, out
+    assert not old_block.exists() and (data / "quarantine" / old_block.name / "meta.json").exists()
+    with ServerProcess(data) as srv:
+        assert _metric(srv.url, "turboprom_storage_unreadable_blocks") == 0.0
+    code, out = _check_data(str(data))
+    assert code == 0 and "0 blocks checked" in out

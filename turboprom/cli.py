@@ -103,6 +103,12 @@ def build_parser() -> argparse.ArgumentParser:
     ckc.add_argument("files", nargs="+", metavar="FILE")
     ckr = cksub.add_parser("rules", help="check rule files")
     ckr.add_argument("files", nargs="+", metavar="FILE")
+    ckd = cksub.add_parser("data", help="read every block of a stopped server's data dir and report damaged ones",
+                           description="Opens and reads each block whole, checking it against its meta.json and series "
+                                       "index. Exit 1 when a block is damaged (and not repaired). --repair moves damaged "
+                                       "blocks to DIR/quarantine/ (never deletes them).")
+    ckd.add_argument("data_dir", metavar="DIR")
+    ckd.add_argument("--repair", action="store_true", help="move damaged blocks out of blocks/ into quarantine/")
 
     im = sub.add_parser("import", help="write history (OpenMetrics/Prometheus text with timestamps, or CSV) into blocks",
                         description="Backfill, like promtool tsdb create-blocks-from openmetrics: the samples are written "
@@ -361,9 +367,41 @@ def _config_from_args(a: argparse.Namespace) -> ServerConfig:
     return cfg
 
 
+def _check_data(args: argparse.Namespace) -> int:
+    """``check data DIR [--repair]``: one line per block problem, then a summary; exit 1 when a
+    damaged block is left in place. Holds the data dir's lock (never under a running server)."""
+    from pathlib import Path
+
+    from storage.check import check_blocks, quarantine
+    from turboprom.data_lock import DataDirLocked, lock_data_dir, unlock_data_dir
+
+    if not Path(args.data_dir).is_dir():
+        raise CliError(f"data dir {args.data_dir} does not exist or is not a directory")
+    try:
+        fd = lock_data_dir(args.data_dir)
+    except DataDirLocked as e:
+        raise CliError(f"{e}: stop it before checking its blocks") from None
+    try:
+        results = check_blocks(args.data_dir)
+        bad = [r for r in results if r.problem is not None]
+        for r in bad:
+            print(f"  FAILED: block {r.name} {r.problem}")
+            if args.repair:
+                print(f"    moved to {quarantine(args.data_dir, r.name)}")
+        ok_blocks = [r for r in results if r.problem is None]
+        print(f"{len(results)} blocks checked: {len(ok_blocks)} sound ({sum(r.samples for r in ok_blocks)} samples), "
+              f"{len(bad)} damaged" + (" (moved to quarantine/)" if bad and args.repair else ""))
+        return 1 if bad and not args.repair else 0
+    finally:
+        unlock_data_dir(fd)
+
+
 def _check(args: argparse.Namespace) -> int:
     """``check config|rules FILE...``: promtool's output shape; exit 1 when any file has a problem."""
     from pathlib import Path
+
+    if args.check_command == "data":
+        return _check_data(args)
 
     from planner.rules import RuleFileError, check_rule_files
     from turboprom.config import ConfigError, load_config_file

@@ -154,7 +154,7 @@ class Engine:
 
     # -- public API -----------------------------------------------------------------------
     def instant_query(self, query: str, time_ms: int, opts: QueryOpts = NO_OPTS) -> QueryResult:
-        expr = opts.parsed if opts.parsed is not None else self.parse(query, opts.max_depth)
+        expr = self.parse(query, opts.max_depth)
         steps = np.array([int(time_ms)], dtype=np.int64)
         return self._run(query, expr, steps, int(time_ms), int(time_ms), 0, False, opts)
 
@@ -167,7 +167,7 @@ class Engine:
         for name, v in (("start", start_ms), ("end", end_ms), ("step", step_ms)):
             if not (_INT64_MIN <= int(v) <= _INT64_MAX):
                 raise BadData(f"{name} {v} is out of range: times and steps are int64 milliseconds")
-        expr = opts.parsed if opts.parsed is not None else self.parse(query, opts.max_depth)
+        expr = self.parse(query, opts.max_depth)
         et = expr_type(expr)
         if et not in ("Vector", "Scalar"):
             raise BadData(f'invalid expression type "{_DOC_TYPES[et]}" for range query, must be Scalar or instant Vector')

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from typing import Protocol, Sequence
 
 from promql.eval_context import NodeHook
 from promql.types import QueryResult
@@ -32,9 +32,6 @@ class QueryOpts:
     tenant: str = "default"  # whose query it is (X-Scope-OrgID), for engines that log or plan per tenant
     exact: bool = False  # force evaluation over raw samples (no summary rewrite)
     approx: bool | None = None  # may approximate summaries answer (None: the operator's setting)
-    # The query's syntax tree when the caller has parsed the text already (the HTTP API does, to
-    # answer syntax errors itself): the raw engine evaluates it instead of parsing the text again.
-    parsed: Any = None
 
 
 NO_OPTS = QueryOpts()

@@ -23,6 +23,7 @@ from aiohttp import web
 
 from promql.ast_walk import walk
 from promql.data_range import data_range
+from promql.parser.durations import has_duration_expressions, resolve as resolve_durations
 from promql.errors import PromQLError
 from promql.eval_selectors import to_matchers
 from promql.query_opts import QueryEngine, QueryOpts
@@ -59,23 +60,26 @@ def _query_limits(ctx: ServerContext) -> dict[str, int]:
 
 
 def _parse_query(ctx: ServerContext, q: str, param_named: bool) -> Any:
-    """The query's syntax tree, parsed once here and handed to the engine (``QueryOpts.parsed``).
-    Parse errors are the caller's fault: bad_data, named after the ``query`` parameter for instant
-    queries (Prometheus 2.42 does not name it for range queries). Too deep expressions are refused by
-    a scan of the text before the parser runs."""
+    """The query's syntax tree. The parser keeps trees per text (promql/query_guard.py), so the
+    engine does not parse the text again; the tree is shared and only read here. Parse errors are
+    the caller's fault: bad_data, named after the ``query`` parameter for instant queries (Prometheus
+    2.42 does not name it for range queries). Too deep expressions are refused by a scan of the text
+    before the parser runs."""
     try:
         return parse_promql(q, _max_depth(ctx))
     except ValueError as e:
         raise (invalid_param("query", str(e)) if param_named else APIError("bad_data", str(e))) from None
 
 
-def _warn_unreadable_blocks(ctx: ServerContext, res: QueryResult, expr: Any, start: int, end: int,
+def _warn_unreadable_blocks(ctx: ServerContext, res: QueryResult, expr: Any, start: int, end: int, step: int,
                             lookback: int | None) -> None:
     """A warning on the answer for each storage block skipped at start-up whose time range overlaps
     what the query reads: its samples are missing from the result."""
     skipped = ctx.components.unreadable_blocks
     if not skipped:
         return
+    if has_duration_expressions(expr):  # such trees are never shared: fill in this query's values
+        resolve_durations(expr, step, end - start)
     rng = data_range(expr, start, end, lookback if lookback and lookback > 0 else ctx.config.lookback_delta_ms)
     if rng is None:
         return
@@ -236,13 +240,13 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
         tenant = request_tenant(request)
         limits = _check_limits(ctx, q, tenant)  # length limit before parsing
         expr = _parse_query(ctx, q, True)
-        opts = replace(_query_opts(ctx, limits, tenant, params, lookback), parsed=expr)
+        opts = _query_opts(ctx, limits, tenant, params, lookback)
         engine = _pick_engine(ctx, tenant)
         timeout_s = _effective_timeout(ctx, timeout)
 
         def run(cancel: threading.Event, remaining: float) -> QueryResult:
             res = engine.instant_query(q, t, replace(opts, timeout_s=remaining, cancel=cancel))
-            _warn_unreadable_blocks(ctx, res, expr, t, t, lookback)
+            _warn_unreadable_blocks(ctx, res, expr, t, t, 0, lookback)
             return observe_query(res, "instant")
 
         return await _limited_evaluate(limits, tenant, request, ctx, params, timeout_s, run)
@@ -270,13 +274,13 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
         tenant = request_tenant(request)
         limits = _check_limits(ctx, q, tenant)  # length limit before parsing
         expr = _parse_query(ctx, q, False)
-        opts = replace(_query_opts(ctx, limits, tenant, params, lookback), parsed=expr)
+        opts = _query_opts(ctx, limits, tenant, params, lookback)
         engine = _pick_engine(ctx, tenant)
         timeout_s = _effective_timeout(ctx, timeout)
 
         def run(cancel: threading.Event, remaining: float) -> QueryResult:
             res = engine.range_query(q, start, end, step, replace(opts, timeout_s=remaining, cancel=cancel))
-            _warn_unreadable_blocks(ctx, res, expr, start, end, lookback)
+            _warn_unreadable_blocks(ctx, res, expr, start, end, step, lookback)
             return observe_query(res, "range")
 
         return await _limited_evaluate(limits, tenant, request, ctx, params, timeout_s, run)

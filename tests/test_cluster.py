@@ -116,6 +116,13 @@ def test_answers_equal_the_single_node(setup):
         a, b = http_json(single.url + path + qs)[1], http_json(querier + path + qs)[1]
         assert a["status"] == b["status"] == "success"
         assert a["data"] and sorted(map(json.dumps, a["data"])) == sorted(map(json.dumps, b["data"])), path
+    # status and cost pages read the cluster's cardinality (head figures stay on the ingesters)
+    a, b = http_json(single.url + "/api/v1/status/tsdb")[1], http_json(querier + "/api/v1/status/tsdb")[1]
+    assert a["status"] == b["status"] == "success"
+    assert b["data"]["headStats"]["numSeries"] == a["data"]["headStats"]["numSeries"] > 0
+    assert b["data"]["seriesCountByMetricName"] == a["data"]["seriesCountByMetricName"]
+    st, rep = http_json(querier + "/api/v1/cost_report")[:2]
+    assert st == 200 and rep["status"] == "success", rep
     # the querier serves reads only: writes go to a distributor
     assert post(querier + "/api/v1/write", bodies[0])[0] in (404, 405)
 

@@ -25,11 +25,13 @@ from promql.errors import PromQLError
 from storage.labels import Labels
 from storage.matchers import Matcher
 from storage.series_set import SeriesSet
+from storage.status import tsdb_status
 from turboprom.cluster import columns_codec
 from turboprom.cluster.membership import ClusterView
 from turboprom.cluster.read_api import PREFIX, matchers_json
 
 DOWN_FOR_S = 5.0
+_ALL_TIME = (-(1 << 62), 1 << 62)
 
 
 class PartitionUnavailable(PromQLError):
@@ -166,6 +168,19 @@ class FanoutStorage:
 
     def label_values(self, name: str, mint: int, maxt: int, matcher_sets: Sequence[Sequence[Matcher]] = ()) -> list[str]:
         return self._labels(name, mint, maxt, matcher_sets)
+
+    def tsdb_status(self, matchers: Sequence[Matcher], limit: int = 10) -> dict:
+        """Prometheus's /api/v1/status/tsdb data over the cluster's series matching ``matchers``:
+        the cardinality lists and series count from every partition (each series once). The head
+        time range and chunk figures are the ingesters' own and are not gathered: 0, as an empty
+        head reports them."""
+        return tsdb_status(self.series([list(matchers)], _ALL_TIME[0], _ALL_TIME[1]), limit)
+
+    def head_stats_of(self, matchers: Sequence[Matcher]) -> dict:
+        """The cost report's storage figures: the series count over the cluster; samples, time
+        range and block bytes stay on the ingesters (0 here)."""
+        n = len(self.series([list(matchers)], _ALL_TIME[0], _ALL_TIME[1]))
+        return {"numSeries": n, "numSamples": 0, "chunkCount": 0, "minTime": 0, "maxTime": 0, "blockBytes": 0}
 
     def append(self, batch: Any) -> Any:
         raise RuntimeError("a querier stores nothing: send writes to a distributor (--role distributor)")

@@ -411,21 +411,30 @@ class TSDB:
             except (OSError, ValueError) as e:
                 log.error("skipping block %s: unreadable meta.json (left on disk for inspection): %s", p.name, e)
                 unreadable.append(UnreadableBlock(p.name, f"meta.json: {e}"))
-        replaced = {par for m in metas.values() for par in m.get("parents", [])}
-        blocks = []
+        opened: dict[str, Block] = {}
         for name in sorted(metas):
-            if name in replaced:
-                log.info("removing block %s: replaced by a finished compaction", name)
-                shutil.rmtree(bdir / name, ignore_errors=True)
-                continue
             try:
-                blocks.append(Block(bdir / name, self._global_ids))
+                opened[name] = Block(bdir / name, self._global_ids)
             except Exception as e:  # noqa: BLE001 - a damaged block must not stop the server; keep it for inspection
                 log.error("skipping unreadable block %s (left on disk for inspection): %s", name, e)
                 lo, hi = metas[name].get("minTime"), metas[name].get("maxTime")
                 reason = str(e).replace(f"{bdir / name}/", "")  # file names within the block, not the data dir's path
                 unreadable.append(UnreadableBlock(name, reason, int(lo) if isinstance(lo, int) else None,
                                                   int(hi) if isinstance(hi, int) else None))
+        # a finished compaction's parents go, but only once the block that replaces them opens: the
+        # parents of a damaged one stay and keep serving its data
+        replaced = {par for name in opened for par in metas[name].get("parents", [])}
+        blocks = []
+        for name, block in opened.items():
+            if name in replaced:
+                log.info("removing block %s: replaced by a finished compaction", name)
+                shutil.rmtree(bdir / name, ignore_errors=True)
+                continue
+            blocks.append(block)
+        for name in sorted(set(metas) - set(opened)):
+            kept = [par for par in metas[name].get("parents", []) if par in opened and par not in replaced]
+            if kept:
+                log.warning("keeping blocks %s: the compaction that replaces them (%s) is unreadable", ", ".join(kept), name)
         blocks.sort(key=lambda b: (b.mint, b.maxt))
         self._blocks = blocks
         self.unreadable_blocks = unreadable

@@ -143,3 +143,49 @@ def test_check_data_finds_and_quarantines_damaged_blocks(tmp_path: Path) -> None
         assert _metric(srv.url, "turboprom_storage_unreadable_blocks") == 0.0
     code, out = _check_data(str(data))
     assert code == 0 and "0 blocks checked" in out
+
+
+def _compacted_with_parents_left(data: Path) -> tuple[list[str], Path]:
+    """Two blocks merged into one, with the two still on disk: the state a crash leaves between
+    writing a compaction's block and removing the blocks it replaces."""
+    import shutil
+
+    a, b = _write_two_blocks(data)
+    keep = data.parent / "parents"
+    keep.mkdir()
+    for p in (a, b):
+        shutil.copytree(p, keep / p.name)
+    db = TSDB(str(data), background=False)
+    try:
+        db._merge_blocks(list(db._blocks))
+    finally:
+        db.close()
+    (child,) = [p for p in db.blocks_dir.iterdir() if p.is_dir()]
+    for p in (a, b):
+        shutil.copytree(keep / p.name, p)
+    return [a.name, b.name], child
+
+
+def _job_values(data: Path) -> list[str]:
+    db = TSDB(str(data), background=False)
+    try:
+        return sorted(dict(s)["job"] for s in db.series([[]], OLD - HOUR, NOW))
+    finally:
+        db.close()
+
+
+def test_a_finished_compaction_replaces_its_parents_at_start_up(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    parents, child = _compacted_with_parents_left(data)
+    assert _job_values(data) == ["new", "old"]
+    left = sorted(p.name for p in (data / "blocks").iterdir() if p.is_dir()) if (data / "blocks").exists() else []
+    assert child.name in left and not set(parents) & set(left)
+
+
+def test_the_parents_of_an_unreadable_compaction_stay_and_serve(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    parents, child = _compacted_with_parents_left(data)
+    (child / "series.parquet").write_bytes(b"not parquet")
+    assert _job_values(data) == ["new", "old"]  # from the parents
+    left = {p.name for p in child.parent.iterdir() if p.is_dir()}
+    assert set(parents) | {child.name} <= left  # nothing deleted; the damaged block left for inspection

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
-from promql.eval_labels import go_quote
+from promql.go_format import go_quote
 
 
 class Token(NamedTuple):

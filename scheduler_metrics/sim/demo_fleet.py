@@ -211,6 +211,17 @@ class DemoFleet:
             raise _Stop()
 
     def _run(self) -> None:
+        try:
+            self._replay()
+        finally:  # this thread publishes the KV events: their sockets close here once it is done
+            self._close_publishers()
+
+    def _close_publishers(self) -> None:
+        pubs, self.kv_publishers = self.kv_publishers, []
+        for pub in pubs:
+            pub.close()
+
+    def _replay(self) -> None:
         while not self._stop.is_set():
             vesta = VestaScheduler(self.instances)
             if self.control is not None:
@@ -251,12 +262,13 @@ class DemoFleet:
         for w in self.workers:
             w.close()
         self.sched_metrics.close()
-        # the replay thread publishes the KV events: their sockets close once it has stopped (a thread
-        # still inside a slow step keeps them; they go with the process)
-        if self._thread is None or (self._thread.join(2.0) or not self._thread.is_alive()):
-            for pub in self.kv_publishers:
-                pub.close()
-            self.kv_publishers = []
+        # the replay thread publishes the KV events and closes their sockets as it ends (a thread
+        # still inside a slow step closes them when that step returns; a zmq context must never be
+        # left to the garbage collector, whose term() would wait for sockets in use)
+        if self._thread is None:
+            self._close_publishers()
+        else:
+            self._thread.join(10.0)
 
 
 # Session KVs per instance the rebalancer may choose from (the largest held there).

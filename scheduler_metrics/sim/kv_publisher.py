@@ -94,6 +94,8 @@ class SessionKVPublisher:
             self.replay.send_multipart([ident, b"", _END_SEQ, b""])
 
     def close(self) -> None:
+        if self.ctx.closed:
+            return
         self.pub.close(0)
         self.replay.close(0)
         self.ctx.term()

@@ -169,16 +169,17 @@ def _reset_corrected(rw: RangeWindows, lo: np.ndarray, hi: np.ndarray, n: np.nda
         return empty
     lo_w = lo_f[win]
     n_w = n_f[win]
-    order, it = iterate_window_positions(lo_w, n_w)
-    acc = (vals[lo_w + n_w - 1] - vals[lo_w])[order]
-    with np.errstate(invalid="ignore"):
-        for k, m, idx in it:
-            if k:
-                prev = vals[idx - 1]
-                acc[:m] += np.where(vals[idx] < prev, prev, 0.0)
-    res = np.empty(win.size)
-    res[order] = acc
-    return win, res
+    acc = vals[lo_w + n_w - 1] - vals[lo_w]
+    # The resets inside window w are resets[r0[w]:r1[w]] (samples lo < i < lo + n, ascending). They
+    # are added one reset rank at a time, so each window adds its resets in sample order as Prometheus
+    # does: as many passes as the most resets in one window, not as many as its samples.
+    r0 = np.searchsorted(resets, lo_w, side="right")
+    r1 = np.searchsorted(resets, lo_w + n_w - 1, side="right")
+    cnt = r1 - r0
+    for r in range(int(cnt.max()) if cnt.size else 0):
+        sel = np.flatnonzero(cnt > r)
+        acc[sel] += vals[resets[r0[sel] + r] - 1]
+    return win, acc
 
 
 def _possible_non_counter(ctx: FunctionContext, out: VectorSteps) -> None:

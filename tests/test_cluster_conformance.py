@@ -23,14 +23,19 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
 from ingest.proto.messages import WriteRequest
 from ingest.snappy_block import compress
-from tests.helpers import ServerProcess, load_bench, require_binary
+from promql.promqltest_classify import NH, LoadedState, classify
+from promql.promqltest import _QUERY_CONTEXT_FUNCS, at_modifier_cases
+from promql.promqltest_script import ClearCmd, EvalCmd, Hist, LoadCmd, parse_script
+from tests.helpers import SHARED, ServerProcess, load_bench, require_binary
 from tests.test_api_helpers import http
 from tests.test_cluster import post
 from turboprom.cluster.local_cluster import LocalCluster
@@ -41,6 +46,11 @@ pytestmark = pytest.mark.peer
 STORAGE_FLAGS = ["--out-of-order-window", "100000d", "--retention-time", "100000d", "--wal-fsync", "never"]
 INGESTERS = [f"ingester-{i}" for i in range(3)]
 SLICE_MS = 300_000  # one remote-write body per 5 minutes of the compliance data (all its series)
+# the corpus files compared, every eval of each (those that need native-histogram samples aside:
+# remote write 1.0 bodies here carry floats, and the storage is float-only)
+PROMQLTEST_FILES = ["aggregators", "functions", "operators", "histograms", "selectors", "range_queries",
+                    "literals", "collision", "name_label_dropping", "trig_functions", "limit"]
+BODY_SAMPLES = 20_000
 _LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="([^"]*)"')
 
 
@@ -77,6 +87,69 @@ def compliance_bodies() -> tuple[list[bytes], int]:
     return [write_request(slices[k]) for k in sorted(slices)], n
 
 
+@dataclass
+class Epoch:
+    """A state of a corpus file's data: the loads since the last ``clear`` up to some eval, kept
+    under its own tenant, and the evals that run against that state."""
+    tenant: str
+    loads: list[LoadCmd]
+    evals: list[tuple[EvalCmd, Any]] = field(default_factory=list)  # with the parsed query (None: unparseable)
+
+
+@dataclass
+class Corpus:
+    epochs: list[Epoch] = field(default_factory=list)
+    skipped_native: int = 0
+
+
+def corpus_epochs(files: list[str]) -> Corpus:
+    """Every eval of ``files`` with the data it runs against. A load after an eval starts a new
+    state (tenant) holding every load of the section so far, as the runner's storage would."""
+    out = Corpus()
+    for stem in files:
+        loads: list[LoadCmd] = []
+        state = LoadedState()
+        current: Epoch | None = None
+        for cmd in parse_script((SHARED / "promqltest" / f"{stem}.test").read_text()):
+            if isinstance(cmd, ClearCmd):
+                loads, state, current = [], LoadedState(), None
+            elif isinstance(cmd, LoadCmd):
+                loads = [*loads, cmd]
+                state.add_load(cmd)
+                current = None
+            elif isinstance(cmd, EvalCmd):
+                cl = classify(cmd, state)
+                if cl.kind == NH:
+                    out.skipped_native += 1
+                    continue
+                if current is None:
+                    current = Epoch(f"pqt-{stem}-{len(out.epochs)}".replace("_", "-"), loads)
+                    out.epochs.append(current)
+                current.evals.append((cmd, cl.ast))
+    return out
+
+
+def load_bodies(loads: list[LoadCmd]) -> list[bytes]:
+    """The float samples of ``loads`` (stale markers bit-exact) as remote-write bodies."""
+    bodies: list[bytes] = []
+    series: dict[tuple, list[tuple[int, float]]] = defaultdict(list)
+    n = 0
+    for cmd in loads:
+        for labels, vals in cmd.series.items():
+            for i, v in enumerate(vals):
+                if v is None or isinstance(v, Hist):
+                    continue
+                series[tuple(labels)].append((i * cmd.interval_ms, float(v)))
+                n += 1
+                if n >= BODY_SAMPLES:
+                    bodies.append(write_request(series))
+                    series, n = defaultdict(list), 0
+        if series:  # a later load of the same series may go back in time: one body per load at least
+            bodies.append(write_request(series))
+            series, n = defaultdict(list), 0
+    return bodies
+
+
 def write_all(url: str, bodies: list[bytes], headers: dict | None = None) -> None:
     for b in bodies:
         code, _ = post(url + "/api/v1/write", b, headers)
@@ -91,7 +164,9 @@ def answers_differ(a: tuple[int, bytes], b: tuple[int, bytes]) -> str:
     mod = compliance()
     if a[0] != b[0]:
         return f"HTTP {a[0]} vs {b[0]}: {a[1][:200]!r} / {b[1][:200]!r}"
-    da, db = json.loads(a[1]), json.loads(b[1])
+    da, db = _json(a[1]), _json(b[1])
+    if da is None or db is None:
+        return "" if a[1] == b[1] else f"not JSON: {a[1][:200]!r} / {b[1][:200]!r}"
     if da.get("status") != db.get("status") or da.get("errorType") != db.get("errorType"):
         return f"{da.get('status')}/{da.get('errorType')} vs {db.get('status')}/{db.get('errorType')}: {da.get('error')} / {db.get('error')}"
     for k in ("warnings", "infos"):
@@ -104,7 +179,8 @@ def answers_differ(a: tuple[int, bytes], b: tuple[int, bytes]) -> str:
         return f"result type {ra['resultType']} vs {rb['resultType']}"
     typ = ra["resultType"]
     if typ in ("scalar", "string"):
-        ok = ra["result"][0] == rb["result"][0] and _same_value(ra["result"][1], rb["result"][1])
+        ok = ra["result"][0] == rb["result"][0] and (ra["result"][1] == rb["result"][1] if typ == "string"
+                                                      else _same_value(ra["result"][1], rb["result"][1]))
         return "" if ok else f"{typ} {ra['result']} vs {rb['result']}"
     if typ == "vector":  # as a one-step matrix, so the tester's comparison applies
         ra = {"resultType": "matrix", "result": [{"metric": s["metric"], "values": [s["value"]]} for s in ra["result"] if "value" in s]}
@@ -113,6 +189,13 @@ def answers_differ(a: tuple[int, bytes], b: tuple[int, bytes]) -> str:
             return "" if _canon(da["data"]) == _canon(db["data"]) else "histogram samples differ"
     out = mod.compare(mod.Case("?"), (200, _doc(ra)), (200, _doc(rb)))
     return "" if out.status == "passed" else out.detail
+
+
+def _json(raw: bytes) -> dict | None:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return None
 
 
 def _notes(items: list[str] | None) -> list[str]:
@@ -151,16 +234,25 @@ def nodes(tmp_path_factory):
         single.stop()
 
 
-def compare_all(single: str, querier: str, requests: list[tuple[str, str, dict, dict]], parallel: int = 4) -> list[tuple[str, str]]:
-    """(name, difference) of every request (name, path, params, headers) whose answers differ."""
-    def one(req: tuple[str, str, dict, dict]) -> tuple[str, str]:
+def compare_all(single: str, querier: str, requests: list[tuple[str, str, dict, dict]], parallel: int = 4,
+                kinds: Counter | None = None) -> list[tuple[str, str]]:
+    """(name, difference) of every request (name, path, params, headers) whose answers differ;
+    ``kinds`` counts the single node's answers that were data, empty, or an error."""
+    compliance()  # imported here first: load_bench is not safe to race from the worker threads
+    def one(req: tuple[str, str, dict, dict]) -> tuple[str, str, str]:
         name, path, params, headers = req
         a = http("POST", single + path, params, headers=headers, timeout=120)
         b = http("POST", querier + path, params, headers=headers, timeout=120)
-        return name, answers_differ((a[0], a[2]), (b[0], b[2]))
+        doc = _json(a[2])
+        kind = ("not JSON" if doc is None else "error" if doc.get("status") != "success"
+                else "data" if doc["data"]["result"] else "empty")
+        return name, answers_differ((a[0], a[2]), (b[0], b[2])), kind
 
     with ThreadPoolExecutor(parallel) as pool:
-        return [(n, d) for n, d in pool.map(one, requests) if d]
+        results = list(pool.map(one, requests))
+    if kinds is not None:
+        kinds.update(k for _, _, k in results)
+    return [(n, d) for n, d, _ in results if d]
 
 
 # ------------------------------------------------------------------------------------------ tests
@@ -215,6 +307,8 @@ def test_answers_differ_finds_each_kind_of_difference():
     vec = body([{"metric": m, "value": [10, "NaN"]}], "vector")
     assert answers_differ(vec, vec) == "" and "value differs" in answers_differ(vec, body([{"metric": m, "value": [10, "1"]}], "vector"))
     assert "scalar" in answers_differ(body([10, "1"], "scalar"), body([10, "2"], "scalar"))
+    assert "string" in answers_differ(body([10, "a"], "string"), body([10, "b"], "string"))
+    assert answers_differ(body([10, "a"], "string"), body([10, "a"], "string")) == ""
     err = (400, json.dumps({"status": "error", "errorType": "bad_data", "error": "x"}).encode())
     assert answers_differ(err, err) == ""
     assert answers_differ(err, (422, json.dumps({"status": "error", "errorType": "execution", "error": "x"}).encode()))
@@ -223,3 +317,61 @@ def test_answers_differ_finds_each_kind_of_difference():
     served = "TurboProm info: rate(x[...]) served from summary s1 (algorithm exact, pane 5s, exact); pass exact=true"
     assert answers_differ(body([], infos=[served]), body([])) == ""
     assert "infos" in answers_differ(body([], infos=["other"]), body([]))
+
+
+def _seconds(ms: int) -> str:
+    return f"{ms / 1000:.3f}"
+
+
+def eval_requests(ep: Epoch) -> list[tuple[str, str, dict, dict]]:
+    """An epoch's evals as API requests under its tenant, as the corpus runner (promql/promqltest.py)
+    runs them: a range eval as a range query; an instant eval as an instant query at its time, again
+    with ``@ t`` pinned and evaluated at the other times (FORMAT.md 4.4.1), and each of those as a
+    range query around its time (4.4.2) unless the eval is excluded from that."""
+    hdr = {"X-Scope-OrgID": ep.tenant}
+    out = []
+    for e, ast in ep.evals:
+        name = f"{ep.tenant} line {e.line}: {e.expr}"
+        if e.is_range:
+            p = {"query": e.expr, "start": _seconds(e.start_ms), "end": _seconds(e.end_ms), "step": _seconds(e.step_ms)}
+            out.append((name, "/api/v1/query_range", p, hdr))
+            continue
+        runs = [(e.expr, e.eval_ms)]
+        if ast is not None:
+            try:
+                runs += at_modifier_cases(e.expr, e.eval_ms, ast)
+            except TypeError:  # the printer cannot render it: the runner fails such an eval too
+                pass
+        for expr, t in runs:
+            at = "" if (expr, t) == (e.expr, e.eval_ms) else f" [as {expr} at {t}ms]"
+            out.append((name + at, "/api/v1/query", {"query": expr, "time": _seconds(t)}, hdr))
+            if not (e.exclude_from_range_query or _QUERY_CONTEXT_FUNCS.search(expr)):
+                p = {"query": expr, "start": _seconds(t - 60_000), "end": _seconds(t + 60_000), "step": "60"}
+                out.append((name + at + " [range mode]", "/api/v1/query_range", p, hdr))
+    return out
+
+
+@pytest.mark.timeout(600)
+def test_promqltest_corpus_through_the_cluster_equals_the_single_node(nodes):
+    single, cluster = nodes
+    t = time.monotonic()
+    corpus = corpus_epochs(PROMQLTEST_FILES)
+    dists = [cluster.url("distributor-0"), cluster.url("distributor-1")]
+    for i, ep in enumerate(corpus.epochs):
+        hdr = {"X-Scope-OrgID": ep.tenant}
+        bodies = load_bodies(ep.loads)
+        write_all(single.url, bodies, hdr)
+        write_all(dists[i % 2], bodies, hdr)
+    cluster.wait_applied(INGESTERS, timeout=180)
+    load_s = time.monotonic() - t
+    t = time.monotonic()
+    reqs = [r for ep in corpus.epochs for r in eval_requests(ep)]
+    kinds: Counter = Counter()
+    diffs = compare_all(single.url, cluster.url("querier-0"), reqs, kinds=kinds)
+    run_s = time.monotonic() - t
+    n_evals = sum(len(ep.evals) for ep in corpus.epochs)
+    print(f"promqltest through the cluster: {len(PROMQLTEST_FILES)} files, {len(corpus.epochs)} data states (tenants), "
+          f"{n_evals} evals as {len(reqs)} queries compared, {len(reqs) - len(diffs)} equal (single node: {dict(kinds)}), "
+          f"{corpus.skipped_native} native-histogram evals not run; loaded in {load_s:.1f}s, compared in {run_s:.1f}s")
+    assert kinds["data"] >= len(reqs) // 2, kinds
+    assert not diffs, "\n".join(f"{q}: {d}" for q, d in diffs[:30])

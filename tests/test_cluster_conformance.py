@@ -191,6 +191,16 @@ def answers_differ(a: tuple[int, bytes], b: tuple[int, bytes]) -> str:
     return "" if out.status == "passed" else out.detail
 
 
+def lists_differ(a: tuple[int, bytes], b: tuple[int, bytes]) -> str:
+    """'' when two series/labels/label-values answers agree (same status, same items in any order)."""
+    da, db = _json(a[1]), _json(b[1])
+    if a[0] != b[0] or da is None or db is None or da.get("status") != db.get("status"):
+        return f"HTTP {a[0]} vs {b[0]}: {a[1][:200]!r} / {b[1][:200]!r}"
+    ia, ib = (sorted(json.dumps(x, sort_keys=True) for x in d.get("data") or []) for d in (da, db))
+    return "" if ia == ib else f"{len(ia)} vs {len(ib)} items; only on the single node {sorted(set(ia) - set(ib))[:3]}, " \
+                               f"only through the cluster {sorted(set(ib) - set(ia))[:3]}"
+
+
 def _json(raw: bytes) -> dict | None:
     try:
         return json.loads(raw)
@@ -241,12 +251,16 @@ def compare_all(single: str, querier: str, requests: list[tuple[str, str, dict, 
     compliance()  # imported here first: load_bench is not safe to race from the worker threads
     def one(req: tuple[str, str, dict, dict]) -> tuple[str, str, str]:
         name, path, params, headers = req
-        a = http("POST", single + path, params, headers=headers, timeout=120)
-        b = http("POST", querier + path, params, headers=headers, timeout=120)
+        method = "POST" if path.startswith("/api/v1/query") else "GET"  # label values: GET only, as in Prometheus
+        a = http(method, single + path, params, headers=headers, timeout=120)
+        b = http(method, querier + path, params, headers=headers, timeout=120)
         doc = _json(a[2])
-        kind = ("not JSON" if doc is None else "error" if doc.get("status") != "success"
-                else "data" if doc["data"]["result"] else "empty")
-        return name, answers_differ((a[0], a[2]), (b[0], b[2])), kind
+        if path.startswith("/api/v1/query"):
+            kind = ("not JSON" if doc is None else "error" if doc.get("status") != "success"
+                    else "data" if doc["data"]["result"] else "empty")
+            return name, answers_differ((a[0], a[2]), (b[0], b[2])), kind
+        kind = "error" if a[0] != 200 else "data" if doc and doc.get("data") else "empty"
+        return name, lists_differ((a[0], a[2]), (b[0], b[2])), kind
 
     with ThreadPoolExecutor(parallel) as pool:
         results = list(pool.map(one, requests))
@@ -351,6 +365,14 @@ def eval_requests(ep: Epoch) -> list[tuple[str, str, dict, dict]]:
     return out
 
 
+def label_requests(ep: Epoch) -> list[tuple[str, str, dict, dict]]:
+    """The series, label names and metric names an epoch's tenant holds, over all of its time."""
+    hdr = {"X-Scope-OrgID": ep.tenant}
+    span = {"start": "0", "end": _seconds(max([c.interval_ms * max(map(len, c.series.values()), default=0) for c in ep.loads], default=0))}
+    return [(f"{ep.tenant} {path}", path, {**span, **extra}, hdr) for path, extra in (
+        ("/api/v1/series", {"match[]": '{__name__=~".+"}'}), ("/api/v1/labels", {}), ("/api/v1/label/__name__/values", {}))]
+
+
 @pytest.mark.timeout(600)
 def test_promqltest_corpus_through_the_cluster_equals_the_single_node(nodes):
     single, cluster = nodes
@@ -368,10 +390,16 @@ def test_promqltest_corpus_through_the_cluster_equals_the_single_node(nodes):
     reqs = [r for ep in corpus.epochs for r in eval_requests(ep)]
     kinds: Counter = Counter()
     diffs = compare_all(single.url, cluster.url("querier-0"), reqs, kinds=kinds)
+    lists = [r for ep in corpus.epochs for r in label_requests(ep)]
+    list_kinds: Counter = Counter()
+    list_diffs = compare_all(single.url, cluster.url("querier-0"), lists, kinds=list_kinds)
     run_s = time.monotonic() - t
     n_evals = sum(len(ep.evals) for ep in corpus.epochs)
     print(f"promqltest through the cluster: {len(PROMQLTEST_FILES)} files, {len(corpus.epochs)} data states (tenants), "
           f"{n_evals} evals as {len(reqs)} queries compared, {len(reqs) - len(diffs)} equal (single node: {dict(kinds)}), "
-          f"{corpus.skipped_native} native-histogram evals not run; loaded in {load_s:.1f}s, compared in {run_s:.1f}s")
+          f"{corpus.skipped_native} native-histogram evals not run; {len(lists)} series/labels requests compared, "
+          f"{len(lists) - len(list_diffs)} equal ({dict(list_kinds)}); loaded in {load_s:.1f}s, compared in {run_s:.1f}s")
     assert kinds["data"] >= len(reqs) // 2, kinds
+    assert list_kinds["data"] >= len(lists) * 9 // 10, list_kinds
+    diffs += list_diffs
     assert not diffs, "\n".join(f"{q}: {d}" for q, d in diffs[:30])

@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 
 from storage.columns import EMPTY_F64, EMPTY_I64, group_bounds, ranges_index
 from storage.labels import Labels, metric_name
+from storage.select_csr import Segment, expand
 
 ROW_GROUP = 1 << 17
 DATA_FILE, SERIES_FILE, META_FILE = "data.parquet", "series.parquet", "meta.json"
@@ -203,6 +204,7 @@ class Block:
                 md = self._pf.metadata
                 sizes = np.array([md.row_group(i).num_rows for i in range(md.num_row_groups)], dtype=np.int64)
                 self._rg_start = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
+                self._rg_len = sizes
             return self._pf
 
     def _row_group(self, g: int) -> tuple[np.ndarray, np.ndarray]:
@@ -276,6 +278,86 @@ class Block:
             m = (t >= mint) & (t <= maxt)
             s, t, v = s[m], t[m], v[m]
         return s, t, v
+
+    def segments(self, sids: np.ndarray, mint: int, maxt: int) -> list[Segment]:
+        """This block's rows of sorted unique global ids within [mint, maxt] as segments
+        (storage/select_csr.py), all with the block's ``mint`` as their time (they keep row-group
+        order, which is time order per series): series wholly inside the range are row ranges of
+        the cached decoded row groups they touch (no copy here); series the range cuts are gathered
+        and filtered into one more segment."""
+        with self._pf_lock:
+            if self._removed:
+                raise BlockGone(self.id)
+            self._refs += 1
+        try:
+            return self._segments(sids, mint, maxt)
+        finally:
+            with self._pf_lock:
+                self._refs -= 1
+                delete_now = self._removed and self._refs == 0
+            if delete_now:
+                shutil.rmtree(self.path, ignore_errors=True)
+
+    def _segments(self, sids: np.ndarray, mint: int, maxt: int) -> list[Segment]:
+        k, g_sorted = len(sids), self._g_sorted
+        if not len(g_sorted) or not k:
+            return []
+        pos = np.minimum(np.searchsorted(g_sorted, sids), len(g_sorted) - 1)
+        loc = self._g_order[pos]  # meaningful where present
+        smin, smax = self.ser_min[loc], self.ser_max[loc]
+        present = (g_sorted[pos] == sids) & (smin <= maxt) & (smax >= mint)
+        if not present.any():
+            return []
+        self._file()
+        rg_start, rg_len = self._rg_start, self._rg_len
+        rs, re_ = self.row_start[loc], self.row_end[loc]
+        inside = present & (smin >= mint) & (smax <= maxt)
+        partial = present & ~inside
+        out: list[Segment] = []
+        if inside.any():
+            starts = np.where(inside, rs, 0)
+            ends = np.where(inside, re_, 0)
+            g_first = np.searchsorted(rg_start, starts[inside], "right") - 1
+            g_last = np.searchsorted(rg_start, ends[inside] - 1, "right") - 1
+            ng = len(rg_start)
+            marks = np.bincount(g_first, minlength=ng + 1) - np.bincount(g_last + 1, minlength=ng + 1)
+            for g in np.flatnonzero(np.cumsum(marks[:ng]) > 0).tolist():
+                ts_g, val_g = self._row_group(g)
+                base, n_g = int(rg_start[g]), int(rg_len[g])
+                lo = starts - base
+                np.clip(lo, 0, n_g, out=lo)
+                hi = ends - base
+                np.clip(hi, 0, n_g, out=hi)
+                out.append(Segment(self.mint, ts_g, val_g, lo, hi))
+        if partial.any():
+            p_idx = np.flatnonzero(partial)
+            p_idx = p_idx[np.argsort(rs[p_idx], kind="stable")]  # block order: rows ascending
+            a = rs[p_idx]
+            lens = re_[p_idx] - a
+            total = int(lens.sum())
+            rows = expand(a, lens, total)
+            t = np.empty(total, dtype=np.int64)
+            v = np.empty(total, dtype=np.float64)
+            cuts = np.searchsorted(rows, np.append(rg_start, rg_start[-1] + rg_len[-1])).tolist()
+            for g in range(len(rg_start)):
+                c0, c1 = cuts[g], cuts[g + 1]
+                if c1 > c0:
+                    ts_g, val_g = self._row_group(g)
+                    lr = rows[c0:c1] - rg_start[g]
+                    t[c0:c1] = ts_g[lr]
+                    v[c0:c1] = val_g[lr]
+            m = (t >= mint) & (t <= maxt)
+            cm = np.zeros(total + 1, dtype=np.int64)
+            np.cumsum(m, out=cm[1:])
+            bounds = np.cumsum(lens)
+            counts = cm[bounds] - cm[bounds - lens]
+            lo = np.zeros(k, dtype=np.int64)
+            hi = np.zeros(k, dtype=np.int64)
+            c = np.cumsum(counts)
+            hi[p_idx] = c
+            lo[p_idx] = c - counts
+            out.append(Segment(self.mint, t[m], v[m], lo, hi))
+        return out
 
     def read_all(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """All rows as (local id, ts, value)."""

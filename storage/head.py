@@ -24,6 +24,7 @@ import numpy as np
 
 from storage.columns import (INT64_MAX, INT64_MIN, dedupe_sorted, find_keys, group_bounds, grow, merge_sorted_parts,
                              order_by_series_time, ranges_index, sort_by_series_time, take_ranges, unique)
+from storage.select_csr import Segment, segment_of_rows
 
 R_FUTURE = "too_far_in_future"
 R_OOO = "out_of_order"
@@ -463,6 +464,44 @@ class Head:
                                                                 np.concatenate([g[1] for g in got]),
                                                                 np.concatenate([g[2] for g in got]))))
         return merge_sorted_parts(parts)
+
+    def segments(self, sids: np.ndarray, mint: int, maxt: int) -> list[Segment]:
+        """The head's rows of sorted unique ``sids`` within [mint, maxt] as segments
+        (storage/select_csr.py): one per keyed run overlapping the range (its row ranges found by
+        one search), the rest (runs without a key, unsealed pieces) as one sorted segment each."""
+        runs, pieces = self._snapshot()
+        if sum(len(p.sid) for p in pieces) > SEAL_ON_READ_ROWS:
+            self._seal_for_read()
+            runs, pieces = self._snapshot()
+        out: list[Segment] = []
+        for r in runs:
+            if not r.overlaps(mint, maxt):
+                continue
+            b = r.bounds(sids, mint, maxt)
+            if b is not None:
+                out.append(Segment(r.tmin, r.ts, r.val, b[0], b[1]))
+                continue
+            rs = r.sid  # no key: this run keeps its sid column
+            idx = take_ranges(np.searchsorted(rs, sids, "left"), np.searchsorted(rs, sids, "right"))
+            t = r.ts[idx]
+            m = (t >= mint) & (t <= maxt)
+            if m.any():
+                out.append(segment_of_rows(r.tmin, sids, rs[idx][m], t[m], r.val[idx][m]))
+        pieces = [p for p in pieces if p.tmin <= maxt and p.tmax >= mint]
+        if pieces and len(sids):
+            got = []
+            last = len(sids) - 1
+            for ps, pt, pv, _, _ in pieces:
+                pos = np.minimum(np.searchsorted(sids, ps), last)
+                m = (sids[pos] == ps) & (pt >= mint) & (pt <= maxt)
+                if m.any():
+                    got.append((ps[m], pt[m], pv[m]))
+            if got:
+                s, t, v = dedupe_sorted(*sort_by_series_time(np.concatenate([g[0] for g in got]),
+                                                             np.concatenate([g[1] for g in got]),
+                                                             np.concatenate([g[2] for g in got])))
+                out.append(segment_of_rows(int(t.min()), sids, s, t, v))
+        return out
 
     def rows_in_range(self, mint: int, maxt: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """All rows with mint <= ts <= maxt, sorted by (sid, ts)."""

@@ -4,8 +4,10 @@ Write path: append(batch) -> ids for the batch's label sets -> vectorized valida
 -> WAL record (series + samples, columnar) -> head. Background maintenance cuts the head into
 Parquet blocks, compacts blocks, applies retention and truncates the WAL behind a checkpoint.
 
-Read path: matchers -> ids (inverted index) -> rows from the head's sorted runs and from the blocks
-overlapping the time range -> one (sid, ts) sort + dedupe -> series ordered by labels, CSR.
+Read path: matchers -> ids (inverted index) -> row ranges of those ids in the head's sorted runs and
+in the decoded row groups of the blocks overlapping the time range -> laid out straight into CSR,
+series ordered by labels (storage/select_csr.py); where some series' rows interleave between
+sources (out-of-order data, a head cut in progress), one (sid, ts) sort + dedupe instead.
 
 Threading: one write lock serialises appends, head cuts and deletions; readers never take it (they
 snapshot immutable arrays under short locks), so queries run in worker threads while ingest appends.
@@ -16,6 +18,7 @@ import logging
 import shutil
 import threading
 import time
+from itertools import compress
 from pathlib import Path
 from typing import Sequence
 
@@ -35,12 +38,14 @@ from storage.labels import Labels, format_labels
 from storage.status import tsdb_status
 from storage.matchers import Matcher
 from storage.options import StorageOptions
+from storage.select_csr import build_csr
 from storage.series_set import SeriesSet
 from storage.head_replay import replay_head
 from storage.wal import WAL
 
 log = logging.getLogger("turboprom.storage")
 _IN_ORDER = np.empty(0, dtype=np.int64)  # order cache marker: ids already in label order
+_LABEL_ORDER_MAX_IDS = 1 << 20  # ids held by the label-order cache (about 16 MB)
 
 
 class TSDB:
@@ -61,6 +66,8 @@ class TSDB:
         self._maint_lock = threading.Lock()  # one maintenance pass at a time
         self._json_ids: dict[str, int] = {}
         self._order_cache: dict[bytes, np.ndarray] = {}  # sorted ids (bytes) -> output order by labels
+        self._label_orders: dict[bytes, tuple[np.ndarray | None, list[Labels]]] = {}  # see _label_order
+        self._label_order_ids = 0
         self._load_blocks()
         if self._blocks:
             self._catalog_changed()
@@ -263,6 +270,47 @@ class TSDB:
     def _select_ids(self, sids: np.ndarray, mint: int, maxt: int) -> SeriesSet:
         # The head first, then the blocks: a head cut adds its block before it truncates the head,
         # so rows being persisted are seen in one or both (merged without repeats), never in neither.
+        segs = self.head.segments(sids, mint, maxt)
+        for b in self._blocks_snapshot():
+            if b.maxt >= mint and b.mint <= maxt:
+                segs.extend(b.segments(sids, mint, maxt))
+        if not segs:
+            return SeriesSet.empty()
+        segs.sort(key=lambda sg: sg.tmin)  # stable: a block's row groups keep their order
+        order, lbls = self._label_order(sids)
+        csr = build_csr(segs, len(sids), order)
+        if csr is None:  # some series' rows interleave between sources: sort + dedupe
+            return self._select_ids_merged(sids, mint, maxt)
+        if csr.present is not None:
+            lbls = list(compress(lbls, csr.present.tolist()))
+        return SeriesSet(lbls, csr.offsets, csr.ts, csr.val)
+
+    def _label_order(self, sids: np.ndarray) -> tuple[np.ndarray | None, list[Labels]]:
+        """Positions of ``sids`` in label order (None: already) and their labels in that order.
+        Cached per id set: dashboards and the planner select the same series again and again, and
+        an id's labels never change (ids are never reused). Bounded by the ids it holds."""
+        ck = sids.tobytes()
+        hit = self._label_orders.get(ck)
+        if hit is not None:
+            return hit
+        labels_all = self.index.labels
+        lbls = [labels_all[i] for i in sids.tolist()]
+        perm = sorted(range(len(lbls)), key=lbls.__getitem__)
+        if perm == list(range(len(lbls))):
+            hit = (None, lbls)
+        else:
+            hit = (np.asarray(perm, dtype=np.int64), [lbls[i] for i in perm])
+        if len(sids) <= _LABEL_ORDER_MAX_IDS:
+            if self._label_order_ids + len(sids) > _LABEL_ORDER_MAX_IDS:
+                self._label_orders.clear()
+                self._label_order_ids = 0
+            self._label_orders[ck] = hit
+            self._label_order_ids += len(sids)
+        return hit
+
+    def _select_ids_merged(self, sids: np.ndarray, mint: int, maxt: int) -> SeriesSet:
+        """The generic read: rows of head and blocks as (sid, ts) parts, one sort + dedupe where
+        they interleave, then series ordered by labels."""
         parts = []
         s, t, v = self.head.gather(sids, mint, maxt)
         if len(s):

@@ -42,30 +42,45 @@ def new_block_id(mint: int) -> str:
 
 
 class _RowGroupCache:
-    """LRU of decoded (timestamp, value) row groups, bounded by bytes, shared by all blocks."""
+    """LRU of decoded (timestamp, value) row groups, bounded by bytes, shared by all blocks.
+
+    A read may pass a token (any object, one per read): an entry that read has used is never
+    evicted to make room for another row group of the same read; that row group is then not kept.
+    So a read touching more row groups than fit (a wide 24 h panel) keeps the cache's first part
+    and repeats of it hit there, instead of each row group evicting the one it needs next (plain
+    LRU over a loop larger than the cache hits nothing)."""
 
     def __init__(self, max_bytes: int = 256 << 20) -> None:
         self.max_bytes = max_bytes
-        self._d: OrderedDict[tuple[str, int], tuple[np.ndarray, np.ndarray]] = OrderedDict()
+        # key -> (timestamps, values, token of the read that used it last)
+        self._d: OrderedDict[tuple[str, int], tuple[np.ndarray, np.ndarray, object]] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
 
-    def get(self, key: tuple[str, int]):
+    def get(self, key: tuple[str, int], token: object = None) -> tuple[np.ndarray, np.ndarray] | None:
         with self._lock:
-            v = self._d.get(key)
-            if v is not None:
-                self._d.move_to_end(key)
-            return v
+            e = self._d.get(key)
+            if e is None:
+                return None
+            self._d.move_to_end(key)
+            if token is not None and e[2] is not token:
+                self._d[key] = (e[0], e[1], token)
+            return e[0], e[1]
 
-    def put(self, key: tuple[str, int], v: tuple[np.ndarray, np.ndarray]) -> None:
+    def put(self, key: tuple[str, int], v: tuple[np.ndarray, np.ndarray], token: object = None) -> None:
         size = v[0].nbytes + v[1].nbytes
         with self._lock:
             if key in self._d:
                 return
-            self._d[key] = v
+            self._d[key] = (v[0], v[1], token)
             self._bytes += size
             while self._bytes > self.max_bytes and len(self._d) > 1:
-                _, old = self._d.popitem(last=False)
+                oldest = next(iter(self._d))
+                if token is not None and self._d[oldest][2] is token:
+                    del self._d[key]  # this read needs what it would evict: do not keep this one
+                    self._bytes -= size
+                    return
+                old = self._d.pop(oldest)
                 self._bytes -= old[0].nbytes + old[1].nbytes
 
     def drop_block(self, block_id: str) -> None:
@@ -207,15 +222,15 @@ class Block:
                 self._rg_len = sizes
             return self._pf
 
-    def _row_group(self, g: int) -> tuple[np.ndarray, np.ndarray]:
+    def _row_group(self, g: int, token: object = None) -> tuple[np.ndarray, np.ndarray]:
         key = (self.id, g)
-        v = CACHE.get(key)
+        v = CACHE.get(key, token)
         if v is None:
             pf = self._file()
             with self._pf_lock:
                 t = pf.read_row_group(g, columns=["timestamp", "value"])
             v = (t.column("timestamp").to_numpy(), t.column("value").to_numpy())
-            CACHE.put(key, v)
+            CACHE.put(key, v, token)
         return v
 
     def local_ids(self, sids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -279,7 +294,7 @@ class Block:
             s, t, v = s[m], t[m], v[m]
         return s, t, v
 
-    def segments(self, sids: np.ndarray, mint: int, maxt: int) -> list[Segment]:
+    def segments(self, sids: np.ndarray, mint: int, maxt: int, token: object = None) -> list[Segment]:
         """This block's rows of sorted unique global ids within [mint, maxt] as segments
         (storage/select_csr.py), all with the block's ``mint`` as their time (they keep row-group
         order, which is time order per series): series wholly inside the range are row ranges of
@@ -290,7 +305,7 @@ class Block:
                 raise BlockGone(self.id)
             self._refs += 1
         try:
-            return self._segments(sids, mint, maxt)
+            return self._segments(sids, mint, maxt, token)
         finally:
             with self._pf_lock:
                 self._refs -= 1
@@ -298,7 +313,7 @@ class Block:
             if delete_now:
                 shutil.rmtree(self.path, ignore_errors=True)
 
-    def _segments(self, sids: np.ndarray, mint: int, maxt: int) -> list[Segment]:
+    def _segments(self, sids: np.ndarray, mint: int, maxt: int, token: object) -> list[Segment]:
         k, g_sorted = len(sids), self._g_sorted
         if not len(g_sorted) or not k:
             return []
@@ -322,7 +337,7 @@ class Block:
             ng = len(rg_start)
             marks = np.bincount(g_first, minlength=ng + 1) - np.bincount(g_last + 1, minlength=ng + 1)
             for g in np.flatnonzero(np.cumsum(marks[:ng]) > 0).tolist():
-                ts_g, val_g = self._row_group(g)
+                ts_g, val_g = self._row_group(g, token)
                 base, n_g = int(rg_start[g]), int(rg_len[g])
                 lo = starts - base
                 np.clip(lo, 0, n_g, out=lo)
@@ -342,7 +357,7 @@ class Block:
             for g in range(len(rg_start)):
                 c0, c1 = cuts[g], cuts[g + 1]
                 if c1 > c0:
-                    ts_g, val_g = self._row_group(g)
+                    ts_g, val_g = self._row_group(g, token)
                     lr = rows[c0:c1] - rg_start[g]
                     t[c0:c1] = ts_g[lr]
                     v[c0:c1] = val_g[lr]

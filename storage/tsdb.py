@@ -271,9 +271,10 @@ class TSDB:
         # The head first, then the blocks: a head cut adds its block before it truncates the head,
         # so rows being persisted are seen in one or both (merged without repeats), never in neither.
         segs = self.head.segments(sids, mint, maxt)
+        token = object()  # this read's row-group cache token (storage/block.py _RowGroupCache)
         for b in self._blocks_snapshot():
             if b.maxt >= mint and b.mint <= maxt:
-                segs.extend(b.segments(sids, mint, maxt))
+                segs.extend(b.segments(sids, mint, maxt, token))
         if not segs:
             return SeriesSet.empty()
         segs.sort(key=lambda sg: sg.tmin)  # stable: a block's row groups keep their order

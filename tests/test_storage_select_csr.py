@@ -162,3 +162,29 @@ def test_rows_in_head_and_block_at_once_read_once(tmp_path):
         ss = db.select(ms, NOW - 600_000, NOW)
         assert len(ss) == 20 and ss.num_samples == 20 * 120
         _identical(ss, db._select_ids_merged(db.index.match_ids(ms), NOW - 600_000, NOW))
+
+
+def test_row_group_cache_keeps_its_first_part_for_a_read_larger_than_it():
+    entry = (np.zeros(100, np.int64), np.zeros(100, np.float64))
+    size = entry[0].nbytes + entry[1].nbytes
+    c = block_mod._RowGroupCache(max_bytes=10 * size)
+
+    def scan(token) -> int:
+        hits = 0
+        for g in range(15):
+            if c.get(("b", g), token) is not None:
+                hits += 1
+            else:
+                c.put(("b", g), entry, token)
+        return hits
+
+    assert scan(object()) == 0
+    assert sorted(k[1] for k in c._d) == list(range(10))  # the read kept what it used first
+    assert scan(object()) == 10 and scan(object()) == 10  # and every repeat hits there
+    # another read's row groups still evict the least recently used entries
+    c.put(("other", 0), entry, object())
+    assert ("other", 0) in c._d and ("b", 0) not in c._d and len(c._d) == 10
+    # without a token: plain LRU
+    for g in range(3):
+        c.put(("plain", g), entry)
+    assert [k for k in c._d][-3:] == [("plain", 0), ("plain", 1), ("plain", 2)] and c._bytes == 10 * size

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
+from numpy.lib.stride_tricks import as_strided
 
 from storage.columns import EMPTY_F64, EMPTY_I64, INT64_MAX, INT64_MIN
 
@@ -72,6 +73,42 @@ def _in_time_order(segs: list[Segment], lo: np.ndarray, lens: np.ndarray) -> boo
     return bool((first[1:] > np.maximum.accumulate(last, axis=0)[:-1]).all())
 
 
+def _copy_segment(out_t: np.ndarray, out_v: np.ndarray, sg: Segment, lo: np.ndarray, lens: np.ndarray,
+                  dst: np.ndarray, count: int) -> None:
+    """Rows ``lo[i]:lo[i] + lens[i]`` of a segment to ``dst[i]:dst[i] + lens[i]`` of the output
+    (``count`` rows in all). Where the rows are back to back in the segment and every series but
+    the first and last has the same number of them at the same distance in the output (scrapes at
+    one interval: a block's row group, a head run), one strided 2-D copy plus two slices, no index
+    arrays; otherwise an index gather and scatter."""
+    nz = np.flatnonzero(lens)
+    a, b = int(nz[0]), int(nz[-1]) + 1
+    q = b - a
+    if q == len(nz):
+        ln, s, d = lens[a:b], lo[a:b], dst[a:b]
+        ok = q <= 2 or bool((s[1:] == s[:-1] + ln[:-1]).all())
+        if ok and q > 2:
+            width = int(ln[1])
+            ok = bool((ln[1:-1] == width).all())
+            stride = int(d[2] - d[1]) if q > 3 else width
+            if ok and q > 3:
+                ok = bool((np.diff(d[1:-1]) == stride).all())
+        if ok:
+            for i in ((0, q - 1) if q > 1 else (0,)):
+                s0, d0, n0 = int(s[i]), int(d[i]), int(ln[i])
+                out_t[d0:d0 + n0] = sg.ts[s0:s0 + n0]
+                out_v[d0:d0 + n0] = sg.val[s0:s0 + n0]
+            if q > 2:
+                rows, s1, d1 = q - 2, int(s[1]), int(d[1])
+                for out, src in ((out_t, sg.ts), (out_v, sg.val)):
+                    view = as_strided(out[d1:], shape=(rows, width), strides=(stride * out.itemsize, out.itemsize))
+                    view[...] = src[s1:s1 + rows * width].reshape(rows, width)
+            return
+    src = expand(lo, lens, count)
+    dst_rows = expand(dst, lens, count)
+    out_t[dst_rows] = sg.ts[src]
+    out_v[dst_rows] = sg.val[src]
+
+
 def build_csr(segs: list[Segment], k: int, order: np.ndarray | None) -> Csr | None:
     """The rows of ``k`` series from segments in time order (``tmin`` ascending), series in
     ``order`` (positions 0..k-1; None = as given). None when they interleave in time."""
@@ -108,8 +145,11 @@ def build_csr(segs: list[Segment], k: int, order: np.ndarray | None) -> Csr | No
         lo, lens = lo2[0], lens2[0]
         if n and int(lo[-1]) + int(lens[-1]) - int(lo[0]) == n and (kk == 1 or bool((lo[1:] == lo[:-1] + lens[:-1]).all())):
             src = slice(int(lo[0]), int(lo[0]) + n)  # back to back: a view, no gather
-        else:
-            src = expand(lo, lens, n)
+            t, v = sg.ts[src], sg.val[src]
+            if not (t.flags.writeable and v.flags.writeable):  # a cached decoded row group: copy
+                t, v = t.copy(), v.copy()
+            return Csr(present_out, offsets, t, v)
+        src = expand(lo, lens, n)
         return Csr(present_out, offsets, sg.ts[src], sg.val[src])
     if n > _CHECK_OUTPUT_ROWS and not _in_time_order(segs, lo2, lens2):
         return None
@@ -134,10 +174,7 @@ def build_csr(segs: list[Segment], k: int, order: np.ndarray | None) -> Csr | No
     else:
         for j, (sg, c) in enumerate(zip(segs, per_seg)):
             if c:
-                src = expand(lo2[j], lens2[j], c)
-                dst = expand(before[j], lens2[j], c)
-                out_t[dst] = sg.ts[src]
-                out_v[dst] = sg.val[src]
+                _copy_segment(out_t, out_v, sg, lo2[j], lens2[j], before[j], c)
     if n <= _CHECK_OUTPUT_ROWS and n > 1:
         bad = out_t[1:] <= out_t[:-1]
         bad[offsets[1:-1] - 1] = False  # one series ending, the next beginning

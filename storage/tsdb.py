@@ -282,8 +282,7 @@ class TSDB:
         csr = build_csr(segs, len(sids), order)
         if csr is None:  # some series' rows interleave between sources: sort + dedupe
             return self._select_ids_merged(sids, mint, maxt)
-        if csr.present is not None:
-            lbls = list(compress(lbls, csr.present.tolist()))
+        lbls = list(compress(lbls, csr.present.tolist())) if csr.present is not None else list(lbls)  # the cache's stays
         return SeriesSet(lbls, csr.offsets, csr.ts, csr.val)
 
     def _label_order(self, sids: np.ndarray) -> tuple[np.ndarray | None, list[Labels]]:

@@ -188,3 +188,35 @@ def test_row_group_cache_keeps_its_first_part_for_a_read_larger_than_it():
     for g in range(3):
         c.put(("plain", g), entry)
     assert [k for k in c._d][-3:] == [("plain", 0), ("plain", 1), ("plain", 2)] and c._bytes == 10 * size
+
+
+def test_build_csr_regular_scrapes_split_over_row_groups(monkeypatch):
+    """Series scraped at one interval, stored block by block in row groups that split series: the
+    strided-copy path (no index arrays) gives the reference answer, with and without an output order."""
+    import storage.select_csr as sc
+    monkeypatch.setattr(sc, "_CHECK_OUTPUT_ROWS", 0)
+    monkeypatch.setattr(sc, "_ONE_EXPANSION_ROWS", 0)
+    expansions = []
+    real_expand = sc.expand
+    monkeypatch.setattr(sc, "expand", lambda *a: expansions.append(1) or real_expand(*a))
+    rng = np.random.default_rng(4)
+    k, per_block, blocks, rg = 23, 40, 3, 57
+    segs = []
+    for blk in range(blocks):
+        ts = np.tile(np.arange(per_block, dtype=np.int64) + blk * per_block, k)  # series after series
+        val = rng.normal(size=len(ts))
+        starts = np.arange(k, dtype=np.int64) * per_block
+        for g0 in range(0, len(ts), rg):  # one segment per row group, as Block.segments gives them
+            n_g = min(rg, len(ts) - g0)
+            lo = np.clip(starts - g0, 0, n_g)
+            hi = np.clip(starts + per_block - g0, 0, n_g)
+            segs.append(Segment(blk, ts[g0:g0 + n_g], val[g0:g0 + n_g], lo, hi))
+    for order in (None, np.arange(k)[::-1].copy()):
+        expansions.clear()
+        got = build_csr(segs, k, order)
+        ref = _reference(segs, k, order)
+        assert got is not None and got.present is None
+        assert got.ts.tolist() == [x for r in ref for x in r[1].tolist()]
+        assert got.val.view(np.uint64).tolist() == [x for r in ref for x in r[2].view(np.uint64).tolist()]
+        if order is None:
+            assert not expansions  # every row group copied without index arrays

@@ -10,7 +10,10 @@ APT_PEERS := prometheus victoria-metrics etcd-server nats-server prometheus-node
 
 # The compiled ingest hot path (ingest/csrc -> ingest/_rw_native*.so), built in place; rebuilt when
 # its C source or setup.py changes. Without it ingest uses the pure-Python walk (same results).
-NATIVE_SO = ingest/_rw_native$(shell $(PY) -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))' 2>/dev/null)
+EXT_SUFFIX := $(shell $(PY) -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))' 2>/dev/null)
+NATIVE_SO = ingest/_rw_native$(EXT_SUFFIX)
+# The HTTP API's compiled matrix JSON assembly (turboprom/csrc -> turboprom/_json_native*.so), same build.
+JSON_SO = turboprom/_json_native$(EXT_SUFFIX)
 
 .PHONY: demo test install native peers clean bench cluster-demo
 
@@ -20,14 +23,14 @@ $(STAMP): pyproject.toml
 	$(VPY) -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
-$(NATIVE_SO): $(wildcard ingest/csrc/*.c) setup.py $(STAMP)
+$(NATIVE_SO) $(JSON_SO) &: $(wildcard ingest/csrc/*.c) $(wildcard turboprom/csrc/*.c) setup.py $(STAMP)
 	$(VPY) -c 'import setuptools' 2>/dev/null || $(VPY) -m pip install -q 'setuptools>=68'  # venvs of Python 3.12+ have none
 	$(VPY) setup.py -q build_ext --inplace
-	test -f $@ && touch $@  # fails loudly when the C build failed (setup.py marks it optional for pip)
+	test -f $(NATIVE_SO) && test -f $(JSON_SO) && touch $(NATIVE_SO) $(JSON_SO)  # fails loudly when a C build failed (setup.py marks them optional for pip)
 
-native: $(NATIVE_SO)
+native: $(NATIVE_SO) $(JSON_SO)
 
-install: $(STAMP) $(NATIVE_SO)
+install: $(STAMP) $(NATIVE_SO) $(JSON_SO)
 
 # Installs the real peers the tests run against (needs root, as on this machine kind and in CI).
 peers:
@@ -37,18 +40,18 @@ peers:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; \
 	fi
 
-demo: $(STAMP) $(NATIVE_SO)
+demo: $(STAMP) $(NATIVE_SO) $(JSON_SO)
 	$(VPY) -m turboprom.demo --data-dir $(DATA) --listen $(LISTEN)
 
 # A local cluster on loopback (3 NATS JetStream nodes, etcd, distributor, 2 ingesters, querier; docs/cluster.md).
-cluster-demo: $(STAMP) $(NATIVE_SO) peers
+cluster-demo: $(STAMP) $(NATIVE_SO) $(JSON_SO) peers
 	$(VPY) -m turboprom.cluster.local_cluster --dir $(DATA)-cluster
 
-test: $(STAMP) $(NATIVE_SO) peers
+test: $(STAMP) $(NATIVE_SO) $(JSON_SO) peers
 	$(VPY) -m pytest -q -ra
 
 bench: $(STAMP) peers
 	@echo "see bench/README.md for the individual benchmark scripts"
 
 clean:
-	rm -rf $(VENV) $(DATA) .pytest_cache build ingest/_rw_native*.so
+	rm -rf $(VENV) $(DATA) .pytest_cache build ingest/_rw_native*.so turboprom/_json_native*.so

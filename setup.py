@@ -1,11 +1,15 @@
-"""Build of the compiled ingest hot path (ingest/csrc/rw_native.c -> ingest._rw_native).
+"""Build of the compiled parts: the ingest hot path (ingest/csrc/rw_native.c -> ingest._rw_native)
+and the HTTP API's matrix JSON assembly (turboprom/csrc/json_native.c -> turboprom._json_native).
 
-Everything else about the package is in pyproject.toml. The extension is optional at run time:
-when it is missing (or failed to build) ingest/series_refs.py selects the pure-Python walk.
+Everything else about the package is in pyproject.toml. Both extensions are optional at run time:
+when one is missing (or failed to build) ingest/series_refs.py selects the pure-Python walk and
+turboprom/api_json.py the pure-Python assembly.
 Build it in place with ``python setup.py build_ext --inplace`` (the Makefile does this).
 """
 from setuptools import Extension, setup
 
 setup(ext_modules=[Extension("ingest._rw_native", ["ingest/csrc/rw_native.c"],
                              extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wno-missing-field-initializers"],
-                             extra_link_args=["-pthread"], optional=True)])
+                             extra_link_args=["-pthread"], optional=True),
+                   Extension("turboprom._json_native", ["turboprom/csrc/json_native.c"],
+                             extra_compile_args=["-O2", "-std=c11", "-Wall"], optional=True)])

@@ -23,6 +23,11 @@ import orjson
 from promql.types import QueryResult, QueryStats
 from storage.labels import Labels
 
+try:  # the compiled matrix assembly (turboprom/csrc/json_native.c); same text without it
+    from turboprom import _json_native
+except ImportError:  # not built: the pure-Python assembly below
+    _json_native = None
+
 _TWO53 = float(2**53)
 
 
@@ -59,13 +64,20 @@ def format_values(values: np.ndarray) -> list[str]:
         return out
     text = orjson.dumps(v, option=orjson.OPT_SERIALIZE_NUMPY)[1:-1].decode() + ","
     parts = text.replace(".0,", ",")[:-1].split(",")
+    for i, t in _rare_texts(v):
+        parts[i] = t
+    return parts
+
+
+def _rare_texts(v: np.ndarray) -> list[tuple[int, str]]:
+    """(index, text) of the values orjson's text does not give in Go's form: NaN/Inf and the
+    magnitudes outside 1e-5 <= |v| < 2**53 (except 0)."""
     a = np.abs(v)
     with np.errstate(invalid="ignore"):
         rare = ~((a < _TWO53) & ((a >= 1e-5) | (a == 0)))  # NaN compares False -> rare
-    if rare.any():
-        for i in np.flatnonzero(rare).tolist():
-            parts[i] = _format_rare(float(v[i]))
-    return parts
+    if not rare.any():
+        return []
+    return [(i, _format_rare(float(v[i]))) for i in np.flatnonzero(rare).tolist()]
 
 
 def _format_rare(x: float) -> str:
@@ -227,6 +239,27 @@ def _go_json_number(v: float) -> str:
     return format_value(float(v))
 
 
+def matrix_points_json(labels: list[Labels], counts: np.ndarray, tstr: list[str], cols: np.ndarray | None,
+                       values: np.ndarray, native: bool = True, brackets: bool = True) -> bytes:
+    """``[{"metric":..,"values":[[t,"v"],..]},..]`` (without the brackets unless ``brackets``) of
+    series ``labels`` with ``counts[s]`` points each (all > 0): point j has value ``values[j]`` at
+    timestamp text ``tstr[cols[j]]`` (``cols`` None: every series has all ``len(tstr)`` points, in
+    order). Compiled when the extension is built (turboprom/csrc/json_native.c), else
+    ``_matrix_json``; the two give the same bytes."""
+    v = np.ascontiguousarray(values, dtype=np.float64).ravel()
+    if native and _json_native is not None and len(labels):
+        rare = _rare_texts(v)
+        return _json_native.matrix_json(
+            [labels_json(l) for l in labels], np.ascontiguousarray(counts, dtype=np.int64),
+            None if cols is None else np.ascontiguousarray(cols, dtype=np.int64), tstr,
+            orjson.dumps(v, option=orjson.OPT_SERIALIZE_NUMPY),
+            np.fromiter((i for i, _ in rare), np.int64, count=len(rare)), [t for _, t in rare], brackets)
+    ts_first = ["[" + t + ',"' for t in tstr]
+    ts_next = ['"],[' + t + ',"' for t in tstr]
+    text = _matrix_json(labels, np.asarray(counts), ts_first, ts_next, cols, format_values(v))
+    return (text if brackets else text[1:-1]).encode()
+
+
 def _matrix_json(labels: list[Labels], counts: np.ndarray, ts_first: list[str], ts_next: list[str],
                  tok_index: np.ndarray | None, vstrs: list[str]) -> str:
     """Assemble ``[{"metric":..,"values":[[t,"v"],..]},..]``.
@@ -270,16 +303,17 @@ def _ragged_json(labels: list[Labels], counts: np.ndarray, ts_first: list[str], 
     return "[" + "".join(out) + "]"
 
 
-def result_data_json(res: QueryResult, limit: int = 0) -> tuple[str, bool]:
-    """The ``data.result`` JSON of a query result and whether it was truncated to ``limit``."""
+def result_data_json(res: QueryResult, limit: int = 0, brackets: bool = True) -> tuple[bytes, bool]:
+    """The ``data.result`` JSON of a query result (UTF-8) and whether it was truncated to ``limit``.
+    ``brackets=False``: a matrix's series objects without the enclosing ``[ ]``."""
     rt = res.result_type
     truncated = False
     # Prometheus marshals scalars and strings as [float64(t)/1000, v] with encoding/json, so
     # their timestamp is a Go float (1435781451.78), unlike vector/matrix points (…451.780).
     if rt == "scalar":
-        return f'[{format_value(res.timestamp / 1000)},"{format_value_f(res.scalar)}"]', False
+        return f'[{format_value(res.timestamp / 1000)},"{format_value_f(res.scalar)}"]'.encode(), False
     if rt == "string":
-        return f"[{format_value(res.timestamp / 1000)},{json_str(res.string)}]", False
+        return f"[{format_value(res.timestamp / 1000)},{json_str(res.string)}]".encode(), False
     labels = res.labels
     if rt == "vector":
         vals = np.asarray(res.values if res.values is not None else np.empty(0), dtype=np.float64).ravel()
@@ -287,14 +321,14 @@ def result_data_json(res: QueryResult, limit: int = 0) -> tuple[str, bool]:
         if limit and n > limit:
             n, truncated = limit, True
         if n == 0:
-            return "[]", truncated
+            return b"[]", truncated
         ts = format_timestamp(res.timestamp)
         vstr = format_values(vals[:n])
         items = [
             '{"metric":' + labels_json(labels[i]) + ',"value":[' + ts + ',"' + vstr[i] + '"]}'
             for i in range(n)
         ]
-        return "[" + ",".join(items) + "]", truncated
+        return ("[" + ",".join(items) + "]").encode(), truncated
     if rt != "matrix":
         raise ValueError(f"unknown result type {rt!r}")
     if res.csr is not None:
@@ -307,14 +341,13 @@ def result_data_json(res: QueryResult, limit: int = 0) -> tuple[str, bool]:
         counts = np.diff(offsets[: s_count + 1])
         keep = np.flatnonzero(counts)
         if keep.shape[0] == 0:
-            return "[]", truncated
+            return b"[]", truncated
         lo, hi = int(offsets[0]), int(offsets[s_count])
         tstr = format_timestamps(np.asarray(cts)[lo:hi])
         ts_first = ["[" + t + ',"' for t in tstr]
         ts_next = ['"],[' + t + ',"' for t in tstr]
-        tok_index = np.arange(hi - lo, dtype=np.int64)
         vstrs = format_values(np.asarray(cvals)[lo:hi])
-        return _ragged_json([labels[i] for i in keep.tolist()], counts[keep], ts_first, ts_next, vstrs), truncated
+        return _ragged_json([labels[i] for i in keep.tolist()], counts[keep], ts_first, ts_next, vstrs).encode(), truncated
     values = np.asarray(res.values, dtype=np.float64)
     present = np.asarray(res.present, dtype=bool) if res.present is not None else np.ones(values.shape, bool)
     counts_all = present.sum(axis=1)
@@ -322,14 +355,15 @@ def result_data_json(res: QueryResult, limit: int = 0) -> tuple[str, bool]:
     if limit and len(nonempty) > limit:
         nonempty, truncated = nonempty[:limit], True
     if nonempty.shape[0] == 0:
-        return "[]", truncated
+        return (b"[]" if brackets else b""), truncated
     sub_present = present[nonempty]
-    _, cols = np.nonzero(sub_present)
+    counts = counts_all[nonempty]
+    full = bool((counts == sub_present.shape[1]).all())
+    cols = None if full else np.nonzero(sub_present)[1]
     tstr = format_timestamps(np.asarray(res.timestamps))
-    ts_first = ["[" + t + ',"' for t in tstr]
-    ts_next = ['"],[' + t + ',"' for t in tstr]
-    vstrs = format_values(values[nonempty][sub_present])
-    return _matrix_json([labels[i] for i in nonempty.tolist()], counts_all[nonempty], ts_first, ts_next, cols, vstrs), truncated
+    sub_values = values[nonempty]
+    vals = sub_values.ravel() if full else sub_values[sub_present]
+    return matrix_points_json([labels[i] for i in nonempty.tolist()], counts, tstr, cols, vals, brackets=brackets), truncated
 
 
 PART_SAMPLES = 1 << 17  # points per piece of a streamed matrix body
@@ -353,14 +387,16 @@ def encode_query_result_parts(
     s, t = res.values.shape
     rows = max(1, PART_SAMPLES // max(t, 1))
     parts = [b'{"status":"success","data":{"resultType":"matrix","result":[']
-    sep = ""
+    sep = b""
     for a in range(0, s, rows):
         sub = QueryResult("matrix", labels=res.labels[a:a + rows], values=res.values[a:a + rows],
                           present=None if res.present is None else res.present[a:a + rows], timestamps=res.timestamps)
-        block, _ = result_data_json(sub)
-        if len(block) > 2:
-            parts.append((sep + block[1:-1]).encode())
-            sep = ","
+        block, _ = result_data_json(sub, brackets=False)
+        if block:
+            if sep:
+                parts.append(sep)
+            parts.append(block)
+            sep = b","
     parts.append(("]" + _result_tail(res, stats, extra_warnings, False, queue_seconds, total_seconds)).encode())
     return parts
 
@@ -394,5 +430,5 @@ def encode_query_result(
 ) -> bytes:
     """Full response body of /api/v1/query or /api/v1/query_range."""
     result_json, truncated = result_data_json(res, limit)
-    return ('{"status":"success","data":{"resultType":"' + res.result_type + '","result":' + result_json
-            + _result_tail(res, stats, extra_warnings, truncated, queue_seconds, total_seconds)).encode()
+    return b"".join((b'{"status":"success","data":{"resultType":"', res.result_type.encode(), b'","result":', result_json,
+                     _result_tail(res, stats, extra_warnings, truncated, queue_seconds, total_seconds).encode()))

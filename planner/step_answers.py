@@ -168,6 +168,14 @@ def cacheable(node: Any) -> bool:
     return True
 
 
+def _members(x: np.ndarray, sorted_ts: np.ndarray) -> np.ndarray:
+    """``np.isin(x, sorted_ts)`` for an ascending ``sorted_ts`` (kept steps), without isin's sort."""
+    if not len(sorted_ts):
+        return np.zeros(len(x), bool)
+    pos = np.minimum(np.searchsorted(sorted_ts, x), len(sorted_ts) - 1)
+    return sorted_ts[pos] == x
+
+
 def _kept_infos(infos: list[str]) -> list[str]:
     """PromQL's own infos hold for the kept steps; TurboProm's say how *that* evaluation was served."""
     return [i for i in infos if not i.startswith("TurboProm info:")]
@@ -216,7 +224,7 @@ class StepAnswers:
             if e is not None:
                 self.entries.move_to_end(key)
                 self._validate(e, seq)
-                have = np.isin(steps, e.ts)
+                have = _members(steps, e.ts)
                 e.starts.append((time.time(), start))
             else:
                 have = np.zeros(T, bool)

@@ -4,11 +4,16 @@ Part 1 (always): encode an S x T matrix (default 1000 series x 1000 steps = 1M p
 integer and fractional values, 10% absent) with our vectorized encoder, and with the obvious
 per-point Python encoding (orjson over lists of [ts, repr-ish string]) as a baseline.
 
+Part 1b (``--panels``): dashboard-panel shapes (5 x 241, 63 x 241, 6 x 1441, 500 x 241) through
+``encode_query_result_parts`` (what the API calls), with the compiled assembly
+(turboprom/csrc/json_native.c) and with the pure-Python one, interleaved in alternating rounds so
+both meet the same machine load; prints medians and their ratio.
+
 Part 2 (``--peer``): the same shape end to end over HTTP: a real Prometheus 2.42 (data backfilled
 with promtool) and TurboProm (same data via /api/v1/import/prometheus) answering
 ``query_range`` of the raw series. Reports medians and the TurboProm/Prometheus ratio.
 
-    .venv/bin/python bench/api_json_bench.py [--series 1000] [--steps 1000] [--repeat 5] [--peer]
+    .venv/bin/python bench/api_json_bench.py [--series 1000] [--steps 1000] [--repeat 5] [--panels] [--peer]
 """
 from __future__ import annotations
 
@@ -61,6 +66,37 @@ def timed(fn, repeat: int) -> tuple[float, int]:
     return statistics.median(times), size
 
 
+PANEL_SHAPES = ((5, 241, "a sum by (model_name) panel, 1 h / 15 s"), (63, 241, "a per-instance panel"),
+                (6, 1441, "a 24 h / 60 s panel"), (500, 241, "a wide panel"))
+
+
+def panels_run(rounds: int = 30, per_round: int = 5) -> None:
+    """Compiled vs pure-Python matrix assembly on panel shapes, alternating rounds, medians."""
+    native = api_json._json_native
+    if native is None:
+        raise SystemExit("turboprom._json_native is not built (make native)")
+    rng = np.random.default_rng(1)
+    print("| matrix | compiled | Python assembly | ratio |\n| --- | --- | --- | --- |")
+    try:
+        for S, T, what in PANEL_SHAPES:
+            labels = [make_labels({"instance": f"10.0.0.{i}:8000", "model_name": f"meta-llama/Llama-3.1-8B-{i % 5}"})
+                      for i in range(S)]
+            res = QueryResult("matrix", labels=labels, values=rng.random((S, T)) * 100, present=np.ones((S, T), bool),
+                              timestamps=1_764_000_000_000 + np.arange(T, dtype=np.int64) * 15_000)
+            times: dict[str, list[float]] = {"compiled": [], "python": []}
+            for _ in range(rounds):
+                for name in times:
+                    api_json._json_native = native if name == "compiled" else None
+                    t0 = time.perf_counter()
+                    for _ in range(per_round):
+                        api_json.encode_query_result_parts(res, stats="1")
+                    times[name].append((time.perf_counter() - t0) / per_round)
+            a, b = statistics.median(times["compiled"]), statistics.median(times["python"])
+            print(f"| {S} x {T} ({what}) | {a * 1000:.2f} ms | {b * 1000:.2f} ms | {a / b:.2f} |")
+    finally:
+        api_json._json_native = native
+
+
 def peer_run(series: int, steps: int, repeat: int) -> None:
     from tests.helpers import ServerProcess
     from tests.test_api_helpers import PrometheusPeer, http, import_text, openmetrics_from_text
@@ -104,7 +140,11 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--peer", action="store_true")
+    ap.add_argument("--panels", action="store_true", help="panel shapes, compiled vs Python assembly")
     a = ap.parse_args()
+    if a.panels:
+        panels_run()
+        return
     res = make_result(a.series, a.steps)
     points = int(res.present.sum())
     t_ours, size = timed(lambda: api_json.encode_query_result(res), a.repeat)

@@ -18,7 +18,7 @@ from typing import Iterable
 from storage.batch import MetricMetadata
 from storage.labels import DEFAULT_TENANT
 
-_MAX_PER_METRIC = 16
+MAX_PER_METRIC = 16
 
 
 class MetadataStore:
@@ -41,7 +41,7 @@ class MetadataStore:
                     d = data[m.metric_family] = {}
                 if entry in d:
                     continue
-                if len(d) >= _MAX_PER_METRIC:
+                if len(d) >= MAX_PER_METRIC:
                     d.pop(next(iter(d)))
                 d[entry] = None
 

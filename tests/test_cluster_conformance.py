@@ -61,8 +61,11 @@ def compliance():
 # ------------------------------------------------------------------------------------------ data
 
 
-def write_request(series: dict[tuple, list[tuple[int, float]]]) -> bytes:
+def write_request(series: dict[tuple, list[tuple[int, float]]], metadata: list[tuple[str, int, str]] = ()) -> bytes:
+    """A remote-write 1.0 body; ``metadata``: (metric family, MetricMetadata type number, help)."""
     w = WriteRequest()
+    for family, typ, help_text in metadata:
+        w.metadata.add(type=typ, metric_family_name=family, help=help_text)
     for labels, samples in series.items():
         ts = w.timeseries.add()
         for n, v in labels:
@@ -84,7 +87,23 @@ def compliance_bodies() -> tuple[list[bytes], int]:
         t = int(ts)
         slices[t // SLICE_MS][labels].append((t, float(value)))
         n += 1
-    return [write_request(slices[k]) for k in sorted(slices)], n
+    keys = sorted(slices)
+    return [write_request(slices[k], compliance_metadata(slices[keys[0]]) if k == keys[0] else ()) for k in keys], n
+
+
+def compliance_metadata(series: dict[tuple, list]) -> list[tuple[str, int, str]]:
+    """TYPE/HELP of the compliance data's families, as a scraping Prometheus sends them."""
+    names = sorted({dict(labels)["__name__"] for labels in series})
+    out = []
+    for name in names:
+        family, typ = name, 2  # gauge
+        if name.endswith("_total"):
+            family, typ = name[: -len("_total")], 1  # counter
+        for suffix in ("_bucket", "_sum", "_count"):
+            if name.endswith(suffix) and name.startswith("demo_api_request_duration_seconds"):
+                family, typ = name[: -len(suffix)], 3  # histogram
+        out.append((family, typ, f"{family.replace('_', ' ')}."))
+    return sorted(set(out))
 
 
 @dataclass
@@ -192,11 +211,15 @@ def answers_differ(a: tuple[int, bytes], b: tuple[int, bytes]) -> str:
 
 
 def lists_differ(a: tuple[int, bytes], b: tuple[int, bytes]) -> str:
-    """'' when two series/labels/label-values answers agree (same status, same items in any order)."""
+    """'' when two series/labels/label-values/metadata answers agree (same status, same items in any
+    order; for metadata, the same entries of each metric in the same order)."""
     da, db = _json(a[1]), _json(b[1])
     if a[0] != b[0] or da is None or db is None or da.get("status") != db.get("status"):
         return f"HTTP {a[0]} vs {b[0]}: {a[1][:200]!r} / {b[1][:200]!r}"
-    ia, ib = (sorted(json.dumps(x, sort_keys=True) for x in d.get("data") or []) for d in (da, db))
+    if isinstance(da.get("data"), dict) or isinstance(db.get("data"), dict):  # metadata: metric -> entries
+        ia, ib = (sorted(json.dumps([k, v]) for k, v in (d.get("data") or {}).items()) for d in (da, db))
+    else:
+        ia, ib = (sorted(json.dumps(x, sort_keys=True) for x in d.get("data") or []) for d in (da, db))
     return "" if ia == ib else f"{len(ia)} vs {len(ib)} items; only on the single node {sorted(set(ia) - set(ib))[:3]}, " \
                                f"only through the cluster {sorted(set(ib) - set(ia))[:3]}"
 
@@ -302,6 +325,12 @@ def test_compliance_queries_through_the_cluster_equal_the_single_node(nodes):
     print(f"compliance through the cluster: {2 * len(cases)} queries, {2 * len(cases) - len(diffs)} equal; {n_samples} samples "
           f"loaded in {load_s:.1f}s, queries compared in {run_s:.1f}s")
     assert answered >= 40, answered
+    # metric metadata travels with the writes: the querier answers it as the single node does
+    meta = [(f"metadata {p}", "/api/v1/metadata", p, {}) for p in
+            ({}, {"metric": "demo_num_cpus"}, {"metric": "demo_cpu_usage_seconds"}, {"limit": "3"}, {"limit_per_metric": "1"})]
+    meta_kinds: Counter = Counter()
+    diffs += compare_all(single.url, cluster.url("querier-0"), meta, kinds=meta_kinds)
+    assert meta_kinds["data"] == len(meta), meta_kinds
     assert not diffs, "\n".join(f"{q}: {d}" for q, d in diffs[:30])
 
 
@@ -403,3 +432,14 @@ def test_promqltest_corpus_through_the_cluster_equals_the_single_node(nodes):
     assert list_kinds["data"] >= len(lists) * 9 // 10, list_kinds
     diffs += list_diffs
     assert not diffs, "\n".join(f"{q}: {d}" for q, d in diffs[:30])
+
+
+def test_metadata_merge_keeps_the_single_node_order():
+    """Metric names sorted; each metric's distinct entries in the order first seen; per-metric limit."""
+    from turboprom.cluster.fanout_metadata import merge_metadata
+
+    g = {"type": "gauge", "help": "h", "unit": ""}
+    c = {"type": "counter", "help": "h", "unit": ""}
+    merged = merge_metadata([{"b": [g], "a": [g, c]}, {"a": [c], "c": [c]}])
+    assert list(merged) == ["a", "b", "c"] and merged["a"] == [g, c] and merged["b"] == [g]
+    assert merge_metadata([{"a": [g, c]}], limit_per_metric=1) == {"a": [g]}

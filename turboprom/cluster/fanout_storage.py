@@ -169,6 +169,14 @@ class FanoutStorage:
     def label_values(self, name: str, mint: int, maxt: int, matcher_sets: Sequence[Sequence[Matcher]] = ()) -> list[str]:
         return self._labels(name, mint, maxt, matcher_sets)
 
+    def metadata(self, metric: str | None, limit_per_metric: int | None, tenant: str) -> dict[str, list[dict]]:
+        """A tenant's metric metadata as the ingesters covering every partition hold it (merged)."""
+        from turboprom.cluster.fanout_metadata import merge_metadata
+
+        body = {"metric": metric, "limit_per_metric": limit_per_metric, "tenant": tenant}
+        return merge_metadata((orjson.loads(raw) for raw in self._run(self._fan("/metadata", body, per_partition=False))),
+                              limit_per_metric)
+
     def tsdb_status(self, matchers: Sequence[Matcher], limit: int = 10) -> dict:
         """Prometheus's /api/v1/status/tsdb data over the cluster's series matching ``matchers``:
         the cardinality lists and series count from every partition (each series once). The head

@@ -9,6 +9,8 @@ carry (columns_codec), so a second server framework and port would add nothing b
   exactly those partitions (series of other partitions this node also holds are filtered out);
 - ``POST /internal/cluster/v1/series`` / ``labels`` / ``label_values`` -> JSON (unions, so the
   querier needs no per-partition filtering for them);
+- ``POST /internal/cluster/v1/metadata`` ``{"metric", "limit_per_metric", "tenant"}`` -> JSON, the
+  node's metric metadata of that tenant (what its applied log messages carried);
 - ``GET /internal/cluster/v1/status`` -> the node's owned, caught-up and applied sequences; with
   ``?lag=1`` also each owned partition's messages on the log not yet applied.
 """
@@ -26,6 +28,7 @@ from turboprom.api_common import run_off_loop
 from turboprom.api_errors import error_response
 from turboprom.cluster import columns_codec, partitions
 from turboprom.context import ServerContext
+from turboprom.tenancy import validate_tenant
 
 PREFIX = "/internal/cluster/v1"
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
@@ -101,6 +104,17 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
             out = await run_off_loop(ctx, storage.label_values, str(name), mint, maxt, sets)
         return web.Response(body=orjson.dumps(list(out)), content_type="application/json")
 
+    async def metadata(request: web.Request) -> web.Response:
+        try:
+            q = await body(request)
+            metric, per, tenant = q.get("metric"), q.get("limit_per_metric"), validate_tenant(str(q["tenant"]))
+            per = int(per) if per is not None else None
+        except (KeyError, TypeError, ValueError) as e:
+            return error_response("bad_data", f"metadata: {e}")
+        store = ctx.components.metadata
+        out = {} if store is None else await run_off_loop(ctx, store.get, metric or None, None, per, tenant)
+        return web.Response(body=orjson.dumps(out), content_type="application/json")
+
     async def status(request: web.Request) -> web.Response:
         st = ingester.status()
         if request.query.get("lag") == "1":  # asks the log for each partition's last sequence
@@ -113,4 +127,5 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
     app.router.add_post(PREFIX + "/select", select)
     app.router.add_post(PREFIX + "/series", series)
     app.router.add_post(PREFIX + "/labels", labels)
+    app.router.add_post(PREFIX + "/metadata", metadata)
     app.router.add_get(PREFIX + "/status", status)

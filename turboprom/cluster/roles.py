@@ -51,6 +51,7 @@ def build_ingester(config: ServerConfig) -> ServerContext:
 
 def build_querier(config: ServerConfig) -> ServerContext:
     """The single node's whole query side over storage that reads partitions from the ingesters."""
+    from turboprom.cluster.fanout_metadata import FanoutMetadata
     from turboprom.cluster.fanout_storage import FanoutStorage
     from turboprom.cluster.membership import ClusterView
     from turboprom.wiring import build_context
@@ -65,6 +66,7 @@ def build_querier(config: ServerConfig) -> ServerContext:
     # cluster state first
     ctx.components.cluster_view = view
     ctx.components.fanout_storage = fanout
+    ctx.components.metadata = FanoutMetadata(fanout)  # kept by the ingesters, which see the writes
     return ctx
 
 

@@ -38,6 +38,7 @@ from promql.promqltest_script import ClearCmd, EvalCmd, Hist, LoadCmd, parse_scr
 from tests.helpers import SHARED, ServerProcess, load_bench, require_binary
 from tests.test_api_helpers import http
 from tests.test_cluster import post
+from tests.test_remote_read import post_read, read_request, samples_of, streamed_of
 from turboprom.cluster.local_cluster import LocalCluster
 
 pytestmark = pytest.mark.peer
@@ -328,9 +329,19 @@ def test_compliance_queries_through_the_cluster_equal_the_single_node(nodes):
     # metric metadata travels with the writes: the querier answers it as the single node does
     meta = [(f"metadata {p}", "/api/v1/metadata", p, {}) for p in
             ({}, {"metric": "demo_num_cpus"}, {"metric": "demo_cpu_usage_seconds"}, {"limit": "3"}, {"limit_per_metric": "1"})]
+    meta.append(("status/tsdb", "/api/v1/status/tsdb", {}, {}))  # cardinality lists and head time range
     meta_kinds: Counter = Counter()
     diffs += compare_all(single.url, cluster.url("querier-0"), meta, kinds=meta_kinds)
     assert meta_kinds["data"] == len(meta), meta_kinds
+    # remote read (samples and streamed XOR chunks): the same samples, bit for bit
+    rr = [(mod.T0_S * 1000, (mod.T0_S + 6000) * 1000, [(0, "__name__", "demo_cpu_usage_seconds_total")]),
+          (int(end - 600) * 1000, int(end) * 1000, [(2, "__name__", "demo_.*"), (0, "instance", mod.INSTANCES[1])])]
+    for streamed in (False, True):
+        body = read_request(rr, streamed)
+        (ca, ra, _), (cb, rb, _) = post_read(single.url, body), post_read(cluster.url("querier-0"), body)
+        assert ca == cb == 200, (ca, cb)
+        got = [streamed_of(r, len(rr), [q[:2] for q in rr]) if streamed else samples_of(r) for r in (ra, rb)]
+        assert all(got[0]) and got[0] == got[1], f"remote read (streamed={streamed}) differs"
     assert not diffs, "\n".join(f"{q}: {d}" for q, d in diffs[:30])
 
 

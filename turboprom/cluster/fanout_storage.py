@@ -177,18 +177,28 @@ class FanoutStorage:
         return merge_metadata((orjson.loads(raw) for raw in self._run(self._fan("/metadata", body, per_partition=False))),
                               limit_per_metric)
 
+    def _head_range(self, matchers: Sequence[Matcher]) -> tuple[int, int]:
+        """Min and max time of the head samples of the series matching ``matchers``, over the owners
+        covering every partition (each holds its partitions' samples whole, so min/max over them is
+        the cluster's; 0, 0 when no head holds such a series, as on a single node)."""
+        got = [orjson.loads(raw) for raw in self._run(self._fan("/head_range", {"matchers": matchers_json(matchers)},
+                                                                per_partition=False))]
+        got = [g for g in got if g["numSeries"]]
+        return (min(g["minTime"] for g in got), max(g["maxTime"] for g in got)) if got else (0, 0)
+
     def tsdb_status(self, matchers: Sequence[Matcher], limit: int = 10) -> dict:
         """Prometheus's /api/v1/status/tsdb data over the cluster's series matching ``matchers``:
-        the cardinality lists and series count from every partition (each series once). The head
-        time range and chunk figures are the ingesters' own and are not gathered: 0, as an empty
-        head reports them."""
-        return tsdb_status(self.series([list(matchers)], _ALL_TIME[0], _ALL_TIME[1]), limit)
+        the cardinality lists and series count from every partition (each series once), the head
+        time range from the owners' heads. Chunk figures are 0, as on a single node."""
+        lo, hi = self._head_range(matchers)
+        return tsdb_status(self.series([list(matchers)], _ALL_TIME[0], _ALL_TIME[1]), limit, min_time=lo, max_time=hi)
 
     def head_stats_of(self, matchers: Sequence[Matcher]) -> dict:
-        """The cost report's storage figures: the series count over the cluster; samples, time
-        range and block bytes stay on the ingesters (0 here)."""
+        """The cost report's storage figures: the series count and head time range over the
+        cluster; samples and block bytes stay on the ingesters (0 here)."""
         n = len(self.series([list(matchers)], _ALL_TIME[0], _ALL_TIME[1]))
-        return {"numSeries": n, "numSamples": 0, "chunkCount": 0, "minTime": 0, "maxTime": 0, "blockBytes": 0}
+        lo, hi = self._head_range(matchers)
+        return {"numSeries": n, "numSamples": 0, "chunkCount": 0, "minTime": lo, "maxTime": hi, "blockBytes": 0}
 
     def append(self, batch: Any) -> Any:
         raise RuntimeError("a querier stores nothing: send writes to a distributor (--role distributor)")

@@ -11,6 +11,8 @@ carry (columns_codec), so a second server framework and port would add nothing b
   querier needs no per-partition filtering for them);
 - ``POST /internal/cluster/v1/metadata`` ``{"metric", "limit_per_metric", "tenant"}`` -> JSON, the
   node's metric metadata of that tenant (what its applied log messages carried);
+- ``POST /internal/cluster/v1/head_range`` ``{"matchers"}`` -> JSON ``{"numSeries", "minTime",
+  "maxTime"}`` of the node's head samples of the matching series (for the status pages);
 - ``GET /internal/cluster/v1/status`` -> the node's owned, caught-up and applied sequences; with
   ``?lag=1`` also each owned partition's messages on the log not yet applied.
 """
@@ -115,6 +117,14 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
         out = {} if store is None else await run_off_loop(ctx, store.get, metric or None, None, per, tenant)
         return web.Response(body=orjson.dumps(out), content_type="application/json")
 
+    async def head_range(request: web.Request) -> web.Response:
+        try:
+            ms = matchers_from_json((await body(request))["matchers"])
+        except (KeyError, TypeError, ValueError) as e:
+            return error_response("bad_data", f"head_range: {e}")
+        st = await run_off_loop(ctx, storage.head_stats_of, ms)
+        return web.json_response({k: int(st[k]) for k in ("numSeries", "minTime", "maxTime")})
+
     async def status(request: web.Request) -> web.Response:
         st = ingester.status()
         if request.query.get("lag") == "1":  # asks the log for each partition's last sequence
@@ -128,4 +138,5 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
     app.router.add_post(PREFIX + "/series", series)
     app.router.add_post(PREFIX + "/labels", labels)
     app.router.add_post(PREFIX + "/metadata", metadata)
+    app.router.add_post(PREFIX + "/head_range", head_range)
     app.router.add_get(PREFIX + "/status", status)

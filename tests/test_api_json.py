@@ -120,3 +120,13 @@ def test_vector_and_matrix_encoding_roundtrip():
         assert np.array_equal(np.isnan(got), np.isnan(exp))
         ok = ~np.isnan(exp)
         assert np.array_equal(got[ok], exp[ok])
+
+
+def test_single_values_are_written_as_the_bulk_formatter_writes_them():
+    """``format_value`` (stats, scalars, one-off numbers) takes a repr fast path in the range where
+    Python's shortest repr is positional; everywhere it must equal the bulk ``format_values``."""
+    rng = np.random.default_rng(0)
+    vals = np.concatenate([rng.random(20_000) * 10.0 ** rng.integers(-8, 22, 20_000), np.round(rng.random(2_000) * 1e6),
+                           -rng.random(2_000) * 100, np.array(_awkward_floats(200)), [1e-4, 9.999e-5, 2.0**53 - 1, 2.0**53]])
+    bulk = api_json.format_values(vals)
+    assert [api_json.format_value(v) for v in vals.tolist()] == bulk

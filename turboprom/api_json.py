@@ -37,6 +37,10 @@ _TWO53 = float(2**53)
 
 def format_value(v: float) -> str:
     """One float the way Prometheus writes it (without the surrounding quotes)."""
+    a = abs(v)
+    if 1e-4 <= a < _TWO53 or v == 0:  # Python's repr is positional and shortest here, as Go's 'f' -1
+        r = repr(float(v))
+        return r[:-2] if r.endswith(".0") else r
     return format_values(np.array([v], dtype=np.float64))[0]
 
 

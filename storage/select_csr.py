@@ -46,10 +46,9 @@ def expand(starts: np.ndarray, lens: np.ndarray, total: int) -> np.ndarray:
     """Concatenation of arange(starts[i], starts[i] + lens[i]) (lens >= 0, summing to ``total``)."""
     if total == 0:
         return EMPTY_I64
-    ends = np.cumsum(lens)
-    shift = starts - ends
+    shift = starts - lens.cumsum()
     shift += lens  # starts[i] minus the output position where range i begins
-    out = np.repeat(shift, lens)
+    out = shift.repeat(lens)
     out += np.arange(total, dtype=np.int64)
     return out
 
@@ -116,30 +115,29 @@ def build_csr(segs: list[Segment], k: int, order: np.ndarray | None) -> Csr | No
     if m == 0 or k == 0:
         return Csr(np.zeros(k, dtype=bool), np.zeros(1, np.int64), EMPTY_I64, EMPTY_F64)
     if m == 1:
-        lo = segs[0].lo
-        lens = segs[0].hi - lo
-        if order is not None:
-            lo, lens = lo[order], lens[order]
-        total = lens
-        lo2, lens2 = lo[None, :], lens[None, :]
-    else:
-        lo2 = np.stack([sg.lo for sg in segs])
-        lens2 = np.stack([sg.hi for sg in segs])
+        lo2 = segs[0].lo.reshape(1, k)
+        lens2 = segs[0].hi - segs[0].lo
+        lens2 = lens2.reshape(1, k)
+    else:  # (segments, series), by numpy calls that do not depend on the number of segments
+        lo2 = np.concatenate([sg.lo for sg in segs]).reshape(m, k)
+        lens2 = np.concatenate([sg.hi for sg in segs]).reshape(m, k)
         lens2 -= lo2
-        if order is not None:
-            lo2, lens2 = lo2[:, order], lens2[:, order]
-        total = lens2.sum(axis=0)
-    present = total > 0
-    if present.all():
+    if order is not None:
+        lo2, lens2 = lo2[:, order], lens2[:, order]
+    total = lens2[0] if m == 1 else lens2.sum(axis=0)
+    if total.all():
         present_out = None
     else:
-        keep = np.flatnonzero(present)
+        present_out = total > 0
+        keep = np.flatnonzero(present_out)
         lo2, lens2, total = lo2[:, keep], lens2[:, keep], total[keep]
-        present_out = present
     kk = len(total)
-    offsets = np.zeros(kk + 1, dtype=np.int64)
-    np.cumsum(total, out=offsets[1:])
+    offsets = np.empty(kk + 1, dtype=np.int64)
+    offsets[0] = 0
+    total.cumsum(out=offsets[1:])
     n = int(offsets[-1])
+    if n == 0:
+        return Csr(present_out, offsets, EMPTY_I64, EMPTY_F64)
     if m == 1:
         sg = segs[0]
         lo, lens = lo2[0], lens2[0]
@@ -154,16 +152,24 @@ def build_csr(segs: list[Segment], k: int, order: np.ndarray | None) -> Csr | No
     if n > _CHECK_OUTPUT_ROWS and not _in_time_order(segs, lo2, lens2):
         return None
     # where segment j's rows of each series go: the series' offset plus the earlier segments' rows
-    before = np.cumsum(lens2, axis=0)
+    before = lens2.cumsum(axis=0)
     before -= lens2
     before += offsets[:-1]
-    per_seg = lens2.sum(axis=1).tolist()
+    flat_lens = lens2.ravel()
+    begin = flat_lens.cumsum()  # run-major: where each (segment, series) range ends ...
+    ends = begin[kk - 1::kk].tolist()  # (rows of each segment: differences of these)
+    per_seg = [e - b for b, e in zip([0] + ends[:-1], ends)]
+    begin -= flat_lens  # ... and begins
     out_t = np.empty(n, dtype=np.int64)
     out_v = np.empty(n, dtype=np.float64)
     if n <= _ONE_EXPANSION_ROWS:
-        flat_lens = lens2.ravel()
-        src_all = expand(lo2.ravel(), flat_lens, n)
-        dst_all = expand(before.ravel(), flat_lens, n)
+        # source and destination rows of every (segment, series) range at once: both are the
+        # range's start plus the position within it, so they share one arange
+        ar = np.arange(n, dtype=np.int64)
+        src_all = (lo2.ravel() - begin).repeat(flat_lens)
+        src_all += ar
+        dst_all = (before.ravel() - begin).repeat(flat_lens)
+        dst_all += ar
         a = 0
         for sg, c in zip(segs, per_seg):
             if c:

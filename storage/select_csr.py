@@ -75,22 +75,23 @@ def _in_time_order(segs: list[Segment], lo: np.ndarray, lens: np.ndarray) -> boo
 def _copy_segment(out_t: np.ndarray, out_v: np.ndarray, sg: Segment, lo: np.ndarray, lens: np.ndarray,
                   dst: np.ndarray, count: int) -> None:
     """Rows ``lo[i]:lo[i] + lens[i]`` of a segment to ``dst[i]:dst[i] + lens[i]`` of the output
-    (``count`` rows in all). Where the rows are back to back in the segment and every series but
-    the first and last has the same number of them at the same distance in the output (scrapes at
-    one interval: a block's row group, a head run), one strided 2-D copy plus two slices, no index
-    arrays; otherwise an index gather and scatter."""
+    (``count`` rows in all). Where every series but the first and last has the same number of rows
+    at evenly spaced places in the segment and in the output (scrapes at one interval: a block's
+    row group, a head run; every series of a metric, or every eighth), one strided 2-D copy plus
+    two slices, no index arrays; otherwise an index gather and scatter."""
     nz = np.flatnonzero(lens)
     a, b = int(nz[0]), int(nz[-1]) + 1
     q = b - a
     if q == len(nz):
         ln, s, d = lens[a:b], lo[a:b], dst[a:b]
-        ok = q <= 2 or bool((s[1:] == s[:-1] + ln[:-1]).all())
-        if ok and q > 2:
+        ok = True
+        if q > 2:
             width = int(ln[1])
             ok = bool((ln[1:-1] == width).all())
-            stride = int(d[2] - d[1]) if q > 3 else width
+            s_stride = int(s[2] - s[1]) if q > 3 else width
+            d_stride = int(d[2] - d[1]) if q > 3 else width
             if ok and q > 3:
-                ok = bool((np.diff(d[1:-1]) == stride).all())
+                ok = bool((np.diff(s[1:-1]) == s_stride).all()) and bool((np.diff(d[1:-1]) == d_stride).all())
         if ok:
             for i in ((0, q - 1) if q > 1 else (0,)):
                 s0, d0, n0 = int(s[i]), int(d[i]), int(ln[i])
@@ -99,8 +100,9 @@ def _copy_segment(out_t: np.ndarray, out_v: np.ndarray, sg: Segment, lo: np.ndar
             if q > 2:
                 rows, s1, d1 = q - 2, int(s[1]), int(d[1])
                 for out, src in ((out_t, sg.ts), (out_v, sg.val)):
-                    view = as_strided(out[d1:], shape=(rows, width), strides=(stride * out.itemsize, out.itemsize))
-                    view[...] = src[s1:s1 + rows * width].reshape(rows, width)
+                    size = out.itemsize
+                    view = as_strided(out[d1:], shape=(rows, width), strides=(d_stride * size, size))
+                    view[...] = as_strided(src[s1:], shape=(rows, width), strides=(s_stride * size, size))
             return
     src = expand(lo, lens, count)
     dst_rows = expand(dst, lens, count)

@@ -211,6 +211,21 @@ def test_build_csr_regular_scrapes_split_over_row_groups(monkeypatch):
             lo = np.clip(starts - g0, 0, n_g)
             hi = np.clip(starts + per_block - g0, 0, n_g)
             segs.append(Segment(blk, ts[g0:g0 + n_g], val[g0:g0 + n_g], lo, hi))
+    check_regular(segs, k, expansions)
+    # every third series of the block selected (one mode of node_cpu_seconds_total): strided rows
+    segs = []
+    for blk in range(blocks):
+        ts = np.tile(np.arange(per_block, dtype=np.int64) + blk * per_block, 3 * k)
+        val = rng.normal(size=len(ts))
+        starts = np.arange(k, dtype=np.int64) * 3 * per_block + per_block
+        for g0 in range(0, len(ts), rg):
+            n_g = min(rg, len(ts) - g0)
+            segs.append(Segment(blk, ts[g0:g0 + n_g], val[g0:g0 + n_g], np.clip(starts - g0, 0, n_g),
+                                np.clip(starts + per_block - g0, 0, n_g)))
+    check_regular(segs, k, expansions)
+
+
+def check_regular(segs: list[Segment], k: int, expansions: list) -> None:
     for order in (None, np.arange(k)[::-1].copy()):
         expansions.clear()
         got = build_csr(segs, k, order)

@@ -297,9 +297,10 @@ class Block:
     def segments(self, sids: np.ndarray, mint: int, maxt: int, token: object = None) -> list[Segment]:
         """This block's rows of sorted unique global ids within [mint, maxt] as segments
         (storage/select_csr.py), all with the block's ``mint`` as their time (they keep row-group
-        order, which is time order per series): series wholly inside the range are row ranges of
-        the cached decoded row groups they touch (no copy here); series the range cuts are gathered
-        and filtered into one more segment."""
+        order, which is time order per series): row ranges of the cached decoded row groups the
+        series touch (no copy here); for series the range cuts, found in a composite key of each
+        row group (where that key would not fit in int64: gathered and filtered into one more
+        segment)."""
         with self._pf_lock:
             if self._removed:
                 raise BlockGone(self.id)
@@ -312,6 +313,15 @@ class Block:
                 delete_now = self._removed and self._refs == 0
             if delete_now:
                 shutil.rmtree(self.path, ignore_errors=True)
+
+    def _groups_touched(self, starts: np.ndarray, ends: np.ndarray) -> list[int]:
+        """Row groups holding any of the row ranges [starts[i], ends[i]) (each non-empty)."""
+        rg_start = self._rg_start
+        ng = len(rg_start)
+        g_first = np.searchsorted(rg_start, starts, "right") - 1
+        g_last = np.searchsorted(rg_start, ends - 1, "right") - 1
+        marks = np.bincount(g_first, minlength=ng + 1) - np.bincount(g_last + 1, minlength=ng + 1)
+        return np.flatnonzero(np.cumsum(marks[:ng]) > 0).tolist()
 
     def _segments(self, sids: np.ndarray, mint: int, maxt: int, token: object) -> list[Segment]:
         k, g_sorted = len(sids), self._g_sorted
@@ -332,11 +342,7 @@ class Block:
         if inside.any():
             starts = np.where(inside, rs, 0)
             ends = np.where(inside, re_, 0)
-            g_first = np.searchsorted(rg_start, starts[inside], "right") - 1
-            g_last = np.searchsorted(rg_start, ends[inside] - 1, "right") - 1
-            ng = len(rg_start)
-            marks = np.bincount(g_first, minlength=ng + 1) - np.bincount(g_last + 1, minlength=ng + 1)
-            for g in np.flatnonzero(np.cumsum(marks[:ng]) > 0).tolist():
+            for g in self._groups_touched(starts[inside], ends[inside]):
                 ts_g, val_g = self._row_group(g, token)
                 base, n_g = int(rg_start[g]), int(rg_len[g])
                 lo = starts - base
@@ -344,6 +350,31 @@ class Block:
                 hi = ends - base
                 np.clip(hi, 0, n_g, out=hi)
                 out.append(Segment(self.mint, ts_g, val_g, lo, hi))
+        span = self.maxt - self.mint + 1
+        if partial.any() and (self._num_series + 1) * span < (1 << 62):
+            # series the range cuts: their rows in [mint, maxt] found by two binary searches each
+            # in a row group's composite key (local id * span + ts - block mint), built on the fly
+            # for the row groups they touch; the rows stay where they are (no gather, no filter)
+            p_loc = np.where(partial, loc, -1)
+            lo_off = max(mint, self.mint) - self.mint
+            hi_off = min(maxt, self.maxt) - self.mint + 1
+            for g in self._groups_touched(rs[partial], re_[partial]):
+                ts_g, val_g = self._row_group(g, token)
+                base, n_g = int(rg_start[g]), int(rg_len[g])
+                first = int(np.searchsorted(self.row_end, base, "right"))  # block series with rows in g
+                last = int(np.searchsorted(self.row_start, base + n_g, "left"))
+                counts = np.minimum(self.row_end[first:last], base + n_g) - np.maximum(self.row_start[first:last], base)
+                key = np.arange(first, last, dtype=np.int64).repeat(counts)
+                key *= np.int64(span)
+                key += ts_g
+                key -= np.int64(self.mint)
+                needle = p_loc * np.int64(span)
+                lo = np.searchsorted(key, needle + lo_off)
+                hi = np.searchsorted(key, needle + hi_off)
+                hi[~partial] = 0
+                lo[~partial] = 0
+                out.append(Segment(self.mint, ts_g, val_g, lo, hi))
+            partial = np.zeros(k, dtype=bool)
         if partial.any():
             p_idx = np.flatnonzero(partial)
             p_idx = p_idx[np.argsort(rs[p_idx], kind="stable")]  # block order: rows ascending

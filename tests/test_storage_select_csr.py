@@ -110,8 +110,13 @@ def _check_reads(db: TSDB, rng: np.random.Generator, t0: int, t1: int, reads: in
         _identical(db.select(ms, lo, hi), db._select_ids_merged(sids, lo, hi))
 
 
-def test_select_equals_generic_merge_head_blocks_row_groups_and_ooo(tmp_path, monkeypatch):
+@pytest.mark.parametrize("large_paths", [False, True])
+def test_select_equals_generic_merge_head_blocks_row_groups_and_ooo(tmp_path, monkeypatch, large_paths):
+    import storage.select_csr as sc
     monkeypatch.setattr(block_mod, "ROW_GROUP", 97)  # series split over row groups
+    if large_paths:  # strided copies, per-segment expansion, order checked on first/last rows
+        monkeypatch.setattr(sc, "_CHECK_OUTPUT_ROWS", 0)
+        monkeypatch.setattr(sc, "_ONE_EXPANSION_ROWS", 0)
     rng = np.random.default_rng(2)
     opts = StorageOptions(wal_fsync="never", retention_ms=0, block_duration_ms=HOUR_MS // 6,
                           out_of_order_window_ms=HOUR_MS)

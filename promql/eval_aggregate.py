@@ -142,13 +142,17 @@ def _finish(s: np.ndarray, c: np.ndarray) -> np.ndarray:
 # in the last place), i.e. n * sum|x| < 2**11 * |sum|. Cancellation (the compensated-sum test cases:
 # 1e100 + 1 - 1e100), non-finite values and overflow all fail it and take the sequential recurrence.
 _WIDE_SLACK = float(2**11)
+# ... and only for few steps (instant queries, rules, a refresh's newest steps), where it replaces the
+# recurrence's ~15 numpy calls per rank by a handful; over long ranges the widened arrays fall out of
+# cache and the recurrence is as fast.
+_WIDE_MAX_STEPS = 64
 
 
 def _wide_group_sums(vec: VectorSteps, g: Groups) -> tuple[np.ndarray, np.ndarray] | None:
     """(sum, count of present values) per group and step in one widened pass over the group-sorted
     rows, or None when some cell could differ from Prometheus's sequential compensated sum by more
     than rounding (see ``_WIDE_SLACK``). Replaces ~15 numpy calls per rank of the largest group."""
-    if _WIDE is None or g.n == 0:
+    if _WIDE is None or g.n == 0 or vec.num_steps > _WIDE_MAX_STEPS:
         return None
     P = vec.present[g.order]
     x = np.where(P, vec.values[g.order], 0.0)

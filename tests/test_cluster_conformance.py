@@ -296,8 +296,18 @@ def compare_all(single: str, querier: str, requests: list[tuple[str, str, dict, 
 # ------------------------------------------------------------------------------------------ tests
 
 
-@pytest.mark.timeout(600)
-def test_compliance_queries_through_the_cluster_equal_the_single_node(nodes):
+@dataclass
+class ComplianceLoad:
+    n_samples: int
+    load_s: float
+    end: float  # the query window's end (seconds)
+    params: dict  # range-query parameters but the query
+    cases: list
+
+
+@pytest.fixture(scope="module")
+def compliance_loaded(nodes) -> ComplianceLoad:
+    """The compliance data in both (the default tenant), applied by every ingester."""
     single, cluster = nodes
     mod = compliance()
     t = time.monotonic()
@@ -306,11 +316,18 @@ def test_compliance_queries_through_the_cluster_equal_the_single_node(nodes):
     write_all(cluster.url("distributor-0"), bodies[::2])
     write_all(cluster.url("distributor-1"), bodies[1::2])
     cluster.wait_applied(INGESTERS, timeout=180)
-    load_s = time.monotonic() - t
     end = mod.T0_S + (mod.DATA_MINUTES - 3) * 60 + 0.123  # the window bench/compliance.run uses
-    params = {"start": repr(end - 600), "end": repr(end), "step": "10"}
     cases = mod.expand_cases()
     assert len(cases) == 539
+    return ComplianceLoad(n_samples, time.monotonic() - t, end, {"start": repr(end - 600), "end": repr(end), "step": "10"}, cases)
+
+
+@pytest.mark.timeout(600)
+def test_compliance_queries_through_the_cluster_equal_the_single_node(nodes, compliance_loaded):
+    single, cluster = nodes
+    mod = compliance()
+    n_samples, load_s, end, params, cases = (compliance_loaded.n_samples, compliance_loaded.load_s, compliance_loaded.end,
+                                             compliance_loaded.params, compliance_loaded.cases)
     t = time.monotonic()
     diffs: list[tuple[str, str]] = []
     # twice: with the default settings, where the single node's planner learns these queries as
@@ -443,6 +460,28 @@ def test_promqltest_corpus_through_the_cluster_equals_the_single_node(nodes):
     assert list_kinds["data"] >= len(lists) * 9 // 10, list_kinds
     diffs += list_diffs
     assert not diffs, "\n".join(f"{q}: {d}" for q, d in diffs[:30])
+
+
+@pytest.mark.timeout(600)
+def test_compliance_queries_with_an_ingester_killed_equal_the_single_node(nodes, compliance_loaded):
+    """With one of the three ingesters SIGKILLed, its partitions are read from their other owner:
+    still every answer equal, nothing missing, nothing counted twice. (Last in the module: the
+    cluster is whole again after it.)"""
+    single, cluster = nodes
+    cluster.roles["ingester-1"].kill()
+    try:
+        t = time.monotonic()
+        p = {**compliance_loaded.params, "exact": "true"}
+        reqs = [(c.query, "/api/v1/query_range", {**p, "query": c.query}, {}) for c in compliance_loaded.cases]
+        kinds: Counter = Counter()
+        diffs = compare_all(single.url, cluster.url("querier-0"), reqs, kinds=kinds)
+        print(f"compliance with ingester-1 killed: {len(reqs)} queries, {len(reqs) - len(diffs)} equal "
+              f"({dict(kinds)}) in {time.monotonic() - t:.1f}s")
+        assert kinds["data"] >= len(reqs) // 2, kinds
+        assert not diffs, "\n".join(f"{q}: {d}" for q, d in diffs[:30])
+    finally:
+        cluster.add_role("ingester", "ingester-1")
+        cluster.wait_ready("ingester-1")
 
 
 def test_metadata_merge_keeps_the_single_node_order():

@@ -462,6 +462,29 @@ def test_promqltest_corpus_through_the_cluster_equals_the_single_node(nodes):
     assert not diffs, "\n".join(f"{q}: {d}" for q, d in diffs[:30])
 
 
+def test_federate_through_the_cluster_equals_the_single_node(nodes):
+    """/federate (latest sample of each series within the lookback before now, with the families'
+    TYPE lines from the metadata the writes carried), over recent samples under a tenant of its own."""
+    single, cluster = nodes
+    hdr = {"X-Scope-OrgID": "federate-check"}
+    now = int(time.time() * 1000) // 1000 * 1000
+    series = {}
+    for i in range(40):
+        for name in ("fed_requests_total", "fed_queue_depth"):
+            labels = tuple(sorted({"__name__": name, "instance": f"w{i}:9100", "job": "fleet", "gpu": str(i % 8)}.items()))
+            series[labels] = [(now - 60_000 + k * 15_000, float(i * 10 + k)) for k in range(4)]
+    body = write_request(series, [("fed_requests", 1, "Requests."), ("fed_queue_depth", 2, "Queue depth.")])
+    write_all(single.url, [body], hdr)
+    write_all(cluster.url("distributor-0"), [body], hdr)
+    cluster.wait_applied(INGESTERS, timeout=60)
+    for match in ('{__name__=~"fed_.+"}', "fed_queue_depth", '{job="fleet", gpu="3"}'):
+        a = http("GET", single.url + "/federate", {"match[]": match}, headers=hdr)
+        b = http("GET", cluster.url("querier-0") + "/federate", {"match[]": match}, headers=hdr)
+        assert a[0] == b[0] == 200, (a[0], b[0], b[2][:300])
+        assert b"# TYPE fed_queue_depth gauge" in a[2] and a[2].count(b"\n") > 10, a[2][:300]
+        assert a[2] == b[2], f"{match}: {a[2][:300]!r} vs {b[2][:300]!r}"
+
+
 @pytest.mark.timeout(600)
 def test_compliance_queries_with_an_ingester_killed_equal_the_single_node(nodes, compliance_loaded):
     """With one of the three ingesters SIGKILLed, its partitions are read from their other owner:

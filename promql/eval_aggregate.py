@@ -174,7 +174,7 @@ def _wide_group_sums(vec: VectorSteps, g: Groups) -> tuple[np.ndarray, np.ndarra
 
 def _sum(vec: VectorSteps, g: Groups) -> np.ndarray:
     t = vec.num_steps
-    fast = _wide_group_sums(vec, g) if not g.large() else None
+    fast = _wide_group_sums(vec, g)
     if fast is not None:
         return fast[0]
     s = np.zeros((g.n, t))
@@ -197,7 +197,7 @@ def _sum(vec: VectorSteps, g: Groups) -> np.ndarray:
 
 def _avg(vec: VectorSteps, g: Groups) -> np.ndarray:
     t = vec.num_steps
-    fast = _wide_group_sums(vec, g) if not g.large() else None
+    fast = _wide_group_sums(vec, g)
     if fast is not None:
         with np.errstate(all="ignore"):
             return fast[0] / np.maximum(fast[1], 1)

@@ -9,11 +9,18 @@ same timestamps, values equal within the compliance tester's tolerance (relative
 NaN), same warnings/infos.
 
 - The PromQL compliance tester's 539 expanded queries (bench/compliance.py: its data generation,
-  query expansion and comparison, imported, not copied) as range queries over the demo data.
-- The PromQL conformance corpus (../shared/promqltest/): every eval of a set of files, each of its
-  load sections (between ``clear``\\ s) written under its own tenant (``X-Scope-OrgID``), so one
-  cluster serves them all; instant evals as instant queries, range evals as range queries, ``fail``
-  evals must fail alike.
+  query expansion and comparison, imported, not copied) as range queries over the demo data, with
+  default settings and with ``exact=true``; then metric metadata, ``/api/v1/status/tsdb`` and
+  remote read (bit for bit) over the same data; and the 539 queries again with one ingester
+  SIGKILLed (its partitions then come from their other owner).
+- The PromQL conformance corpus (../shared/promqltest/): every eval of a set of files as the
+  corpus runner runs it (instant evals also with ``@`` pinned and in range mode), each data state
+  (the loads since a ``clear`` up to an eval) under its own tenant (``X-Scope-OrgID``), so one
+  cluster serves them all; ``fail`` evals must fail alike. Also each tenant's series, label names
+  and metric names.
+- ``/federate`` byte for byte, over recent samples with TYPE lines.
+
+There is no known-difference list: every compared answer must agree.
 
 Both sides run with the same storage flags: an out-of-order window and retention wide enough
 for samples from 1970 (the corpus) and 2023 (the compliance data) next to each other.

@@ -130,3 +130,18 @@ def test_single_values_are_written_as_the_bulk_formatter_writes_them():
                            -rng.random(2_000) * 100, np.array(_awkward_floats(200)), [1e-4, 9.999e-5, 2.0**53 - 1, 2.0**53]])
     bulk = api_json.format_values(vals)
     assert [api_json.format_value(v) for v in vals.tolist()] == bulk
+
+
+def test_error_holding_a_byte_that_is_not_utf8_matches_prometheus_bytes(prom, tmp_path):
+    """``label_replace(.., "\\xff", ..)`` (the conformance corpus' invalid destination label) is refused
+    by both; the message holds the byte 0xff, which Go's encoding/json writes as ``\\ufffd``. It was an
+    HTTP 500 here (orjson refuses such text)."""
+    from tests.helpers import ServerProcess
+
+    q = 'label_replace(vector(1), "\\xff", "", "", "")'
+    with ServerProcess(tmp_path / "tp") as tp:
+        ours = http("GET", tp.url + "/api/v1/query", {"query": q, "time": "10"})
+    theirs = http("GET", prom.url + "/api/v1/query", {"query": q, "time": "10"})
+    assert ours[0] == theirs[0] == 422, (ours, theirs)
+    assert b"\\ufffd" in theirs[2]
+    assert ours[2] == theirs[2]

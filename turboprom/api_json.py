@@ -137,15 +137,42 @@ def format_timestamp(t_ms: int) -> str:
 # strings and label maps
 
 
+# Stands for one byte that is not UTF-8 while orjson writes the text (a noncharacter pair no metric
+# text holds); replaced by the escape Go's encoding/json writes for such a byte.
+_BAD_BYTE = "\U0010fffe\U0010ffff"
+_BAD_BYTE_JSON = _BAD_BYTE.encode()
+
+
+def _valid_utf8(obj: Any) -> Any:
+    """``obj`` with every byte that is not UTF-8 (carried in a str as a surrogate escape, e.g. from a
+    PromQL string "\\xff") replaced by ``_BAD_BYTE``."""
+    if isinstance(obj, str):
+        return "".join(_BAD_BYTE if 0xD800 <= ord(ch) <= 0xDFFF else ch for ch in obj)
+    if isinstance(obj, dict):
+        return {_valid_utf8(k): _valid_utf8(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_valid_utf8(x) for x in obj]
+    return obj
+
+
+def _dumps(obj: Any, option: int = 0) -> bytes:
+    """orjson.dumps; a byte that is not UTF-8 is written as Go's encoding/json writes it (``\\ufffd``)
+    instead of refused."""
+    try:
+        return orjson.dumps(obj, option=option)
+    except TypeError:  # orjson.JSONEncodeError: "str is not valid UTF-8: surrogates not allowed"
+        return orjson.dumps(_valid_utf8(obj), option=option).replace(_BAD_BYTE_JSON, b"\\ufffd")
+
+
 def json_str(s: str) -> str:
-    return go_html_escape(orjson.dumps(s)).decode()
+    return go_html_escape(_dumps(s)).decode()
 
 
 def labels_json(labels: Labels) -> str:
     """``{"name":"value",...}`` in label order (== Go's sorted map keys for canonical labels)."""
     if not labels:
         return "{}"
-    return go_html_escape(orjson.dumps(dict(labels))).decode()
+    return go_html_escape(_dumps(dict(labels))).decode()
 
 
 def go_html_escape(body: bytes) -> bytes:
@@ -186,12 +213,12 @@ def envelope_raw(data_json: str, warnings: Sequence[str] = (), infos: Sequence[s
 
 
 def json_str_list(items: Sequence[str]) -> str:
-    return go_html_escape(orjson.dumps(list(items))).decode()
+    return go_html_escape(_dumps(list(items))).decode()
 
 
 def success(data: Any, warnings: Sequence[str] = (), infos: Sequence[str] = ()) -> bytes:
     """Envelope for plain JSON-able data (dicts keep their insertion order)."""
-    return envelope_raw(orjson.dumps(data, option=orjson.OPT_NON_STR_KEYS).decode(), warnings, infos)
+    return envelope_raw(_dumps(data, orjson.OPT_NON_STR_KEYS).decode(), warnings, infos)
 
 
 def error(error_type: str, message: str, data: Any = None) -> bytes:
@@ -200,7 +227,7 @@ def error(error_type: str, message: str, data: Any = None) -> bytes:
         obj["data"] = data
     obj["errorType"] = error_type
     obj["error"] = message
-    return go_html_escape(orjson.dumps(obj))
+    return go_html_escape(_dumps(obj))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -14,7 +14,9 @@ head, appended as one scrape-shaped batch per 5 s and sealed after each (the ser
 thread seals once a second, writes come every 5 s), so the head holds the LSM runs a live server
 has. Reads: ``vllm:num_requests_running`` (63 series) over [t-5m, t] (an instant query's lookback)
 and [t-1h, t]; ``vllm:time_to_first_token_seconds_bucket`` (1,449 series) over [t-5m, t];
-``{model_name=~"meta-llama/.*", __name__="vllm:num_requests_waiting"}`` (38 series) over [t-5m, t].
+``{model_name=~"meta-llama/.*", __name__="vllm:num_requests_waiting"}`` (38 series) over [t-5m, t];
+then the whole instant query ``sum by (model_name) (vllm:num_requests_running)`` through this
+checkout's PromQL engine over each store.
 
 wide: the wide, long panels of issue 17 from blocks. ``--wide-hosts`` x 8 CPUs x 8 modes
 ``node_cpu_seconds_total`` series (4,096 by default) at 15 s over ``--wide-hours``, cut into
@@ -139,6 +141,29 @@ def fleet_case(stores: dict, head_hours: float, reads: int) -> None:
                ("waiting, model_name=~meta-llama/.* (38 series), [t-5m, t]",
                 [("__name__", "=", "vllm:num_requests_waiting"), ("model_name", "=~", "meta-llama/.*")], now - 300_000 + 1, now)]
     run_reads(stores, reads_l, reads)
+    engine_reads(stores, [("instant sum by (model_name) (vllm:num_requests_running)",
+                           "sum by (model_name) (vllm:num_requests_running)", now)], reads)
+
+
+def engine_reads(stores: dict, queries: list[tuple[str, str, int]], n: int) -> None:
+    """Whole instant queries through this checkout's PromQL engine over each store."""
+    from promql.engine import Engine
+    engines = {name: Engine(db) for name, (db, _, _) in stores.items()}
+    times: dict[tuple[str, str], list[float]] = {}
+    for i in range(n):
+        order = ("baseline", "current") if i % 2 else ("current", "baseline")
+        for desc, q, t in queries:
+            out = {}
+            for name in order:
+                t0 = time.perf_counter()
+                r = engines[name].instant_query(q, t)
+                times.setdefault((name, desc), []).append(time.perf_counter() - t0)
+                out[name] = (r.labels, r.values.tobytes())
+            if out["baseline"] != out["current"]:
+                raise SystemExit(f"answers differ: {desc}")
+    for desc, _, _ in queries:
+        b, c = (statistics.median(times[(name, desc)]) for name in ("baseline", "current"))
+        print(f"{desc:58s} baseline {b * 1e3:8.3f} ms | current {c * 1e3:8.3f} ms | current/baseline {c / b:.2f}", flush=True)
 
 
 def wide_case(stores: dict, hours: float, hosts: int, reads: int) -> None:

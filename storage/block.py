@@ -351,14 +351,17 @@ class Block:
                 np.clip(hi, 0, n_g, out=hi)
                 out.append(Segment(self.mint, ts_g, val_g, lo, hi))
         span = self.maxt - self.mint + 1
-        if partial.any() and (self._num_series + 1) * span < (1 << 62):
-            # series the range cuts: their rows in [mint, maxt] found by two binary searches each
-            # in a row group's composite key (local id * span + ts - block mint), built on the fly
-            # for the row groups they touch; the rows stay where they are (no gather, no filter)
+        groups = self._groups_touched(rs[partial], re_[partial]) if partial.any() else []
+        # Series the range cuts: when they hold a good part of the row groups they touch, their
+        # rows in [mint, maxt] are found by two binary searches each in a row group's composite key
+        # (local id * span + ts - block mint), built on the fly (the rows stay where they are: no
+        # gather, no filter); a few series in big row groups are gathered and filtered instead.
+        if groups and (self._num_series + 1) * span < (1 << 62) and \
+                4 * int((re_[partial] - rs[partial]).sum()) >= int(rg_len[groups].sum()):
             p_loc = np.where(partial, loc, -1)
             lo_off = max(mint, self.mint) - self.mint
             hi_off = min(maxt, self.maxt) - self.mint + 1
-            for g in self._groups_touched(rs[partial], re_[partial]):
+            for g in groups:
                 ts_g, val_g = self._row_group(g, token)
                 base, n_g = int(rg_start[g]), int(rg_len[g])
                 first = int(np.searchsorted(self.row_end, base, "right"))  # block series with rows in g

@@ -29,6 +29,9 @@ from storage.matchers import Matcher
 
 _TENANT_KEY = (TENANT_LABEL,)
 _EMPTY_IDS = np.empty(0, dtype=np.int64)
+# (matcher list, series count) -> ids remembered, up to this many entries and ids in all (32 MiB);
+# then it starts over
+_MATCH_MEMO_ENTRIES, _MATCH_MEMO_IDS = 4096, 1 << 22
 
 
 class _Postings:
@@ -162,6 +165,8 @@ class SeriesIndex:
         self._parts: dict[str, _Partition] = {}  # tenant label value ("" = none) -> that tenant's postings
         # ingest reference space -> (reference -> id, -1 unknown); a space that ingest drops is forgotten
         self._ref_ids: weakref.WeakKeyDictionary[object, np.ndarray] = weakref.WeakKeyDictionary()
+        self._match_memo: dict[tuple[tuple[Matcher, ...], int], np.ndarray] = {}  # see match_ids
+        self._match_memo_ids = 0
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -255,8 +260,25 @@ class SeriesIndex:
 
     def match_ids(self, matchers: Sequence[Matcher], n: int | None = None) -> np.ndarray:
         """Sorted ids of series satisfying all matchers. A ``__tenant__="<t>"`` matcher is resolved
-        first: the other matchers are then evaluated in tenant <t>'s partition alone."""
+        first: the other matchers are then evaluated in tenant <t>'s partition alone.
+
+        Remembered per (matchers, n): ids are never reused and postings only grow by ids >= n, so
+        the answer over ids < n never changes; a new series (n grows) starts a new entry."""
         n = len(self.labels) if n is None else n
+        ck = (tuple(matchers), n)
+        hit = self._match_memo.get(ck)
+        if hit is not None:
+            return hit
+        ids = self._match_ids(matchers, n)
+        if len(self._match_memo) >= _MATCH_MEMO_ENTRIES or self._match_memo_ids + len(ids) > _MATCH_MEMO_IDS:
+            self._match_memo.clear()
+            self._match_memo_ids = 0
+        if len(ids) <= _MATCH_MEMO_IDS:
+            self._match_memo[ck] = ids
+            self._match_memo_ids += len(ids)
+        return ids
+
+    def _match_ids(self, matchers: Sequence[Matcher], n: int) -> np.ndarray:
         key, contradictory, rest = _tenant_key(matchers)
         if key is not None:
             part = self._parts.get(key)

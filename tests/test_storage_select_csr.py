@@ -240,3 +240,19 @@ def check_regular(segs: list[Segment], k: int, expansions: list) -> None:
         assert got.val.view(np.uint64).tolist() == [x for r in ref for x in r[2].view(np.uint64).tolist()]
         if order is None:
             assert not expansions  # every row group copied without index arrays
+
+
+def test_matcher_resolution_is_remembered_until_a_series_is_created(tmp_path):
+    from storage.index import SeriesIndex
+    idx = SeriesIndex()
+    for i in range(10):
+        idx.get_or_create(make_labels({"__name__": "mm", "i": str(i), "__tenant__": "t1" if i % 2 else ""}))
+    ms = [Matcher("__name__", "=", "mm"), Matcher("i", "=~", "[0-4]")]
+    a = idx.match_ids(ms)
+    assert a.tolist() == [0, 1, 2, 3, 4] and idx.match_ids(list(ms)) is a  # remembered
+    assert idx.match_ids(ms + [Matcher("__tenant__", "=", "t1")]).tolist() == [1, 3]
+    assert idx.match_ids(ms, 3).tolist() == [0, 1, 2]  # a reader's smaller id prefix has its own entry
+    idx.get_or_create(make_labels({"__name__": "mm", "i": "4x"}))
+    idx.get_or_create(make_labels({"__name__": "mm", "i": "2", "zone": "b"}))
+    b = idx.match_ids(ms)
+    assert b.tolist() == [0, 1, 2, 3, 4, 11] and a.tolist() == [0, 1, 2, 3, 4]

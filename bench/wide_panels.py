@@ -21,6 +21,9 @@ With ``--baseline DIR`` (a checkout of an earlier commit, e.g. ``git worktree ad
 the compiled ingest module built or copied in), a third server runs that checkout's TurboProm on the
 same writes: before/after and the ratio to Prometheus come from one run.
 
+TurboProm runs with the planner off (``--planner`` keeps it on): every query here is ``exact=true``,
+so the planner's query log, analysis and summary backfill would only add background CPU.
+
 Then, after the servers have cut their heads into blocks (TurboProm's head spans at most 3 h,
 Prometheus compacts its own), every panel below is asked ``--reps`` times over each of its ranges,
 Grafana-aligned (start and end floored to the step, the step Grafana sends for a 1000 px panel:
@@ -191,6 +194,7 @@ def main() -> int:
     ap.add_argument("--only", default="", help="comma-separated panel ids")
     ap.add_argument("--samples-per-request", type=int, default=150_000)
     ap.add_argument("--settle-s", type=float, default=180.0)
+    ap.add_argument("--planner", action="store_true", help="keep the planner on (default off: queries are exact=true)")
     ap.add_argument("--baseline", default="", help="checkout of an earlier commit: its TurboProm runs beside")
     ap.add_argument("--out", default=None, help="JSON result file")
     a = ap.parse_args()
@@ -201,17 +205,19 @@ def main() -> int:
         work = Path(d)
         pcfg = work / "prometheus.yml"
         pcfg.write_text("global:\n  scrape_interval: 15s\n  evaluation_interval: 15s\n")
+        tcfg = work / "turboprom.yml"  # every query here is exact=true: planner work would only add noise
+        tcfg.write_text("planner:\n  enabled: true\n" if a.planner else "planner:\n  enabled: false\n")
         servers = {
             "turboprom": Server("turboprom", work, lambda s: [sys.executable, "-m", "turboprom", "serve", "--data-dir",
                                                                str(s.data), "--listen", f"127.0.0.1:{s.port}",
-                                                               "--wal-fsync", "never"]),
+                                                               "--wal-fsync", "never", "--config", str(tcfg)]),
         }
         if a.baseline:
             base = str(Path(a.baseline).resolve())
             boot = f"import sys, runpy; sys.path.insert(0, {base!r}); runpy.run_module('turboprom', run_name='__main__')"
             servers["baseline"] = Server("baseline", work, lambda s: [sys.executable, "-c", boot, "serve", "--data-dir",
                                                                       str(s.data), "--listen", f"127.0.0.1:{s.port}",
-                                                                      "--wal-fsync", "never"])
+                                                                      "--wal-fsync", "never", "--config", str(tcfg)])
         servers |= {
             "prometheus": Server("prometheus", work, lambda s: [
                 prom_bin, f"--config.file={pcfg}", f"--storage.tsdb.path={s.data}", f"--web.listen-address=127.0.0.1:{s.port}",

@@ -6,6 +6,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -102,18 +103,27 @@ class ServerProcess:
         self.stop()
 
 
+_BENCH_LOCK = threading.RLock()  # re-entrant: a bench script may load another at import
+
+
 def load_bench(name: str):
-    """Import a bench/ script as a module (bench/ is scripts, not a package), once."""
+    """Import a bench/ script as a module (bench/ is scripts, not a package), once. Thread-safe: a
+    second caller waits for the first one's import instead of getting the half-run module."""
     import importlib.util
 
     key = f"bench_{name}"
-    if key in sys.modules:
-        return sys.modules[key]
-    spec = importlib.util.spec_from_file_location(key, REPO / "bench" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[key] = mod  # dataclasses look their module up here
-    spec.loader.exec_module(mod)
-    return mod
+    with _BENCH_LOCK:
+        if key in sys.modules:
+            return sys.modules[key]
+        spec = importlib.util.spec_from_file_location(key, REPO / "bench" / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[key] = mod  # dataclasses look their module up here
+        try:
+            spec.loader.exec_module(mod)
+        except BaseException:
+            del sys.modules[key]
+            raise
+        return mod
 
 
 def http_json(url: str, data: bytes | None = None, headers: dict | None = None, timeout: float = 60) -> tuple[int, dict, dict]:

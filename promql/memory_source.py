@@ -13,6 +13,7 @@ promql/source.py). ``HistogramOverlay`` adds such a store to any float source.
 """
 from __future__ import annotations
 
+import threading
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -35,10 +36,13 @@ class MemorySource:
 
     ``add_series`` / ``append`` add samples (a later write of the same series and timestamp wins);
     ``select`` returns matching series sorted by labels, samples with mint <= t <= maxt. Stale
-    markers are returned as stored (bit-exact); the evaluator decides what they mean.
+    markers are returned as stored (bit-exact); the evaluator decides what they mean. Writes and
+    reads may come from different threads (a test's writer beside its queries): one lock orders them,
+    so a read never sees the time column of one freeze and the value column of another.
     """
 
     def __init__(self) -> None:
+        self._lock = threading.RLock()
         self._pending: dict[Labels, list[tuple[np.ndarray, np.ndarray]]] = {}
         self._frozen_labels: list[Labels] = []  # sorted by labels
         self._off = np.zeros(1, np.int64)
@@ -57,20 +61,22 @@ class MemorySource:
         vs = np.asarray(values, dtype=np.float64)
         if ts.shape != vs.shape:
             raise ValueError("timestamps and values must have the same length")
-        self._pending.setdefault(labels, []).append((ts, vs))
-        self._dirty = True
+        with self._lock:
+            self._pending.setdefault(labels, []).append((ts, vs))
+            self._dirty = True
 
     def add_histograms(self, labels: Labels, timestamps: np.ndarray | Sequence[int], hists: Sequence[FloatHistogram]) -> None:
         """Add native-histogram samples of one series (a later write of the same timestamp wins)."""
         ts = np.asarray(timestamps, dtype=np.int64)
         if ts.shape != (len(hists),):
             raise ValueError("timestamps and histograms must have the same length")
-        if self._hstore is None:
-            self._hstore = MemorySource()
-        base = len(self._hobjs)
-        self._hobjs.extend(hists)
-        self._hobj_array = None
-        self._hstore.add_series(labels, ts, np.arange(base, base + len(hists), dtype=np.float64))
+        with self._lock:
+            if self._hstore is None:
+                self._hstore = MemorySource()
+            base = len(self._hobjs)
+            self._hobjs.extend(hists)
+            self._hobj_array = None
+            self._hstore.add_series(labels, ts, np.arange(base, base + len(hists), dtype=np.float64))
 
     @property
     def has_histograms(self) -> bool:
@@ -78,16 +84,17 @@ class MemorySource:
 
     def select_histograms(self, matchers: Sequence[Matcher], mint: int, maxt: int) -> HistogramSet | None:
         """Histogram samples with mint <= t <= maxt (series sorted by labels); None when none."""
-        if self._hstore is None:
-            return None
-        ss = self._hstore.select(matchers, mint, maxt)
-        if ss.num_samples == 0:
-            return None
-        if self._hobj_array is None:
-            arr = np.empty(len(self._hobjs), dtype=object)
-            arr[:] = self._hobjs
-            self._hobj_array = arr
-        return HistogramSet(ss.labels, ss.offsets, ss.timestamps, self._hobj_array[ss.values.astype(np.int64)])
+        with self._lock:
+            if self._hstore is None:
+                return None
+            ss = self._hstore.select(matchers, mint, maxt)
+            if ss.num_samples == 0:
+                return None
+            if self._hobj_array is None:
+                arr = np.empty(len(self._hobjs), dtype=object)
+                arr[:] = self._hobjs
+                self._hobj_array = arr
+            return HistogramSet(ss.labels, ss.offsets, ss.timestamps, self._hobj_array[ss.values.astype(np.int64)])
 
     def append(self, batch: SampleBatch) -> int:
         """Add a SampleBatch (the ingest path's format); returns the number of samples taken."""
@@ -98,9 +105,10 @@ class MemorySource:
         cuts = np.flatnonzero(np.diff(sidx)) + 1
         starts = np.concatenate(([0], cuts))
         ends = np.concatenate((cuts, [len(sidx)]))
-        for a, b in zip(starts.tolist(), ends.tolist()):  # per series, not per sample
-            sel = order[a:b]
-            self.add_series(batch.series[int(sidx[a])], batch.timestamps[sel], batch.values[sel])
+        with self._lock:  # a read sees the whole batch or none of it
+            for a, b in zip(starts.tolist(), ends.tolist()):  # per series, not per sample
+                sel = order[a:b]
+                self.add_series(batch.series[int(sidx[a])], batch.timestamps[sel], batch.values[sel])
         return len(batch)
 
     def clear(self) -> None:
@@ -112,15 +120,21 @@ class MemorySource:
     # -- reads ----------------------------------------------------------------------------
     @property
     def labels(self) -> list[Labels]:
-        self._freeze()
-        return list(self._frozen_labels)
+        with self._lock:
+            self._freeze()
+            return list(self._frozen_labels)
 
     @property
     def num_samples(self) -> int:
-        self._freeze()
-        return int(self._off[-1])
+        with self._lock:
+            self._freeze()
+            return int(self._off[-1])
 
     def select(self, matchers: Sequence[Matcher], mint: int, maxt: int) -> SeriesSet:
+        with self._lock:
+            return self._select(matchers, mint, maxt)
+
+    def _select(self, matchers: Sequence[Matcher], mint: int, maxt: int) -> SeriesSet:
         self._freeze()
         n = len(self._frozen_labels)
         if n == 0 or maxt < mint:

@@ -20,7 +20,9 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -244,12 +246,19 @@ class Block:
 
     def gather(self, sids: np.ndarray, mint: int, maxt: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Rows of sorted unique global ids within [mint, maxt], sorted by (global id, ts)."""
+        with self._in_use():
+            return self._gather(sids, mint, maxt)
+
+    @contextmanager
+    def _in_use(self) -> Iterator[None]:
+        """A read of this block's files: refused once the block is removed (a compaction replaced
+        it), and the files of a removed block are deleted only when its last read ends."""
         with self._pf_lock:
             if self._removed:
                 raise BlockGone(self.id)
             self._refs += 1
         try:
-            return self._gather(sids, mint, maxt)
+            yield
         finally:
             with self._pf_lock:
                 self._refs -= 1
@@ -301,18 +310,8 @@ class Block:
         series touch (no copy here); for series the range cuts, found in a composite key of each
         row group (where that key would not fit in int64: gathered and filtered into one more
         segment)."""
-        with self._pf_lock:
-            if self._removed:
-                raise BlockGone(self.id)
-            self._refs += 1
-        try:
+        with self._in_use():
             return self._segments(sids, mint, maxt, token)
-        finally:
-            with self._pf_lock:
-                self._refs -= 1
-                delete_now = self._removed and self._refs == 0
-            if delete_now:
-                shutil.rmtree(self.path, ignore_errors=True)
 
     def _groups_touched(self, starts: np.ndarray, ends: np.ndarray) -> list[int]:
         """Row groups holding any of the row ranges [starts[i], ends[i]) (each non-empty)."""

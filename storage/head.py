@@ -163,6 +163,30 @@ def _merge_segments(sids: np.ndarray, segs: list[tuple[Run, np.ndarray, np.ndarr
     return np.repeat(sids, total), out_t, out_v
 
 
+
+def _piece_rows(pieces: list, sids: np.ndarray, mint: int, maxt: int,
+                bounded: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Rows of the not yet sealed pieces (at most about SEAL_ON_READ_ROWS rows, unless a seal is
+    running) for sorted unique ``sids`` (and, when ``bounded``, within [mint, maxt]), sorted by
+    (sid, ts) without repeats: a membership test by binary search in the wanted ids; None if none."""
+    pieces = [p for p in pieces if p.tmin <= maxt and p.tmax >= mint]
+    if not pieces or not len(sids):
+        return None
+    got = []
+    last = len(sids) - 1
+    for ps, pt, pv, _, _ in pieces:
+        pos = np.minimum(np.searchsorted(sids, ps), last)
+        m = sids[pos] == ps
+        if bounded:
+            m &= (pt >= mint) & (pt <= maxt)
+        if m.any():
+            got.append((ps[m], pt[m], pv[m]))
+    if not got:
+        return None
+    return dedupe_sorted(*sort_by_series_time(np.concatenate([g[0] for g in got]),
+                                              np.concatenate([g[1] for g in got]),
+                                              np.concatenate([g[2] for g in got])))
+
 class Head:
     def __init__(self) -> None:
         self.lock = threading.RLock()
@@ -446,23 +470,9 @@ class Head:
                 for r, lo, hi in segs:
                     idx = take_ranges(lo, hi)
                     parts.append((np.repeat(sids, hi - lo), r.ts[idx], r.val[idx]))
-        pieces = [p for p in pieces if p.tmin <= maxt and p.tmax >= mint]
-        if pieces and len(sids):
-            # Not yet sealed (at most about SEAL_ON_READ_ROWS rows, unless a seal is running): a
-            # vectorized membership test by binary search in the wanted ids, then sort what matched.
-            got = []
-            last = len(sids) - 1
-            for ps, pt, pv, _, _ in pieces:
-                pos = np.minimum(np.searchsorted(sids, ps), last)
-                m = sids[pos] == ps
-                if bounded:
-                    m &= (pt >= mint) & (pt <= maxt)
-                if m.any():
-                    got.append((ps[m], pt[m], pv[m]))
-            if got:
-                parts.append(dedupe_sorted(*sort_by_series_time(np.concatenate([g[0] for g in got]),
-                                                                np.concatenate([g[1] for g in got]),
-                                                                np.concatenate([g[2] for g in got]))))
+        rows = _piece_rows(pieces, sids, mint, maxt, bounded)
+        if rows is not None:
+            parts.append(rows)
         return merge_sorted_parts(parts)
 
     def segments(self, sids: np.ndarray, mint: int, maxt: int) -> list[Segment]:
@@ -487,20 +497,10 @@ class Head:
             m = (t >= mint) & (t <= maxt)
             if m.any():
                 out.append(segment_of_rows(r.tmin, sids, rs[idx][m], t[m], r.val[idx][m]))
-        pieces = [p for p in pieces if p.tmin <= maxt and p.tmax >= mint]
-        if pieces and len(sids):
-            got = []
-            last = len(sids) - 1
-            for ps, pt, pv, _, _ in pieces:
-                pos = np.minimum(np.searchsorted(sids, ps), last)
-                m = (sids[pos] == ps) & (pt >= mint) & (pt <= maxt)
-                if m.any():
-                    got.append((ps[m], pt[m], pv[m]))
-            if got:
-                s, t, v = dedupe_sorted(*sort_by_series_time(np.concatenate([g[0] for g in got]),
-                                                             np.concatenate([g[1] for g in got]),
-                                                             np.concatenate([g[2] for g in got])))
-                out.append(segment_of_rows(int(t.min()), sids, s, t, v))
+        rows = _piece_rows(pieces, sids, mint, maxt, True)
+        if rows is not None:
+            s, t, v = rows
+            out.append(segment_of_rows(int(t.min()), sids, s, t, v))
         return out
 
     def rows_in_range(self, mint: int, maxt: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

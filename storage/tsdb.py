@@ -44,7 +44,6 @@ from storage.head_replay import replay_head
 from storage.wal import WAL
 
 log = logging.getLogger("turboprom.storage")
-_IN_ORDER = np.empty(0, dtype=np.int64)  # order cache marker: ids already in label order
 _LABEL_ORDER_MAX_IDS = 1 << 20  # ids held by the label-order cache (about 16 MB)
 
 
@@ -65,7 +64,6 @@ class TSDB:
         self.min_valid_time = INT64_MIN
         self._maint_lock = threading.Lock()  # one maintenance pass at a time
         self._json_ids: dict[str, int] = {}
-        self._order_cache: dict[bytes, np.ndarray] = {}  # sorted ids (bytes) -> output order by labels
         self._label_orders: dict[bytes, tuple[np.ndarray | None, list[Labels]]] = {}  # see _label_order
         self._label_order_ids = 0
         self._load_blocks()
@@ -341,26 +339,14 @@ class TSDB:
 
     def _to_series_set(self, s: np.ndarray, t: np.ndarray, v: np.ndarray) -> SeriesSet:
         u, starts, ends = group_bounds(s)
-        labels_all = self.index.labels
-        lbls = [labels_all[i] for i in u.tolist()]
-        # Output order (by labels) of a set of ids: cached, since dashboards and the planner read the
-        # same series again and again and an id's labels never change (ids are never reused).
-        ck = u.tobytes() if len(u) <= 4096 else None  # bounded: <= 256 x 4096 ids x 16 bytes
-        p = self._order_cache.get(ck) if ck is not None else None
-        if p is None:
-            perm = sorted(range(len(u)), key=lbls.__getitem__)
-            p = _IN_ORDER if perm == list(range(len(u))) else np.asarray(perm, dtype=np.int64)
-            if ck is not None:
-                if len(self._order_cache) >= 256:
-                    self._order_cache.clear()
-                self._order_cache[ck] = p
-        if p is not _IN_ORDER:
+        p, lbls = self._label_order(u)
+        if p is not None:
             idx = ranges_index(starts[p], ends[p])
             t, v = t[idx], v[idx]
             lens = (ends - starts)[p]
-            lbls = [lbls[i] for i in p.tolist()]
         else:
             lens = ends - starts
+        lbls = list(lbls)  # the cache's list stays as it is
         offsets = np.zeros(len(u) + 1, dtype=np.int64)
         np.cumsum(lens, out=offsets[1:])
         return SeriesSet(lbls, offsets, np.ascontiguousarray(t), np.ascontiguousarray(v))

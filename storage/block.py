@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 
 from storage.columns import EMPTY_F64, EMPTY_I64, group_bounds, ranges_index
 from storage.labels import Labels, metric_name
-from storage.select_csr import Segment, expand
+from storage.select_csr import Segment, segment_of_rows
 
 ROW_GROUP = 1 << 17
 DATA_FILE, SERIES_FILE, META_FILE = "data.parquet", "series.parquet", "meta.json"
@@ -266,7 +266,8 @@ class Block:
             if delete_now:
                 shutil.rmtree(self.path, ignore_errors=True)
 
-    def _gather(self, sids: np.ndarray, mint: int, maxt: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _gather(self, sids: np.ndarray, mint: int, maxt: int,
+                token: object = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         g, loc = self.local_ids(sids)
         if len(g):
             overlap = (self.ser_min[loc] <= maxt) & (self.ser_max[loc] >= mint)
@@ -282,7 +283,7 @@ class Block:
         if n == 0:
             return EMPTY_I64, EMPTY_I64, EMPTY_F64
         if int(rg[0]) == int(rg[-1]) and (n == 1 or (rg == rg[0]).all()):
-            ts_g, val_g = self._row_group(int(rg[0]))
+            ts_g, val_g = self._row_group(int(rg[0]), token)
             t, v = ts_g[local_row], val_g[local_row]
         else:
             # Gather row group by row group (no concatenation of whole decoded row groups).
@@ -292,7 +293,7 @@ class Block:
             t = np.empty(n, dtype=np.int64)
             v = np.empty(n, dtype=np.float64)
             for gi, a, b in zip(groups.tolist(), gstart.tolist(), gend.tolist()):
-                ts_g, val_g = self._row_group(gi)
+                ts_g, val_g = self._row_group(gi, token)
                 pos = order[a:b]
                 lr = local_row[pos]
                 t[pos] = ts_g[lr]
@@ -377,34 +378,9 @@ class Block:
                 lo[~partial] = 0
                 out.append(Segment(self.mint, ts_g, val_g, lo, hi))
             partial = np.zeros(k, dtype=bool)
-        if partial.any():
-            p_idx = np.flatnonzero(partial)
-            p_idx = p_idx[np.argsort(rs[p_idx], kind="stable")]  # block order: rows ascending
-            a = rs[p_idx]
-            lens = re_[p_idx] - a
-            total = int(lens.sum())
-            rows = expand(a, lens, total)
-            t = np.empty(total, dtype=np.int64)
-            v = np.empty(total, dtype=np.float64)
-            cuts = np.searchsorted(rows, np.append(rg_start, rg_start[-1] + rg_len[-1])).tolist()
-            for g in range(len(rg_start)):
-                c0, c1 = cuts[g], cuts[g + 1]
-                if c1 > c0:
-                    ts_g, val_g = self._row_group(g, token)
-                    lr = rows[c0:c1] - rg_start[g]
-                    t[c0:c1] = ts_g[lr]
-                    v[c0:c1] = val_g[lr]
-            m = (t >= mint) & (t <= maxt)
-            cm = np.zeros(total + 1, dtype=np.int64)
-            np.cumsum(m, out=cm[1:])
-            bounds = np.cumsum(lens)
-            counts = cm[bounds] - cm[bounds - lens]
-            lo = np.zeros(k, dtype=np.int64)
-            hi = np.zeros(k, dtype=np.int64)
-            c = np.cumsum(counts)
-            hi[p_idx] = c
-            lo[p_idx] = c - counts
-            out.append(Segment(self.mint, t[m], v[m], lo, hi))
+        if partial.any():  # a few series in big row groups: gathered and filtered
+            ps, pt, pv = self._gather(sids[partial], mint, maxt, token)
+            out.append(segment_of_rows(self.mint, sids, ps, pt, pv))
         return out
 
     def read_all(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -163,7 +163,6 @@ def _merge_segments(sids: np.ndarray, segs: list[tuple[Run, np.ndarray, np.ndarr
     return np.repeat(sids, total), out_t, out_v
 
 
-
 def _piece_rows(pieces: list, sids: np.ndarray, mint: int, maxt: int,
                 bounded: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """Rows of the not yet sealed pieces (at most about SEAL_ON_READ_ROWS rows, unless a seal is
@@ -186,6 +185,7 @@ def _piece_rows(pieces: list, sids: np.ndarray, mint: int, maxt: int,
     return dedupe_sorted(*sort_by_series_time(np.concatenate([g[0] for g in got]),
                                               np.concatenate([g[1] for g in got]),
                                               np.concatenate([g[2] for g in got])))
+
 
 class Head:
     def __init__(self) -> None:

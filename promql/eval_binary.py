@@ -23,7 +23,15 @@ from promql.eval_labels import (
     match_signatures,
     merge_same_labels,
 )
-from promql.eval_histogram import empty_plane, pair_cells, union_presence, unsupported, vector_scalar_hist
+from promql.eval_histogram import (
+    TRIM_OPS,
+    empty_plane,
+    pair_cells,
+    trim_floats_info,
+    union_presence,
+    unsupported,
+    vector_scalar_hist,
+)
 from promql.types import Scalar, VectorSteps
 from storage.labels import Labels
 
@@ -77,12 +85,16 @@ def vector_scalar(op: str, vec: VectorSteps, sc: Scalar, swap: bool, return_bool
     """``vec op scalar`` (or ``scalar op vec`` when ``swap``). ``hctx`` = (position suffix,
     annotations) when ``vec`` carries native-histogram samples."""
     out = _vector_scalar(op, vec, sc, swap, return_bool)
+    if op in TRIM_OPS and hctx is not None and vec.present.any():
+        trim_floats_info(op, hctx[0], hctx[1])
     if hctx is not None and vec.hist is not None:
         out = vector_scalar_hist(op, vec, out, sc.values, swap, return_bool, hctx[0], hctx[1])
     return out
 
 
 def _vector_scalar(op: str, vec: VectorSteps, sc: Scalar, swap: bool, return_bool: bool) -> VectorSteps:
+    if op in TRIM_OPS:  # float samples give none (histogram cells are added by the caller)
+        return VectorSteps(vec.labels, np.zeros(vec.values.shape), np.zeros(vec.present.shape, bool), vec.drop_name)
     s = sc.values[None, :]
     if op in COMPARE:
         lhs, rhs = (s, vec.values) if swap else (vec.values, s)
@@ -289,6 +301,11 @@ def vector_vector(op: str, lhs: VectorSteps, rhs: VectorSteps, m: Matching, hctx
     if op in COMPARE:
         keep = compare(op, fl, fr)
         values = keep.astype(np.float64) if m.return_bool else fl
+    elif op in TRIM_OPS:  # histogram cells were refused above: float pairs give no sample
+        keep = np.zeros(len(fl), dtype=bool)
+        values = np.zeros(len(fl))
+        if len(fl) and hctx is not None:
+            trim_floats_info(op, hctx[0], hctx[1])
     else:
         keep = np.ones(len(fl), dtype=bool)
         values = arith(op, fl, fr)
@@ -346,12 +363,19 @@ def _dense_binop(op: str, many: VectorSteps, one: VectorSteps, match: np.ndarray
         keep = compare(op, fl, fr)
         values = keep.astype(np.float64) if m.return_bool else fl
         present = matched if m.return_bool else matched & keep
+    elif op in TRIM_OPS:
+        values = np.zeros(matched.shape)
+        present = matched
     else:
         values = arith(op, fl, fr)
         present = matched
     plane = None
     if side_planes is not None and hctx is not None:
         values, present, plane = _hist_pairs(op, many, one, safe, matched, swap, m.return_bool, side_planes, values, present, hctx)
+    if op in TRIM_OPS:  # what is left are float pairs: no sample
+        if present.any() and hctx is not None:
+            trim_floats_info(op, hctx[0], hctx[1])
+        present = np.zeros(matched.shape, bool)
     labels = [_result_labels(l, (), op, m) for l in many.labels]
     drop = np.ones(len(labels), bool) if m.return_bool else None
     out = VectorSteps(labels, values, present, drop, None, plane)

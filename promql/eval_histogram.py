@@ -321,6 +321,13 @@ def aggregate_histograms(op: str, vec: VectorSteps, gid: np.ndarray, n_groups: i
 # --- binary operators -------------------------------------------------------------------------
 
 _TYPE = {True: "histogram", False: "float"}
+# the histogram trim operators: ``h </ x`` keeps the observations below x, ``h >/ x`` those above
+TRIM_OPS = frozenset({"</", ">/"})
+
+
+def trim_floats_info(op: str, pos: str, ann: Any) -> None:
+    """A trim operator between two floats gives no sample, with Prometheus's info."""
+    ann.info(incompatible_binop("float", op, "float", pos))
 
 
 def elem_binop(op: str, lv: float | FloatHistogram, rv: float | FloatHistogram, pos: str, ann: Any) -> tuple[bool, float | FloatHistogram | None]:
@@ -350,6 +357,10 @@ def elem_binop(op: str, lv: float | FloatHistogram, rv: float | FloatHistogram, 
             return True, lv.scale(float(rv))  # type: ignore[union-attr, arg-type]
         if op == "/":
             return True, lv.divide(float(rv))  # type: ignore[union-attr, arg-type]
+        if op in TRIM_OPS:
+            from promql.eval_histogram_buckets import trim_histogram
+
+            return True, trim_histogram(lv, float(rv), op == "</")  # type: ignore[arg-type]
     elif rh:
         if op == "*":
             return True, rv.scale(float(lv))  # type: ignore[union-attr, arg-type]

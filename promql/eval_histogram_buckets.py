@@ -203,6 +203,130 @@ def native_fraction(lower: float, upper: float, h: FloatHistogram, name: str, po
     return (upper_rank - lower_rank) / h.count
 
 
+def _surviving_midpoint(lo: float, hi: float, positive: bool, linear: bool) -> float:
+    """Where the kept part ``[lo, hi]`` of a bucket is taken to sit when the sum is rebuilt after
+    a trim: the arithmetic mean for linear buckets, the geometric mean for exponential ones; an
+    infinite bound falls back to the finite one (half of it for a positive upper bound)."""
+    if math.isinf(lo):
+        if math.isinf(hi):
+            return 0.0
+        return hi / 2 if hi > 0 else hi
+    if math.isinf(hi):
+        return lo
+    if linear:
+        return (lo + hi) / 2
+    g = math.sqrt(abs(lo * hi))
+    return g if positive else -g
+
+
+def _trim_infinite_bucket(lo: float, hi: float, count: float, rhs: float, upper: bool) -> tuple[float, float]:
+    """(kept count, midpoint) of a custom bucket with an infinite bound: what is kept of it is
+    unknowable, so it is kept whole or dropped whole, except that a finite positive upper bound
+    lets the (-Inf, u] bucket be read as (0, u] and interpolated linearly."""
+    fin = (lambda x: 0.0 if math.isinf(x) else x)
+    if math.isinf(lo) and lo < 0:
+        if upper:
+            if rhs >= hi:
+                return count, 0.0
+            if rhs > 0 and hi > 0 and not math.isinf(hi):
+                return count * rhs / hi, rhs / 2
+            if hi <= 0:
+                return count, rhs
+            return 0.0, fin(hi)
+        if rhs <= lo:
+            return count, 0.0
+        if rhs >= 0 and hi > rhs and not math.isinf(hi):
+            return count * (1 - rhs / hi), (rhs + hi) / 2
+        return 0.0, fin(hi)
+    # (l, +Inf]
+    if upper:
+        return 0.0, fin(lo)
+    if rhs >= lo:
+        return count, rhs
+    return 0.0, fin(lo)
+
+
+def _trim_zero_bucket(h: FloatHistogram, rhs: float, has_neg: bool, has_pos: bool, upper: bool) -> tuple[float, float]:
+    """(kept count, midpoint) of the zero bucket, interpolated linearly; the bucket is taken as
+    [0, zt] (or [-zt, 0]) when only positive (only negative) buckets are populated."""
+    lo, hi = -h.zero_threshold, h.zero_threshold
+    if has_neg and not has_pos:
+        hi = 0.0
+    if has_pos and not has_neg:
+        lo = 0.0
+    if upper:
+        if rhs <= lo:
+            return 0.0, 0.0
+        if rhs >= hi:
+            return h.zero_count, (lo + hi) / 2
+        return h.zero_count * (rhs - lo) / (hi - lo), (lo + rhs) / 2
+    if rhs <= lo:
+        return h.zero_count, (lo + hi) / 2
+    if rhs >= hi:
+        return 0.0, 0.0
+    return h.zero_count * (hi - rhs) / (hi - lo), (rhs + hi) / 2
+
+
+def trim_histogram(h: FloatHistogram, rhs: float, upper: bool) -> FloatHistogram:
+    """``h </ rhs`` (``upper``: keep the observations below ``rhs``) or ``h >/ rhs`` (keep those
+    above), Prometheus 3's TRIM_UPPER / TRIM_LOWER. A bucket cut by ``rhs`` keeps the share on
+    the kept side, interpolated linearly in custom buckets and the zero bucket and on a log scale
+    in exponential buckets. When anything was cut, count is the kept counts' total and sum is
+    rebuilt from each kept part's midpoint times its count (in Prometheus's order: positive
+    buckets, negative buckets, zero bucket); otherwise the histogram is returned unchanged."""
+    custom = h.uses_custom_buckets
+    cv = h.custom_values
+    new_count = new_sum = 0.0
+    trimmed = False
+    seen = {True: False, False: False}
+    out: dict[bool, list[tuple[int, float]]] = {True: [], False: []}
+    for positive, buckets in ((True, h.positive), (False, h.negative)):
+        for idx, c in buckets:  # per bucket of one histogram
+            if c == 0:
+                out[positive].append((idx, c))
+                continue
+            seen[positive] = True
+            if custom:
+                lo = -math.inf if idx == 0 else (cv[idx - 1] if idx - 1 < len(cv) else math.inf)
+                hi = math.inf if idx >= len(cv) else cv[idx]
+            elif positive:
+                lo, hi = exp_bound(idx - 1, h.schema), exp_bound(idx, h.schema)
+            else:
+                lo, hi = -exp_bound(idx, h.schema), -exp_bound(idx - 1, h.schema)
+            whole = hi <= rhs if upper else lo >= rhs
+            cut = lo < rhs if upper else hi > rhs
+            if whole:
+                keep, mid = c, _surviving_midpoint(lo, hi, positive, custom)
+            elif cut:
+                if math.isinf(lo) or math.isinf(hi):
+                    keep, mid = _trim_infinite_bucket(lo, hi, c, rhs, upper)
+                else:
+                    below = c * _fraction_below(lo, hi, rhs, custom)
+                    if upper:
+                        keep, mid = below, _surviving_midpoint(lo, rhs, positive, custom)
+                    else:
+                        keep, mid = c - below, _surviving_midpoint(rhs, hi, positive, custom)
+                trimmed = trimmed or keep != c
+            else:
+                keep, mid = 0.0, 0.0
+                trimmed = True
+            if keep or whole or cut:
+                new_count += keep
+                new_sum += mid * keep
+            out[positive].append((idx, keep))
+    zero_count = h.zero_count
+    if zero_count > 0:
+        keep, mid = _trim_zero_bucket(h, rhs, seen[False], seen[True], upper)
+        trimmed = trimmed or keep != zero_count
+        zero_count = keep
+        new_sum += mid * keep
+        new_count += keep
+    if not trimmed:
+        return h
+    return FloatHistogram(h.schema, new_count, new_sum, h.zero_threshold, zero_count, tuple(out[True]), tuple(out[False]),
+                          h.custom_values, h.counter_reset_hint).compact()
+
+
 def native_variance(h: FloatHistogram) -> float:
     """Variance of the observations, each bucket at its (geometric, for exponential buckets) mean."""
     mean = h.sum / h.count if h.count else math.nan

@@ -36,7 +36,7 @@ from promql.eval_binary import (
     vector_vector,
 )
 from promql.eval_context import EvalContext, QueryBudget
-from promql.eval_histogram import call_with_histograms, empty_plane, has_hist, plane_to_set, strip
+from promql.eval_histogram import TRIM_OPS, call_with_histograms, empty_plane, has_hist, plane_to_set, strip
 from promql.eval_labels import merge_same_labels, raw_string_literal_bytes
 from promql.go_format import go_quote_bytes
 from promql.eval_positions import line_col
@@ -401,6 +401,8 @@ class Evaluator:
         hctx = None
         if (isinstance(lhs, VectorSteps) and lhs.hist is not None) or (isinstance(rhs, VectorSteps) and rhs.hist is not None):
             hctx = (self.pos_suffix(node, ctx), ctx.annotations)  # histogram samples involved
+        elif op in TRIM_OPS:
+            hctx = (self.pos_suffix(node, ctx), ctx.annotations)  # the info for float operands
         if isinstance(lhs, Scalar) and isinstance(rhs, Scalar):
             return scalar_scalar(op, lhs, rhs)
         if isinstance(lhs, VectorSteps) and isinstance(rhs, Scalar):

@@ -218,6 +218,31 @@ def test_histogram_arithmetic(eng):
     assert eng.instant_query("count(req_hist == req_hist)", 0).values.tolist() == [1.0]
 
 
+def test_trim_operators(eng):
+    # req_hist: (0.5,1]:1 (1,2]:2 (2,4]:1. "</ 2" keeps the first two buckets whole: count 3, sum
+    # rebuilt from the geometric bucket midpoints, sqrt(0.5)*1 + sqrt(2)*2
+    res = eng.instant_query("histogram_sum(req_hist </ 2)", 0)
+    assert res.values.tolist() == [pytest.approx(math.sqrt(0.5) + 2 * math.sqrt(2))]
+    assert eng.instant_query("histogram_count(req_hist </ 2)", 0).values.tolist() == [3.0]
+    # ">/ sqrt(2)" cuts (1,2] in the middle on the log scale: half of its 2, plus the (2,4] bucket
+    assert eng.instant_query("histogram_count(req_hist >/ 1.4142135623730951)", 0).values.tolist() == [
+        pytest.approx(2.0)]
+    # the result keeps the metric name (a trim does not change what is measured)
+    res = eng.instant_query("count by (__name__) (req_hist </ 2)", 0)
+    assert [dict(l) for l in res.labels] == [{"__name__": "req_hist"}]
+    # float samples give no sample, with Prometheus's info; so does a float on the left
+    res = eng.instant_query('count({job="api"} </ 2)', 0)
+    assert res.values.tolist() == [1.0]
+    assert res.annotations.infos == [
+        'PromQL info: incompatible sample types encountered for binary operator "</": float </ float (1:7)']
+    res = eng.instant_query("count(2 >/ req_hist)", 0)
+    assert res.labels == [] and res.annotations.infos == [
+        'PromQL info: incompatible sample types encountered for binary operator ">/": float >/ histogram (1:7)']
+    # vector/vector: the right-hand float of each match is the cut point
+    res = eng.instant_query('histogram_count(req_hist </ on(job) req{i="1"})', 0)
+    assert res.values.tolist() == [3.0]
+
+
 def test_set_operators_keep_histograms(eng):
     assert eng.instant_query('count({job="api"} and on(i) {job="api", i=~"2|3"})', 0).values.tolist() == [2.0]
     assert eng.instant_query('count({job="api"} unless on(i) req)', 0).values.tolist() == [1.0]

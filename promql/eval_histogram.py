@@ -123,11 +123,72 @@ def vector_plane(hs: HistogramSet, e: np.ndarray, lookback: int, f_has: np.ndarr
     return plane, wins, hts
 
 
-def window_plane(hs: HistogramSet, e: np.ndarray, rng: int) -> HistWindows:
+def smoothed_selection(ss: SeriesSet, hs: HistogramSet, floats: VectorSteps, e: np.ndarray, lookback: int, pos: str,
+                       ann: Any) -> VectorSteps:
+    """A ``smoothed`` instant-vector selector over series holding histograms (Prometheus's
+    smoothSeries): ``floats`` is the float-only answer (promql/eval_selectors.py); where the
+    lookback delta on either side of a step holds histograms, the step's sample is the histogram
+    at the step, else the one on the straight line between the histograms around it (a counter
+    that resets between them restarts from zero), else the last one before it (its reset hint
+    forgotten); a window holding floats too gives a warning and no sample. Per-cell Python on
+    histogram cells only."""
+    from promql.eval_histogram_rate import interpolate_histograms
+    from promql.eval_selectors import _drop_stale, window_index
+
+    ss, hs = align(ss, hs)
+    ts, _, off = _drop_stale(ss)
+    nf = window_index(off, ts, e + lookback) - window_index(off, ts, e - lookback)
+    h_lo = window_index(hs.offsets, hs.timestamps, e - lookback)
+    h_hi = window_index(hs.offsets, hs.timestamps, e + lookback)
+    h_at = window_index(hs.offsets, hs.timestamps, e - 1)  # first histogram at or after e
+    has_h = h_hi > h_lo
+    labels = list(ss.labels)
+    s, t = len(labels), len(e)
+    rows = {l: i for i, l in enumerate(floats.labels)}
+    values = np.zeros((s, t))
+    present = np.zeros((s, t), dtype=bool)
+    for i, l in enumerate(labels):
+        r = rows.get(l)
+        if r is not None:
+            values[i], present[i] = floats.values[r], floats.present[r]
+    plane = empty_plane((s, t))
+    for r, c in zip(*np.nonzero(has_h)):  # (series, step) cells with histograms around them only
+        r, c = int(r), int(c)
+        name = metric_name(labels[r])
+        if nf[r, c] > 0:
+            ann.warn(mixed_floats_histograms(name, pos))
+            present[r, c] = False
+            continue
+        i, lo, hi, at = int(h_at[r, c]), int(h_lo[r, c]), int(h_hi[r, c]), int(e[c])
+        i = min(max(i, lo), hi)
+        if i < hi and int(hs.timestamps[i]) == at:
+            plane[r, c] = hs.hists[i]
+        elif lo < i < hi:
+            prev, nxt = hs.hists[i - 1], hs.hists[i]
+            if prev.uses_custom_buckets != nxt.uses_custom_buckets:
+                ann.warn(mixed_exponential_custom(name, pos))
+                continue
+            is_counter = prev.counter_reset_hint != "gauge" or nxt.counter_reset_hint != "gauge"
+            try:
+                plane[r, c] = interpolate_histograms((int(hs.timestamps[i - 1]), prev), (int(hs.timestamps[i]), nxt), at,
+                                                     is_counter)
+            except HistogramError:
+                ann.warn(mixed_exponential_custom(name, pos))
+        elif i > lo:
+            plane[r, c] = _with_hint(hs.hists[i - 1], "unknown")
+    hm = np.not_equal(plane, None)
+    keep = np.flatnonzero((present | hm).any(axis=1))
+    sts = np.broadcast_to(e[None, :], (len(keep), t)).astype(np.int64)
+    return VectorSteps([labels[k] for k in keep.tolist()], values[keep], present[keep], None, sts, plane[keep])
+
+
+def window_plane(hs: HistogramSet, e: np.ndarray, rng: int, before: int = 0, after: int = 0) -> HistWindows:
+    """The histogram windows ``(e - rng, e]``; an extended (anchored/smoothed) selection's reach
+    ``before`` ms further back and ``after`` ms further on, as its float windows do."""
     from promql.eval_selectors import window_index
 
-    return HistWindows(hs.offsets, hs.timestamps, hs.hists,
-                       window_index(hs.offsets, hs.timestamps, e - rng), window_index(hs.offsets, hs.timestamps, e))
+    return HistWindows(hs.offsets, hs.timestamps, hs.hists, window_index(hs.offsets, hs.timestamps, e - rng - before),
+                       window_index(hs.offsets, hs.timestamps, e + after))
 
 
 def plane_to_set(labels: list[Labels], plane: np.ndarray | None, times: np.ndarray) -> HistogramSet | None:
@@ -508,6 +569,24 @@ def mask_cells(out: Value, rw: RangeWindows, cells: np.ndarray) -> Value:
     return VectorSteps(out.labels, out.values, out.present & ~kill, out.drop_name, out.sample_ts)
 
 
+def window_sequence(rw: RangeWindows, s: int, c: int) -> list[tuple[int, float | FloatHistogram]] | None:
+    """The samples of window (s, c), floats and histograms in time order. For an ``anchored``
+    selection: the last sample at or before the window start (of either kind; older ones are
+    skipped), then the samples inside; None when there is no sample inside (no result)."""
+    assert rw.hist is not None
+    seq: list[tuple[int, float | FloatHistogram]] = sorted(
+        [(int(rw.ts[i]), float(rw.vals[i])) for i in range(int(rw.lo[s, c]), int(rw.hi[s, c]))]
+        + [(int(rw.hist.ts[i]), rw.hist.objs[i]) for i in range(int(rw.hist.lo[s, c]), int(rw.hist.hi[s, c]))],
+        key=lambda p: p[0])
+    if rw.extended != "anchored":
+        return seq
+    start = int(rw.window_end[c]) - rw.range_ms
+    k = next((i for i, (t, _) in enumerate(seq) if t > start), len(seq))
+    if k == len(seq):
+        return None
+    return seq[max(k - 1, 0):]
+
+
 def _changes(rw: RangeWindows, out: Value, nh: np.ndarray) -> Value:
     """changes() over windows holding histograms: a change between samples of different kinds,
     between unequal histograms or unequal floats (Prometheus's funcChanges), per affected cell."""
@@ -523,12 +602,9 @@ def _changes(rw: RangeWindows, out: Value, nh: np.ndarray) -> Value:
         vals_row = np.zeros(t)
         pres_row = np.zeros(t, dtype=bool)
         for c in range(t):
-            fl, fh = int(rw.lo[s, c]), int(rw.hi[s, c])
-            hl, hh = int(rw.hist.lo[s, c]), int(rw.hist.hi[s, c])
-            if fh - fl + hh - hl == 0:
+            seq = window_sequence(rw, s, c)
+            if not seq:
                 continue
-            seq = sorted([(int(rw.ts[i]), float(rw.vals[i])) for i in range(fl, fh)]
-                         + [(int(rw.hist.ts[i]), rw.hist.objs[i]) for i in range(hl, hh)], key=lambda p: p[0])
             n = 0
             for (_, a), (_, b) in zip(seq, seq[1:]):
                 ah, bh = isinstance(a, FloatHistogram), isinstance(b, FloatHistogram)

@@ -6,6 +6,7 @@ histogram windows only.
 """
 from __future__ import annotations
 
+import bisect
 from typing import Any
 
 import numpy as np
@@ -17,6 +18,7 @@ from promql.eval_histogram import (
     mixed_floats_histograms,
     unsupported,
     window_counts,
+    window_sequence,
 )
 from promql.go_format import go_quote
 from promql.functions.rate import extrapolation_factor
@@ -119,6 +121,91 @@ def extrapolated_histogram_rate(points: list[tuple[int, FloatHistogram]], range_
     return res.scale(factor)
 
 
+def interpolate_histograms(a: tuple[int, FloatHistogram], b: tuple[int, FloatHistogram], t: int,
+                           is_counter: bool) -> FloatHistogram:
+    """The histogram on the straight line from sample ``a`` to sample ``b`` at time ``t``; a
+    counter that resets between them restarts from zero (``b`` scaled). Raises HistogramError
+    for layouts that cannot be combined."""
+    (t1, h1), (t2, h2) = a, b
+    if t == t1:
+        return h1
+    if t == t2:
+        return h2
+    fraction = (t - t1) / (t2 - t1)
+    if is_counter and detect_reset(h2, h1):
+        return h2.scale(fraction)
+    return h2.add(h1, -1.0).scale(fraction).add(h1)
+
+
+def _extended_correction(points: list[tuple[int, FloatHistogram]], first: int, last: int, left: FloatHistogram,
+                         right: FloatHistogram, range_start: int, smoothed: bool) -> FloatHistogram | None:
+    """The counter-reset correction of an anchored/smoothed histogram increase: the histogram
+    before every reset among left, the samples strictly between the two boundary samples, and
+    right. A left boundary interpolated across a reset has accounted for it already; the last
+    boundary sample never counts (right stands for it)."""
+    k = first + 1
+    prev = left
+    if smoothed and points[first][0] < range_start and detect_reset(points[first + 1][1], points[first][1]):
+        prev = points[first + 1][1]
+        k += 1
+    if k > last:
+        return None
+    corr: FloatHistogram | None = None
+    for _, cur in points[k:last]:
+        if detect_reset(cur, prev):
+            corr = prev if corr is None else corr.add(prev)
+        prev = cur
+    if detect_reset(right, prev):
+        corr = prev if corr is None else corr.add(prev)
+    return corr
+
+
+def extended_histogram_rate(points: list[tuple[int, FloatHistogram]], range_start: int, range_end: int, range_ms: int,
+                            smoothed: bool, is_counter: bool, is_rate: bool, name: str, pos: str,
+                            ann: Any) -> FloatHistogram | None:
+    """rate / increase / delta of an ``anchored`` or ``smoothed`` window holding only histograms
+    (``points``: the window's samples with the lookback delta before it, and after it when
+    smoothed), after Prometheus's extendedHistogramRate: the histogram at each boundary is the
+    last sample at or before it (anchored) or interpolated between the samples around it
+    (smoothed); the result is right - left plus the counter-reset correction, per second for
+    rate, never extrapolated."""
+    times = [t for t, _ in points]
+    last = len(points) - 1
+    first = max(0, bisect.bisect_right(times, range_start, 0, last) - 1)
+    if smoothed:
+        last = bisect.bisect_left(times, range_end, 0, last)
+    if times[last] <= range_start or (smoothed and times[first] > range_end):
+        return None
+    custom = points[first][1].uses_custom_buckets
+    for _, h in points[first:last + 1]:
+        if h.uses_custom_buckets != custom:
+            ann.warn(mixed_exponential_custom(name, pos))
+            return None
+        if is_counter and h.counter_reset_hint == "gauge":
+            ann.warn(_not_counter(name, pos))
+    try:
+        left = points[first][1]
+        if smoothed and times[first] < range_start:
+            left = interpolate_histograms(points[first], points[first + 1], range_start, is_counter)
+        right = points[last][1]
+        if smoothed and last > 0 and times[last] > range_end:
+            right = interpolate_histograms(points[last - 1], points[last], range_end, is_counter)
+        if not is_counter and (left.counter_reset_hint != "gauge" or right.counter_reset_hint != "gauge"):
+            ann.warn(_not_gauge(name, pos))
+        res = right.add(left, -1.0)
+        if is_counter:
+            corr = _extended_correction(points, first, last, left, right, range_start, smoothed)
+            if corr is not None:
+                res = res.add(corr)
+    except HistogramError:
+        ann.warn(mixed_exponential_custom(name, pos))
+        return None
+    if is_rate:
+        res = res.divide(range_ms / 1000)
+    return FloatHistogram(res.schema, res.count, res.sum, res.zero_threshold, res.zero_count, res.positive, res.negative,
+                          res.custom_values, "gauge").compact()
+
+
 def instant_histogram_rate(a: tuple[int, FloatHistogram], b: tuple[int, FloatHistogram], is_rate: bool, name: str, pos: str,
                            ann: Any) -> FloatHistogram | None:
     """irate / idelta from the last two samples, both histograms (Prometheus's instantValue)."""
@@ -207,6 +294,10 @@ def rate_with_histograms(name: str, extrapolated: bool, rw: RangeWindows, out: V
                 kill[s, c] = True
                 continue
             end = int(rw.window_end[c])
+            if rw.extended:
+                plane[s, c] = extended_histogram_rate(hl, end - rw.range_ms, end, rw.range_ms, rw.extended == "smoothed",
+                                                      is_counter, is_rate, mname, pos, ann)
+                continue
             plane[s, c] = extrapolated_histogram_rate(hl, end - rw.range_ms, end, rw.range_ms, is_counter, is_rate, mname, pos, ann)
             continue
         merged = sorted([(t, v) for t, v in fl] + list(hl), key=lambda p: p[0])[-2:]
@@ -229,8 +320,10 @@ def resets_with_histograms(rw: RangeWindows, out: Value) -> Value:
     cells = nh > 0
     values = np.zeros(nf.shape)
     for s, c in zip(*np.nonzero(cells)):  # windows holding histograms only
-        fl, hl = _window_samples(rw, int(s), int(c))
-        seq = sorted(fl + hl, key=lambda p: p[0])  # type: ignore[operator]
+        seq = window_sequence(rw, int(s), int(c))
+        if seq is None:  # anchored, nothing inside the window
+            cells[s, c] = False
+            continue
         n = 0
         for (_, a), (_, b) in zip(seq, seq[1:]):
             ah, bh = isinstance(a, FloatHistogram), isinstance(b, FloatHistogram)

@@ -19,7 +19,7 @@ import numpy as np
 from promql.errors import BadData, TooManySamples
 from promql.eval_context import EvalContext
 from promql.parser import AtModifierType
-from promql.eval_histogram import align, select_histograms, vector_plane, window_plane
+from promql.eval_histogram import align, select_histograms, smoothed_selection, vector_plane, window_plane
 from promql.types import HistogramSet, RangeWindows, VectorSteps
 from storage.labels import METRIC_NAME
 from storage.matchers import Matcher
@@ -183,15 +183,17 @@ def _select_hist(ctx: EvalContext, vs: Any, mint: int, maxt: int, ss: SeriesSet)
     return align(ss, hs)
 
 
-def eval_vector_selector(ctx: EvalContext, vs: Any) -> VectorSteps:
+def eval_vector_selector(ctx: EvalContext, vs: Any, pos: str = "") -> VectorSteps:
+    """``pos``: the selector's position suffix, for the annotations of a smoothed selection."""
     e = effective_times(vs, ctx)
     lb = ctx.lookback_delta_ms
     t = ctx.num_steps
     mint, maxt = int(e.min()) - lb + 1, int(e.max()) + (lb if vs.smoothed else 0)
     ss = select(ctx, vs, mint, maxt)
     ss, hs = _select_hist(ctx, vs, mint, maxt, ss)
-    if vs.smoothed and hs is None:  # native histograms: not interpolated (the plain selection)
-        return _smoothed_steps(ctx, ss, e, lb)
+    if vs.smoothed:
+        floats = _smoothed_steps(ctx, ss, e, lb)
+        return floats if hs is None else smoothed_selection(ss, hs, floats, e, lb, pos, ctx.annotations)
     s = len(ss.labels)
     if s == 0:
         return VectorSteps.empty(t)
@@ -348,5 +350,5 @@ def windows_from_series(ctx: EvalContext, ss: SeriesSet, e: np.ndarray, rng: int
     # function consumes them series by series, as Prometheus's engine does)
     if hi.size and count_samples:  # raw selections only (a subquery's inner selectors count themselves)
         _count_step_samples(ctx, (hi - lo).sum(axis=0))
-    hw = window_plane(hs, e, rng) if hs is not None else None
+    hw = window_plane(hs, e, rng, before, after) if hs is not None else None
     return RangeWindows(list(ss.labels), off, ts, vals, lo, hi, e.astype(np.int64), rng, drop_name, hw, extended)

@@ -244,7 +244,7 @@ class Evaluator:
                 return unary_minus(v)  # histograms are negated bucket-wise
             raise BadData("unary expression only allowed on expressions of type scalar or instant vector")
         if isinstance(node, pp.VectorSelector):
-            return eval_vector_selector(ctx, node)
+            return eval_vector_selector(ctx, node, self.pos_suffix(node, ctx) if node.smoothed else "")
         if isinstance(node, pp.MatrixSelector):
             return eval_matrix_selector(ctx, node)
         if isinstance(node, pp.SubqueryExpr):

@@ -9,7 +9,8 @@ each window (and, smoothed, after it). Here, per (series, step) window ``(start,
   rate, never extrapolated;
 * resets/changes, anchored: the last sample at or before the window start joins the window.
 
-Floats only: a native-histogram sample in an extended selection is not evaluated here.
+Floats only: windows holding native-histogram samples are answered by promql/eval_histogram_rate.py
+(rate/increase/delta) and promql/eval_histogram.py (resets/changes, smoothed instant selectors).
 """
 from __future__ import annotations
 

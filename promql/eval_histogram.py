@@ -23,7 +23,16 @@ import numpy as np
 from promql.errors import ExecutionError
 from promql.functions import FunctionSpec, Histograms
 from promql.go_format import go_quote
-from promql.types import FloatHistogram, HistogramError, HistogramSet, HistWindows, RangeWindows, Value, VectorSteps
+from promql.types import (
+    FloatHistogram,
+    HistogramError,
+    HistogramSet,
+    HistWindows,
+    RangeWindows,
+    Value,
+    VectorSteps,
+    intersect_bounds,
+)
 from storage.labels import Labels, metric_name
 from storage.matchers import Matcher
 from storage.series_set import SeriesSet
@@ -55,6 +64,11 @@ def incompatible_binop(lhs_type: str, op: str, rhs_type: str, pos: str) -> str:
 def mixed_exponential_custom(name: str, pos: str) -> str:
     return ("PromQL warning: vector contains a mix of histograms with exponential and custom buckets schemas for "
             f"metric name {go_quote(name)}{pos}")
+
+
+def reconciled_info(operation: str, pos: str) -> str:
+    """``operation``: addition, subtraction or aggregation."""
+    return f"PromQL info: mismatched custom buckets were reconciled during {operation}{pos}"
 
 
 def unsupported(what: str) -> ExecutionError:
@@ -171,7 +185,7 @@ def smoothed_selection(ss: SeriesSet, hs: HistogramSet, floats: VectorSteps, e: 
             is_counter = prev.counter_reset_hint != "gauge" or nxt.counter_reset_hint != "gauge"
             try:
                 plane[r, c] = interpolate_histograms((int(hs.timestamps[i - 1]), prev), (int(hs.timestamps[i]), nxt), at,
-                                                     is_counter)
+                                                     is_counter, pos, ann)
             except HistogramError:
                 ann.warn(mixed_exponential_custom(name, pos))
         elif i > lo:
@@ -292,19 +306,21 @@ class _Kahan:
         return self.s + self.c
 
 
-def sum_histograms(hs: Sequence[FloatHistogram], mean: bool = False) -> tuple[FloatHistogram, bool]:
-    """Compensated bucket-wise sum (or mean) of histograms, reconciled to the coarsest schema,
-    and whether their counter-reset hints collide (reset vs not_reset). The mean is the direct
-    one unless the sum overflows, then the sum of h/n (Prometheus switches to an incremental
-    mean there). Raises HistogramError for exponential mixed with custom buckets or different
-    custom bounds."""
+def sum_histograms(hs: Sequence[FloatHistogram], mean: bool = False) -> tuple[FloatHistogram, bool, bool]:
+    """Compensated bucket-wise sum (or mean) of histograms, reconciled to the coarsest schema
+    (custom buckets: to the bounds all share, see FloatHistogram.combine), whether their
+    counter-reset hints collide (reset vs not_reset) and whether custom bounds were reconciled.
+    The mean is the direct one unless the sum overflows, then the sum of h/n (Prometheus
+    switches to an incremental mean there). Raises HistogramError for exponential mixed with
+    custom buckets."""
     first = hs[0]
+    bounds = first.custom_values
     for h in hs[1:]:
         if h.uses_custom_buckets != first.uses_custom_buckets:
             raise HistogramError("cannot combine exponential and custom-bucket histograms")
-        if h.uses_custom_buckets and h.custom_values != first.custom_values:
-            # Prometheus reconciles the bounds (intersection) with an info; not modelled here
-            raise unsupported("combining custom-bucket histograms with different bounds")
+        if h.uses_custom_buckets and h.custom_values != bounds:
+            bounds = intersect_bounds(bounds, h.custom_values)
+    reconciled = bounds != first.custom_values or any(h.custom_values != bounds for h in hs)
     schema = min(h.schema for h in hs)
     hint = first.counter_reset_hint
     hints = {h.counter_reset_hint for h in hs}
@@ -321,24 +337,24 @@ def sum_histograms(hs: Sequence[FloatHistogram], mean: bool = False) -> tuple[Fl
             cnt.add(h.count / div)
             sm.add(h.sum / div)
             zc.add(h.zero_count / div)
-            p, q = h._buckets_at(schema)
+            p, q = (h.custom_buckets_on(bounds), {}) if reconciled else h._buckets_at(schema)
             for i, c in p.items():
                 pos.setdefault(i, _Kahan()).add(c / div)
             for i, c in q.items():
                 neg.setdefault(i, _Kahan()).add(c / div)
         out = FloatHistogram(schema, cnt.value(), sm.value(), max(h.zero_threshold for h in hs), zc.value(),
                              tuple(sorted((i, k.value()) for i, k in pos.items())),
-                             tuple(sorted((i, k.value()) for i, k in neg.items())), first.custom_values, hint)
+                             tuple(sorted((i, k.value()) for i, k in neg.items())), bounds, hint)
         overflow = any(math.isinf(x) for x in (out.count, out.sum, out.zero_count)) or any(
             math.isinf(c) for _, c in out.positive + out.negative)
         return out, overflow
 
     if not mean:
-        return total(1.0)[0], collision
+        return total(1.0)[0], collision, reconciled
     direct, overflow = total(1.0)
     if overflow:
-        return total(n)[0], collision
-    return direct.divide(n), collision
+        return total(n)[0], collision, reconciled
+    return direct.divide(n), collision, reconciled
 
 
 def collision_warning(op: str, pos: str) -> str:
@@ -368,13 +384,15 @@ def aggregate_histograms(op: str, vec: VectorSteps, gid: np.ndarray, n_groups: i
             continue
         hs = [vec.hist[r, c] for r in members]
         try:
-            total, collision = sum_histograms(hs, mean=(op == "avg"))
+            total, collision, reconciled = sum_histograms(hs, mean=(op == "avg"))
         except HistogramError:
             bad = next(r for r, h in zip(members, hs) if h.uses_custom_buckets != hs[0].uses_custom_buckets)
             ann.warn(mixed_exponential_custom(metric_name(vec.labels[bad]), expr_pos))
             continue
         if collision:
             ann.warn(collision_warning("aggregation", expr_pos))
+        if reconciled:
+            ann.info(reconciled_info("aggregation", expr_pos))
         plane[g, c] = total
     return plane, drop
 
@@ -399,13 +417,14 @@ def elem_binop(op: str, lv: float | FloatHistogram, rv: float | FloatHistogram, 
     lh, rh = isinstance(lv, FloatHistogram), isinstance(rv, FloatHistogram)
     if lh and rh:
         if op in ("+", "-"):
-            if lv.uses_custom_buckets and rv.uses_custom_buckets and lv.custom_values != rv.custom_values:  # type: ignore[union-attr]
-                raise unsupported("combining custom-bucket histograms with different bounds")
             try:
-                res = lv.add(rv, 1.0 if op == "+" else -1.0)  # type: ignore[union-attr, arg-type]
+                res, rec = lv.combine(rv, 1.0 if op == "+" else -1.0)  # type: ignore[union-attr, arg-type]
+                what = "addition" if op == "+" else "subtraction"
                 if lv.merged_hint(rv)[1]:  # type: ignore[union-attr, arg-type]
-                    ann.warn(f"PromQL warning: conflicting counter resets during histogram {'addition' if op == '+' else 'subtraction'}{pos}")
-                return True, (res if op == "+" else _with_hint(res, "gauge"))
+                    ann.warn(f"PromQL warning: conflicting counter resets during histogram {what}{pos}")
+                if rec:
+                    ann.info(reconciled_info(what, pos))
+                return True, (res if op == "+" else _with_hint(res, "gauge")).compact()
             except HistogramError:
                 ann.warn(f"PromQL warning: incompatible bucket layout encountered for binary operator {op}{pos}")
                 return False, None

@@ -16,13 +16,14 @@ from promql.eval_histogram import (
     mask_cells,
     mixed_exponential_custom,
     mixed_floats_histograms,
+    reconciled_info,
     unsupported,
     window_counts,
     window_sequence,
 )
 from promql.go_format import go_quote
 from promql.functions.rate import extrapolation_factor
-from promql.types import FloatHistogram, HistogramError, RangeWindows, Value, VectorSteps
+from promql.types import FloatHistogram, HistogramError, RangeWindows, Value, VectorSteps, intersect_bounds
 from storage.labels import metric_name
 
 def _not_counter(name: str, pos: str) -> str:
@@ -46,7 +47,10 @@ def detect_reset(cur: FloatHistogram, prev: FloatHistogram) -> bool:
         if not prev.uses_custom_buckets:
             return True
         if cur.custom_values != prev.custom_values:
-            raise unsupported("counter-reset detection between different custom bucket bounds")
+            # both re-binned onto the bounds they share: a reset if any shared bucket decreased
+            bounds = intersect_bounds(cur.custom_values, prev.custom_values)
+            mine, theirs = cur.custom_buckets_on(bounds), prev.custom_buckets_on(bounds)
+            return any(mine.get(i, 0.0) < c for i, c in theirs.items())
     elif prev.uses_custom_buckets:
         return True
     if cur.schema > prev.schema:
@@ -89,15 +93,20 @@ def _histogram_increase(points: list[tuple[int, FloatHistogram]], is_counter: bo
             ann.warn(mixed_exponential_custom(name, pos))
             return None
     try:
-        h = last.add(prev, -1.0)
+        h, rec = last.combine(prev, -1.0)
+        if rec:
+            ann.info(reconciled_info("subtraction", pos))
         if is_counter:
             before = prev
             for _, cur in points[1:]:
                 if detect_reset(cur, before):
-                    h = h.add(before)
+                    h, rec = h.combine(before)
+                    if rec:
+                        ann.info(reconciled_info("addition", pos))
                 before = cur
-    except HistogramError as e:
-        raise unsupported(f"rate over histograms with different bucket layouts ({e})") from e
+    except HistogramError:
+        ann.warn(mixed_exponential_custom(name, pos))
+        return None
     if not is_counter and (points[0][1].counter_reset_hint != "gauge" or points[-1][1].counter_reset_hint != "gauge"):
         ann.warn(_not_gauge(name, pos))
     return FloatHistogram(h.schema, h.count, h.sum, h.zero_threshold, h.zero_count, h.positive, h.negative,
@@ -122,7 +131,7 @@ def extrapolated_histogram_rate(points: list[tuple[int, FloatHistogram]], range_
 
 
 def interpolate_histograms(a: tuple[int, FloatHistogram], b: tuple[int, FloatHistogram], t: int,
-                           is_counter: bool) -> FloatHistogram:
+                           is_counter: bool, pos: str, ann: Any) -> FloatHistogram:
     """The histogram on the straight line from sample ``a`` to sample ``b`` at time ``t``; a
     counter that resets between them restarts from zero (``b`` scaled). Raises HistogramError
     for layouts that cannot be combined."""
@@ -134,11 +143,17 @@ def interpolate_histograms(a: tuple[int, FloatHistogram], b: tuple[int, FloatHis
     fraction = (t - t1) / (t2 - t1)
     if is_counter and detect_reset(h2, h1):
         return h2.scale(fraction)
-    return h2.add(h1, -1.0).scale(fraction).add(h1)
+    d, rec = h2.combine(h1, -1.0)
+    if rec:
+        ann.info(reconciled_info("subtraction", pos))
+    res, rec = d.scale(fraction).combine(h1)
+    if rec:
+        ann.info(reconciled_info("addition", pos))
+    return res
 
 
 def _extended_correction(points: list[tuple[int, FloatHistogram]], first: int, last: int, left: FloatHistogram,
-                         right: FloatHistogram, range_start: int, smoothed: bool) -> FloatHistogram | None:
+                         right: FloatHistogram, range_start: int, smoothed: bool, pos: str, ann: Any) -> FloatHistogram | None:
     """The counter-reset correction of an anchored/smoothed histogram increase: the histogram
     before every reset among left, the samples strictly between the two boundary samples, and
     right. A left boundary interpolated across a reset has accounted for it already; the last
@@ -151,12 +166,21 @@ def _extended_correction(points: list[tuple[int, FloatHistogram]], first: int, l
     if k > last:
         return None
     corr: FloatHistogram | None = None
+
+    def add(h: FloatHistogram) -> FloatHistogram:
+        if corr is None:
+            return h
+        res, rec = corr.combine(h)
+        if rec:
+            ann.info(reconciled_info("addition", pos))
+        return res
+
     for _, cur in points[k:last]:
         if detect_reset(cur, prev):
-            corr = prev if corr is None else corr.add(prev)
+            corr = add(prev)
         prev = cur
     if detect_reset(right, prev):
-        corr = prev if corr is None else corr.add(prev)
+        corr = add(prev)
     return corr
 
 
@@ -186,17 +210,21 @@ def extended_histogram_rate(points: list[tuple[int, FloatHistogram]], range_star
     try:
         left = points[first][1]
         if smoothed and times[first] < range_start:
-            left = interpolate_histograms(points[first], points[first + 1], range_start, is_counter)
+            left = interpolate_histograms(points[first], points[first + 1], range_start, is_counter, pos, ann)
         right = points[last][1]
         if smoothed and last > 0 and times[last] > range_end:
-            right = interpolate_histograms(points[last - 1], points[last], range_end, is_counter)
+            right = interpolate_histograms(points[last - 1], points[last], range_end, is_counter, pos, ann)
         if not is_counter and (left.counter_reset_hint != "gauge" or right.counter_reset_hint != "gauge"):
             ann.warn(_not_gauge(name, pos))
-        res = right.add(left, -1.0)
+        res, rec = right.combine(left, -1.0)
+        if rec:
+            ann.info(reconciled_info("subtraction", pos))
         if is_counter:
-            corr = _extended_correction(points, first, last, left, right, range_start, smoothed)
+            corr = _extended_correction(points, first, last, left, right, range_start, smoothed, pos, ann)
             if corr is not None:
-                res = res.add(corr)
+                res, rec = res.combine(corr)
+                if rec:
+                    ann.info(reconciled_info("addition", pos))
     except HistogramError:
         ann.warn(mixed_exponential_custom(name, pos))
         return None
@@ -221,10 +249,9 @@ def instant_histogram_rate(a: tuple[int, FloatHistogram], b: tuple[int, FloatHis
         if hb.uses_custom_buckets != ha.uses_custom_buckets:
             ann.warn(mixed_exponential_custom(name, pos))
             return None
-        try:
-            res = hb.add(ha, -1.0)
-        except HistogramError as e:
-            raise unsupported(f"idelta/irate over histograms with different bucket layouts ({e})") from e
+        res, rec = hb.combine(ha, -1.0)
+        if rec:
+            ann.info(reconciled_info("subtraction", pos))
     res = FloatHistogram(res.schema, res.count, res.sum, res.zero_threshold, res.zero_count, res.positive, res.negative,
                          res.custom_values, "gauge").compact()
     return res.divide((tb - ta) / 1000) if is_rate else res

@@ -23,6 +23,7 @@ what Prometheus does for float-only functions. See promql/eval_histogram.py.
 """
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, field, replace
 from typing import Union
@@ -102,11 +103,41 @@ class FloatHistogram:
         return "unknown", True
 
     def add(self, other: "FloatHistogram", sign: float = 1.0) -> "FloatHistogram":
-        """``self + sign * other``; raises HistogramError for incompatible bucket layouts."""
+        """``self + sign * other``; raises HistogramError for exponential with custom buckets.
+        Custom buckets with different bounds are reconciled (see ``combine``)."""
+        return self.combine(other, sign)[0]
+
+    def combine(self, other: "FloatHistogram", sign: float = 1.0) -> tuple["FloatHistogram", bool]:
+        """``self + sign * other`` and whether custom bucket bounds had to be reconciled: two
+        custom-bucket histograms with different bounds are both re-binned onto the bounds they
+        share (each bucket into the first shared bound at or above its upper bound, +Inf
+        otherwise), as Prometheus does, which callers report with an info annotation. Raises
+        HistogramError for exponential with custom buckets."""
         if self.uses_custom_buckets != other.uses_custom_buckets:
             raise HistogramError("cannot combine exponential and custom-bucket histograms")
-        if self.uses_custom_buckets and self.custom_values != other.custom_values:
-            raise HistogramError("custom-bucket histograms with different bounds")
+        reconciled = self.uses_custom_buckets and self.custom_values != other.custom_values
+        if reconciled:
+            bounds = intersect_bounds(self.custom_values, other.custom_values)
+            a_pos, b_pos = self.custom_buckets_on(bounds), other.custom_buckets_on(bounds)
+            for i, c in b_pos.items():
+                a_pos[i] = a_pos.get(i, 0.0) + sign * c
+            return FloatHistogram(
+                schema=self.schema, count=self.count + sign * other.count, sum=self.sum + sign * other.sum,
+                positive=tuple(sorted((i, c) for i, c in a_pos.items() if c != 0)), custom_values=bounds,
+                counter_reset_hint=self.merged_hint(other)[0]), True
+        return self._add_same_layout(other, sign), False
+
+    def custom_buckets_on(self, bounds: tuple[float, ...]) -> dict[int, float]:
+        """The custom buckets re-binned onto ``bounds`` (a subset of this histogram's bounds):
+        bucket ``(a, b]`` goes into the first of ``bounds`` at or above ``b``, else into +Inf."""
+        cv = self.custom_values
+        out: dict[int, float] = {}
+        for i, c in self.positive:
+            j = bisect.bisect_left(bounds, cv[i]) if i < len(cv) else len(bounds)
+            out[j] = out.get(j, 0.0) + c
+        return out
+
+    def _add_same_layout(self, other: "FloatHistogram", sign: float) -> "FloatHistogram":
         schema = min(self.schema, other.schema)
         a_pos, a_neg = self._buckets_at(schema)
         b_pos, b_neg = other._buckets_at(schema)
@@ -153,6 +184,12 @@ class FloatHistogram:
                 and a.zero_threshold == b.zero_threshold and same(a.zero_count, b.zero_count)
                 and a.positive == b.positive and a.negative == b.negative
                 and a.custom_values == b.custom_values)
+
+
+def intersect_bounds(a: tuple[float, ...], b: tuple[float, ...]) -> tuple[float, ...]:
+    """The custom bucket bounds two histograms share (both lists ascending)."""
+    common = set(a) & set(b)
+    return tuple(x for x in a if x in common)
 
 
 @dataclass

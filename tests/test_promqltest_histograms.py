@@ -91,6 +91,23 @@ def test_histogram_add_reconciles_schema_and_refuses_custom_mix():
     assert not H1.equals(H2)
 
 
+def test_custom_bounds_are_reconciled_to_the_shared_ones():
+    from promql.eval_histogram_rate import detect_reset
+
+    # a: (-Inf,2]:1 (2,4]:2 (4,6]:3 (6,+Inf]:0; b: (-Inf,4]:5 (4,8]:1. Shared bounds: [4]; a's
+    # buckets go to (-Inf,4]: 1+2, (4,+Inf]: 3; b's to (-Inf,4]: 5, (4,+Inf]: 1
+    a = parse_histogram("{{schema:-53 count:6 sum:20 custom_values:[2 4 6] buckets:[1 2 3]}}")
+    b = parse_histogram("{{schema:-53 count:6 sum:20 custom_values:[4 8] buckets:[5 1]}}")
+    total, reconciled = a.combine(b)
+    assert reconciled and total.custom_values == (4.0,) and total.positive == ((0, 8.0), (1, 4.0))
+    assert total.count == 12 and total.sum == 40
+    assert a.combine(a)[1] is False
+    # counter resets compare the re-binned buckets: (4,+Inf] drops from 3 to 1
+    assert detect_reset(b, a)
+    same = parse_histogram("{{schema:-53 count:6 sum:20 custom_values:[4] buckets:[3 3]}}")
+    assert not detect_reset(same, a) and not detect_reset(a, same)
+
+
 def test_memory_source_keeps_histograms_apart():
     src = _source()
     ms = [Matcher("__name__", "=", "mixed")]

@@ -39,6 +39,7 @@ from promql.eval_histogram import (
     mixed_exponential_custom,
     mixed_floats_histograms,
     mixed_range_ignored,
+    reconciled_info,
     sum_histograms,
 )
 from promql.types import HistogramError, RangeWindows, Value, VectorSteps
@@ -372,12 +373,14 @@ def _sum_avg_with_histograms(ctx: FunctionContext, rw: RangeWindows, vals: np.nd
     for r, c in zip(*np.nonzero((nh > 0) & (nf == 0))):  # histogram-only windows
         hs = list(hw.objs[int(hw.lo[r, c]):int(hw.hi[r, c])])
         try:
-            total, collision = sum_histograms(hs, mean=avg)
+            total, collision, reconciled = sum_histograms(hs, mean=avg)
         except HistogramError:
             ctx.annotations.warn(mixed_exponential_custom(metric_name(rw.labels[r]), ctx.pos(0)))
             continue
         if collision:
             ctx.annotations.warn(collision_warning("aggregation", ctx.pos(0)))
+        if reconciled:
+            ctx.annotations.info(reconciled_info("aggregation", ctx.pos(0)))
         plane[r, c] = total
     return window_vector(rw, vals, (nf > 0) & ~mixed, plane=plane)
 

@@ -26,6 +26,7 @@ from typing import Iterable
 import numpy as np
 
 from planner.algorithms.exact import FIELDS, INT_FIELDS, SegStats, boundary, combine, segments_from_sorted
+from planner.pane_layout import grown_layout
 
 ENTRY_FIELDS = ("entry_corr", "entry_resets", "entry_changes")
 ALL_FIELDS = FIELDS + ENTRY_FIELDS
@@ -116,8 +117,8 @@ class ExactPaneStore:
             self._set_views()
             return
         need = hi - lo + 1
-        newcap = max(2 * need, 64)
-        off = newcap - need if lo < self.k0 else 0  # slack on the side that grows
+        newcap, pk0 = grown_layout(lo, hi + 1, grows_left=bool(self.nk) and lo < self.k0)
+        off = lo - pk0
         rows = self._phys["count"].shape[0]
         shift = self.k0 - lo
         for f in self.fields:

@@ -15,7 +15,8 @@ served from group panes: ``sum by (g) (rate(x[w]))`` extrapolates each series on
 samples, so it is not a function of merged panes; those keep per-series ``exact`` panes and aggregate
 at query time. Late samples need no rebuild here (no order-dependent field).
 
-Dense (group x pane) arrays with slack on both sides (backfill grows left, live ingest right); a batch
+Dense (group x pane) arrays with slack on both sides (backfill grows left, live ingest right:
+planner/pane_layout.py); a batch
 is folded with ``bincount`` / ``fmin.at`` / ``fmax.at`` over (group, pane) cells: no per-sample Python.
 """
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Sequence
 
 import numpy as np
 
+from planner.pane_layout import grown_layout
 from storage.labels import Labels
 
 FIELDS = ("count", "nnan", "npinf", "nninf", "s1", "vmin", "vmax")
@@ -107,9 +109,7 @@ class GroupPaneStore:
         if cap and lo >= self.pk0 and hi <= self.pk0 + cap:
             self.k_lo, self.k_hi = lo, hi
             return
-        need = hi - lo
-        newcap = max(2 * need, 64)
-        pk0 = lo - (newcap - need) // 2  # slack on both sides
+        newcap, pk0 = grown_layout(lo, hi, grows_left=self.k_hi > self.k_lo and lo < self.k_lo)
         rows = self.a["count"].shape[0]
         for f, arr in self.a.items():
             b = _blank(f, (rows, newcap))

@@ -180,3 +180,37 @@ def test_grafana_aligned_windows_need_no_raw_edges_and_equal_raw(aligned_world, 
             assert fast.stats.samples_scanned == 0, (qq, fast.stats.samples_scanned)
         else:  # boundary samples of the round-timestamp series keep those edges raw
             assert fast.stats.samples_scanned > 0, qq
+
+
+def test_backfill_interleaved_with_live_panes_regrows_logarithmically():
+    """A backfill (chunks of older panes, newest first) while live ingest adds a pane at the right
+    after each chunk: the matrix is reallocated O(log) times, not once or twice per chunk, every pane
+    keeps what was folded into it, and the spare room stays within half the used width."""
+    from planner.exact_store import ExactPaneStore
+
+    P, rows, chunk, chunks = 15_000, 50, 240, 30
+    st = ExactPaneStore(P, fields=("corr",))
+    st.ensure_series(rows)
+    sid = np.arange(rows, dtype=np.int64)
+    live = 10_000
+    buffers, expect = set(), {}
+
+    def fold_live(k):
+        st.ingest_sorted(sid, np.full(rows, k * P + 1, np.int64), np.full(rows, float(k)), live=True)
+        expect[k] = float(k)
+
+    fold_live(live)
+    for c in range(chunks):
+        k = np.arange(10_000 - (c + 1) * chunk, 10_000 - c * chunk)
+        st.ingest_sorted(np.repeat(sid, chunk), np.tile(k * P + 2, rows), np.tile(k.astype(float), rows), live=False)
+        expect.update({int(x): float(x) for x in k})
+        live += 1
+        fold_live(live)
+        buffers.add(id(st._phys["count"]))
+    assert len(buffers) <= 12, len(buffers)  # 30 chunks, 7,230 panes: ~9 regrowths
+    assert st.k0 == 10_000 - chunks * chunk and st.nk == chunks * chunk + chunks + 1
+    assert st._phys["count"].shape[1] <= 1.5 * st.nk + 64
+    ks = np.array(sorted(expect))
+    got = st.cols["last_v"][:, ks - st.k0]
+    assert (st.cols["count"][:, ks - st.k0] == 1).all()
+    np.testing.assert_array_equal(got, np.broadcast_to(ks.astype(float), got.shape))

@@ -215,6 +215,10 @@ class Engine:
             positions = locate_all(expr, query)
         except Exception:  # positions are best effort
             positions = {}
+        if getattr(self.source, "select_histograms", None) is not None and getattr(self.source, "has_histograms", True):
+            from promql.eval_histogram import stats_selectors
+
+            ctx.extra["histogram_stats_selectors"] = stats_selectors(expr)
         ev = Evaluator(positions)
         try:
             with np.errstate(all="ignore"):

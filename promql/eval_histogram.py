@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from promql.errors import ExecutionError
+from promql.errors import ExecutionError, PromQLError
 from promql.functions import FunctionSpec, Histograms
 from promql.go_format import go_quote
 from promql.types import (
@@ -114,8 +114,93 @@ def align(ss: SeriesSet, hs: HistogramSet) -> tuple[SeriesSet, HistogramSet]:
         return ss, hs
     labels = sorted(set(ss.labels) | set(hs.labels))
     fs = SeriesSet(labels, _reoffset(list(ss.labels), ss.offsets, labels), ss.timestamps, ss.values)
-    hh = HistogramSet(labels, _reoffset(list(hs.labels), hs.offsets, labels), hs.timestamps, hs.hists)
+    hh = HistogramSet(labels, _reoffset(list(hs.labels), hs.offsets, labels), hs.timestamps, hs.hists, hs.plain)
     return fs, hh
+
+
+# --- what Prometheus's HistogramStatsIterator changes -----------------------------------------
+#
+# When the only consumers of a selector's histograms are histogram_count/sum/avg, Prometheus
+# reads them through its HistogramStatsIterator, which drops the buckets and replaces an
+# ``unknown`` counter-reset hint by ``reset`` / ``not_reset`` found against the previous
+# histogram the iterator read. A sum of such samples can then see ``reset`` beside ``not_reset``
+# and warns about conflicting counter resets where the full histograms would not. The iterator
+# reads a series from the first sample at or after the window start (instant selection: the
+# evaluation time minus the lookback delta); the first sample read keeps its stored hint. For
+# range queries Prometheus keeps reading across steps, which is taken here as the same rule
+# applied at every step.
+
+STATS_FUNCTIONS = frozenset({"histogram_count", "histogram_sum", "histogram_avg"})
+_NEEDS_BUCKETS = frozenset({"histogram_quantile", "histogram_quantiles", "histogram_fraction"})
+
+
+def stats_selectors(root: Any) -> set[int]:
+    """ids of the vector selectors (bare or in a range selector) Prometheus reads through its
+    HistogramStatsIterator (detectHistogramStatsDecoding): a histogram_count/sum/avg above them
+    with no subquery, bucket-reading function or trim operator in between."""
+    from promql import parser as pp
+    from promql.ast_walk import children
+
+    parent: dict[int, Any] = {}
+    stack = [root]
+    out: set[int] = set()
+    while stack:
+        n = stack.pop()
+        kids = children(n)
+        for k in kids:
+            parent[id(k)] = n
+        stack.extend(kids)
+        if not isinstance(n, pp.VectorSelector):
+            continue
+        stats = False
+        p = parent.get(id(n))
+        while p is not None:
+            if isinstance(p, pp.SubqueryExpr):
+                stats = False
+                break
+            if isinstance(p, pp.Call) and p.func.name in STATS_FUNCTIONS:
+                stats = True
+            elif isinstance(p, pp.Call) and p.func.name in _NEEDS_BUCKETS:
+                stats = False
+                break
+            elif isinstance(p, pp.BinaryExpr) and str(p.op) in TRIM_OPS:
+                stats = False
+                break
+            p = parent.get(id(p))
+        if stats:
+            out.add(id(n))
+    return out
+
+
+def with_stats_hints(hs: HistogramSet) -> HistogramSet:
+    """``hs`` with each ``unknown`` hint replaced by ``reset`` / ``not_reset`` against the
+    series' previous histogram (HistogramStatsIterator), the stored samples kept in ``plain``.
+    Per-histogram Python."""
+    from promql.eval_histogram_rate import detect_reset
+
+    objs = hs.hists.copy()
+    starts = set(hs.offsets[:-1].tolist())
+    for i in range(len(objs)):  # per histogram sample
+        h = hs.hists[i]
+        if h.counter_reset_hint != "unknown" or i in starts or math.isnan(h.sum):
+            continue
+        prev = hs.hists[i - 1]
+        try:
+            hint = "reset" if detect_reset(h, prev) else "not_reset"
+        except PromQLError:
+            continue
+        objs[i] = _with_hint(h, hint)
+    return HistogramSet(hs.labels, hs.offsets, hs.timestamps, objs, hs.hists)
+
+
+def read_hint_sample(objs: np.ndarray, plain: np.ndarray | None, ts: np.ndarray, first: np.ndarray, i: int,
+                     start: int) -> FloatHistogram:
+    """Sample ``i`` as the stats iterator returns it when it starts reading at ``start``: its
+    computed hint if the previous histogram of the series was read too, else as stored.
+    ``first``: index of the series' first sample."""
+    if plain is None or (i > first and int(ts[i - 1]) >= start):
+        return objs[i]
+    return plain[i]
 
 
 def vector_plane(hs: HistogramSet, e: np.ndarray, lookback: int, f_has: np.ndarray, f_ts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -134,6 +219,12 @@ def vector_plane(hs: HistogramSet, e: np.ndarray, lookback: int, f_has: np.ndarr
     wins = inside & (~f_has | (hts > f_ts))
     plane = np.full(wins.shape, None, dtype=object)
     plane[wins] = hs.hists[safe[wins]]
+    if hs.plain is not None:  # stats-iterator hints: only if the previous sample was read too
+        first = np.broadcast_to(hs.offsets[:-1, None], wins.shape)
+        rows, cols = np.nonzero(wins)
+        for r, c in zip(rows.tolist(), cols.tolist()):  # histogram cells only
+            plane[r, c] = read_hint_sample(hs.hists, hs.plain, hs.timestamps, first[r, c], int(safe[r, c]),
+                                           int(e[c]) - lookback)
     return plane, wins, hts
 
 
@@ -202,7 +293,16 @@ def window_plane(hs: HistogramSet, e: np.ndarray, rng: int, before: int = 0, aft
     from promql.eval_selectors import window_index
 
     return HistWindows(hs.offsets, hs.timestamps, hs.hists, window_index(hs.offsets, hs.timestamps, e - rng - before),
-                       window_index(hs.offsets, hs.timestamps, e + after))
+                       window_index(hs.offsets, hs.timestamps, e + after), hs.plain)
+
+
+def window_histograms(hw: HistWindows, s: int, lo: int, hi: int, start: int) -> list[FloatHistogram]:
+    """The histograms of one window ``[lo, hi)`` of series ``s`` starting at ``start``, with the
+    hints they are read with (see read_hint_sample)."""
+    out = list(hw.objs[lo:hi])
+    if out and hw.plain is not None:
+        out[0] = read_hint_sample(hw.objs, hw.plain, hw.ts, int(hw.offsets[s]), lo, start)
+    return out
 
 
 def plane_to_set(labels: list[Labels], plane: np.ndarray | None, times: np.ndarray) -> HistogramSet | None:

@@ -19,7 +19,14 @@ import numpy as np
 from promql.errors import BadData, TooManySamples
 from promql.eval_context import EvalContext
 from promql.parser import AtModifierType
-from promql.eval_histogram import align, select_histograms, smoothed_selection, vector_plane, window_plane
+from promql.eval_histogram import (
+    align,
+    select_histograms,
+    smoothed_selection,
+    vector_plane,
+    window_plane,
+    with_stats_hints,
+)
 from promql.types import HistogramSet, RangeWindows, VectorSteps
 from storage.labels import METRIC_NAME
 from storage.matchers import Matcher
@@ -175,9 +182,14 @@ def _select_hist(ctx: EvalContext, vs: Any, mint: int, maxt: int, ss: SeriesSet)
     selections aligned onto the same series."""
     if not hasattr(ctx.source, "select_histograms") or not getattr(ctx.source, "has_histograms", True):
         return ss, None  # float-only source (the real storage): nothing to do
-    hs = select_histograms(ctx.source, to_matchers(vs), mint, maxt)
+    stats = id(vs) in ctx.extra.get("histogram_stats_selectors", ())
+    # read through Prometheus's HistogramStatsIterator: from the window start itself (its seek
+    # includes it), for the hint of the first sample inside
+    hs = select_histograms(ctx.source, to_matchers(vs), mint - 1 if stats else mint, maxt)
     if hs is None:
         return ss, None
+    if stats:
+        hs = with_stats_hints(hs)
     ctx.stats.samples_scanned += hs.num_samples
     ctx.stats.series_touched += len(set(hs.labels) - set(ss.labels))
     return align(ss, hs)

@@ -64,7 +64,8 @@ def slice_windows(w: RangeWindows, a: int, b: int) -> RangeWindows:
     if w.hist is not None:
         hb, he = int(w.hist.offsets[a]), int(w.hist.offsets[b])
         hw = HistWindows(w.hist.offsets[a:b + 1] - hb, w.hist.ts[hb:he], w.hist.objs[hb:he],
-                         w.hist.lo[a:b] - hb, w.hist.hi[a:b] - hb)
+                         w.hist.lo[a:b] - hb, w.hist.hi[a:b] - hb,
+                         None if w.hist.plain is None else w.hist.plain[hb:he])
     return RangeWindows(
         w.labels[a:b],
         w.offsets[a:b + 1] - base,

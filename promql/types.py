@@ -285,6 +285,8 @@ class HistWindows:
     objs: np.ndarray  # object (N,)
     lo: np.ndarray  # int64 (S, T)
     hi: np.ndarray  # int64 (S, T)
+    # Set when ``objs`` carry HistogramStatsIterator hints (see HistogramSet.plain).
+    plain: np.ndarray | None = None  # object (N,)
 
     def counts(self) -> np.ndarray:
         return self.hi - self.lo
@@ -298,6 +300,11 @@ class HistogramSet:
     offsets: np.ndarray  # int64 (S+1,)
     timestamps: np.ndarray  # int64 (N,)
     hists: np.ndarray  # object (N,) FloatHistogram
+    # When only histogram_count/sum/avg read the selection, ``hists`` carry the counter-reset
+    # hints Prometheus's HistogramStatsIterator computes (each against the series' previous
+    # histogram) and ``plain`` the samples as stored: a sample whose previous one the iterator
+    # did not read (outside the window) keeps its stored hint. See promql/eval_histogram.py.
+    plain: np.ndarray | None = None  # object (N,)
 
     @property
     def num_samples(self) -> int:

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from promql.engine import Engine
+from promql.query_opts import QueryOpts
 from promql.errors import PromQLError
 from promql.memory_source import HistogramOverlay, MemorySource
 from promql.promqltest import FileRunner
@@ -106,6 +107,42 @@ def test_custom_bounds_are_reconciled_to_the_shared_ones():
     assert detect_reset(b, a)
     same = parse_histogram("{{schema:-53 count:6 sum:20 custom_values:[4] buckets:[3 3]}}")
     assert not detect_reset(same, a) and not detect_reset(a, same)
+
+
+def test_stats_iterator_selectors_and_hints():
+    from promql import parser as pp
+    from promql.ast_walk import walk
+    from promql.eval_histogram import stats_selectors
+
+    def marked(q: str) -> list[str]:
+        ast = pp.parse(q)
+        ids = stats_selectors(ast)
+        return sorted(n.name for n in walk(ast) if isinstance(n, pp.VectorSelector) and id(n) in ids)
+
+    assert marked("histogram_count(sum(a) + rate(b[5m]))") == ["a", "b"]
+    assert marked("histogram_count(rate(a[5m:1m]))") == []  # a subquery needs the buckets
+    assert marked("histogram_sum(histogram_quantile(0.5, a))") == []
+    assert marked("histogram_avg(a </ 3) + histogram_count(b)") == ["b"]
+    assert marked("sum(a)") == []
+    # c: counts 4, 6, then 2 (a reset, stored as "unknown" like the first sample of a TSDB chunk);
+    # d: counts 1, 2 ("not_reset"). Read through the stats iterator, c's last sample becomes
+    # "reset" (its previous one is inside the lookback), so a sum warns -- the full histograms
+    # (hint unknown) do not
+    src = MemorySource()
+    c = [parse_histogram(f"{{{{schema:0 count:{n} sum:{n} buckets:[{n}]}}}}") for n in (4, 6, 2)]
+    d = [parse_histogram(f"{{{{schema:0 count:{n} sum:{n} buckets:[{n}] counter_reset_hint:{h}}}}}")
+         for n, h in ((1, "unknown"), (2, "not_reset"))]
+    src.add_histograms(L("c"), [0, M, 2 * M], c)
+    src.add_histograms(L("d"), [M, 2 * M], d)
+    e = Engine(src)
+    res = e.instant_query("histogram_count(sum({__name__=~\"c|d\"}))", 2 * M)
+    assert res.values.tolist() == [4.0]
+    assert res.annotations.warnings == [
+        "PromQL warning: conflicting counter resets during histogram aggregation (1:21)"]
+    assert e.instant_query("count(sum({__name__=~\"c|d\"}))", 2 * M).annotations.warnings == []
+    # with the previous sample outside the lookback the iterator starts at c's last sample: stored hint
+    assert e.instant_query("histogram_count(sum({__name__=~\"c|d\"}))", 2 * M,
+                           QueryOpts(lookback_delta_ms=30_000)).annotations.warnings == []
 
 
 def test_memory_source_keeps_histograms_apart():

@@ -41,6 +41,7 @@ from promql.eval_histogram import (
     mixed_range_ignored,
     reconciled_info,
     sum_histograms,
+    window_histograms,
 )
 from promql.types import HistogramError, RangeWindows, Value, VectorSteps
 from storage.labels import metric_name
@@ -371,7 +372,7 @@ def _sum_avg_with_histograms(ctx: FunctionContext, rw: RangeWindows, vals: np.nd
         ctx.annotations.warn(mixed_floats_histograms(metric_name(rw.labels[s]), ctx.pos(0)))
     plane = np.full(nf.shape, None, dtype=object)
     for r, c in zip(*np.nonzero((nh > 0) & (nf == 0))):  # histogram-only windows
-        hs = list(hw.objs[int(hw.lo[r, c]):int(hw.hi[r, c])])
+        hs = window_histograms(hw, int(r), int(hw.lo[r, c]), int(hw.hi[r, c]), int(rw.window_end[c]) - rw.range_ms)
         try:
             total, collision, reconciled = sum_histograms(hs, mean=avg)
         except HistogramError:

@@ -54,6 +54,8 @@ class PaneStore(Protocol):
 
     def pane_totals(self) -> tuple[int, np.ndarray]: ...  # (first pane, samples per pane): the read cost model
 
+    def drop_before(self, k: int) -> None: ...  # forget panes older than pane k (the plan's history moved on)
+
 
 @dataclass(frozen=True)
 class Algorithm:

@@ -116,6 +116,18 @@ class DyadicPanes(Generic[S]):
                 level += 1
         return [p for p in parts if p is not None]
 
+    def drop_before(self, k: int) -> None:
+        """Forget panes older than ``k`` and the cached nodes that start there."""
+        k = int(k)
+        with self.lock:
+            old = [j for j in self.panes if j < k]
+            if not old:
+                return
+            for j in old:
+                del self.panes[j]
+            self._nodes = {key: v for key, v in self._nodes.items() if key[1] << key[0] >= k}
+            self.version += 1
+
     # --- persistence ---------------------------------------------------------------------------
     def export_rows(self, k_lo: int, k_hi: int) -> dict[str, list]:
         with self.lock:

@@ -134,6 +134,21 @@ class ExactPaneStore:
     def nbytes(self) -> int:
         return int(sum(a[: self.ns, : self.nk].nbytes for a in self.cols.values()))
 
+    def drop_before(self, k: int) -> None:
+        """Forget panes older than ``k``: the view starts at ``k`` and the dropped columns are blanked
+        (room a later regrowth reclaims, never read back as data)."""
+        with self.lock:
+            d = min(int(k) - self.k0, self.nk)
+            if self.nk == 0 or d <= 0:
+                return
+            for f, a in self._phys.items():
+                a[:, self._off : self._off + d] = _blank(f, (1, 1))[0, 0]
+            self._off += d
+            self.k0 += d
+            self.nk -= d
+            self._set_views()
+            self.version += 1
+
     # --- ingest ----------------------------------------------------------------------------
     def _choose_shift(self, sid: np.ndarray, vals: np.ndarray) -> None:
         fin = np.isfinite(vals)

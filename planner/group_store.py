@@ -129,6 +129,16 @@ class GroupPaneStore:
         G = len(self.group_keys)
         return int(G * max(self.k_hi - self.k_lo, 0) * 8 * len(FIELDS))
 
+    def drop_before(self, k: int) -> None:
+        """Forget panes older than ``k`` (their columns are blanked; a later regrowth reclaims them)."""
+        with self.lock:
+            k2 = min(int(k), self.k_hi)
+            if self.k_hi <= self.k_lo or k2 <= self.k_lo:
+                return
+            for f, arr in self.a.items():
+                arr[:, self.k_lo - self.pk0 : k2 - self.pk0] = _blank(f, (1, 1))[0, 0]
+            self.k_lo = k2
+
     # --- ingest ----------------------------------------------------------------------------
     def ingest_sorted(self, sid: np.ndarray, ts: np.ndarray, vals: np.ndarray, *, live: bool = True) -> None:
         """Fold samples (any order; every sample once) into their (group, pane) cells in bulk."""

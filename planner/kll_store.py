@@ -241,6 +241,21 @@ class KLLPaneStore:
                 self._windows.popitem(last=False)
             return res
 
+    def drop_before(self, k: int) -> None:
+        """Forget panes older than ``k`` and the merged sketches that start there (per pane item, not
+        per sample). Cached answers stay true for the windows they were computed for."""
+        k = int(k)
+        with self.lock:
+            old = [key for key in self.panes if key[1] < k]
+            if not old:
+                return
+            for key in old:
+                del self.panes[key]
+            self._nodes = {key: v for key, v in self._nodes.items() if key[2] << key[1] >= k}
+            for key in [w for w in self._windows if w[1] < k]:
+                del self._windows[key]
+            self.version += 1
+
     # --- persistence -------------------------------------------------------------------------
     def export_rows(self, k_lo: int, k_hi: int) -> dict[str, list]:
         with self.lock:

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from planner.sds import SDS, SDSSpec
@@ -82,7 +83,10 @@ class SDSPersistence:
                 pq.write_table(pa.table(rows), d / f"panes-{start}-{hi}.parquet")
                 n = len(rows["pane"])
             self.persisted_hi[sds.id] = hi
-            self._merge_pane_files(d)
+            self._merge_pane_files(d, sds.cov_lo)
+        for _, f_hi, f in self._pane_files(d):
+            if f_hi <= sds.cov_lo:  # wholly older than the history the plan keeps (``SDS.trim``)
+                f.unlink(missing_ok=True)
         labels = list(sds.registry.labels)
         shift = getattr(sds.store, "shift", np.zeros(0))
         sh = np.full(len(labels), np.nan)
@@ -101,16 +105,18 @@ class SDSPersistence:
         self._catalog(sds)
         return n
 
-    def _merge_pane_files(self, d: Path) -> None:
+    def _merge_pane_files(self, d: Path, keep_from: int) -> None:
         """One file for many: written beside them first (a crash leaves either the old files or the
-        merged one holding their ranges, and ``_pane_files`` skips what another file holds)."""
+        merged one holding their ranges, and ``_pane_files`` skips what another file holds). Panes
+        older than ``keep_from`` (trimmed from the plan) are left out."""
         files = self._pane_files(d)
         if len(files) <= self.MERGE_FILES:
             return
-        lo, hi = files[0][0], files[-1][1]
+        lo, hi = max(files[0][0], keep_from), files[-1][1]
         tmp = d / f".panes-{lo}-{hi}.parquet.tmp"
         # permissive: a column one flush wrote as int and another as float (all-empty panes) still merges
-        pq.write_table(pa.concat_tables([pq.read_table(f) for _, _, f in files], promote_options="permissive"), tmp)
+        tab = pa.concat_tables([pq.read_table(f) for _, _, f in files], promote_options="permissive")
+        pq.write_table(tab.filter(pc.greater_equal(tab["pane"], keep_from)), tmp)
         tmp.replace(d / f"panes-{lo}-{hi}.parquet")
         for a, b, f in files:
             if (a, b) != (lo, hi):
@@ -176,8 +182,12 @@ class SDSPersistence:
                     else:
                         sds.store.import_rows(tab)
                 sds.cov_lo = cov_lo
+                if cov_lo is not None:
+                    sds.store.drop_before(cov_lo)  # rows a trim had dropped, still in older merged files
                 if persisted_hi is not None:
                     self.persisted_hi[sds.id] = int(persisted_hi)
+                    if cov_lo is not None:  # the history it kept when it was written
+                        sds.history_ms = (int(persisted_hi) - cov_lo) * sds.spec.pane_ms
                 sds.backfill_state = "restored"
                 out.append(sds)
             except Exception:  # noqa: BLE001 - a damaged SDS is dropped, queries fall back to raw

@@ -18,7 +18,8 @@ Config (``ctx.config.raw["planner"]``), all optional::
       min_count: 3            # recurrences ...
       period: 10m             # ... within this period
       pane: 1m
-      history: 1d             # backfill horizon at most (2x the widest span queried, at least 2x the largest range)
+      history: 1d             # backfill horizon at most (2x the widest span queried, at least 2x the largest range);
+                              # a plan keeps that much behind its newest sample and drops older panes (SDS.trim)
       max_history: 8d
       budget: 512MB
       retire_after: 1h
@@ -304,6 +305,7 @@ class Planner:
             sds = SDS(spec, pinned=pinned, reason=reason)
             sds.seal_delay_ms = self.config.seal_delay_ms
             hist = min(history_ms or self.config.history_ms, self.config.max_history_ms)
+            sds.history_ms = hist
             bg = self.config.background_backfill if background is None else background
             self.decisions.append((time.time(), "adopt", spec.id, reason))
             log.info("planner: adopting %s (%s)", spec.id, reason)
@@ -642,6 +644,8 @@ class Planner:
             last = max(s.stats.last_hit, s.stats.created)
             if now - last > self.config.retire_after_ms / 1000:
                 self.retire(s.id, f"no hits for {int(now - last)}s")
+        for s in list(self.sds.values()):
+            s.trim()
         total = sum(s.nbytes() for s in self.sds.values())
         if total > self.config.budget_bytes:
             for s in sorted((s for s in self.sds.values() if not s.pinned), key=lambda s: s.stats.hits):

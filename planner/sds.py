@@ -248,6 +248,9 @@ class SDS:
         # Live panes start at live_from; history [cov_lo, live_from) is backfilled from raw storage.
         self.live_from: int | None = None
         self.cov_lo: int | None = None
+        # the history this plan keeps behind its newest sample (``trim``); None: all it has
+        self.history_ms: int | None = None
+        self._trimmed_to_ms = np.iinfo(np.int64).min  # live ingest folds nothing older (``fold_floor_ms``)
         self.max_ts: int = np.iinfo(np.int64).min
         self.seal_delay_ms = 0
         self.backfill_total = 0
@@ -351,7 +354,29 @@ class SDS:
             return None
         if self.cov_lo is None:
             return self.live_from
-        return min(self.live_from, self.cov_lo * self.spec.pane_ms)
+        return max(min(self.live_from, self.cov_lo * self.spec.pane_ms), self._trimmed_to_ms)
+
+    TRIM_MIN_PANES = 64  # panes past the history before a trim runs (each one clears sketch caches)
+
+    def trim(self) -> int:
+        """Forget panes older than the history this plan keeps (``history_ms`` behind its newest
+        sample), so a plan's payload stays the size of its history however long the server runs
+        (it grew by a day's panes a day until the storage budget retired it, and the next recurrence
+        adopted and backfilled it again). Coverage starts at the first kept pane; windows reaching
+        further back read raw edges there, as before the backfill reached them. Returns panes dropped."""
+        if (self.history_ms is None or self.cov_lo is None or self.backfill_state not in ("done", "restored")
+                or self.max_ts == np.iinfo(np.int64).min):
+            return 0
+        P = self.spec.pane_ms
+        keep = int((self.max_ts - self.history_ms) // P)
+        if keep - self.cov_lo < self.TRIM_MIN_PANES:
+            return 0
+        with self._flush_lock:
+            n = keep - self.cov_lo
+            self.cov_lo = keep
+            self._trimmed_to_ms = keep * P
+            self.store.drop_before(keep)
+        return n
 
     def flush_pending(self) -> None:
         """Fold queued live samples into the panes: sort by (series, time); samples newer than each

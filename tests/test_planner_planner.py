@@ -431,3 +431,84 @@ def test_cost_report_keeps_the_summarization_cpu_of_retired_plans():
     assert after["summary_backfill_cpu_s"] == pytest.approx(before["summary_backfill_cpu_s"], abs=1e-6)
     assert after["summary_bytes"] == 0
     st.query_log.close()
+
+
+def test_plan_forgets_panes_older_than_its_history_and_restores_only_those_it_kept(tmp_path, monkeypatch):
+    """A plan keeps ``history_ms`` of panes behind its newest sample however long ingest runs: older
+    panes are dropped at maintenance, coverage starts at the first kept pane, answers still equal raw
+    (windows reaching further back read raw samples there), pane files wholly older are deleted, and a
+    restart restores the kept range only."""
+    monkeypatch.setattr(SDSPersistence, "MERGE_FILES", 3)
+    items = random_series(seed=6)
+    src, batch = load(items)
+    tmin, tmax = int(batch.timestamps.min()), int(batch.timestamps.max())
+    P, hist = 60_000, 2 * 3_600_000
+    st = _stack(src, {"cost_based": False}, data_dir=tmp_path)
+    cuts = np.linspace(tmin + (tmax - tmin) // 4, tmax, 9).astype(np.int64)
+    first = batch.timestamps <= cuts[0]
+    feed(st.summarizer, SampleBatch(batch.series, batch.series_index[first], batch.timestamps[first], batch.values[first]))
+    sds = st.planner.adopt(SDSSpec("x_total", "exact", P), reason="test", history_ms=hist)
+    assert sds.history_ms == hist
+    st.planner.maintain()
+    widest = 0
+    for a, b in zip(cuts[:-1], cuts[1:]):
+        part = (batch.timestamps > a) & (batch.timestamps <= b)
+        feed(st.summarizer, SampleBatch(batch.series, batch.series_index[part], batch.timestamps[part], batch.values[part]))
+        st.planner.maintain()
+        widest = max(widest, sds.store.nk)
+    lo, hi = sds.coverage()
+    feed_step = int(cuts[1] - cuts[0])  # trims run at maintenance, after each feed
+    assert lo * P >= sds.max_ts - hist - (SDS.TRIM_MIN_PANES + 1) * P - feed_step, "coverage follows the newest sample"
+    assert lo * P > tmin + P, "the oldest panes were dropped"
+    assert sds.store.k0 >= lo and widest <= (hist + feed_step) // P + SDS.TRIM_MIN_PANES + 2
+    for q in ["increase(x_total[1h])", "rate(x_total[17m])", "resets(x_total[30m])"]:
+        whole = st.engine.range_query(q, tmin + 3_600_000, tmax, 60_000)
+        _same_answer(whole, st.engine.range_query(q, tmin + 3_600_000, tmax, 60_000, QueryOpts(exact=True)))
+        recent = st.engine.range_query(q, tmax - 3_600_000, tmax, 60_000)
+        assert recent.stats.paths[0] == f"summary:{sds.id}"
+    d = st.persistence.dir(sds.id)
+    assert all(int(f.stem.split("-")[2]) > lo for f in d.glob("panes-*.parquet")), "older pane files deleted"
+    st.query_log.close()
+    st2 = _stack(src, {"cost_based": False}, data_dir=tmp_path)
+    restored = st2.planner.sds[sds.id]
+    assert restored.cov_lo == lo and restored.store.k0 >= lo
+    assert restored.history_ms is not None and restored.history_ms >= hist
+    q_end = int(cuts[-2])
+    fast = st2.engine.range_query("rate(x_total[17m])", q_end - 3_600_000, q_end, 60_000)
+    assert fast.stats.paths[0] == f"summary:{sds.id}"
+    _same_answer(fast, st2.engine.range_query("rate(x_total[17m])", q_end - 3_600_000, q_end, 60_000, QueryOpts(exact=True)))
+    st2.query_log.close()
+
+
+@pytest.mark.parametrize("alg", ["exact", "group", "kll", "req", "cpc", "fi"])
+def test_every_pane_store_forgets_exactly_the_panes_before_the_cut(alg):
+    """``drop_before(k)`` (the PaneStore protocol) removes every pane older than k and leaves the
+    others as they were, for each algorithm's store."""
+    from storage.labels import make_labels
+    from tests.test_planner_fixtures import T0
+
+    P = 60_000
+    spec = SDSSpec("m", alg, P, grouping=("job",) if alg in ("group", "cpc", "fi") else ())
+    sds = SDS(spec)
+    labels = [make_labels({"__name__": "m", "job": f"j{i % 3}", "inst": str(i)}) for i in range(12)]
+    ids = sds.register(labels)
+    rng = np.random.default_rng(3)
+    ts = np.arange(0, 300 * P, 20_000, dtype=np.int64) + T0
+    sid = np.repeat(ids, len(ts))
+    tt = np.tile(ts, len(ids))
+    vals = np.cumsum(rng.random(len(tt))) if alg == "exact" else rng.random(len(tt)) * 100
+    sds.store.ingest_sorted(sid, tt, vals, live=True)
+    k = int((T0 + 120 * P) // P)
+    far = int((T0 + 10_000 * P) // P)
+
+    def rows(a, b):
+        r = sds.store.export_rows(a, b)
+        return {key: np.asarray(v).tolist() for key, v in r.items()}
+
+    kept = rows(k, far)
+    assert len(rows(0, k)["pane"]) > 0
+    sds.store.drop_before(k)
+    assert len(rows(0, k)["pane"]) == 0
+    assert rows(k, far) == kept
+    sds.store.drop_before(k - 5)  # behind the cut already: nothing changes
+    assert rows(k, far) == kept

@@ -75,6 +75,8 @@ def compare(op: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def scalar_scalar(op: str, a: Scalar, b: Scalar) -> Scalar:
+    if op in TRIM_OPS:  # Prometheus's scalarBinop has no case for them
+        raise ExecutionError(f'operator "{op}" not allowed for Scalar operations')
     if op in COMPARE:
         return Scalar(compare(op, a.values, b.values).astype(np.float64))
     return Scalar(arith(op, a.values, b.values))

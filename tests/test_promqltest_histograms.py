@@ -295,6 +295,8 @@ def test_trim_operators(eng):
     # vector/vector: the right-hand float of each match is the cut point
     res = eng.instant_query('histogram_count(req_hist </ on(job) req{i="1"})', 0)
     assert res.values.tolist() == [3.0]
+    with pytest.raises(PromQLError, match='operator "</" not allowed for Scalar operations'):
+        eng.instant_query("1 </ 2", 0)
 
 
 def test_set_operators_keep_histograms(eng):

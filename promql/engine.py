@@ -9,7 +9,8 @@
 Both return ``promql.types.QueryResult`` (range queries always "matrix"; an instant query whose
 expression is a range selector or subquery returns a ragged matrix in ``QueryResult.csr``).
 Per-query options (``promql.query_opts.QueryOpts``: lookback, timeout, max samples, max depth,
-memory budget, a ``threading.Event`` to cancel, and ``node_hooks``) override the engine defaults.
+memory budget, a ``threading.Event`` to cancel, and ``node_hooks``) override the engine defaults;
+the engine's own ``node_hooks`` (a cluster querier's aggregation pushdown) run after the query's.
 
 Limits (docs/reliability.md, "Query limits"): ``max_depth`` refuses expressions deeper than that
 before the parser binding runs (BadData, 400; promql/query_guard.py); ``max_samples`` counts the
@@ -23,14 +24,14 @@ Semantics follow Prometheus 3.x with delayed ``__name__`` removal; see docs/comp
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 from promql import parser as pp
 
 from promql import query_guard
 from promql.errors import BadData, ExecutionError, PromQLError, TooManySamples
-from promql.eval_context import BYTES_PER_CELL, EvalContext, QueryBudget
+from promql.eval_context import BYTES_PER_CELL, EvalContext, NodeHook, QueryBudget
 from promql.eval_histogram import has_hist, histogram_points, refuse_result, strip
 from promql.eval_labels import SAME_LABELSET, apply_name_drop, drop_metric_name, merge_same_labels
 from promql.eval_positions import locate_all
@@ -136,8 +137,11 @@ class Engine:
         histogram_results: bool = False,
         max_depth: int = DEFAULT_MAX_DEPTH,
         max_memory_bytes: int = DEFAULT_MAX_MEMORY_BYTES,
+        node_hooks: Sequence[NodeHook] = (),
     ) -> None:
         self.source = source
+        # hooks of every query, after the query's own (a cluster querier's pushdown)
+        self.node_hooks = tuple(node_hooks)
         # Return native-histogram samples in QueryResult.histograms instead of refusing them
         # (only the conformance runner sets this; storage is float-only).
         self.histogram_results = bool(histogram_results)
@@ -208,7 +212,7 @@ class Engine:
             stats=stats,
             budget=budget,
             default_subquery_step_ms=self.default_subquery_step_ms,
-            hooks=tuple(node_hooks),
+            hooks=(*node_hooks, *self.node_hooks),
             query=query,
         )
         try:

@@ -173,10 +173,16 @@ def _wide_group_sums(vec: VectorSteps, g: Groups) -> tuple[np.ndarray, np.ndarra
 
 
 def _sum(vec: VectorSteps, g: Groups) -> np.ndarray:
+    return _finish(*sum_state(vec, g))
+
+
+def sum_state(vec: VectorSteps, g: Groups) -> tuple[np.ndarray, np.ndarray]:
+    """Per group and step the compensated sum before it is finished: (sum, compensation), what
+    ``_sum`` returns as ``sum + compensation``; partial sums of disjoint series merge from it."""
     t = vec.num_steps
     fast = _wide_group_sums(vec, g)
     if fast is not None:
-        return fast[0]
+        return fast[0], np.zeros_like(fast[0])
     s = np.zeros((g.n, t))
     c = np.zeros((g.n, t))
     n = np.zeros((g.n, t), np.int64)
@@ -192,7 +198,7 @@ def _sum(vec: VectorSteps, g: Groups) -> np.ndarray:
         rows = g.rows_of(gi)
         ss, cc = tree_sum(np.where(P[rows], V[rows], 0.0))
         s[gi], c[gi] = ss, cc
-    return _finish(s, c)
+    return s, c
 
 
 def _avg(vec: VectorSteps, g: Groups) -> np.ndarray:
@@ -487,15 +493,25 @@ def _output(vec: VectorSteps, g: Groups, values: np.ndarray, present: np.ndarray
     plane (sum/avg over native histograms)."""
     if present is None:
         present = g.reduce(np.logical_or, vec.present)
-    alive = present if plane is None else (present | np.not_equal(plane, None))
-    drop = None
+    dp = None
     if vec.drop_name is not None and vec.drop_name.any() and g.n:
         inp = vec.present if plane is None else vec.any_present()
         dp = g.reduce(np.logical_or, inp & vec.drop_name[:, None])
-        t = vec.num_steps
+    return group_rows(list(g.labels), values, present, dp, plane)
+
+
+def group_rows(labels: list[Labels], values: np.ndarray, present: np.ndarray, dp: np.ndarray | None,
+               plane: np.ndarray | None = None) -> VectorSteps:
+    """An aggregation's output from its groups' (G, T) values and presence: ``dp`` (G, T) says where
+    an input sample marked for delayed ``__name__`` removal took part (None: none did); a group
+    keeps the mark of its last step with a value; groups without any value are left out."""
+    alive = present if plane is None else (present | np.not_equal(plane, None))
+    drop = None
+    if dp is not None and len(labels):
+        t = present.shape[1]
         last = t - 1 - np.argmax(alive[:, ::-1], axis=1)
-        drop = dp[np.arange(g.n), last]
-    out = VectorSteps(list(g.labels), np.where(present, values, 0.0), present, drop, None, plane)  # type: ignore[arg-type]
+        drop = dp[np.arange(len(labels)), last]
+    out = VectorSteps(labels, np.where(present, values, 0.0), present, drop, None, plane)  # type: ignore[arg-type]
     keep = alive.any(axis=1)
     if not keep.all():
         idx = np.flatnonzero(keep)
@@ -838,4 +854,4 @@ def ratio_offset(labels: Labels) -> float:
     return float(labels_hash(labels)) / float(_M64)
 
 
-__all__ = ["aggregate", "Groups", "tree_sum", "go_format_float", "METRIC_NAME"]
+__all__ = ["aggregate", "Groups", "group_rows", "tree_sum", "sum_state", "go_format_float", "METRIC_NAME"]

@@ -51,6 +51,8 @@ def _add_cluster_flags(s: argparse.ArgumentParser) -> None:
                    help="URL queriers use to reach this ingester (default http://<listen>)")
     g.add_argument("--cluster.publish-timeout", dest="cluster_publish_timeout", type=_duration, default=5000,
                    help="a write JetStream has not acknowledged by then is answered 503 (default 5s)")
+    g.add_argument("--cluster.pushdown", dest="cluster_pushdown", choices=["true", "false"], default="true",
+                   help="a querier computes mergeable aggregations from the ingesters' partial states (default true)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -352,6 +354,7 @@ def _config_from_args(a: argparse.Namespace) -> ServerConfig:
     c.role, c.name, c.nats_urls, c.etcd_endpoints = a.role, a.cluster_name, a.cluster_nats_urls, a.cluster_etcd_endpoints
     c.partitions, c.replication_factor, c.stream_replicas = a.cluster_partitions, a.cluster_rf, a.cluster_stream_replicas
     c.node_id, c.advertise_url, c.publish_timeout_s = a.cluster_node_id, a.cluster_advertise_url, a.cluster_publish_timeout / 1000.0
+    c.pushdown = a.cluster_pushdown == "true"
     try:
         c.validate()
     except ValueError as e:

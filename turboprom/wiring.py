@@ -20,9 +20,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("turboprom")
 
 
-def build_context(config: ServerConfig, storage: Any = None) -> ServerContext:
+def build_context(config: ServerConfig, storage: Any = None, node_hooks: tuple = ()) -> ServerContext:
     """``storage``: what the stages read and write (default: the embedded TSDB in the data dir; a
-    cluster querier passes its fan-out storage)."""
+    cluster querier passes its fan-out storage); ``node_hooks``: every query engine's own hooks (a
+    cluster querier's aggregation pushdown)."""
     local = storage is None
     if local:
         storage = TSDB(config.data_dir, config.storage)
@@ -63,7 +64,8 @@ def build_context(config: ServerConfig, storage: Any = None) -> ServerContext:
 
     default_view = TenantView(storage, DEFAULT_TENANT)  # the default tenant never sees tenant-labelled series
     ctx.components.engine = Engine(default_view, lookback_delta_ms=config.lookback_delta_ms,
-                                      max_samples=config.query_max_samples, timeout_s=config.query_timeout_s)
+                                      max_samples=config.query_max_samples, timeout_s=config.query_timeout_s,
+                                      node_hooks=node_hooks)
     # --- planner (query log, SDS summarizer as ingest sink, rewrite onto summaries, rules) ---
     from planner.stack import build as build_planner
 
@@ -93,7 +95,7 @@ def build_context(config: ServerConfig, storage: Any = None) -> ServerContext:
 
     def tenant_engine(view: TenantView) -> PlannedEngine:
         raw = Engine(view, lookback_delta_ms=config.lookback_delta_ms, max_samples=config.query_max_samples,
-                     timeout_s=config.query_timeout_s)
+                     timeout_s=config.query_timeout_s, node_hooks=node_hooks)
         return PlannedEngine(raw, lambda node, ectx: None, query_log=ctx.components.query_log, planner=None)
 
     ctx.components.tenant_engines = TenantEngines(storage, tenant_engine)

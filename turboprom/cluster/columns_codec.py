@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import orjson
@@ -175,3 +175,67 @@ def merge_series_sets(parts: Sequence[SeriesSet]) -> SeriesSet:
     run_starts = np.repeat(starts[order] - offsets[:-1], counts)
     take = np.arange(offsets[-1], dtype=np.int64) + run_starts
     return SeriesSet([labels[i] for i in order], offsets, ts_all[take], vs_all[take])
+
+
+# ------------------------------------------------------------------ pushed-down aggregations
+# An ingester's partial aggregation state (promql/partial_aggregate.py) for a querier: one record
+# batch of G rows (groups, or topk/bottomk candidate series): ``labels`` and ``first`` (label sets
+# as JSON), ``present`` and each (G, T) state array as fixed-size lists of T, the delayed
+# ``__name__`` removal marks as ``dp`` (G x T) or ``drop`` (G); the schema's metadata holds the
+# operator, T, a JSON header (annotations, stats) and for topk/bottomk every group with its first
+# series.
+
+def _fixed(a: np.ndarray, t: int, dtype: type, typ: pa.DataType) -> pa.Array:
+    flat = _column(np.asarray(a, dtype).reshape(-1), dtype, typ)
+    return pa.FixedSizeListArray.from_arrays(flat, t)
+
+
+def _matrix(col: pa.Array, t: int, dtype: type) -> np.ndarray:
+    flat = col.flatten().to_numpy(zero_copy_only=False)
+    return np.asarray(flat, dtype).reshape(-1, t)
+
+
+def encode_partial(p: Any, header: dict) -> bytes:
+    t = p.num_steps
+    cols = {"labels": pa.array(label_keys(p.labels), pa.binary()),
+            "present": _fixed(p.present, t, np.uint8, pa.uint8())}
+    if p.first and not p.groups:
+        cols["first"] = pa.array(label_keys(p.first), pa.binary())
+    for name, a in p.arrays.items():
+        cols["a_" + name] = _fixed(a, t, np.float64, pa.float64())
+    if p.dp is not None:
+        cols["dp"] = _fixed(p.dp, t, np.uint8, pa.uint8())
+    if p.drop is not None:
+        cols["drop"] = _column(p.drop, np.uint8, pa.uint8())
+    meta = {b"op": p.op.encode(), b"t": str(t).encode(), b"header": orjson.dumps(header)}
+    if p.groups:  # topk/bottomk: the groups and their first series (not one per candidate row)
+        meta[b"groups"] = orjson.dumps([p.groups, p.first])
+    batch = pa.record_batch(list(cols.values()), schema=pa.schema([(k, v.type) for k, v in cols.items()], metadata=meta))
+    return _ipc(batch)
+
+
+def decode_partial(data: bytes) -> tuple[Any, dict]:
+    from promql.partial_aggregate import Partial
+
+    reader = pa.ipc.open_stream(pa.py_buffer(data))
+    meta = reader.schema.metadata or {}
+    b = reader.read_next_batch()
+    t = int(meta[b"t"])
+    names = b.schema.names
+
+    def col(name: str) -> pa.Array:
+        return b.column(names.index(name))
+
+    p = Partial(meta[b"op"].decode(), _labels(col("labels").to_pylist()), _matrix(col("present"), t, np.uint8).astype(bool),
+                {n[2:]: _matrix(col(n), t, np.float64) for n in names if n.startswith("a_")},
+                _labels(col("first").to_pylist()) if "first" in names else [],
+                _matrix(col("dp"), t, np.uint8).astype(bool) if "dp" in names else None,
+                col("drop").to_numpy(zero_copy_only=False).astype(bool) if "drop" in names else None)
+    if b"groups" in meta:
+        groups, first = orjson.loads(meta[b"groups"])
+        p.groups, p.first = _labels_of(groups), _labels_of(first)
+    return p, orjson.loads(meta[b"header"])
+
+
+def _labels_of(items: list) -> list[Labels]:
+    return [tuple(tuple(x) for x in lbl) for lbl in items]

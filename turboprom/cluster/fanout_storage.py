@@ -39,6 +39,15 @@ class PartitionUnavailable(PromQLError):
     http_status = 503
 
 
+class Refused(Exception):
+    """An ingester refused a request as the caller's fault (HTTP 4xx: a PromQL error of a pushed-down
+    aggregation, or a route it does not have): not a failure of the node."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(f"HTTP {status}: {message}")
+        self.status = status
+
+
 class FanoutStorage:
     def __init__(self, view: ClusterView, *, timeout_s: float = 120.0):
         self.view = view
@@ -106,16 +115,20 @@ class FanoutStorage:
             raise RuntimeError("FanoutStorage reads block: call them from a worker thread, not the event loop")
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
-    async def _post(self, url: str, path: str, body: dict) -> bytes:
+    async def _post(self, url: str, path: str, body: dict, refusals: bool = False) -> bytes:
         async with self._session.post(url + PREFIX + path, data=orjson.dumps(body),
                                       headers={"Content-Type": "application/json"}) as r:
             data = await r.read()
+            if refusals and 400 <= r.status < 500:
+                raise Refused(r.status, data[:300].decode(errors="replace"))
             if r.status != 200:
                 raise aiohttp.ClientResponseError(r.request_info, (), status=r.status, message=data[:300].decode(errors="replace"))
             return data
 
-    async def _fan(self, path: str, body: dict, per_partition: bool) -> list[bytes]:
-        """One answer per chosen owner; a failed owner's partitions are asked of their other owner."""
+    async def _fan(self, path: str, body: dict, per_partition: bool, refusals: bool = False) -> list[bytes]:
+        """One answer per chosen owner; a failed owner's partitions are asked of their other owner.
+        With ``refusals``, an owner's 4xx answer raises ``Refused`` (the node is fine; the request
+        is what it cannot answer)."""
         out: list[bytes] = []
         failed: set[str] = set()
         last: Exception | None = None
@@ -126,8 +139,11 @@ class FanoutStorage:
                 plan = {u: [p for p in ps if p in missing] for u, ps in plan.items()}
                 plan = {u: ps for u, ps in plan.items() if ps}
             reqs = {u: dict(body, partitions=ps) for u, ps in plan.items()}
-            results = await asyncio.gather(*(self._post(u, path, b) for u, b in reqs.items()), return_exceptions=True)
+            results = await asyncio.gather(*(self._post(u, path, b, refusals) for u, b in reqs.items()), return_exceptions=True)
             missing: set[int] = set()
+            for res in results:
+                if isinstance(res, Refused):
+                    raise res
             for (u, ps), res in zip(plan.items(), results):
                 if isinstance(res, BaseException):
                     last = res
@@ -146,6 +162,11 @@ class FanoutStorage:
             if not per_partition:
                 out = []
         raise PartitionUnavailable(f"partition reads failed on every owner: {last}")
+
+    def partials(self, body: dict) -> list[bytes]:
+        """A pushed-down aggregation's partial states (``/aggregate``), one per owner chosen to
+        cover every partition once (exactly one replica per partition, as for ``select``)."""
+        return self._run(self._fan("/aggregate", body, per_partition=True, refusals=True))
 
     # ------------------------------------------------------------------------- storage interface
     def select(self, matchers: Sequence[Matcher], mint: int, maxt: int) -> SeriesSet:

@@ -13,6 +13,11 @@ carry (columns_codec), so a second server framework and port would add nothing b
   node's metric metadata of that tenant (what its applied log messages carried);
 - ``POST /internal/cluster/v1/head_range`` ``{"matchers"}`` -> JSON ``{"numSeries", "minTime",
   "maxTime"}`` of the node's head samples of the matching series (for the status pages);
+- ``POST /internal/cluster/v1/aggregate`` (partition_eval.PartialRequest: the query text, the
+  aggregation's position in it, tenant, partitions, steps and the query's bounds and limits) ->
+  Arrow IPC (columns_codec.encode_partial) of the aggregation's partial state over exactly those
+  partitions, for the querier to merge (pushdown_hook.py); a PromQL error is answered 422 in the
+  API's error envelope and the querier evaluates that aggregation itself;
 - ``GET /internal/cluster/v1/status`` -> the node's owned, caught-up and applied sequences; with
   ``?lag=1`` also each owned partition's messages on the log not yet applied.
 """
@@ -24,15 +29,21 @@ import numpy as np
 import orjson
 from aiohttp import web
 
+from prometheus_client import Counter
+
+from promql.errors import PromQLError
 from storage.matchers import Matcher
 from storage.series_set import SeriesSet
 from turboprom.api_common import run_off_loop
 from turboprom.api_errors import error_response
 from turboprom.cluster import columns_codec, partitions
+from turboprom.cluster.partition_eval import PartialRequest, evaluate_partial
 from turboprom.context import ServerContext
 from turboprom.tenancy import validate_tenant
 
 PREFIX = "/internal/cluster/v1"
+PUSHDOWN = Counter("turboprom_cluster_pushdown_requests", "Pushed-down aggregations asked of this ingester by queriers: "
+                   "answered with a partial state, or refused (a PromQL error; the querier then evaluates raw).", ["outcome"])
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 
 
@@ -82,6 +93,19 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
             return columns_codec.encode_series_set(ss)
 
         return web.Response(body=await run_off_loop(ctx, job), content_type=ARROW_STREAM)
+
+    async def aggregate(request: web.Request) -> web.Response:
+        try:
+            req = PartialRequest.from_json(await body(request))
+            out = await run_off_loop(ctx, evaluate_partial, storage, req, set(ingester.held), total)
+        except PromQLError as e:
+            PUSHDOWN.labels("refused").inc()
+            return error_response(e.error_type, str(e), 422)
+        except (KeyError, TypeError, ValueError) as e:
+            PUSHDOWN.labels("refused").inc()
+            return error_response("bad_data", f"aggregate: {e}", 400)
+        PUSHDOWN.labels("answered").inc()
+        return web.Response(body=out, content_type=ARROW_STREAM)
 
     async def series(request: web.Request) -> web.Response:
         try:
@@ -135,6 +159,7 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
         return web.json_response(st)
 
     app.router.add_post(PREFIX + "/select", select)
+    app.router.add_post(PREFIX + "/aggregate", aggregate)
     app.router.add_post(PREFIX + "/series", series)
     app.router.add_post(PREFIX + "/labels", labels)
     app.router.add_post(PREFIX + "/metadata", metadata)

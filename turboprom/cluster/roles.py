@@ -54,6 +54,7 @@ def build_querier(config: ServerConfig) -> ServerContext:
     from turboprom.cluster.fanout_metadata import FanoutMetadata
     from turboprom.cluster.fanout_storage import FanoutStorage
     from turboprom.cluster.membership import ClusterView
+    from turboprom.cluster.pushdown_hook import PushdownHook
     from turboprom.wiring import build_context
 
     # summaries are filled at ingest, which a querier never sees: no plans may serve answers here
@@ -61,7 +62,8 @@ def build_querier(config: ServerConfig) -> ServerContext:
     config.raw = {**config.raw, "planner": {**planner, "enabled": False}}
     view = ClusterView(config.cluster)
     fanout = FanoutStorage(view, timeout_s=config.query_timeout_s + 5)
-    ctx = build_context(config, storage=fanout)
+    # mergeable aggregations are computed on the ingesters from their partitions (pushdown_hook.py)
+    ctx = build_context(config, storage=fanout, node_hooks=(PushdownHook(fanout, config.cluster.pushdown),))
     # started before everything else in the context (their fields come first): queries need the
     # cluster state first
     ctx.components.cluster_view = view

@@ -21,6 +21,7 @@ class ClusterSettings:
     advertise_url: str = ""  # how queriers reach this ingester (default: http://<listen>)
     publish_timeout_s: float = 5.0  # a write not acknowledged by JetStream by then is answered 503
     lease_ttl_s: int = 3  # etcd lease of an ingester's liveness key
+    pushdown: bool = True  # a querier pushes mergeable aggregations down to the ingesters
     log_retention_s: float = 86400.0  # how long JetStream keeps a partition's messages (replay horizon); 0 = forever
 
     def validate(self) -> None:

@@ -1,0 +1,130 @@
+"""An ingester's side of a pushed-down aggregation: evaluate what the aggregation aggregates over
+the asked partitions' series of one tenant, at the querier's steps, and reduce it to the
+aggregation's partial state (promql/partial_aggregate.py).
+
+The request names the aggregation by its position in the query text, and the ingester parses the
+same text: annotations (``PromQL info: metric might not be a counter ... (1:10)``) name the same
+positions as a single evaluation would. Each of the request's partitions is held whole here, so
+the partial state is exactly the partitions' share of the aggregation.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+from promql import parser as pp
+
+from promql.ast_walk import walk
+from promql.engine import parse
+from promql.errors import BadData, PromQLError
+from promql.eval_context import EvalContext, QueryBudget
+from promql.eval_positions import locate_all
+from promql.eval_histogram import has_hist
+from promql.evaluator import Evaluator
+from promql.partial_aggregate import partial
+from promql.types import Annotations, QueryStats, Scalar, VectorSteps
+from storage.matchers import Matcher
+from storage.series_set import SeriesSet
+from turboprom.cluster import columns_codec
+from turboprom.cluster.pushdown_decision import decide
+from turboprom.tenancy import TenantView, validate_tenant
+
+
+class PartitionSource:
+    """Storage reads restricted to the series of some partitions (``None``: all held ones)."""
+
+    def __init__(self, storage: Any, wanted: set[int] | None, total: int):
+        self.storage = storage
+        self.wanted = wanted
+        self.total = total
+
+    def select(self, matchers: Sequence[Matcher], mint: int, maxt: int) -> SeriesSet:
+        from turboprom.cluster.read_api import only_partitions
+
+        ss = self.storage.select(matchers, mint, maxt)
+        return ss if self.wanted is None else only_partitions(ss, self.wanted, self.total)
+
+
+@dataclass
+class PartialRequest:
+    query: str
+    agg_pos: tuple[int, int]
+    tenant: str
+    partitions: list[int]
+    steps: np.ndarray
+    query_start_ms: int
+    query_end_ms: int
+    query_step_ms: int
+    lookback_delta_ms: int
+    subquery_depth: int
+    max_samples: int
+    max_bytes: int
+    timeout_s: float
+
+    @classmethod
+    def from_json(cls, q: dict) -> "PartialRequest":
+        try:
+            return cls(str(q["query"]), (int(q["agg_pos"][0]), int(q["agg_pos"][1])), validate_tenant(str(q["tenant"])),
+                       [int(p) for p in q["partitions"]], np.asarray(q["steps"], np.int64), int(q["query_start_ms"]),
+                       int(q["query_end_ms"]), int(q["query_step_ms"]), int(q["lookback_delta_ms"]), int(q["subquery_depth"]),
+                       int(q["max_samples"]), int(q["max_bytes"]), float(q["timeout_s"]))
+        except (KeyError, TypeError, ValueError, IndexError) as e:
+            raise BadData(f"aggregate: {e}") from None
+
+
+def find_aggregation(expr: Any, pos: tuple[int, int]) -> Any:
+    for n in walk(expr):
+        if isinstance(n, pp.AggregateExpr) and tuple(n.pos) == pos:
+            return n
+    raise BadData(f"aggregate: no aggregation at {pos[0]}-{pos[1]} of the query")
+
+
+def _names(node: Any) -> tuple[list[str], bool]:
+    if node.modifier is None:
+        return [], False
+    return sorted(node.modifier.labels), str(node.modifier.type).rsplit(".", 1)[-1] == "Without"
+
+
+def evaluate_partial(storage: Any, req: PartialRequest, held: set[int], total: int) -> bytes:
+    """The partial state of the request's aggregation over its partitions (Arrow IPC,
+    columns_codec.encode_partial). PromQL errors propagate (the querier then evaluates raw)."""
+    expr = parse(req.query)
+    node = find_aggregation(expr, req.agg_pos)
+    d = decide(node)
+    if not d.pushed:
+        raise BadData(f"aggregate: not pushable here: {d.reason}")
+    wanted = set(req.partitions)
+    source = TenantView(PartitionSource(storage, None if held <= wanted else wanted, total), req.tenant)
+    ann, stats = Annotations(), QueryStats()
+    budget = QueryBudget(max_samples=req.max_samples, deadline=time.monotonic() + req.timeout_s, timeout_s=req.timeout_s,
+                         max_bytes=req.max_bytes)
+    ctx = EvalContext(step_times=req.steps, query_start_ms=req.query_start_ms, query_end_ms=req.query_end_ms,
+                      query_step_ms=req.query_step_ms, lookback_delta_ms=req.lookback_delta_ms, source=source,
+                      annotations=ann, stats=stats, budget=budget, query=req.query, subquery_depth=req.subquery_depth)
+    try:
+        positions = locate_all(expr, req.query)
+    except Exception:  # positions are best effort, as in the engine
+        positions = {}
+    ev = Evaluator(positions)
+    op = str(node.op).lower()
+    with np.errstate(all="ignore"):
+        param = ev.eval(node.param, ctx) if node.param is not None else None
+        vec = ev.eval(node.expr, ctx)
+        if not isinstance(vec, VectorSteps):
+            raise BadData(f"expected type instant vector in aggregation expression, got {type(vec).__name__}")
+        if has_hist(vec):
+            raise PromQLError("aggregate: native histogram samples are not pushed down")
+        names, without = _names(node)
+        state = partial(op, vec, names, without, param if isinstance(param, Scalar) else None)
+    per_step = stats.samples_per_step[1].tolist() if stats.samples_per_step is not None else None
+    header = {"warnings": ann.warnings, "infos": ann.infos,
+              "stats": {"samples_scanned": stats.samples_scanned, "series_touched": stats.series_touched,
+                        "peak_samples": stats.peak_samples, "total_queryable_samples": stats.total_queryable_samples,
+                        "samples_per_step": per_step},
+              "series": vec.num_series}
+    return columns_codec.encode_partial(state, header)
+
+
+__all__ = ["PartialRequest", "PartitionSource", "evaluate_partial", "find_aggregation"]

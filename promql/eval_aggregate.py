@@ -411,21 +411,29 @@ def _select_smallest(key: np.ndarray, g: Groups, k: np.ndarray) -> np.ndarray:
 _HEAP_SIM_BUDGET = 2_000_000  # row visits of exact heap replay for tie-straddled cells
 
 
+def heap_tie_cells(P: np.ndarray, key: np.ndarray, g: Groups, k: np.ndarray, sel: np.ndarray,
+                   sizes: np.ndarray | None = None) -> list[tuple[int, int]]:
+    """The (group, step) cells where equal values straddle the k-th place and the heap replay fits
+    its work budget (``sizes``: the groups' series counts, default ``g.sizes``); [] when none."""
+    sizes = g.sizes if sizes is None else sizes
+    if g.n == 0 or not sel.any() or int(sizes.max()) <= int(k.min()):
+        return []  # every present series of every group is kept: nothing to break
+    thr = g.reduce(np.maximum, np.where(sel, key, np.uint64(0)))  # (G, T) worst selected key
+    tie = P & ~sel & (key == thr[g.gid])
+    if not tie.any():
+        return []
+    cells = sorted({(int(gi), int(c)) for gi, c in zip(g.gid[np.nonzero(tie)[0]].tolist(), np.nonzero(tie)[1].tolist())})
+    if sum(int(sizes[gi]) for gi, _ in cells) > _HEAP_SIM_BUDGET:
+        return []
+    return cells
+
+
 def _heap_ties(op: str, V: np.ndarray, P: np.ndarray, key: np.ndarray, g: Groups, k: np.ndarray, sel: np.ndarray) -> None:
     """Where equal values straddle the k-th place, Prometheus's choice follows its heap
     (container/heap with replace-the-top-only-if-strictly-better), not input order. Replay that
     heap exactly for just those (group, step) cells (rare: exact ties at the boundary), within a
     work budget; elsewhere the vectorized selection is already identical."""
-    if g.n == 0 or not sel.any() or int(g.sizes.max()) <= int(k.min()):
-        return  # every present series of every group is kept: nothing to break
-    thr = g.reduce(np.maximum, np.where(sel, key, np.uint64(0)))  # (G, T) worst selected key
-    tie = P & ~sel & (key == thr[g.gid])
-    if not tie.any():
-        return
-    cells = sorted({(int(gi), int(c)) for gi, c in zip(g.gid[np.nonzero(tie)[0]].tolist(), np.nonzero(tie)[1].tolist())})
-    if sum(int(g.sizes[gi]) for gi, _ in cells) > _HEAP_SIM_BUDGET:
-        return
-    for gi, c in cells:  # per tie-straddled (group, step)
+    for gi, c in heap_tie_cells(P, key, g, k, sel):  # per tie-straddled (group, step)
         rows = [int(r) for r in np.sort(g.rows_of(gi)) if P[r, c]]
         kept = _go_heap_select(op, [(float(V[r, c]), r) for r in rows], int(k[c]))
         sel[rows, c] = False
@@ -714,7 +722,10 @@ def count_values(vec: VectorSteps, names: list[str], without: bool, param: Any, 
     return out
 
 
-def select_k(op: str, vec: VectorSteps, names: list[str], without: bool, param: Any, ann: Annotations, pos: str) -> VectorSteps:
+def select_k(op: str, vec: VectorSteps, names: list[str], without: bool, param: Any, ann: Annotations, pos: str,
+             heap_ties: bool = True) -> VectorSteps:
+    """``heap_ties=False``: equal values at the k-th place are broken by series order, no heap
+    replay (a merge of per-partition candidates that has checked no replay is due)."""
     t = vec.num_steps
     pv = param.values if isinstance(param, Scalar) else np.full(t, float("nan"))
     if op == "limit_ratio":
@@ -752,7 +763,7 @@ def select_k(op: str, vec: VectorSteps, names: list[str], without: bool, param: 
         else:  # limitk: the first k present series of each group, in input order
             key = np.where(P, np.uint64(0), _U_ABSENT)
         sel = P & _select_smallest(key, g, k)
-        if op in ("topk", "bottomk"):
+        if op in ("topk", "bottomk") and heap_ties:
             _heap_ties(op, V, P, key, g, k, sel)
         order_col0 = _first_step_order(key, g) if t == 1 else np.arange(s_)
     if t == 1:
@@ -854,4 +865,4 @@ def ratio_offset(labels: Labels) -> float:
     return float(labels_hash(labels)) / float(_M64)
 
 
-__all__ = ["aggregate", "Groups", "group_rows", "tree_sum", "sum_state", "go_format_float", "METRIC_NAME"]
+__all__ = ["aggregate", "Groups", "group_rows", "heap_tie_cells", "tree_sum", "sum_state", "go_format_float", "METRIC_NAME"]

@@ -10,7 +10,9 @@ An aggregation over series split into disjoint sets (a cluster's partitions) is 
 * avg: sum state, count, and the sum state of the values scaled by 2**-64; merged as sum / count,
   or where the sum is not finite (overflow, infinities) from the scaled sums;
 * topk / bottomk: the part's candidate series: per step every series ranked within the top k of
-  its group, ties with the k-th included; the merge runs topk / bottomk over the candidates.
+  its group, ties with the k-th included; the merge runs topk / bottomk over the candidates. Where
+  a single evaluation would replay Prometheus's heap to break ties at the k-th place (small groups),
+  the merge raises ``NotMergeable`` instead.
 
 Groups keep the labels of their first series, so the merge orders them as a single evaluation
 would (first appearance, series sorted by labels), and the input's delayed ``__name__`` removal
@@ -29,6 +31,7 @@ from promql.eval_aggregate import (
     _ordered_key,
     _select_smallest,
     group_rows,
+    heap_tie_cells,
     select_k,
     sum_state,
 )
@@ -55,6 +58,7 @@ class Partial:
     dp: np.ndarray | None = None
     drop: np.ndarray | None = None
     groups: list[Labels] = field(default_factory=list)  # topk/bottomk: every group, ``first`` aligned
+    sizes: np.ndarray | None = None  # topk/bottomk: each group's series count
 
     @property
     def num_steps(self) -> int:
@@ -126,7 +130,7 @@ def _candidates(op: str, vec: VectorSteps, names: list[str], without: bool, para
     # every group's first series, candidate or not: an instant output orders groups by it
     first = [vec.labels[int(i)] for i in g.order[g.starts].tolist()]
     return Partial(op, [vec.labels[i] for i in rows.tolist()], cand[rows], {"v": V[rows]}, first, drop=drop,
-                   groups=list(g.labels))
+                   groups=list(g.labels), sizes=g.sizes.copy())
 
 
 def _group_index(parts: Sequence[Partial]) -> tuple[list[Labels], list[np.ndarray]]:
@@ -220,6 +224,30 @@ def _merge_values(op: str, parts: Sequence[Partial], where: list[np.ndarray], g:
     return np.where(np.isfinite(s), direct, scaled)
 
 
+class NotMergeable(Exception):
+    """The parts' states cannot give a single evaluation's answer (the caller evaluates raw)."""
+
+
+def _check_no_heap_replay(op: str, vec: VectorSteps, names: list[str], without: bool, param: Any, total: int,
+                          size_of: dict[Labels, int]) -> None:
+    """Where equal values straddle the k-th place of a group small enough for a single evaluation
+    to replay Prometheus's heap over all of its series, the candidates are not enough (the heap's
+    choice depends on series that are not candidates): NotMergeable. Elsewhere a single evaluation
+    breaks such ties by series order, as the merge does. Every series tied with the k-th value is
+    a candidate, so the straddled cells found among the candidates are all of them."""
+    t = vec.num_steps
+    pv = param.values if isinstance(param, Scalar) else np.full(t, np.nan)
+    if np.isnan(pv).any() or pv.max() < 1 or pv.min() <= -2.0 ** 63 or pv.max() >= 2.0 ** 63:
+        return  # select_k answers these from the parameter alone
+    g = Groups(vec.labels, names, without)
+    k = np.minimum(np.trunc(pv), total).astype(np.int64)
+    key = _ordered_key(vec.values, vec.present, desc=(op == "topk"))
+    sel = vec.present & _select_smallest(key, g, np.minimum(k, vec.num_series))
+    sizes = np.array([size_of[lbl] for lbl in g.labels], np.int64)
+    if heap_tie_cells(vec.present, key, g, k, sel, sizes):
+        raise NotMergeable(f"{op}: equal values at the k-th place of a group small enough for a heap replay")
+
+
 def _merge_candidates(op: str, parts: Sequence[Partial], t: int, names: list[str], without: bool, param: Any,
                       ann: Annotations, pos: str) -> VectorSteps:
     """topk/bottomk over the parts' candidates, laid out as a single evaluation sees them: groups in
@@ -229,11 +257,14 @@ def _merge_candidates(op: str, parts: Sequence[Partial], t: int, names: list[str
     if not labels:
         return select_k(op, VectorSteps.empty(t), names, without, param, ann, pos)
     first_of: dict[Labels, Labels] = {}
+    size_of: dict[Labels, int] = {}
     for p in parts:
-        for lbl, f in zip(p.groups, p.first):  # per group
+        sizes = p.sizes.tolist() if p.sizes is not None else [0] * len(p.groups)
+        for lbl, f, n in zip(p.groups, p.first, sizes):  # per group
             cur = first_of.get(lbl)
             if cur is None or f < cur:
                 first_of[lbl] = f
+            size_of[lbl] = size_of.get(lbl, 0) + int(n)
     g = Groups(labels, names, without)
     group_first = [first_of[lbl] for lbl in g.labels]
     gid = g.gid.tolist()
@@ -243,7 +274,8 @@ def _merge_candidates(op: str, parts: Sequence[Partial], t: int, names: list[str
                       np.concatenate([p.arrays["v"] for p in parts])[idx],
                       np.concatenate([p.present for p in parts])[idx],
                       np.concatenate([p.drop for p in parts])[idx])
-    out = select_k(op, vec, names, without, param, ann, pos)
+    _check_no_heap_replay(op, vec, names, without, param, sum(size_of.values()), size_of)
+    out = select_k(op, vec, names, without, param, ann, pos, heap_ties=False)
     if t > 1 and out.num_series > 1:  # a range's rows in series order, as a single evaluation's
         o = np.array(sorted(range(out.num_series), key=out.labels.__getitem__), np.int64)
         out = VectorSteps([out.labels[i] for i in o.tolist()], out.values[o], out.present[o],
@@ -251,4 +283,4 @@ def _merge_candidates(op: str, parts: Sequence[Partial], t: int, names: list[str
     return out
 
 
-__all__ = ["Partial", "partial", "merge", "GROUP_OPS", "SELECT_OPS"]
+__all__ = ["Partial", "NotMergeable", "partial", "merge", "GROUP_OPS", "SELECT_OPS"]

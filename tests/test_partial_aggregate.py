@@ -70,33 +70,25 @@ def test_merged_partials_equal_one_aggregation(op, grouping, t, special):
         same(want, got)
 
 
-def values_by_group(vec: VectorSteps, names: list[str], without: bool) -> list:
-    from promql.eval_labels import grouping_keys
-
-    keys = grouping_keys(vec.labels, names, without)
-    out: dict = {}
-    for i, k in enumerate(keys):
-        for c in np.flatnonzero(vec.present[i]).tolist():
-            out.setdefault((k, c), []).append(float(vec.values[i, c]))
-    return sorted((k, sorted(v)) for k, v in out.items())
-
-
 @pytest.mark.parametrize("op", ["topk", "bottomk"])
 @pytest.mark.parametrize("grouping", [([], False), (["job"], False)])
-def test_merged_top_k_with_ties_selects_the_same_values(op, grouping):
-    """With equal values at the k-th place a single evaluation picks among the tied series in the
-    order of Prometheus's heap, which a merge of per-set candidates cannot replay: the same values
-    are selected per group and step, the tied series chosen may differ."""
+def test_top_k_ties_merge_exactly_or_refuse(op, grouping, monkeypatch):
+    """Equal values at the k-th place: a single evaluation replays Prometheus's heap over all of a
+    group's series when that fits its work budget (the merge cannot: NotMergeable, the querier
+    evaluates raw), else breaks ties by series order, as the merge does (equal answers)."""
+    import promql.eval_aggregate as ea
+    from promql.partial_aggregate import NotMergeable
+
     rng = np.random.default_rng(3)
     names, without = grouping
     vec = fleet(rng, 150, 20, False)
     vec.values[:] = np.round(vec.values / 50)  # few distinct values: ties everywhere
     param = Scalar(np.full(20, 4.0))
-    want = aggregate(op, vec, names, without, param, Annotations())
-    for parts in (2, 5):
-        states = [partial(op, p, names, without, param) for p in split(vec, parts, rng)]
-        got = merge(op, states, 20, names, without, param, Annotations())
-        assert values_by_group(got, names, without) == values_by_group(want, names, without)
+    states = [partial(op, p, names, without, param) for p in split(vec, 4, rng)]
+    with pytest.raises(NotMergeable):
+        merge(op, states, 20, names, without, param, Annotations())
+    monkeypatch.setattr(ea, "_HEAP_SIM_BUDGET", 10)  # a single evaluation would not replay either
+    same(aggregate(op, vec, names, without, param, Annotations()), merge(op, states, 20, names, without, param, Annotations()))
 
 
 def test_codec_round_trip_keeps_every_state():

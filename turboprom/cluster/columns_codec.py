@@ -209,7 +209,7 @@ def encode_partial(p: Any, header: dict) -> bytes:
         cols["drop"] = _column(p.drop, np.uint8, pa.uint8())
     meta = {b"op": p.op.encode(), b"t": str(t).encode(), b"header": orjson.dumps(header)}
     if p.groups:  # topk/bottomk: the groups and their first series (not one per candidate row)
-        meta[b"groups"] = orjson.dumps([p.groups, p.first])
+        meta[b"groups"] = orjson.dumps([p.groups, p.first, p.sizes.tolist() if p.sizes is not None else []])
     batch = pa.record_batch(list(cols.values()), schema=pa.schema([(k, v.type) for k, v in cols.items()], metadata=meta))
     return _ipc(batch)
 
@@ -232,8 +232,8 @@ def decode_partial(data: bytes) -> tuple[Any, dict]:
                 _matrix(col("dp"), t, np.uint8).astype(bool) if "dp" in names else None,
                 col("drop").to_numpy(zero_copy_only=False).astype(bool) if "drop" in names else None)
     if b"groups" in meta:
-        groups, first = orjson.loads(meta[b"groups"])
-        p.groups, p.first = _labels_of(groups), _labels_of(first)
+        groups, first, sizes = orjson.loads(meta[b"groups"])
+        p.groups, p.first, p.sizes = _labels_of(groups), _labels_of(first), np.asarray(sizes, np.int64)
     return p, orjson.loads(meta[b"header"])
 
 

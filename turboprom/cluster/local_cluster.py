@@ -15,6 +15,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -152,15 +153,17 @@ class LocalCluster:
         self.etcd = Proc("etcd", cmd, self.base / "etcd.log", cp).start()
         wait_until(lambda: _get(self.etcd_url + "/health")[0] == 200, 30, "etcd did not become healthy")
 
-    def role_cmd(self, role: str, name: str, port: int) -> list[str]:
+    def role_cmd(self, role: str, name: str, port: int, args: Sequence[str] = ()) -> list[str]:
         return [sys.executable, "-m", "turboprom", "serve", "--role", role, "--listen", f"127.0.0.1:{port}",
                 "--data-dir", str(self.base / name), "--cluster.nats-urls", self.nats_urls,
                 "--cluster.etcd-endpoints", self.etcd_url, "--cluster.partitions", str(self.partitions),
-                "--cluster.node-id", name, "--cluster.publish-timeout", self.publish_timeout, *self.extra_args]
+                "--cluster.node-id", name, "--cluster.publish-timeout", self.publish_timeout, *self.extra_args, *args]
 
-    def add_role(self, role: str, name: str) -> Proc:
+    def add_role(self, role: str, name: str, args: Sequence[str] = ()) -> Proc:
+        """Start (or restart, on its port) a process of ``role``; ``args``: flags of its own
+        (e.g. a second querier with ``--cluster.pushdown false``)."""
         port = self.roles[name].port if name in self.roles else self.ports.get(name) or free_port()
-        p = Proc(name, self.role_cmd(role, name, port), self.base / f"{name}.log", port).start()
+        p = Proc(name, self.role_cmd(role, name, port, args), self.base / f"{name}.log", port).start()
         self.roles[name] = p
         return p
 

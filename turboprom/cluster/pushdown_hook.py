@@ -8,7 +8,9 @@ their partitions at this evaluation's steps and to reduce it to partial states
 (``/internal/cluster/v1/aggregate``, partition_eval.py), merges them (promql/partial_aggregate.py),
 and adds the ingesters' annotations and sample statistics to the query's. An ingester that refuses
 (a PromQL error such as too many samples; an ingester without the route) makes the querier
-evaluate that aggregation itself, raw, so errors read exactly as a single node's.
+evaluate that aggregation itself, raw, so errors read exactly as a single node's; so does a topk /
+bottomk whose ties at the k-th place a single evaluation would break by replaying Prometheus's heap
+over all of a group's series (partial_aggregate.NotMergeable).
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from promql import parser as pp
 from promql.eval_context import EvalContext
 from promql.eval_positions import line_col
 from promql.evaluator import Evaluator
-from promql.partial_aggregate import merge
+from promql.partial_aggregate import NotMergeable, merge
 from promql.types import Scalar, Value, VectorSteps
 from turboprom.cluster import columns_codec
 from turboprom.cluster.fanout_storage import FanoutStorage, Refused
@@ -66,11 +68,12 @@ class PushdownHook:
             return None
         budget.check()
         decoded = [columns_codec.decode_partial(r) for r in raw]
-        self._account(ctx, [h for _, h in decoded])
         param = None
         pos = ""
         if node.param is not None:
-            param = Evaluator().eval(node.param, ctx)
+            held = budget.current_samples, budget.current_bytes
+            param = Evaluator().eval(node.param, ctx)  # a constant: held by the aggregation, not beside it
+            budget.current_samples, budget.current_bytes = held
             lc = line_col(ctx.query, node.param.pos[0])
             pos = f" ({lc[0]}:{lc[1]})"
         names: list[str] = []
@@ -78,9 +81,15 @@ class PushdownHook:
         if node.modifier is not None:
             without = str(node.modifier.type).rsplit(".", 1)[-1] == "Without"
             names = sorted(node.modifier.labels)
-        with np.errstate(all="ignore"):
-            out = merge(op, [p for p, _ in decoded], ctx.num_steps, names, without,
-                        param if isinstance(param, Scalar) else None, ctx.annotations, pos)
+        try:
+            with np.errstate(all="ignore"):
+                out = merge(op, [p for p, _ in decoded], ctx.num_steps, names, without,
+                            param if isinstance(param, Scalar) else None, ctx.annotations, pos)
+        except NotMergeable as e:
+            DECISIONS.labels("fallback").inc()
+            log.debug("pushdown of %s not mergeable, evaluated raw: %s", op, e)
+            return None
+        self._account(ctx, [h for _, h in decoded])
         DECISIONS.labels("pushed").inc()
         ctx.stats.paths.append(f"pushdown:{op}")
         return out

@@ -12,8 +12,12 @@ ingesters, querier, NATS x3 and etcd), CPU measured from the first request until
 ingesters have applied everything on the log (so the cluster's consumption is charged). Also the
 time from the last acknowledgement until both ingesters had applied every message (apply lag).
 
-Query figures: each dashboard query as a range query over the written hour-long window (step 15 s),
-alternating single/querier, ``--query-repeats`` times; medians.
+Query figures: each dashboard query as a range query over the written window (step 15 s), rotating
+single node / querier (aggregations pushed down to the ingesters, the default) / a second querier
+with ``--cluster.pushdown false`` (raw samples pulled and evaluated on the querier), ``--query-repeats``
+times; medians, and each querier's ratio to the single node in the same run. Before timing, every
+query's answer through each querier is checked against the single node's (same series, values
+within 1e-9 relative).
 
     .venv/bin/python bench/cluster_ingest_query.py [--series 20000] [--rounds 4] [--trials 3]
 """
@@ -21,6 +25,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import math
 import shutil
 import statistics
 import sys
@@ -48,8 +54,10 @@ QUERIES = [
 
 
 def cluster_procs(c: LocalCluster) -> dict[str, int]:
-    """Every process of the cluster by name (roles, NATS nodes, etcd)."""
-    return {**{n: p.pid for n, p in c.roles.items()}, **{p.name: p.pid for p in c.nats}, "etcd": c.etcd.pid}
+    """Every process of the cluster by name (roles, NATS nodes, etcd), but the second querier that
+    only the query comparison uses."""
+    return {**{n: p.pid for n, p in c.roles.items() if n != "querier-raw"}, **{p.name: p.pid for p in c.nats},
+            "etcd": c.etcd.pid}
 
 
 def run_query(url: str, q: str, start_s: float, end_s: float) -> float:
@@ -59,6 +67,26 @@ def run_query(url: str, q: str, start_s: float, end_s: float) -> float:
         r.read()
         assert r.status == 200
     return time.perf_counter() - t
+
+
+def answer(url: str, q: str, start_s: float, end_s: float) -> dict:
+    params = urllib.parse.urlencode({"query": q, "start": start_s, "end": end_s, "step": 15, "exact": "true"})
+    with urllib.request.urlopen(f"{url}/api/v1/query_range?{params}", timeout=120) as r:
+        body = json.loads(r.read())
+    return {json.dumps(x["metric"], sort_keys=True): [(t, float(v)) for t, v in x["values"]] for x in body["data"]["result"]}
+
+
+def same_answer(a: dict, b: dict) -> bool:
+    if sorted(a) != sorted(b):
+        return False
+    for k, pa in a.items():
+        pb = b[k]
+        if [t for t, _ in pa] != [t for t, _ in pb]:
+            return False
+        if not all((math.isnan(x) and math.isnan(y)) or math.isclose(x, y, rel_tol=1e-9, abs_tol=1e-12)
+                   for (_, x), (_, y) in zip(pa, pb)):
+            return False
+    return True
 
 
 def main() -> None:
@@ -78,6 +106,8 @@ def main() -> None:
     try:
         single.start()
         cluster.start()
+        cluster.add_role("querier", "querier-raw", ["--cluster.pushdown", "false"])
+        cluster.wait_ready("querier-raw")
         # recent timestamps, the last round a minute ago: the congestion trackers (single node and ingesters)
         # see live instances, as under real scrape traffic, instead of dropping and logging silent ones
         T0 = (int(time.time()) - a.rounds * a.trials * 15 - 60) * 1000
@@ -121,11 +151,18 @@ def main() -> None:
         end_s = (T0 + (a.rounds * a.trials - 1) * 15_000) / 1000
         start_s = T0 / 1000
         time.sleep(2)
-        lat: dict[str, dict[str, list[float]]] = {"single": {}, "cluster": {}}
+        targets = {"single": single.url, "querier": cluster.url("querier-0"), "querier-raw": cluster.url("querier-raw")}
+        for q in QUERIES:
+            want = answer(single.url, q, start_s, end_s)
+            assert want, f"{q}: the single node answers nothing"
+            for name in ("querier", "querier-raw"):
+                got = answer(targets[name], q, start_s, end_s)
+                assert same_answer(want, got), f"{q}: {name} answers differently from the single node"
+        lat: dict[str, dict[str, list[float]]] = {n: {} for n in targets}
         for q in QUERIES:
             for _ in range(a.query_repeats):
-                lat["single"].setdefault(q, []).append(run_query(single.url, q, start_s, end_s))
-                lat["cluster"].setdefault(q, []).append(run_query(cluster.url("querier-0"), q, start_s, end_s))
+                for name, url in targets.items():
+                    lat[name].setdefault(q, []).append(run_query(url, q, start_s, end_s))
         print()
         med = {n: {k: statistics.median([r[k] for r in rs]) for k in ("samples_s", "samples_cpu_s", "lag_s")} for n, rs in rows.items()}
         print(f"ingest medians over {a.trials} trials ({a.series} series x {a.rounds} rounds each, 2000 series/request, {a.senders} senders):")
@@ -133,10 +170,11 @@ def main() -> None:
             print(f"  {n:8s} {med[n]['samples_s']:>10,.0f} samples/s  {med[n]['samples_cpu_s']:>10,.0f} samples/cpu-s  apply lag {med[n]['lag_s']:.2f}s")
         print(f"  cluster/single: wall {med['cluster']['samples_s'] / med['single']['samples_s']:.2f}x, "
               f"per CPU-s {med['cluster']['samples_cpu_s'] / med['single']['samples_cpu_s']:.2f}x")
-        print(f"query latency medians over {a.query_repeats} runs (ms): single, querier, ratio")
+        print(f"query latency medians over {a.query_repeats} runs (ms): single, querier (pushdown), ratio, "
+              "querier without pushdown, ratio")
         for q in QUERIES:
-            s_, c_ = statistics.median(lat["single"][q]) * 1000, statistics.median(lat["cluster"][q]) * 1000
-            print(f"  {s_:8.1f} {c_:8.1f} {c_ / s_:5.2f}x  {q}")
+            s_, c_, r_ = (statistics.median(lat[n][q]) * 1000 for n in ("single", "querier", "querier-raw"))
+            print(f"  {s_:8.1f} {c_:8.1f} {c_ / s_:5.2f}x {r_:8.1f} {r_ / s_:5.2f}x  {q}")
     finally:
         cluster.stop()
         single.stop()

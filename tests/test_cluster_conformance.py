@@ -20,6 +20,10 @@ NaN), same warnings/infos.
   and metric names.
 - ``/federate`` byte for byte, over recent samples with TYPE lines.
 
+The querier pushes mergeable aggregations down to the ingesters (its default, docs/cluster.md
+"Aggregation pushdown"); each comparison also checks from the querier's counters that many of its
+aggregations were answered that way.
+
 There is no known-difference list: every compared answer must agree.
 
 Both sides run with the same storage flags: an out-of-order window and retention wide enough
@@ -256,6 +260,14 @@ def _same_value(a: str, b: str) -> bool:
     return compliance()._values_equal(float(a), float(b))
 
 
+def pushdown_decisions(querier: str) -> Counter:
+    """The querier's aggregations so far by decision (pushed / raw / fallback): the comparisons
+    prove the pushdown only if it answered many of them."""
+    text = http("GET", querier + "/metrics", {})[2].decode()
+    return Counter({m.group(1): float(m.group(2)) for m in
+                    re.finditer(r'^turboprom_cluster_pushdown_decisions_total\{decision="(\w+)"\} (\S+)$', text, re.M)})
+
+
 # ------------------------------------------------------------------------------------- fixtures
 
 
@@ -340,10 +352,14 @@ def test_compliance_queries_through_the_cluster_equal_the_single_node(nodes, com
     # twice: with the default settings, where the single node's planner learns these queries as
     # they recur and answers some from exact summaries (saying so in infos; a querier's planner is
     # off, docs/cluster.md), and with exact=true, the raw path on both sides
+    before = pushdown_decisions(cluster.url("querier-0"))
     for extra in ({}, {"exact": "true"}):
         reqs = [(f"{c.query} {extra}", "/api/v1/query_range", {**params, **extra, "query": c.query}, {}) for c in cases]
         diffs += compare_all(single.url, cluster.url("querier-0"), reqs)
     run_s = time.monotonic() - t
+    decisions = pushdown_decisions(cluster.url("querier-0")) - before
+    print(f"compliance aggregations through the querier: {dict(decisions)}")
+    assert decisions["pushed"] >= 120, decisions  # 75 per pass at this writing: the set's sum/avg/topk/... over selectors and rates
     # the comparison proves something only if the single node answers with data
     answered = sum(1 for c in cases[:50] if json.loads(http("POST", single.url + "/api/v1/query_range",
                                                             {**params, "query": c.query})[2]).get("data", {}).get("result"))
@@ -453,7 +469,11 @@ def test_promqltest_corpus_through_the_cluster_equals_the_single_node(nodes):
     t = time.monotonic()
     reqs = [r for ep in corpus.epochs for r in eval_requests(ep)]
     kinds: Counter = Counter()
+    before = pushdown_decisions(cluster.url("querier-0"))
     diffs = compare_all(single.url, cluster.url("querier-0"), reqs, kinds=kinds)
+    decisions = pushdown_decisions(cluster.url("querier-0")) - before
+    print(f"corpus aggregations through the querier: {dict(decisions)}")
+    assert decisions["pushed"] >= 1000, decisions  # 1,710 at this writing
     lists = [r for ep in corpus.epochs for r in label_requests(ep)]
     list_kinds: Counter = Counter()
     list_diffs = compare_all(single.url, cluster.url("querier-0"), lists, kinds=list_kinds)
@@ -504,9 +524,12 @@ def test_compliance_queries_with_an_ingester_killed_equal_the_single_node(nodes,
         p = {**compliance_loaded.params, "exact": "true"}
         reqs = [(c.query, "/api/v1/query_range", {**p, "query": c.query}, {}) for c in compliance_loaded.cases]
         kinds: Counter = Counter()
+        before = pushdown_decisions(cluster.url("querier-0"))
         diffs = compare_all(single.url, cluster.url("querier-0"), reqs, kinds=kinds)
+        decisions = pushdown_decisions(cluster.url("querier-0")) - before
         print(f"compliance with ingester-1 killed: {len(reqs)} queries, {len(reqs) - len(diffs)} equal "
-              f"({dict(kinds)}) in {time.monotonic() - t:.1f}s")
+              f"({dict(kinds)}) in {time.monotonic() - t:.1f}s; aggregations {dict(decisions)}")
+        assert decisions["pushed"] >= 60, decisions
         assert kinds["data"] >= len(reqs) // 2, kinds
         assert not diffs, "\n".join(f"{q}: {d}" for q, d in diffs[:30])
     finally:

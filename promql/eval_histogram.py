@@ -36,6 +36,7 @@ from promql.types import (
 from storage.labels import Labels, metric_name
 from storage.matchers import Matcher
 from storage.series_set import SeriesSet
+from storage.stale import is_stale_value
 
 # --- annotation wording (Prometheus util/annotations/annotations.go) ---------------------------
 
@@ -182,7 +183,7 @@ def with_stats_hints(hs: HistogramSet) -> HistogramSet:
     starts = set(hs.offsets[:-1].tolist())
     for i in range(len(objs)):  # per histogram sample
         h = hs.hists[i]
-        if h.counter_reset_hint != "unknown" or i in starts or math.isnan(h.sum):
+        if h.counter_reset_hint != "unknown" or i in starts or is_stale_value(h.sum):
             continue
         prev = hs.hists[i - 1]
         try:
@@ -193,7 +194,7 @@ def with_stats_hints(hs: HistogramSet) -> HistogramSet:
     return HistogramSet(hs.labels, hs.offsets, hs.timestamps, objs, hs.hists)
 
 
-def read_hint_sample(objs: np.ndarray, plain: np.ndarray | None, ts: np.ndarray, first: np.ndarray, i: int,
+def read_hint_sample(objs: np.ndarray, plain: np.ndarray | None, ts: np.ndarray, first: int, i: int,
                      start: int) -> FloatHistogram:
     """Sample ``i`` as the stats iterator returns it when it starts reading at ``start``: its
     computed hint if the previous histogram of the series was read too, else as stored.
@@ -220,10 +221,9 @@ def vector_plane(hs: HistogramSet, e: np.ndarray, lookback: int, f_has: np.ndarr
     plane = np.full(wins.shape, None, dtype=object)
     plane[wins] = hs.hists[safe[wins]]
     if hs.plain is not None:  # stats-iterator hints: only if the previous sample was read too
-        first = np.broadcast_to(hs.offsets[:-1, None], wins.shape)
         rows, cols = np.nonzero(wins)
         for r, c in zip(rows.tolist(), cols.tolist()):  # histogram cells only
-            plane[r, c] = read_hint_sample(hs.hists, hs.plain, hs.timestamps, first[r, c], int(safe[r, c]),
+            plane[r, c] = read_hint_sample(hs.hists, hs.plain, hs.timestamps, int(hs.offsets[r]), int(safe[r, c]),
                                            int(e[c]) - lookback)
     return plane, wins, hts
 

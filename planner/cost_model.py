@@ -4,12 +4,17 @@ All figures are per second of wall time over the observation period:
 
 * raw cost      = query rate x mean raw CPU per query (measured; the log's cpu_s of queries on the
                   raw path that would use this SDS)
-* summary cost  = query rate x raw cost x edge fraction (the two raw edge runs, <= 2 panes per window,
-                  relative to the window) + per-window merge cost
+* summary cost  = query rate x (raw cost x edge fraction (the two raw edge runs, <= 2 panes per
+                  window, relative to the window) + per-window merge cost + the summary path's fixed
+                  cost per evaluation (coverage, pane reads, raw-edge setup: measured over the plans'
+                  shadow runs, ~1 ms; a query whose raw cost is about that, e.g. the newest step of a
+                  refresh whose other steps come from the step cache, cannot be cheaper served))
 * ingest cost   = ingest rate of the metric x fold cost per sample (measured by the summarizer,
                   default 2 µs until measured), and at least what a live plan costs per second now
                   (measured over plans live for a minute or more: a fold also has a fixed cost per
-                  scrape batch, which dominates on small scrapes)
+                  scrape batch, which dominates on small scrapes), plus the one-time backfill of the
+                  plan's history (samples x measured backfill cost per sample) spread over
+                  ``amortize_s`` (the planner's retire_after: a plan that stops paying goes then)
 * storage       = series x panes kept x bytes per pane; must fit the remaining budget.
 
 Adopt when raw - summary > ingest x safety; retire when hits stop or the saving turns negative.
@@ -24,6 +29,12 @@ DEFAULT_FOLD_COST_S = 2e-6
 # a live plan's fold CPU per second until one has been measured for a minute: ~2e-4 was measured per
 # plan in `make demo` (13 plans, 8 workers scraped every second, 2-core machine); half of it as the prior
 DEFAULT_PLAN_CPU_PER_S = 1e-4
+# the summary path's fixed CPU per served evaluation until shadow runs have measured it: ~1-2 ms was
+# measured for the newest steps of vLLM-fleet panels (63-96 series); half of it as the prior
+DEFAULT_SUMMARY_FIXED_S = 5e-4
+# CPU per history sample read and folded by a backfill until one has been measured (0.2-0.4 µs measured
+# in remote-write-sized chunks, bench/planner_fold_bench.py)
+DEFAULT_BACKFILL_COST_S = 4e-7
 
 
 @dataclass
@@ -58,13 +69,17 @@ def estimate(
     plan_cpu_floor_per_s: float = 0.0,
     safety: float = 1.0,
     bytes_per_pane: int | None = None,
+    summary_fixed_s: float = DEFAULT_SUMMARY_FIXED_S,
+    backfill_cost_s: float = DEFAULT_BACKFILL_COST_S,
+    amortize_s: float = 3600.0,
 ) -> Estimate:
     rate = queries / max(period_s, 1e-9)
     edge_fraction = min(1.0, 2.0 * pane_ms / max(range_ms, 1))
     alg = ALGORITHMS[algorithm]
     per_window = alg.window_cost_s
-    summary = raw_cpu_per_query * edge_fraction + per_window * windows_per_query
-    ingest = max(ingest_samples_per_s * fold_cost_s, plan_cpu_floor_per_s)
+    summary = raw_cpu_per_query * edge_fraction + per_window * windows_per_query + summary_fixed_s
+    backfill = ingest_samples_per_s * history_ms / 1000 * backfill_cost_s  # one-time: the history's samples
+    ingest = max(ingest_samples_per_s * fold_cost_s, plan_cpu_floor_per_s) + backfill / max(amortize_s, 1.0)
     per_pane = alg.bytes_per_pane if bytes_per_pane is None else bytes_per_pane  # a store keeping fewer fields
     storage = int(max(series, 1) * (history_ms // max(pane_ms, 1) + 1) * per_pane)
     if storage > budget_left_bytes:
@@ -73,7 +88,8 @@ def estimate(
     saving = rate * (raw_cpu_per_query - summary) - ingest * safety
     if saving <= 0:
         return Estimate(rate, raw_cpu_per_query, summary, ingest, storage, False,
-                        f"no saving: {rate:.4f} q/s x ({raw_cpu_per_query:.6f} - {summary:.6f}) s <= ingest {ingest:.6f} CPU-s/s")
+                        f"no saving: {rate:.4f} q/s x ({raw_cpu_per_query:.6f} - {summary:.6f}) s <= ingest {ingest:.6f} CPU-s/s"
+                        f" (backfill {backfill:.3f} CPU-s over {amortize_s:.0f} s)")
     return Estimate(rate, raw_cpu_per_query, summary, ingest, storage, True,
                     f"saves {saving:.6f} CPU-s/s: {rate:.4f} q/s x ({raw_cpu_per_query:.6f} raw - {summary:.6f} summary)"
-                    f" - {ingest:.6f} ingest; storage {storage} B")
+                    f" - {ingest:.6f} ingest (backfill {backfill:.3f} CPU-s over {amortize_s:.0f} s); storage {storage} B")

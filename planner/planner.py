@@ -497,6 +497,23 @@ class Planner:
         rates = [s.stats.ingest_cpu_s / (now - s.stats.created) for s in live if now - s.stats.created >= self.PLAN_COST_MIN_AGE_S]
         return sum(rates) / len(rates) if rates else cost_model.DEFAULT_PLAN_CPU_PER_S
 
+    def _summary_fixed_cpu_s(self) -> float:
+        """The summary path's fixed CPU per served evaluation: the cheapest median served CPU of any
+        shape of use measured by shadow runs (data-proportional work on top of it only makes a shape
+        dearer), or the prior while none is measured."""
+        with self.summarizer.lock:
+            live = list(self.summarizer.sds.values())
+        cheapest = [m[2] for s in live for m in s.stats.shape_medians().values() if m[2] > 0]
+        return min(cheapest) if cheapest else cost_model.DEFAULT_SUMMARY_FIXED_S
+
+    def _backfill_cost_per_sample(self) -> float:
+        """CPU per history sample of the backfills done so far (live and retired plans), or the prior."""
+        with self.summarizer.lock:
+            live = list(self.summarizer.sds.values())
+        cpu = sum(s.stats.backfill_cpu_s for s in live)
+        n = sum(s.stats.backfilled_samples for s in live)
+        return cpu / n if n >= 100_000 else cost_model.DEFAULT_BACKFILL_COST_S
+
     def _fold_cost_per_sample(self) -> float:
         """CPU per sample folded into summaries, measured over the plans that exist (the summarizer's
         own totals count every ingested sample, folded or not, and would make folding look free)."""
@@ -547,6 +564,8 @@ class Planner:
             ingest_samples_per_s=max(ks.sample_rate, self._recent_sample_rate(scope)), pane_ms=pane_ms, history_ms=hist,
             budget_left_bytes=self.config.budget_bytes - used, fold_cost_s=fold, plan_cpu_floor_per_s=self._plan_cpu_per_s(),
             bytes_per_pane=None if fields is None else 8 * len(fields),
+            summary_fixed_s=self._summary_fixed_cpu_s(), backfill_cost_s=self._backfill_cost_per_sample(),
+            amortize_s=self.config.retire_after_ms / 1000,
         )
         ks.last_decision = est.reason
         if est.pays and self._blocked_reason(c) is not None:

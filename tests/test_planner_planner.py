@@ -125,6 +125,27 @@ def test_cost_model_refuses_when_ingest_cost_exceeds_saving():
     assert est.pays
 
 
+def test_cost_model_counts_the_summary_paths_fixed_cost_and_the_backfill():
+    """A query whose raw cost is about the summary path's fixed cost per evaluation (the newest step
+    of a refresh) gains nothing from a plan; a plan whose backfill costs more than it saves before it
+    would be retired is not adopted either."""
+    from planner import cost_model
+
+    cheap = dict(algorithm="exact", queries=30, period_s=300, raw_cpu_per_query=0.0008, range_ms=300_000,
+                 windows_per_query=2, series=63, ingest_samples_per_s=13, pane_ms=15_000, history_ms=7_200_000,
+                 budget_left_bytes=1 << 30, plan_cpu_floor_per_s=0.0)
+    assert cost_model.estimate(**cheap, summary_fixed_s=0.0).pays
+    est = cost_model.estimate(**cheap, summary_fixed_s=0.001)
+    assert not est.pays and "no saving" in est.reason
+    rare = dict(cheap, queries=3, period_s=600, raw_cpu_per_query=0.02, summary_fixed_s=0.0005)
+    assert cost_model.estimate(**dict(rare, history_ms=3_600_000), backfill_cost_s=4e-7, amortize_s=3600).pays
+    # a day of 20k samples/s: 1.7e9 samples to fold once (the live fold made free to isolate the backfill)
+    big = dict(rare, ingest_samples_per_s=20_000, history_ms=86_400_000, fold_cost_s=1e-12)
+    assert cost_model.estimate(**big, backfill_cost_s=0.0, amortize_s=3600).pays
+    est = cost_model.estimate(**big, backfill_cost_s=4e-7, amortize_s=3600)
+    assert not est.pays and "backfill" in est.reason
+
+
 def test_restart_rebuilds_open_panes_from_raw(tmp_path):
     items = random_series(seed=6)
     src, batch = load(items)

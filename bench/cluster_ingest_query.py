@@ -15,9 +15,11 @@ time from the last acknowledgement until both ingesters had applied every messag
 Query figures: each dashboard query as a range query over the written window (step 15 s), rotating
 single node / querier (aggregations pushed down to the ingesters, the default) / a second querier
 with ``--cluster.pushdown false`` (raw samples pulled and evaluated on the querier), ``--query-repeats``
-times; medians, and each querier's ratio to the single node in the same run. Before timing, every
-query's answer through each querier is checked against the single node's (same series, values
-within 1e-9 relative).
+times, every target with ``exact=true`` (the raw path), and the single node once more with its
+defaults (its planner reuses the step answers of a range query repeated over unchanged data; a
+querier has no planner); medians, and ratios to the single node in the same run. Before timing,
+every query's answer through each querier is checked against the single node's (same series,
+values within 1e-9 relative).
 
     .venv/bin/python bench/cluster_ingest_query.py [--series 20000] [--rounds 4] [--trials 3]
 """
@@ -60,8 +62,11 @@ def cluster_procs(c: LocalCluster) -> dict[str, int]:
             "etcd": c.etcd.pid}
 
 
-def run_query(url: str, q: str, start_s: float, end_s: float) -> float:
-    params = urllib.parse.urlencode({"query": q, "start": start_s, "end": end_s, "step": 15})
+def run_query(url: str, q: str, start_s: float, end_s: float, exact: bool = True) -> float:
+    p = {"query": q, "start": start_s, "end": end_s, "step": 15}
+    if exact:
+        p["exact"] = "true"
+    params = urllib.parse.urlencode(p)
     t = time.perf_counter()
     with urllib.request.urlopen(f"{url}/api/v1/query_range?{params}", timeout=120) as r:
         r.read()
@@ -158,11 +163,14 @@ def main() -> None:
             for name in ("querier", "querier-raw"):
                 got = answer(targets[name], q, start_s, end_s)
                 assert same_answer(want, got), f"{q}: {name} answers differently from the single node"
+        # every target on the raw path (exact=true), and the single node with its defaults too, where
+        # its planner reuses the step answers of a recurring range query over unchanged data
+        targets["single-default"] = single.url
         lat: dict[str, dict[str, list[float]]] = {n: {} for n in targets}
         for q in QUERIES:
             for _ in range(a.query_repeats):
                 for name, url in targets.items():
-                    lat[name].setdefault(q, []).append(run_query(url, q, start_s, end_s))
+                    lat[name].setdefault(q, []).append(run_query(url, q, start_s, end_s, exact=name != "single-default"))
         print()
         med = {n: {k: statistics.median([r[k] for r in rs]) for k in ("samples_s", "samples_cpu_s", "lag_s")} for n, rs in rows.items()}
         print(f"ingest medians over {a.trials} trials ({a.series} series x {a.rounds} rounds each, 2000 series/request, {a.senders} senders):")
@@ -170,11 +178,12 @@ def main() -> None:
             print(f"  {n:8s} {med[n]['samples_s']:>10,.0f} samples/s  {med[n]['samples_cpu_s']:>10,.0f} samples/cpu-s  apply lag {med[n]['lag_s']:.2f}s")
         print(f"  cluster/single: wall {med['cluster']['samples_s'] / med['single']['samples_s']:.2f}x, "
               f"per CPU-s {med['cluster']['samples_cpu_s'] / med['single']['samples_cpu_s']:.2f}x")
-        print(f"query latency medians over {a.query_repeats} runs (ms): single, querier (pushdown), ratio, "
-              "querier without pushdown, ratio")
+        steps = int(round((end_s - start_s) / 15)) + 1
+        print(f"query latency medians over {a.query_repeats} runs (ms), range queries of {steps} steps: single (exact=true), "
+              "querier (pushdown), ratio, querier without pushdown, ratio; single with its defaults (planner), querier / that")
         for q in QUERIES:
-            s_, c_, r_ = (statistics.median(lat[n][q]) * 1000 for n in ("single", "querier", "querier-raw"))
-            print(f"  {s_:8.1f} {c_:8.1f} {c_ / s_:5.2f}x {r_:8.1f} {r_ / s_:5.2f}x  {q}")
+            s_, c_, r_, d_ = (statistics.median(lat[n][q]) * 1000 for n in ("single", "querier", "querier-raw", "single-default"))
+            print(f"  {s_:8.1f} {c_:8.1f} {c_ / s_:5.2f}x {r_:8.1f} {r_ / s_:5.2f}x {d_:8.1f} {c_ / d_:5.2f}x  {q}")
     finally:
         cluster.stop()
         single.stop()

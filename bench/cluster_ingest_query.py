@@ -81,17 +81,18 @@ def answer(url: str, q: str, start_s: float, end_s: float) -> dict:
     return {json.dumps(x["metric"], sort_keys=True): [(t, float(v)) for t, v in x["values"]] for x in body["data"]["result"]}
 
 
-def same_answer(a: dict, b: dict) -> bool:
+def answer_difference(a: dict, b: dict) -> str:
+    """'' when two answers agree (same series and timestamps, values within 1e-9 relative)."""
     if sorted(a) != sorted(b):
-        return False
+        return f"{len(a)} vs {len(b)} series, e.g. {sorted(set(a) ^ set(b))[:2]}"
     for k, pa in a.items():
         pb = b[k]
         if [t for t, _ in pa] != [t for t, _ in pb]:
-            return False
-        if not all((math.isnan(x) and math.isnan(y)) or math.isclose(x, y, rel_tol=1e-9, abs_tol=1e-12)
-                   for (_, x), (_, y) in zip(pa, pb)):
-            return False
-    return True
+            return f"{k}: timestamps differ, {sorted(set(t for t, _ in pa) ^ set(t for t, _ in pb))[:4]}"
+        for (t, x), (_, y) in zip(pa, pb):
+            if not ((math.isnan(x) and math.isnan(y)) or math.isclose(x, y, rel_tol=1e-9, abs_tol=1e-12)):
+                return f"{k} at {t}: {x!r} vs {y!r}"
+    return ""
 
 
 def main() -> None:
@@ -161,8 +162,8 @@ def main() -> None:
             want = answer(single.url, q, start_s, end_s)
             assert want, f"{q}: the single node answers nothing"
             for name in ("querier", "querier-raw"):
-                got = answer(targets[name], q, start_s, end_s)
-                assert same_answer(want, got), f"{q}: {name} answers differently from the single node"
+                diff = answer_difference(want, answer(targets[name], q, start_s, end_s))
+                assert not diff, f"{q}: {name} answers differently from the single node: {diff}"
         # every target on the raw path (exact=true), and the single node with its defaults too, where
         # its planner reuses the step answers of a recurring range query over unchanged data
         targets["single-default"] = single.url

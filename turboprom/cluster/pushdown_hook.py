@@ -26,7 +26,7 @@ from promql.eval_context import EvalContext
 from promql.eval_positions import line_col
 from promql.evaluator import Evaluator
 from promql.partial_aggregate import NotMergeable, merge
-from promql.types import Scalar, Value, VectorSteps
+from promql.types import Scalar, Value
 from turboprom.cluster import columns_codec
 from turboprom.cluster.fanout_storage import FanoutStorage, Refused
 from turboprom.cluster.pushdown_decision import decide
@@ -119,7 +119,6 @@ class PushdownHook:
                     st.samples_per_step[1][:] += counts
         ctx.budget.charge(peak, st)  # Prometheus's max-samples: what the selection held at once
         ctx.budget.release(peak)
-
 
 
 __all__ = ["PushdownHook", "DECISIONS"]

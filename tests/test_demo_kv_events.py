@@ -9,10 +9,13 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import msgpack
+import pytest
 import yaml
+import zmq
 
 from scheduler_metrics.sim.demo_fleet import DemoFleet
-from scheduler_metrics.sim.kv_publisher import BLOCK_TOKENS, session_tokens
+from scheduler_metrics.sim.kv_publisher import BLOCK_TOKENS, SessionKVPublisher, session_tokens
 from scheduler_metrics.sim.signals import instance_name
 from tests.helpers import SHARED, ServerProcess, free_port
 from turboprom.demo import demo_config
@@ -67,3 +70,40 @@ def test_demo_fleet_publishes_kv_events(tmp_path: Path) -> None:
             assert all(d["matched_blocks"] == 0 for d in prefix(srv.url, list(range(5, 5 + 4 * BLOCK_TOKENS))).values())
         finally:
             fleet.stop()
+
+
+def test_publisher_binds_at_construction_and_releases_a_failed_bind() -> None:
+    """The publisher's sockets are bound when it is made (ports the kernel picks, so nothing can take
+    them before the server connects); a bind that fails closes what was opened, and the endpoint is
+    free again for the next publisher."""
+    a = SessionKVPublisher()
+    try:
+        assert a.endpoint.startswith("tcp://127.0.0.1:") and a.endpoint != a.replay_endpoint
+        with pytest.raises(zmq.ZMQError):
+            SessionKVPublisher("tcp://127.0.0.1:*", a.replay_endpoint)  # replay port taken
+        # events reach a subscriber connected to the reported endpoint, in vLLM's framing
+        ctx = zmq.Context()
+        sub = ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.connect(a.endpoint)
+        try:
+            deadline, got = time.time() + 10, None
+            while got is None and time.time() < deadline:  # a PUB drops what it sends before the join
+                a.blocks.clear()
+                a.sync({7: 2 * BLOCK_TOKENS})
+                if sub.poll(200):
+                    got = sub.recv_multipart()
+            assert got is not None
+            topic, seq, payload = got
+            assert topic == b"kv-events" and len(seq) == 8
+            kind, hashes, *_ = msgpack.unpackb(payload)[1][0]
+            assert kind == "BlockStored" and len(hashes) == 2
+        finally:
+            sub.close(0)
+            ctx.term()
+    finally:
+        a.close()
+    a.close()  # idempotent
+    b = SessionKVPublisher(a.endpoint, a.replay_endpoint)  # both ports free again
+    b.close()

@@ -148,9 +148,16 @@ class DemoFleet:
         # scrape finds nothing, so history written before the fleet starts stays in time order
         self.ports = [first_port + i if first_port else _free_port() for i in range(instances)]
         self.sched_port = _free_port()
-        # each engine's KV event publisher (vLLM's PUB + replay ROUTER), bound from ``start``
-        self.kv_ports = [(_free_port(), _free_port()) for _ in range(instances)]
+        # each engine's KV event publisher (vLLM's PUB + replay ROUTER), bound now on ports the kernel
+        # picks: nothing is published before ``start``, and the server's subscribers connecting
+        # meanwhile cannot take a port chosen but not yet bound
         self.kv_publishers: list[SessionKVPublisher] = []
+        try:
+            for _ in range(instances):
+                self.kv_publishers.append(SessionKVPublisher())
+        except BaseException:
+            self._close_publishers()
+            raise
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.completed = 0
@@ -177,9 +184,9 @@ class DemoFleet:
     @property
     def kv_event_endpoints(self) -> list[dict[str, str]]:
         """The ``congestion.kv_events`` entries of this fleet's publishers."""
-        return [{"endpoint": f"tcp://127.0.0.1:{pub}", "replay_endpoint": f"tcp://127.0.0.1:{rep}",
+        return [{"endpoint": pub.endpoint, "replay_endpoint": pub.replay_endpoint,
                  "instance": instance_name(i), "cluster": self.cluster, "model_name": self.model, "topic": "kv-events"}
-                for i, (pub, rep) in enumerate(self.kv_ports)]
+                for i, pub in enumerate(self.kv_publishers)]
 
     @property
     def control_url(self) -> str | None:
@@ -241,13 +248,15 @@ class DemoFleet:
                     return
 
     def start(self) -> None:
-        for w, port in zip(self.workers, self.ports):
-            w.serve(port)
-        self.sched_metrics.serve(self.sched_port)
-        self.kv_publishers = [SessionKVPublisher(f"tcp://127.0.0.1:{pub}", f"tcp://127.0.0.1:{rep}")
-                              for pub, rep in self.kv_ports]
-        if self.control_server is not None:
-            self.control_server.start()
+        try:
+            for w, port in zip(self.workers, self.ports):
+                w.serve(port)
+            self.sched_metrics.serve(self.sched_port)
+            if self.control_server is not None:
+                self.control_server.start()
+        except BaseException:  # e.g. a port taken meanwhile: release what is open, publishers included
+            self.stop()
+            raise
         self._thread = threading.Thread(target=self._run, name="demo-fleet", daemon=True)
         self._thread.start()
         if self.rebalancer is not None:

@@ -15,6 +15,7 @@ Hand-written on purpose: vLLM's own publisher needs vLLM installed; pyzmq and ms
 from __future__ import annotations
 
 import time
+import weakref
 from collections import deque
 from typing import Mapping
 
@@ -38,15 +39,27 @@ def block_hash(session: int, block: int) -> int:
 
 
 class SessionKVPublisher:
-    def __init__(self, endpoint: str, replay_endpoint: str, *, topic: str = "kv-events",
-                 buffer_steps: int = 1_000) -> None:
+    """One engine's publisher. ``endpoint`` and ``replay_endpoint`` may name port ``*``: the sockets are
+    bound here (on a port the kernel picks), and ``self.endpoint``/``self.replay_endpoint`` say where.
+    Binding at construction means no other socket can take the port between choosing and binding it."""
+
+    def __init__(self, endpoint: str = "tcp://127.0.0.1:*", replay_endpoint: str = "tcp://127.0.0.1:*", *,
+                 topic: str = "kv-events", buffer_steps: int = 1_000) -> None:
         self.ctx = zmq.Context()
         self.pub = self.ctx.socket(zmq.PUB)
-        self.pub.setsockopt(zmq.LINGER, 0)
-        self.pub.bind(endpoint)
         self.replay = self.ctx.socket(zmq.ROUTER)
-        self.replay.setsockopt(zmq.LINGER, 0)
-        self.replay.bind(replay_endpoint)
+        # closes the sockets before terminating the context, whoever drops the last reference: a zmq
+        # context left to its own __del__ with a socket open waits in term() for ever
+        self._finalize = weakref.finalize(self, _close_zmq, self.ctx, self.pub, self.replay)
+        try:
+            for sock, at in ((self.pub, endpoint), (self.replay, replay_endpoint)):
+                sock.setsockopt(zmq.LINGER, 0)
+                sock.bind(at)
+        except zmq.ZMQError:
+            self.close()
+            raise
+        self.endpoint = self.pub.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.replay_endpoint = self.replay.getsockopt_string(zmq.LAST_ENDPOINT)
         self.topic = topic.encode()
         self.seq = 0
         self.buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
@@ -94,8 +107,11 @@ class SessionKVPublisher:
             self.replay.send_multipart([ident, b"", _END_SEQ, b""])
 
     def close(self) -> None:
-        if self.ctx.closed:
-            return
-        self.pub.close(0)
-        self.replay.close(0)
-        self.ctx.term()
+        """Close both sockets and the context (idempotent)."""
+        self._finalize()
+
+
+def _close_zmq(ctx: zmq.Context, *socks: zmq.Socket) -> None:
+    for sock in socks:
+        sock.close(0)
+    ctx.term()

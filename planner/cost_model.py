@@ -3,7 +3,8 @@
 All figures are per second of wall time over the observation period:
 
 * raw cost      = query rate x mean raw CPU per query (measured; the log's cpu_s of queries on the
-                  raw path that would use this SDS)
+                  raw path that would use this SDS; refreshes the step answers shortened count at
+                  their own cost and share of the arrivals, ``Planner._consider``)
 * summary cost  = query rate x (raw cost x edge fraction (the two raw edge runs, <= 2 panes per
                   window, relative to the window) + per-window merge cost + the summary path's fixed
                   cost per evaluation (coverage, pane reads, raw-edge setup: measured over the plans'

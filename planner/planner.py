@@ -198,6 +198,21 @@ _KNOWN_KEYS = frozenset({
 })
 
 
+def refreshed_steps(paths: list[str]) -> int:
+    """Steps a refresh evaluated (``steps:reused:N/T`` in its paths: T - N), or 0 for a query that reused
+    no step answer, reused them all, or was answered from a summary."""
+    if any(p.startswith("summary:") for p in paths):
+        return 0
+    for p in paths:
+        if p.startswith("steps:reused:"):
+            n, _, t = p[len("steps:reused:"):].partition("/")
+            try:
+                return max(int(t) - int(n), 0)
+            except ValueError:
+                return 0
+    return 0
+
+
 @dataclass
 class KeyStats:
     arrivals: deque = field(default_factory=deque)  # arrival times (s)
@@ -207,6 +222,11 @@ class KeyStats:
     min_range_ms: int = 0  # shortest window seen: the pane must fit in it (several times) for the summary to pay
     align_ms: int = 0  # gcd of the windows' bounds seen (ends, steps, ranges): a pane dividing it needs no raw edges
     windows: deque = field(default_factory=lambda: deque(maxlen=64))
+    # refreshes the step answers shortened (some steps reused, some evaluated raw): their CPU and
+    # windows, and per recent raw-path arrival whether it was one (True) or a whole evaluation (False)
+    refresh_cpu: deque = field(default_factory=lambda: deque(maxlen=64))
+    refresh_windows: deque = field(default_factory=lambda: deque(maxlen=64))
+    kinds: deque = field(default_factory=lambda: deque(maxlen=64))
     series: int = 0
     sample_rate: float = 0.0  # samples per second of data, estimated from raw scans
     patterns: set = field(default_factory=set)
@@ -384,7 +404,16 @@ class Planner:
                     ks.arrivals.popleft()
                 # a raw execution's cost, unless earlier answers stood in for some of its steps
                 served_raw = not any(p.startswith(("summary:", "steps:reused")) for p in entry.paths)
+                new_steps = refreshed_steps(entry.paths)
+                if new_steps and not entry.exact:
+                    # a refresh: its newest steps evaluated raw, the rest reused; what a plan could
+                    # save on it is this, not a whole evaluation's cost
+                    ks.refresh_cpu.append(raw_share)
+                    ks.refresh_windows.append(max(entry.result_series, 1) * new_steps)
+                    ks.kinds.append(True)
                 if served_raw and not entry.exact:
+                    if ks.raw_cpu:  # a pattern's first arrival had nothing to reuse: it says nothing of the share
+                        ks.kinds.append(False)
                     ks.raw_cpu.append(raw_share)
                     data_ms = c.range_ms + max(entry.end_ms - entry.start_ms, 0)
                     if entry.samples and data_ms:
@@ -544,6 +573,14 @@ class Planner:
 
     def _consider(self, c: Candidate, ks: KeyStats) -> None:
         raw_cpu = sum(ks.raw_cpu) / len(ks.raw_cpu)
+        windows = sum(ks.windows) / max(len(ks.windows), 1)
+        if ks.refresh_cpu:
+            # the pattern's raw cost per query as its recent arrivals paid it: refreshes the step answers
+            # shortened at their own cost, whole evaluations (pans, bypasses; not the first load, which
+            # had nothing to reuse) at theirs
+            share = sum(ks.kinds) / len(ks.kinds)
+            raw_cpu = share * sum(ks.refresh_cpu) / len(ks.refresh_cpu) + (1 - share) * raw_cpu
+            windows = share * sum(ks.refresh_windows) / len(ks.refresh_windows) + (1 - share) * windows
         pane_ms = self.pane_for(ks)
         # the payload holds every series in the plan's scope (a per-metric plan: all of the metric's
         # series), not the query's result series (e.g. sum by (le) leaves a dozen of 1,400)
@@ -560,7 +597,7 @@ class Planner:
         est = cost_model.estimate(
             algorithm=c.algorithm, queries=max(len(ks.arrivals) - 1, 1), period_s=self._arrival_span_s(ks),
             raw_cpu_per_query=raw_cpu, range_ms=max(ks.max_range_ms, 1),
-            windows_per_query=sum(ks.windows) / max(len(ks.windows), 1), series=scope_series,
+            windows_per_query=windows, series=scope_series,
             ingest_samples_per_s=max(ks.sample_rate, self._recent_sample_rate(scope)), pane_ms=pane_ms, history_ms=hist,
             budget_left_bytes=self.config.budget_bytes - used, fold_cost_s=fold, plan_cpu_floor_per_s=self._plan_cpu_per_s(),
             bytes_per_pane=None if fields is None else 8 * len(fields),

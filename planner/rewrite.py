@@ -243,7 +243,7 @@ class RewriteHook:
 
     def _report(self, s: Served, ectx: Any) -> None:
         sds = s.sds
-        sds.stats.hits += 1
+        sds.stats.hit(shape_of(s.func, s.range_ms, len(s.ends)))
         sds.stats.last_hit = time.time()
         sds.stats.windows_served += int(s.scan.present.size)
         sds.stats.raw_edge_samples += s.scan.raw_samples

@@ -161,9 +161,17 @@ class SDSStats:
     shadow_runs: int = 0
     # the same per shape of use (function, range, steps bucket): (time, served wall s, raw wall s)
     shapes: dict = field(default_factory=dict)
+    # served sub-trees per shape of use: the measured saving is each shape's own, times its hits (a
+    # shape measured slower is answered raw from then on and stops adding hits)
+    shape_hits: dict = field(default_factory=dict)
 
     SHAPE_TTL_S = 900.0  # a shape's verdict is re-measured after this long (data and load change)
     SHAPE_MIN_RUNS = 3
+
+    def hit(self, shape: tuple) -> None:
+        """One sub-tree served from the summary in ``shape``."""
+        self.hits += 1
+        self.shape_hits[shape] = self.shape_hits.get(shape, 0) + 1
 
     def record(self, shape: tuple, served_wall: float, served_cpu: float, raw_wall: float, raw_cpu: float) -> None:
         self.shadow.append((served_wall, served_cpu, raw_wall, raw_cpu))
@@ -214,17 +222,30 @@ class SDSStats:
 
     def measured(self) -> dict[str, Any] | None:
         """Medians of the shadow runs (the summary path against the raw path, same sub-tree and steps),
-        the measured CPU saving (mean saving per shadowed hit x hits - summarization CPU) and the
-        verdict per shape of use."""
+        the measured CPU saving and the verdict per shape of use.
+
+        The saving is summed per shape of use: its shadow pairs' mean CPU saving times the sub-trees
+        served in that shape (a shape without pairs of its own gets the mean over all pairs), less the
+        summarization CPU. One mean over every pair times all hits would charge a plan for the cheap
+        refresh shapes it stopped serving once they measured slower (each keeps its probe pairs) and
+        retire a plan whose remaining shapes pay."""
         if not self.shadow:
             return None
         a = np.asarray(self.shadow, dtype=np.float64)
         med = np.median(a, axis=0)
-        per_hit = float(np.mean(a[:, 3] - a[:, 1]))
+        overall = float(np.mean(a[:, 3] - a[:, 1]))
+        saved = 0.0
+        counted = 0
+        for sh, n in list(self.shape_hits.items()):
+            pairs = self.shapes.get(sh)
+            per = statistics.fmean(x[4] - x[3] for x in pairs) if pairs else overall
+            saved += per * n
+            counted += n
+        saved += overall * max(self.hits - counted, 0)  # hits not attributed to a shape (restored stats)
         shapes = {shape_label(s): self.verdict(s) for s in list(self.shapes)}
         return {"runs": len(a), "served_p50_s": float(med[0]), "served_cpu_p50_s": float(med[1]),
                 "raw_p50_s": float(med[2]), "raw_cpu_p50_s": float(med[3]),
-                "cpu_saved_s": per_hit * self.hits - self.ingest_cpu_s, "shapes": shapes}
+                "cpu_saved_s": saved - self.ingest_cpu_s, "shapes": shapes}
 
 
 def shape_label(shape: tuple[str, int, int]) -> str:

@@ -533,3 +533,66 @@ def test_every_pane_store_forgets_exactly_the_panes_before_the_cut(alg):
     assert rows(k, far) == kept
     sds.store.drop_before(k - 5)  # behind the cut already: nothing changes
     assert rows(k, far) == kept
+
+
+def test_measured_saving_is_summed_per_shape_of_use():
+    """A plan probed in a cheap refresh shape (slower, answered raw after its probes) and serving a wide
+    one (faster) many times: the saving is each shape's own times its hits, so the probes' loss does
+    not outweigh what the wide shape saves, and a plan whose served shapes all lose still goes."""
+    from planner.sds import SDSStats, shape_of
+
+    refresh, wide = shape_of("rate", 60_000, 1), shape_of("rate", 60_000, 241)
+    st = SDSStats()
+    for _ in range(3):
+        st.hit(refresh)
+        st.record(refresh, 0.0020, 0.0020, 0.0005, 0.0005)  # 1.5 ms lost per refresh
+    for _ in range(3):
+        st.record(wide, 0.0010, 0.0010, 0.0030, 0.0030)  # 2 ms saved per wide query
+    for _ in range(10):
+        st.hit(wide)
+    st.ingest_cpu_s = 0.004
+    m = st.measured()
+    assert m["cpu_saved_s"] == pytest.approx(3 * -0.0015 + 10 * 0.0020 - 0.004)
+    # one mean over the six pairs times all 13 hits would have said 13 * 0.00025 - 0.004 < 0.0155
+    assert st.verdict(refresh) == "slower" and st.verdict(wide) == "faster"
+    lose = SDSStats()
+    for _ in range(6):
+        lose.hit(refresh)
+        lose.record(refresh, 0.0020, 0.0020, 0.0005, 0.0005)
+    assert lose.measured()["cpu_saved_s"] == pytest.approx(6 * -0.0015)
+
+
+def test_adoption_weighs_refreshes_at_what_the_step_answers_left_them():
+    """A panel whose refreshes compute one new step each: the plan would save on those, not on a whole
+    evaluation. Cheap refreshes next to one costly first load are not worth a plan; the same arrivals
+    as whole evaluations are."""
+    from planner.planner import refreshed_steps
+    from planner.query_log import LogEntry
+
+    assert refreshed_steps(["raw", "steps:reused:239/240"]) == 1
+    assert refreshed_steps(["steps:reused:240/240"]) == 0  # nothing evaluated: no cost to weigh
+    assert refreshed_steps(["summary:exact-x", "steps:reused:200/240"]) == 0
+    assert refreshed_steps(["raw"]) == 0
+
+    items = random_series(seed=5)
+    src, batch = load(items)
+    tmax = int(batch.timestamps.max())
+    q = "sum by (job) (rate(x_total[5m]))"
+
+    def entry(cpu_s: float, paths: list[str]) -> LogEntry:
+        return LogEntry(expr=q, pattern=normalize(q), kind="range", start_ms=tmax - 3_600_000, end_ms=tmax,
+                        step_ms=15_000, wall_s=cpu_s, cpu_s=cpu_s, samples=200_000, paths=paths, result_series=3)
+
+    outcome = {}
+    for kind in ("refresh", "whole"):
+        st = _stack(src)
+        feed(st.summarizer, batch)
+        st.planner.observe(entry(0.030, ["raw"]))  # the first load: a whole evaluation
+        for i in range(4):
+            time.sleep(0.01)
+            paths = ["raw", "steps:reused:240/241"] if kind == "refresh" else ["raw"]
+            st.planner.observe(entry(0.0004 if kind == "refresh" else 0.030, paths))
+        outcome[kind] = (bool(st.planner.sds), next(iter(st.planner.keys.values())).last_decision)
+        st.query_log.close()
+    assert outcome["whole"][0], outcome
+    assert not outcome["refresh"][0] and outcome["refresh"][1].startswith("no saving"), outcome

@@ -21,15 +21,16 @@ from tests.test_planner_fixtures import T0, feed, load, summarized
 HOURS = 4
 
 
-def _tenant_items(seed: int, heavy: tuple[int, ...] = (40, 28, 17, 9), light: int = 120) -> list:
-    """Series per tenant: a few heavy tenants (distinct sizes) and many light ones; 30 s samples with
-    random gaps, so per-tenant sample counts differ from window to window."""
+def _tenant_items(seed: int, heavy: tuple[int, ...] = (40, 28, 17, 9), light: int = 120,
+                  interval_ms: int = 30_000) -> list:
+    """Series per tenant: a few heavy tenants (distinct sizes) and many light ones; samples every
+    ``interval_ms`` with random gaps, so per-tenant sample counts differ from window to window."""
     rng = np.random.default_rng(seed)
     items = []
     sizes = list(heavy) + [1] * light
     for t, n in enumerate(sizes):
         for i in range(n):
-            ts = T0 + np.arange(0, HOURS * 3_600_000, 30_000) + int(rng.integers(0, 30_000))
+            ts = T0 + np.arange(0, HOURS * 3_600_000, interval_ms) + int(rng.integers(0, interval_ms))
             ts = ts[rng.random(len(ts)) < 0.9]
             items.append((make_labels({"__name__": "reqs", "tenant": f"t{t}", "pod": f"p{t}-{i}"}), ts,
                           rng.random(len(ts))))
@@ -109,11 +110,13 @@ def test_other_shapes_run_raw(q):
 
 
 def test_planner_adopts_fi_above_threshold_and_restores(tmp_path):
-    src, batch = load(_tenant_items(5))
+    # 10 s samples: the raw path's cost clearly above the sketch's, whatever the machine's load
+    src, batch = load(_tenant_items(5, interval_ms=10_000))
     tmax = T0 + HOURS * 3_600_000
     q = "topk(3, sum by (tenant) (count_over_time(reqs[1h])))"
+    # step answers off: each refresh here must reach the summaries this test is about
     cfg = {"background_backfill": False, "seal_delay": "0s", "canary_fraction": 0.0, "fi_min_series": 100,
-           "approximate": True}
+           "approximate": True, "step_cache_bytes": 0}
     st = build(src, Engine(src), tmp_path, cfg)
     feed(st.summarizer, batch)
     for _ in range(3):
@@ -136,10 +139,12 @@ def test_planner_adopts_fi_above_threshold_and_restores(tmp_path):
 
 
 def test_explain_names_the_aggregate_paths():
-    src, batch = load(_tenant_items(6))
+    # 10 s samples: the raw path's cost clearly above the sketch's, whatever the machine's load
+    src, batch = load(_tenant_items(6, interval_ms=10_000))
     tmax = T0 + HOURS * 3_600_000
     st = build(src, Engine(src), None, {"background_backfill": False, "seal_delay": "0s", "fi_min_series": 10,
-                                        "group_min_series": 10, "approximate": True})
+                                        "group_min_series": 10, "approximate": True,
+                                        "step_cache_bytes": 0})  # every refresh reaches the summaries
     feed(st.summarizer, batch)
     q = "topk(3, sum by (tenant) (count_over_time(reqs[1h])))"
     for _ in range(3):

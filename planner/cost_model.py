@@ -18,7 +18,8 @@ All figures are per second of wall time over the observation period:
                   ``amortize_s`` (the planner's retire_after: a plan that stops paying goes then)
 * storage       = series x panes kept x bytes per pane; must fit the remaining budget.
 
-Adopt when raw - summary > ingest x safety; retire when hits stop or the saving turns negative.
+Adopt when the summary path costs at most ``MAX_SUMMARY_SHARE`` of the raw path per query and
+raw - summary > ingest x safety; retire when hits stop or the saving turns negative.
 """
 from __future__ import annotations
 
@@ -36,6 +37,12 @@ DEFAULT_SUMMARY_FIXED_S = 5e-4
 # CPU per history sample read and folded by a backfill until one has been measured (0.2-0.4 µs measured
 # in remote-write-sized chunks, bench/planner_fold_bench.py)
 DEFAULT_BACKFILL_COST_S = 4e-7
+# the largest summary / raw CPU per query a plan is adopted at. Both sides are estimates from a few
+# millisecond-scale measurements (thread CPU of a handful of queries, a prior or the cheapest measured
+# fixed cost): on the demo's small counter panels (8 series, rate over [1m], ~1.5 ms raw) plans
+# estimated at 0.77x of raw measured 1.2-2.0x once served, then cost their backfill and live fold until
+# retired; the histogram panels that pay were estimated at 0.5-0.67x and measured 0.3-0.8x
+MAX_SUMMARY_SHARE = 0.75
 
 
 @dataclass
@@ -86,6 +93,11 @@ def estimate(
     if storage > budget_left_bytes:
         return Estimate(rate, raw_cpu_per_query, summary, ingest, storage, False,
                         f"storage {storage} B exceeds the remaining budget {budget_left_bytes} B")
+    if summary > MAX_SUMMARY_SHARE * raw_cpu_per_query:
+        return Estimate(rate, raw_cpu_per_query, summary, ingest, storage, False,
+                        f"no clear saving: summary {summary:.6f} s is {summary / max(raw_cpu_per_query, 1e-12):.2f}x"
+                        f" the raw {raw_cpu_per_query:.6f} s per query (at most {MAX_SUMMARY_SHARE:.2f}x pays"
+                        " beyond the estimates' noise)")
     saving = rate * (raw_cpu_per_query - summary) - ingest * safety
     if saving <= 0:
         return Estimate(rate, raw_cpu_per_query, summary, ingest, storage, False,

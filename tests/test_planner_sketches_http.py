@@ -115,7 +115,7 @@ def test_req_adoption_and_late_samples_over_http(ooo_server):
         p = dict(query=q, start=(end - 2 * 3_600_000) / 1000, end=(end - 60_000) / 1000, step=step)
         f = _get(url, "/api/v1/query_range", **p)
         e = _get(url, "/api/v1/query_range", **p, exact="true")
-        assert any("served from summary" in i for i in f.get("infos", [])), q
+        assert any("served from summary" in i for i in f.get("infos", [])), (q, f.get("infos"), _get(url, "/api/v1/planner/candidates")["data"])
         _same(_matrix(f), _matrix(e))
     plans = _get(url, "/api/v1/planner/plans")["data"]["plans"]
     ex = next(p for p in plans if p["algorithm"] == "exact")

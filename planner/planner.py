@@ -474,10 +474,14 @@ class Planner:
     def _arrival_span_s(self, ks: KeyStats) -> float:
         """Seconds the recent arrivals span: the query rate is (arrivals - 1) over it. (Dividing by the
         whole observation period undercounts a pattern that started recurring within it: three refreshes
-        10 s apart are 0.1 q/s, not 3 per 10 min.)"""
+        10 s apart are 0.1 q/s, not 3 per 10 min.) At least ``MIN_REFRESH_S``: arrivals closer together
+        are one dashboard refresh's panels (p50 / p90 / p99 of one histogram are one pattern), not a
+        pattern recurring every few hundred milliseconds."""
         if len(ks.arrivals) < 2:
             return self.config.period_ms / 1000
-        return max(ks.arrivals[-1] - ks.arrivals[0], 1.0)
+        return max(ks.arrivals[-1] - ks.arrivals[0], self.MIN_REFRESH_S)
+
+    MIN_REFRESH_S = 5.0  # Grafana's default min_refresh_interval: no dashboard refreshes more often
 
     RATE_WINDOW_MS = 120_000
 
@@ -621,7 +625,8 @@ class Planner:
                                grouping=c.grouping)
             else:
                 spec = SDSSpec(metric=c.metric, algorithm=c.algorithm, pane_ms=pane_ms, params=params)
-            self.adopt(spec, reason=f"recurred {len(ks.arrivals)}x in {self._arrival_span_s(ks):.0f}s; {est.reason}",
+            seen_s = ks.arrivals[-1] - ks.arrivals[0] if ks.arrivals else 0.0
+            self.adopt(spec, reason=f"recurred {len(ks.arrivals)}x in {seen_s:.0f}s; {est.reason}",
                        history_ms=hist)
 
     def _exact_fields(self, c: Candidate, ks: KeyStats) -> tuple[str, ...]:

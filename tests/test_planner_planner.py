@@ -611,3 +611,28 @@ def test_adoption_weighs_refreshes_at_what_the_step_answers_left_them():
         st.query_log.close()
     assert outcome["whole"][0], outcome
     assert not outcome["refresh"][0] and outcome["refresh"][1].startswith("no clear saving"), outcome
+
+
+def test_arrivals_within_one_refresh_are_not_a_query_rate():
+    """Three panels of one pattern (p50 / p90 / p99 of one histogram) arrive within milliseconds in one
+    dashboard refresh: the planner counts them over at least MIN_REFRESH_S, not as hundreds of queries
+    per second; arrivals spread wider are counted over their own span."""
+    from planner.planner import Planner
+    from planner.query_log import LogEntry
+
+    items = random_series(seed=5)
+    src, batch = load(items)
+    tmax = int(batch.timestamps.max())
+    q = "sum by (job) (rate(x_total[5m]))"
+    st = _stack(src)
+    feed(st.summarizer, batch)
+    for _ in range(3):
+        st.planner.observe(LogEntry(expr=q, pattern=normalize(q), kind="range", start_ms=tmax - 3_600_000,
+                                    end_ms=tmax, step_ms=15_000, wall_s=0.03, cpu_s=0.03, samples=200_000,
+                                    paths=["raw"], result_series=3))
+    ks = next(iter(st.planner.keys.values()))
+    assert st.planner._arrival_span_s(ks) == Planner.MIN_REFRESH_S
+    assert f"{2 / Planner.MIN_REFRESH_S:.4f} q/s" in ks.last_decision, ks.last_decision
+    ks.arrivals = type(ks.arrivals)([100.0, 110.0, 120.0])  # three refreshes 10 s apart
+    assert st.planner._arrival_span_s(ks) == 20.0
+    st.query_log.close()

@@ -38,6 +38,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+import statistics
 import threading
 import time
 from collections import deque
@@ -575,6 +576,8 @@ class Planner:
                     return p
         return base
 
+    MIN_REFRESHES = 2  # refreshes measured before their cost decides an adoption
+
     def _consider(self, c: Candidate, ks: KeyStats) -> None:
         raw_cpu = sum(ks.raw_cpu) / len(ks.raw_cpu)
         windows = sum(ks.windows) / max(len(ks.windows), 1)
@@ -582,9 +585,14 @@ class Planner:
             # the pattern's raw cost per query as its recent arrivals paid it: refreshes the step answers
             # shortened at their own cost, whole evaluations (pans, bypasses; not the first load, which
             # had nothing to reuse) at theirs
+            if len(ks.refresh_cpu) < self.MIN_REFRESHES:
+                # one refresh's CPU is one millisecond-scale sample (the first after a load also computes
+                # the steps that were not sealed yet, often beside backfills): measure another first
+                ks.last_decision = f"waiting for {self.MIN_REFRESHES} measured refreshes ({len(ks.refresh_cpu)} so far)"
+                return
             share = sum(ks.kinds) / len(ks.kinds)
-            raw_cpu = share * sum(ks.refresh_cpu) / len(ks.refresh_cpu) + (1 - share) * raw_cpu
-            windows = share * sum(ks.refresh_windows) / len(ks.refresh_windows) + (1 - share) * windows
+            raw_cpu = share * statistics.median_low(ks.refresh_cpu) + (1 - share) * raw_cpu
+            windows = share * statistics.median_low(ks.refresh_windows) + (1 - share) * windows
         pane_ms = self.pane_for(ks)
         # the payload holds every series in the plan's scope (a per-metric plan: all of the metric's
         # series), not the query's result series (e.g. sum by (le) leaves a dozen of 1,400)

@@ -636,3 +636,32 @@ def test_arrivals_within_one_refresh_are_not_a_query_rate():
     ks.arrivals = type(ks.arrivals)([100.0, 110.0, 120.0])  # three refreshes 10 s apart
     assert st.planner._arrival_span_s(ks) == 20.0
     st.query_log.close()
+
+
+def test_one_refresh_does_not_set_a_panels_raw_cost():
+    """The first refresh after a load (which also computes the steps not sealed then) is one noisy
+    sample: a refreshed panel's raw cost is taken from at least MIN_REFRESHES refreshes (their low median),
+    so one dear refresh neither adopts a plan nor decides alone (of two, the lower counts)."""
+    from planner.planner import Planner
+    from planner.query_log import LogEntry
+
+    items = random_series(seed=5)
+    src, batch = load(items)
+    tmax = int(batch.timestamps.max())
+    q = "sum by (job) (rate(x_total[5m]))"
+
+    def entry(cpu_s: float, paths: list[str]) -> LogEntry:
+        return LogEntry(expr=q, pattern=normalize(q), kind="range", start_ms=tmax - 3_600_000, end_ms=tmax,
+                        step_ms=15_000, wall_s=cpu_s, cpu_s=cpu_s, samples=200_000, paths=paths, result_series=3)
+
+    st = _stack(src, {"min_count": 2})
+    feed(st.summarizer, batch)
+    st.planner.observe(entry(0.030, ["raw"]))  # the first load
+    st.planner.observe(entry(0.030, ["raw", "steps:reused:230/241"]))  # a dear first refresh
+    ks = next(iter(st.planner.keys.values()))
+    assert not st.planner.sds and ks.last_decision.startswith("waiting for 2 measured refreshes"), ks.last_decision
+    assert Planner.MIN_REFRESHES == 2
+    for _ in range(2):  # the refreshes after it are cheap: their median is the raw cost
+        st.planner.observe(entry(0.0004, ["raw", "steps:reused:240/241"]))
+    assert not st.planner.sds and ks.last_decision.startswith("no clear saving"), ks.last_decision
+    st.query_log.close()

@@ -577,26 +577,32 @@ def test_measured_saving_is_summed_per_shape_of_use():
     assert lose.measured()["cpu_saved_s"] == pytest.approx(6 * -0.0015)
 
 
-def test_adoption_weighs_refreshes_at_what_the_step_answers_left_them():
-    """A panel whose refreshes compute one new step each: the plan would save on those, not on a whole
-    evaluation. Cheap refreshes next to one costly first load are not worth a plan; the same arrivals
-    as whole evaluations are."""
-    from planner.planner import refreshed_steps
+def _refreshed_panel():
+    """Data for one 1 h / 15 s panel, and its query-log entries at a given CPU and paths."""
     from planner.query_log import LogEntry
 
-    assert refreshed_steps(["raw", "steps:reused:239/240"]) == 1
-    assert refreshed_steps(["steps:reused:240/240"]) == 0  # nothing evaluated: no cost to weigh
-    assert refreshed_steps(["summary:exact-x", "steps:reused:200/240"]) == 0
-    assert refreshed_steps(["raw"]) == 0
-
-    items = random_series(seed=5)
-    src, batch = load(items)
+    src, batch = load(random_series(seed=5))
     tmax = int(batch.timestamps.max())
     q = "sum by (job) (rate(x_total[5m]))"
 
     def entry(cpu_s: float, paths: list[str]) -> LogEntry:
         return LogEntry(expr=q, pattern=normalize(q), kind="range", start_ms=tmax - 3_600_000, end_ms=tmax,
                         step_ms=15_000, wall_s=cpu_s, cpu_s=cpu_s, samples=200_000, paths=paths, result_series=3)
+    return src, batch, entry
+
+
+def test_adoption_weighs_refreshes_at_what_the_step_answers_left_them():
+    """A panel whose refreshes compute one new step each: the plan would save on those, not on a whole
+    evaluation. Cheap refreshes next to one costly first load are not worth a plan; the same arrivals
+    as whole evaluations are."""
+    from planner.planner import refreshed_steps
+
+    assert refreshed_steps(["raw", "steps:reused:239/240"]) == 1
+    assert refreshed_steps(["steps:reused:240/240"]) == 0  # nothing evaluated: no cost to weigh
+    assert refreshed_steps(["summary:exact-x", "steps:reused:200/240"]) == 0
+    assert refreshed_steps(["raw"]) == 0
+
+    src, batch, entry = _refreshed_panel()
 
     outcome = {}
     for kind in ("refresh", "whole"):
@@ -643,16 +649,8 @@ def test_one_refresh_does_not_set_a_panels_raw_cost():
     sample: a refreshed panel's raw cost is taken from at least MIN_REFRESHES refreshes (their low median),
     so one dear refresh neither adopts a plan nor decides alone (of two, the lower counts)."""
     from planner.planner import Planner
-    from planner.query_log import LogEntry
 
-    items = random_series(seed=5)
-    src, batch = load(items)
-    tmax = int(batch.timestamps.max())
-    q = "sum by (job) (rate(x_total[5m]))"
-
-    def entry(cpu_s: float, paths: list[str]) -> LogEntry:
-        return LogEntry(expr=q, pattern=normalize(q), kind="range", start_ms=tmax - 3_600_000, end_ms=tmax,
-                        step_ms=15_000, wall_s=cpu_s, cpu_s=cpu_s, samples=200_000, paths=paths, result_series=3)
+    src, batch, entry = _refreshed_panel()
 
     st = _stack(src, {"min_count": 2})
     feed(st.summarizer, batch)

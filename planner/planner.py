@@ -585,9 +585,10 @@ class Planner:
             # the pattern's raw cost per query as its recent arrivals paid it: refreshes the step answers
             # shortened at their own cost, whole evaluations (pans, bypasses; not the first load, which
             # had nothing to reuse) at theirs
-            if len(ks.refresh_cpu) < self.MIN_REFRESHES:
-                # one refresh's CPU is one millisecond-scale sample (the first after a load also computes
-                # the steps that were not sealed yet, often beside backfills): measure another first
+            if len(ks.refresh_cpu) < self.MIN_REFRESHES and 2 * sum(ks.kinds) >= len(ks.kinds):
+                # mostly refreshes, and one refresh's CPU is one millisecond-scale sample (the first after
+                # a load also computes the steps that were not sealed yet, often beside backfills):
+                # measure another first
                 ks.last_decision = f"waiting for {self.MIN_REFRESHES} measured refreshes ({len(ks.refresh_cpu)} so far)"
                 return
             share = sum(ks.kinds) / len(ks.kinds)

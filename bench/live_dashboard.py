@@ -57,7 +57,11 @@ a *check* phase and a *clean* phase.
   next block; the blocks alternate so both phases see every stage of the run.
 Queries run one at a time (one refresher thread), so latencies of the servers do not overlap each
 other; only writes and the servers' own background work run concurrently (on 2 cores, a server's
-background work -- e.g. the planner's backfill -- also slows the other servers' answers). A refresh that
+background work -- e.g. the planner's backfill -- also slows the other servers' answers). Within a
+refresh, the compared requests (served / ``exact=true``, served / ``off``) swap order at every refresh
+of a panel: the first request after the refresher's idle gap pays the wake-up of an idle process
+(~1 ms here), the one right after it does not, and a fixed order would charge that to one path only.
+A refresh that
 starts late (the previous one overran its interval) is counted. At every block boundary the refresh
 ticks move by ``--phase-shift-s`` (1.3 s; that interval is 11.3 s, still warm), so over a run the
 refreshes meet every phase of the 15 s step grid and of the 5 s writes -- where a refresh falls just
@@ -494,6 +498,7 @@ class Bench:
         self.cpu_marks: list[tuple[float, str, dict[str, float]]] = []
         self.late_refreshes = 0
         self.last_refresh: dict[str, float] = {}
+        self.refresh_count: dict[str, int] = {}
 
     # servers -------------------------------------------------------------------------------
     def start_servers(self) -> None:
@@ -677,18 +682,23 @@ class Bench:
             if dt is not None:
                 rec["lat"][name] = dt
 
+        # which of a compared pair goes first alternates per refresh of the panel: the first request
+        # after the refresher's idle gap pays the wake-ups of both processes, the second one does not
+        flip = self.refresh_count.get(pid, 0) % 2 == 1
+        self.refresh_count[pid] = self.refresh_count.get(pid, 0) + 1
+        rec["served_first"] = not flip
         if phase == "check":
             with self.gate:
                 seq0 = self.gate.seq  # even and constant while the gate is held
-                run("served", "on", params)
-                run("exact", "on", exact)
-            run("off", "off", params)
+                for name, p in ((("exact", exact), ("served", params)) if flip else (("served", params), ("exact", exact))):
+                    run(name, "on", p)
+            for name, p in ((("off_exact", exact), ("off", params)) if flip else (("off", params), ("off_exact", exact))):
+                run(name, "off", p)  # off_exact mirrors the exact=true load (see the docstring)
             off_valid = seq0 == self.gate.seq
-            run("off_exact", "off", exact)  # mirror of the exact=true load (see the docstring)
         else:
             with self.gate:
-                run("served", "on", params)
-                run("off", "off", params)
+                for name, server in ((("off", "off"), ("served", "on")) if flip else (("served", "on"), ("off", "off"))):
+                    run(name, server, params)
             off_valid = True
         if "prom" in clients:
             run("prom", "prom", params)

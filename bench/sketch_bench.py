@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from planner_bench import series_defs, values_for  # noqa: E402
-from planner.rewrite import RewriteContext  # noqa: E402
-from planner.rewrite_sketch import SketchRewriteHook, ordered_rules  # noqa: E402
+from planner.rewrite import RewriteHook  # noqa: E402
+from planner.rewrite_rules import RewriteContext  # noqa: E402
 from planner.sds import SDS, SDSSpec  # noqa: E402
 from planner.summarizer import Summarizer  # noqa: E402
 from promql.engine import Engine  # noqa: E402
@@ -183,10 +183,9 @@ def main() -> int:
     step = 120_000  # a dashboard step of 2 panes (finer steps re-read nearly all raw samples at the edges)
 
     def hook_for(alg):
-        return SketchRewriteHook(RewriteContext(lambda m, al, ms, func=None: sdss.get(al) if al == alg else None, cost_based=False),
-                                 rules=ordered_rules(),
-                                 find_group=(lambda m, ms, by, al="group": sdss.get(al) if al == alg else None)
-                                 if alg in ("group", "cpc") else None)
+        return RewriteHook(RewriteContext(lambda m, al, ms, func=None: sdss.get(al) if al == alg else None, cost_based=False,
+                                          find_group=(lambda m, ms, by, al="group": sdss.get(al) if al == alg else None)
+                                          if alg in ("group", "cpc") else None))
 
     eng = Engine(src)
     r = f"{rng_ms // 1000}s"

@@ -18,7 +18,7 @@ algorithm names or probes a store with ``hasattr``:
   scope size from which the planner adopts it; ``serves(store, func)``: whether a store of it can answer
   ``func`` (an exact store keeps only the pane fields of the functions its plan was adopted for).
 
-A new algorithm is one store module plus one entry here (and its rewrite rule).
+A new algorithm is one store module plus one entry here (and its rule in ``planner/rewrite_rules.py``).
 """
 from __future__ import annotations
 

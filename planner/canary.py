@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from prometheus_client import Counter, Gauge, Histogram
 
-from planner.rewrite import Served
+from planner.rewrite_rules import Served
 from planner.sds import shape_of
 from promql.eval_context import QueryBudget
 from promql.eval_selectors import eval_matrix_selector

@@ -19,6 +19,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--start", default=None)
     p.add_argument("--end", default=None)
     p.add_argument("--step", default=None)
+    p.add_argument("--approx", default=None, choices=["true", "false"],
+                   help="explain: as a request with approx=true|false (default: the server's planner.approximate)")
     p.add_argument("--json", action="store_true", help="print raw JSON")
 
 
@@ -71,7 +73,8 @@ def run(a: argparse.Namespace, out: Any = sys.stdout) -> int:
         return 0
     if not a.arg:
         raise SystemExit("error: plan explain needs a query")
-    d = _get(a.url, "/api/v1/planner/explain", {"query": a.arg, "time": a.time, "start": a.start, "end": a.end, "step": a.step})
+    d = _get(a.url, "/api/v1/planner/explain", {"query": a.arg, "time": a.time, "start": a.start, "end": a.end, "step": a.step,
+                                                  "approx": a.approx})
     if a.json:
         print(json.dumps(d, indent=2), file=out)
         return 0

@@ -135,14 +135,15 @@ def servable_call(node: Any) -> tuple[str, Any, Any] | None:
     return func, ms, param
 
 
-def _literal(node: Any) -> float | None:
+def literal_number(node: Any) -> float | None:
+    """The value of a number literal (in parentheses, negated or not), or None for anything else."""
     k = _kind(node)
     if k == "NumberLiteral":
         return float(node.val)
     if k == "ParenExpr":
-        return _literal(node.expr)
+        return literal_number(node.expr)
     if k == "UnaryExpr":
-        v = _literal(node.expr)
+        v = literal_number(node.expr)
         return None if v is None else -v
     return None
 
@@ -201,7 +202,7 @@ def topk_shape(node: Any) -> tuple[int, tuple[str, ...], str, Any] | None:
     k >= 1 and non-empty L; None otherwise."""
     if _kind(node) != "AggregateExpr" or str(node.op) != "topk" or node.modifier is not None or node.param is None:
         return None
-    k = _literal(node.param)
+    k = literal_number(node.param)
     if k is None or k < 1 or k != int(k):
         return None
     inner = node.expr
@@ -248,7 +249,7 @@ def candidates(query_or_node: Any, req_min_phi: float = REQ_MIN_PHI) -> list[Can
             vs = ms.vector_selector
             ms_list = to_matchers(vs)[0]
             extra = tuple(sorted((m.name, m.op, m.value) for m in ms_list if m.name != "__name__"))
-            phi = _literal(param) if param is not None else None
+            phi = literal_number(param) if param is not None else None
             alg = algorithm_for(func, phi, req_min_phi) or ""
             out.append(Candidate(vs.name, extra, alg, func, duration_ms(ms.range)))
             return

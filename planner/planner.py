@@ -46,17 +46,23 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+import numpy as np
+
 from planner import cost_model
 from planner.algorithm_registry import ALGORITHMS, allowed
 from planner.exact_store import ALL_FIELDS, stored_fields
 from planner.normalize import Candidate, candidates, normalize
 from planner.query_log import LogEntry, QueryLog
+from planner.rewrite_rules import RULES, WHY_NO_SDS, Decision, RewriteContext, edge_fraction
 from planner.kll_store import REQ_DEFAULT_K
-from planner.sds import REQ_MIN_PHI, SDS, SDSSpec, shape_of
-from planner.served_functions import SERVED
+from planner.sds import REQ_MIN_PHI, SDS, SDSSpec
+from planner.served_functions import SERVED, algorithm_for
 from planner.summarizer import Summarizer
-from planner.summary_scan import window_plan
+from promql.ast_walk import children
+from promql.eval_context import EvalContext
 from promql.query_guard import parse as guarded_parse
+from promql.types import Annotations, QueryStats
+from storage.labels import DEFAULT_TENANT
 from storage.matchers import Matcher
 
 log = logging.getLogger("turboprom.planner")
@@ -771,57 +777,81 @@ class Planner:
                 for k, v in sorted(self.keys.items())
             ]
 
-    def explain(self, query: str, start_ms: int | None = None, end_ms: int | None = None, step_ms: int = 0) -> dict[str, Any]:
-        """Which path each servable sub-tree would take, and why."""
+    def explain(self, query: str, start_ms: int | None = None, end_ms: int | None = None, step_ms: int = 0,
+                approx: bool | None = None) -> dict[str, Any]:
+        """Which path each servable sub-tree would take, and why: the rewrite rules' own decisions
+        (``planner/rewrite_rules.py``) for every node of the query, at the given evaluation times (without
+        them: whether a summary may and can serve it at all). ``approx``: the request's ``approx``
+        (None: the operator's ``planner.approximate``)."""
         expr = guarded_parse(query)
         out: dict[str, Any] = {"query": query, "pattern": normalize(query, expr), "subtrees": []}
-        served_outer: dict[tuple, str] = {}  # group / cpc sub-trees answered from a summary, by selector
-        for c in candidates(expr, self.config.req_min_phi):
-            ms = [Matcher("__name__", "=", c.metric)] + [Matcher(n, o, v) for n, o, v in c.matchers]
-            sds = self.find_group_sds(c.metric, ms, c.grouping, c.algorithm) if ALGORITHMS[c.algorithm].scope == "fixed" else \
-                self.find_sds(c.metric, c.algorithm, ms, c.func)
-            item: dict[str, Any] = {"function": c.func, "metric": c.metric, "range_ms": c.range_ms,
-                                    "algorithm": c.algorithm}
-            if sds is None:
-                adopted = [s.id for s in self.summarizer.by_metric.get(c.metric, []) if s.spec.algorithm == c.algorithm]
-                item["path"] = "raw"
-                item["why"] = ("SDS " + ", ".join(adopted) + " has no complete panes yet (backfill/sealing)") if adopted else \
-                    (self.keys.get(c.key).last_decision if self.keys.get(c.key) and self.keys[c.key].last_decision
-                     else "no plan covers it")
-            else:
-                item["path"] = f"summary:{sds.id}"
-                item["error_bound"] = sds.error_bound()
-                lo, hi = sds.coverage()
-                item["coverage_ms"] = [lo * sds.spec.pane_ms, hi * sds.spec.pane_ms]
-                if start_ms is not None:
-                    import numpy as np
-
-                    e = np.arange(start_ms, (end_ms if end_ms is not None else start_ms) + 1, max(step_ms, 1)) if step_ms else np.array([start_ms])
-                    from planner.rewrite import edge_fraction, worth_it
-
-                    plan = window_plan(sds, [Matcher("__name__", "=", c.metric)] + [Matcher(*m) for m in c.matchers],
-                                       e, c.range_ms, lo, hi)
-                    item["summary_panes"] = plan.summary_panes
-                    item["raw_edge_fraction"] = round(edge_fraction(plan), 4)
-                    if plan.summary_panes == 0:
-                        item["path"] = "raw"
-                        item["why"] = "no whole covered pane inside any window"
-                    elif self.config.cost_based and sds.stats.verdict(shape_of(c.func, c.range_ms, len(e))) == "slower":
-                        item["path"] = "raw"
-                        item["why"] = "shadow runs of this shape measured the summary slower than the raw path"
-                    elif self.config.cost_based and not worth_it(c.func, plan, c.range_ms, sds.spec.pane_ms):
-                        item["path"] = "raw"
-                        item["why"] = (f"cost check: raw edges would cover {item['raw_edge_fraction']:.0%} of the raw "
-                                       f"path's span and {c.func} is cheap on raw")
-            sig = (c.metric, c.func, c.range_ms, c.matchers)
-            if c.algorithm in ("group", "cpc") and item["path"].startswith("summary:"):
-                served_outer[sig] = item["path"]
-            elif c.algorithm == "fi" and item["path"].startswith("summary:"):
-                item["why"] = "when every step's top-k set is provable from the sketch bounds, else the inner path"
-            elif sig in served_outer and item["path"] == "raw":
-                item["path"] = "inside " + served_outer[sig]
-                item["why"] = "the enclosing aggregate is answered from its summary"
-            out["subtrees"].append(item)
+        approximate = self.config.approximate_for(DEFAULT_TENANT) if approx is None else bool(approx)
+        rctx = RewriteContext(self.find_sds, cost_based=self.config.cost_based, approximate=approximate,
+                              find_group=self.find_group_sds)
+        if start_ms is None:
+            times = None
+            start_ms = end_ms = 0
+        else:
+            end_ms = start_ms if end_ms is None else end_ms
+            times = np.arange(start_ms, end_ms + 1, step_ms, dtype=np.int64) if step_ms > 0 else \
+                np.array([start_ms], np.int64)
+        ectx = EvalContext(step_times=times, query_start_ms=start_ms, query_end_ms=end_ms, query_step_ms=step_ms,
+                           lookback_delta_ms=300_000, source=None, annotations=Annotations(), stats=QueryStats(),
+                           budget=None, query=query, extra={"approx": approximate})
+        stack: list[tuple[Any, str | None]] = [(expr, None)]  # (node, the served aggregate it sits in)
+        while stack:
+            node, inside = stack.pop()
+            kind = type(node).__name__
+            served_here = None
+            for rule in RULES:
+                if rule.node_kind != kind:
+                    continue
+                d = rule.decide(node, ectx, rctx)
+                if d is None or (not d.served and not self._explain_considers(d)):
+                    continue
+                item = self._explain_item(d, inside)
+                out["subtrees"].append(item)
+                if d.served:
+                    if rule.name == "topk":  # answers only provable steps: the inner paths stay
+                        item["why"] = "when every step's top-k set is provable from the sketch bounds, else the inner path"
+                        continue
+                    served_here = item["path"]
+                    break
+            stack.extend((c, served_here or inside) for c in reversed(children(node)))
         if not out["subtrees"]:
             out["why"] = "no sub-tree is a function an SDS serves (func(metric{...}[range]))"
         return out
+
+    def _explain_considers(self, d: Decision) -> bool:
+        """An unserved quantile decision is listed for the algorithm the planner would adopt for its
+        phi only (REQ for a tail phi, KLL otherwise)."""
+        return SERVED[d.func].family != "quantile" or d.algorithm == algorithm_for(d.func, d.phi, self.config.req_min_phi)
+
+    def _explain_item(self, d: Decision, inside: str | None) -> dict[str, Any]:
+        item: dict[str, Any] = {"function": d.func, "metric": d.metric, "range_ms": d.range_ms, "algorithm": d.algorithm}
+        if d.sds is not None:
+            item["path"] = f"summary:{d.sds.id}" if d.served else "raw"
+            item["error_bound"] = d.sds.error_bound(d.phi)
+            lo, hi = d.sds.coverage()
+            item["coverage_ms"] = [lo * d.sds.spec.pane_ms, hi * d.sds.spec.pane_ms]
+            if d.plan is not None:
+                item["summary_panes"] = d.plan.summary_panes
+                item["raw_edge_fraction"] = round(edge_fraction(d.plan), 4)
+        else:
+            item["path"] = "raw"
+        if d.served:
+            return item
+        item["why"] = d.why
+        if d.why == WHY_NO_SDS:
+            adopted = [s.id for s in self.summarizer.by_metric.get(d.metric, []) if s.spec.algorithm == d.algorithm]
+            key = self.keys.get(Candidate(d.metric, tuple(sorted((m.name, m.op, m.value) for m in d.matchers
+                                                                 if m.name != "__name__")),
+                                          d.algorithm, d.func, d.range_ms, d.labels).key)
+            if adopted:
+                item["why"] = "SDS " + ", ".join(adopted) + " has no complete panes yet (backfill/sealing)"
+            elif key is not None and key.last_decision:
+                item["why"] = key.last_decision
+        if inside is not None:
+            item["path"] = "inside " + inside
+            item["why"] = "the enclosing aggregate is answered from its summary"
+        return item

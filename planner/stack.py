@@ -10,8 +10,8 @@ from planner.persist import SDSPersistence
 from planner.planned_engine import PlannedEngine
 from planner.planner import Planner, PlannerConfig
 from planner.query_log import QueryLog
-from planner.rewrite import RewriteContext, RewriteHook
-from planner.rewrite_sketch import SketchRewriteHook, ordered_rules
+from planner.rewrite import RewriteHook
+from planner.rewrite_rules import RewriteContext
 from planner.step_answers import StepAnswers, WriteFrontier
 from planner.summarizer import Summarizer
 
@@ -36,8 +36,7 @@ def build(storage: Any, engine: Any, data_dir: str | Path | None, raw_config: di
     summ = Summarizer(storage, WriteFrontier(cfg.seal_delay_ms))
     planner = Planner(cfg, summ, qlog, persistence, storage)
     canary = Canary(cfg.canary_fraction)
-    hook = SketchRewriteHook(RewriteContext(planner.find_sds, canary, cost_based=cfg.cost_based), rules=ordered_rules(),
-                             find_group=planner.find_group_sds)
+    hook = RewriteHook(RewriteContext(planner.find_sds, canary, cost_based=cfg.cost_based, find_group=planner.find_group_sds))
     steps = StepAnswers(summ.frontier, cfg.step_cache_bytes, measured=cfg.cost_based) if cfg.step_cache_bytes > 0 and cfg.enabled else None
     planned = PlannedEngine(engine, hook, qlog, planner, step_answers=steps) if engine is not None else None
     if persistence is not None:

@@ -8,8 +8,8 @@ import pytest
 
 from planner.canary import Canary
 from planner.distinct_store import SERIES_ITEM, rse
-from planner.rewrite import RewriteContext
-from planner.rewrite_sketch import SketchRewriteHook, ordered_rules
+from planner.rewrite import RewriteHook
+from planner.rewrite_rules import RewriteContext
 from planner.sds import SDS, SDSSpec
 from planner.stack import build
 from promql.engine import Engine
@@ -58,8 +58,7 @@ def cpc_world():
         return None
 
     served: list = []
-    hook = SketchRewriteHook(RewriteContext(lambda m, a, ms, func=None: None, lambda s, c: served.append((s, c)), cost_based=False, approximate=True),
-                             rules=ordered_rules(), find_group=find)
+    hook = RewriteHook(RewriteContext(lambda m, a, ms, func=None: None, lambda s, c: served.append((s, c)), cost_based=False, approximate=True, find_group=find))
     return src, sdss, hook, served, tmin, tmax
 
 

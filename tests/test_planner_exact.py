@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from planner.rewrite import RewriteContext, RewriteHook
+from planner.rewrite import RewriteHook
+from planner.rewrite_rules import RewriteContext
 from promql.engine import Engine
 from promql.query_opts import QueryOpts
 from tests.test_planner_fixtures import T0, load, random_series, summarized

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from planner.canary import Canary
-from planner.rewrite import RewriteContext
-from planner.rewrite_sketch import SketchRewriteHook, ordered_rules
+from planner.rewrite import RewriteHook
+from planner.rewrite_rules import RewriteContext
 from planner.sds import SDS, SDSSpec
 from planner.stack import build
 from planner.summarizer import Summarizer
@@ -61,8 +61,8 @@ def group_world():
         return None
 
     served: list = []
-    hook = SketchRewriteHook(RewriteContext(lambda m, a, ms, func=None: None, lambda s, c: served.append((s, c)), cost_based=False),
-                             rules=ordered_rules(), find_group=find_group)
+    hook = RewriteHook(RewriteContext(lambda m, a, ms, func=None: None, lambda s, c: served.append((s, c)), cost_based=False,
+                                      find_group=find_group))
     return src, sdss, hook, served, tmin, tmax, live_from
 
 
@@ -194,8 +194,7 @@ def test_refresh_reuses_sealed_steps_and_late_samples_invalidate():
     feed(summ, on_time)
     summ.backfill(sds, 30 * 86_400_000)
     served: list = []
-    hook = SketchRewriteHook(RewriteContext(lambda m, a, ms, func=None: None, lambda s, c: served.append(s), cost_based=False),
-                             rules=ordered_rules(), find_group=lambda m, ms, by: sds)
+    hook = RewriteHook(RewriteContext(lambda m, a, ms, func=None: None, lambda s, c: served.append(s), cost_based=False, find_group=lambda m, ms, by: sds))
     eng = Engine(src)
     q = "sum by (job) (sum_over_time(g[1h]))"
     args = (live_from + 3_600_000, tmax, 300_000)

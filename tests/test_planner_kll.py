@@ -6,7 +6,8 @@ import numpy as np
 
 from planner.canary import Canary
 from planner.kll_store import rank_error
-from planner.rewrite import RewriteContext, RewriteHook
+from planner.rewrite import RewriteHook
+from planner.rewrite_rules import RewriteContext
 from promql.engine import Engine
 from promql.query_opts import QueryOpts
 from storage.labels import make_labels

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from planner.canary import Canary
-from planner.rewrite import RewriteContext, RewriteHook
-from planner.rewrite_sketch import ordered_rules
+from planner.rewrite import RewriteHook
+from planner.rewrite_rules import RewriteContext
 from planner.sds import SDS, SDSSpec
 from planner.summarizer import Summarizer
 from promql.engine import Engine
@@ -68,7 +68,7 @@ def late_world():
 def _hook(sdss, served=None):
     return RewriteHook(RewriteContext(lambda m, a, ms, func=None: sdss.get((m, a)),
                                       (lambda s, c: served.append((s, c))) if served is not None else None,
-                                      cost_based=False, approximate=True), rules=ordered_rules())
+                                      cost_based=False, approximate=True))
 
 
 @pytest.mark.parametrize("qi", range(len(QUERIES)))

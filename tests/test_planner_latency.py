@@ -12,7 +12,8 @@ import urllib.request
 import numpy as np
 import pytest
 
-from planner.rewrite import RewriteContext, RewriteHook
+from planner.rewrite import RewriteHook
+from planner.rewrite_rules import RewriteContext
 from planner.sds import SDS, SDSSpec
 from planner.summarizer import Summarizer
 from planner.summary_scan import StepCache, _read_raw, step_cache

@@ -10,8 +10,8 @@ from planner.canary import Canary
 from planner.kll_store import rank_error, req_rank_error
 from planner.normalize import candidates
 from planner.planner import PlannerConfig
-from planner.rewrite import RewriteContext, RewriteHook
-from planner.rewrite_sketch import ordered_rules
+from planner.rewrite import RewriteHook
+from planner.rewrite_rules import RewriteContext
 from planner.stack import build
 from promql.engine import Engine
 from promql.query_opts import QueryOpts
@@ -41,7 +41,7 @@ def req_world():
 
 def _hook(by, served):
     return RewriteHook(RewriteContext(lambda m, a, ms, func=None: by.get(a) if m == "lat" else None,
-                                      lambda s, ctx: served.append((s, ctx)), cost_based=False, approximate=True), rules=ordered_rules())
+                                      lambda s, ctx: served.append((s, ctx)), cost_based=False, approximate=True))
 
 
 def test_req_rank_error_within_stated_bound(req_world):
@@ -132,8 +132,10 @@ def test_planner_adopts_req_and_it_survives_a_restart(tmp_path):
     assert "summary:" not in " ".join(plain.stats.paths)  # a sketch never answers a query that did not opt in
     fast = st.engine.range_query(q, tmax - 3 * 3_600_000, tmax, 300_000, QueryOpts(approx=True))
     assert fast.stats.paths[0].startswith("summary:req-lat")
-    ex = st.planner.explain(q)
+    ex = st.planner.explain(q, approx=True)  # explain decides as the hook does: with the request's policy
     assert ex["subtrees"][0]["path"].startswith("summary:req-") and "REQ" in ex["subtrees"][0]["error_bound"]
+    plain_ex = st.planner.explain(q)["subtrees"][0]
+    assert plain_ex["path"] == "raw" and plain_ex["why"].startswith("approximation off"), plain_ex
     st.planner.stop()
     st.query_log.close()
     st2 = build(src, Engine(src), tmp_path, cfg)
@@ -161,7 +163,7 @@ def test_quantile_by_over_rates_is_served_exactly_from_per_series_panes():
     tmin, tmax = int(batch.timestamps.min()), int(batch.timestamps.max())
     _, (sds,) = summarized(src, batch, [("x_total", "exact")], live_from=tmin + (tmax - tmin) // 2)
     hook = RewriteHook(RewriteContext(lambda m, a, ms, func=None: sds if (m, a) == ("x_total", "exact") else None,
-                                      cost_based=False, approximate=True), rules=ordered_rules())
+                                      cost_based=False, approximate=True))
     eng = Engine(src)
     for q in ["quantile by (job) (0.9, rate(x_total[1h]))", "quantile(0.5, increase(x_total[30m]))"]:
         raw = eng.range_query(q, tmin + 3_600_000, tmax, 600_000)

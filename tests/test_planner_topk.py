@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from planner.canary import Canary
-from planner.rewrite import RewriteContext
-from planner.rewrite_sketch import SketchRewriteHook, ordered_rules
+from planner.rewrite import RewriteHook
+from planner.rewrite_rules import RewriteContext
 from planner.sds import SDS, SDSSpec
 from planner.stack import build
 from promql.engine import Engine
@@ -50,8 +50,7 @@ def _world(lg_max: int, seed: int = 3):
     def find(metric, matchers, items, algorithm="group"):
         return sds if algorithm == "fi" and tuple(items) == ("tenant",) and not [m for m in matchers if m.name != "__name__"] else None
 
-    hook = SketchRewriteHook(RewriteContext(lambda m, a, ms, func=None: None, lambda s, c: served.append((s, c)), cost_based=False, approximate=True),
-                             rules=ordered_rules(), find_group=find)
+    hook = RewriteHook(RewriteContext(lambda m, a, ms, func=None: None, lambda s, c: served.append((s, c)), cost_based=False, approximate=True, find_group=find))
     return src, sds, hook, served
 
 

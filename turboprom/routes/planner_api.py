@@ -111,7 +111,7 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
         step = params.duration("step") or 0
         if not _own_state(request):
             return ok(_tenant_explain(await run_off_loop(ctx, p.explain, q, None, None, 0)))
-        return ok(await run_off_loop(ctx, p.explain, q, start, end, step))
+        return ok(await run_off_loop(ctx, p.explain, q, start, end, step, params.boolean("approx")))
 
     @api_handler
     async def candidates(request: web.Request, params: Params) -> web.Response:

@@ -1,0 +1,297 @@
+"""The rewrite's rules: one table (``RULES``), each rule a pure decision plus the scan that serves it.
+
+A rule looks at one AST node. ``decide(node, ectx, rctx)`` returns ``None`` when the node is not of
+its shape, else a ``Decision``: served from a summary, or raw with the reason why (approximation off,
+no plan covers it, the shadow runs measured this shape slower, no whole covered pane in any window,
+the cost check). Deciding reads the catalog and the SDS's coverage and measurements and changes
+nothing. ``serve(decision, ectx)`` then scans the summary; it may still decline (a top-k set that the
+frequent-items bounds do not prove) and the node is evaluated raw.
+
+The hook (``planner/rewrite.py``) offers a node to the rules of its kind in table order and serves the
+first served decision; ``Planner.explain`` calls the same ``decide`` for every node of a query, so
+what it prints is what the hook does. An evaluation context whose ``step_times`` is None (``plan
+explain`` without a time) asks only whether a summary may and can serve the node, not whether it pays
+for particular windows.
+
+Order matters only between rules of the same node kind: ``req`` before ``kll`` (a tail quantile from
+the more accurate sketch when both exist); ``topk`` before ``group`` before ``distinct``. A new
+algorithm's rule is one entry here (its store and scan in their own modules, its properties in
+``planner/algorithm_registry.py``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from planner.algorithm_registry import allowed
+from planner.group_scan import scan_group
+from planner.normalize import distinct_shape, group_shape, literal_number, servable_call, topk_shape
+from planner.sds import SDS, shape_of
+from planner.served_functions import SERVED
+from planner.sketch_scans import scan_distinct, scan_topk
+from planner.summary_scan import ScanResult, cached_mask, scan_exact, scan_kll, window_plan
+from planner.window import WindowPlan, merge_intervals, plan_windows
+from promql.eval_selectors import duration_ms, effective_times, to_matchers
+from promql.types import VectorSteps
+from storage.matchers import Matcher
+
+MAX_EDGE_FRACTION = 0.35  # the summary path pays when its raw edges are at most this share of raw's span
+
+
+class RewriteContext:
+    """What rules read: the catalog lookups (per-series SDSs; fixed-scope ones by scope and grouping),
+    the served-answer callback (the canary) and the policy."""
+
+    def __init__(self, find_sds: Callable[..., SDS | None], on_served: Callable[[Any, Any], None] | None = None,
+                 cost_based: bool = True, approximate: bool = False,
+                 find_group: Callable[..., SDS | None] | None = None):
+        self.find_sds = find_sds  # (metric, algorithm, matchers, func) -> SDS
+        self.find_group = find_group  # (metric, matchers, labels[, algorithm]) -> SDS of a fixed scope
+        self.on_served = on_served
+        self.cost_based = cost_based  # False: serve from the summary whenever it covers (tests)
+        self.approximate = approximate  # for queries that do not say (``with_policy`` sets it per query)
+
+    def may_use(self, algorithm: str, ectx: Any) -> bool:
+        """Whether ``algorithm`` may answer in this query (exact ones always, others when approximation
+        is allowed for it)."""
+        return allowed(algorithm, bool(ectx.extra.get("approx", self.approximate)))
+
+
+@dataclass
+class Decision:
+    """A rule's verdict on one node. ``served`` False carries ``why``; ``fill``: raw, and the raw
+    answer's sealed steps may fill the exact SDS's step cache (the cost check chose raw)."""
+
+    rule: str
+    algorithm: str
+    func: str
+    metric: str
+    range_ms: int
+    served: bool = False
+    why: str = ""
+    sds: SDS | None = None
+    matchers: list[Matcher] = field(default_factory=list)
+    ends: np.ndarray | None = None
+    plan: WindowPlan | None = None
+    phi: float | None = None
+    shape: tuple = ()  # rule-specific: (op, by) of a group aggregate, (k, items) of top-k, items of distinct
+    labels: tuple[str, ...] = ()  # a fixed-scope SDS's grouping / item labels (as its plan key has them)
+    fill: bool = False
+
+    def raw(self, why: str, **kw: Any) -> "Decision":
+        self.served, self.why = False, why
+        for k, v in kw.items():
+            setattr(self, k, v)
+        return self
+
+
+@dataclass
+class Served:
+    sds: SDS
+    func: str
+    value: VectorSteps
+    scan: ScanResult
+    node: Any
+    ends: np.ndarray
+    range_ms: int
+    phi: float | None
+    wall_s: float = 0.0  # what answering the sub-tree from the summary cost (measured in the hook)
+    cpu_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    node_kind: str  # "Call" | "AggregateExpr": the nodes the hook offers it
+    algorithm: str
+    decide: Callable[[Any, Any, RewriteContext], Decision | None]
+    serve: Callable[[Decision, Any, Any], Served | None]  # (decision, node, ectx)
+
+
+# --- shared checks ------------------------------------------------------------------------------
+WHY_APPROX = "approximation off: sketch answers need planner.approximate or approx=true"
+WHY_NO_SDS = "no plan covers it"
+WHY_SLOWER = "shadow runs of this shape measured the summary slower than the raw path"
+WHY_NO_PANE = "no whole covered pane inside any window"
+
+
+def edge_span(plan: WindowPlan) -> int:
+    """Milliseconds of raw data the summary path reads for ``plan`` (union of its edges)."""
+    iv = plan.raw_intervals()
+    if len(iv) == 0:
+        return 0
+    return int(sum(b - a + 1 for a, b in merge_intervals(iv, max_reads=len(iv))))
+
+
+def edge_fraction(plan: WindowPlan) -> float:
+    """Share of the raw path's time span that the summary path still reads raw (union of edges)."""
+    span = int(plan.end.max() - plan.start.min()) if len(plan.end) else 0
+    if span <= 0:
+        return 1.0
+    return edge_span(plan) / span
+
+
+def worth_it(func: str, plan: WindowPlan, range_ms: int, pane_ms: int) -> bool:
+    """Cost-based choice between the summary and the raw path for one sub-tree: window-heavy functions
+    over ranges of four panes or more, else raw edges at most ``MAX_EDGE_FRACTION`` of raw's span."""
+    if SERVED[func].window_heavy and range_ms >= 4 * pane_ms:
+        return True
+    return edge_fraction(plan) <= MAX_EDGE_FRACTION
+
+
+def worth_it_cached(sds: SDS, matchers: list[Matcher], func: str, ends: np.ndarray, range_ms: int,
+                    plan: WindowPlan) -> bool:
+    """The cost check for a refresh: only the steps the exact SDS's step cache does not hold are
+    computed, so compare their raw edges (not the whole query's) with the raw path's span."""
+    if len(ends) < 2 or not sds.algorithm.exact or sds.algorithm.scope != "metric":
+        return False
+    hit = cached_mask(sds, matchers, func, ends, range_ms)
+    if not hit.any():
+        return False
+    lo, hi = sds.coverage()
+    rest = window_plan(sds, matchers, ends[~hit], range_ms, lo, hi)
+    span = int(plan.end.max() - plan.start.min()) if len(plan.end) else 0
+    return edge_span(rest) <= MAX_EDGE_FRACTION * max(span, 1)
+
+
+def cost_why(d: Decision) -> str:
+    pct = edge_fraction(d.plan) if d.plan is not None else 1.0
+    return f"cost check: raw edges would cover {pct:.0%} of the raw path's span and {d.func} is cheap on raw"
+
+
+def _judge_windows(d: Decision, ectx: Any, rctx: RewriteContext, vs: Any, *, per_series: bool) -> Decision:
+    """The window part of a decision: measured verdict, whole covered panes, cost. Skipped (served as
+    far as coverage goes) when ``ectx.step_times`` is None."""
+    if ectx.step_times is None:
+        d.served = True
+        return d
+    sds = d.sds
+    d.ends = effective_times(vs, ectx)
+    if rctx.cost_based and sds.stats.verdict(shape_of(d.func, d.range_ms, len(d.ends))) == "slower":
+        return d.raw(WHY_SLOWER)
+    lo, hi = sds.coverage()
+    d.plan = window_plan(sds, d.matchers, d.ends, d.range_ms, lo, hi) if per_series else \
+        plan_windows(d.ends, d.range_ms, sds.spec.pane_ms, lo, hi)
+    if d.plan.summary_panes == 0:
+        return d.raw(WHY_NO_PANE)  # no whole covered pane in any window: raw is as cheap
+    if rctx.cost_based and d.rule in ("exact", "req", "kll", "group") and \
+            not worth_it(d.func, d.plan, d.range_ms, sds.spec.pane_ms):
+        # a refresh whose steps mostly come from the step cache pays even when the edges are wide
+        if not (per_series and worth_it_cached(sds, d.matchers, d.func, d.ends, d.range_ms, d.plan)):
+            return d.raw(cost_why(d), fill=per_series and sds.algorithm.exact)
+    d.served = True
+    return d
+
+
+def _vector(func: str, r: ScanResult) -> VectorSteps:
+    vals = np.where(r.present, r.values, 0.0)
+    dn = np.zeros(len(r.labels), bool) if SERVED[func].keeps_name else np.ones(len(r.labels), bool)
+    return VectorSteps(r.labels, vals, r.present, drop_name=dn)
+
+
+# --- per-series rules (calls) -------------------------------------------------------------------
+def _decide_call(rule: str, algorithm: str, family: str) -> Callable[[Any, Any, RewriteContext], Decision | None]:
+    def decide(node: Any, ectx: Any, rctx: RewriteContext) -> Decision | None:
+        hit = servable_call(node)
+        if hit is None:
+            return None
+        func, ms, param = hit
+        if SERVED[func].family != family:
+            return None
+        phi = None
+        if family == "quantile":
+            phi = literal_number(param)
+            if phi is None:
+                return None  # a computed phi: no sketch answers it
+        vs = ms.vector_selector
+        d = Decision(rule, algorithm, func, vs.name, duration_ms(ms.range), phi=phi, matchers=to_matchers(vs)[0])
+        if not rctx.may_use(algorithm, ectx):
+            return d.raw(WHY_APPROX)
+        d.sds = rctx.find_sds(vs.name, algorithm, d.matchers, func)
+        if d.sds is None:
+            return d.raw(WHY_NO_SDS)
+        if algorithm == "req" and not (d.sds.min_phi <= phi <= 1.0):
+            return d.raw(f"phi {phi:g} is outside the REQ plan's [{d.sds.min_phi:g}, 1]")
+        if d.range_ms <= 0:
+            return d.raw("the range is not positive")
+        return _judge_windows(d, ectx, rctx, vs, per_series=True)
+    return decide
+
+
+def _serve_exact(d: Decision, node: Any, ectx: Any) -> Served:
+    scan = scan_exact(d.sds, ectx.source, d.matchers, d.func, d.ends, d.range_ms)
+    return Served(d.sds, d.func, _vector(d.func, scan), scan, node, d.ends, d.range_ms, None)
+
+
+def _serve_quantile(d: Decision, node: Any, ectx: Any) -> Served:
+    scan = scan_kll(d.sds, ectx.source, d.matchers, d.phi, d.ends, d.range_ms)
+    return Served(d.sds, d.func, _vector(d.func, scan), scan, node, d.ends, d.range_ms, d.phi)
+
+
+# --- fixed-scope rules (aggregates) -------------------------------------------------------------
+def _decide_fixed(rule: str, algorithm: str, shape_of_node: Callable[[Any], tuple | None],
+                  labels_of: Callable[[tuple], tuple[str, ...]]) -> Callable[[Any, Any, RewriteContext], Decision | None]:
+    """An aggregate of ``func(sel[r])`` answered by an SDS whose scope is the selector's matchers."""
+    def decide(node: Any, ectx: Any, rctx: RewriteContext) -> Decision | None:
+        if rctx.find_group is None:
+            return None
+        shape = shape_of_node(node)
+        if shape is None:
+            return None
+        func, ms = shape[-2], shape[-1]
+        vs = ms.vector_selector
+        d = Decision(rule, algorithm, func, vs.name, duration_ms(ms.range), matchers=to_matchers(vs)[0],
+                     shape=tuple(shape[:-2]))
+        if not rctx.may_use(algorithm, ectx):
+            return d.raw(WHY_APPROX)
+        labels = labels_of(shape)
+        d.labels = tuple(sorted(set(labels))) if algorithm == "group" else tuple(labels)
+        d.sds = rctx.find_group(vs.name, d.matchers, labels) if algorithm == "group" else \
+            rctx.find_group(vs.name, d.matchers, labels, algorithm)
+        if d.sds is None:
+            return d.raw(WHY_NO_SDS)
+        if d.range_ms <= 0:
+            return d.raw("the range is not positive")
+        return _judge_windows(d, ectx, rctx, vs, per_series=False)
+    return decide
+
+
+def _serve_group(d: Decision, node: Any, ectx: Any) -> Served:
+    op, by = d.shape
+    scan = scan_group(d.sds, ectx.source, d.matchers, op, d.func, by, d.ends, d.range_ms)
+    val = VectorSteps(scan.labels, np.where(scan.present, scan.values, 0.0), scan.present, drop_name=np.zeros(len(scan.labels), bool))
+    return Served(d.sds, d.func, val, scan, node, d.ends, d.range_ms, None)
+
+
+def _serve_distinct(d: Decision, node: Any, ectx: Any) -> Served:
+    scan = scan_distinct(d.sds, ectx.source, d.matchers, d.ends, d.range_ms)
+    val = VectorSteps(scan.labels, np.where(scan.present, scan.values, 0.0), scan.present, drop_name=np.zeros(1, bool))
+    if not scan.present.any():
+        val = VectorSteps.empty(len(d.ends))
+    return Served(d.sds, d.func, val, scan, node, d.ends, d.range_ms, None)
+
+
+def _serve_topk(d: Decision, node: Any, ectx: Any) -> Served | None:
+    k, _ = d.shape
+    scan = scan_topk(d.sds, ectx.source, d.matchers, k, d.ends, d.range_ms)
+    if scan is None:
+        return None  # some step's top-k set is not provable from the sketch bounds: raw
+    val = VectorSteps(scan.labels, np.where(scan.present, scan.values, 0.0), scan.present, drop_name=np.zeros(len(scan.labels), bool))
+    return Served(d.sds, "topk", val, scan, node, d.ends, d.range_ms, None)
+
+
+RULES: tuple[Rule, ...] = (
+    Rule("exact", "Call", "exact", _decide_call("exact", "exact", "exact"), _serve_exact),
+    Rule("req", "Call", "req", _decide_call("req", "req", "quantile"), _serve_quantile),
+    Rule("kll", "Call", "kll", _decide_call("kll", "kll", "quantile"), _serve_quantile),
+    Rule("topk", "AggregateExpr", "fi", _decide_fixed("topk", "fi", topk_shape, lambda s: s[1]), _serve_topk),
+    Rule("group", "AggregateExpr", "group", _decide_fixed("group", "group", group_shape, lambda s: s[1]), _serve_group),
+    Rule("distinct", "AggregateExpr", "cpc", _decide_fixed("distinct", "cpc", distinct_shape, lambda s: s[0]),
+         _serve_distinct),
+)
+
+
+def rules_for(kind: str, rules: tuple[Rule, ...] = RULES) -> tuple[Rule, ...]:
+    return tuple(r for r in rules if r.node_kind == kind)

@@ -1,11 +1,12 @@
 """A/B of Head.gather (short time-bounded head reads) against the head of an earlier commit.
 
-usage: .venv/bin/python bench/storage_head_ab.py --baseline-commit COMMIT [--minutes 20] [--reads 300]
+usage: .venv/bin/python bench/storage_head_ab.py --baseline-commit COMMIT [--minutes 20] [--reads 300] [--seal-every 1] [--batch 1000] [--wanted 200]
 
 Both heads get identical data in the same process: 8000 series, one sample per second each (8k
-samples/s) in scrape-sized batches of 1000, sealed once per simulated second as the server's
-maintenance thread does, `--minutes` of history. Then, per simulated second, one more second of
-data and one read of 200 series over [t-2m, t] and [t-10m, t-8m] from each head, alternating
+samples/s) in scrape-sized batches of ``--batch`` (1000) series, sealed once per simulated second as the server's
+maintenance thread does (``--seal-every N``: every N simulated seconds, so reads also meet up to
+N seconds of unsealed batches, as while maintenance is busy cutting a block), `--minutes` of history. Then, per simulated second, one more second of
+data and one read of ``--wanted`` (200) series over [t-2m, t] and [t-10m, t-8m] from each head, alternating
 which head goes first, so both see the same machine load. Results are checked equal.
 """
 from __future__ import annotations
@@ -46,6 +47,9 @@ def main() -> None:
     ap.add_argument("--baseline-commit", required=True)
     ap.add_argument("--minutes", type=int, default=20)
     ap.add_argument("--reads", type=int, default=300)
+    ap.add_argument("--seal-every", type=int, default=1, help="seal pending batches every N simulated seconds")
+    ap.add_argument("--batch", type=int, default=BATCH, help="series per appended batch (a remote-write request)")
+    ap.add_argument("--wanted", type=int, default=200, help="series per read")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
         old = load_baseline(a.baseline_commit, Path(d))
@@ -53,18 +57,19 @@ def main() -> None:
         for h in heads.values():
             h.ensure(NS)
         rng = np.random.default_rng(0)
-        sids = np.arange(7, NS, 40, dtype=np.int64)  # 200 series
+        sids = np.linspace(7, NS - 1, a.wanted).astype(np.int64)  # spread over the id space
         start = (int(time.time()) - a.minutes * 60 - a.reads - 60) * 1000
 
         def second(sec: int) -> None:
-            for k in range(0, NS, BATCH):
-                sid = np.arange(k, k + BATCH, dtype=np.int64)
-                ts = np.full(BATCH, start + sec * 1000, dtype=np.int64)
-                v = rng.normal(size=BATCH)
+            for k in range(0, NS, a.batch):
+                sid = np.arange(k, min(k + a.batch, NS), dtype=np.int64)
+                ts = np.full(len(sid), start + sec * 1000, dtype=np.int64)
+                v = rng.normal(size=len(sid))
                 for h in heads.values():
                     h.commit(sid, ts, v)
-            for h in heads.values():
-                h.seal()
+            if sec % a.seal_every == 0:
+                for h in heads.values():
+                    h.seal()
 
         for sec in range(a.minutes * 60):
             second(sec)

@@ -98,13 +98,16 @@ class Run:
 
 
 class Piece(NamedTuple):
-    """Accepted rows not yet sealed (in no particular order), with their time range."""
+    """Accepted rows not yet sealed, with their time range. One batch's rows come sorted by (sid, ts)
+    (``by_series``), so a read finds its series by binary search; pieces joined together are in no
+    particular order and are scanned whole."""
 
     sid: np.ndarray
     ts: np.ndarray
     val: np.ndarray
     tmin: int
     tmax: int
+    by_series: bool = False
 
 
 @dataclass
@@ -173,13 +176,26 @@ def _piece_rows(pieces: list, sids: np.ndarray, mint: int, maxt: int,
         return None
     got = []
     last = len(sids) - 1
-    for ps, pt, pv, _, _ in pieces:
-        pos = np.minimum(np.searchsorted(sids, ps), last)
-        m = sids[pos] == ps
+    for p in pieces:
+        if p.by_series and len(p.sid) > 8 * len(sids):  # O(k log n): the k wanted series' rows by binary search
+            lo, hi = np.searchsorted(p.sid, sids, "left"), np.searchsorted(p.sid, sids, "right")
+            if not (hi > lo).any():
+                continue
+            idx = take_ranges(lo, hi)
+            ps, pt, pv = p.sid[idx], p.ts[idx], p.val[idx]
+            if bounded:
+                m = (pt >= mint) & (pt <= maxt)
+                if not m.all():
+                    ps, pt, pv = ps[m], pt[m], pv[m]
+            if len(ps):
+                got.append((ps, pt, pv))
+            continue
+        pos = np.minimum(np.searchsorted(sids, p.sid), last)
+        m = sids[pos] == p.sid
         if bounded:
-            m &= (pt >= mint) & (pt <= maxt)
+            m &= (p.ts >= mint) & (p.ts <= maxt)
         if m.any():
-            got.append((ps[m], pt[m], pv[m]))
+            got.append((p.sid[m], p.ts[m], p.val[m]))
     if not got:
         return None
     return dedupe_sorted(*sort_by_series_time(np.concatenate([g[0] for g in got]),
@@ -350,7 +366,7 @@ class Head:
                     self._account(len(sid), tmin, tmax)
             return
         with self.lock:
-            self._pending.append(Piece(sid, ts, val, tmin, tmax))
+            self._pending.append(Piece(sid, ts, val, tmin, tmax, by_series=True))  # rows come sorted by (sid, ts)
             self._pending_n += len(sid)
             self._account(len(sid), tmin, tmax)
             if len(self._pending) > 64:

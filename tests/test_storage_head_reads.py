@@ -182,3 +182,30 @@ def test_gather_across_runs_in_order_and_interleaved():
                                                   (1, 0), (1, 10), (1, 20), (1, 25), (1, 30)]
     s, t, _ = h.gather(np.array([1], dtype=np.int64))  # unbounded
     assert t.tolist() == [0, 10, 20, 25, 30]
+
+
+def test_pending_batches_are_read_by_binary_search_exactly_like_a_scan():
+    """A batch's pending rows come sorted by (sid, ts): reads find the wanted series in them by binary
+    search. Over pending pieces (single batches, and more than 64 batches joined into one unsorted
+    piece), every read equals the same read after sealing everything into a run."""
+    rng = np.random.default_rng(12)
+    h = Head()
+    S = 300
+    h.ensure(S)
+    for k in range(70):  # > 64 pending batches: the oldest ones are joined into one piece
+        n = int(rng.integers(1, S))
+        sid = np.sort(rng.choice(S, n, replace=False)).astype(np.int64)
+        h.commit(sid, np.full(n, 1_000 * (k + 1), np.int64), rng.normal(size=n))
+    _, pieces = h.snapshot()
+    assert any(p.by_series for p in pieces) and not all(p.by_series for p in pieces)
+    wanted = [np.arange(10, 20, dtype=np.int64), np.arange(S, dtype=np.int64), np.array([S - 1], dtype=np.int64),
+              np.sort(rng.choice(S, 40, replace=False)).astype(np.int64)]
+    ranges = [(0, 10**9), (5_000, 9_000), (33_000, 33_000), (71_000, 90_000)]
+    before = {(w.tobytes(), lo, hi): h.gather(w, lo, hi) for w in wanted for lo, hi in ranges}
+    segs_before = {(w.tobytes(), lo, hi): len(h.segments(w, lo, hi)) for w in wanted for lo, hi in ranges}
+    h.seal()
+    assert not h.snapshot()[1]
+    for (wb, lo, hi), got in before.items():
+        exp = h.gather(np.frombuffer(wb, dtype=np.int64), lo, hi)
+        assert all(np.array_equal(a, b) for a, b in zip(got, exp)), (lo, hi)
+    assert any(segs_before.values())

@@ -1,5 +1,5 @@
-"""The summary algorithms: one table entry each (``ALGORITHMS``), and the ``PaneStore`` protocol their
-stores implement.
+"""The summary algorithms: one table entry each (``ALGORITHMS``); their stores implement ``PaneStore``
+(``planner/pane_store.py``).
 
 An entry says everything the rest of the planner asks of an algorithm, so no module compares
 algorithm names or probes a store with ``hasattr``:
@@ -22,39 +22,17 @@ A new algorithm is one store module plus one entry here (and its rule in ``plann
 """
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
-import numpy as np
 
 from planner.distinct_store import DEFAULT_LG_K, CPCPaneStore, rse
 from planner.exact_store import ExactPaneStore
 from planner.group_store import GroupPaneStore
+from planner.pane_store import PaneStore
 from planner.kll_store import DEFAULT_K, REQ_DEFAULT_K, KLLPaneStore, rank_error, req_rank_error
 from planner.served_functions import SERVED
 from planner.topk_store import DEFAULT_LG_MAX, TopKPaneStore, epsilon_for
-
-
-class PaneStore(Protocol):
-    """What the SDS runtime, the summarizer and persistence use of every algorithm's store."""
-
-    pane_ms: int
-    lock: threading.RLock
-
-    def ensure_series(self, n: int) -> None: ...
-
-    def ingest_sorted(self, sid: np.ndarray, ts: np.ndarray, vals: np.ndarray, *, live: bool = True) -> None: ...
-
-    def nbytes(self) -> int: ...
-
-    def export_rows(self, k_lo: int, k_hi: int) -> dict[str, Any]: ...
-
-    def import_rows(self, rows: dict[str, Any]) -> None: ...
-
-    def pane_totals(self) -> tuple[int, np.ndarray]: ...  # (first pane, samples per pane): the read cost model
-
-    def drop_before(self, k: int) -> None: ...  # forget panes older than pane k (the plan's history moved on)
 
 
 @dataclass(frozen=True)

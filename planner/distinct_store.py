@@ -25,6 +25,7 @@ import numpy as np
 from datasketches import cpc_sketch, cpc_union
 
 from planner.dyadic_panes import DyadicPanes, SeriesItems
+from planner.pane_store import PaneStoreParts
 from storage.labels import Labels
 
 DEFAULT_LG_K = 12
@@ -42,7 +43,7 @@ def rse(lg_k: int) -> float:
     return 0.6 / np.sqrt(float(1 << int(lg_k)))
 
 
-class CPCPaneStore(DyadicPanes[cpc_sketch], SeriesItems):
+class CPCPaneStore(DyadicPanes[cpc_sketch], SeriesItems, PaneStoreParts):
     def __init__(self, pane_ms: int, grouping: Sequence[str], lg_k: int = DEFAULT_LG_K, cache_entries: int = 20_000):
         DyadicPanes.__init__(self, cache_entries)
         SeriesItems.__init__(self, grouping)  # items: stable 64-bit hashes of the item text

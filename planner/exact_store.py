@@ -27,6 +27,7 @@ import numpy as np
 
 from planner.algorithms.exact import FIELDS, INT_FIELDS, SegStats, boundary, combine, segments_from_sorted
 from planner.pane_layout import grown_layout
+from planner.pane_store import PaneStoreParts, SeriesShift
 
 ENTRY_FIELDS = ("entry_corr", "entry_resets", "entry_changes")
 ALL_FIELDS = FIELDS + ENTRY_FIELDS
@@ -57,7 +58,7 @@ def _blank(field: str, shape: tuple[int, int]) -> np.ndarray:
     return np.zeros(shape, np.float64)
 
 
-class ExactPaneStore:
+class ExactPaneStore(SeriesShift, PaneStoreParts):
     def __init__(self, pane_ms: int, fields: Iterable[str] | None = None):
         self.pane_ms = int(pane_ms)
         self.fields = ALL_FIELDS if fields is None else stored_fields(fields)  # the pane fields kept
@@ -303,6 +304,7 @@ class ExactPaneStore:
     def import_rows(self, rows: dict[str, np.ndarray]) -> None:
         if len(rows["pane"]) == 0:
             return
+        rows = {k: np.asarray(v) for k, v in rows.items()}
         with self.lock:
             s = rows["series"].astype(np.int64)
             self.ensure_series(int(s.max()) + 1)
@@ -321,3 +323,15 @@ class ExactPaneStore:
                 tot = self.cols["count"][: self.ns, : self.nk].sum(axis=0) if self.nk else np.zeros(0, np.int64)
                 t = self._totals = (self.version, self.k0, tot)
             return t[1], t[2]
+
+    def restore_chain(self) -> None:
+        """Each series' live chain continues from its last sample in the (restored) panes."""
+        with self.lock:
+            if not self.nk:
+                return
+            cnt = self.cols["count"][: self.ns, : self.nk] > 0
+            has = cnt.any(axis=1)
+            last_col = self.nk - 1 - np.argmax(cnt[:, ::-1], axis=1)
+            s = np.nonzero(has)[0]
+            self.last_t[s] = self.cols["last_t"][s, last_col[s]]
+            self.last_v[s] = self.cols["last_v"][s, last_col[s]]

@@ -28,6 +28,7 @@ from typing import Sequence
 import numpy as np
 
 from planner.pane_layout import grown_layout
+from planner.pane_store import PaneStoreParts
 from storage.labels import Labels
 
 FIELDS = ("count", "nnan", "npinf", "nninf", "s1", "vmin", "vmax")
@@ -42,7 +43,7 @@ def _blank(f: str, shape: tuple[int, int]) -> np.ndarray:
     return np.zeros(shape, np.float64)
 
 
-class GroupPaneStore:
+class GroupPaneStore(PaneStoreParts):
     def __init__(self, pane_ms: int, grouping: Sequence[str]):
         self.pane_ms = int(pane_ms)
         self.grouping = tuple(grouping)

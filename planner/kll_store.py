@@ -22,6 +22,8 @@ from collections import OrderedDict
 import numpy as np
 from datasketches import kll_doubles_sketch, req_floats_sketch
 
+from planner.pane_store import PaneStoreParts, SeriesShift
+
 DEFAULT_K = 200
 REQ_DEFAULT_K = 20
 REQ_CONFIDENCE_SD = 3  # stated REQ bounds are 3 standard deviations (~99.7%)
@@ -70,7 +72,7 @@ def req_rank_error(k: int, phi: float) -> float:
     return REQ_CONFIDENCE_SD * max(sd, 0.0)
 
 
-class KLLPaneStore:
+class KLLPaneStore(SeriesShift, PaneStoreParts):
     """Panes of one quantile sketch kind (``kind`` = "kll" or "req")."""
 
     def __init__(self, pane_ms: int, k: int = DEFAULT_K, cache_entries: int = 50_000, kind: str = "kll"):

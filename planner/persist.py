@@ -88,15 +88,15 @@ class SDSPersistence:
             if f_hi <= sds.cov_lo:  # wholly older than the history the plan keeps (``SDS.trim``)
                 f.unlink(missing_ok=True)
         labels = list(sds.registry.labels)
-        shift = getattr(sds.store, "shift", np.zeros(0))
+        shift = sds.store.series_shift()
         sh = np.full(len(labels), np.nan)
         sh[: min(len(labels), len(shift))] = shift[: len(labels)]
         mark = (len(labels), int(np.count_nonzero(~np.isnan(sh))))
         if self._written_series.get(sds.id) != mark:
             pq.write_table(pa.table({"labels": [json.dumps(l) for l in labels], "shift": sh}), d / "series.parquet")
             self._written_series[sds.id] = mark
-        if hasattr(sds.store, "export_meta"):
-            meta = sds.store.export_meta()
+        meta = sds.store.export_meta()
+        if meta is not None:
             gmark = (len(meta["key"]), int(np.count_nonzero(~np.isnan(np.asarray(meta["shift"], np.float64)))))
             if self._written_groups.get(sds.id) != gmark:
                 pq.write_table(pa.table({"key": [json.dumps(k) for k in meta["key"]], "shift": meta["shift"]}),
@@ -166,21 +166,17 @@ class SDSPersistence:
             try:
                 sds = SDS(SDSSpec.from_json(json.loads(spec_json)), pinned=bool(pinned), reason=reason or "")
                 d = self.dir(sds_id)
-                if hasattr(sds.store, "import_meta") and (d / "groups.parquet").exists():
+                if (d / "groups.parquet").exists():
                     g = pq.read_table(d / "groups.parquet").to_pydict()  # group numbering before series
                     sds.store.import_meta({"key": [json.loads(k) for k in g["key"]], "shift": g["shift"]})
                 if (d / "series.parquet").exists():
                     t = pq.read_table(d / "series.parquet").to_pydict()
                     labels = [tuple(tuple(p) for p in json.loads(s)) for s in t["labels"]]
                     sds.register(labels)
-                    if hasattr(sds.store, "shift"):
-                        sds.store.shift[: len(labels)] = np.asarray(t["shift"], dtype=np.float64)
+                    sds.store.set_series_shift(np.asarray(t["shift"], dtype=np.float64))
                 for _, _, f in self._pane_files(d):
                     tab = pq.read_table(f).to_pydict()
-                    if sds.spec.algorithm == "exact":
-                        sds.store.import_rows({k: np.asarray(v) for k, v in tab.items()})
-                    else:
-                        sds.store.import_rows(tab)
+                    sds.store.import_rows(tab)
                 sds.cov_lo = cov_lo
                 if cov_lo is not None:
                     sds.store.drop_before(cov_lo)  # rows a trim had dropped, still in older merged files
@@ -204,15 +200,7 @@ class SDSPersistence:
         if hi is None or sds.cov_lo is None:
             return None
         store = sds.store
-        # chain state = each series' last sample in the persisted panes
-        if hasattr(store, "cols") and store.nk:
-            with store.lock:
-                cnt = store.cols["count"][: store.ns, : store.nk] > 0
-                has = cnt.any(axis=1)
-                last_col = store.nk - 1 - np.argmax(cnt[:, ::-1], axis=1)
-                s = np.nonzero(has)[0]
-                store.last_t[s] = store.cols["last_t"][s, last_col[s]]
-                store.last_v[s] = store.cols["last_v"][s, last_col[s]]
+        store.restore_chain()  # chain state = each series' last sample in the persisted panes
         ss = storage.select(sds.spec.scope_matchers(), hi * P, np.iinfo(np.int64).max // 2)
         newest = None
         if len(ss):

@@ -523,8 +523,7 @@ class SDS:
         # another ingest thread (or the backfill) would write into the old ones and be lost
         with self.store.lock:
             self.store.ensure_series(len(self.registry.labels))
-            if hasattr(self.store, "assign"):  # group panes: series -> group (per new series only)
-                self.store.assign(ids, labels)
+            self.store.assign(ids, labels)  # fixed-scope stores: series -> group / item (new series only)
         return ids
 
     def describe(self) -> dict[str, Any]:

@@ -26,6 +26,7 @@ import numpy as np
 from datasketches import frequent_strings_sketch
 
 from planner.dyadic_panes import DyadicPanes, SeriesItems
+from planner.pane_store import PaneStoreParts
 from storage.labels import Labels
 
 DEFAULT_LG_MAX = 10
@@ -41,7 +42,7 @@ def offset_of(sk: frequent_strings_sketch) -> float:
     return float(sk.get_upper_bound(_UNTRACKED))
 
 
-class TopKPaneStore(DyadicPanes[frequent_strings_sketch], SeriesItems):
+class TopKPaneStore(DyadicPanes[frequent_strings_sketch], SeriesItems, PaneStoreParts):
     def __init__(self, pane_ms: int, grouping: Sequence[str], lg_max: int = DEFAULT_LG_MAX, cache_entries: int = 20_000):
         DyadicPanes.__init__(self, cache_entries)
         SeriesItems.__init__(self, grouping)  # items: grouping values joined by \xff

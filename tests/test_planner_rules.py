@@ -99,3 +99,35 @@ def test_explain_says_what_the_hook_does():
     assert item["path"] == "raw" and item["why"] == WHY_APPROX
     (item,) = st.planner.explain("quantile_over_time(0.5, g[1h])", tmax - 3_600_000, tmax, 600_000, approx=True)["subtrees"]
     assert item["path"].startswith("summary:kll-g") and item["algorithm"] == "kll"
+
+
+def test_every_store_answers_the_whole_pane_store_protocol_and_survives_a_restart(tmp_path):
+    """Persistence and the SDS runtime call the same methods on every algorithm's store (no probing
+    which store it is): per-series shifts, store metadata, series assignment, the restored chain."""
+    src, batch = load(random_series(seed=23, n_series=4, n=400))
+    cfg = {"background_backfill": False, "seal_delay": "0s", "canary_fraction": 0.0, "min_count": 1000}
+    st = build(src, Engine(src), tmp_path, cfg)
+    feed(st.summarizer, batch)
+    made = {}
+    for alg in ALGORITHMS:
+        spec = SDSSpec("g", alg, 60_000, grouping=("job",) if ALGORITHMS[alg].scope == "fixed" else ())
+        sds = st.planner.adopt(spec, reason="test")
+        n = len(sds.registry.labels)
+        made[sds.id] = (list(sds.registry.labels), sds.store.series_shift()[:n].copy(), sds.store.export_meta(),
+                        sds.coverage())
+    assert len(made) == len(ALGORITHMS)
+    st.planner.stop()
+    st.query_log.close()
+    st2 = build(src, Engine(src), tmp_path, cfg)
+    try:
+        restored = {s.id: s for s in st2.planner.sds.values()}
+        assert set(restored) == set(made)
+        for sds_id, (labels, shift, meta, cov) in made.items():
+            b = restored[sds_id]
+            assert b.registry.labels == labels
+            np.testing.assert_array_equal(b.store.series_shift()[: len(labels)], shift)
+            assert b.store.export_meta() == meta
+            assert b.coverage()[0] == cov[0] and b.store.nbytes() > 0
+    finally:
+        st2.planner.stop()
+        st2.query_log.close()

@@ -1,0 +1,84 @@
+"""``PaneStore``: what the SDS runtime, the summarizer, the scans' callers and persistence use of every
+algorithm's pane store, and ``PaneStoreParts``, the parts a store without them answers trivially.
+
+Per-series shift constants (exact and REQ payloads hold ``v - c``), group metadata (group panes number
+their groups), series -> group / item assignment (fixed-scope stores) and the chain state a restart
+rebuilds (exact panes: each series' last folded sample) are each a method here, so persistence and
+the SDS runtime call them on any store instead of asking which store they hold.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any, Protocol, Sequence
+
+import numpy as np
+
+from storage.labels import Labels
+
+
+class PaneStore(Protocol):
+    pane_ms: int
+    lock: threading.RLock
+
+    def ensure_series(self, n: int) -> None: ...
+
+    def ingest_sorted(self, sid: np.ndarray, ts: np.ndarray, vals: np.ndarray, *, live: bool = True) -> None: ...
+
+    def nbytes(self) -> int: ...
+
+    def export_rows(self, k_lo: int, k_hi: int) -> dict[str, Any]: ...
+
+    def import_rows(self, rows: dict[str, Any]) -> None: ...  # columns as ``export_rows`` gave them (lists or arrays)
+
+    def pane_totals(self) -> tuple[int, np.ndarray]: ...  # (first pane, samples per pane): the read cost model
+
+    def drop_before(self, k: int) -> None: ...  # forget panes older than pane k (the plan's history moved on)
+
+    def assign(self, ids: np.ndarray, labels: Sequence[Labels]) -> None: ...  # newly registered series
+
+    def series_shift(self) -> np.ndarray: ...  # per registered series: its shift constant (NaN = none)
+
+    def set_series_shift(self, shift: np.ndarray) -> None: ...  # restore those of series 0..len-1
+
+    def export_meta(self) -> dict[str, list] | None: ...  # store-level state beside the panes (persisted)
+
+    def import_meta(self, meta: dict[str, list]) -> None: ...
+
+    def restore_chain(self) -> None: ...  # after a restore: continue each series from its persisted panes
+
+
+class PaneStoreParts:
+    """Defaults for stores that keep no per-series shift, no metadata, no series assignment and no
+    chain to restore."""
+
+    def assign(self, ids: np.ndarray, labels: Sequence[Labels]) -> None:
+        return None
+
+    def series_shift(self) -> np.ndarray:
+        return np.zeros(0)
+
+    def set_series_shift(self, shift: np.ndarray) -> None:
+        return None
+
+    def export_meta(self) -> dict[str, list] | None:
+        return None
+
+    def import_meta(self, meta: dict[str, list]) -> None:
+        return None
+
+    def restore_chain(self) -> None:
+        return None
+
+
+class SeriesShift:
+    """For stores with a per-series ``shift`` array (exact panes, REQ sketches)."""
+
+    shift: np.ndarray
+    lock: Any
+
+    def series_shift(self) -> np.ndarray:
+        return self.shift
+
+    def set_series_shift(self, shift: np.ndarray) -> None:
+        with self.lock:
+            self.shift[: len(shift)] = np.asarray(shift, np.float64)

@@ -16,7 +16,9 @@ algorithm names or probes a store with ``hasattr``:
   ``canary``: how the canary compares a served answer with raw (``exact`` within 1e-9, quantile ``rank``
   error / value interval, ``relative`` count error); ``min_series``: the ``PlannerConfig`` field with the
   scope size from which the planner adopts it; ``serves(store, func)``: whether a store of it can answer
-  ``func`` (an exact store keeps only the pane fields of the functions its plan was adopted for).
+  ``func`` (an exact store keeps only the pane fields of the functions its plan was adopted for);
+``rank_error`` / ``relative_error``: the stated error the canary checks (sketches); ``adopt_params``:
+the parameters a plan of it is adopted with.
 
 A new algorithm is one store module plus one entry here (and its rule in ``planner/rewrite_rules.py``).
 """
@@ -48,6 +50,9 @@ class Algorithm:
     canary: str  # how the canary compares with raw: "exact" (1e-9), "rank" (rank error), "relative" (count error)
     min_series: str | None = None
     serves: Callable[[Any, str], bool] = lambda store, func: True
+    rank_error: Callable[[Any, float], float] | None = None  # (store, phi): stated normalized rank error (quantile sketches)
+    relative_error: Callable[[Any], float] | None = None  # (store): stated relative count error (cpc, fi)
+    adopt_params: Callable[[Any], tuple] = lambda config: ()  # (PlannerConfig): the spec's params when adopted
 
 
 def exact_fields(spec: Any) -> tuple[str, ...] | None:
@@ -99,18 +104,23 @@ ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (
               bytes_per_pane=7 * 8, window_cost_s=0.2e-6, canary="exact", min_series="group_min_series"),
     Algorithm("kll", exact=False, scope="metric", order_independent=True,
               make_store=lambda spec: KLLPaneStore(spec.pane_ms, int(spec.param("k", DEFAULT_K))),
-              bound=_kll_bound, bytes_per_pane=600, window_cost_s=25e-6, canary="rank"),
+              bound=_kll_bound, bytes_per_pane=600, window_cost_s=25e-6, canary="rank",
+              rank_error=lambda store, phi: rank_error(store.k), adopt_params=lambda config: (("k", DEFAULT_K),)),
     Algorithm("req", exact=False, scope="metric", order_independent=True,
               make_store=lambda spec: KLLPaneStore(spec.pane_ms, int(spec.param("k", REQ_DEFAULT_K)), kind="req"),
-              bound=_req_bound, bytes_per_pane=400, window_cost_s=25e-6, canary="rank"),
+              bound=_req_bound, bytes_per_pane=400, window_cost_s=25e-6, canary="rank",
+              rank_error=lambda store, phi: req_rank_error(store.k, phi),
+              adopt_params=lambda config: (("k", REQ_DEFAULT_K), ("min_phi", config.req_min_phi))),
     Algorithm("cpc", exact=False, scope="fixed", order_independent=True,
               make_store=lambda spec: CPCPaneStore(spec.pane_ms, _grouping(spec, "whose distinct values it counts"),
                                                    int(spec.param("lg_k", DEFAULT_LG_K))),
-              bound=_cpc_bound, bytes_per_pane=1200, window_cost_s=20e-6, canary="relative", min_series="cpc_min_series"),
+              bound=_cpc_bound, bytes_per_pane=1200, window_cost_s=20e-6, canary="relative", min_series="cpc_min_series",
+              relative_error=lambda store: 3 * rse(store.lg_k)),
     Algorithm("fi", exact=False, scope="fixed", order_independent=True,
               make_store=lambda spec: TopKPaneStore(spec.pane_ms, _grouping(spec, "whose tuples it ranks"),
                                                     int(spec.param("lg_max", DEFAULT_LG_MAX))),
-              bound=_fi_bound, bytes_per_pane=4000, window_cost_s=30e-6, canary="relative", min_series="fi_min_series"),
+              bound=_fi_bound, bytes_per_pane=4000, window_cost_s=30e-6, canary="relative", min_series="fi_min_series",
+              relative_error=lambda store: epsilon_for(store.lg_max)),
 )}
 
 

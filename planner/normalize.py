@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 
+from planner.algorithm_registry import ALGORITHMS
 from planner.served_functions import REQ_MIN_PHI, algorithm_for
 from promql.ast_walk import children
 from promql.eval_selectors import duration_ms, to_matchers
@@ -103,7 +104,7 @@ class Candidate:
     def key(self) -> tuple[str, str]:
         """SDS sharing key: one SDS per (metric, algorithm) serves every matcher subset, range, step,
         quantile and grouping above it; a group SDS is specific to its scope and grouping."""
-        if self.algorithm in ("group", "cpc", "fi"):
+        if ALGORITHMS[self.algorithm].scope == "fixed":
             return (self.metric, f"{self.algorithm}|{self.matchers}|{self.grouping}")
         return (self.metric, self.algorithm)
 

@@ -54,7 +54,6 @@ from planner.exact_store import ALL_FIELDS, stored_fields
 from planner.normalize import Candidate, candidates, normalize
 from planner.query_log import LogEntry, QueryLog
 from planner.rewrite_rules import RULES, WHY_NO_SDS, Decision, RewriteContext, edge_fraction
-from planner.kll_store import REQ_DEFAULT_K
 from planner.sds import REQ_MIN_PHI, SDS, SDSSpec
 from planner.served_functions import SERVED, algorithm_for
 from planner.summarizer import Summarizer
@@ -628,12 +627,8 @@ class Planner:
             ks.last_decision = f"retired on measurement: {self._blocked_reason(c)}"
             return
         if est.pays:
-            params: tuple = ()
-            if c.algorithm == "kll":
-                params = (("k", 200),)
-            elif c.algorithm == "req":
-                params = (("k", REQ_DEFAULT_K), ("min_phi", self.config.req_min_phi))
-            elif fields is not None and fields != ALL_FIELDS:
+            params: tuple = ALGORITHMS[c.algorithm].adopt_params(self.config)
+            if fields is not None and fields != ALL_FIELDS:
                 params = (("fields", ",".join(fields)),)
             if ALGORITHMS[c.algorithm].scope == "fixed":  # scope = the selector's matchers; groups / items
                 spec = SDSSpec(metric=c.metric, algorithm=c.algorithm, pane_ms=pane_ms, matchers=c.matchers,

@@ -32,11 +32,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from planner.algorithm_registry import algorithm
-from planner.distinct_store import rse
-from planner.kll_store import rank_error, req_rank_error
 from planner.late_samples import fold_late_sketch, rebuild_exact
 from planner.served_functions import REQ_MIN_PHI
-from planner.topk_store import epsilon_for
 from storage.labels import Labels
 from storage.matchers import Matcher
 
@@ -470,15 +467,17 @@ class SDS:
 
     def relative_bound(self) -> float:
         """Stated relative error of a cpc distinct count (3 RSE) / an fi count (epsilon of the window)."""
-        if self.spec.algorithm == "fi":
-            return epsilon_for(self.store.lg_max)
-        return 3 * rse(self.store.lg_k)
+        f = self.algorithm.relative_error
+        if f is None:
+            raise ValueError(f"{self.spec.algorithm} states no relative count error")
+        return f(self.store)
 
     def rank_bound(self, phi: float) -> float:
         """Stated normalized rank error at ``phi`` (sketch algorithms)."""
-        if self.spec.algorithm == "req":
-            return req_rank_error(self.store.k, phi)
-        return rank_error(self.store.k)
+        f = self.algorithm.rank_error
+        if f is None:
+            raise ValueError(f"{self.spec.algorithm} states no rank error")
+        return f(self.store, phi)
 
     @property
     def min_phi(self) -> float:

@@ -398,7 +398,7 @@ def test_series_ids_from_storage_give_the_same_signals(tmp_path) -> None:
         a, b = by_id.refresh(), by_labels.refresh()
         assert a.instances == b.instances and a.clusters == b.clusters and len(a.instances) == 2
         # every id was resolved once: the label cache holds the relevant series only, not the noise
-        assert noise not in by_id._cache and len(by_id._cache) == 13
+        assert noise not in by_id.table.cache and len(by_id.table.cache) == 13
         # an instance forgotten after drop_after comes back through the same ids
         clock.t += 30
         assert by_id.refresh().instances == []
@@ -439,8 +439,8 @@ def test_dropping_many_instances_at_once_keeps_the_others(tmp_path) -> None:
             kept_ids = batch.series_ids
         left = tr.refresh().instances
         assert [(d["instance"], d["queue_length"]) for d in left] == [("w5", 3.0)]
-        assert kept_ids is not None and (tr._sid_slot[kept_ids] >= 0).all()
-        assert len(tr._free_slots) == 5 * len(kept_ids) and len(tr._free_insts) == 5
+        assert kept_ids is not None and (tr.table.sid_slot[kept_ids] >= 0).all()
+        assert len(tr.table.free_slots) == 5 * len(kept_ids) and len(tr.table.free_insts) == 5
         clock.t += 0.5
         items = workers[0].step(clock.t, 0.5, tps=400, req_per_s=1, backlog=100, waiting=9)
         items += workers[5].step(clock.t, 0.5, tps=400, req_per_s=1, backlog=100, waiting=4)

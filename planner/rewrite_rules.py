@@ -161,9 +161,10 @@ def cost_why(d: Decision) -> str:
     return f"cost check: raw edges would cover {pct:.0%} of the raw path's span and {d.func} is cheap on raw"
 
 
-def _judge_windows(d: Decision, ectx: Any, rctx: RewriteContext, vs: Any, *, per_series: bool) -> Decision:
-    """The window part of a decision: measured verdict, whole covered panes, cost. Skipped (served as
-    far as coverage goes) when ``ectx.step_times`` is None."""
+def _judge_windows(d: Decision, ectx: Any, rctx: RewriteContext, vs: Any, *, per_series: bool,
+                   cost_check: bool) -> Decision:
+    """The window part of a decision: measured verdict, whole covered panes, and (``cost_check``) the
+    raw edges' share. Skipped (served as far as coverage goes) when ``ectx.step_times`` is None."""
     if ectx.step_times is None:
         d.served = True
         return d
@@ -176,8 +177,7 @@ def _judge_windows(d: Decision, ectx: Any, rctx: RewriteContext, vs: Any, *, per
         plan_windows(d.ends, d.range_ms, sds.spec.pane_ms, lo, hi)
     if d.plan.summary_panes == 0:
         return d.raw(WHY_NO_PANE)  # no whole covered pane in any window: raw is as cheap
-    if rctx.cost_based and d.rule in ("exact", "req", "kll", "group") and \
-            not worth_it(d.func, d.plan, d.range_ms, sds.spec.pane_ms):
+    if cost_check and rctx.cost_based and not worth_it(d.func, d.plan, d.range_ms, sds.spec.pane_ms):
         # a refresh whose steps mostly come from the step cache pays even when the edges are wide
         if not (per_series and worth_it_cached(sds, d.matchers, d.func, d.ends, d.range_ms, d.plan)):
             return d.raw(cost_why(d), fill=per_series and sds.algorithm.exact)
@@ -216,7 +216,7 @@ def _decide_call(rule: str, algorithm: str, family: str) -> Callable[[Any, Any, 
             return d.raw(f"phi {phi:g} is outside the REQ plan's [{d.sds.min_phi:g}, 1]")
         if d.range_ms <= 0:
             return d.raw("the range is not positive")
-        return _judge_windows(d, ectx, rctx, vs, per_series=True)
+        return _judge_windows(d, ectx, rctx, vs, per_series=True, cost_check=True)
     return decide
 
 
@@ -232,8 +232,12 @@ def _serve_quantile(d: Decision, node: Any, ectx: Any) -> Served:
 
 # --- fixed-scope rules (aggregates) -------------------------------------------------------------
 def _decide_fixed(rule: str, algorithm: str, shape_of_node: Callable[[Any], tuple | None],
-                  labels_of: Callable[[tuple], tuple[str, ...]]) -> Callable[[Any, Any, RewriteContext], Decision | None]:
-    """An aggregate of ``func(sel[r])`` answered by an SDS whose scope is the selector's matchers."""
+                  labels_of: Callable[[tuple], tuple[str, ...]], *,
+                  cost_check: bool) -> Callable[[Any, Any, RewriteContext], Decision | None]:
+    """An aggregate of ``func(sel[r])`` answered by an SDS whose scope is the selector's matchers
+    (``cost_check``: weigh the raw edges' share as for per-series panes; the distinct and top-k rules
+    skip it: their plans exist only for scopes of ``cpc_min_series`` / ``fi_min_series`` series and
+    more, and the shadow runs' verdict still sends a shape measured slower to raw)."""
     def decide(node: Any, ectx: Any, rctx: RewriteContext) -> Decision | None:
         if rctx.find_group is None:
             return None
@@ -254,7 +258,7 @@ def _decide_fixed(rule: str, algorithm: str, shape_of_node: Callable[[Any], tupl
             return d.raw(WHY_NO_SDS)
         if d.range_ms <= 0:
             return d.raw("the range is not positive")
-        return _judge_windows(d, ectx, rctx, vs, per_series=False)
+        return _judge_windows(d, ectx, rctx, vs, per_series=False, cost_check=cost_check)
     return decide
 
 
@@ -286,9 +290,9 @@ RULES: tuple[Rule, ...] = (
     Rule("exact", "Call", "exact", _decide_call("exact", "exact", "exact"), _serve_exact),
     Rule("req", "Call", "req", _decide_call("req", "req", "quantile"), _serve_quantile),
     Rule("kll", "Call", "kll", _decide_call("kll", "kll", "quantile"), _serve_quantile),
-    Rule("topk", "AggregateExpr", "fi", _decide_fixed("topk", "fi", topk_shape, lambda s: s[1]), _serve_topk),
-    Rule("group", "AggregateExpr", "group", _decide_fixed("group", "group", group_shape, lambda s: s[1]), _serve_group),
-    Rule("distinct", "AggregateExpr", "cpc", _decide_fixed("distinct", "cpc", distinct_shape, lambda s: s[0]),
+    Rule("topk", "AggregateExpr", "fi", _decide_fixed("topk", "fi", topk_shape, lambda s: s[1], cost_check=False), _serve_topk),
+    Rule("group", "AggregateExpr", "group", _decide_fixed("group", "group", group_shape, lambda s: s[1], cost_check=True), _serve_group),
+    Rule("distinct", "AggregateExpr", "cpc", _decide_fixed("distinct", "cpc", distinct_shape, lambda s: s[0], cost_check=False),
          _serve_distinct),
 )
 

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 
@@ -126,6 +127,17 @@ def test_adopts_recurring_query_and_serves_it_exactly(planner_server):
     out = subprocess.run([sys.executable, "-m", "turboprom", "plan", "explain", "rate(other_total[5m])", "--url", url],
                          cwd=REPO, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "-> raw" in out.stdout, out.stdout + out.stderr
+    # a quantile panel: approximation is off unless the request (or the operator) turns it on, and explain says so
+    qq = "quantile_over_time(0.5, req_total[1h])"
+    (off,) = _get(url, "/api/v1/planner/explain", query=qq)["data"]["subtrees"]
+    (on,) = _get(url, "/api/v1/planner/explain", query=qq, approx="true")["data"]["subtrees"]
+    assert off["path"] == "raw" and off["why"].startswith("approximation off") and not on["why"].startswith("approximation off")
+    out = subprocess.run([sys.executable, "-m", "turboprom", "plan", "explain", qq, "--approx", "false", "--url", url],
+                         cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "approximation off" in out.stdout, out.stdout + out.stderr
+    with pytest.raises(urllib.error.HTTPError) as bad:
+        _get(url, "/api/v1/planner/explain", query=qq, approx="maybe")
+    assert bad.value.code == 400
     # the query log holds the refreshes with their paths
     log = _get(url, "/api/v1/planner/query_log", limit="50")["data"]
     assert any(r["pattern"] == "sum by ($g) (rate(req_total{}[$r]))" for r in log)

@@ -25,52 +25,10 @@ import re
 import urllib.parse
 from typing import Any, Callable
 
+from promql.go_format import format_float_g as go_float_g
+from promql.go_format import go_exponent as _go_exp
+
 # ------------------------------------------------------------------------------------- formatting
-
-
-def _go_exp(e: int) -> str:
-    return f"e{'-' if e < 0 else '+'}{abs(e):02d}"
-
-
-def go_float_g(v: float, prec: int = -1) -> str:
-    """Go ``strconv.FormatFloat(v, 'g', prec, 64)`` (``%v`` of a float64 is prec -1: shortest digits,
-    exponent form when the exponent is < -4 or >= 6, e.g. ``1e+06``, ``123456``)."""
-    if math.isnan(v):
-        return "NaN"
-    if math.isinf(v):
-        return "+Inf" if v > 0 else "-Inf"
-    if prec >= 0:
-        text = f"{v:.{max(prec, 1)}g}"
-        return re.sub(r"e([+-])(\d+)", lambda m: _go_exp(int(m.group(1) + m.group(2))), text)
-    if v == 0:
-        return "-0" if math.copysign(1.0, v) < 0 else "0"
-    digits, exp = _shortest(v)
-    sign = "-" if v < 0 else ""
-    if exp < -4 or exp >= 6:
-        mant = digits[0] + ("." + digits[1:] if len(digits) > 1 else "")
-        return f"{sign}{mant}{_go_exp(exp)}"
-    if exp < 0:
-        return f"{sign}0.{'0' * (-exp - 1)}{digits}"
-    if exp + 1 >= len(digits):
-        return sign + digits + "0" * (exp + 1 - len(digits))
-    return f"{sign}{digits[:exp + 1]}.{digits[exp + 1:]}"
-
-
-def _shortest(v: float) -> tuple[str, int]:
-    """Shortest round-trip decimal digits of |v| and the decimal exponent of the first digit."""
-    r = repr(abs(v))
-    if "e" in r:
-        mant, _, ex = r.partition("e")
-        digits = mant.replace(".", "").rstrip("0") or "0"
-        return digits, int(ex)
-    whole, _, frac = r.partition(".")
-    frac = "" if frac == "0" else frac
-    if whole != "0":
-        digits = (whole + frac).rstrip("0")
-        return digits, len(whole) - 1
-    stripped = frac.lstrip("0")
-    return stripped.rstrip("0"), -(len(frac) - len(stripped)) - 1
-
 
 
 def go_time_string(t: _dt.datetime) -> str:

@@ -29,7 +29,6 @@ from __future__ import annotations
 import datetime as _dt
 import glob
 import logging
-import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -42,6 +41,7 @@ import yaml
 from storage.batch import SampleBatch
 from storage.labels import METRIC_NAME, Labels, make_labels
 from storage.stale import STALE_NAN
+from promql.go_format import format_float_e
 from promql.query_opts import QueryOpts
 
 log = logging.getLogger("turboprom.planner")
@@ -612,7 +612,7 @@ class RuleManager:
     def _alert_list(r: Rule) -> list[dict[str, Any]]:
         """Active (pending and firing) alerts, as /api/v1/alerts shows them; resolved ones are not."""
         return [{"labels": dict(a.labels), "annotations": dict(a.annotations), "state": a.state,
-                 "activeAt": _rfc3339(a.active_at), "value": _fmt(a.value)}
+                 "activeAt": _rfc3339(a.active_at), "value": format_float_e(a.value)}
                 for a in r.active.values() if not a.resolved_at]
 
     def api_groups(self) -> list[dict[str, Any]]:
@@ -631,12 +631,3 @@ def table_link(expr: str) -> str:
     import urllib.parse
 
     return "/graph?g0.expr=" + urllib.parse.quote_plus(expr) + "&g0.tab=1"
-
-
-def _fmt(v: float) -> str:
-    """Go's strconv.FormatFloat(v, 'e', -1, 64), as Prometheus renders alert values."""
-    if math.isnan(v):
-        return "NaN"
-    if math.isinf(v):
-        return "+Inf" if v > 0 else "-Inf"
-    return np.format_float_scientific(float(v), unique=True, exp_digits=2).replace(".e", "e")

@@ -20,6 +20,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from promql.errors import ExecutionError
+from promql.go_format import format_float_f
 from promql.eval_histogram import aggregate_histograms, has_hist, ignored_in_aggregation, strip, union_presence, unsupported
 from promql.eval_histogram_buckets import histogram_string
 from promql.eval_labels import dense_ids, grouping_keys, grouping_labels, merge_same_labels
@@ -631,16 +632,6 @@ def _fmt_g(v: float) -> str:
     return np.format_float_positional(v, unique=True, trim="-")
 
 
-def go_format_float(v: float) -> str:
-    """Go's strconv.FormatFloat(v, 'f', -1, 64): shortest digits, never an exponent."""
-    if math.isnan(v):
-        return "NaN"
-    if math.isinf(v):
-        return "+Inf" if v > 0 else "-Inf"
-    s = np.format_float_positional(v, unique=True, trim="-")
-    return s
-
-
 _SAMPLED_STEPS = 64
 
 
@@ -711,7 +702,7 @@ def count_values(vec: VectorSteps, names: list[str], without: bool, param: Any, 
         lb = list(bases[b_])  # type: ignore[arg-type]
         if v_ < nv:
             if v_ not in strs:
-                strs[v_] = value_str[v_] or go_format_float(float(uv[v_]))
+                strs[v_] = value_str[v_] or format_float_f(float(uv[v_]))
             lb.append((label, strs[v_]))
         out_labels.append(tuple(sorted(lb)))
     counts = np.bincount(oid * t + cols, minlength=len(uc) * t).reshape(len(uc), t).astype(np.float64)
@@ -865,4 +856,4 @@ def ratio_offset(labels: Labels) -> float:
     return float(labels_hash(labels)) / float(_M64)
 
 
-__all__ = ["aggregate", "Groups", "group_rows", "heap_tie_cells", "tree_sum", "sum_state", "go_format_float", "METRIC_NAME"]
+__all__ = ["aggregate", "Groups", "group_rows", "heap_tie_cells", "tree_sum", "sum_state", "METRIC_NAME"]

@@ -1,10 +1,18 @@
-"""Go's ``strconv.Quote`` for error messages, annotations and printed PromQL: one implementation,
-used by the evaluator, the parser, the printer and the HTTP API.
+"""Go's ``strconv.Quote`` and ``strconv.FormatFloat`` for error messages, annotations, printed PromQL,
+label values, alert templates and API values: one implementation each, used by the evaluator, the
+parser, the printer, the planner's rules and templates and the HTTP API.
 
-Hand-written because Python has no Go-compatible quoting: ``repr`` and ``json.dumps`` escape
-differently (``\\x07`` vs ``\\a``, ASCII-only output).
+Hand-written because Python has no Go-compatible quoting (``repr`` and ``json.dumps`` escape
+differently: ``\\x07`` vs ``\\a``, ASCII-only output) and its float formatting differs from Go's in
+the exponent form (``1e-05`` vs ``1e-05`` is shared, but ``1e+06`` / ``%g`` thresholds, ``+Inf`` and
+``NaN`` spellings and the shortest-digit rules are Go's own).
 """
 from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
 
 _SIMPLE = {'"': '\\"', "\\": "\\\\", "\a": "\\a", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r",
            "\t": "\\t", "\v": "\\v"}
@@ -39,3 +47,67 @@ def go_quote(s: str) -> str:
 def go_quote_bytes(b: bytes) -> str:
     """Go ``strconv.Quote`` of a byte string: valid UTF-8 as ``go_quote``, each invalid byte ``\\xNN``."""
     return go_quote(b.decode("utf-8", "surrogateescape"))
+
+
+# --- strconv.FormatFloat ----------------------------------------------------------------------------
+def _special(v: float) -> str | None:
+    if math.isnan(v):
+        return "NaN"
+    if math.isinf(v):
+        return "+Inf" if v > 0 else "-Inf"
+    return None
+
+
+def format_float_f(v: float) -> str:
+    """Go ``strconv.FormatFloat(v, 'f', -1, 64)``: shortest round-trip digits, never an exponent
+    (``-0`` keeps its sign); ``NaN``, ``+Inf``, ``-Inf`` as Prometheus spells them."""
+    return _special(v) or np.format_float_positional(v, unique=True, trim="-")
+
+
+def format_float_e(v: float) -> str:
+    """Go ``strconv.FormatFloat(v, 'e', -1, 64)`` (``1.5e+00``), as Prometheus renders alert values."""
+    return _special(v) or np.format_float_scientific(float(v), unique=True, exp_digits=2).replace(".e", "e")
+
+
+def go_exponent(e: int) -> str:
+    """Go's exponent suffix: sign always, at least two digits (``e+06``, ``e-05``)."""
+    return f"e{'-' if e < 0 else '+'}{abs(e):02d}"
+
+
+def _shortest(v: float) -> tuple[str, int]:
+    """Shortest round-trip decimal digits of |v| and the decimal exponent of the first digit."""
+    r = repr(abs(v))
+    if "e" in r:
+        mant, _, ex = r.partition("e")
+        digits = mant.replace(".", "").rstrip("0") or "0"
+        return digits, int(ex)
+    whole, _, frac = r.partition(".")
+    frac = "" if frac == "0" else frac
+    if whole != "0":
+        digits = (whole + frac).rstrip("0")
+        return digits, len(whole) - 1
+    stripped = frac.lstrip("0")
+    return stripped.rstrip("0"), -(len(frac) - len(stripped)) - 1
+
+
+def format_float_g(v: float, prec: int = -1) -> str:
+    """Go ``strconv.FormatFloat(v, 'g', prec, 64)``; prec -1 (also ``fmt``'s ``%v`` of a float64):
+    shortest digits, exponent form when the exponent is < -4 or >= 6 (``1e+06``, ``123456``)."""
+    special = _special(v)
+    if special is not None:
+        return special
+    if prec >= 0:
+        text = f"{v:.{max(prec, 1)}g}"
+        return re.sub(r"e([+-])(\d+)", lambda m: go_exponent(int(m.group(1) + m.group(2))), text)
+    if v == 0:
+        return "-0" if math.copysign(1.0, v) < 0 else "0"
+    digits, exp = _shortest(v)
+    sign = "-" if v < 0 else ""
+    if exp < -4 or exp >= 6:
+        mant = digits[0] + ("." + digits[1:] if len(digits) > 1 else "")
+        return f"{sign}{mant}{go_exponent(exp)}"
+    if exp < 0:
+        return f"{sign}0.{'0' * (-exp - 1)}{digits}"
+    if exp + 1 >= len(digits):
+        return sign + digits + "0" * (exp + 1 - len(digits))
+    return f"{sign}{digits[:exp + 1]}.{digits[exp + 1:]}"

@@ -14,11 +14,10 @@ from __future__ import annotations
 import datetime as _dt
 import math
 import re
-from decimal import Decimal
 from typing import Any
 
 from promql import parser as pp
-from promql.go_format import go_quote
+from promql.go_format import format_float_f, go_quote
 
 _LEGACY_LABEL = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _LEGACY_METRIC = re.compile(r"^[A-Za-z_:][A-Za-z0-9_:]*$")
@@ -58,22 +57,6 @@ def timedelta_ms(td: _dt.timedelta | None) -> int:
     if td is None:
         return 0
     return (td.days * 86_400_000_000 + td.seconds * 1_000_000 + td.microseconds) // 1000
-
-
-def format_float(v: float) -> str:
-    """Go ``strconv.FormatFloat(v, 'f', -1, 64)``: shortest round-trip digits, no exponent."""
-    if math.isnan(v):
-        return "NaN"
-    if math.isinf(v):
-        return "+Inf" if v > 0 else "-Inf"
-    r = repr(float(v))
-    if "e" in r or "E" in r:
-        r = format(Decimal(r), "f")
-    if r.endswith(".0"):
-        r = r[:-2]
-    if r == "-0":
-        return "-0"
-    return r
 
 
 def label_name(name: str) -> str:
@@ -145,7 +128,7 @@ def _number(n: Any) -> str:
     if n.duration:
         ms = int(round(n.val * 1000))
         return "-" + format_duration_ms(-ms) if ms < 0 else format_duration_ms(ms)
-    return format_float(n.val)
+    return format_float_f(n.val)
 
 
 def _duration(d: Any) -> str:
@@ -263,7 +246,7 @@ def _go_v(v: float) -> str:
         mant, ex = r.split("e")
         exp = int(ex)
         if -4 <= exp < 21:
-            return format_float(v)
+            return format_float_f(v)
         return f"{mant}e{'-' if exp < 0 else '+'}{abs(exp):02d}"
     if abs(v) >= 1e21:
         return f"{v:e}"

@@ -14,7 +14,8 @@ import pytest
 
 from tests.helpers import SHARED, load_bench
 
-from promql.printer import format_duration_ms, format_float, go_quote, to_promql
+from promql.go_format import format_float_f as format_float
+from promql.printer import format_duration_ms, go_quote, to_promql
 from promql.promqltest_script import EvalCmd, parse_script
 
 def compliance_queries() -> list[str]:

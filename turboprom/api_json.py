@@ -20,6 +20,7 @@ from typing import Any, Sequence
 import numpy as np
 import orjson
 
+from promql.go_format import format_float_f
 from promql.types import QueryResult, QueryStats
 from storage.labels import Labels
 
@@ -93,18 +94,6 @@ def _format_rare(x: float) -> str:
     if ax < 1e-6 or ax >= 1e21:
         return repr(x)  # Go's 'e' form: shortest digits, two-digit signed exponent, as repr
     return np.format_float_positional(x, unique=True, trim="-")
-
-
-def format_value_f(v: float) -> str:
-    """Go ``FormatFloat(v, 'f', -1, 64)``: always positional (Prometheus writes scalar results
-    this way, while vector/matrix points switch to exponent form at the extremes)."""
-    if math.isnan(v):
-        return "NaN"
-    if math.isinf(v):
-        return "+Inf" if v > 0 else "-Inf"
-    if v == 0:
-        return "-0" if math.copysign(1.0, v) < 0 else "0"
-    return np.format_float_positional(v, unique=True, trim="-")
 
 
 def format_timestamps(ts_ms: np.ndarray) -> list[str]:
@@ -342,7 +331,7 @@ def result_data_json(res: QueryResult, limit: int = 0, brackets: bool = True) ->
     # Prometheus marshals scalars and strings as [float64(t)/1000, v] with encoding/json, so
     # their timestamp is a Go float (1435781451.78), unlike vector/matrix points (…451.780).
     if rt == "scalar":
-        return f'[{format_value(res.timestamp / 1000)},"{format_value_f(res.scalar)}"]'.encode(), False
+        return f'[{format_value(res.timestamp / 1000)},"{format_float_f(res.scalar)}"]'.encode(), False
     if rt == "string":
         return f"[{format_value(res.timestamp / 1000)},{json_str(res.string)}]".encode(), False
     labels = res.labels

@@ -20,7 +20,7 @@ import numpy as np
 
 from promql.functions import FunctionContext, Histograms, register
 from promql.functions.common import scalar_arg, vector_arg
-from promql.functions.formatting import format_go_g
+from promql.go_format import format_float_g as format_go_g
 from promql.types import FloatHistogram, Value, VectorSteps
 from storage.labels import Labels, get, metric_name
 

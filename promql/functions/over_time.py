@@ -648,6 +648,6 @@ def mad_over_time(ctx: FunctionContext, args: list[Value]) -> Value:
 
 def _fmt_g(v: float) -> str:
     """Go's %g for a float64 (shortest representation, exponent when < 1e-4 or >= 1e21)."""
-    from promql.functions.formatting import format_go_g
+    from promql.go_format import format_float_g as format_go_g
 
     return format_go_g(float(v))

@@ -18,7 +18,8 @@ algorithm names or probes a store with ``hasattr``:
   scope size from which the planner adopts it; ``serves(store, func)``: whether a store of it can answer
   ``func`` (an exact store keeps only the pane fields of the functions its plan was adopted for);
 ``rank_error`` / ``relative_error``: the stated error the canary checks (sketches); ``adopt_params``:
-the parameters a plan of it is adopted with.
+the parameters a plan of it is adopted with; ``payload_rounding``: the relative rounding of stored
+values around their series' shift (REQ keeps float32: 2^-24, stated as 2^-23 for safety).
 
 A new algorithm is one store module plus one entry here (and its rule in ``planner/rewrite_rules.py``).
 """
@@ -53,6 +54,7 @@ class Algorithm:
     rank_error: Callable[[Any, float], float] | None = None  # (store, phi): stated normalized rank error (quantile sketches)
     relative_error: Callable[[Any], float] | None = None  # (store): stated relative count error (cpc, fi)
     adopt_params: Callable[[Any], tuple] = lambda config: ()  # (PlannerConfig): the spec's params when adopted
+    payload_rounding: float = 0.0  # relative rounding of stored values around their series' shift (REQ: float32)
 
 
 def exact_fields(spec: Any) -> tuple[str, ...] | None:
@@ -109,7 +111,7 @@ ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (
     Algorithm("req", exact=False, scope="metric", order_independent=True,
               make_store=lambda spec: KLLPaneStore(spec.pane_ms, int(spec.param("k", REQ_DEFAULT_K)), kind="req"),
               bound=_req_bound, bytes_per_pane=400, window_cost_s=25e-6, canary="rank",
-              rank_error=lambda store, phi: req_rank_error(store.k, phi),
+              rank_error=lambda store, phi: req_rank_error(store.k, phi), payload_rounding=2.0 ** -23,
               adopt_params=lambda config: (("k", REQ_DEFAULT_K), ("min_phi", config.req_min_phi))),
     Algorithm("cpc", exact=False, scope="fixed", order_independent=True,
               make_store=lambda spec: CPCPaneStore(spec.pane_ms, _grouping(spec, "whose distinct values it counts"),

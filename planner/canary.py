@@ -160,7 +160,7 @@ class Canary:
                 rv[i], rp[i] = raw.values[k], raw.present[k]
             extra = len(set(pos) - set(served.value.labels)) > 0 and any(
                 raw.present[pos[l]].any() for l in set(pos) - set(served.value.labels))
-            alg = served.sds.spec.algorithm
+            alg = served.sds.spec.algorithm  # the metrics' label
             check = served.sds.algorithm.canary
             extra_rec: dict[str, Any] = {}
             if check == "exact":
@@ -180,12 +180,13 @@ class Canary:
             else:
                 # rank errors need the raw windows of the served series, in served order
                 tol = None
-                if alg == "req":  # float32 payload: |v - c| * 2^-24 rounding (2^-23 for safety)
-                    st = served.sds.store
+                rounding = served.sds.algorithm.payload_rounding
+                if rounding:  # values stored rounded around their series' shift c: |v - c| * rounding
+                    shift = served.sds.store.series_shift()
                     ids = [served.sds.registry.index.get(l, -1) for l in served.value.labels]
-                    c = np.array([st.shift[i] if 0 <= i < len(st.shift) else 0.0 for i in ids])
+                    c = np.array([shift[i] if 0 <= i < len(shift) else 0.0 for i in ids])
                     c = np.nan_to_num(c, nan=0.0)
-                    tol = np.nanmax(np.abs(np.where(sp, sv, c[:, None]) - c[:, None]), axis=1) * 2.0 ** -23 if sv.size else None
+                    tol = np.nanmax(np.abs(np.where(sp, sv, c[:, None]) - c[:, None]), axis=1) * rounding if sv.size else None
                 rank_errs = kll_rank_errors(sv, sp & rp, _reorder_windows(rw, served.value.labels), served.phi or 0.0,
                                             tol=tol)
                 # what the reader sees: Prometheus's exact value inside the stated [low, high] interval

@@ -332,7 +332,7 @@ def window_plan(sds: SDS, matchers: Sequence[Matcher], ends: np.ndarray, range_m
     The rewrite's cost check and the scan that follows ask for the same plan: the last one of each
     SDS is kept, keyed by everything it depends on (the windows, the coverage, the selected series
     and the store's epoch of sealed-pane writes)."""
-    exact = sds.spec.algorithm == "exact"
+    exact = sds.algorithm.exact  # per-series exact panes: aligned window bounds may take whole panes
     key = (id(sds.store), tuple(matchers), int(range_ms), int(cov_lo), int(cov_hi), len(sds.registry.labels),
            sds.store.epoch if exact else 0)  # the store's identity: a re-adopted plan has the same id
     last = _last_plans.get(sds.id)

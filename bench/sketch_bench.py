@@ -184,7 +184,7 @@ def main() -> int:
 
     def hook_for(alg):
         return RewriteHook(RewriteContext(lambda m, al, ms, func=None: sdss.get(al) if al == alg else None, cost_based=False,
-                                          find_group=(lambda m, ms, by, al="group": sdss.get(al) if al == alg else None)
+                                          find_group=(lambda m, ms, by, al: sdss.get(al) if al == alg else None)
                                           if alg in ("group", "cpc") else None))
 
     eng = Engine(src)

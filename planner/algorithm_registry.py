@@ -19,7 +19,10 @@ algorithm names or probes a store with ``hasattr``:
   ``func`` (an exact store keeps only the pane fields of the functions its plan was adopted for);
 ``rank_error`` / ``relative_error``: the stated error the canary checks (sketches); ``adopt_params``:
 the parameters a plan of it is adopted with; ``payload_rounding``: the relative rounding of stored
-values around their series' shift (REQ keeps float32: 2^-24, stated as 2^-23 for safety).
+values around their series' shift (REQ keeps float32: 2^-24, stated as 2^-23 for safety);
+``serves_phi(sds, phi)``: a quantile sketch's literal phi range (REQ: its tail); ``selects_fields``: the
+store keeps only the pane fields of its plan's functions (exact panes); ``may_decline``: its scan may
+decline a query (frequent items prove top-k sets only), so inner sub-trees keep their own plans.
 
 A new algorithm is one store module plus one entry here (and its rule in ``planner/rewrite_rules.py``).
 """
@@ -55,6 +58,9 @@ class Algorithm:
     relative_error: Callable[[Any], float] | None = None  # (store): stated relative count error (cpc, fi)
     adopt_params: Callable[[Any], tuple] = lambda config: ()  # (PlannerConfig): the spec's params when adopted
     payload_rounding: float = 0.0  # relative rounding of stored values around their series' shift (REQ: float32)
+    serves_phi: Callable[[Any, float], bool] = lambda sds, phi: True  # quantile sketches: which literal phi it answers
+    selects_fields: bool = False  # the store keeps only the pane fields of the functions its plan serves
+    may_decline: bool = False  # its scan may decline a query (raw then): the inner sub-trees keep their own plans
 
 
 def exact_fields(spec: Any) -> tuple[str, ...] | None:
@@ -99,7 +105,8 @@ def _cpc_bound(sds: Any, phi: float | None) -> str:
 ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (
     Algorithm("exact", exact=True, scope="metric", order_independent=False,
               make_store=lambda spec: ExactPaneStore(spec.pane_ms, exact_fields(spec)), bound=lambda sds, phi: "exact",
-              bytes_per_pane=15 * 8 + 3 * 8, window_cost_s=0.2e-6, canary="exact", serves=_exact_serves),
+              bytes_per_pane=15 * 8 + 3 * 8, window_cost_s=0.2e-6, canary="exact", serves=_exact_serves,
+              selects_fields=True),
     Algorithm("group", exact=True, scope="fixed", order_independent=True,
               make_store=lambda spec: GroupPaneStore(spec.pane_ms, spec.grouping),
               bound=lambda sds, phi: f"exact (cross-series panes per group of {', '.join(sds.spec.grouping)})",
@@ -112,6 +119,7 @@ ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (
               make_store=lambda spec: KLLPaneStore(spec.pane_ms, int(spec.param("k", REQ_DEFAULT_K)), kind="req"),
               bound=_req_bound, bytes_per_pane=400, window_cost_s=25e-6, canary="rank",
               rank_error=lambda store, phi: req_rank_error(store.k, phi), payload_rounding=2.0 ** -23,
+              serves_phi=lambda sds, phi: sds.min_phi <= phi <= 1.0,
               adopt_params=lambda config: (("k", REQ_DEFAULT_K), ("min_phi", config.req_min_phi))),
     Algorithm("cpc", exact=False, scope="fixed", order_independent=True,
               make_store=lambda spec: CPCPaneStore(spec.pane_ms, _grouping(spec, "whose distinct values it counts"),
@@ -122,7 +130,7 @@ ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (
               make_store=lambda spec: TopKPaneStore(spec.pane_ms, _grouping(spec, "whose tuples it ranks"),
                                                     int(spec.param("lg_max", DEFAULT_LG_MAX))),
               bound=_fi_bound, bytes_per_pane=4000, window_cost_s=30e-6, canary="relative", min_series="fi_min_series",
-              relative_error=lambda store: epsilon_for(store.lg_max)),
+              relative_error=lambda store: epsilon_for(store.lg_max), may_decline=True),
 )}
 
 

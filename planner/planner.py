@@ -452,7 +452,7 @@ class Planner:
         for c in cands:
             sig = (c.metric, c.func, c.range_ms, c.matchers)
             if c.algorithm not in need_of:
-                if not (c.algorithm == "exact" and sig in covered):
+                if not (ALGORITHMS[c.algorithm].selects_fields and sig in covered):
                     out.append(c)
                 continue
             if sig in covered:
@@ -460,7 +460,7 @@ class Planner:
             n = self._scope_series_cached(c)
             if n >= need_of[c.algorithm]:
                 out.append(c)
-                if c.algorithm != "fi":  # fi answers only provable steps: its inner candidates stay adoptable
+                if not ALGORITHMS[c.algorithm].may_decline:  # else its inner candidates stay adoptable
                     covered.add(sig)
             else:
                 self.keys.setdefault(c.key, KeyStats()).last_decision = (
@@ -610,7 +610,7 @@ class Planner:
         history = min(self.config.history_ms * pane_ms // self.config.pane_ms, max(2 * ks.max_span_ms, 3_600_000))
         hist = min(max(history, 2 * ks.max_range_ms), self.config.max_history_ms)
         used = sum(s.nbytes() for s in self.sds.values())
-        fields = self._exact_fields(c, ks) if c.algorithm == "exact" else None
+        fields = self._exact_fields(c, ks) if ALGORITHMS[c.algorithm].selects_fields else None
         fold = self._fold_cost_per_sample()
         est = cost_model.estimate(
             algorithm=c.algorithm, queries=max(len(ks.arrivals) - 1, 1), period_s=self._arrival_span_s(ks),
@@ -647,18 +647,18 @@ class Planner:
             if f in SERVED:
                 needs |= SERVED[f].needs
         for s in self.summarizer.by_metric.get(c.metric, []):
-            if s.spec.algorithm == "exact" and not s.spec.matchers:
+            if s.algorithm.selects_fields and not s.spec.matchers:
                 needs |= set(s.store.fields)
         return stored_fields(needs)
 
     def _superseded_by(self, s: SDS) -> SDS | None:
         """A per-metric exact plan keeping more pane fields than ``s`` (adopted when a function needing
         them recurred), backfilled at least as far back: it serves every query ``s`` serves."""
-        if s.spec.algorithm != "exact" or s.spec.matchers:
+        if not s.algorithm.selects_fields or s.spec.matchers:
             return None
         mine = set(s.store.fields)
         for o in self.summarizer.by_metric.get(s.metric, []):
-            if (o is s or o.spec.algorithm != "exact" or o.spec.matchers or not mine < set(o.store.fields)
+            if (o is s or o.spec.algorithm != s.spec.algorithm or o.spec.matchers or not mine < set(o.store.fields)
                     or o.backfill_state not in ("done", "restored")):
                 continue
             if o.coverage()[0] <= s.coverage()[0]:

@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from planner.algorithm_registry import allowed
+from planner.algorithm_registry import ALGORITHMS, allowed
 from planner.group_scan import scan_group
 from planner.normalize import distinct_shape, group_shape, literal_number, servable_call, topk_shape
 from planner.sds import SDS, shape_of
@@ -48,7 +48,7 @@ class RewriteContext:
                  cost_based: bool = True, approximate: bool = False,
                  find_group: Callable[..., SDS | None] | None = None):
         self.find_sds = find_sds  # (metric, algorithm, matchers, func) -> SDS
-        self.find_group = find_group  # (metric, matchers, labels[, algorithm]) -> SDS of a fixed scope
+        self.find_group = find_group  # (metric, matchers, labels, algorithm) -> SDS of a fixed scope
         self.on_served = on_served
         self.cost_based = cost_based  # False: serve from the summary whenever it covers (tests)
         self.approximate = approximate  # for queries that do not say (``with_policy`` sets it per query)
@@ -212,8 +212,8 @@ def _decide_call(rule: str, algorithm: str, family: str) -> Callable[[Any, Any, 
         d.sds = rctx.find_sds(vs.name, algorithm, d.matchers, func)
         if d.sds is None:
             return d.raw(WHY_NO_SDS)
-        if algorithm == "req" and not (d.sds.min_phi <= phi <= 1.0):
-            return d.raw(f"phi {phi:g} is outside the REQ plan's [{d.sds.min_phi:g}, 1]")
+        if not d.sds.algorithm.serves_phi(d.sds, phi):
+            return d.raw(f"phi {phi:g} is outside the phi range of {d.sds.id}")
         if d.range_ms <= 0:
             return d.raw("the range is not positive")
         return _judge_windows(d, ectx, rctx, vs, per_series=True, cost_check=True)
@@ -251,9 +251,9 @@ def _decide_fixed(rule: str, algorithm: str, shape_of_node: Callable[[Any], tupl
         if not rctx.may_use(algorithm, ectx):
             return d.raw(WHY_APPROX)
         labels = labels_of(shape)
-        d.labels = tuple(sorted(set(labels))) if algorithm == "group" else tuple(labels)
-        d.sds = rctx.find_group(vs.name, d.matchers, labels) if algorithm == "group" else \
-            rctx.find_group(vs.name, d.matchers, labels, algorithm)
+        # exact group sums coarsen to any subset of their grouping; sketch items are exactly these labels
+        d.labels = tuple(sorted(set(labels))) if ALGORITHMS[algorithm].exact else tuple(labels)
+        d.sds = rctx.find_group(vs.name, d.matchers, labels, algorithm)
         if d.sds is None:
             return d.raw(WHY_NO_SDS)
         if d.range_ms <= 0:

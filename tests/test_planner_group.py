@@ -53,7 +53,7 @@ def group_world():
     for ch in np.array_split(perm, 5):
         summ.consume(SampleBatch(late.series, late.series_index[ch], late.timestamps[ch], late.values[ch]))
 
-    def find_group(metric, matchers, by):
+    def find_group(metric, matchers, by, algorithm):
         have = {(m.name, m.op, m.value) for m in matchers if m.name != "__name__"}
         for s in sdss:
             if s.metric == metric and set(s.spec.matchers) == have and set(by) <= set(s.spec.grouping):
@@ -194,7 +194,7 @@ def test_refresh_reuses_sealed_steps_and_late_samples_invalidate():
     feed(summ, on_time)
     summ.backfill(sds, 30 * 86_400_000)
     served: list = []
-    hook = RewriteHook(RewriteContext(lambda m, a, ms, func=None: None, lambda s, c: served.append(s), cost_based=False, find_group=lambda m, ms, by: sds))
+    hook = RewriteHook(RewriteContext(lambda m, a, ms, func=None: None, lambda s, c: served.append(s), cost_based=False, find_group=lambda m, ms, by, al: sds if al == "group" else None))
     eng = Engine(src)
     q = "sum by (job) (sum_over_time(g[1h]))"
     args = (live_from + 3_600_000, tmax, 300_000)

@@ -465,7 +465,7 @@ def scan_kll(sds: SDS, source: RawSource, matchers: Sequence[Matcher], phi: floa
             if i is not None:
                 present[i, j], vals[i, j], lo_v[i, j], hi_v[i, j] = True, v, a, b
     eps = sds.rank_bound(phi) if 0.0 <= phi <= 1.0 else 0.0
-    f32 = store.kind == "req"
+    rounding = sds.algorithm.payload_rounding  # REQ's float32 payload: each item stands for any value within it
     pre = RawPrefix(raw, np.zeros(S), frozenset({"count"}))
     llo, lhi = pre.bounds(*plan.left)
     rlo, rhi = pre.bounds(*plan.right)
@@ -511,8 +511,8 @@ def scan_kll(sds: SDS, source: RawSource, matchers: Sequence[Matcher], phi: floa
                 vals[si, j] = store.decode(gs, sk.get_quantile(phi))
                 w = eps + 1.0 / max(sk.n, 1)
                 a_q, b_q = sk.get_quantile(max(0.0, phi - w)), sk.get_quantile(min(1.0, phi + w))
-                if f32:  # float32 payload: each item stands for any value within its rounding
-                    a_q, b_q = float(a_q) - abs(float(a_q)) * 2.0 ** -23, float(b_q) + abs(float(b_q)) * 2.0 ** -23
+                if rounding:
+                    a_q, b_q = float(a_q) - abs(float(a_q)) * rounding, float(b_q) + abs(float(b_q)) * rounding
                 lo_v[si, j], hi_v[si, j] = store.decode(gs, a_q), store.decode(gs, b_q)
             if ends_l[jj] < sealed_ms:
                 cache.put((gs, ends_l[jj], range_ms, phi), (float(vals[si, j]), float(lo_v[si, j]), float(hi_v[si, j])))

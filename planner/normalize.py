@@ -4,7 +4,8 @@ The pattern keeps the expression's shape, functions, operators, metric names and
 abstracts what one SDS serves anyway: evaluation time/range/step (never part of the text), range
 selector durations (``[$r]``), offsets (``offset $o``), ``@`` times, the quantile of
 ``quantile_over_time`` / ``quantile`` / ``histogram_quantile`` (``$q``) and aggregation grouping
-(``by ($g)``). ``candidates()`` lists the SDS keys (metric + matchers + algorithm) a query could use.
+(``by ($g)``). ``Candidate`` is an SDS key (metric + matchers + algorithm) a query could use; the
+rewrite rules (``planner/rewrite_rules.py``) say which sub-trees are candidates (``candidates()``).
 """
 from __future__ import annotations
 
@@ -13,8 +14,7 @@ from typing import Any
 
 
 from planner.algorithm_registry import ALGORITHMS
-from planner.served_functions import REQ_MIN_PHI, algorithm_for
-from promql.ast_walk import children
+from planner.served_functions import algorithm_for
 from promql.eval_selectors import duration_ms, to_matchers
 from promql.query_guard import parse as guarded_parse
 
@@ -213,49 +213,3 @@ def topk_shape(node: Any) -> tuple[int, tuple[str, ...], str, Any] | None:
     if shape is None or shape[0] != "sum" or shape[2] != "count_over_time" or not shape[1]:
         return None
     return int(k), tuple(sorted(set(shape[1]))), shape[2], shape[3]
-
-
-def candidates(query_or_node: Any, req_min_phi: float = REQ_MIN_PHI) -> list[Candidate]:
-    """Servable sub-trees; ``quantile_over_time`` with a literal phi >= ``req_min_phi`` is a REQ
-    candidate (tail quantiles: relative rank error), any other phi a KLL one."""
-    node = guarded_parse(query_or_node) if isinstance(query_or_node, str) else query_or_node
-    out: list[Candidate] = []
-
-    def walk(n: Any) -> None:
-        tshape = topk_shape(n)
-        if tshape is not None:  # top-k by sample count: a frequent-items SDS (then the inner candidates)
-            _, items, func, ms = tshape
-            vs = ms.vector_selector
-            extra = tuple(sorted((m.name, m.op, m.value) for m in to_matchers(vs)[0] if m.name != "__name__"))
-            out.append(Candidate(vs.name, extra, "fi", func, duration_ms(ms.range), items))
-        dshape = distinct_shape(n)
-        if dshape is not None:  # distinct count over a window: one CPC SDS for the scope and items
-            items, func, ms = dshape
-            vs = ms.vector_selector
-            extra = tuple(sorted((m.name, m.op, m.value) for m in to_matchers(vs)[0] if m.name != "__name__"))
-            out.append(Candidate(vs.name, extra, "cpc", func, duration_ms(ms.range), items))
-            # the per-series exact panes serve the same query exactly: the planner picks CPC only at
-            # high cardinality (planner.cpc_min_series), so the inner call follows as a candidate too
-        shape = group_shape(n)
-        if shape is not None:  # cross-series aggregate of a mergeable range function: one group SDS
-            op, by, func, ms = shape
-            vs = ms.vector_selector
-            extra = tuple(sorted((m.name, m.op, m.value) for m in to_matchers(vs)[0] if m.name != "__name__"))
-            out.append(Candidate(vs.name, extra, "group", func, duration_ms(ms.range), tuple(sorted(set(by)))))
-            # per-series exact panes serve it exactly too: the planner prefers group panes only at high
-            # cardinality (planner.group_min_series); the inner call follows as the alternative candidate
-        hit = servable_call(n)
-        if hit is not None:
-            func, ms, param = hit
-            vs = ms.vector_selector
-            ms_list = to_matchers(vs)[0]
-            extra = tuple(sorted((m.name, m.op, m.value) for m in ms_list if m.name != "__name__"))
-            phi = literal_number(param) if param is not None else None
-            alg = algorithm_for(func, phi, req_min_phi) or ""
-            out.append(Candidate(vs.name, extra, alg, func, duration_ms(ms.range)))
-            return
-        for child in children(n):
-            walk(child)
-
-    walk(node)
-    return out

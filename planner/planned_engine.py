@@ -8,9 +8,10 @@ import time
 from dataclasses import replace
 from typing import Any, Callable
 
-from planner.normalize import candidates, normalize
+from planner.normalize import normalize
 from planner.query_log import LogEntry, QueryLog
 from planner.rewrite import RewriteHook, with_policy
+from planner.rewrite_rules import candidates
 from planner.step_answers import StepAnswers, cacheable
 from promql.query_guard import parse as guarded_parse
 from promql.query_opts import NO_OPTS, QueryOpts

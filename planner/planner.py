@@ -51,9 +51,9 @@ import numpy as np
 from planner import cost_model
 from planner.algorithm_registry import ALGORITHMS, allowed
 from planner.exact_store import ALL_FIELDS, stored_fields
-from planner.normalize import Candidate, candidates, normalize
+from planner.normalize import Candidate, normalize
 from planner.query_log import LogEntry, QueryLog
-from planner.rewrite_rules import RULES, WHY_NO_SDS, Decision, RewriteContext, edge_fraction
+from planner.rewrite_rules import RULES, WHY_NO_SDS, Decision, RewriteContext, candidates, edge_fraction
 from planner.sds import REQ_MIN_PHI, SDS, SDSSpec
 from planner.served_functions import SERVED, algorithm_for
 from planner.summarizer import Summarizer

@@ -13,6 +13,10 @@ what it prints is what the hook does. An evaluation context whose ``step_times``
 explain`` without a time) asks only whether a summary may and can serve the node, not whether it pays
 for particular windows.
 
+Each rule also names the sub-trees the planner may adopt a plan for (``candidate``: the node as an
+SDS key, or None), so ``candidates(query)`` -- what the planner learns from the query log -- and the
+rewrite agree on which shapes an algorithm serves.
+
 Order matters only between rules of the same node kind: ``req`` before ``kll`` (a tail quantile from
 the more accurate sketch when both exist); ``topk`` before ``group`` before ``distinct``. A new
 algorithm's rule is one entry here (its store and scan in their own modules, its properties in
@@ -27,13 +31,15 @@ import numpy as np
 
 from planner.algorithm_registry import ALGORITHMS, allowed
 from planner.group_scan import scan_group
-from planner.normalize import distinct_shape, group_shape, literal_number, servable_call, topk_shape
+from planner.normalize import Candidate, distinct_shape, group_shape, literal_number, servable_call, topk_shape
 from planner.sds import SDS, shape_of
-from planner.served_functions import SERVED
+from planner.served_functions import REQ_MIN_PHI, SERVED, algorithm_for
 from planner.sketch_scans import scan_distinct, scan_topk
 from planner.summary_scan import ScanResult, cached_mask, scan_exact, scan_kll, window_plan
 from planner.window import WindowPlan, merge_intervals, plan_windows
+from promql.ast_walk import children
 from promql.eval_selectors import duration_ms, effective_times, to_matchers
+from promql.query_guard import parse as guarded_parse
 from promql.types import VectorSteps
 from storage.matchers import Matcher
 
@@ -108,6 +114,7 @@ class Rule:
     algorithm: str
     decide: Callable[[Any, Any, RewriteContext], Decision | None]
     serve: Callable[[Decision, Any, Any], Served | None]  # (decision, node, ectx)
+    candidate: Callable[[Any, float], Candidate | None]  # (node, req_min_phi): the SDS key it would use
 
 
 # --- shared checks ------------------------------------------------------------------------------
@@ -286,16 +293,74 @@ def _serve_topk(d: Decision, node: Any, ectx: Any) -> Served | None:
     return Served(d.sds, "topk", val, scan, node, d.ends, d.range_ms, None)
 
 
+def _scope(vs: Any) -> tuple[tuple[str, str, str], ...]:
+    return tuple(sorted((m.name, m.op, m.value) for m in to_matchers(vs)[0] if m.name != "__name__"))
+
+
+def _call_candidate(algorithm: str) -> Callable[[Any, float], Candidate | None]:
+    """A servable call whose function (and literal phi, for quantiles: REQ at or above req_min_phi,
+    KLL otherwise) the planner would give ``algorithm``."""
+    def candidate(node: Any, req_min_phi: float) -> Candidate | None:
+        hit = servable_call(node)
+        if hit is None:
+            return None
+        func, ms, param = hit
+        phi = literal_number(param) if param is not None else None
+        if algorithm_for(func, phi, req_min_phi) != algorithm:
+            return None
+        vs = ms.vector_selector
+        return Candidate(vs.name, _scope(vs), algorithm, func, duration_ms(ms.range))
+    return candidate
+
+
+def _fixed_candidate(algorithm: str, shape_of_node: Callable[[Any], tuple | None],
+                     labels_of: Callable[[tuple], tuple[str, ...]]) -> Callable[[Any, float], Candidate | None]:
+    """An aggregate of ``func(sel[r])`` a fixed-scope SDS of ``algorithm`` would answer (the inner call
+    stays a candidate of its own: per-series panes serve it exactly, and the planner prefers the
+    fixed scope only at high cardinality, ``planner.*_min_series``)."""
+    def candidate(node: Any, req_min_phi: float) -> Candidate | None:
+        shape = shape_of_node(node)
+        if shape is None:
+            return None
+        func, ms = shape[-2], shape[-1]
+        vs = ms.vector_selector
+        labels = labels_of(shape)
+        grouping = tuple(sorted(set(labels))) if ALGORITHMS[algorithm].exact else tuple(labels)
+        return Candidate(vs.name, _scope(vs), algorithm, func, duration_ms(ms.range), grouping)
+    return candidate
+
+
 RULES: tuple[Rule, ...] = (
-    Rule("exact", "Call", "exact", _decide_call("exact", "exact", "exact"), _serve_exact),
-    Rule("req", "Call", "req", _decide_call("req", "req", "quantile"), _serve_quantile),
-    Rule("kll", "Call", "kll", _decide_call("kll", "kll", "quantile"), _serve_quantile),
-    Rule("topk", "AggregateExpr", "fi", _decide_fixed("topk", "fi", topk_shape, lambda s: s[1], cost_check=False), _serve_topk),
-    Rule("group", "AggregateExpr", "group", _decide_fixed("group", "group", group_shape, lambda s: s[1], cost_check=True), _serve_group),
+    Rule("exact", "Call", "exact", _decide_call("exact", "exact", "exact"), _serve_exact, _call_candidate("exact")),
+    Rule("req", "Call", "req", _decide_call("req", "req", "quantile"), _serve_quantile, _call_candidate("req")),
+    Rule("kll", "Call", "kll", _decide_call("kll", "kll", "quantile"), _serve_quantile, _call_candidate("kll")),
+    Rule("topk", "AggregateExpr", "fi", _decide_fixed("topk", "fi", topk_shape, lambda s: s[1], cost_check=False),
+         _serve_topk, _fixed_candidate("fi", topk_shape, lambda s: s[1])),
+    Rule("group", "AggregateExpr", "group", _decide_fixed("group", "group", group_shape, lambda s: s[1], cost_check=True),
+         _serve_group, _fixed_candidate("group", group_shape, lambda s: s[1])),
     Rule("distinct", "AggregateExpr", "cpc", _decide_fixed("distinct", "cpc", distinct_shape, lambda s: s[0], cost_check=False),
-         _serve_distinct),
+         _serve_distinct, _fixed_candidate("cpc", distinct_shape, lambda s: s[0])),
 )
+
+
+def candidates(query_or_node: Any, req_min_phi: float = REQ_MIN_PHI) -> list[Candidate]:
+    """The sub-trees of a query a plan could serve, in pre-order, as SDS keys: each node offered to the
+    rules of its kind; a servable call's own arguments are not searched further."""
+    root = guarded_parse(query_or_node) if isinstance(query_or_node, str) else query_or_node
+    out: list[Candidate] = []
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        found = [c for c in (r.candidate(node, req_min_phi) for r in _BY_KIND.get(type(node).__name__, ())) if c is not None]
+        out.extend(found)
+        if found and type(node).__name__ == "Call":
+            continue
+        stack.extend(reversed(children(node)))
+    return out
 
 
 def rules_for(kind: str, rules: tuple[Rule, ...] = RULES) -> tuple[Rule, ...]:
     return tuple(r for r in rules if r.node_kind == kind)
+
+
+_BY_KIND = {kind: rules_for(kind) for kind in ("Call", "AggregateExpr")}

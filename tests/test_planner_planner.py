@@ -8,7 +8,8 @@ import time
 import numpy as np
 import pytest
 
-from planner.normalize import candidates, normalize
+from planner.normalize import normalize
+from planner.rewrite_rules import candidates
 from planner.persist import SDSPersistence
 from planner.planner import PlannerConfig
 from planner.query_log import QueryLog

@@ -8,10 +8,9 @@ import pytest
 
 from planner.canary import Canary
 from planner.kll_store import rank_error, req_rank_error
-from planner.normalize import candidates
 from planner.planner import PlannerConfig
 from planner.rewrite import RewriteHook
-from planner.rewrite_rules import RewriteContext
+from planner.rewrite_rules import RewriteContext, candidates
 from planner.stack import build
 from promql.engine import Engine
 from promql.query_opts import QueryOpts

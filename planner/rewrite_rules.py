@@ -3,9 +3,11 @@
 A rule looks at one AST node. ``decide(node, ectx, rctx)`` returns ``None`` when the node is not of
 its shape, else a ``Decision``: served from a summary, or raw with the reason why (approximation off,
 no plan covers it, the shadow runs measured this shape slower, no whole covered pane in any window,
-the cost check). Deciding reads the catalog and the SDS's coverage and measurements and changes
-nothing. ``serve(decision, ectx)`` then scans the summary; it may still decline (a top-k set that the
-frequent-items bounds do not prove) and the node is evaluated raw.
+the cost check). Deciding reads the catalog and the SDS's coverage and measurements; it changes no
+answer and no measurement (a coverage read may fold the summarizer's queued samples, as every read
+does, and the window plan is kept for the scan that follows). ``serve(decision, node, ectx)`` then
+scans the summary; it may still decline (a top-k set that the frequent-items bounds do not prove)
+and the node is evaluated raw.
 
 The hook (``planner/rewrite.py``) offers a node to the rules of its kind in table order and serves the
 first served decision; ``Planner.explain`` calls the same ``decide`` for every node of a query, so

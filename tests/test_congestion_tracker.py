@@ -449,3 +449,21 @@ def test_dropping_many_instances_at_once_keeps_the_others(tmp_path) -> None:
         assert back == {"w0": 9.0, "w5": 4.0}
     finally:
         db.close()
+
+
+def test_history_older_than_drop_after_makes_no_instances(caplog: pytest.LogCaptureFixture) -> None:
+    """A backfill or import of hours-old samples is history: it creates no instance (which the next
+    rebuild would forget again, logging a drop each time); fresh samples after it are tracked."""
+    clock = Clock()
+    tr = CongestionTracker(CongestionConfig(), clock=clock)
+    w = SimWorker("gpu-0")
+    old = clock.t - 3 * 3600
+    for k in range(4):
+        tr.consume(SampleBatch.from_series(w.step(old + 15 * k, 15, tps=500, req_per_s=1, backlog=100, waiting=2)))
+    with caplog.at_level("INFO", logger="turboprom.congestion"):
+        snap = tr.refresh()
+    assert snap.instances == [] and tr.samples_consumed > 0 and tr.samples_relevant == 0
+    assert not [r for r in caplog.records if "dropped" in r.getMessage()]
+    tr.consume(SampleBatch.from_series(w.step(clock.t, 1, tps=500, req_per_s=1, backlog=100, waiting=2)))
+    (inst,) = tr.refresh().instances
+    assert inst["instance"] == "gpu-0" and inst["queue_length"] == 2 and not inst["stale"]

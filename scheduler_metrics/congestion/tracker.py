@@ -155,6 +155,12 @@ class CongestionTracker:
         self._urgent.set()
 
     def _consume(self, batch: SampleBatch, n: int) -> None:
+        if int(batch.timestamps.max()) < (self.clock() - self.config.drop_after_s) * 1000.0:
+            # history (a backfill, an import, a sender catching up): older than an instance may stay
+            # silent, so it would only make instances that the next rebuild forgets again
+            with self._lock:
+                self.samples_consumed += n
+            return
         with self._lock:
             smap = self.table.slots_of(batch)
             self.samples_consumed += n

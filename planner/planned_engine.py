@@ -79,6 +79,14 @@ class PlannedEngine:
 
         return self._run("range", query, int(start_ms), int(end_ms), int(step_ms), opts, call)
 
+    def _may_serve(self, query: str) -> bool:
+        """Whether a plan exists for some candidate sub-tree of ``query`` (the rules that could answer
+        a node are exactly those that name it a candidate). Without a planner to ask: always."""
+        if self.planner is None:
+            return True
+        cands = self._patterns.get(query, self.planner)[1]
+        return bool(cands) and self.planner.has_plans_for(cands)
+
     def approximate_for(self, tenant: str, approx: bool | None) -> bool:
         if approx is not None:
             return bool(approx)
@@ -88,12 +96,13 @@ class PlannedEngine:
     def _run(self, kind: str, query: str, start: int, end: int, step: int, opts: QueryOpts,
              call: Callable[[QueryOpts], QueryResult]) -> QueryResult:
         """Evaluate through ``call`` (given the options for the raw engine: the rewrite hook added
-        unless ``exact``) and log the query."""
+        unless ``exact`` or no plan exists for any of the query's candidate sub-trees: a query no
+        summary can serve pays no rule checks per node) and log the query."""
         exact, tenant, origin = opts.exact, opts.tenant, opts.origin
         arrival = int(time.time() * 1000)
         wall0, cpu0 = time.perf_counter(), time.thread_time()
         approximate = (not exact) and self.approximate_for(tenant, opts.approx)
-        hooks = () if exact else (with_policy(self.hook, approximate),)
+        hooks = () if exact or not self._may_serve(query) else (with_policy(self.hook, approximate),)
         err = ""
         res = None
         try:

@@ -281,6 +281,11 @@ class Planner:
                 best = s
         return best
 
+    def has_plans_for(self, cands: list[Candidate]) -> bool:
+        """Whether any SDS of a candidate's metric exists (adopted, backfilling or serving)."""
+        by_metric = self.summarizer.by_metric
+        return any(by_metric.get(c.metric) for c in cands)
+
     def find_group_sds(self, metric: str, matchers: list[Matcher], by: tuple[str, ...], algorithm: str = "group") -> SDS | None:
         """A covering ``group`` SDS whose scope is exactly the selector's matchers (a group payload
         cannot drop series) and whose grouping contains ``by``, the one with the fewest groups; or

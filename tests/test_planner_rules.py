@@ -131,3 +131,29 @@ def test_every_store_answers_the_whole_pane_store_protocol_and_survives_a_restar
     finally:
         st2.planner.stop()
         st2.query_log.close()
+
+
+def test_queries_without_a_plan_for_their_candidates_skip_the_rules():
+    """Queries no summary can serve pay no rule checks per node: the hook is attached only when some
+    candidate sub-tree's metric has a plan."""
+    src, batch = load(random_series(seed=24))
+    tmax = int(batch.timestamps.max())
+    st = _stack(src)
+    feed(st.summarizer, batch)
+    calls = []
+    real = st.engine.hook
+
+    def counting(node, ectx):
+        calls.append(type(node).__name__)
+        return real(node, ectx)
+
+    st.engine.hook = counting
+    for q in ("sum(rate(x_total[30m]))", "vector(1)", "histogram_quantile(0.9, sum by (le) (rate(h_bucket[5m])))"):
+        st.engine.range_query(q, tmax - 3_600_000, tmax, 600_000)
+    assert calls == []
+    st.planner.adopt(SDSSpec("x_total", "exact", 60_000), reason="test")
+    res = st.engine.range_query("sum(rate(x_total[30m]))", tmax - 3_600_000, tmax, 600_000)
+    assert "Call" in calls and res.stats.paths[0].startswith("summary:exact-x_total")
+    calls.clear()
+    st.engine.range_query("rate(h_bucket[5m])", tmax - 3_600_000, tmax, 600_000)  # no plan for h_bucket
+    assert calls == []

@@ -20,7 +20,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from promql.errors import ExecutionError
-from promql.go_format import format_float_f
+from promql.go_format import format_float_f, format_float_g
 from promql.eval_histogram import aggregate_histograms, has_hist, ignored_in_aggregation, strip, union_presence, unsupported
 from promql.eval_histogram_buckets import histogram_string
 from promql.eval_labels import dense_ids, grouping_keys, grouping_labels, merge_same_labels
@@ -586,9 +586,9 @@ def aggregate(op: str, vec: VectorSteps, names: list[str], without: bool, param:
             ann.warn(f"PromQL warning: quantile value should be between 0 and 1, got NaN{pos}")
         finite = q[~np.isnan(q)]
         if finite.size and finite.max() > 1:
-            ann.warn(f"PromQL warning: quantile value should be between 0 and 1, got {_fmt_g(float(finite.max()))}{pos}")
+            ann.warn(f"PromQL warning: quantile value should be between 0 and 1, got {format_float_g(float(finite.max()))}{pos}")
         if finite.size and finite.min() < 0:
-            ann.warn(f"PromQL warning: quantile value should be between 0 and 1, got {_fmt_g(float(finite.min()))}{pos}")
+            ann.warn(f"PromQL warning: quantile value should be between 0 and 1, got {format_float_g(float(finite.min()))}{pos}")
     if vec.num_series == 0:
         return VectorSteps.empty(t)
     g = Groups(vec.labels, names, without)
@@ -614,22 +614,6 @@ def aggregate(op: str, vec: VectorSteps, names: list[str], without: bool, param:
         else:
             raise ExecutionError(f"unknown aggregation {op!r}")
     return _output(vec, g, vals)
-
-
-def _fmt_g(v: float) -> str:
-    """Go's %g for a float64 (shortest digits; exponent form below 1e-4 and from 1e6 on)."""
-    if math.isinf(v):
-        return "+Inf" if v > 0 else "-Inf"
-    if math.isnan(v):
-        return "NaN"
-    if v == 0:
-        return "0"
-    sci = np.format_float_scientific(v, unique=True, trim="-")
-    mant, exp_s = sci.split("e")
-    exp = int(exp_s)
-    if exp < -4 or exp >= 6:
-        return f"{mant}e{'+' if exp >= 0 else '-'}{abs(exp):02d}"
-    return np.format_float_positional(v, unique=True, trim="-")
 
 
 _SAMPLED_STEPS = 64
@@ -725,18 +709,18 @@ def select_k(op: str, vec: VectorSteps, names: list[str], without: bool, param: 
         if np.isnan(pv).any():
             raise ExecutionError("Ratio value is NaN")
         if pv.max() > 1.0:
-            ann.warn(f"PromQL warning: ratio value should be between -1 and 1, got {_fmt_g(float(pv.max()))}, capping to 1{pos}")
+            ann.warn(f"PromQL warning: ratio value should be between -1 and 1, got {format_float_g(float(pv.max()))}, capping to 1{pos}")
         if pv.min() < -1.0:
-            ann.warn(f"PromQL warning: ratio value should be between -1 and 1, got {_fmt_g(float(pv.min()))}, capping to -1{pos}")
+            ann.warn(f"PromQL warning: ratio value should be between -1 and 1, got {format_float_g(float(pv.min()))}, capping to -1{pos}")
     else:
         if np.isnan(pv).any():
             raise ExecutionError("Parameter value is NaN")
         if pv.max() < 1:
             return VectorSteps.empty(t)
         if pv.min() <= -_MAX_INT64:
-            raise ExecutionError(f"Scalar value {_fmt_g(float(pv.min()))} underflows int64")
+            raise ExecutionError(f"Scalar value {format_float_g(float(pv.min()))} underflows int64")
         if pv.max() >= _MAX_INT64:
-            raise ExecutionError(f"Scalar value {_fmt_g(float(pv.max()))} overflows int64")
+            raise ExecutionError(f"Scalar value {format_float_g(float(pv.max()))} overflows int64")
     if vec.num_series == 0:
         return VectorSteps.empty(t)
     s_ = vec.num_series

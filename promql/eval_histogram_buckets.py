@@ -372,7 +372,7 @@ def _drop_classic_native_conflicts(classic: VectorSteps, native: VectorSteps, an
 
 def native_histogram_function(name: str, call: Callable[[list[Value]], Value], args: list[Value], fctx: Any) -> Value:
     """The classic part through the float implementation, the native part here; merged."""
-    from promql.eval_aggregate import _fmt_g
+    from promql.go_format import format_float_g
     from promql.types import Scalar
 
     vi = {"histogram_quantile": 1, "histogram_fraction": 2}.get(name, 0)
@@ -388,7 +388,7 @@ def native_histogram_function(name: str, call: Callable[[list[Value]], Value], a
     if name == "histogram_quantile":
         for q in params[0][hm.any(axis=0)]:  # type: ignore[index]
             if math.isnan(q) or q < 0 or q > 1:
-                ann.warn(f"PromQL warning: quantile value should be between 0 and 1, got {_fmt_g(float(q))}{fctx.pos(0)}")
+                ann.warn(f"PromQL warning: quantile value should be between 0 and 1, got {format_float_g(float(q))}{fctx.pos(0)}")
     rows_idx = np.flatnonzero(hm.any(axis=1))
     values = np.zeros((len(rows_idx), t))
     present = hm[rows_idx]
@@ -421,7 +421,7 @@ def histogram_string(h: FloatHistogram) -> str:
     """Prometheus's FloatHistogram.String(): count, sum, then the non-empty buckets from the most
     negative up, e.g. ``{count:20, sum:10, [-2,-1):2, [-0.001,0.001]:2, (0.5,1]:1}`` (Go %g
     numbers). count_values uses it as the label value of a histogram sample."""
-    from promql.eval_aggregate import _fmt_g as g
+    from promql.go_format import format_float_g as g
 
     parts = [f"{{count:{g(h.count)}, sum:{g(h.sum)}"]
     if h.uses_custom_buckets:

@@ -43,6 +43,7 @@ from promql.eval_histogram import (
     sum_histograms,
     window_histograms,
 )
+from promql.go_format import format_float_g
 from promql.types import HistogramError, RangeWindows, Value, VectorSteps
 from storage.labels import metric_name
 
@@ -616,7 +617,7 @@ def quantile_over_time(ctx: FunctionContext, args: list[Value]) -> Value:
     p = n > 0
     bad = (np.isnan(qs) | (qs < 0) | (qs > 1)) & p.any(axis=0)
     for q in qs[bad]:
-        ctx.annotations.warn(f"PromQL warning: quantile value should be between 0 and 1, got {_fmt_g(q)}{ctx.pos(0)}")
+        ctx.annotations.warn(f"PromQL warning: quantile value should be between 0 and 1, got {format_float_g(float(q))}{ctx.pos(0)}")
     out = np.zeros(n.size)
     sel = np.flatnonzero(p.reshape(-1))
     T = rw.num_steps
@@ -644,10 +645,3 @@ def mad_over_time(ctx: FunctionContext, args: list[Value]) -> Value:
         res = _quantile_rows(half, dev, counts)
         out[pos] = np.where(nan_cnt > 0, np.nan, res)
     return window_vector(rw, out.reshape(n.shape), p)
-
-
-def _fmt_g(v: float) -> str:
-    """Go's %g for a float64 (shortest representation, exponent when < 1e-4 or >= 1e21)."""
-    from promql.go_format import format_float_g as format_go_g
-
-    return format_go_g(float(v))

@@ -53,7 +53,7 @@ from planner.algorithm_registry import ALGORITHMS, allowed
 from planner.exact_store import ALL_FIELDS, stored_fields
 from planner.normalize import Candidate, normalize
 from planner.query_log import LogEntry, QueryLog
-from planner.rewrite_rules import RULES, WHY_NO_SDS, Decision, RewriteContext, candidates, edge_fraction
+from planner.rewrite_rules import WHY_NO_SDS, Decision, RewriteContext, candidates, edge_fraction, rules_for
 from planner.sds import REQ_MIN_PHI, SDS, SDSSpec
 from planner.served_functions import SERVED, algorithm_for
 from planner.summarizer import Summarizer
@@ -803,16 +803,14 @@ class Planner:
             node, inside = stack.pop()
             kind = type(node).__name__
             served_here = None
-            for rule in RULES:
-                if rule.node_kind != kind:
-                    continue
+            for rule in rules_for(kind):
                 d = rule.decide(node, ectx, rctx)
                 if d is None or (not d.served and not self._explain_considers(d)):
                     continue
-                item = self._explain_item(d, inside)
+                item = self._explain_item(d, inside, rule.candidate(node, self.config.req_min_phi))
                 out["subtrees"].append(item)
                 if d.served:
-                    if rule.name == "topk":  # answers only provable steps: the inner paths stay
+                    if ALGORITHMS[rule.algorithm].may_decline:  # answers only provable steps: the inner paths stay
                         item["why"] = "when every step's top-k set is provable from the sketch bounds, else the inner path"
                         continue
                     served_here = item["path"]
@@ -827,7 +825,7 @@ class Planner:
         phi only (REQ for a tail phi, KLL otherwise)."""
         return SERVED[d.func].family != "quantile" or d.algorithm == algorithm_for(d.func, d.phi, self.config.req_min_phi)
 
-    def _explain_item(self, d: Decision, inside: str | None) -> dict[str, Any]:
+    def _explain_item(self, d: Decision, inside: str | None, cand: Candidate | None) -> dict[str, Any]:
         item: dict[str, Any] = {"function": d.func, "metric": d.metric, "range_ms": d.range_ms, "algorithm": d.algorithm}
         if d.sds is not None:
             item["path"] = f"summary:{d.sds.id}" if d.served else "raw"
@@ -844,9 +842,7 @@ class Planner:
         item["why"] = d.why
         if d.why == WHY_NO_SDS:
             adopted = [s.id for s in self.summarizer.by_metric.get(d.metric, []) if s.spec.algorithm == d.algorithm]
-            key = self.keys.get(Candidate(d.metric, tuple(sorted((m.name, m.op, m.value) for m in d.matchers
-                                                                 if m.name != "__name__")),
-                                          d.algorithm, d.func, d.range_ms, d.labels).key)
+            key = self.keys.get(cand.key) if cand is not None else None
             if adopted:
                 item["why"] = "SDS " + ", ".join(adopted) + " has no complete panes yet (backfill/sealing)"
             elif key is not None and key.last_decision:

@@ -85,7 +85,6 @@ class Decision:
     plan: WindowPlan | None = None
     phi: float | None = None
     shape: tuple = ()  # rule-specific: (op, by) of a group aggregate, (k, items) of top-k, items of distinct
-    labels: tuple[str, ...] = ()  # a fixed-scope SDS's grouping / item labels (as its plan key has them)
     fill: bool = False
 
     def raw(self, why: str, **kw: Any) -> "Decision":
@@ -260,8 +259,6 @@ def _decide_fixed(rule: str, algorithm: str, shape_of_node: Callable[[Any], tupl
         if not rctx.may_use(algorithm, ectx):
             return d.raw(WHY_APPROX)
         labels = labels_of(shape)
-        # exact group sums coarsen to any subset of their grouping; sketch items are exactly these labels
-        d.labels = tuple(sorted(set(labels))) if ALGORITHMS[algorithm].exact else tuple(labels)
         d.sds = rctx.find_group(vs.name, d.matchers, labels, algorithm)
         if d.sds is None:
             return d.raw(WHY_NO_SDS)

@@ -28,7 +28,8 @@ from scheduler_metrics.sim.agent_trace import AgentTraceParams, generate
 from scheduler_metrics.sim.constants import DEFAULT, SimConstants
 from scheduler_metrics.sim.replay import ReplaySpec, run_one
 from scheduler_metrics.sim.stats import ci95
-from scheduler_metrics.sim.traces import format_stats, load_trace
+from scheduler_metrics.sim.trace import format_stats
+from scheduler_metrics.sim.traces import load_trace
 
 SHARED = Path(__file__).resolve().parent.parent.parent / "shared"
 SEEDS = (1, 2, 3)

@@ -185,17 +185,6 @@ def float_string(v: float) -> str:
     return np.format_float_positional(v, unique=True, trim="-")
 
 
-def bound_string(v: float) -> str:
-    """A bucket bound or quantile as a label value (Go's FormatFloat(v, 'f', -1, 64); +Inf as ``+Inf``)."""
-    if v == float("inf"):
-        return "+Inf"
-    if v == float("-inf"):
-        return "-Inf"
-    if v != v:
-        return "NaN"
-    return np.format_float_positional(v, unique=True, trim="-")
-
-
 def _raw(v) -> object:
     kind = v.WhichOneof("value")
     if kind is None:

@@ -48,10 +48,11 @@ from opentelemetry.proto.metrics.v1 import metrics_pb2 as pb
 from ingest.errors import IngestError
 from ingest.exemplars import MAX_LABELS_RUNES, Exemplar
 from ingest.otlp_config import OtlpSettings
-from ingest.otlp_names import (COUNTER, GAUGE, HISTOGRAM, SUMMARY, UPDOWN, bound_string, escapes, label_name, metric_name,
+from ingest.otlp_names import (COUNTER, GAUGE, HISTOGRAM, SUMMARY, UPDOWN, escapes, label_name, metric_name,
                                unit_name, value_string)
 from ingest.validation import check_future, validate_pairs
 from storage.batch import MetricMetadata, SampleBatch
+from storage.go_format import format_float_f
 from storage.labels import METRIC_NAME, Labels
 from storage.stale import STALE_NAN
 
@@ -147,7 +148,7 @@ class OtlpTranslator:
     def _bound(self, v: float) -> str:
         s = self._bounds.get(v)
         if s is None:
-            s = self._bounds[v] = bound_string(v)
+            s = self._bounds[v] = format_float_f(v)
         return s
 
     def _family(self, m, kind: str) -> tuple[str, MetricMetadata]:

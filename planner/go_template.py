@@ -25,8 +25,8 @@ import re
 import urllib.parse
 from typing import Any, Callable
 
-from promql.go_format import format_float_g as go_float_g
-from promql.go_format import go_exponent as _go_exp
+from storage.go_format import format_float_g as go_float_g
+from storage.go_format import go_exponent as _go_exp
 
 # ------------------------------------------------------------------------------------- formatting
 

@@ -41,7 +41,7 @@ import yaml
 from storage.batch import SampleBatch
 from storage.labels import METRIC_NAME, Labels, make_labels
 from storage.stale import STALE_NAN
-from promql.go_format import format_float_e
+from storage.go_format import format_float_e
 from promql.query_opts import QueryOpts
 
 log = logging.getLogger("turboprom.planner")

@@ -20,8 +20,9 @@ from typing import Any, Iterator
 import numpy as np
 
 from promql.errors import ExecutionError
-from promql.go_format import format_float_f, format_float_g
-from promql.eval_histogram import aggregate_histograms, has_hist, ignored_in_aggregation, strip, union_presence, unsupported
+from storage.go_format import format_float_f, format_float_g
+from promql.eval_histogram import aggregate_histograms
+from promql.histogram_planes import has_hist, ignored_in_aggregation, strip, union_presence, unsupported
 from promql.eval_histogram_buckets import histogram_string
 from promql.eval_labels import dense_ids, grouping_keys, grouping_labels, merge_same_labels
 from promql.types import Annotations, Scalar, StringValue, VectorSteps

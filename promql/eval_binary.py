@@ -23,15 +23,8 @@ from promql.eval_labels import (
     match_signatures,
     merge_same_labels,
 )
-from promql.eval_histogram import (
-    TRIM_OPS,
-    empty_plane,
-    pair_cells,
-    trim_floats_info,
-    union_presence,
-    unsupported,
-    vector_scalar_hist,
-)
+from promql.eval_histogram import TRIM_OPS, pair_cells, trim_floats_info, vector_scalar_hist
+from promql.histogram_planes import empty_plane, union_presence, unsupported
 from promql.types import Scalar, VectorSteps
 from storage.labels import Labels
 

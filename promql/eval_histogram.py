@@ -1,17 +1,16 @@
-"""Native-histogram awareness of the evaluator: reading histogram samples beside floats, the
-histogram plane of vectors and windows, and what each consumer does with it.
+"""Native-histogram awareness of the evaluator: what each consumer does with the histogram plane.
 
 Histogram samples only exist when the source implements ``select_histograms`` (the in-memory
 source of the conformance runner); the real storage is float-only, so every function here is
-behind an ``is None`` check and the float path pays nothing. The plane layout is described in
-promql/types.py: a histogram cell is never ``present`` in the float plane, so code that does not
-know histograms ignores them -- which is Prometheus's behaviour for float-only functions
-(``abs``, ``clamp``, ``sort``, ``scalar``, date functions...). Consumers where ignoring is not
-what Prometheus does are handled here: ``count``/``group``/``absent``/``timestamp``/set operators
-see histogram samples; ``min``/``max``/``topk``/... ignore them with an info annotation; ``sum``/
-``avg`` over a mix warn; binary operators on histograms follow Prometheus's type table. What a
-histogram result would need and is not implemented is refused with an error, never answered
-with a wrong value. Per-cell Python appears only on histogram cells.
+behind an ``is None`` check and the float path pays nothing. Reading the samples and the plane
+helpers are in promql/histogram_planes.py. A histogram cell is never ``present`` in the float
+plane, so code that does not know histograms ignores them -- which is Prometheus's behaviour for
+float-only functions (``abs``, ``clamp``, ``sort``, ``scalar``, date functions...). Consumers where
+ignoring is not what Prometheus does are handled here: ``count``/``group``/``absent``/``timestamp``/
+set operators see histogram samples; ``min``/``max``/``topk``/... ignore them with an info
+annotation; ``sum``/``avg`` over a mix warn; binary operators on histograms follow Prometheus's
+type table. What a histogram result would need and is not implemented is refused with an error,
+never answered with a wrong value. Per-cell Python appears only on histogram cells.
 """
 from __future__ import annotations
 
@@ -20,104 +19,36 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from promql import parser as pp
+from promql.ast_walk import children
 from promql.errors import ExecutionError, PromQLError
+from promql.eval_histogram_buckets import native_histogram_function, native_histogram_quantiles, trim_histogram
+from promql.eval_histogram_rate import detect_reset, interpolate_histograms, rate_with_histograms, resets_with_histograms
+from promql.eval_labels import apply_name_drop, drop_metric_name
 from promql.functions import FunctionSpec, Histograms
-from promql.go_format import go_quote
-from promql.types import (
-    FloatHistogram,
-    HistogramError,
-    HistogramSet,
-    HistWindows,
-    RangeWindows,
-    Value,
-    VectorSteps,
-    intersect_bounds,
+from promql.histogram_planes import (
+    align,
+    empty_plane,
+    has_hist,
+    incompatible_binop,
+    mixed_aggregation,
+    mixed_exponential_custom,
+    mixed_floats_histograms,
+    mixed_range_ignored,
+    reconciled_info,
+    strip,
+    union_presence,
+    unsupported,
+    window_counts,
+    window_sequence,
+    with_hint,
+    with_plane,
 )
+from promql.sample_windows import drop_stale, window_index
+from promql.types import FloatHistogram, HistogramError, HistogramSet, RangeWindows, Value, VectorSteps, intersect_bounds
 from storage.labels import Labels, metric_name
-from storage.matchers import Matcher
 from storage.series_set import SeriesSet
 from storage.stale import is_stale_value
-
-# --- annotation wording (Prometheus util/annotations/annotations.go) ---------------------------
-
-
-def ignored_in_aggregation(op: str, pos: str) -> str:
-    return f"PromQL info: ignored histogram in {op} aggregation{pos}"
-
-
-def mixed_aggregation(pos: str) -> str:
-    return f"PromQL warning: encountered a mix of histograms and floats for aggregation{pos}"
-
-
-def mixed_range_ignored(name: str, pos: str) -> str:
-    return ("PromQL info: ignored histograms in a range containing both floats and histograms for metric name "
-            f"{go_quote(name)}{pos}")
-
-
-def mixed_floats_histograms(name: str, pos: str) -> str:
-    return f"PromQL warning: encountered a mix of histograms and floats for metric name {go_quote(name)}{pos}"
-
-
-def incompatible_binop(lhs_type: str, op: str, rhs_type: str, pos: str) -> str:
-    return f"PromQL info: incompatible sample types encountered for binary operator {go_quote(op)}: {lhs_type} {op} {rhs_type}{pos}"
-
-
-def mixed_exponential_custom(name: str, pos: str) -> str:
-    return ("PromQL warning: vector contains a mix of histograms with exponential and custom buckets schemas for "
-            f"metric name {go_quote(name)}{pos}")
-
-
-def reconciled_info(operation: str, pos: str) -> str:
-    """``operation``: addition, subtraction or aggregation."""
-    return f"PromQL info: mismatched custom buckets were reconciled during {operation}{pos}"
-
-
-def unsupported(what: str) -> ExecutionError:
-    return ExecutionError(f"{what} is not supported for native histogram samples")
-
-
-# --- reading --------------------------------------------------------------------------------
-
-
-def select_histograms(source: Any, matcher_sets: Sequence[Sequence[Matcher]], mint: int, maxt: int) -> HistogramSet | None:
-    fn = getattr(source, "select_histograms", None)
-    if fn is None:
-        return None
-    parts = [p for p in (fn(ms, mint, maxt) for ms in matcher_sets) if p is not None and p.num_samples]
-    if not parts:
-        return None
-    if len(parts) == 1:
-        return parts[0]
-    seen: dict[Labels, tuple[np.ndarray, np.ndarray]] = {}
-    for p in parts:  # per series (the parser's `or` matcher sets)
-        for i, lbl in enumerate(p.labels):
-            if lbl not in seen:
-                a, b = int(p.offsets[i]), int(p.offsets[i + 1])
-                seen[lbl] = (p.timestamps[a:b], p.hists[a:b])
-    labels = sorted(seen)
-    off = np.zeros(len(labels) + 1, np.int64)
-    np.cumsum([len(seen[l][0]) for l in labels], out=off[1:])
-    return HistogramSet(labels, off, np.concatenate([seen[l][0] for l in labels]),
-                        np.concatenate([seen[l][1] for l in labels]))
-
-
-def _reoffset(src_labels: list[Labels], offsets: np.ndarray, labels: list[Labels]) -> np.ndarray:
-    """Offsets of a sorted CSR re-indexed onto a sorted superset of its labels (data unchanged)."""
-    lens = dict(zip(src_labels, np.diff(offsets).tolist()))
-    out = np.zeros(len(labels) + 1, np.int64)
-    np.cumsum([lens.get(l, 0) for l in labels], out=out[1:])
-    return out
-
-
-def align(ss: SeriesSet, hs: HistogramSet) -> tuple[SeriesSet, HistogramSet]:
-    """Both selections over the same (sorted) union of series."""
-    if list(ss.labels) == list(hs.labels):
-        return ss, hs
-    labels = sorted(set(ss.labels) | set(hs.labels))
-    fs = SeriesSet(labels, _reoffset(list(ss.labels), ss.offsets, labels), ss.timestamps, ss.values)
-    hh = HistogramSet(labels, _reoffset(list(hs.labels), hs.offsets, labels), hs.timestamps, hs.hists, hs.plain)
-    return fs, hh
-
 
 # --- what Prometheus's HistogramStatsIterator changes -----------------------------------------
 #
@@ -139,9 +70,6 @@ def stats_selectors(root: Any) -> set[int]:
     """ids of the vector selectors (bare or in a range selector) Prometheus reads through its
     HistogramStatsIterator (detectHistogramStatsDecoding): a histogram_count/sum/avg above them
     with no subquery, bucket-reading function or trim operator in between."""
-    from promql import parser as pp
-    from promql.ast_walk import children
-
     parent: dict[int, Any] = {}
     stack = [root]
     out: set[int] = set()
@@ -177,8 +105,6 @@ def with_stats_hints(hs: HistogramSet) -> HistogramSet:
     """``hs`` with each ``unknown`` hint replaced by ``reset`` / ``not_reset`` against the
     series' previous histogram (HistogramStatsIterator), the stored samples kept in ``plain``.
     Per-histogram Python."""
-    from promql.eval_histogram_rate import detect_reset
-
     objs = hs.hists.copy()
     starts = set(hs.offsets[:-1].tolist())
     for i in range(len(objs)):  # per histogram sample
@@ -190,42 +116,8 @@ def with_stats_hints(hs: HistogramSet) -> HistogramSet:
             hint = "reset" if detect_reset(h, prev) else "not_reset"
         except PromQLError:
             continue
-        objs[i] = _with_hint(h, hint)
+        objs[i] = with_hint(h, hint)
     return HistogramSet(hs.labels, hs.offsets, hs.timestamps, objs, hs.hists)
-
-
-def read_hint_sample(objs: np.ndarray, plain: np.ndarray | None, ts: np.ndarray, first: int, i: int,
-                     start: int) -> FloatHistogram:
-    """Sample ``i`` as the stats iterator returns it when it starts reading at ``start``: its
-    computed hint if the previous histogram of the series was read too, else as stored.
-    ``first``: index of the series' first sample."""
-    if plain is None or (i > first and int(ts[i - 1]) >= start):
-        return objs[i]
-    return plain[i]
-
-
-def vector_plane(hs: HistogramSet, e: np.ndarray, lookback: int, f_has: np.ndarray, f_ts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Instant selection of histograms: (hist object (S, T), hist-wins mask, its timestamps).
-
-    A histogram is the series' sample at a step when it is inside the lookback and newer than the
-    newest float sample (stale markers included) at or before that step."""
-    from promql.eval_selectors import window_index
-
-    hi = window_index(hs.offsets, hs.timestamps, e)
-    idx = hi - 1
-    has = idx >= hs.offsets[:-1, None]
-    safe = np.where(has, idx, 0)
-    hts = hs.timestamps[safe]
-    inside = has & (hts > (e - lookback)[None, :])
-    wins = inside & (~f_has | (hts > f_ts))
-    plane = np.full(wins.shape, None, dtype=object)
-    plane[wins] = hs.hists[safe[wins]]
-    if hs.plain is not None:  # stats-iterator hints: only if the previous sample was read too
-        rows, cols = np.nonzero(wins)
-        for r, c in zip(rows.tolist(), cols.tolist()):  # histogram cells only
-            plane[r, c] = read_hint_sample(hs.hists, hs.plain, hs.timestamps, int(hs.offsets[r]), int(safe[r, c]),
-                                           int(e[c]) - lookback)
-    return plane, wins, hts
 
 
 def smoothed_selection(ss: SeriesSet, hs: HistogramSet, floats: VectorSteps, e: np.ndarray, lookback: int, pos: str,
@@ -237,11 +129,8 @@ def smoothed_selection(ss: SeriesSet, hs: HistogramSet, floats: VectorSteps, e: 
     that resets between them restarts from zero), else the last one before it (its reset hint
     forgotten); a window holding floats too gives a warning and no sample. Per-cell Python on
     histogram cells only."""
-    from promql.eval_histogram_rate import interpolate_histograms
-    from promql.eval_selectors import _drop_stale, window_index
-
     ss, hs = align(ss, hs)
-    ts, _, off = _drop_stale(ss)
+    ts, _, off = drop_stale(ss)
     nf = window_index(off, ts, e + lookback) - window_index(off, ts, e - lookback)
     h_lo = window_index(hs.offsets, hs.timestamps, e - lookback)
     h_hi = window_index(hs.offsets, hs.timestamps, e + lookback)
@@ -280,107 +169,14 @@ def smoothed_selection(ss: SeriesSet, hs: HistogramSet, floats: VectorSteps, e: 
             except HistogramError:
                 ann.warn(mixed_exponential_custom(name, pos))
         elif i > lo:
-            plane[r, c] = _with_hint(hs.hists[i - 1], "unknown")
+            plane[r, c] = with_hint(hs.hists[i - 1], "unknown")
     hm = np.not_equal(plane, None)
     keep = np.flatnonzero((present | hm).any(axis=1))
     sts = np.broadcast_to(e[None, :], (len(keep), t)).astype(np.int64)
     return VectorSteps([labels[k] for k in keep.tolist()], values[keep], present[keep], None, sts, plane[keep])
 
 
-def window_plane(hs: HistogramSet, e: np.ndarray, rng: int, before: int = 0, after: int = 0) -> HistWindows:
-    """The histogram windows ``(e - rng, e]``; an extended (anchored/smoothed) selection's reach
-    ``before`` ms further back and ``after`` ms further on, as its float windows do."""
-    from promql.eval_selectors import window_index
-
-    return HistWindows(hs.offsets, hs.timestamps, hs.hists, window_index(hs.offsets, hs.timestamps, e - rng - before),
-                       window_index(hs.offsets, hs.timestamps, e + after), hs.plain)
-
-
-def window_histograms(hw: HistWindows, s: int, lo: int, hi: int, start: int) -> list[FloatHistogram]:
-    """The histograms of one window ``[lo, hi)`` of series ``s`` starting at ``start``, with the
-    hints they are read with (see read_hint_sample)."""
-    out = list(hw.objs[lo:hi])
-    if out and hw.plain is not None:
-        out[0] = read_hint_sample(hw.objs, hw.plain, hw.ts, int(hw.offsets[s]), lo, start)
-    return out
-
-
-def plane_to_set(labels: list[Labels], plane: np.ndarray | None, times: np.ndarray) -> HistogramSet | None:
-    """A vector's histogram plane as CSR samples at ``times`` (a subquery's inner steps)."""
-    if plane is None:
-        return None
-    hm = np.not_equal(plane, None)
-    if not hm.any():
-        return None
-    rows, cols = np.nonzero(hm)
-    off = np.zeros(len(labels) + 1, np.int64)
-    np.cumsum(hm.sum(axis=1), out=off[1:])
-    objs = plane[rows, cols]
-    # Prometheus forgets reset / not_reset hints of subquery samples (a subquery may skip or
-    # repeat samples), so counter resets are detected explicitly again
-    for k, h in enumerate(objs):
-        if h.counter_reset_hint in ("reset", "not_reset"):
-            objs[k] = _with_hint(h, "unknown")
-    return HistogramSet(list(labels), off, times[cols].astype(np.int64), objs)
-
-
-# --- plane helpers --------------------------------------------------------------------------
-
-
-def has_hist(v: Value) -> bool:
-    if isinstance(v, VectorSteps):
-        return v.hist is not None and bool(np.not_equal(v.hist, None).any())
-    if isinstance(v, RangeWindows):
-        return v.hist is not None and bool((v.hist.hi > v.hist.lo).any())
-    return False
-
-
-def strip(v: Value) -> Value:
-    """The float plane only."""
-    if isinstance(v, VectorSteps) and v.hist is not None:
-        return VectorSteps(v.labels, v.values, v.present, v.drop_name, v.sample_ts)
-    if isinstance(v, RangeWindows) and v.hist is not None:
-        return RangeWindows(v.labels, v.offsets, v.ts, v.vals, v.lo, v.hi, v.window_end, v.range_ms, v.drop_name,
-                            extended=v.extended)
-    return v
-
-
-def union_presence(vec: VectorSteps) -> VectorSteps:
-    """Every sample present (histograms as NaN placeholders) and no histogram plane: for consumers
-    that only look at which samples exist (count, group, absent, timestamp, matching)."""
-    hm = vec.hist_mask()
-    if hm is None:
-        return vec
-    return VectorSteps(vec.labels, np.where(hm, np.nan, vec.values), vec.present | hm, vec.drop_name, vec.sample_ts)
-
-
-def with_plane(vec: VectorSteps, plane: np.ndarray | None) -> VectorSteps:
-    """``vec`` (same rows) with histogram cells ``plane`` (taken out of its float plane)."""
-    if plane is None:
-        return vec
-    hm = np.not_equal(plane, None)
-    if not hm.any():
-        return vec
-    return VectorSteps(vec.labels, vec.values, vec.present & ~hm, vec.drop_name, vec.sample_ts, plane)
-
-
-def empty_plane(shape: tuple[int, int]) -> np.ndarray:
-    return np.full(shape, None, dtype=object)
-
-
-def window_counts(rw: RangeWindows) -> tuple[np.ndarray, np.ndarray]:
-    """(float samples, histogram samples) per (series, step) window."""
-    nf = rw.hi - rw.lo
-    nh = rw.hist.hi - rw.hist.lo if rw.hist is not None else np.zeros_like(nf)
-    return nf, nh
-
-
 # --- aggregation ------------------------------------------------------------------------------
-
-
-def _with_hint(h: FloatHistogram, hint: str) -> FloatHistogram:
-    return FloatHistogram(h.schema, h.count, h.sum, h.zero_threshold, h.zero_count, h.positive, h.negative,
-                          h.custom_values, hint)
 
 
 class _Kahan:
@@ -524,7 +320,7 @@ def elem_binop(op: str, lv: float | FloatHistogram, rv: float | FloatHistogram, 
                     ann.warn(f"PromQL warning: conflicting counter resets during histogram {what}{pos}")
                 if rec:
                     ann.info(reconciled_info(what, pos))
-                return True, (res if op == "+" else _with_hint(res, "gauge")).compact()
+                return True, (res if op == "+" else with_hint(res, "gauge")).compact()
             except HistogramError:
                 ann.warn(f"PromQL warning: incompatible bucket layout encountered for binary operator {op}{pos}")
                 return False, None
@@ -538,8 +334,6 @@ def elem_binop(op: str, lv: float | FloatHistogram, rv: float | FloatHistogram, 
         if op == "/":
             return True, lv.divide(float(rv))  # type: ignore[union-attr, arg-type]
         if op in TRIM_OPS:
-            from promql.eval_histogram_buckets import trim_histogram
-
             return True, trim_histogram(lv, float(rv), op == "</")  # type: ignore[arg-type]
     elif rh:
         if op == "*":
@@ -610,12 +404,8 @@ def call_with_histograms(spec: FunctionSpec, call: Callable[[list[Value]], Value
         assert spec.histogram_property is not None
         return _hist_property(spec.histogram_property, args[0])  # type: ignore[arg-type]
     if mode is Histograms.NATIVE:
-        from promql.eval_histogram_buckets import native_histogram_function
-
         return native_histogram_function(name, call, args, fctx)
     if mode is Histograms.QUANTILES and isinstance(args[0], VectorSteps):
-        from promql.eval_histogram_buckets import native_histogram_quantiles
-
         return native_histogram_quantiles(call, args, fctx)
     if mode is Histograms.PRESENCE:
         return call([union_presence(a) if isinstance(a, VectorSteps) else a for a in args])
@@ -641,14 +431,10 @@ def call_with_histograms(spec: FunctionSpec, call: Callable[[list[Value]], Value
         _info_mixed_rows(rw, (nh > 0) & (nf > 0), ann, pos)
         return out
     if mode is Histograms.EXTRAPOLATED or mode is Histograms.INSTANT_PAIR:
-        from promql.eval_histogram_rate import rate_with_histograms
-
         return rate_with_histograms(name, mode is Histograms.EXTRAPOLATED, rw, out, fctx)
     if mode is Histograms.CHANGES:
         return _changes(rw, out, nh)
     if mode is Histograms.RESETS:
-        from promql.eval_histogram_rate import resets_with_histograms
-
         return resets_with_histograms(rw, out)
     raise unsupported(f"{name}()")
 
@@ -676,34 +462,6 @@ def _via_row_ids(name: str, call: Callable[[list[Value]], Value], args: list[Val
 def _info_mixed_rows(rw: RangeWindows, mixed: np.ndarray, ann: Any, pos: str) -> None:
     for s in np.flatnonzero(mixed.any(axis=1)).tolist():
         ann.info(mixed_range_ignored(metric_name(rw.labels[s]), pos))
-
-
-def mask_cells(out: Value, rw: RangeWindows, cells: np.ndarray) -> Value:
-    """Remove the (series, step) cells of a per-series function result."""
-    if not cells.any() or not isinstance(out, VectorSteps):
-        return out
-    pos = {l: i for i, l in enumerate(rw.labels)}
-    rows = np.array([pos.get(l, -1) for l in out.labels], dtype=np.int64)
-    kill = np.where(rows[:, None] >= 0, cells[np.maximum(rows, 0)], False)
-    return VectorSteps(out.labels, out.values, out.present & ~kill, out.drop_name, out.sample_ts)
-
-
-def window_sequence(rw: RangeWindows, s: int, c: int) -> list[tuple[int, float | FloatHistogram]] | None:
-    """The samples of window (s, c), floats and histograms in time order. For an ``anchored``
-    selection: the last sample at or before the window start (of either kind; older ones are
-    skipped), then the samples inside; None when there is no sample inside (no result)."""
-    assert rw.hist is not None
-    seq: list[tuple[int, float | FloatHistogram]] = sorted(
-        [(int(rw.ts[i]), float(rw.vals[i])) for i in range(int(rw.lo[s, c]), int(rw.hi[s, c]))]
-        + [(int(rw.hist.ts[i]), rw.hist.objs[i]) for i in range(int(rw.hist.lo[s, c]), int(rw.hist.hi[s, c]))],
-        key=lambda p: p[0])
-    if rw.extended != "anchored":
-        return seq
-    start = int(rw.window_end[c]) - rw.range_ms
-    k = next((i for i, (t, _) in enumerate(seq) if t > start), len(seq))
-    if k == len(seq):
-        return None
-    return seq[max(k - 1, 0):]
 
 
 def _changes(rw: RangeWindows, out: Value, nh: np.ndarray) -> Value:
@@ -775,8 +533,6 @@ def refuse_result(v: Value) -> None:
 
 def histogram_points(v: Value, steps: np.ndarray) -> list[tuple[Labels, list[tuple[int, FloatHistogram]]]]:
     """The histogram samples of a final result, per series (names dropped where marked)."""
-    from promql.eval_labels import apply_name_drop, drop_metric_name
-
     out: dict[Labels, list[tuple[int, FloatHistogram]]] = {}
     if isinstance(v, VectorSteps):
         vec = apply_name_drop(v)

@@ -13,10 +13,15 @@ from typing import Any, Callable
 
 import numpy as np
 
-from promql.eval_histogram import strip
-from promql.go_format import go_quote
+from promql.histogram_planes import strip
+from storage.go_format import go_quote
 from promql.types import FloatHistogram, Value, VectorSteps
 from storage.labels import metric_name
+from promql.eval_labels import merge_same_labels
+from promql.functions.histogram import format_openmetrics_float
+from storage.go_format import format_float_g
+from promql.types import Scalar, StringValue
+from storage.labels import set_label
 _FRAC_CACHE: dict[tuple[int, int], float] = {}
 _MAX_FLOAT = 1.7976931348623157e308
 
@@ -372,8 +377,6 @@ def _drop_classic_native_conflicts(classic: VectorSteps, native: VectorSteps, an
 
 def native_histogram_function(name: str, call: Callable[[list[Value]], Value], args: list[Value], fctx: Any) -> Value:
     """The classic part through the float implementation, the native part here; merged."""
-    from promql.go_format import format_float_g
-    from promql.types import Scalar
 
     vi = {"histogram_quantile": 1, "histogram_fraction": 2}.get(name, 0)
     vec = args[vi]
@@ -407,7 +410,6 @@ def native_histogram_function(name: str, call: Callable[[list[Value]], Value], a
     native = VectorSteps([vec.labels[r] for r in rows_idx.tolist()], values, present, np.ones(len(rows_idx), dtype=bool))
     if not isinstance(floats, VectorSteps) or floats.num_series == 0:
         return native
-    from promql.eval_labels import merge_same_labels
 
     assert isinstance(floats, VectorSteps)
     fs = VectorSteps(floats.labels, floats.values, floats.present.copy(), floats.drop_name)
@@ -421,8 +423,7 @@ def histogram_string(h: FloatHistogram) -> str:
     """Prometheus's FloatHistogram.String(): count, sum, then the non-empty buckets from the most
     negative up, e.g. ``{count:20, sum:10, [-2,-1):2, [-0.001,0.001]:2, (0.5,1]:1}`` (Go %g
     numbers). count_values uses it as the label value of a histogram sample."""
-    from promql.go_format import format_float_g as g
-
+    g = format_float_g
     parts = [f"{{count:{g(h.count)}, sum:{g(h.sum)}"]
     if h.uses_custom_buckets:
         for (i, _), (lo, hi, c) in zip(h.positive, all_buckets(h)):
@@ -444,10 +445,6 @@ def native_histogram_quantiles(call: Callable[[list[Value]], Value], args: list[
     """histogram_quantiles(v, "label", q...) where ``v`` holds native histograms: one output
     series per (histogram series, quantile), the quantile in ``label`` (OpenMetrics float form,
     as the classic path in promql/functions/histogram.py writes it)."""
-    from promql.eval_labels import merge_same_labels
-    from promql.functions.histogram import format_openmetrics_float
-    from promql.types import Scalar, StringValue
-    from storage.labels import set_label
 
     vec, lab = args[0], args[1]
     assert isinstance(vec, VectorSteps) and isinstance(lab, StringValue) and vec.hist is not None

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from promql.eval_histogram import (
+from promql.histogram_planes import (
     empty_plane,
     mask_cells,
     mixed_exponential_custom,
@@ -21,7 +21,7 @@ from promql.eval_histogram import (
     window_counts,
     window_sequence,
 )
-from promql.go_format import go_quote
+from storage.go_format import go_quote
 from promql.functions.rate import extrapolation_factor
 from promql.types import FloatHistogram, HistogramError, RangeWindows, Value, VectorSteps, intersect_bounds
 from storage.labels import metric_name

@@ -12,7 +12,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from promql.errors import ExecutionError
-from promql.go_format import go_quote
+from storage.go_format import go_quote
 from promql.go_strings import decode_go_literal
 from promql.types import VectorSteps
 from storage.labels import METRIC_NAME, Labels

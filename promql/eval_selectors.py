@@ -19,14 +19,9 @@ import numpy as np
 from promql.errors import BadData, TooManySamples
 from promql.eval_context import EvalContext
 from promql.parser import AtModifierType
-from promql.eval_histogram import (
-    align,
-    select_histograms,
-    smoothed_selection,
-    vector_plane,
-    window_plane,
-    with_stats_hints,
-)
+from promql.eval_histogram import smoothed_selection, with_stats_hints
+from promql.histogram_planes import align, select_histograms, vector_plane, window_plane
+from promql.sample_windows import drop_stale, window_index
 from promql.types import HistogramSet, RangeWindows, VectorSteps
 from storage.labels import METRIC_NAME
 from storage.matchers import Matcher
@@ -115,48 +110,6 @@ def _union(parts: list[SeriesSet]) -> SeriesSet:
     return SeriesSet(labels, off, np.concatenate([seen[l][0] for l in labels]), np.concatenate([seen[l][1] for l in labels]))
 
 
-def window_index(offsets: np.ndarray, ts: np.ndarray, times: np.ndarray) -> np.ndarray:
-    """For every series s and time e: the index one past the last sample of s with t <= e.
-
-    Returns int64 (S, T). ``times`` is non-decreasing (step times shifted by a constant
-    offset, or one pinned ``@`` time): every sample is binned to the first step whose time is
-    >= its timestamp (one searchsorted of the samples into the T step times), the per-(series,
-    step) bin counts are accumulated along the steps, and the result is the series' CSR offset
-    plus that running count. O(N log T + S*T), no per-point Python.
-    """
-    s = len(offsets) - 1
-    t = len(times)
-    if s == 0:
-        return np.zeros((0, t), dtype=np.int64)
-    starts = offsets[:-1].astype(np.int64)
-    if len(ts) == 0 or t == 0:
-        return np.repeat(starts[:, None], t, axis=1)
-    times = np.asarray(times, dtype=np.int64)
-    if t > 1 and (np.diff(times) < 0).any():
-        out = np.empty((s, t), dtype=np.int64)  # unordered times: per-series search
-        for i in range(s):
-            a, b = int(offsets[i]), int(offsets[i + 1])
-            out[i] = a + np.searchsorted(ts[a:b], times, side="right")
-        return out
-    if t > 1 and times[0] == times[-1]:
-        col = window_index(offsets, ts, times[:1])
-        return np.repeat(col, t, axis=1)
-    d = np.diff(times)
-    if t > 1 and d[0] > 0 and (d == d[0]).all():
-        # evenly spaced steps: the bin is ceil((ts - t0) / step), clipped to [0, T]
-        step = int(d[0])
-        b = -((int(times[0]) - ts) // step)
-        np.clip(b, 0, t, out=b)
-    else:
-        b = np.searchsorted(times, ts, side="left")  # first step with time >= sample time
-    counts = np.diff(offsets)
-    key = np.repeat(np.arange(0, s * (t + 1), t + 1, dtype=np.int64), counts)
-    key += b
-    cells = np.bincount(key, minlength=s * (t + 1)).reshape(s, t + 1)
-    cells[:, 0] += starts  # fold the CSR offset into the running count
-    return np.cumsum(cells[:, :t], axis=1)
-
-
 def _count_step_samples(ctx: EvalContext, per_step: np.ndarray) -> None:
     """Prometheus-style totalQueryableSamples (and per top-level step)."""
     ctx.stats.total_queryable_samples += int(per_step.sum())
@@ -241,7 +194,6 @@ _SELECT_BLOCK_CELLS = 1 << 20
 
 def _select_steps(ctx: EvalContext, ss: SeriesSet, hs: HistogramSet | None, e: np.ndarray, lb: int) -> VectorSteps:
     """The instant-vector selection of ``ss`` at times ``e`` with lookback ``lb``."""
-    t = len(e)
     hi = window_index(ss.offsets, ss.timestamps, e)
     idx = hi - 1
     starts = ss.offsets[:-1, None]
@@ -275,20 +227,6 @@ def _select_steps(ctx: EvalContext, ss: SeriesSet, hs: HistogramSet | None, e: n
     return out
 
 
-def _drop_stale(ss: SeriesSet) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The selection's (timestamps, values, CSR offsets) without stale markers."""
-    ts, vals, off = ss.timestamps, ss.values, ss.offsets
-    stale = is_stale(vals)
-    if not stale.any():
-        return ts, vals, off
-    keep = ~stale
-    counts = np.add.reduceat(keep.astype(np.int64), off[:-1]) if len(ts) else np.zeros(len(off) - 1, np.int64)
-    counts = np.where(np.diff(off) == 0, 0, counts)  # reduceat on an empty segment: the next element
-    new_off = np.zeros(len(off), np.int64)
-    np.cumsum(counts, out=new_off[1:])
-    return ts[keep], vals[keep], new_off
-
-
 def _smoothed_steps(ctx: EvalContext, ss: SeriesSet, e: np.ndarray, lb: int) -> VectorSteps:
     """A ``smoothed`` instant-vector selector (Prometheus 3.x, floats): at each time e the sample
     at e, else the straight line between the samples around e (within the lookback delta on each
@@ -298,7 +236,7 @@ def _smoothed_steps(ctx: EvalContext, ss: SeriesSet, e: np.ndarray, lb: int) -> 
     if s == 0 or ss.num_samples == 0:
         return VectorSteps.empty(t)
     _guard_cells(ctx, s, t)
-    ts, vals, off = _drop_stale(ss)
+    ts, vals, off = drop_stale(ss)
     lo = window_index(off, ts, e - lb)  # first sample after e - lb
     hi = window_index(off, ts, e + lb)  # one past the last sample at or before e + lb
     i = np.minimum(np.maximum(window_index(off, ts, e - 1), lo), hi)  # first sample at or after e

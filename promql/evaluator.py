@@ -36,9 +36,10 @@ from promql.eval_binary import (
     vector_vector,
 )
 from promql.eval_context import EvalContext, QueryBudget
-from promql.eval_histogram import TRIM_OPS, call_with_histograms, empty_plane, has_hist, plane_to_set, strip
+from promql.eval_histogram import TRIM_OPS, call_with_histograms
+from promql.histogram_planes import empty_plane, has_hist, plane_to_set, strip
 from promql.eval_labels import merge_same_labels, raw_string_literal_bytes
-from promql.go_format import go_quote_bytes
+from storage.go_format import go_quote_bytes
 from promql.eval_positions import line_col
 from promql.eval_selectors import (
     duration_ms,

@@ -17,7 +17,7 @@ import re
 from typing import Any
 
 from promql import parser as pp
-from promql.go_format import format_float_f, go_quote
+from storage.go_format import format_float_f, go_quote
 
 _LEGACY_LABEL = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _LEGACY_METRIC = re.compile(r"^[A-Za-z_:][A-Za-z0-9_:]*$")

@@ -39,6 +39,11 @@ from promql.promqltest_script import ClearCmd, EvalCmd, Hist, LoadCmd, ScriptErr
 from promql.types import FloatHistogram
 
 from promql import parser as pp
+from promql.engine import Engine
+from promql.eval_histogram_rate import detect_reset
+from promql.promqltest_compare import assert_matrix_sorted
+from storage.options import StorageOptions
+from storage.tsdb import TSDB
 
 MAX_SAMPLES = 10_000  # upstream NewTestEngine(t, false, 0, 10000)
 TIMEOUT_S = 100.0
@@ -100,8 +105,6 @@ class _Store:
         if self.kind == "memory":
             self.source = MemorySource()
         elif self.kind == "tsdb":
-            from storage.options import StorageOptions
-            from storage.tsdb import TSDB
 
             self.tmp = tempfile.mkdtemp(prefix="promqltest-")
             opts = StorageOptions(out_of_order_window_ms=1 << 50, retention_ms=1 << 55, wal_fsync="never",
@@ -122,7 +125,6 @@ class _Store:
         """Counter-reset hints as Prometheus's TSDB hands histograms back: a sample continuing a
         counter histogram chunk reads ``not_reset``; the first one of a chunk -- after a float
         sample or a gauge, or at a detected counter reset -- ``unknown``; gauges stay gauges."""
-        from promql.eval_histogram_rate import detect_reset
 
         out: dict[int, FloatHistogram] = {}
         prev = self._last.get(lbl)
@@ -268,7 +270,6 @@ EngineFactory = Callable[[Any], Any]
 
 
 def default_engine_factory(source: Any) -> Any:
-    from promql.engine import Engine
 
     return Engine(source, lookback_delta_ms=LOOKBACK_MS, max_samples=MAX_SAMPLES, timeout_s=TIMEOUT_S,
                   default_subquery_step_ms=SUBQUERY_STEP_MS)
@@ -372,7 +373,6 @@ class EvalRunner:
         ract = from_query_result(rres)
         if ract.kind != "matrix" or ract.matrix is None:
             raise _Fail(f"range mode returned {ract.kind}, not a matrix{where}")
-        from promql.promqltest_compare import assert_matrix_sorted
 
         err = assert_matrix_sorted(ract.matrix)
         if err:

@@ -12,6 +12,7 @@ from storage.stale import is_stale_value
 
 from promql.promqltest_script import EvalCmd, Hist
 from promql.types import FloatHistogram
+from promql.eval_histogram_buckets import histogram_string
 
 EPSILON = 1e-6
 _MIN_NORMAL = 2.2250738585072014e-308
@@ -52,7 +53,6 @@ class Series:
 
 
 def hist_text(h: FloatHistogram) -> str:
-    from promql.eval_histogram_buckets import histogram_string
 
     return histogram_string(h)
 

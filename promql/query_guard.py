@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from promql.errors import BadData
+from promql.parser import parse as parse_expr
+from promql.parser.durations import has_duration_expressions
 
 DEFAULT_MAX_DEPTH = 256
 # Python frames one AST level may take in the deepest walk (evaluator: eval -> _eval -> eval_binary
@@ -151,8 +153,6 @@ def parse(query: str, max_depth: int = DEFAULT_MAX_DEPTH) -> Any:
     hit = _parsed.get(key)
     if hit is not None:
         return hit
-    from promql.parser import parse as parse_expr
-    from promql.parser.durations import has_duration_expressions
 
     check(query, max_depth)
     expr = parse_expr(query)

@@ -1,11 +1,11 @@
-"""Go's strconv.Quote, in the one place every layer takes it from (promql/go_format.py)."""
+"""Go's strconv.Quote, in the one place every layer takes it from (storage/go_format.py)."""
 from __future__ import annotations
 
 import pytest
 
 from promql import parser as pp
 from promql.eval_labels import labels_string
-from promql.go_format import go_quote, go_quote_bytes
+from storage.go_format import go_quote, go_quote_bytes
 from promql.printer import to_promql
 from turboprom.api_params import invalid_param
 

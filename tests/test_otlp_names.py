@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from ingest.otlp_config import OtlpSettings
+from storage.go_format import format_float_f
 from turboprom.config import ConfigError, validate
-from ingest.otlp_names import (COUNTER, GAUGE, HISTOGRAM, UPDOWN, bound_string, float_string, label_name, metric_name,
+from ingest.otlp_names import (COUNTER, GAUGE, HISTOGRAM, UPDOWN, float_string, label_name, metric_name,
                                unit_name)
 
 ESC, ESC_NO_SUFFIX, UTF8, NONE = ("UnderscoreEscapingWithSuffixes", "UnderscoreEscapingWithoutSuffixes",
@@ -70,7 +71,8 @@ def test_units_and_number_strings() -> None:
     assert unit_name("By/s", ESC) == "bytes_per_second" and unit_name("1", ESC) == "" and unit_name("{req}", ESC) == ""
     assert unit_name("ms", UTF8) == "milliseconds"
     assert [float_string(v) for v in (0.1, 100.0, 1e21, 1e-7, -2.5)] == ["0.1", "100", "1e+21", "1e-7", "-2.5"]
-    assert [bound_string(v) for v in (0.1, 5.0, 1e21, float("inf"))] == ["0.1", "5", "1000000000000000000000", "+Inf"]
+    # histogram bounds as le label values: Go FormatFloat(v, 'f', -1, 64), the one in storage/go_format.py
+    assert [format_float_f(v) for v in (0.1, 5.0, 1e21, float("inf"))] == ["0.1", "5", "1000000000000000000000", "+Inf"]
 
 
 def test_config_checks() -> None:

@@ -14,7 +14,7 @@ import pytest
 
 from tests.helpers import SHARED, load_bench
 
-from promql.go_format import format_float_f as format_float
+from storage.go_format import format_float_f as format_float
 from promql.printer import format_duration_ms, go_quote, to_promql
 from promql.promqltest_script import EvalCmd, parse_script
 

@@ -20,7 +20,7 @@ from typing import Any, Sequence
 import numpy as np
 import orjson
 
-from promql.go_format import format_float_f
+from storage.go_format import format_float_f
 from promql.types import QueryResult, QueryStats
 from storage.labels import Labels
 

@@ -14,7 +14,7 @@ from aiohttp import web
 from multidict import MultiDict, MultiDictProxy
 
 from promql.eval_selectors import selector_matchers
-from promql.go_format import go_quote
+from storage.go_format import go_quote
 from promql.parser import ParseError
 from promql.parser import parse_metric_selector as parse_selector
 from storage.matchers import Matcher

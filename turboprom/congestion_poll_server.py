@@ -85,7 +85,7 @@ def _serve(settings: PollSettings, ready: Any) -> None:
     if settings.kv_events:
         from ingest.kv_events import KVEventEndpoint, KVEventSubscriber
         from scheduler_metrics.congestion.prefix_index import PrefixIndex
-        from turboprom.kv_events_wiring import apply_batch
+        from turboprom.kv_events_adapter import apply_batch
 
         sys.setswitchinterval(0.001)  # the subscriber thread must not hold the GIL 5 ms at a time
         index = PrefixIndex(settings.kv_max_blocks_per_instance)

@@ -2,29 +2,18 @@
 signal scrape (``congestion.fast_scrape_jobs``) to the congestion tracker, and the tracker to the
 poll endpoint's own process (``congestion.poll_listen``).
 
-``ingest.kv_events`` decodes; ``scheduler_metrics.congestion.prefix_index`` keeps the view; this
-module is the adapter between the two (neither stage imports the other).
+``ingest.kv_events`` decodes; ``scheduler_metrics.congestion.prefix_index`` keeps the view;
+``kv_events_adapter`` applies the one to the other (neither stage imports the other).
 """
 from __future__ import annotations
 
 from typing import Any
 
-from ingest.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, KVEventEndpoint, KVEventSubscriber
+from ingest.kv_events import KVEventEndpoint, KVEventSubscriber
 from scheduler_metrics.congestion.prefix_index import PrefixIndex
+from turboprom.congestion_poll_server import CongestionPollServer
 from turboprom.context import ServerContext
-
-
-def apply_batch(index: PrefixIndex, ep: KVEventEndpoint, batch: EventBatch, missed: int) -> None:
-    """One decoded event batch of one engine into the index."""
-    key = ep.key
-    index.seen(key, batch.ts, missed)
-    for ev in batch.events:
-        if isinstance(ev, BlockStored):
-            index.stored(key, ev.block_hashes, ev.parent_block_hash, ev.token_ids, ev.block_size, ev.lora_id, ev.medium)
-        elif isinstance(ev, BlockRemoved):
-            index.removed(key, ev.block_hashes, ev.medium)
-        elif isinstance(ev, AllBlocksCleared):
-            index.cleared(key)
+from turboprom.kv_events_adapter import apply_batch
 
 
 def build_fast_signals(ctx: ServerContext, tracker: Any) -> None:
@@ -34,7 +23,6 @@ def build_fast_signals(ctx: ServerContext, tracker: Any) -> None:
     cfg = tracker.config
     if cfg.poll_listen:
         from turboprom.auth import WebConfig, check_listen_guard
-        from turboprom.congestion_poll_server import CongestionPollServer
 
         sc = ctx.config
         web_cfg = WebConfig.load(sc.web_config_file) if sc.web_config_file else None

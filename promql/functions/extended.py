@@ -19,6 +19,7 @@ import numpy as np
 from promql.errors import ExecutionError
 from promql.functions.common import window_vector
 from promql.types import RangeWindows, VectorSteps
+from promql.sample_windows import window_index
 
 SAFE = {"anchored": ("changes", "delta", "increase", "rate", "resets"), "smoothed": ("delta", "increase", "rate")}
 
@@ -32,7 +33,6 @@ def check_function(modifier: str, func: str) -> None:
 
 def _first_after(rw: RangeWindows, times: np.ndarray) -> np.ndarray:
     """Per window: index of the series' first sample with t > times (CSR-global), (S, T)."""
-    from promql.eval_selectors import window_index
 
     return window_index(rw.offsets, rw.ts, times)
 

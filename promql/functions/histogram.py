@@ -20,9 +20,12 @@ import numpy as np
 
 from promql.functions import FunctionContext, Histograms, register
 from promql.functions.common import scalar_arg, vector_arg
-from promql.go_format import format_float_g as format_go_g
+from storage.go_format import format_float_g as format_go_g
 from promql.types import FloatHistogram, Value, VectorSteps
 from storage.labels import Labels, get, metric_name
+from promql.functions.common import string_arg
+from promql.functions.labels import merge_same_labelsets
+from storage.labels import set_label
 
 _SMALL_DELTA = 1e-12
 _MIN_NORMAL = 2.2250738585072014e-308
@@ -440,9 +443,6 @@ def format_openmetrics_float(v: float) -> str:
 @register("histogram_quantiles", histograms=Histograms.QUANTILES, experimental=True)
 def histogram_quantiles(ctx: FunctionContext, args: list[Value]) -> Value:
     """Experimental: several quantiles at once, each output series labelled with its quantile."""
-    from promql.functions.common import string_arg
-    from promql.functions.labels import merge_same_labelsets
-    from storage.labels import set_label
 
     vec = vector_arg(args[0])
     T = vec.num_steps

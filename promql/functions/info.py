@@ -18,8 +18,8 @@ from promql import parser as pp
 
 from promql.ast_walk import children
 from promql.errors import BadData, ExecutionError
-from promql.go_format import go_quote
-from promql.eval_histogram import has_hist
+from storage.go_format import go_quote
+from promql.histogram_planes import has_hist
 from promql.eval_selectors import selector_matchers
 from promql.functions import FunctionContext, Histograms, register
 from promql.functions.common import vector_arg
@@ -28,6 +28,7 @@ from promql.types import Value, VectorSteps
 from storage.labels import METRIC_NAME, Labels, format_labels, get, make_labels
 from storage.matchers import Matcher
 from storage.regex import RegexError, quote_meta
+from promql.eval_selectors import eval_vector_selector
 
 _TARGET_INFO = "target_info"
 _IDENTIFYING = ("instance", "job")
@@ -127,7 +128,6 @@ def info(ctx: FunctionContext, args: list[Value]) -> Value:
         vs = pp.parse_metric_selector("{" + ", ".join(_promql(m) for m in sel) + "}")
         off_ms, vs.at = _modifiers(node_args[0] if node_args else None)
         vs.offset = _dt.timedelta(milliseconds=off_ms) if off_ms else None
-        from promql.eval_selectors import eval_vector_selector  # evaluator-owned selection
 
         eval_ctx = ctx.extra.get("eval_ctx")
         if eval_ctx is None:

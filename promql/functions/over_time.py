@@ -34,16 +34,15 @@ from promql.functions.common import (
     window_vector,
     windows_arg,
 )
-from promql.eval_histogram import (
-    collision_warning,
+from promql.eval_histogram import collision_warning, sum_histograms
+from promql.histogram_planes import (
     mixed_exponential_custom,
     mixed_floats_histograms,
     mixed_range_ignored,
     reconciled_info,
-    sum_histograms,
     window_histograms,
 )
-from promql.go_format import format_float_g
+from storage.go_format import format_float_g
 from promql.types import HistogramError, RangeWindows, Value, VectorSteps
 from storage.labels import metric_name
 

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from promql.go_format import go_quote
+from storage.go_format import go_quote
 
 _LEGACY_LABEL = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)

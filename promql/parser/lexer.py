@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
-from promql.go_format import go_quote
+from storage.go_format import go_quote
 
 
 class Token(NamedTuple):

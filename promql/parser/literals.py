@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import re
 
-from promql.go_format import go_quote
+from storage.go_format import go_quote
 
 _OCTAL = re.compile(r"0[0-7_]*")
 _DECIMAL_INT = re.compile(r"[1-9](?:_?[0-9])*|0")

@@ -17,7 +17,7 @@ import math
 from typing import Optional
 
 from promql.errors import BadData
-from promql.go_format import go_quote
+from storage.go_format import go_quote
 from promql.parser import ast as A
 from promql.parser.functions import get_function
 from promql.parser.lexer import AGGREGATORS, Token, describe, tokenize

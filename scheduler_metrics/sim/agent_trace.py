@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 
-from scheduler_metrics.sim.traces import Trace
+from scheduler_metrics.sim.trace import Trace
 
 
 @dataclass(frozen=True)

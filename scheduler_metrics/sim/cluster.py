@@ -28,7 +28,7 @@ import numpy as np
 from scheduler_metrics.schedulers.base import ClusterView, Decision, RequestView, Scheduler
 from scheduler_metrics.sim.constants import DEFAULT, SimConstants
 from scheduler_metrics.sim.links import LinkTimeline, reserve
-from scheduler_metrics.sim.traces import Trace
+from scheduler_metrics.sim.trace import Trace
 
 LINK_PRICE_WINDOW_S = 2.0  # reservations in [now, now + window) give a link's committed utilization
 LINK_RHO_MAX = 0.95

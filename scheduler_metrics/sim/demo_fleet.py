@@ -37,7 +37,8 @@ from scheduler_metrics.sim.kv_publisher import SessionKVPublisher
 from scheduler_metrics.sim.live import LiveSignals
 from scheduler_metrics.sim.replay import time_scale_for
 from scheduler_metrics.sim.signals import instance_name
-from scheduler_metrics.sim.traces import Trace, load_trace
+from scheduler_metrics.sim.trace import Trace
+from scheduler_metrics.sim.traces import load_trace
 
 log = logging.getLogger("turboprom.demo")
 

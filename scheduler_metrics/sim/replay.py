@@ -19,7 +19,8 @@ from scheduler_metrics.schedulers.vesta import VestaScheduler
 from scheduler_metrics.sim.cluster import ClusterSim, SimResult, prefill_times
 from scheduler_metrics.sim.constants import DEFAULT, SimConstants
 from scheduler_metrics.sim.signals import OracleSignals, TrackerSignals
-from scheduler_metrics.sim.traces import Trace, format_stats, load_trace
+from scheduler_metrics.sim.trace import Trace, format_stats
+from scheduler_metrics.sim.traces import load_trace
 
 CSV_COLUMNS = ["scheduler", "load", "requests", "mean_ttft_ms", "p50_ttft_ms", "p99_ttft_ms", "throughput_tps", "kv_transfer_bytes",
                "floor_ttft_ms", "queue_share", "decode_tps", "remote_fraction", "recompute_fraction", "prefill_util"]

@@ -132,6 +132,7 @@ class FanoutStorage:
         out: list[bytes] = []
         failed: set[str] = set()
         last: Exception | None = None
+        missing: set[int] = set()  # the partitions the previous round could not read
         for _ in range(4):
             plan = self.plan(failed)
             plan = {u: ps for u, ps in plan.items() if u not in {self.view.state.alive.get(f, {}).get("url") for f in failed}}
@@ -140,7 +141,7 @@ class FanoutStorage:
                 plan = {u: ps for u, ps in plan.items() if ps}
             reqs = {u: dict(body, partitions=ps) for u, ps in plan.items()}
             results = await asyncio.gather(*(self._post(u, path, b, refusals) for u, b in reqs.items()), return_exceptions=True)
-            missing: set[int] = set()
+            missing = set()
             for res in results:
                 if isinstance(res, Refused):
                     raise res

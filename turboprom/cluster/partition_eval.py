@@ -21,15 +21,30 @@ from promql.engine import parse
 from promql.errors import BadData, PromQLError
 from promql.eval_context import EvalContext, QueryBudget
 from promql.eval_positions import locate_all
-from promql.eval_histogram import has_hist
+from promql.histogram_planes import has_hist
 from promql.evaluator import Evaluator
 from promql.partial_aggregate import partial
 from promql.types import Annotations, QueryStats, Scalar, VectorSteps
 from storage.matchers import Matcher
 from storage.series_set import SeriesSet
-from turboprom.cluster import columns_codec
+from turboprom.cluster import columns_codec, partitions
 from turboprom.cluster.pushdown_decision import decide
 from turboprom.tenancy import TenantView, validate_tenant
+
+
+def only_partitions(ss: SeriesSet, wanted: set[int], total: int) -> SeriesSet:
+    if not len(ss):
+        return ss
+    part = partitions.partitions_of(columns_codec.label_keys(ss.labels), total)
+    keep = np.isin(part, np.fromiter(wanted, np.int64, len(wanted)))
+    if keep.all():
+        return ss
+    counts = np.diff(ss.offsets)
+    sample_keep = np.repeat(keep, counts)
+    offsets = np.zeros(int(keep.sum()) + 1, np.int64)
+    np.cumsum(counts[keep], out=offsets[1:])
+    return SeriesSet([lbl for lbl, k in zip(ss.labels, keep) if k], offsets,
+                     ss.timestamps[: ss.num_samples][sample_keep], ss.values[: ss.num_samples][sample_keep])
 
 
 class PartitionSource:
@@ -41,8 +56,6 @@ class PartitionSource:
         self.total = total
 
     def select(self, matchers: Sequence[Matcher], mint: int, maxt: int) -> SeriesSet:
-        from turboprom.cluster.read_api import only_partitions
-
         ss = self.storage.select(matchers, mint, maxt)
         return ss if self.wanted is None else only_partitions(ss, self.wanted, self.total)
 

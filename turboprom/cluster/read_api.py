@@ -25,7 +25,6 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-import numpy as np
 import orjson
 from aiohttp import web
 
@@ -33,11 +32,10 @@ from prometheus_client import Counter
 
 from promql.errors import PromQLError
 from storage.matchers import Matcher
-from storage.series_set import SeriesSet
 from turboprom.api_common import run_off_loop
 from turboprom.api_errors import error_response
-from turboprom.cluster import columns_codec, partitions
-from turboprom.cluster.partition_eval import PartialRequest, evaluate_partial
+from turboprom.cluster import columns_codec
+from turboprom.cluster.partition_eval import PartialRequest, evaluate_partial, only_partitions
 from turboprom.context import ServerContext
 from turboprom.tenancy import validate_tenant
 
@@ -53,21 +51,6 @@ def matchers_json(ms: Sequence[Matcher]) -> list[list[str]]:
 
 def matchers_from_json(items: Any) -> list[Matcher]:
     return [Matcher(str(n), str(op), str(v)) for n, op, v in items]
-
-
-def only_partitions(ss: SeriesSet, wanted: set[int], total: int) -> SeriesSet:
-    if not len(ss):
-        return ss
-    part = partitions.partitions_of(columns_codec.label_keys(ss.labels), total)
-    keep = np.isin(part, np.fromiter(wanted, np.int64, len(wanted)))
-    if keep.all():
-        return ss
-    counts = np.diff(ss.offsets)
-    sample_keep = np.repeat(keep, counts)
-    offsets = np.zeros(int(keep.sum()) + 1, np.int64)
-    np.cumsum(counts[keep], out=offsets[1:])
-    return SeriesSet([lbl for lbl, k in zip(ss.labels, keep) if k], offsets,
-                     ss.timestamps[: ss.num_samples][sample_keep], ss.values[: ss.num_samples][sample_keep])
 
 
 def setup(app: web.Application, ctx: ServerContext) -> None:

@@ -1,6 +1,7 @@
 """Go's ``strconv.Quote`` and ``strconv.FormatFloat`` for error messages, annotations, printed PromQL,
 label values, alert templates and API values: one implementation each, used by the evaluator, the
-parser, the printer, the planner's rules and templates and the HTTP API.
+parser, the printer, the planner's rules and templates, the HTTP API and ingest (histogram bounds
+as ``le`` label values). It lives in the leaf package so that every stage can import it.
 
 Hand-written because Python has no Go-compatible quoting (``repr`` and ``json.dumps`` escape
 differently: ``\\x07`` vs ``\\a``, ASCII-only output) and its float formatting differs from Go's in

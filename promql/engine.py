@@ -32,7 +32,7 @@ from promql import parser as pp
 from promql import query_guard
 from promql.errors import BadData, ExecutionError, PromQLError, TooManySamples
 from promql.eval_context import BYTES_PER_CELL, EvalContext, NodeHook, QueryBudget
-from promql.eval_histogram import histogram_points, refuse_result
+from promql.eval_histogram import histogram_points, refuse_result, stats_selectors
 from promql.histogram_planes import has_hist, strip
 from promql.eval_labels import SAME_LABELSET, apply_name_drop, drop_metric_name, merge_same_labels
 from promql.eval_positions import locate_all
@@ -43,7 +43,6 @@ from promql.query_opts import NO_OPTS, QueryOpts
 from promql.source import SampleSource
 from promql.functions.extended import matrix_points
 from promql.types import Annotations, QueryResult, QueryStats, RangeWindows, Scalar, StringValue, VectorSteps
-from promql.eval_histogram import stats_selectors
 
 _DOC_TYPES = {"Vector": "instant vector", "Matrix": "range vector", "Scalar": "scalar", "String": "string"}
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
@@ -222,7 +221,6 @@ class Engine:
         except Exception:  # positions are best effort
             positions = {}
         if getattr(self.source, "select_histograms", None) is not None and getattr(self.source, "has_histograms", True):
-
             ctx.extra["histogram_stats_selectors"] = stats_selectors(expr)
         ev = Evaluator(positions)
         try:

@@ -13,15 +13,13 @@ from typing import Any, Callable
 
 import numpy as np
 
-from promql.histogram_planes import strip
-from storage.go_format import go_quote
-from promql.types import FloatHistogram, Value, VectorSteps
-from storage.labels import metric_name
 from promql.eval_labels import merge_same_labels
 from promql.functions.histogram import format_openmetrics_float
-from storage.go_format import format_float_g
-from promql.types import Scalar, StringValue
-from storage.labels import set_label
+from promql.histogram_planes import strip
+from promql.types import FloatHistogram, Scalar, StringValue, Value, VectorSteps
+from storage.go_format import format_float_g, go_quote
+from storage.labels import metric_name, set_label
+
 _FRAC_CACHE: dict[tuple[int, int], float] = {}
 _MAX_FLOAT = 1.7976931348623157e308
 

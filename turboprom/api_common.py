@@ -4,13 +4,12 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import time
 import zlib
 from typing import Any, Awaitable, Callable
 
 from aiohttp import web
 
-from turboprom import api_json, api_metrics
+from turboprom import api_json
 from turboprom.api_errors import JSON, APIError, error_response
 from turboprom.api_params import Params
 from turboprom.context import ServerContext
@@ -71,9 +70,6 @@ def api_handler(fn: Handler) -> Callable[[web.Request], Awaitable[web.StreamResp
 
     @functools.wraps(fn)
     async def wrapper(request: web.Request) -> web.StreamResponse:
-        started = time.perf_counter()
-        resource = request.match_info.route.resource
-        handler = resource.canonical if resource is not None else request.path
         try:
             params = await Params.from_request(request)
             resp = await fn(request, params)
@@ -87,11 +83,6 @@ def api_handler(fn: Handler) -> Callable[[web.Request], Awaitable[web.StreamResp
             log.exception("internal error serving %s", request.path)
             resp = error_response("internal", f"{type(e).__name__}: {e}")
         set_cors(request, resp)
-        api_metrics.REQUESTS.labels(handler=handler, code=str(resp.status)).inc()
-        api_metrics.DURATION.labels(handler=handler).observe(time.perf_counter() - started)
-        body = getattr(resp, "body", None)
-        if isinstance(body, (bytes, bytearray)):
-            api_metrics.RESPONSE_BYTES.labels(handler=handler).inc(len(body))
         return resp
 
     return wrapper

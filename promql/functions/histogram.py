@@ -19,13 +19,11 @@ import math
 import numpy as np
 
 from promql.functions import FunctionContext, Histograms, register
-from promql.functions.common import scalar_arg, vector_arg
+from promql.functions.common import scalar_arg, string_arg, vector_arg
 from storage.go_format import format_float_g as format_go_g
 from promql.types import FloatHistogram, Value, VectorSteps
-from storage.labels import Labels, get, metric_name
-from promql.functions.common import string_arg
+from storage.labels import Labels, get, metric_name, set_label
 from promql.functions.labels import merge_same_labelsets
-from storage.labels import set_label
 
 _SMALL_DELTA = 1e-12
 _MIN_NORMAL = 2.2250738585072014e-308

@@ -83,6 +83,9 @@ CANCELED_BY_CLIENT = Counter("turboprom_queries_canceled_by_client", "PromQL que
 QUERY_SAMPLES = Counter("turboprom_query_samples_scanned", "Raw samples read by PromQL queries, by serving path.", ["path"])
 
 
+_QUERY_CHILDREN: dict[tuple[str, str], tuple[Any, Any, Any]] = {}
+
+
 def observe_query(result, kind: str):
     """Count a finished query by path; the summary hit ratio is
     rate(turboprom_queries_total{path="summary"}[5m]) / rate(turboprom_queries_total[5m])."""
@@ -90,9 +93,14 @@ def observe_query(result, kind: str):
     if st is None:
         return result
     path = "summary" if any(str(p).startswith("summary:") for p in (st.paths or [])) else "raw"
-    QUERIES.labels(path, kind).inc()
-    QUERY_CPU.labels(path).observe(max(0.0, float(st.cpu_seconds or 0.0)))
-    QUERY_SAMPLES.labels(path).inc(max(0, int(st.samples_scanned or 0)))
+    children = _QUERY_CHILDREN.get((path, kind))
+    if children is None:  # looked up once per (path, kind), as the HTTP middleware does per route
+        children = _QUERY_CHILDREN[(path, kind)] = (QUERIES.labels(path, kind), QUERY_CPU.labels(path),
+                                                    QUERY_SAMPLES.labels(path))
+    queries, cpu, samples = children
+    queries.inc()
+    cpu.observe(max(0.0, float(st.cpu_seconds or 0.0)))
+    samples.inc(max(0, int(st.samples_scanned or 0)))
     return result
 
 

@@ -192,25 +192,47 @@ async def _evaluate(request: web.Request, ctx: ServerContext, params: Params, ti
             return parts, True
         return (parts[0] if len(parts) == 1 else parts), False
 
-    fut = asyncio.ensure_future(run_off_loop(ctx, job))
+    fut = asyncio.get_running_loop().run_in_executor(ctx.executor, job)
+    # aiohttp does not cancel a handler when its client disconnects (handler_cancellation is off), so
+    # a timer watches the connection: a client that went away (Grafana panel closed, curl ^C) stops
+    # the engine at its next budget check instead of burning a worker thread until the timeout. A
+    # timer, not a polling task: the answer is awaited directly, with no task or wait() of its own.
+    watch = _DisconnectWatch(request, cancel)
     try:
-        # aiohttp does not cancel a handler when its client disconnects (handler_cancellation is off),
-        # so watch the connection: a client that went away (Grafana panel closed, curl ^C) stops the
-        # engine at its next budget check instead of burning a worker thread until the timeout.
-        while not fut.done():
-            await asyncio.wait({fut}, timeout=DISCONNECT_POLL_S)
-            transport = request.transport
-            if not fut.done() and (transport is None or transport.is_closing()):
-                cancel.set()
-                CANCELED_BY_CLIENT.inc()
-                break
         body, gzipped = await fut
     except BaseException:
         cancel.set()  # client went away or the server is stopping: let the engine stop early
         raise
+    finally:
+        watch.stop()
     if isinstance(body, bytes):
         return encoded_response(body, gzipped)
     return await _stream_parts(request, body, gzipped)
+
+
+class _DisconnectWatch:
+    """Every ``DISCONNECT_POLL_S`` while a query runs: if the client's connection is closing, set the
+    query's cancel event (once) and count it."""
+
+    __slots__ = ("request", "cancel", "handle")
+
+    def __init__(self, request: web.Request, cancel: threading.Event):
+        self.request, self.cancel = request, cancel
+        self.handle: asyncio.TimerHandle | None = asyncio.get_running_loop().call_later(DISCONNECT_POLL_S, self._check)
+
+    def _check(self) -> None:
+        transport = self.request.transport
+        if transport is None or transport.is_closing():
+            self.handle = None
+            self.cancel.set()
+            CANCELED_BY_CLIENT.inc()
+            return
+        self.handle = asyncio.get_running_loop().call_later(DISCONNECT_POLL_S, self._check)
+
+    def stop(self) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = None
 
 
 async def _stream_parts(request: web.Request, parts: list[bytes], gzipped: bool) -> web.StreamResponse:

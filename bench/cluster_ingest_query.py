@@ -10,7 +10,9 @@ Ingest figures per trial: acknowledged samples/s (wall, until the last 2xx) and 
 per CPU-second of *every* process of the target (single node: 1 process; cluster: distributor,
 ingesters, querier, NATS x3 and etcd), CPU measured from the first request until the cluster's
 ingesters have applied everything on the log (so the cluster's consumption is charged). Also the
-time from the last acknowledgement until both ingesters had applied every message (apply lag).
+time from the last acknowledgement until both ingesters had applied every message (apply lag), and
+what the distributor published (its turboprom_cluster_log_*_total counters): groups (group commits),
+messages (one per tenant and partition of a group), samples and bytes per message.
 
 Query figures: each dashboard query as a range query over the written window (step 15 s), rotating
 single node / querier (aggregations pushed down to the ingesters, the default) / a second querier
@@ -60,6 +62,20 @@ def cluster_procs(c: LocalCluster) -> dict[str, int]:
     only the query comparison uses."""
     return {**{n: p.pid for n, p in c.roles.items() if n != "querier-raw"}, **{p.name: p.pid for p in c.nats},
             "etcd": c.etcd.pid}
+
+
+LOG_COUNTERS = ("groups", "messages", "message_bytes", "samples")
+
+
+def log_counters(url: str) -> dict[str, float]:
+    """The distributor's turboprom_cluster_log_*_total counters (what it published to JetStream)."""
+    text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
+    out = dict.fromkeys(LOG_COUNTERS, 0.0)
+    for line in text.splitlines():
+        for k in LOG_COUNTERS:
+            if line.startswith(f"turboprom_cluster_log_{k}_total "):
+                out[k] = float(line.split()[-1])
+    return out
 
 
 def run_query(url: str, q: str, start_s: float, end_s: float, exact: bool = True) -> float:
@@ -126,14 +142,13 @@ def main() -> None:
             for name in order:
                 url = (single.url if name == "single" else cluster.url("distributor-0")) + "/api/v1/write"
                 procs = {"single": single.proc.pid} if name == "single" else cluster_procs(cluster)
-                pids = list(procs.values())
                 spies = []
                 if a.profile and name == "cluster":
                     a.profile.mkdir(parents=True, exist_ok=True)
                     spies = [rw.start_profile(cluster.roles[n].pid, a.profile / f"trial{trial + 1}-{n}.txt")
                              for n in cluster.roles if not n.startswith("querier")]
                 cpu_each0 = {n: rw.proc_cpu_s(p) for n, p in procs.items()}
-                cpu0 = sum(cpu_each0.values())
+                log0 = log_counters(cluster.url("distributor-0")) if name == "cluster" else None
                 res = asyncio.run(rw.send_all(url, bodies[chunk], counts[chunk], a.senders))
                 lag = 0.0
                 if name == "cluster":
@@ -154,6 +169,11 @@ def main() -> None:
                       f"cpu {cpu:6.1f}s  retries {res['retries']}  failed {res['failed']}  apply lag {lag:.2f}s", flush=True)
                 if name == "cluster":
                     print("    cpu-s by process: " + ", ".join(f"{n} {c:.1f}" for n, c in cpu_each.items()), flush=True)
+                    pub = {k: v - log0[k] for k, v in log_counters(cluster.url("distributor-0")).items()}
+                    n_msg = max(pub["messages"], 1.0)
+                    print(f"    published: {pub['groups']:,.0f} groups, {pub['messages']:,.0f} messages "
+                          f"({pub['samples'] / n_msg:,.0f} samples and {pub['message_bytes'] / n_msg:,.0f} B each), "
+                          f"{pub['samples'] / max(pub['groups'], 1.0):,.0f} samples per group", flush=True)
         end_s = (T0 + (a.rounds * a.trials - 1) * 15_000) / 1000
         start_s = T0 / 1000
         time.sleep(2)

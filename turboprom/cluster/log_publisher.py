@@ -26,6 +26,7 @@ import threading
 from collections import defaultdict
 
 import numpy as np
+from prometheus_client import Counter
 
 from storage.batch import MetricMetadata, SampleBatch
 from storage.interface import AppendResult
@@ -35,6 +36,13 @@ from turboprom.cluster.series_dictionary import BatchKeys, SeriesKeys
 from turboprom.cluster.settings import ClusterSettings
 
 log = logging.getLogger("turboprom.cluster")
+GROUPS = Counter("turboprom_cluster_log_groups", "Groups of writes this distributor published together (one group commit "
+                 "each; a group's writes are answered when JetStream has acknowledged all of its messages).")
+MESSAGES = Counter("turboprom_cluster_log_messages", "Messages this distributor published to the ingest log and JetStream "
+                   "acknowledged (one per tenant and partition of a group).")
+MESSAGE_BYTES = Counter("turboprom_cluster_log_message_bytes", "Bytes of the messages counted in "
+                        "turboprom_cluster_log_messages_total.")
+SAMPLES = Counter("turboprom_cluster_log_samples", "Samples in the messages counted in turboprom_cluster_log_messages_total.")
 
 
 class _Group:
@@ -139,6 +147,10 @@ class LogPublisher:
             raise OSError(errno.EIO, f"ingest log unavailable: {e}") from None
         for keys, positions in defined:
             self.keys.acknowledged(keys, positions)
+        GROUPS.inc()
+        MESSAGES.inc(len(messages))
+        MESSAGE_BYTES.inc(sum(len(m) for _, m in messages))
+        SAMPLES.inc(sum(len(batch) for batch, _, _ in group.writes))
 
     def close(self) -> None:
         pass

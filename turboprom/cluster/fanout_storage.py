@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import threading
 import time
 from typing import Any, Sequence
@@ -30,8 +31,12 @@ from turboprom.cluster import columns_codec
 from turboprom.cluster.membership import ClusterView
 from turboprom.cluster.read_api import PREFIX, matchers_json
 
+log = logging.getLogger("turboprom.cluster")
 DOWN_FOR_S = 5.0
 _ALL_TIME = (-(1 << 62), 1 << 62)
+
+
+ASSIGNMENT_WAIT_S = 10.0
 
 
 class PartitionUnavailable(PromQLError):
@@ -63,6 +68,16 @@ class FanoutStorage:
         self._loop_thread = threading.get_ident()
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
         await asyncio.wait_for(self.view.loaded.wait(), 30)
+        # Ready (the server answers /-/ready once this returns) when the ingesters' assignment is known:
+        # ingesters and queriers start together, and a querier that polled etcd before the first
+        # ingester wrote the assignment would answer 503 "no ingester has joined" for one poll
+        # interval. A querier started before any ingester still becomes ready after the wait.
+        deadline = time.monotonic() + ASSIGNMENT_WAIT_S
+        while self.view.state.assignment is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if self.view.state.assignment is None:
+            log.warning("no partition assignment in etcd after %.0f s: no ingester has joined yet; queries answer 503 "
+                        "until one does", ASSIGNMENT_WAIT_S)
 
     async def stop(self) -> None:
         if self._session is not None:

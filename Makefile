@@ -43,7 +43,7 @@ peers:
 demo: $(STAMP) $(NATIVE_SO) $(JSON_SO)
 	$(VPY) -m turboprom.demo --data-dir $(DATA) --listen $(LISTEN)
 
-# A local cluster on loopback (3 NATS JetStream nodes, etcd, distributor, 2 ingesters, querier; docs/cluster.md).
+# A local cluster on loopback (3 NATS JetStream nodes, 3 etcd members, distributor, 2 ingesters, querier; docs/cluster.md).
 cluster-demo: $(STAMP) $(NATIVE_SO) $(JSON_SO) peers
 	$(VPY) -m turboprom.cluster.local_cluster --dir $(DATA)-cluster
 

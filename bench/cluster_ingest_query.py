@@ -61,7 +61,7 @@ def cluster_procs(c: LocalCluster) -> dict[str, int]:
     """Every process of the cluster by name (roles, NATS nodes, etcd), but the second querier that
     only the query comparison uses."""
     return {**{n: p.pid for n, p in c.roles.items() if n != "querier-raw"}, **{p.name: p.pid for p in c.nats},
-            "etcd": c.etcd.pid}
+            **{p.name: p.pid for p in c.etcds}}
 
 
 LOG_COUNTERS = ("groups", "messages", "message_bytes", "samples")

@@ -1,5 +1,6 @@
-"""Rebalancing drill during acknowledged ingest (slow: ``pytest -m slow tests/test_cluster_rebalance.py``).
+"""Membership drills during acknowledged ingest (slow: ``pytest -m slow tests/test_cluster_rebalance.py``).
 
+Rebalancing:
 A writer sends remote-write bodies to the distributor for the whole drill (retrying a body on
 429/5xx as Prometheus's sender does) while a querier is asked every few hundred milliseconds. A new
 ingester joins (etcd gives it partitions; it replays them from the log), then one of the first two
@@ -62,6 +63,18 @@ def leave_ring(c: LocalCluster, node: str) -> None:
     asyncio.run(run())
 
 
+def alive_ingesters(etcd_url: str) -> set[str]:
+    """The ingesters whose liveness key (under their lease) etcd holds."""
+    async def run() -> set[str]:
+        etcd = EtcdGateway([etcd_url])
+        try:
+            prefix = ClusterSettings().etcd_prefix + "alive/"
+            return {k[len(prefix):] for k in await etcd.range_prefix(prefix)}
+        finally:
+            await etcd.close()
+    return asyncio.run(run())
+
+
 def test_join_and_clean_leave_lose_and_double_nothing(tmp_path):
     require_binary("nats-server")
     require_binary("etcd")
@@ -119,5 +132,53 @@ def test_join_and_clean_leave_lose_and_double_nothing(tmp_path):
               f"samples {got:.0f} of {sum(counts)}")
         assert got == sum(counts), f"lost {sum(counts) - got:.0f}" if got < sum(counts) else f"doubled {got - sum(counts):.0f}"
         assert not prober.failed, prober.failed[:3]
+    finally:
+        c.stop()
+
+
+def test_etcd_member_killed_during_ingest_and_queries(tmp_path):
+    """Three etcd members; during acknowledged writes and queries the member every process asks first
+    is SIGKILLed (clients move to the others), held down longer than the ingesters' lease TTL, and
+    restarted; then another member. Leases are kept through the remaining quorum, so no ingester
+    drops out of the live set, no query fails, no sample is lost or doubled."""
+    require_binary("nats-server")
+    require_binary("etcd")
+    rw = load_bench("ingest_remote_write")
+    rounds = 40
+    bodies, counts = rw.build_payloads(SERIES, 500, 1, rounds, T0)
+    c = LocalCluster(tmp_path / "c", ingesters=2, distributors=1, partitions=16, etcd_members=3).start()
+    try:
+        w = Writer([c.url("distributor-0")], bodies)
+        prober = Prober(c.url("querier-0"))
+        w.start()
+        prober.start()
+        dropped: list[str] = []
+        for i in (0, 1):
+            c.etcds[i].kill()
+            t_end = time.monotonic() + 5.0  # > the 3 s lease TTL: a lease kept only through the others
+            while time.monotonic() < t_end:
+                live = alive_ingesters(f"http://127.0.0.1:{c.etcds[2].port}")  # a member that stays up
+                if live != {"ingester-0", "ingester-1"}:
+                    dropped.append(f"etcd-{i} down: live set {sorted(live)}")
+                time.sleep(0.5)
+            c.restart_etcd(i)
+            time.sleep(2.0)
+        w.join(600)
+        assert w.sent_all.is_set()
+        c.wait_caught_up(["ingester-0", "ingester-1"], timeout=180)
+        prober.stop_now.set()
+        prober.join(10)
+        end_s = (T0 + (rounds - 1) * 15_000) / 1000
+        deadline = time.monotonic() + 60
+        while total_samples(c.url("querier-0"), end_s) != sum(counts) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        got = total_samples(c.url("querier-0"), end_s)
+        code, body, _ = http_json(c.url("querier-0") + "/api/v1/status/tsdb")
+        print(f"acked bodies {w.acked}, refused attempts {w.refused}, queries {prober.asked} ({len(prober.failed)} failed), "
+              f"samples {got:.0f} of {sum(counts)}")
+        assert got == sum(counts), f"lost {sum(counts) - got:.0f}" if got < sum(counts) else f"doubled {got - sum(counts):.0f}"
+        assert not prober.failed, prober.failed[:3]
+        assert not dropped, dropped
+        assert code == 200, body
     finally:
         c.stop()

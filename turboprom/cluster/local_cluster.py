@@ -96,11 +96,12 @@ class LocalCluster:
     queriers: int = 1
     partitions: int = 16
     nats_nodes: int = 3
+    etcd_members: int = 1
     publish_timeout: str = "5s"
     extra_args: list[str] = field(default_factory=list)
     ports: dict[str, int] = field(default_factory=dict)  # fixed ports by process name (default: free ones)
     nats: list[Proc] = field(default_factory=list)
-    etcd: Proc | None = None
+    etcds: list[Proc] = field(default_factory=list)  # the etcd cluster's members
     roles: dict[str, Proc] = field(default_factory=dict)
 
     @property
@@ -108,8 +109,18 @@ class LocalCluster:
         return ",".join(f"nats://127.0.0.1:{p.port}" for p in self.nats)
 
     @property
+    def etcd(self) -> Proc:
+        return self.etcds[0]
+
+    @property
     def etcd_url(self) -> str:
+        """The first member's client URL."""
         return f"http://127.0.0.1:{self.etcd.port}"
+
+    @property
+    def etcd_urls(self) -> str:
+        """Every member's client URL, as ``--cluster.etcd-endpoints`` takes them."""
+        return ",".join(f"http://127.0.0.1:{p.port}" for p in self.etcds)
 
     def url(self, name: str) -> str:
         return f"http://127.0.0.1:{self.roles[name].port}"
@@ -145,18 +156,29 @@ class LocalCluster:
         p.start()
 
     def _start_etcd(self) -> None:
-        cp, pp = free_port(), free_port()
-        d = self.base / "etcd"
-        cmd = [binary("etcd"), "--name", "e0", "--data-dir", str(d), "--listen-client-urls", f"http://127.0.0.1:{cp}",
-               "--advertise-client-urls", f"http://127.0.0.1:{cp}", "--listen-peer-urls", f"http://127.0.0.1:{pp}",
-               "--initial-advertise-peer-urls", f"http://127.0.0.1:{pp}", "--initial-cluster", f"e0=http://127.0.0.1:{pp}"]
-        self.etcd = Proc("etcd", cmd, self.base / "etcd.log", cp).start()
-        wait_until(lambda: _get(self.etcd_url + "/health")[0] == 200, 30, "etcd did not become healthy")
+        n = self.etcd_members
+        client = [free_port() for _ in range(n)]
+        peer = [free_port() for _ in range(n)]
+        initial = ",".join(f"e{i}=http://127.0.0.1:{peer[i]}" for i in range(n))
+        for i in range(n):
+            cmd = [binary("etcd"), "--name", f"e{i}", "--data-dir", str(self.base / ("etcd" if i == 0 else f"etcd-{i}")),
+                   "--listen-client-urls", f"http://127.0.0.1:{client[i]}", "--advertise-client-urls",
+                   f"http://127.0.0.1:{client[i]}", "--listen-peer-urls", f"http://127.0.0.1:{peer[i]}",
+                   "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer[i]}", "--initial-cluster", initial,
+                   "--initial-cluster-token", "turboprom-local"]
+            name = "etcd" if n == 1 else f"etcd-{i}"
+            self.etcds.append(Proc(name, cmd, self.base / f"{name}.log", client[i]).start())
+        for p in self.etcds:  # healthy once the members have elected a leader
+            wait_until(lambda: _get(f"http://127.0.0.1:{p.port}/health")[0] == 200, 30, f"{p.name} did not become healthy")
+
+    def restart_etcd(self, i: int) -> None:
+        """Start member ``i`` again (same name, ports and data dir) after a kill."""
+        self.etcds[i].start()
 
     def role_cmd(self, role: str, name: str, port: int, args: Sequence[str] = ()) -> list[str]:
         return [sys.executable, "-m", "turboprom", "serve", "--role", role, "--listen", f"127.0.0.1:{port}",
                 "--data-dir", str(self.base / name), "--cluster.nats-urls", self.nats_urls,
-                "--cluster.etcd-endpoints", self.etcd_url, "--cluster.partitions", str(self.partitions),
+                "--cluster.etcd-endpoints", self.etcd_urls, "--cluster.partitions", str(self.partitions),
                 "--cluster.node-id", name, "--cluster.publish-timeout", self.publish_timeout, *self.extra_args, *args]
 
     def add_role(self, role: str, name: str, args: Sequence[str] = ()) -> Proc:
@@ -199,8 +221,8 @@ class LocalCluster:
             p.stop()
         for p in self.nats:
             p.stop()
-        if self.etcd is not None:
-            self.etcd.stop()
+        for p in self.etcds:
+            p.stop()
 
 
 def main() -> None:
@@ -211,10 +233,11 @@ def main() -> None:
     ap.add_argument("--dir", default="./cluster-data")
     ap.add_argument("--ingesters", type=int, default=2)
     ap.add_argument("--partitions", type=int, default=64)
+    ap.add_argument("--etcd-members", type=int, default=3)
     ap.add_argument("--distributor-port", type=int, default=9091)
     ap.add_argument("--querier-port", type=int, default=9090)
     a = ap.parse_args()
-    c = LocalCluster(Path(a.dir), ingesters=a.ingesters, partitions=a.partitions,
+    c = LocalCluster(Path(a.dir), ingesters=a.ingesters, partitions=a.partitions, etcd_members=a.etcd_members,
                      ports={"distributor-0": a.distributor_port, "querier-0": a.querier_port}).start()
     try:
         for name, p in c.roles.items():

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from promql.errors import BadData
-from promql.parser import parse as parse_expr
+from promql import parser as pp
 from promql.parser.durations import has_duration_expressions
 
 DEFAULT_MAX_DEPTH = 256
@@ -155,7 +155,7 @@ def parse(query: str, max_depth: int = DEFAULT_MAX_DEPTH) -> Any:
         return hit
 
     check(query, max_depth)
-    expr = parse_expr(query)
+    expr = pp.parse(query)
     if len(query) <= PARSED_MAX_TEXT and not has_duration_expressions(expr):
         global _parsed_chars
         if _parsed_chars + len(query) > PARSED_BUDGET_CHARS:

@@ -106,7 +106,7 @@ class PlannedEngine:
         err = ""
         res = None
         try:
-            res = call(replace(opts, node_hooks=(*opts.node_hooks, *hooks)))
+            res = call(replace(opts, node_hooks=(*opts.node_hooks, *hooks)) if hooks else opts)
             return res
         except Exception as e:
             err = f"{type(e).__name__}: {e}"

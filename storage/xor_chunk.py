@@ -130,7 +130,6 @@ def _encode_batch(timestamps: np.ndarray, values: np.ndarray, bounds: np.ndarray
     chunk_of = np.repeat(np.arange(nchunks), counts)
     pos = np.arange(n) - starts[chunk_of]  # index within the chunk
     first = pos == 0
-    second = pos == 1
 
     # --- timestamps
     prev_t = np.empty_like(t)

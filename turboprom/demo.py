@@ -72,7 +72,7 @@ def banner(listen: str, data_dir: str, fleet: bool) -> str:
         f"  promtool:      promtool query instant {base} 'turboprom_congestion_price_seconds_per_token'",
         f"  Plans:         .venv/bin/turboprom plan list --url {base}",
         f"  Cost report:   .venv/bin/turboprom cost-report --url {base} --since 1h",
-        f"  Replay:        .venv/bin/turboprom replay --trace ../shared/traces/mooncake_conversation_trace.jsonl --instances 32 --scheduler vesta,smetric --load 0.5,0.9 --limit 3000",
+        "  Replay:        .venv/bin/turboprom replay --trace ../shared/traces/mooncake_conversation_trace.jsonl --instances 32 --scheduler vesta,smetric --load 0.5,0.9 --limit 3000",
         f"  Grafana:       add a Prometheus datasource with URL {base}; import docs/grafana/*.json",
     ]
     if fleet:

@@ -28,7 +28,7 @@ import numpy as np
 import orjson
 import pyarrow as pa
 
-from storage.batch import MetricMetadata, SampleBatch
+from storage.batch import MetricMetadata
 from storage.labels import Labels
 from storage.series_set import SeriesSet
 from turboprom.cluster.series_dictionary import log_refs

@@ -48,6 +48,19 @@ class Prober(threading.Thread):
             time.sleep(0.3)
 
 
+def settled_total(c: LocalCluster, prober: Prober, ingesters: list[str], rounds: int, want: float) -> float:
+    """Once the ingesters caught up (and the prober stopped): the querier's sample count, given up to
+    a minute to reach ``want``."""
+    c.wait_caught_up(ingesters, timeout=180)
+    prober.stop_now.set()
+    prober.join(10)
+    end_s = (T0 + (rounds - 1) * 15_000) / 1000
+    deadline = time.monotonic() + 60
+    while total_samples(c.url("querier-0"), end_s) != want and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return total_samples(c.url("querier-0"), end_s)
+
+
 def owned(c: LocalCluster, name: str) -> set[int]:
     return set(c.ingester_status(name).get("owned", []))
 
@@ -119,14 +132,7 @@ def test_join_and_clean_leave_lose_and_double_nothing(tmp_path):
             time.sleep(0.5)
         final = {n: sorted(owned(c, n)) for n in ("ingester-1", "ingester-2")}
         assert all(v == list(range(16)) for v in final.values()), f"replication not restored: {final}"
-        c.wait_caught_up(["ingester-1", "ingester-2"], timeout=180)
-        prober.stop_now.set()
-        prober.join(10)
-        end_s = (T0 + (rounds - 1) * 15_000) / 1000
-        deadline = time.monotonic() + 60
-        while total_samples(c.url("querier-0"), end_s) != sum(counts) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        got = total_samples(c.url("querier-0"), end_s)
+        got = settled_total(c, prober, ["ingester-1", "ingester-2"], rounds, sum(counts))
         print(f"partitions before {before}, joined {sorted(joined)}, after {after}; acked bodies {w.acked}, "
               f"refused attempts {w.refused}, queries {prober.asked} ({len(prober.failed)} failed), "
               f"samples {got:.0f} of {sum(counts)}")
@@ -165,14 +171,7 @@ def test_etcd_member_killed_during_ingest_and_queries(tmp_path):
             time.sleep(2.0)
         w.join(600)
         assert w.sent_all.is_set()
-        c.wait_caught_up(["ingester-0", "ingester-1"], timeout=180)
-        prober.stop_now.set()
-        prober.join(10)
-        end_s = (T0 + (rounds - 1) * 15_000) / 1000
-        deadline = time.monotonic() + 60
-        while total_samples(c.url("querier-0"), end_s) != sum(counts) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        got = total_samples(c.url("querier-0"), end_s)
+        got = settled_total(c, prober, ["ingester-0", "ingester-1"], rounds, sum(counts))
         code, body, _ = http_json(c.url("querier-0") + "/api/v1/status/tsdb")
         print(f"acked bodies {w.acked}, refused attempts {w.refused}, queries {prober.asked} ({len(prober.failed)} failed), "
               f"samples {got:.0f} of {sum(counts)}")

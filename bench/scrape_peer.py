@@ -1,0 +1,172 @@
+"""Scraping per CPU-second: TurboProm's scraper against Prometheus 2.42's on the same targets.
+
+One local target process (pinned to core 1) serves ``--targets`` loopback ports with one of two
+bodies: the real node exporter's ``/metrics`` (captured once from ``prometheus-node-exporter``) or a
+vLLM engine's (the 79 series of bench/vllm_fleet.py's layout, HELP/TYPE lines, vLLM's bucket bounds,
+values moving every request). Each server in turn (pinned to core 0, a fresh data dir, the same
+scrape config: one job, ``--interval``) scrapes them; after a warm-up of two intervals (series
+creation), the server's CPU (utime + stime) and its appended-samples counter
+(``turboprom_storage_appended_samples_total`` / ``prometheus_tsdb_head_samples_appended_total``) are
+read over ``--duration`` seconds. Reported per body and server: samples appended per second, per
+server CPU-second, and the ratio TurboProm / Prometheus. Both servers run their defaults (TurboProm's
+WAL fsync ``always``; Prometheus does not fsync per append). Runs ~``4 x (duration + 2 x interval)``
+seconds.
+
+    .venv/bin/python bench/scrape_peer.py [--targets 100] [--interval 5] [--duration 40] [--bodies node,vllm]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from tests.helpers import free_port, require_binary, wait_http  # noqa: E402
+from vllm_fleet import LAYOUT  # noqa: E402
+
+TARGET_SERVER = r'''
+import asyncio, itertools, sys
+from aiohttp import web
+kind, body_file, ports = sys.argv[1], sys.argv[2], [int(p) for p in sys.argv[3].split(",")]
+static = open(body_file, "rb").read()
+template = static.decode().split("\n")
+counter = itertools.count()
+def vllm(c):  # the template's value column is "{v}": counters and buckets grow, gauges move
+    return "\n".join(l.replace("{v}", repr(float(c * (k % 7 + 1) + k))) for k, l in enumerate(template)).encode()
+async def handle(request):
+    c = next(counter)
+    return web.Response(body=static if kind == "node" else vllm(c), content_type="text/plain")
+async def main():
+    app = web.Application(); app.router.add_get("/metrics", handle)
+    runner = web.AppRunner(app, access_log=None); await runner.setup()
+    for p in ports:
+        await web.TCPSite(runner, "127.0.0.1", p).start()
+    print("ready", flush=True)
+    await asyncio.Event().wait()
+asyncio.run(main())
+'''
+
+
+def node_body() -> bytes:
+    port = free_port()
+    proc = subprocess.Popen([require_binary("prometheus-node-exporter"), f"--web.listen-address=127.0.0.1:{port}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/metrics", 30, proc)
+        return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read()
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def vllm_template() -> bytes:
+    """One vLLM engine's exposition with ``{v}`` where each value goes (filled per request)."""
+    lab = 'engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"'
+    lines, seen = [], set()
+    for name, extra in LAYOUT:
+        fam = name.removesuffix("_bucket").removesuffix("_sum").removesuffix("_count") if "latency" in name or \
+            "seconds" in name else name
+        if fam not in seen:
+            seen.add(fam)
+            kind = "histogram" if fam != name else ("gauge" if name.split(":")[1].startswith(("num_", "kv_")) else "counter")
+            lines += [f"# HELP {fam} {fam.split(':')[1].replace('_', ' ')}.", f"# TYPE {fam} {kind}"]
+        labels = ",".join([lab] + [f'{k}="{v}"' for k, v in extra.items()])
+        lines.append(f"{name}{{{labels}}} {{v}}")
+    return ("\n".join(lines) + "\n").encode()
+
+
+def cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        parts = f.read().rsplit(")", 1)[1].split()
+    return (int(parts[11]) + int(parts[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def counter(url: str, name: str) -> float:
+    total = 0.0
+    for line in urllib.request.urlopen(url + "/metrics", timeout=30).read().decode().splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def run_server(kind: str, work: Path, cfg: Path, interval: int, duration: float) -> dict[str, float]:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    data = work / f"{kind}-data"
+    if kind == "turboprom":
+        cmd = [sys.executable, "-m", "turboprom", "serve", "--data-dir", str(data), "--listen", f"127.0.0.1:{port}",
+               "--config", str(cfg)]
+        appended = "turboprom_storage_appended_samples_total"
+    else:
+        cmd = [require_binary("prometheus"), f"--config.file={cfg}", f"--storage.tsdb.path={data}",
+               f"--web.listen-address=127.0.0.1:{port}"]
+        appended = "prometheus_tsdb_head_samples_appended_total"
+    log = open(work / f"{kind}.log", "wb")
+    proc = subprocess.Popen(["taskset", "-c", "0", *cmd], cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_http(url + "/-/ready", 60, proc)
+        time.sleep(2 * interval)  # warm-up: every target scraped at least once, its series created
+        c0, s0, t0 = cpu_s(proc.pid), counter(url, appended), time.time()
+        time.sleep(duration)
+        c1, s1, t1 = cpu_s(proc.pid), counter(url, appended), time.time()
+        return {"samples": s1 - s0, "cpu": c1 - c0, "wall": t1 - t0}
+    finally:
+        proc.terminate()
+        proc.wait(60)
+        log.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--targets", type=int, default=100)
+    ap.add_argument("--interval", type=int, default=5)
+    ap.add_argument("--duration", type=float, default=40)
+    ap.add_argument("--bodies", default="node,vllm")
+    a = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="scrape-peer-"))
+    print("| body | samples per scrape | server | samples/s | server CPU | samples per CPU-s | TurboProm / Prometheus per CPU-s |")
+    print("|---|---:|---|---:|---:|---:|---:|")
+    try:
+        for body in a.bodies.split(","):
+            raw = node_body() if body == "node" else vllm_template()
+            body_file = work / f"{body}.txt"
+            body_file.write_bytes(raw)
+            per_scrape = sum(1 for line in raw.decode().splitlines() if line and not line.startswith("#"))
+            ports: list[int] = []
+            while len(ports) < a.targets:
+                p = free_port()
+                if p not in ports:
+                    ports.append(p)
+            tproc = subprocess.Popen(["taskset", "-c", "1", sys.executable, "-c", TARGET_SERVER, body, str(body_file),
+                                      ",".join(map(str, ports))], stdout=subprocess.PIPE, text=True)
+            try:
+                assert tproc.stdout is not None and tproc.stdout.readline().strip() == "ready"
+                cfg = work / f"{body}.yml"
+                cfg.write_text(f"global:\n  scrape_interval: {a.interval}s\nscrape_configs:\n  - job_name: {body}\n"
+                               f"    scrape_interval: {a.interval}s\n    scrape_timeout: {min(a.interval, 10)}s\n"
+                               f"    static_configs:\n      - targets: [{', '.join(f'127.0.0.1:{p}' for p in ports)}]\n")
+                (work / body).mkdir(parents=True, exist_ok=True)
+                res = {k: run_server(k, work / body, cfg, a.interval, a.duration) for k in ("turboprom", "prometheus")}
+            finally:
+                tproc.terminate()
+                tproc.wait(10)
+            eff = {k: r["samples"] / max(r["cpu"], 1e-9) for k, r in res.items()}
+            for k, r in res.items():
+                ratio = f"{eff['turboprom'] / eff['prometheus']:.2f}" if k == "turboprom" else ""
+                print(f"| {body} | {per_scrape} | {k} | {r['samples'] / r['wall']:,.0f} | {r['cpu'] / r['wall'] * 100:.0f}% of a core "
+                      f"| {eff[k]:,.0f} | {ratio} |", flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

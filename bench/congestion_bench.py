@@ -322,7 +322,6 @@ def fleet_registry(engine: int) -> Any:
 def fleet(n: int, q: mp.Queue, ctl: Any) -> None:
     """``n`` engines on loopback ports; counts requests and bytes per engine and client (User-Agent).
     Answers "counts" on the control pipe; stops on "stop"."""
-    import threading
 
     from aiohttp import web
     from prometheus_client import generate_latest

@@ -62,7 +62,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     a = ap.parse_args()
     kinds = [("compiled", True), ("python", False)] if native_available() else [("python", False)]
-    print(f"| shape | walk | snappy ms/request | snappy + decode ms/request | requests/s, 1 thread | requests/s, 2 threads | samples/s, 2 threads |")
+    print("| shape | walk | snappy ms/request | snappy + decode ms/request | requests/s, 1 thread | requests/s, 2 threads | samples/s, 2 threads |")
     print("|---|---|---|---|---|---|---|")
     for shape in ("2000x1", "500x20"):
         per_req, per_series = map(int, shape.split("x"))

@@ -103,8 +103,8 @@ def main() -> None:
         missed = metric(url, "turboprom_scrapes_missed_total")
         probes.sort()
         expected = a.targets * wall / a.interval
-        print(f"| targets x series | interval | run s | scrapes ok | expected (+-1 per target) | errors | missed slots | "
-              f"server CPU (one core) | /-/healthy p50 / p99 / max ms |")
+        print("| targets x series | interval | run s | scrapes ok | expected (+-1 per target) | errors | missed slots | "
+              "server CPU (one core) | /-/healthy p50 / p99 / max ms |")
         print("|---|---|---|---|---|---|---|---|---|")
         print(f"| {a.targets} x {a.series} | {a.interval}s | {wall:.0f} | {ok:.0f} | {expected:.0f} | {err:.0f} | {missed:.0f} | "
               f"{cpu / wall * 100:.0f}% | {probes[len(probes) // 2] * 1000:.1f} / {probes[int(len(probes) * 0.99)] * 1000:.1f} / "

@@ -192,7 +192,6 @@ def main() -> int:
     for q, algs in ((f"quantile_over_time(0.99, gpu_util[{r}])", ("req", "kll", None)),
                     (f"sum by (job) (sum_over_time(gpu_util[{r}]))", ("group", "exact", None)),
                     (f"count(count by (job) (count_over_time(gpu_util[{r}])))", ("cpc", "exact", None))):
-        raw_vals = None
         for alg in algs[::-1]:
             hooks = [hook_for(alg)] if alg else []
             times = []
@@ -202,9 +201,7 @@ def main() -> int:
                 times.append(time.perf_counter() - w0)
             path = res.stats.paths[0]
             extra = ""
-            if alg is None:
-                raw_vals = res
-            elif "quantile" in q:
+            if alg is not None and "quantile" in q:
                 extra = f", max rank error {rank_err(src, q, res, start, end, step, rng_ms):.2e} (bound {sdss[alg].rank_bound(0.99):.2e})"
             print(f"query {q[:44]:44} {str(alg or 'raw'):6} path {path[:24]:24} cold {1e3 * times[0]:7.1f} ms, "
                   f"warm median {1e3 * statistics.median(times[1:]):7.1f} ms{extra}")

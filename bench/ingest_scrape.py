@@ -11,7 +11,6 @@ latency of /-/healthy probed every 100 ms during the run (event-loop responsiven
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import subprocess
 import sys
@@ -22,7 +21,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
 
+from ingest_remote_write import proc_cpu_s as cpu_s  # noqa: E402
 from tests.helpers import free_port, wait_http  # noqa: E402
 
 TARGET_SERVER = r'''
@@ -46,12 +47,6 @@ async def main():
     await asyncio.Event().wait()
 asyncio.run(main())
 '''
-
-
-def cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        parts = f.read().rsplit(")", 1)[1].split()
-    return (int(parts[11]) + int(parts[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def metric(url: str, name: str) -> float:

@@ -17,20 +17,21 @@ seconds.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
+from ingest_remote_write import proc_cpu_s  # noqa: E402
+from ingest_scrape_parse import node_body  # noqa: E402
 from tests.helpers import free_port, require_binary, wait_http  # noqa: E402
+from tests.test_ingest_support import metric_value  # noqa: E402
 from vllm_fleet import LAYOUT  # noqa: E402
 
 TARGET_SERVER = r'''
@@ -56,18 +57,6 @@ asyncio.run(main())
 '''
 
 
-def node_body() -> bytes:
-    port = free_port()
-    proc = subprocess.Popen([require_binary("prometheus-node-exporter"), f"--web.listen-address=127.0.0.1:{port}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_http(f"http://127.0.0.1:{port}/metrics", 30, proc)
-        return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read()
-    finally:
-        proc.terminate()
-        proc.wait(10)
-
-
 def vllm_template() -> bytes:
     """One vLLM engine's exposition with ``{v}`` where each value goes (filled per request)."""
     lab = 'engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"'
@@ -82,20 +71,6 @@ def vllm_template() -> bytes:
         labels = ",".join([lab] + [f'{k}="{v}"' for k, v in extra.items()])
         lines.append(f"{name}{{{labels}}} {{v}}")
     return ("\n".join(lines) + "\n").encode()
-
-
-def cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        parts = f.read().rsplit(")", 1)[1].split()
-    return (int(parts[11]) + int(parts[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def counter(url: str, name: str) -> float:
-    total = 0.0
-    for line in urllib.request.urlopen(url + "/metrics", timeout=30).read().decode().splitlines():
-        if line.startswith(name + " ") or line.startswith(name + "{"):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
 
 
 def run_server(kind: str, work: Path, cfg: Path, interval: int, duration: float) -> dict[str, float]:
@@ -115,9 +90,9 @@ def run_server(kind: str, work: Path, cfg: Path, interval: int, duration: float)
     try:
         wait_http(url + "/-/ready", 60, proc)
         time.sleep(2 * interval)  # warm-up: every target scraped at least once, its series created
-        c0, s0, t0 = cpu_s(proc.pid), counter(url, appended), time.time()
+        c0, s0, t0 = proc_cpu_s(proc.pid), metric_value(url, appended), time.time()
         time.sleep(duration)
-        c1, s1, t1 = cpu_s(proc.pid), counter(url, appended), time.time()
+        c1, s1, t1 = proc_cpu_s(proc.pid), metric_value(url, appended), time.time()
         return {"samples": s1 - s0, "cpu": c1 - c0, "wall": t1 - t0}
     finally:
         proc.terminate()

@@ -312,3 +312,34 @@ def test_unused_port_is_free() -> None:
     p = free_port()
     with socket.socket() as s:
         s.bind(("127.0.0.1", p))
+
+
+def test_idle_server_rebuilds_rarely_and_the_first_poll_is_fresh(tmp_path: Path) -> None:
+    """With nobody polling (``idle_after``), writes do not each rebuild the snapshot; the first poll
+    after the idle spell still answers with the newest value (it waits for the rebuild it starts)."""
+    from tests.test_ingest_support import metric_value
+
+    cfg = tmp_path / "turboprom.yml"
+    cfg.write_text("congestion:\n  idle_after: 1s\n  idle_rebuild_period: 1m\n  resolution: 0\n")
+    server = ServerProcess(tmp_path / "data", ["--config", str(cfg)]).start()
+    builds = "turboprom_congestion_snapshot_build_seconds_count"
+
+    def push(v: int) -> None:
+        body = f'vllm:num_requests_waiting{{cluster="c",model_name="m",instance="i1"}} {v}\n'.encode()
+        req = urllib.request.Request(server.url + "/api/v1/import/prometheus", data=body, method="POST")
+        with urllib.request.urlopen(req, timeout=10) as r:
+            assert r.status == 204
+
+    try:
+        time.sleep(1.5)  # idle: no read since start
+        b0 = metric_value(server.url, builds)
+        for v in range(1, 11):
+            push(v)
+            time.sleep(0.05)
+        time.sleep(0.3)
+        assert metric_value(server.url, builds) == b0  # ten writes, no rebuild
+        assert by_instance(congestion(server.url))["i1"]["queue_length"] == 10  # one poll: fresh
+        push(11)  # now polled: published promptly again
+        wait_for(lambda: by_instance(congestion(server.url))["i1"]["queue_length"] == 11, timeout=5, what="11")
+    finally:
+        server.stop()

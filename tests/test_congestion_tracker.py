@@ -356,6 +356,62 @@ def test_fast_path_data_skips_the_coalescing_wait() -> None:
         tr.stop()
 
 
+def test_idle_tracker_rebuilds_rarely_and_a_read_catches_up() -> None:
+    """Nobody reading (idle_after): scrapes do not each trigger a rebuild, only the slow idle period
+    does. The first read after the spell wakes the refresher and gets the newest data; the tracker is
+    then prompt again. A relay's reader clock (the poll process's board) counts as a reader."""
+    import time
+
+    tr = CongestionTracker(CongestionConfig(rebuild_period_s=0.05, idle_after_s=0.2, idle_rebuild_period_s=60))
+    builds: list[float] = []
+    tr.subscribe(lambda s: builds.append(time.monotonic()), reader=False)  # a relay: not a reader
+
+    def sample(v: float) -> SampleBatch:
+        return SampleBatch.from_series([(lbl("vllm:num_requests_waiting", "w1"), [int(time.time() * 1000)], [v])])
+
+    tr.start()
+    try:
+        time.sleep(0.5)  # past idle_after with no read; the start-up build is done
+        n0 = len(builds)
+        for v in range(1, 21):
+            tr.consume(sample(float(v)))
+            time.sleep(0.02)
+        time.sleep(0.2)
+        assert len(builds) == n0  # 20 batches, no rebuild
+        assert tr.idle()
+        t0 = time.monotonic()
+        snap = tr.fresh_snapshot(2.0)
+        assert snap.instances and snap.instances[0]["queue_length"] == 20.0
+        assert time.monotonic() - t0 < 1.0 and len(builds) == n0 + 1
+        assert not tr.idle()
+        tr.consume(sample(21.0))  # a reader is around: published within the normal coalescing
+        end = time.monotonic() + 2.0
+        while tr.snapshot().instances[0]["queue_length"] != 21.0 and time.monotonic() < end:
+            time.sleep(0.005)
+        assert tr.snapshot().instances[0]["queue_length"] == 21.0
+        time.sleep(0.4)
+        assert tr.idle()
+        remove = tr.add_reader_clock(time.monotonic)  # a relay whose readers read just now
+        assert not tr.idle()
+        remove()
+        assert tr.idle()
+        unsubscribe = tr.subscribe(lambda s: None)  # a stream is a reader while subscribed
+        assert not tr.idle()
+        unsubscribe()
+        unsubscribe()
+        assert tr.idle()
+    finally:
+        tr.stop()
+
+
+def test_idle_after_zero_never_idles() -> None:
+    tr = CongestionTracker(CongestionConfig(idle_after_s=0))
+    assert not tr.idle()
+    with pytest.raises(ValueError, match="idle_after"):
+        CongestionConfig.from_mapping({"idle_after": -1})
+    assert CongestionConfig.from_mapping({"idle_after": "2m", "idle_rebuild_period": "10s"}).idle_after_s == 120.0
+
+
 def test_config_from_mapping() -> None:
     cfg = CongestionConfig.from_mapping({"stale_after": "2s", "drop_after": "1m", "resolution": "500ms", "rho_max": 0.9})
     assert (cfg.stale_after_s, cfg.drop_after_s, cfg.resolution_s, cfg.rho_max) == (2.0, 60.0, 0.5, 0.9)

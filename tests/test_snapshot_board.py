@@ -61,3 +61,21 @@ def test_concurrent_posts_never_give_a_torn_body() -> None:
         t.join()
         r.close()
         w.close()
+
+
+def test_a_read_stamps_the_board_for_the_writer() -> None:
+    """The poll process's reads reach the server through the board's last-read word (same monotonic
+    clock), which keeps the tracker publishing promptly while the poll port has readers."""
+    import time
+
+    w = BoardWriter(epoch=3, capacity=1024)
+    try:
+        assert w.last_read() == -float("inf")
+        r = BoardReader(w.path)
+        before = time.monotonic()
+        r.read()
+        assert before <= w.last_read() <= time.monotonic()
+        r.close()
+    finally:
+        w.close()
+    assert w.last_read() == -float("inf")  # closed: no readers

@@ -175,7 +175,15 @@ class CongestionPollServer:
             return
         self._board = BoardWriter(epoch=self.tracker.epoch)
         self._publish(self.tracker.snapshot())
-        self._unsubscribe = self.tracker.subscribe(self._publish)
+        # A relay, not a reader: the poll port's own readers stamp the board, and keep the tracker prompt.
+        unsubscribe = self.tracker.subscribe(self._publish, reader=False)
+        remove_clock = self.tracker.add_reader_clock(self._board.last_read)
+
+        def detach() -> None:
+            unsubscribe()
+            remove_clock()
+
+        self._unsubscribe = detach
         cfg = self.tracker.config
         settings = PollSettings(self.host, self.port, self._board.path, self.web_config_file, self.auth_limits,
                                 self.web_timeouts, tuple(cfg.kv_events), cfg.kv_max_blocks_per_instance)

@@ -20,7 +20,7 @@ def congestion_signals(ctx: ServerContext):
         tracker = ctx.components.congestion
         if tracker is None:
             return {}
-        snap = tracker.snapshot()
+        snap = tracker.fresh_snapshot()  # called off the event loop (the policy runs in a worker thread)
         clusters = [c for c in snap.clusters
                     if (not action.params.get("cluster") or c["cluster"] == action.params["cluster"])
                     and (not action.params.get("model") or c["model_name"] == action.params["model"])]

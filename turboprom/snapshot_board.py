@@ -6,12 +6,15 @@ a body without waiting for the reader. ``multiprocessing.shared_memory`` would d
 registers every attachment with a resource tracker that may unlink the segment when the reader
 exits; a plain file on tmpfs mapped with ``mmap`` has neither problem.
 
-Layout (little-endian u64 words): a 64-byte header ``[magic, generation, epoch, capacity, ...]``,
+Layout (little-endian u64 words): a 64-byte header ``[magic, generation, epoch, capacity, last read, ...]``,
 then two slots of ``capacity`` bytes, each ``[length, version, body...]``. The writer fills the slot
 the readers are not told about (``(generation + 1) % 2``), then bumps ``generation``; a reader reads
 ``generation``, copies slot ``generation % 2``, and reads ``generation`` again: unchanged means the
 copy is whole (the writer touches that slot only after the next bump), changed means read again.
-One writer (the server's refresher thread, serialized by a lock), any number of readers.
+One writer (the server's refresher thread, serialized by a lock), any number of readers. A reader
+also stamps the header's "last read" word (``time.monotonic()`` in microseconds, the same clock in
+every process of the machine) at most every ``READ_STAMP_S``, so the server knows the poll port has
+readers and keeps publishing promptly (the tracker's ``idle_after``).
 """
 from __future__ import annotations
 
@@ -20,12 +23,15 @@ import os
 import struct
 import tempfile
 import threading
+import time
 
 _MAGIC = 0x54504B42_43474E31  # "TPKBCGN1"
 _HEADER = 64
 _SLOT_HEADER = 16
 _TOO_LARGE = (1 << 64) - 1  # slot length meaning: the body did not fit (its size is the version word)
 DEFAULT_CAPACITY = 64 * 1024 * 1024  # per slot; tmpfs pages are only used once written
+_LAST_READ = 32  # header offset of the readers' last-read stamp
+READ_STAMP_S = 0.1
 
 
 class BoardBodyTooLarge(Exception):
@@ -71,6 +77,14 @@ class BoardWriter:
             self._gen += 1
             struct.pack_into("<Q", self._mm, 8, self._gen)
 
+    def last_read(self) -> float:
+        """``time.monotonic()`` of a reader's last stamped read (-inf before any)."""
+        with self._lock:
+            if self._mm.closed:
+                return -float("inf")
+            us = struct.unpack_from("<Q", self._mm, _LAST_READ)[0]
+        return us / 1e6 if us else -float("inf")
+
     def close(self) -> None:
         with self._lock:
             if not self._mm.closed:
@@ -82,11 +96,13 @@ class BoardWriter:
 
 
 class BoardReader:
-    """Maps a board read-only; ``read()`` returns the newest (version, body), copying only when it changed."""
+    """Maps a board; ``read()`` returns the newest (version, body), copying only when it changed, and
+    stamps the last-read word (the only word a reader writes)."""
 
     def __init__(self, path: str) -> None:
-        with open(path, "rb") as f:
-            self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        with open(path, "r+b") as f:
+            self._mm = mmap.mmap(f.fileno(), 0)
+        self._stamped = 0.0
         magic, _, self.epoch, self.capacity = struct.unpack_from("<QQQQ", self._mm, 0)
         if magic != _MAGIC:
             raise ValueError(f"{path} is not a congestion snapshot board")
@@ -99,6 +115,10 @@ class BoardReader:
 
     def read(self) -> tuple[int, bytes]:
         """Raises ``BoardBodyTooLarge`` while the newest body does not fit."""
+        now = time.monotonic()
+        if now - self._stamped >= READ_STAMP_S:
+            self._stamped = now
+            struct.pack_into("<Q", self._mm, _LAST_READ, int(now * 1e6))
         for _ in range(100):
             g = self.generation()
             if g == self._gen:

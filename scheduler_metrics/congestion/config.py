@@ -29,6 +29,8 @@ class CongestionConfig:
     resolution_s: float = 5.0  # write-back period of turboprom_congestion_* series (0 = off)
     rebuild_min_interval_s: float = 0.01  # coalesce snapshot rebuilds under heavy ingest
     rebuild_period_s: float = 0.5  # rebuild at least this often (ages, staleness) even without data
+    idle_after_s: float = 30.0  # no reader for this long: rebuild only every idle_rebuild_period_s (0 = never idle)
+    idle_rebuild_period_s: float = 5.0  # rebuild period while nobody reads (the write-back still gets fresh signals)
     ca2: float = 1.0
     cs2: float = 1.0
     rho_max: float = 0.98
@@ -50,7 +52,8 @@ class CongestionConfig:
             raise ValueError("congestion: must be a mapping")
         aliases = {"stale_after": "stale_after_s", "drop_after": "drop_after_s", "rate_window": "rate_window_s",
                    "resolution": "resolution_s", "rebuild_period": "rebuild_period_s",
-                   "rebuild_min_interval": "rebuild_min_interval_s"}
+                   "rebuild_min_interval": "rebuild_min_interval_s", "idle_after": "idle_after_s",
+                   "idle_rebuild_period": "idle_rebuild_period_s"}
         aliases.update({"stream_interval": "stream_interval_s", "fast_scrape_interval": "fast_scrape_interval_s"})
         known = {f.name: f for f in fields(cls)}
         for key, value in raw.items():
@@ -86,6 +89,10 @@ class CongestionConfig:
                              f"got {cfg.fast_scrape_interval_s:g}s")
         if cfg.fast_scrape_jobs and not cfg.fast_scrape_interval_s:
             raise ValueError("congestion: fast_scrape_jobs needs fast_scrape_interval (50ms-250ms)")
+        if cfg.idle_after_s < 0:
+            raise ValueError("congestion: idle_after must be >= 0 (0: never idle)")
+        if cfg.idle_rebuild_period_s <= 0:
+            raise ValueError("congestion: idle_rebuild_period must be > 0")
         if cfg.stream_interval_s < 0:
             raise ValueError("congestion: stream_interval must be >= 0")
         return cfg

@@ -9,6 +9,13 @@ a fast path, ``consume_now``) and at least every ``rebuild_period_s`` (ages, sta
 read that snapshot, never storage. This module is the publisher: the snapshot, its subscribers, the
 write-back of the signals as series, and the threads.
 
+Publishing follows demand. While something reads the signals (a poll, a stream, a policy check, the
+poll process's board) the snapshot is rebuilt as above. After ``idle_after_s`` without a reader it is
+rebuilt only every ``idle_rebuild_period_s`` (for the write-back), so a server that scrapes a fleet
+nobody routes on does not pay a rebuild per scrape. The first read after such a spell wakes the
+refresher; ``catch_up`` / ``wait_newer`` let a reader wait for that rebuild instead of taking the older
+snapshot.
+
 Per instance (key: ``cluster``, ``model_name`` (else ``model``), ``instance`` labels; entries and written-back
 series are labelled ``model_name``) it keeps: queue
 length, running, backlog tokens (reported, else queue x tokens/request) and seconds, KV usage,
@@ -127,6 +134,12 @@ class CongestionTracker:
         self._snapshot = CongestionSnapshot(0, self.clock(), [], [], self._model_info())
         self._snapshot.body = self._encode(self._snapshot)
         self._subscribers: list[Callable[[CongestionSnapshot], None]] = []
+        self._readers_subscribed = 0  # subscribers that are readers (streams), not relays
+        self._reader_clocks: list[Callable[[], float]] = []  # monotonic time of a relay's last read
+        self._last_read = -float("inf")  # time.monotonic() of the last read here
+        self._read_wake = threading.Event()  # a read ended an idle spell: rebuild now
+        self._built = threading.Condition()
+        self._last_build_mono = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._writer: threading.Thread | None = None
@@ -190,20 +203,82 @@ class CongestionTracker:
         return orjson.dumps({"status": "success", "data": s.filtered()})
 
     def snapshot(self) -> CongestionSnapshot:
-        """The latest ready-to-serve snapshot (rebuilt here only when no refresher thread runs)."""
+        """The latest ready-to-serve snapshot (rebuilt here only when no refresher thread runs); a read."""
+        self._last_read = time.monotonic()
         if self._thread is None and self._dirty.is_set():
             self.refresh()
         return self._snapshot
 
-    def subscribe(self, fn: Callable[[CongestionSnapshot], None]) -> Callable[[], None]:
-        """Call ``fn(snapshot)`` after every rebuild (from the refresher thread). Returns an unsubscribe."""
+    def idle(self, now: float | None = None) -> bool:
+        """True when nothing has read the signals for ``idle_after_s`` (no reader subscribed either)."""
+        limit = self.config.idle_after_s
+        if limit <= 0 or self._readers_subscribed:
+            return False
+        now = time.monotonic() if now is None else now
+        last = self._last_read
+        for clock in self._reader_clocks:
+            try:
+                last = max(last, clock())
+            except Exception:  # noqa: BLE001 - a closed relay reads as no reader
+                pass
+        return now - last > limit
+
+    def catch_up(self) -> int | None:
+        """Note a read about to happen. When it ends an idle spell with data not yet published (or
+        ages older than ``rebuild_period_s``), wake the refresher and return the current version (``wait_newer`` it for the fresh snapshot);
+        otherwise None (the current snapshot is as fresh as a busy tracker's)."""
+        idle = self.idle()
+        now = self._last_read = time.monotonic()
+        if idle and self._thread is not None and (self._dirty.is_set()
+                                                  or now - self._last_build_mono > self.config.rebuild_period_s):
+            v = self._snapshot.version
+            self._read_wake.set()
+            return v
+        return None
+
+    def wait_newer(self, version: int, timeout_s: float) -> CongestionSnapshot:
+        """Block (a worker thread, never the event loop) until a snapshot newer than ``version`` is out."""
+        with self._built:
+            self._built.wait_for(lambda: self._snapshot.version != version or self._stop.is_set(), timeout_s)
+        return self._snapshot
+
+    def fresh_snapshot(self, timeout_s: float = 1.0) -> CongestionSnapshot:
+        """A read from a worker thread (never the event loop): after an idle spell, the snapshot the
+        read's wake-up rebuilds (waiting up to ``timeout_s``), else the current one."""
+        v = self.catch_up()
+        return self.snapshot() if v is None else self.wait_newer(v, timeout_s)
+
+    def add_reader_clock(self, clock: Callable[[], float]) -> Callable[[], None]:
+        """A relay of the snapshot (the poll process's board) reports its readers: ``clock()`` is the
+        ``time.monotonic()`` of its last read. Returns a remove."""
+        self._reader_clocks.append(clock)
+
+        def remove() -> None:
+            try:
+                self._reader_clocks.remove(clock)
+            except ValueError:
+                pass
+
+        return remove
+
+    def subscribe(self, fn: Callable[[CongestionSnapshot], None], *, reader: bool = True) -> Callable[[], None]:
+        """Call ``fn(snapshot)`` after every rebuild (from the refresher thread). Returns an unsubscribe.
+        A ``reader`` (a stream) keeps publishing prompt while subscribed; a relay passes ``reader=False``
+        and reports its own readers through ``add_reader_clock``."""
         self._subscribers.append(fn)
+        if reader:
+            self._readers_subscribed += 1
+        done = False
 
         def unsubscribe() -> None:
+            nonlocal done
             try:
                 self._subscribers.remove(fn)
             except ValueError:
                 pass
+            if reader and not done:
+                self._readers_subscribed -= 1
+            done = True
 
         return unsubscribe
 
@@ -228,7 +303,10 @@ class CongestionTracker:
             last_build = self._last_build
             self._last_build = now
             snap = self._build(now, cols, now - last_build if last_build else 0.0, t.lora_by_instance(cols))
-        self._snapshot = snap
+        with self._built:
+            self._snapshot = snap
+            self._last_build_mono = time.monotonic()
+            self._built.notify_all()
         done = time.perf_counter()
         BUILD_SECONDS.observe(done - t_build)
         if pending is not None:
@@ -382,6 +460,21 @@ class CongestionTracker:
     def _run(self) -> None:
         cfg = self.config
         while not self._stop.is_set():
+            if self.idle():
+                # Nobody reads: rebuild every idle_rebuild_period_s (the write-back's signals), checking
+                # for readers every rebuild_period_s (a relay's readers are seen only by looking).
+                due = self._last_build_mono + cfg.idle_rebuild_period_s - time.monotonic()
+                if due > 0:
+                    self._read_wake.wait(min(due, cfg.rebuild_period_s))
+                    if self._stop.is_set():
+                        break
+                    if not self._read_wake.is_set() and (self.idle() or not self._dirty.is_set()) \
+                            and time.monotonic() < self._last_build_mono + cfg.idle_rebuild_period_s:
+                        continue
+                self._read_wake.clear()
+                self._urgent.clear()
+                self._rebuild()
+                continue
             self._dirty.wait(timeout=cfg.rebuild_period_s)
             if self._stop.is_set():
                 break
@@ -395,12 +488,16 @@ class CongestionTracker:
             if wait > 0 and not self._urgent.is_set():
                 self._urgent.wait(wait)
             self._urgent.clear()
-            try:
-                t = time.perf_counter()
-                self.refresh()
-                self.last_build_s = time.perf_counter() - t
-            except Exception:  # noqa: BLE001 - keep serving the last snapshot
-                log.exception("congestion snapshot rebuild failed")
+            self._read_wake.clear()
+            self._rebuild()
+
+    def _rebuild(self) -> None:
+        try:
+            t = time.perf_counter()
+            self.refresh()
+            self.last_build_s = time.perf_counter() - t
+        except Exception:  # noqa: BLE001 - keep serving the last snapshot
+            log.exception("congestion snapshot rebuild failed")
 
     def _run_writer(self) -> None:
         """Write-back on its own thread: a slow storage append (WAL fsync) must not delay snapshots."""
@@ -423,6 +520,9 @@ class CongestionTracker:
         self._stop.set()
         self._dirty.set()
         self._urgent.set()
+        self._read_wake.set()
+        with self._built:
+            self._built.notify_all()
         t, self._thread = self._thread, None
         if t is not None:
             t.join(timeout=5)

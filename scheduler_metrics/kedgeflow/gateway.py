@@ -39,7 +39,7 @@ class ControlPlane:
         self.policy, self.signer, self.ledger, self.audit = policy, signer, ledger, audit
 
     async def propose(self, action: Action, who: Principal) -> tuple[Decision, Grant | None]:
-        decision = self.policy.decide(action, who)
+        decision = await asyncio.to_thread(self.policy.decide, action, who)  # its signals may wait for a rebuild
         ref = {"action_sha256": action.digest(), "principal": who.name}
         recorded = action.to_dict()
         if not decision.approved and len(canonical_json(action.params)) > DENIED_PARAMS_BYTES:

@@ -141,7 +141,7 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
 
     no_tracker = "congestion tracker is not configured on this server"
 
-    def tracker_view(request: web.Request) -> tuple[Any, dict[str, Any]] | web.Response:
+    async def tracker_view(request: web.Request) -> tuple[Any, dict[str, Any]] | web.Response:
         """(snapshot the caller's tenant sees, filters), or the error answer."""
         tracker = tracker_or_error()
         if tracker is None:
@@ -150,11 +150,12 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
             f = _filters(request)
         except ParamError as e:
             return error_response("bad_data", str(e))
-        snap = tracker.snapshot()
-        return (snap if f["tenant"] == DEFAULT_TENANT else _tenant_snapshot(snap)), f
+        if f["tenant"] != DEFAULT_TENANT:
+            return _tenant_snapshot(tracker.snapshot()), f
+        return await fresh_snapshot(tracker), f
 
     async def congestion(request: web.Request) -> web.StreamResponse:
-        view = tracker_view(request)
+        view = await tracker_view(request)
         if isinstance(view, web.Response):
             return view
         snap, f = view
@@ -201,6 +202,8 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
         last_data: dict[str, Any] | None = None
         try:
             await resp.write(b"retry: 1000\n\n")
+            if own:
+                await fresh_snapshot(tracker)  # the first event is as fresh as a busy tracker's
             while True:
                 wake.clear()
                 snap = tracker.snapshot() if own else _tenant_snapshot(tracker.snapshot())
@@ -279,7 +282,7 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
         return await prefix_response(request, index, tracker.snapshot, ctx.executor)
 
     async def model_server_metrics(request: web.Request) -> web.StreamResponse:
-        view = tracker_view(request)
+        view = await tracker_view(request)
         if isinstance(view, web.Response):
             return view
         snap, f = view
@@ -347,6 +350,18 @@ MAX_PROMPT_TOKENS = 1_000_000
 # Load fields of an instance entry returned beside its prefix match.
 PREFIX_LOAD_FIELDS = ("queue_length", "running", "kv_usage", "backlog_seconds", "utilization",
                       "congestion_price_seconds_per_token", "age_seconds", "stale")
+
+
+CATCH_UP_S = 1.0  # longest a read after an idle spell waits for the rebuild it starts
+
+
+async def fresh_snapshot(tracker: Any) -> Any:
+    """The tracker's snapshot for a read on the event loop: after an idle spell (no reader for
+    ``congestion.idle_after``) the read wakes the refresher and waits, off the loop, for that rebuild."""
+    version = tracker.catch_up()
+    if version is not None:
+        await asyncio.get_running_loop().run_in_executor(None, tracker.wait_newer, version, CATCH_UP_S)
+    return tracker.snapshot()
 
 
 # A prompt this size or smaller is parsed and hashed on the event loop (tens of microseconds): a hop

@@ -12,6 +12,7 @@ SINK_ERRORS = Counter("turboprom_ingest_sink_errors", "Exceptions raised by inge
 REQUEST_SECONDS = Histogram("turboprom_ingest_request_duration_seconds", "Ingest request handling time", ["protocol"],
                             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
 SCRAPES = Counter("turboprom_scrapes", "Scrapes by job and outcome", ["job", "outcome"])
+SCRAPE_GROUPS = Counter("turboprom_scrape_groups", "Groups of scrapes processed and appended together (one worker job, one append)")
 SCRAPE_LAG = Counter("turboprom_scrapes_missed", "Scrapes that started later than one interval after the previous", ["job"])
 
 

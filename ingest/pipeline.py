@@ -56,6 +56,7 @@ def accepted_part(batch: SampleBatch, result: AppendResult) -> SampleBatch | Non
 CONFIG_FIELDS: dict[str, Any] = {
     "max_queue": "int", "max_reading_bytes": "int", "max_body_bytes": "int", "max_decompressed_bytes": "int",
     "overload_status": ("=429", "=503"),
+    "scrape_group_window": "duration",  # read by the scraper (ingest/scrape/groups.py)
 }
 
 

@@ -34,6 +34,7 @@ def build_context(config: ServerConfig, storage: Any = None, node_hooks: tuple =
     # --- ingest pipeline, metadata registry, scraper (self_scrape: true adds a job for this server) ---
     from ingest.metadata_store import MetadataStore
     from ingest.pipeline import IngestPipeline
+    from ingest.scrape.groups import scrape_group_window_s
     from ingest.scrape.manager import ScrapeManager
     from ingest.validation import set_name_validation_scheme
 
@@ -46,7 +47,8 @@ def build_context(config: ServerConfig, storage: Any = None, node_hooks: tuple =
     ctx.components.exemplars = ExemplarStore(int(ex_cfg.get("max_exemplars", DEFAULT_MAX_EXEMPLARS)))
     ctx.components.ingest = IngestPipeline.from_config(storage, config.raw, executor=ctx.executor, metadata=ctx.components.metadata)
     ctx.components.scraper = ScrapeManager.from_config(config.raw, ctx.components.ingest.append_sync, ctx.executor,
-                                                          self_url=config.listen, self_interval_s=config.self_scrape_interval_s)
+                                                          self_url=config.listen, self_interval_s=config.self_scrape_interval_s,
+                                                          group_window_s=scrape_group_window_s(config.raw))
     ctx.components.scraper.exemplars = ctx.components.exemplars
     # --- congestion tracker (ingest sink; writes turboprom_congestion_* back through ingest) ---
     from scheduler_metrics.congestion import CongestionConfig, CongestionTracker

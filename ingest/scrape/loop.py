@@ -1,7 +1,9 @@
-"""One target's scrape loop: fetch with aiohttp on the event loop, process and append in a worker thread."""
+"""One target's scrape loop: fetch with aiohttp on the event loop; process and append in a worker
+thread, together with the other scrapes that finished within the group window (groups.py)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import logging
 import time
@@ -13,10 +15,12 @@ import aiohttp
 from ingest import metrics
 from ingest.errors import IngestError
 from ingest.scrape.config import ScrapeConfig, format_duration
+from ingest.scrape.groups import ScrapeGroups
 from ingest.scrape.process import SeriesState, merge, process_scrape, report_batch, stale_batch
 from ingest.scrape.targets import TargetSpec
 from ingest.validation import name_validation_scheme
 
+from storage.batch import SampleBatch
 from storage.labels import DEFAULT_TENANT, Labels  # scraped targets belong to the default tenant (the operator)
 
 log = logging.getLogger("turboprom.scrape")
@@ -34,13 +38,14 @@ REPORT = ("up", "scrape_duration_seconds", "scrape_samples_scraped", "scrape_sam
 
 class ScrapeLoop:
     def __init__(self, cfg: ScrapeConfig, spec: TargetSpec, session: aiohttp.ClientSession, append, executor,
-                 *, max_body_bytes: int = 64 * 1024 * 1024, exemplars=None):
+                 *, max_body_bytes: int = 64 * 1024 * 1024, exemplars=None, groups: ScrapeGroups | None = None):
         self.cfg = cfg
         self.exemplars = exemplars  # ingest.exemplars.ExemplarStore or None
         self.spec = spec
         self.session = session
         self.append = append  # callable(SampleBatch) -> AppendResult, runs in a worker thread
         self.executor = executor
+        self.groups = groups if groups is not None else ScrapeGroups(append, executor, 0.0)
         self.max_body_bytes = cfg.body_size_limit or max_body_bytes
         self.state = SeriesState()
         self.task: asyncio.Task | None = None
@@ -133,7 +138,10 @@ class ScrapeLoop:
         except OSError as e:
             err = f'Get "{self.spec.url}": {e}'
         work = self._work_ok if not err else self._work_fail
-        result_err = await loop.run_in_executor(self.executor, work, body, ctype, scrape_ts, start, err)
+        fetch_s = time.time() - start
+        # processed and appended with the scrapes finishing about now, within a tenth of the interval
+        result_err = await self.groups.submit(functools.partial(work, body, ctype, scrape_ts, fetch_s, err),
+                                              self.spec.interval_ms / 10_000.0)
         err = err or result_err
         self.scrapes += 1
         self._ever_scraped = True
@@ -145,27 +153,27 @@ class ScrapeLoop:
         self.last_error = err
         metrics.SCRAPES.labels(job=self.cfg.job_name, outcome="error" if err else "ok").inc()
 
-    def _work_ok(self, body: bytes, ctype: str, scrape_ts: int, start: float, _err: str) -> str:
+    def _work_ok(self, body: bytes, ctype: str, scrape_ts: int, fetch_s: float, _err: str) -> tuple[SampleBatch, str]:
+        """(the scrape's batch for the group's append, "" or the error); ``scrape_duration_seconds`` is
+        the fetch plus this scrape's own processing, not its wait for the group."""
+        t0 = time.perf_counter()
         try:
             out = process_scrape(body, ctype, scrape_ts, self.spec.labels, self.state,
                                  honor_labels=self.cfg.honor_labels, honor_timestamps=self.cfg.honor_timestamps,
                                  mrc=self.cfg.metric_relabel_configs, sample_limit=self.cfg.sample_limit)
         except IngestError as e:
-            return self._work_fail(b"", ctype, scrape_ts, start, e.message)
-        dur = time.time() - start
+            return self._work_fail(b"", ctype, scrape_ts, fetch_s + time.perf_counter() - t0, e.message)
+        dur = fetch_s + time.perf_counter() - t0
         self.last_samples = out.scraped
         rep = report_batch(self.spec.labels, scrape_ts, 1.0, dur, out.scraped, out.post_relabel, out.added)
-        self.append(merge(out.batch, rep))
         if out.exemplars and self.exemplars is not None:
             self.exemplars.add(DEFAULT_TENANT, out.exemplars)
-        return ""
+        return merge(out.batch, rep), ""
 
-    def _work_fail(self, _body: bytes, _ctype: str, scrape_ts: int, start: float, err: str) -> str:
+    def _work_fail(self, _body: bytes, _ctype: str, scrape_ts: int, fetch_s: float, err: str) -> tuple[SampleBatch, str]:
         stale = self.state.last_series
         self.state.last_series = set()
-        dur = time.time() - start
-        self.append(report_batch(self.spec.labels, scrape_ts, 0.0, dur, 0, 0, 0, stale_from=stale))
-        return err
+        return report_batch(self.spec.labels, scrape_ts, 0.0, fetch_s, 0, 0, 0, stale_from=stale), err
 
     def snapshot(self) -> dict[str, Any]:
         return {

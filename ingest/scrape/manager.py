@@ -22,6 +22,7 @@ from typing import Any, Callable
 import aiohttp
 
 from ingest.scrape.config import ScrapeConfig, parse_scrape_configs
+from ingest.scrape.groups import DEFAULT_WINDOW_S, ScrapeGroups
 from ingest.scrape.loop import ScrapeLoop
 from ingest.scrape.targets import build_targets, file_mtimes, file_sd_groups
 
@@ -29,9 +30,11 @@ log = logging.getLogger("turboprom.scrape")
 
 
 class ScrapeManager:
-    def __init__(self, configs: list[ScrapeConfig], append: Callable, executor=None, *, file_sd_poll_s: float = 5.0):
+    def __init__(self, configs: list[ScrapeConfig], append: Callable, executor=None, *, file_sd_poll_s: float = 5.0,
+                 group_window_s: float = DEFAULT_WINDOW_S):
         self.configs = configs
         self.append = append
+        self.groups = ScrapeGroups(append, executor, group_window_s)  # all targets' scrapes share the groups
         self.exemplars = None  # ingest.exemplars.ExemplarStore: OpenMetrics exemplars of scraped samples
         self.executor = executor
         self.file_sd_poll_s = file_sd_poll_s
@@ -45,8 +48,9 @@ class ScrapeManager:
 
     @classmethod
     def from_config(cls, raw: dict[str, Any], append: Callable, executor=None, *, self_url: str | None = None,
-                    self_interval_s: float = 15.0) -> "ScrapeManager":
-        return cls(configs_from_raw(raw, self_url=self_url, self_interval_s=self_interval_s), append, executor)
+                    self_interval_s: float = 15.0, group_window_s: float = DEFAULT_WINDOW_S) -> "ScrapeManager":
+        return cls(configs_from_raw(raw, self_url=self_url, self_interval_s=self_interval_s), append, executor,
+                   group_window_s=group_window_s)
 
     async def apply(self, configs: list[ScrapeConfig]) -> None:
         """Config reload: scrape ``configs`` from now on. Jobs that are gone stop (their targets' series get
@@ -126,7 +130,8 @@ class ScrapeManager:
                     await loops.pop(k).stop(stale=False)
             for k, spec in wanted.items():
                 if k not in loops:
-                    lp = ScrapeLoop(cfg, spec, self._session, self.append, self.executor, exemplars=self.exemplars)
+                    lp = ScrapeLoop(cfg, spec, self._session, self.append, self.executor, exemplars=self.exemplars,
+                                    groups=self.groups)
                     loops[k] = lp
                     lp.start()
 

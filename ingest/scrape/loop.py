@@ -36,6 +36,9 @@ REPORT = ("up", "scrape_duration_seconds", "scrape_samples_scraped", "scrape_sam
           "scrape_series_added")
 
 
+SLOT_MS = 250  # the grid of scrape start times within an interval (see ScrapeLoop.offset_s)
+
+
 class ScrapeLoop:
     def __init__(self, cfg: ScrapeConfig, spec: TargetSpec, session: aiohttp.ClientSession, append, executor,
                  *, max_body_bytes: int = 64 * 1024 * 1024, exemplars=None, groups: ScrapeGroups | None = None):
@@ -63,9 +66,13 @@ class ScrapeLoop:
         return self.spec.labels
 
     def offset_s(self) -> float:
-        """Spread targets over the interval like Prometheus (stable per target)."""
+        """Spread targets over the interval like Prometheus (stable per target), on a grid of slots
+        (a twentieth of the interval, at most ``SLOT_MS``): targets of one slot start together, so one
+        wake-up of the event loop sends their requests and their scrapes share a processing group."""
         h = int.from_bytes(hashlib.sha256(repr(self.spec.key).encode()).digest()[:8], "big")
-        return (h % max(self.spec.interval_ms, 1)) / 1000.0
+        interval = max(self.spec.interval_ms, 1)
+        slot = max(1, min(SLOT_MS, interval // 20))
+        return (h % interval) // slot * slot / 1000.0
 
     def start(self) -> None:
         self.task = asyncio.get_running_loop().create_task(self._run(), name=f"scrape {self.spec.url}")

@@ -45,6 +45,7 @@ class ParsedText:
     lines: np.ndarray  # 1-based line number per sample (messages)
     metadata: list[MetricMetadata] = field(default_factory=list)
     exemplars: list[tuple[int, str]] = field(default_factory=list)  # (sample row, text after '#'), OpenMetrics
+    refs: np.ndarray | None = None  # int64 per key: its reference in the target's TextRefs (None: parse_text)
 
     def __len__(self) -> int:
         return len(self.values)

@@ -51,6 +51,8 @@ class TextRefs:
         refs_b, off_b, len_b, val_b, ts_b, has_b, line_b, comments = got
         if comments != self._comments:  # first scrape or changed HELP/TYPE: the parser checks them
             full = parse_text(body, openmetrics=None)
+            # one list per comment block, shared by the scrapes that repeat it (the metadata store
+            # skips a list it has just recorded); nobody mutates a batch's metadata
             self._comments, self._meta = comments, full.metadata
         refs = np.frombuffer(refs_b, np.int64)
         new = np.flatnonzero(refs < 0)
@@ -68,7 +70,7 @@ class TextRefs:
         keys_now = [self.keys[int(uniq[0])]] if n == 1 else list(itemgetter(*uniq.tolist())(self.keys)) if n else []
         return ParsedText(keys_now, sidx, np.frombuffer(val_b, np.float64), np.frombuffer(ts_b, np.int64),
                           np.frombuffer(has_b, np.int64).astype(bool), np.frombuffer(line_b, np.int64),
-                          list(self._meta), [])
+                          self._meta, [], refs=uniq)
 
 
 def text_refs_default() -> TextRefs | None:

@@ -160,3 +160,29 @@ def test_scrape_batches_equal_with_and_without_the_walk():
                               b.values.view(np.uint64).tolist()))
             got.append((rows, o.scraped, o.post_relabel, o.added, [(m.metric_family, m.type, m.help) for m in o.metadata]))
         assert got[0] == got[1] and got[0][1] > 0
+
+
+def test_scrape_batches_carry_help_type_when_the_block_changes():
+    """A target's HELP/TYPE block goes into the batch (and so the metadata store) on the first scrape,
+    when it changes, and at least every METADATA_REFRESH_MS; repeats in between carry none, while the
+    scrape outcome always has it."""
+    from ingest.scrape.process import METADATA_REFRESH_MS
+
+    target = make_labels({"job": "vllm", "instance": "10.0.0.7:8000"})
+    state = SeriesState()
+    t0 = 1_700_000_100_000
+
+    def scrape(body: bytes, ts: int):
+        return process_scrape(body, "text/plain; version=0.0.4", ts, target, state, honor_labels=False,
+                              honor_timestamps=True, mrc=[])
+
+    first = scrape(vllm_body(1, 5), t0)
+    assert first.batch.metadata and first.metadata
+    again = scrape(vllm_body(1, 5), t0 + 15_000)
+    assert again.batch.metadata == [] and again.metadata == first.metadata
+    changed = scrape(vllm_body(1, 5).replace(b"# HELP vllm:num_requests_waiting ", b"# HELP vllm:num_requests_waiting Now "),
+                     t0 + 30_000)
+    assert changed.batch.metadata and any("Now" in m.help for m in changed.batch.metadata)
+    assert scrape(vllm_body(1, 5), t0 + 45_000).batch.metadata  # changed back
+    assert scrape(vllm_body(1, 5), t0 + 60_000).batch.metadata == []
+    assert scrape(vllm_body(1, 5), t0 + 45_000 + METADATA_REFRESH_MS).batch.metadata

@@ -178,8 +178,7 @@ class ScrapeLoop:
         return merge(out.batch, rep), ""
 
     def _work_fail(self, _body: bytes, _ctype: str, scrape_ts: int, fetch_s: float, err: str) -> tuple[SampleBatch, str]:
-        stale = self.state.last_series
-        self.state.last_series = set()
+        stale = self.state.forget_series()
         return report_batch(self.spec.labels, scrape_ts, 0.0, fetch_s, 0, 0, 0, stale_from=stale), err
 
     def snapshot(self) -> dict[str, Any]:

@@ -6,6 +6,7 @@ labels (honor_labels), apply metric_relabel_configs, validate. Per sample: numpy
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 import numpy as np
 
@@ -24,6 +25,9 @@ REPORT_NAMES = ("up", "scrape_duration_seconds", "scrape_samples_scraped", "scra
 _DROPPED = ()  # cache value for series dropped by metric relabeling
 
 
+METADATA_REFRESH_MS = 60_000  # an unchanged HELP/TYPE block is still sent this often (store evictions)
+
+
 @dataclass
 class SeriesState:
     """What a target remembers between scrapes."""
@@ -32,6 +36,43 @@ class SeriesState:
     last_series: set[Labels] = field(default_factory=set)  # for staleness
     max_cache: int = 500_000
     text: TextRefs | None = field(default_factory=text_refs_default)  # compiled walk's series texts (None: parse_text)
+    # With the walk: final labels and "kept" by the walk's reference (reference order), and the sorted
+    # references of the last scrape's series (None: compare label sets), so a scrape with the same
+    # series as the last one does no per-series Python.
+    by_ref: list[Labels] = field(default_factory=list)
+    kept_by_ref: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
+    last_refs: np.ndarray | None = None
+    last_meta: object = None  # the metadata list the last batch carried
+    last_meta_ts: int = 0
+
+    def forget_series(self) -> set[Labels]:
+        """The last scrape's series (for stale markers), forgotten: the next scrape adds them anew."""
+        gone, self.last_series, self.last_refs = self.last_series, set(), None
+        return gone
+
+    def reset(self) -> None:
+        """The cache outgrew ``max_cache``: every series is resolved anew."""
+        self.cache.clear()
+        if self.text is not None:
+            self.text = TextRefs()
+        self.by_ref, self.kept_by_ref, self.last_refs = [], np.zeros(0, bool), None
+
+    def labels_by_ref(self, refs: np.ndarray, target: Labels, honor_labels: bool,
+                      mrc: list[RelabelConfig]) -> tuple[list[Labels], np.ndarray]:
+        """(final labels, kept) of the walk's references: per series only the first time it is seen."""
+        assert self.text is not None
+        keys = self.text.keys
+        if len(self.by_ref) < len(keys):
+            new = [self.cache.get(k) for k in keys[len(self.by_ref):]]
+            for i, lbl in enumerate(new):
+                if lbl is None:
+                    key = keys[len(self.by_ref) + i]
+                    lbl = new[i] = self.cache[key] = target_series_labels(parse_series_key(key), target, honor_labels, mrc)
+            self.by_ref.extend(new)
+            self.kept_by_ref = np.concatenate([self.kept_by_ref, np.fromiter((len(x) > 0 for x in new), bool, len(new))])
+        n = len(refs)
+        labels = [self.by_ref[int(refs[0])]] if n == 1 else list(itemgetter(*refs.tolist())(self.by_ref)) if n else []
+        return labels, self.kept_by_ref[refs]
 
 
 @dataclass
@@ -69,28 +110,30 @@ def process_scrape(body: bytes, content_type: str, scrape_ts: int, target: Label
     openmetrics = "openmetrics" in content_type.lower()
     cache = state.cache
     if len(cache) > state.max_cache:
-        cache.clear()
-        if state.text is not None:
-            state.text = TextRefs()
+        state.reset()
     parsed = state.text.parse(body, openmetrics) if state.text is not None else None
     if parsed is None:
         parsed = parse_text(body, openmetrics=True if openmetrics else None)
-    labels: list[Labels] = []
-    for key in parsed.keys:  # per distinct series
-        lbl = cache.get(key)
-        if lbl is None:
-            lbl = target_series_labels(parse_series_key(key), target, honor_labels, mrc)
-            cache[key] = lbl
-        labels.append(lbl)
+    refs = parsed.refs
+    if refs is not None:
+        labels, keep_series = state.labels_by_ref(refs, target, honor_labels, mrc)
+    else:
+        labels = []
+        for key in parsed.keys:  # per distinct series
+            lbl = cache.get(key)
+            if lbl is None:
+                lbl = target_series_labels(parse_series_key(key), target, honor_labels, mrc)
+                cache[key] = lbl
+            labels.append(lbl)
+        keep_series = np.fromiter((len(x) > 0 for x in labels), bool, count=len(labels))
     n = len(parsed)
-    keep_series = np.fromiter((len(x) > 0 for x in labels), bool, count=len(labels))
     keep = keep_series[parsed.series_index] if n else np.zeros(0, bool)
     post = int(keep.sum())
     if sample_limit and post > sample_limit:
         raise IngestError("sample_limit", f"sample limit exceeded ({post} > {sample_limit})")
     # compact the series list to the kept ones
     new_pos = np.cumsum(keep_series) - 1
-    series = [lbl for lbl, k in zip(labels, keep_series) if k]
+    series = labels if keep_series.all() else [lbl for lbl, k in zip(labels, keep_series.tolist()) if k]
     sidx = new_pos[parsed.series_index[keep]]
     ts = np.where(parsed.has_ts[keep] & honor_timestamps, parsed.timestamps[keep], scrape_ts) if n else np.zeros(0, np.int64)
     vals = parsed.values[keep]
@@ -98,16 +141,27 @@ def process_scrape(body: bytes, content_type: str, scrape_ts: int, target: Label
     explicit = np.zeros(len(series), bool)
     if honor_timestamps and parsed.has_ts.any():
         explicit[sidx[parsed.has_ts[keep]]] = True
-    current = {s for s, e in zip(series, explicit) if not e}
-    gone = state.last_series - current
-    added = len(current - state.last_series)
-    state.last_series = current
+    cur_refs = np.sort(refs[keep_series][~explicit]) if refs is not None else None
+    if cur_refs is not None and state.last_refs is not None and np.array_equal(cur_refs, state.last_refs):
+        gone, added = set(), 0  # the same series as the last scrape
+    else:
+        current = {s for s, e in zip(series, explicit.tolist()) if not e}
+        gone = state.last_series - current
+        added = len(current - state.last_series)
+        state.last_series = current
+        state.last_refs = cur_refs
     extra_series = list(gone)
     out_series = series + extra_series
     out_idx = np.concatenate([sidx, np.arange(len(series), len(out_series), dtype=np.int64)])
     out_ts = np.concatenate([np.asarray(ts, np.int64), np.full(len(extra_series), scrape_ts, np.int64)])
     out_vals = np.concatenate([vals, np.full(len(extra_series), STALE_NAN)])
-    batch = SampleBatch(out_series, out_idx, out_ts, out_vals, metadata=parsed.metadata)
+    # HELP/TYPE go with the batch when this target's block changed (or every METADATA_REFRESH_MS)
+    meta = parsed.metadata
+    if meta is not state.last_meta or scrape_ts - state.last_meta_ts >= METADATA_REFRESH_MS:
+        state.last_meta, state.last_meta_ts = meta, scrape_ts
+    else:
+        meta = []
+    batch = SampleBatch(out_series, out_idx, out_ts, out_vals, metadata=meta)
     exemplars = []
     if parsed.exemplars:  # sparse: per exemplar; one without a timestamp takes its sample's
         rows = np.array([r for r, _ in parsed.exemplars], np.int64)

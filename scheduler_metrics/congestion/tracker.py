@@ -144,6 +144,7 @@ class CongestionTracker:
         self._thread: threading.Thread | None = None
         self._writer: threading.Thread | None = None
         self._written_keys: set[tuple[str, InstanceKey]] = set()
+        self._signal_labels: dict[tuple[str, InstanceKey], Labels] = {}
         self.samples_consumed = 0
         self.last_build_s = 0.0
         self._pending_since: float | None = None  # perf_counter of the oldest unpublished relevant batch
@@ -401,15 +402,23 @@ class CongestionTracker:
         series: list[Labels] = []
         values: list[float] = []
         seen: set[tuple[str, InstanceKey]] = set()
+        known = self._signal_labels  # (name, ident) -> labels, built once per written series
+
+        def labels_of(key: tuple[str, InstanceKey]) -> Labels:
+            lbl = known.get(key)
+            if lbl is None:
+                name, (c, mdl, ins) = key
+                pairs = [("__name__", name), ("cluster", c), ("model_name", mdl), ("instance", ins)]
+                lbl = known[key] = tuple(sorted((k, x) for k, x in pairs if x != ""))
+            return lbl
 
         def add(name: str, ident: InstanceKey, v: Any) -> None:
             if v is None:
                 return
-            c, mdl, ins = ident
-            lbl = [("__name__", name), ("cluster", c), ("model_name", mdl), ("instance", ins)]
-            series.append(tuple(sorted((k, x) for k, x in lbl if x != "")))
+            key = (name, ident)
+            series.append(labels_of(key))
             values.append(float(v))
-            seen.add((name, ident))
+            seen.add(key)
 
         for d in snap.instances:
             ident = (d["cluster"], d["model_name"], d["instance"])
@@ -419,11 +428,10 @@ class CongestionTracker:
             ident = (d["cluster"], d["model_name"], "")
             for name, f in self._CLUSTER_FIELDS.items():
                 add(name, ident, d[f])
-        for name, ident in self._written_keys - seen:
-            c, mdl, ins = ident
-            lbl = [("__name__", name), ("cluster", c), ("model_name", mdl), ("instance", ins)]
-            series.append(tuple(sorted((k, x) for k, x in lbl if x != "")))
+        for key in self._written_keys - seen:
+            series.append(labels_of(key))
             values.append(STALE_NAN)
+            del known[key]
         self._written_keys = seen
         k = len(series)
         return SampleBatch(series, np.arange(k, dtype=np.int64), np.full(k, ts_ms, np.int64),

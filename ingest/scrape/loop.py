@@ -49,6 +49,9 @@ class ScrapeLoop:
         self.append = append  # callable(SampleBatch) -> AppendResult, runs in a worker thread
         self.executor = executor
         self.groups = groups if groups is not None else ScrapeGroups(append, executor, 0.0)
+        self._options: tuple[str, dict[str, str], aiohttp.ClientTimeout] | None = None
+        self._scrapes_ok = metrics.SCRAPES.labels(job=cfg.job_name, outcome="ok")
+        self._scrapes_err = metrics.SCRAPES.labels(job=cfg.job_name, outcome="error")
         self.max_body_bytes = cfg.body_size_limit or max_body_bytes
         self.state = SeriesState()
         self.task: asyncio.Task | None = None
@@ -116,15 +119,12 @@ class ScrapeLoop:
         loop = loop or asyncio.get_running_loop()
         start = time.time()
         scrape_ts = int(start * 1000)
-        timeout_s = self.spec.timeout_ms / 1000.0
         err = ""
         body = b""
         ctype = ""
         try:
-            headers = {"Accept": ACCEPT if name_validation_scheme() == "utf8" else ACCEPT_LEGACY, "X-Prometheus-Scrape-Timeout-Seconds": f"{timeout_s:g}",
-                       "User-Agent": "TurboProm-scraper/0.1"}
-            async with self.session.get(self.spec.url, headers=headers,
-                                        timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+            headers, timeout = self._request_options()
+            async with self.session.get(self.spec.url, headers=headers, timeout=timeout) as resp:
                 if resp.status != 200:
                     err = f"server returned HTTP status {resp.status} {resp.reason}"
                 else:
@@ -158,7 +158,18 @@ class ScrapeLoop:
             log.warning("scrape of %s (job %s) failed: %s", self.spec.url, self.cfg.job_name, err)
         self.health = "down" if err else "up"
         self.last_error = err
-        metrics.SCRAPES.labels(job=self.cfg.job_name, outcome="error" if err else "ok").inc()
+        (self._scrapes_err if err else self._scrapes_ok).inc()
+
+    def _request_options(self) -> tuple[dict[str, str], aiohttp.ClientTimeout]:
+        """The scrape request's headers and timeout, built once (again if the name validation scheme
+        changed with a reload)."""
+        scheme = name_validation_scheme()
+        if self._options is None or self._options[0] != scheme:
+            timeout_s = self.spec.timeout_ms / 1000.0
+            headers = {"Accept": ACCEPT if scheme == "utf8" else ACCEPT_LEGACY,
+                       "X-Prometheus-Scrape-Timeout-Seconds": f"{timeout_s:g}", "User-Agent": "TurboProm-scraper/0.1"}
+            self._options = (scheme, headers, aiohttp.ClientTimeout(total=timeout_s))
+        return self._options[1], self._options[2]
 
     def _work_ok(self, body: bytes, ctype: str, scrape_ts: int, fetch_s: float, _err: str) -> tuple[SampleBatch, str]:
         """(the scrape's batch for the group's append, "" or the error); ``scrape_duration_seconds`` is

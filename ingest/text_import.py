@@ -1,11 +1,14 @@
 """Text exposition / OpenMetrics body -> validated SampleBatch (POST /api/v1/import/prometheus)."""
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from ingest.errors import IngestError
 from ingest.exemplars import Exemplar
 from ingest.text_format import ParsedText, parse_exemplar, parse_series_key, parse_text
+from ingest.text_native import TextRefs, text_refs_default
 from ingest.validation import check_future, now_ms, valid_label_name, validate_pairs
 from storage.batch import SampleBatch
 from storage.labels import Labels
@@ -23,10 +26,27 @@ def parse_extra_labels(values: list[str]) -> list[tuple[str, str]]:
 
 
 class TextImporter:
+    """Bodies of the import endpoint. Senders push the same series again and again (an exporter's
+    body every few seconds), so plain text-format bodies go through the compiled walk with one table
+    of series texts shared by every request (``ingest/text_native.py``): a known series costs no
+    Python per line; anything else, and the first sight of a series, goes through ``parse_text``."""
+
     def __init__(self, *, future_tolerance_ms: int = 10 * 60_000, max_cached_series: int = 1_000_000):
         self.future_tolerance_ms = future_tolerance_ms
         self.max_cached_series = max_cached_series
         self._cache: dict[tuple[str, tuple], Labels] = {}
+        self._text = text_refs_default()  # None: the walk is not built or switched off
+        self._text_lock = threading.Lock()  # the table is one writer at a time
+
+    def _parse(self, body: bytes, openmetrics: bool | None) -> ParsedText:
+        if self._text is not None and not openmetrics:
+            with self._text_lock:
+                if len(self._text) > self.max_cached_series:
+                    self._text = TextRefs()
+                parsed = self._text.parse(body)
+            if parsed is not None:
+                return parsed
+        return parse_text(body, openmetrics=openmetrics)
 
     def labels_for(self, parsed: ParsedText, extra: tuple[tuple[str, str], ...]) -> list[Labels]:
         cache = self._cache
@@ -60,7 +80,7 @@ class TextImporter:
     def decode(self, body: bytes, *, default_ts_ms: int | None = None, extra_labels: list[tuple[str, str]] = (),
                openmetrics: bool | None = None, tenant: str = "default") -> tuple[SampleBatch, list[Exemplar]]:
         """The samples as a batch, plus the OpenMetrics exemplars attached to them."""
-        parsed = parse_text(body, openmetrics=openmetrics)
+        parsed = self._parse(body, openmetrics)
         series = self.labels_for(parsed, tuple(extra_labels))
         ts = parsed.timestamps.copy()
         ts[~parsed.has_ts] = now_ms() if default_ts_ms is None else default_ts_ms

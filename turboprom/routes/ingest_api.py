@@ -262,11 +262,12 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
                         data = bytes(decompress(data, max_decoded))
                     elif enc not in ("", "identity"):
                         raise IngestError("bad_encoding", f"unsupported Content-Encoding {enc!r}", status=415)
-                    return importer.decode(data, default_ts_ms=default_ts, extra_labels=extra, openmetrics=openmetrics)
+                    batch, exemplars = importer.decode(data, default_ts_ms=default_ts, extra_labels=extra,
+                                                       openmetrics=openmetrics)
+                    # one hand-off from the request to the durable append: decode, tenant, limits, WAL
+                    return pipeline.append_sync(limited(label_batch(batch, tenant), tenant)), exemplars, len(batch)
 
-                batch, exemplars = await loop.run_in_executor(ctx.executor, decode)
-                batch = await loop.run_in_executor(ctx.executor, lambda: limited(label_batch(batch, tenant), tenant))
-                result = await pipeline.submit(batch, reserved=True)
+                result, exemplars, n_samples = await loop.run_in_executor(ctx.executor, decode)
                 await store_exemplars(protocol, tenant, exemplars)
         except IngestError as e:
             return answer_error(protocol, e)
@@ -280,7 +281,7 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
         if result.rejected_total:
             metrics.REQUESTS.labels(protocol=protocol, code="400").inc()
             return error_response("bad_data", f"partial import: {result.accepted} samples written; "
-                                              f"{storage_problem(result, len(batch))}", 400)
+                                              f"{storage_problem(result, n_samples)}", 400)
         metrics.REQUESTS.labels(protocol=protocol, code="204").inc()
         return web.Response(status=204)
 

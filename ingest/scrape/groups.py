@@ -67,7 +67,13 @@ class ScrapeGroups:
         if not items:
             return
         loop = asyncio.get_running_loop()
-        job = loop.run_in_executor(self.executor, self._run, [w for w, _ in items])
+        try:
+            job = loop.run_in_executor(self.executor, self._run, [w for w, _ in items])
+        except RuntimeError as e:  # the executor is shut down: the server is stopping
+            for _, f in items:
+                if not f.done():
+                    f.set_exception(e)
+            return
         job.add_done_callback(lambda j: _resolve(items, j))
 
     def _run(self, works: list[Work]) -> list[Any]:

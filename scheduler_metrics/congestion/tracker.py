@@ -226,8 +226,9 @@ class CongestionTracker:
 
     def catch_up(self) -> int | None:
         """Note a read about to happen. When it ends an idle spell with data not yet published (or
-        ages older than ``rebuild_period_s``), wake the refresher and return the current version (``wait_newer`` it for the fresh snapshot);
-        otherwise None (the current snapshot is as fresh as a busy tracker's)."""
+        ages older than ``rebuild_period_s``), wake the refresher and return the current version
+        (``wait_newer`` it for the fresh snapshot); otherwise None (the current snapshot is as fresh
+        as a busy tracker's)."""
         idle = self.idle()
         now = self._last_read = time.monotonic()
         if idle and self._thread is not None and (self._dirty.is_set()

@@ -93,7 +93,10 @@ class ScrapeLoop:
             # target gone: stale markers for its series and its report series, like Prometheus
             ts = int(time.time() * 1000)
             series = list(self.state.last_series) + [tuple(sorted(self.spec.labels + (("__name__", n),))) for n in REPORT]
-            await asyncio.get_running_loop().run_in_executor(self.executor, self.append, stale_batch(series, ts))
+            # through the groups: a scrape of this target still waiting for its group is appended first
+            # (the same group, or an earlier one), so its samples do not land after the markers
+            batch = stale_batch(series, ts)
+            await self.groups.submit(lambda: (batch, None), self.spec.interval_ms / 10_000.0)
 
     async def _run(self) -> None:
         interval = self.spec.interval_ms / 1000.0

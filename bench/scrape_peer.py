@@ -13,8 +13,8 @@ appended per second, per server CPU-second, and the ratio TurboProm / Prometheus
 the same bodies at the same rate by ``POST /api/v1/import/prometheus`` (a pusher process on core 1,
 ``extra_label`` instance per target), its imported samples per CPU-second against Prometheus's
 scraper (the issue's text-import target). Both servers run their defaults (TurboProm's
-WAL fsync ``always``; Prometheus does not fsync per append). Runs ~9 minutes with the defaults (six servers, each ``duration + 2 x interval`` plus start-up)
-seconds.
+WAL fsync ``always``; Prometheus does not fsync per append). Runs ~9 minutes with the defaults
+(six servers, each ``duration + 2 x interval`` seconds plus start-up).
 
     .venv/bin/python bench/scrape_peer.py [--targets 100] [--interval 5] [--duration 40] [--bodies node,vllm]
 """

@@ -26,6 +26,19 @@ sys.path.insert(0, str(REPO / "bench"))
 from ingest_remote_write import proc_cpu_s as cpu_s  # noqa: E402
 from tests.helpers import free_port, wait_http  # noqa: E402
 
+# The tail of a target-server script: serve ``handle`` as /metrics on every port of ``ports`` (one
+# process, one aiohttp runner), print "ready", run until killed. bench/scrape_peer.py uses it too.
+SERVE_ON_PORTS = r'''
+async def main():
+    app = web.Application(); app.router.add_get("/metrics", handle)
+    runner = web.AppRunner(app, access_log=None); await runner.setup()
+    for p in ports:
+        await web.TCPSite(runner, "127.0.0.1", p).start()
+    print("ready", flush=True)
+    await asyncio.Event().wait()
+asyncio.run(main())
+'''
+
 TARGET_SERVER = r'''
 import asyncio, sys, itertools
 from aiohttp import web
@@ -38,15 +51,7 @@ async def handle(request):
     c = next(counter)
     body = head + "".join(f"{l}{(c + i) % 997}\n" for i, l in enumerate(lines))
     return web.Response(text=body, content_type="text/plain")
-async def main():
-    app = web.Application(); app.router.add_get("/metrics", handle)
-    runner = web.AppRunner(app, access_log=None); await runner.setup()
-    for p in ports:
-        await web.TCPSite(runner, "127.0.0.1", p).start()
-    print("ready", flush=True)
-    await asyncio.Event().wait()
-asyncio.run(main())
-'''
+''' + SERVE_ON_PORTS
 
 
 def metric(url: str, name: str) -> float:
@@ -76,7 +81,7 @@ def main() -> None:
     try:
         assert tproc.stdout is not None and tproc.stdout.readline().strip() == "ready"
         cfg = tmp / "config.yml"
-        cfg.write_text(f"scrape_configs:\n  - job_name: gpu\n    scrape_interval: {a.interval}s\n    scrape_timeout: 10s\n"
+        cfg.write_text(f"scrape_configs:\n  - job_name: gpu\n    scrape_interval: {a.interval}s\n    scrape_timeout: {min(a.interval, 10)}s\n"
                        f"    static_configs:\n      - targets: [{', '.join(f'127.0.0.1:{p}' for p in ports)}]\n")
         port = free_port()
         url = f"http://127.0.0.1:{port}"

@@ -33,41 +33,37 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 from ingest_remote_write import proc_cpu_s  # noqa: E402
+from ingest_scrape import SERVE_ON_PORTS  # noqa: E402
 from ingest_scrape_parse import node_body  # noqa: E402
 from tests.helpers import free_port, require_binary, wait_http  # noqa: E402
 from tests.test_ingest_support import metric_value  # noqa: E402
 from vllm_fleet import LAYOUT  # noqa: E402
 
+# The body a script sends: ``static`` (the file), and for the vLLM template ``vllm(c)``, its "{v}"
+# value column filled for request ``c`` (counters and buckets grow, gauges move).
+BODIES = r'''
+static = open(body_file, "rb").read()
+template = static.decode().split("\n")
+def vllm(c):
+    return "\n".join(l.replace("{v}", repr(float(c * (k % 7 + 1) + k))) for k, l in enumerate(template)).encode()
+'''
+
 TARGET_SERVER = r'''
 import asyncio, itertools, sys
 from aiohttp import web
 kind, body_file, ports = sys.argv[1], sys.argv[2], [int(p) for p in sys.argv[3].split(",")]
-static = open(body_file, "rb").read()
-template = static.decode().split("\n")
+''' + BODIES + r'''
 counter = itertools.count()
-def vllm(c):  # the template's value column is "{v}": counters and buckets grow, gauges move
-    return "\n".join(l.replace("{v}", repr(float(c * (k % 7 + 1) + k))) for k, l in enumerate(template)).encode()
 async def handle(request):
     c = next(counter)
     return web.Response(body=static if kind == "node" else vllm(c), content_type="text/plain")
-async def main():
-    app = web.Application(); app.router.add_get("/metrics", handle)
-    runner = web.AppRunner(app, access_log=None); await runner.setup()
-    for p in ports:
-        await web.TCPSite(runner, "127.0.0.1", p).start()
-    print("ready", flush=True)
-    await asyncio.Event().wait()
-asyncio.run(main())
-'''
+''' + SERVE_ON_PORTS
 
 
 PUSHER = r'''
 import http.client, itertools, sys, time, urllib.parse
 kind, body_file, port, targets, interval = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
-static = open(body_file, "rb").read()
-template = static.decode().split("\n")
-def vllm(c):
-    return "\n".join(l.replace("{v}", repr(float(c * (k % 7 + 1) + k))) for k, l in enumerate(template)).encode()
+''' + BODIES + r'''
 conn = http.client.HTTPConnection("127.0.0.1", port)
 paths = ["/api/v1/import/prometheus?" + urllib.parse.urlencode([("extra_label", "job=push"), ("extra_label", f"instance=t{i}")])
          for i in range(targets)]

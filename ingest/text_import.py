@@ -28,8 +28,9 @@ def parse_extra_labels(values: list[str]) -> list[tuple[str, str]]:
 class TextImporter:
     """Bodies of the import endpoint. Senders push the same series again and again (an exporter's
     body every few seconds), so plain text-format bodies go through the compiled walk with one table
-    of series texts shared by every request (``ingest/text_native.py``): a known series costs no
-    Python per line; anything else, and the first sight of a series, goes through ``parse_text``."""
+    of series texts shared by every request (``ingest/text_native.py``): lines of known series are
+    parsed without Python per line (their labels are then looked up once per distinct series and
+    request); anything else, and the first sight of a series, goes through ``parse_text``."""
 
     def __init__(self, *, future_tolerance_ms: int = 10 * 60_000, max_cached_series: int = 1_000_000):
         self.future_tolerance_ms = future_tolerance_ms

@@ -78,11 +78,13 @@ class BoardWriter:
             struct.pack_into("<Q", self._mm, 8, self._gen)
 
     def last_read(self) -> float:
-        """``time.monotonic()`` of a reader's last stamped read (-inf before any)."""
-        with self._lock:
-            if self._mm.closed:
-                return -float("inf")
+        """``time.monotonic()`` of a reader's last stamped read (-inf before any). Without the
+        writer's lock: it is read on the event loop (a poll's idle check), which must not wait for a
+        post copying a large body; one aligned 8-byte word needs no lock."""
+        try:
             us = struct.unpack_from("<Q", self._mm, _LAST_READ)[0]
+        except ValueError:  # closed
+            return -float("inf")
         return us / 1e6 if us else -float("inf")
 
     def close(self) -> None:

@@ -13,12 +13,14 @@ Memory: in-memory only (rebuilt as scrapes and remote writes arrive, as in Prome
 from __future__ import annotations
 
 import threading
+import time
 from typing import Iterable
 
 from storage.batch import MetricMetadata
 from storage.labels import DEFAULT_TENANT
 
 MAX_PER_METRIC = 16
+RECORD_AGAIN_S = 60.0  # a list recorded this recently is skipped when it comes again (see update)
 
 
 class MetadataStore:
@@ -26,10 +28,19 @@ class MetadataStore:
         self._lock = threading.Lock()
         self._tenants: dict[str, dict[str, dict[tuple[str, str, str], None]]] = {}
         self.max_metrics = max_metrics  # per tenant
+        # tenant -> (the list recorded last, when): senders repeat a body's comment block, and the
+        # text walk (ingest/text_native.py) hands out the same, never mutated, list for it
+        self._last: dict[str, tuple[object, float]] = {}
 
     def update(self, items: Iterable[MetricMetadata], tenant: str | None = None) -> None:
+        tenant = tenant or DEFAULT_TENANT
+        now = time.monotonic()
+        last = self._last.get(tenant)
+        if last is not None and last[0] is items and now - last[1] < RECORD_AGAIN_S:
+            return
         with self._lock:
-            data = self._tenants.setdefault(tenant or DEFAULT_TENANT, {})
+            self._last[tenant] = (items, now)
+            data = self._tenants.setdefault(tenant, {})
             for m in items:
                 if not m.metric_family:
                     continue

@@ -7,10 +7,11 @@ import numpy as np
 
 from ingest.errors import IngestError
 from ingest.exemplars import Exemplar
+from ingest.remote_write import Admission
 from ingest.text_format import ParsedText, parse_exemplar, parse_series_key, parse_text
 from ingest.text_native import TextRefs, text_refs_default
 from ingest.validation import check_future, now_ms, valid_label_name, validate_pairs
-from storage.batch import SampleBatch
+from storage.batch import SampleBatch, SeriesRefColumn
 from storage.labels import Labels
 
 
@@ -25,19 +26,48 @@ def parse_extra_labels(values: list[str]) -> list[tuple[str, str]]:
     return out
 
 
+class _Admitted:
+    """One tenant's series admitted under one admission: (series text, extra labels) -> (labels as
+    stored, reference). The object is also the references' space: storage maps them to series ids
+    (``storage.batch.SeriesRefColumn``), so a known series is appended without hashing its labels.
+    References are never reused (a refused request's are skipped), so one always names one series."""
+
+    def __init__(self, admission: Admission):
+        self.admission = admission
+        self.known: dict[tuple[str, tuple], tuple[Labels, int]] = {}
+        self.next_ref = 0
+        self._lock = threading.Lock()
+
+    def take_ref(self) -> int:
+        with self._lock:
+            self.next_ref += 1
+            return self.next_ref - 1
+
+    def remember(self, new: dict[tuple[str, tuple], tuple[Labels, int]]) -> None:
+        self.known.update(new)
+
+
 class TextImporter:
     """Bodies of the import endpoint. Senders push the same series again and again (an exporter's
     body every few seconds), so plain text-format bodies go through the compiled walk with one table
     of series texts shared by every request (``ingest/text_native.py``): lines of known series are
     parsed without Python per line (their labels are then looked up once per distinct series and
-    request); anything else, and the first sight of a series, goes through ``parse_text``."""
+    request); anything else, and the first sight of a series, goes through ``parse_text``.
+
+    With an ``admission`` (the HTTP import, as remote write), the labels as stored (tenant label,
+    input limits) are kept per series text too: a known series is checked once, when first seen,
+    and a request pays the tenant's active-series and rate limits once (``Admission.batch``)."""
 
     def __init__(self, *, future_tolerance_ms: int = 10 * 60_000, max_cached_series: int = 1_000_000):
         self.future_tolerance_ms = future_tolerance_ms
         self.max_cached_series = max_cached_series
-        self._cache: dict[tuple[str, tuple], Labels] = {}
+        self._cache: dict[tuple[str, tuple], Labels] = {}  # (series text, extra labels) -> labels sent
         self._text = text_refs_default()  # None: the walk is not built or switched off
         self._text_lock = threading.Lock()  # the table is one writer at a time
+        # tenant -> its admitted series; a new admission (a reloaded Limits) starts afresh, so every
+        # series is checked under the new limits
+        self._admitted: dict[str, _Admitted] = {}
+        self._admitted_lock = threading.Lock()
 
     def _parse(self, body: bytes, openmetrics: bool | None) -> ParsedText:
         if self._text is not None and not openmetrics:
@@ -73,21 +103,60 @@ class TextImporter:
             out.append(lbl)
         return out
 
+    def admitted_for(self, parsed: ParsedText, extra: tuple[tuple[str, str], ...], tenant: str,
+                     admission: Admission) -> tuple[list[Labels], SeriesRefColumn, _Admitted, dict]:
+        """The series as stored for ``tenant`` under ``admission``, their references, and those not
+        admitted before (remembered by ``_Admitted.remember`` only once the request's admission
+        accepted them: a refused request's series count against the active-series limit again)."""
+        with self._admitted_lock:
+            st = self._admitted.get(tenant)
+            if st is None or st.admission is not admission or st.next_ref >= self.max_cached_series:
+                st = self._admitted[tenant] = _Admitted(admission)
+        known = st.known
+        out: list[Labels] = []
+        refs: list[int] = []
+        new: dict[tuple[str, tuple], tuple[Labels, int]] = {}
+        plain: list[Labels] | None = None
+        for k_i, key in enumerate(parsed.keys):  # per distinct series
+            ck = (key, extra)
+            hit = known.get(ck)
+            if hit is None:
+                if plain is None:
+                    plain = self.labels_for(parsed, extra)
+                hit = new[ck] = (admission.series(plain[k_i]), st.take_ref())
+            out.append(hit[0])
+            refs.append(hit[1])
+        return out, SeriesRefColumn(st, np.array(refs, np.int64)), st, new
+
     def to_batch(self, body: bytes, *, default_ts_ms: int | None = None, extra_labels: list[tuple[str, str]] = (),
                  openmetrics: bool | None = None, tenant: str = "default") -> SampleBatch:
         return self.decode(body, default_ts_ms=default_ts_ms, extra_labels=extra_labels, openmetrics=openmetrics,
                            tenant=tenant)[0]
 
     def decode(self, body: bytes, *, default_ts_ms: int | None = None, extra_labels: list[tuple[str, str]] = (),
-               openmetrics: bool | None = None, tenant: str = "default") -> tuple[SampleBatch, list[Exemplar]]:
-        """The samples as a batch, plus the OpenMetrics exemplars attached to them."""
+               openmetrics: bool | None = None, tenant: str = "default",
+               admission: Admission | None = None) -> tuple[SampleBatch, list[Exemplar]]:
+        """The samples as a batch, plus the OpenMetrics exemplars attached to them (their series as
+        the client sent them). With ``admission``, the batch's series are as stored and the
+        request has passed the tenant's limits (``IngestError`` otherwise)."""
         parsed = self._parse(body, openmetrics)
-        series = self.labels_for(parsed, tuple(extra_labels))
+        extra = tuple(extra_labels)
+        refs = st = new = None
+        if admission is None:
+            series = self.labels_for(parsed, extra)
+        else:
+            series, refs, st, new = self.admitted_for(parsed, extra, tenant, admission)
         ts = parsed.timestamps.copy()
         ts[~parsed.has_ts] = now_ms() if default_ts_ms is None else default_ts_ms
         check_future(ts, parsed.series_index, series, self.future_tolerance_ms)
-        batch = SampleBatch(series, parsed.series_index, ts, parsed.values, metadata=parsed.metadata, tenant=tenant)
-        return batch, exemplars_of(parsed, series, ts)
+        batch = SampleBatch(series, parsed.series_index, ts, parsed.values, metadata=parsed.metadata, tenant=tenant,
+                            series_refs=refs)
+        if admission is not None:
+            admission.batch(batch, [lbl for lbl, _ in new.values()])
+            st.remember(new)
+        exemplars = exemplars_of(parsed, series if admission is None else self.labels_for(parsed, extra), ts) \
+            if parsed.exemplars else []
+        return batch, exemplars
 
 
 def exemplars_of(parsed: ParsedText, series: list[Labels], sample_ts: np.ndarray) -> list[Exemplar]:

@@ -70,3 +70,42 @@ def test_input_and_tenant_limits(tmp_path: Path) -> None:
         for t in ts:
             t.join(120)
         assert 200 in results and 429 in results, results
+
+
+def test_import_admits_each_series_once_and_never_remembers_a_refused_one(tmp_path: Path) -> None:
+    """The import endpoint checks a series' tenant label and input limits when it first sees it and
+    keeps the result; a request the tenant's limits refuse leaves its new series unknown, so they
+    count against the active-series limit again when they come back."""
+    cfg = tmp_path / "cfg.yml"
+    cfg.write_text(CFG)
+    with ServerProcess(tmp_path / "data", ["--config", str(cfg)]) as srv:
+        imp = srv.url + "/api/v1/import/prometheus"
+        assert _req(imp, "small", b's{k="1"} 1\ns{k="2"} 1\n')[0] == 204
+        for _ in range(2):  # refused twice: the first refusal did not admit k=3 / k=4
+            st, b, _ = _req(imp, "small", b's{k="3"} 1\ns{k="4"} 1\n')
+            assert st == 429 and "active series" in b["error"], b
+        assert _req(imp, "small", b's{k="3"} 2\n')[0] == 204
+        assert _req(imp, "small", b's{k="4"} 2\n')[0] == 429
+        assert _req(imp, "small", b's{k="1"} 3\ns{k="2"} 3\ns{k="3"} 3\n')[0] == 204  # all known
+        # the same text with an extra label is another series: checked and counted on its own
+        st, b, _ = _req(imp + "?extra_label=instance=x", "small", b's{k="1"} 4\n')
+        assert st == 429 and "active series" in b["error"], b
+        st, b, _ = _req(imp + "?extra_label=instance=" + "y" * 41, None, b's{k="1"} 4\n')
+        assert st == 400 and "max_label_value_length" in b["error"], b
+        # stored with the tenant's label: the tenant sees its three series, the default tenant none
+        q = srv.url + "/api/v1/query?" + urllib.parse.urlencode({"query": "s"})
+        st, b, _ = _req(q, "small")
+        assert st == 200 and sorted(r["metric"]["k"] for r in b["data"]["result"]) == ["1", "2", "3"], b
+        assert all(set(r["metric"]) == {"__name__", "k"} for r in b["data"]["result"]), b
+        st, b, _ = _req(q)
+        assert st == 200 and b["data"]["result"] == [], b
+        # a client's own __tenant__ label cannot write into another tenant
+        assert _req(imp, "small", b's{k="1",__tenant__="other"} 5\n')[0] == 204
+        st, b, _ = _req(srv.url + "/api/v1/query?" + urllib.parse.urlencode({"query": 's{k="1"}'}), "other")
+        assert st == 200 and b["data"]["result"] == [], b
+        # metadata: a repeated comment block is recorded once, a changed one again
+        for help_text in ("first", "first", "second"):
+            body = f"# HELP s {help_text}\n# TYPE s gauge\ns{{k=\"1\"}} 6\n".encode()
+            assert _req(imp, "small", body)[0] == 204
+        st, b, _ = _req(srv.url + "/api/v1/metadata?metric=s", "small")
+        assert st == 200 and sorted(m["help"] for m in b["data"]["s"]) == ["first", "second"], b

@@ -262,10 +262,12 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
                         data = bytes(decompress(data, max_decoded))
                     elif enc not in ("", "identity"):
                         raise IngestError("bad_encoding", f"unsupported Content-Encoding {enc!r}", status=415)
+                    # one hand-off from the request to the durable append: decode, admission (tenant
+                    # label and input limits once per new series, rate and series limits per request), WAL
                     batch, exemplars = importer.decode(data, default_ts_ms=default_ts, extra_labels=extra,
-                                                       openmetrics=openmetrics)
-                    # one hand-off from the request to the durable append: decode, tenant, limits, WAL
-                    return pipeline.append_sync(limited(label_batch(batch, tenant), tenant)), exemplars, len(batch)
+                                                       openmetrics=openmetrics, tenant=tenant,
+                                                       admission=admission_for(tenant))
+                    return pipeline.append_sync(batch), exemplars, len(batch)
 
                 result, exemplars, n_samples = await loop.run_in_executor(ctx.executor, decode)
                 await store_exemplars(protocol, tenant, exemplars)

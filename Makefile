@@ -14,6 +14,9 @@ EXT_SUFFIX := $(shell $(PY) -c 'import sysconfig; print(sysconfig.get_config_var
 NATIVE_SO = ingest/_rw_native$(EXT_SUFFIX)
 # The HTTP API's compiled matrix JSON assembly (turboprom/csrc -> turboprom/_json_native*.so), same build.
 JSON_SO = turboprom/_json_native$(EXT_SUFFIX)
+# The head's merge of sorted runs (storage/csrc -> storage/_merge_native*.so), same build.
+MERGE_SO = storage/_merge_native$(EXT_SUFFIX)
+NATIVE_ALL = $(NATIVE_SO) $(JSON_SO) $(MERGE_SO)
 
 .PHONY: demo test install native peers clean bench cluster-demo
 
@@ -23,14 +26,14 @@ $(STAMP): pyproject.toml
 	$(VPY) -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
-$(NATIVE_SO) $(JSON_SO) &: $(wildcard ingest/csrc/*.c) $(wildcard turboprom/csrc/*.c) setup.py $(STAMP)
+$(NATIVE_ALL) &: $(wildcard ingest/csrc/*.c) $(wildcard turboprom/csrc/*.c) $(wildcard storage/csrc/*.c) setup.py $(STAMP)
 	$(VPY) -c 'import setuptools' 2>/dev/null || $(VPY) -m pip install -q 'setuptools>=68'  # venvs of Python 3.12+ have none
 	$(VPY) setup.py -q build_ext --inplace
-	test -f $(NATIVE_SO) && test -f $(JSON_SO) && touch $(NATIVE_SO) $(JSON_SO)  # fails loudly when a C build failed (setup.py marks them optional for pip)
+	test -f $(NATIVE_SO) && test -f $(JSON_SO) && test -f $(MERGE_SO) && touch $(NATIVE_ALL)  # fails loudly when a C build failed (setup.py marks them optional for pip)
 
-native: $(NATIVE_SO) $(JSON_SO)
+native: $(NATIVE_ALL)
 
-install: $(STAMP) $(NATIVE_SO) $(JSON_SO)
+install: $(STAMP) $(NATIVE_ALL)
 
 # Installs the real peers the tests run against (needs root, as on this machine kind and in CI).
 peers:
@@ -40,18 +43,18 @@ peers:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; \
 	fi
 
-demo: $(STAMP) $(NATIVE_SO) $(JSON_SO)
+demo: $(STAMP) $(NATIVE_ALL)
 	$(VPY) -m turboprom.demo --data-dir $(DATA) --listen $(LISTEN)
 
 # A local cluster on loopback (3 NATS JetStream nodes, 3 etcd members, distributor, 2 ingesters, querier; docs/cluster.md).
-cluster-demo: $(STAMP) $(NATIVE_SO) $(JSON_SO) peers
+cluster-demo: $(STAMP) $(NATIVE_ALL) peers
 	$(VPY) -m turboprom.cluster.local_cluster --dir $(DATA)-cluster
 
-test: $(STAMP) $(NATIVE_SO) $(JSON_SO) peers
+test: $(STAMP) $(NATIVE_ALL) peers
 	$(VPY) -m pytest -q -ra
 
 bench: $(STAMP) peers
 	@echo "see bench/README.md for the individual benchmark scripts"
 
 clean:
-	rm -rf $(VENV) $(DATA) .pytest_cache build ingest/_rw_native*.so turboprom/_json_native*.so
+	rm -rf $(VENV) $(DATA) .pytest_cache build ingest/_rw_native*.so turboprom/_json_native*.so storage/_merge_native*.so

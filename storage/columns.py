@@ -1,7 +1,18 @@
-"""Columnar helpers shared by head, blocks and the read path (all vectorized numpy)."""
+"""Columnar helpers shared by head, blocks and the read path (vectorized numpy; the merge of two
+sorted parts is compiled, storage/csrc/merge_native.c, with the numpy merge as its fallback)."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
+
+try:  # built by `make native` (setup.py); optional: the numpy merge gives the same rows
+    from storage._merge_native import merge2 as _merge2_native
+except ImportError:  # pragma: no cover - exercised by the fallback tests through USE_NATIVE_MERGE
+    _merge2_native = None
+
+# The compiled two-way merge when it is built, unless TURBOPROM_NATIVE_MERGE=0 (tests run both).
+USE_NATIVE_MERGE = _merge2_native is not None and os.environ.get("TURBOPROM_NATIVE_MERGE", "1") != "0"
 
 INT64_MIN = np.iinfo(np.int64).min
 INT64_MAX = np.iinfo(np.int64).max
@@ -132,6 +143,18 @@ def grow(arr: np.ndarray, n: int, fill: int | float) -> np.ndarray:
     return out
 
 
+def _merge2(a: tuple[np.ndarray, np.ndarray, np.ndarray],
+            b: tuple[np.ndarray, np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The compiled merge: one pass, rows of ``a`` first on equal keys (as ``_concat_sorted``)."""
+    n = len(a[0]) + len(b[0])
+    out_s, out_t, out_v = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.float64)
+    cols = [np.ascontiguousarray(c, dt) for c, dt in zip((*a, *b), (np.int64, np.int64, np.float64) * 2)]
+    m = _merge2_native(*cols, out_s, out_t, out_v)
+    if m < n:
+        return out_s[:m], out_t[:m], out_v[:m]
+    return out_s, out_t, out_v
+
+
 def _concat_sorted(parts):
     s, t, v = sort_by_series_time(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
                                   np.concatenate([p[2] for p in parts]))
@@ -150,6 +173,8 @@ def merge_sorted_parts(parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -
     if len(parts) == 1:
         return parts[0]
     parts.sort(key=lambda p: int(p[1].min()))
+    if len(parts) == 2 and USE_NATIVE_MERGE:
+        return _merge2(parts[0], parts[1])
     groups = [group_bounds(p[0]) for p in parts]
     k = len(parts)
     for i in range(k):

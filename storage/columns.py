@@ -164,17 +164,20 @@ def _concat_sorted(parts):
 def merge_sorted_parts(parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Merge (sid, ts, val) parts, each sorted by (sid, ts) without duplicate keys, into one.
 
-    The common case - parts that follow each other in time for every series they share (blocks,
-    then the head; head runs sealed one after another) - is an O(n) scatter: per series, part
-    after part. Parts that interleave in time for some series fall back to one sort + dedupe."""
+    With the compiled merge: linear two-way merges, pairwise. Without it, the common case - parts
+    that follow each other in time for every series they share (blocks, then the head; head runs
+    sealed one after another) - is an O(n) scatter: per series, part after part. Parts that
+    interleave in time for some series fall back to one sort + dedupe."""
     parts = [p for p in parts if len(p[0])]
     if not parts:
         return EMPTY_I64, EMPTY_I64, EMPTY_F64
     if len(parts) == 1:
         return parts[0]
     parts.sort(key=lambda p: int(p[1].min()))
-    if len(parts) == 2 and USE_NATIVE_MERGE:
-        return _merge2(parts[0], parts[1])
+    if USE_NATIVE_MERGE:  # pairwise, a balanced tree: on equal keys the earlier part's row stays
+        while len(parts) > 1:
+            parts = [_merge2(parts[i], parts[i + 1]) if i + 1 < len(parts) else parts[i] for i in range(0, len(parts), 2)]
+        return parts[0]
     groups = [group_bounds(p[0]) for p in parts]
     k = len(parts)
     for i in range(k):

@@ -58,13 +58,14 @@ def test_merge_sorted_parts_matches_reference(parts, native):
 
 @pytest.mark.parametrize("seed", range(40))
 def test_compiled_merge_is_bit_identical_to_numpy(seed):
-    """Two parts of random shapes (disjoint in time, interleaving, sharing keys with different
-    values, stale markers): the compiled and the numpy merge give the same rows, values bit for bit."""
+    """Two to five parts of random shapes (disjoint in time, interleaving, sharing keys with
+    different values, stale markers): the compiled and the numpy merge give the same rows, values
+    bit for bit (on a key in several parts, the part starting earliest keeps its value)."""
     if columns._merge2_native is None:
         pytest.fail("storage._merge_native is not built: run `make native`")
     rng = np.random.default_rng(seed)
     parts = []
-    for i in range(2):
+    for i in range(2 + seed % 4):
         n = int(rng.integers(0, 3000))
         sid = rng.integers(0, int(rng.integers(1, 200)), n).astype(np.int64)
         lo = [0, 1000 * i, 500 * i][seed % 3]

@@ -24,14 +24,13 @@ import datetime as _dt
 import json
 import logging
 import posixpath
-import ssl
 import threading
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from prometheus_client import Counter, Gauge
 
+from ingest.http_client_config import HTTP_CLIENT_FIELDS, HTTPClientConfig
 from ingest.relabel import RelabelConfig, RelabelConfigError, parse_relabel_configs, relabel
 from ingest.scrape.config import RELABEL_FIELDS
 from turboprom.durations import parse_duration_ms
@@ -44,19 +43,11 @@ RETRY_DELAYS_S = (0.5, 1.0)
 USER_AGENT = "Prometheus/2.42.0"
 
 # `alerting:` in the server YAML (checked by turboprom/config.py; the whole-section rules by parse_alerting).
-_AUTH_FIELDS: dict[str, Any] = {
-    "basic_auth": {"username": "str", "password": "str", "password_file": "str"},
-    "authorization": {"type": "str", "credentials": "str", "credentials_file": "str"},
-    "bearer_token": "str", "bearer_token_file": "str",
-    "tls_config": {"ca_file": "str", "cert_file": "str", "key_file": "str", "server_name": "str",
-                   "insecure_skip_verify": "bool", "min_version": "str"},
-    "follow_redirects": "bool", "enable_http2": "bool",
-}
 ALERTMANAGER_FIELDS: dict[str, Any] = {
     "static_configs": [{"targets": ["str"], "labels": {"*": "str"}}],
     "scheme": ("=http", "=https"), "path_prefix": "str", "timeout": "duration", "api_version": "str",
     "relabel_configs": [RELABEL_FIELDS], "alert_relabel_configs": [RELABEL_FIELDS],
-    **_AUTH_FIELDS,
+    **HTTP_CLIENT_FIELDS,
 }
 ALERTING_FIELDS: dict[str, Any] = {
     "alertmanagers": [ALERTMANAGER_FIELDS],
@@ -78,38 +69,15 @@ class AlertmanagerSet:
     urls: list[str]
     dropped: list[dict[str, str]]
     timeout_s: float = 10.0
-    basic_auth: tuple[str, str, str] | None = None  # username, password, password_file
-    authorization: tuple[str, str, str] | None = None  # type, credentials, credentials_file
-    tls: dict[str, Any] = field(default_factory=dict)
-    follow_redirects: bool = True
+    http: HTTPClientConfig = field(default_factory=HTTPClientConfig)
     alert_relabel: list[RelabelConfig] = field(default_factory=list)
 
     def headers(self) -> dict[str, str]:
         h = {"Content-Type": "application/json", "User-Agent": USER_AGENT}
-        if self.authorization is not None:
-            typ, cred, cred_file = self.authorization
-            if cred_file:
-                cred = Path(cred_file).read_text().strip()
-            h["Authorization"] = f"{typ} {cred}"
-        elif self.basic_auth is not None:
-            import base64
-
-            user, password, pw_file = self.basic_auth
-            if pw_file:
-                password = Path(pw_file).read_text().strip()
-            h["Authorization"] = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+        auth = self.http.authorization_header()
+        if auth is not None:
+            h["Authorization"] = auth
         return h
-
-    def ssl_context(self) -> ssl.SSLContext | None:
-        if not self.tls:
-            return None
-        c = ssl.create_default_context(cafile=self.tls.get("ca_file") or None)
-        if self.tls.get("cert_file"):
-            c.load_cert_chain(self.tls["cert_file"], self.tls.get("key_file") or None)
-        if self.tls.get("insecure_skip_verify"):
-            c.check_hostname = False
-            c.verify_mode = ssl.CERT_NONE
-        return c
 
 
 @dataclass
@@ -122,10 +90,6 @@ def parse_alerting(section: Any, base_dir: str | None = None) -> AlertingConfig:
     """The ``alerting:`` section (already shape-checked against ALERTING_FIELDS); ValueError naming
     the field for what the table cannot express (api_version, auth combinations, relabel rules).
     Password, credentials and TLS files are relative to ``base_dir`` (the config file's folder)."""
-
-    def path(p: Any) -> str:
-        text = str(p or "")
-        return str(Path(base_dir) / text) if text and base_dir and not Path(text).is_absolute() else text
 
     section = section or {}
     if not isinstance(section, dict):
@@ -142,29 +106,7 @@ def parse_alerting(section: Any, base_dir: str | None = None) -> AlertingConfig:
         if version != "v2":
             raise ValueError(f'{where}.api_version: "{version}" is not supported (only "v2": Alertmanager 0.25 '
                              "has no v1 API)")
-        auths = [k for k in ("basic_auth", "authorization", "bearer_token", "bearer_token_file") if am.get(k)]
-        if len(auths) > 1:
-            raise ValueError(f"{where}: at most one of basic_auth, authorization, bearer_token and "
-                             f"bearer_token_file must be configured (found {', '.join(auths)})")
-        basic = None
-        if am.get("basic_auth"):
-            b = am["basic_auth"]
-            if b.get("password") and b.get("password_file"):
-                raise ValueError(f"{where}.basic_auth: at most one of password and password_file must be configured")
-            basic = (str(b.get("username", "")), str(b.get("password", "") or ""), path(b.get("password_file")))
-        authz = None
-        if am.get("authorization"):
-            a = am["authorization"]
-            if a.get("credentials") and a.get("credentials_file"):
-                raise ValueError(f"{where}.authorization: at most one of credentials and credentials_file must be configured")
-            typ = str(a.get("type", "Bearer") or "Bearer")
-            if typ.lower() == "basic":
-                raise ValueError(f'{where}.authorization.type: "Basic" is not allowed, use basic_auth instead')
-            authz = (typ, str(a.get("credentials", "") or ""), path(a.get("credentials_file")))
-        elif am.get("bearer_token"):
-            authz = ("Bearer", str(am["bearer_token"]), "")
-        elif am.get("bearer_token_file"):
-            authz = ("Bearer", "", path(am["bearer_token_file"]))
+        http = HTTPClientConfig.parse(am, where, base_dir)
         try:
             target_relabel = parse_relabel_configs(am.get("relabel_configs"))
             alert_relabel = parse_relabel_configs(am.get("alert_relabel_configs"))
@@ -187,9 +129,7 @@ def parse_alerting(section: Any, base_dir: str | None = None) -> AlertingConfig:
                 urls.append(f"{out.get('__scheme__', scheme)}://{addr}{out.get('__alerts_path__', alerts_path)}")
         timeout = am.get("timeout", "10s")
         timeout_s = float(timeout) if isinstance(timeout, (int, float)) else parse_duration_ms(str(timeout)) / 1000.0
-        tls = {k: (path(v) if k.endswith("_file") else v) for k, v in (am.get("tls_config") or {}).items()}
-        sets.append(AlertmanagerSet(urls, dropped, timeout_s, basic, authz, tls,
-                                    bool(am.get("follow_redirects", True)), alert_relabel))
+        sets.append(AlertmanagerSet(urls, dropped, timeout_s, http, alert_relabel))
     return AlertingConfig(sets, global_relabel)
 
 
@@ -351,8 +291,9 @@ class Notifier:
         last = ""
         for attempt in range(len(RETRY_DELAYS_S) + 1):
             try:
-                async with session.post(url, data=body, headers=s.headers(), ssl=s.ssl_context(),
-                                        allow_redirects=s.follow_redirects,
+                async with session.post(url, data=body, headers=s.headers(), ssl=s.http.ssl_context(),
+                                        server_hostname=s.http.server_hostname(), proxy=s.http.proxy_url,
+                                        allow_redirects=s.http.follow_redirects,
                                         timeout=aiohttp.ClientTimeout(total=s.timeout_s)) as resp:
                     if resp.status // 100 == 2:
                         SENT.labels(url).inc(n)

@@ -130,6 +130,12 @@ class HTTPClientConfig:
             f = self._files[p] = _FileText(p)
         return f.read()
 
+    def reads_files(self) -> bool:
+        """Whether the Authorization header comes from files (so it may change between requests)."""
+        if self.authorization is not None:
+            return bool(self.authorization[2])
+        return self.basic_auth is not None and bool(self.basic_auth[1] or self.basic_auth[3])
+
     def authorization_header(self) -> str | None:
         """The ``Authorization`` value (files read again when they changed), or None."""
         if self.authorization is not None:

@@ -37,7 +37,7 @@ def serve_refused(tmp: Path, config_text: str, name: str = "turboprom.yml") -> t
 TYPOS = [
     ("scrape_config:\n  - job_name: a\n", ['turboprom.yml:1: top level: unknown field "scrape_config"', 'did you mean "scrape_configs"']),
     ("global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: a\n    scrape_intervall: 1s\n",
-     ['turboprom.yml:5: scrape_configs[0]: unknown field "scrape_intervall"', "known: body_size_limit"]),
+     ['turboprom.yml:5: scrape_configs[0]: unknown field "scrape_intervall"', "known: authorization, basic_auth, bearer_token, bearer_token_file, body_size_limit"]),
     ("planner:\n  min_count: 2\n  min_cout: 3\n", ["turboprom.yml:3: planner: unknown field(s) min_cout"]),
     ("ingest:\n  max_queu: 3\n", ['turboprom.yml:2: ingest: unknown field "max_queu"', 'did you mean "max_queue"']),
     ('planner:\n  enabled: "false"\n', ["turboprom.yml:2: planner.enabled must be true or false, got 'false'"]),

@@ -365,7 +365,7 @@ def validate(raw: Any, name: str = "config", lines: dict[str, int] | None = None
         from turboprom.http_guard import Timeouts
 
         try:
-            parse_scrape_configs(raw)
+            parse_scrape_configs(raw, base_dir)
         except (ScrapeConfigError, ValueError) as e:
             m = re.match(r"scrape_configs\[(\d+)\]", str(e))
             job = re.search(r"job (?:name )?'([^']*)'", str(e))

@@ -104,7 +104,8 @@ async def _apply(ctx: ServerContext, raw: dict[str, Any]) -> None:
         notifier.apply(parse_alerting(raw.get("alerting"), cfg.config_dir), external_labels(raw))
     scraper = ctx.components.scraper
     if scraper is not None:
-        await scraper.apply(configs_from_raw(raw, self_url=cfg.listen, self_interval_s=cfg.self_scrape_interval_s))
+        await scraper.apply(configs_from_raw(raw, self_url=cfg.listen, self_interval_s=cfg.self_scrape_interval_s,
+                                             base_dir=cfg.config_dir))
     if rules_new is not None:
         mgr = ctx.components.rules
         if mgr is None:

@@ -48,7 +48,8 @@ def build_context(config: ServerConfig, storage: Any = None, node_hooks: tuple =
     ctx.components.ingest = IngestPipeline.from_config(storage, config.raw, executor=ctx.executor, metadata=ctx.components.metadata)
     ctx.components.scraper = ScrapeManager.from_config(config.raw, ctx.components.ingest.append_sync, ctx.executor,
                                                           self_url=config.listen, self_interval_s=config.self_scrape_interval_s,
-                                                          group_window_s=scrape_group_window_s(config.raw))
+                                                          group_window_s=scrape_group_window_s(config.raw),
+                                                          base_dir=config.config_dir)
     ctx.components.scraper.exemplars = ctx.components.exemplars
     # --- congestion tracker (ingest sink; writes turboprom_congestion_* back through ingest) ---
     from scheduler_metrics.congestion import CongestionConfig, CongestionTracker

@@ -5,6 +5,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from ingest.http_client_config import HTTP_CLIENT_FIELDS, HTTPClientConfig
 from ingest.relabel import RelabelConfig, parse_relabel_configs
 
 _DUR = re.compile(r"(\d+)(ms|y|w|d|h|m|s)")
@@ -73,6 +74,7 @@ SCRAPE_CONFIG_FIELDS: dict[str, Any] = {
     "file_sd_configs": [{"files": ["str"], "refresh_interval": "duration"}],
     "relabel_configs": [RELABEL_FIELDS], "metric_relabel_configs": [RELABEL_FIELDS],
     "body_size_limit": "size", "sample_limit": "int",
+    **HTTP_CLIENT_FIELDS,  # basic_auth, authorization, tls_config, proxy_url, ... (ingest/http_client_config.py)
 }
 
 
@@ -98,9 +100,11 @@ class ScrapeConfig:
     metric_relabel_configs: list[RelabelConfig] = field(default_factory=list)
     body_size_limit: int = 0
     sample_limit: int = 0
+    http: HTTPClientConfig = field(default_factory=HTTPClientConfig)  # auth, TLS, proxy, redirects
 
 
-def parse_scrape_configs(raw: dict[str, Any]) -> list[ScrapeConfig]:
+def parse_scrape_configs(raw: dict[str, Any], base_dir: str | None = None) -> list[ScrapeConfig]:
+    """``base_dir``: the config file's folder (credential and TLS files are relative to it)."""
     glob = raw.get("global") or {}
     g_interval = parse_duration_ms(glob.get("scrape_interval", "1m"))
     g_timeout = parse_duration_ms(glob.get("scrape_timeout", "10s"))
@@ -136,7 +140,12 @@ def parse_scrape_configs(raw: dict[str, Any]) -> list[ScrapeConfig]:
             mrc = parse_relabel_configs(d.get("metric_relabel_configs"))
         except ValueError as e:
             raise ScrapeConfigError(f"job {job!r}: {e}") from None
+        try:
+            http = HTTPClientConfig.parse(d, f"scrape_configs[{i}]", base_dir)
+        except ValueError as e:
+            raise ScrapeConfigError(str(e)) from None
         out.append(ScrapeConfig(job, interval, timeout, str(d.get("metrics_path", "/metrics")), scheme, params,
                                 bool(d.get("honor_labels", False)), bool(d.get("honor_timestamps", True)),
-                                static, fsd, rc, mrc, parse_size(d.get("body_size_limit", 0) or 0), int(d.get("sample_limit", 0) or 0)))
+                                static, fsd, rc, mrc, parse_size(d.get("body_size_limit", 0) or 0), int(d.get("sample_limit", 0) or 0),
+                                http))
     return out

@@ -147,12 +147,17 @@ class FastScrape:
         spec = lp.spec
         url = spec.url + ("&" if "?" in spec.url else "?") + self._query
         timeout = min(spec.timeout_ms / 1000.0, max(self.interval_s * 2, 0.1))
+        http = lp.cfg.http  # the job's credentials, TLS and proxy, as its normal scrape uses them
+        headers = {"Accept": "text/plain;version=0.0.4", "User-Agent": "TurboProm-fast-scrape/0.1"}
         t0 = time.perf_counter()
         async with self._sem:
             try:
-                async with self._session.get(url, headers={"Accept": "text/plain;version=0.0.4",
-                                                           "User-Agent": "TurboProm-fast-scrape/0.1"},
-                                             timeout=aiohttp.ClientTimeout(total=timeout)) as r:
+                auth = http.authorization_header()
+                if auth is not None:
+                    headers["Authorization"] = auth
+                async with self._session.get(url, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout),
+                                             ssl=http.ssl_context() or True, server_hostname=http.server_hostname(),
+                                             proxy=http.proxy_url, allow_redirects=http.follow_redirects) as r:
                     if r.status != 200:
                         FAST_SCRAPES.labels(job, "error").inc()
                         return None

@@ -14,6 +14,7 @@ import aiohttp
 
 from ingest import metrics
 from ingest.errors import IngestError
+from ingest.http_client_config import HTTPClientConfig
 from ingest.scrape.config import ScrapeConfig, format_duration
 from ingest.scrape.groups import ScrapeGroups
 from ingest.scrape.process import SeriesState, merge, process_scrape, report_batch, stale_batch
@@ -49,7 +50,8 @@ class ScrapeLoop:
         self.append = append  # callable(SampleBatch) -> AppendResult, runs in a worker thread
         self.executor = executor
         self.groups = groups if groups is not None else ScrapeGroups(append, executor, 0.0)
-        self._options: tuple[str, dict[str, str], aiohttp.ClientTimeout] | None = None
+        self._options: tuple[str, dict[str, str], aiohttp.ClientTimeout, HTTPClientConfig | None] | None = None
+        self._client_kw: dict[str, Any] = {}  # ssl, server_hostname, proxy, allow_redirects of the job
         self._scrapes_ok = metrics.SCRAPES.labels(job=cfg.job_name, outcome="ok")
         self._scrapes_err = metrics.SCRAPES.labels(job=cfg.job_name, outcome="error")
         self.max_body_bytes = cfg.body_size_limit or max_body_bytes
@@ -126,8 +128,11 @@ class ScrapeLoop:
         body = b""
         ctype = ""
         try:
-            headers, timeout = self._request_options()
-            async with self.session.get(self.spec.url, headers=headers, timeout=timeout) as resp:
+            headers, timeout, client = self._request_options()
+            if client is not None:  # credentials from files: read again when they change
+                auth = self.cfg.http.authorization_header()
+                headers = {**headers, "Authorization": auth} if auth is not None else headers
+            async with self.session.get(self.spec.url, headers=headers, timeout=timeout, **self._client_kw) as resp:
                 if resp.status != 200:
                     err = f"server returned HTTP status {resp.status} {resp.reason}"
                 else:
@@ -163,16 +168,24 @@ class ScrapeLoop:
         self.last_error = err
         (self._scrapes_err if err else self._scrapes_ok).inc()
 
-    def _request_options(self) -> tuple[dict[str, str], aiohttp.ClientTimeout]:
+    def _request_options(self) -> tuple[dict[str, str], aiohttp.ClientTimeout, HTTPClientConfig | None]:
         """The scrape request's headers and timeout, built once (again if the name validation scheme
-        changed with a reload)."""
+        changed with a reload), and the job's HTTP client settings when its credentials come from
+        files (None: the headers hold them, if any)."""
         scheme = name_validation_scheme()
         if self._options is None or self._options[0] != scheme:
             timeout_s = self.spec.timeout_ms / 1000.0
+            http = self.cfg.http
             headers = {"Accept": ACCEPT if scheme == "utf8" else ACCEPT_LEGACY,
                        "X-Prometheus-Scrape-Timeout-Seconds": f"{timeout_s:g}", "User-Agent": "TurboProm-scraper/0.1"}
-            self._options = (scheme, headers, aiohttp.ClientTimeout(total=timeout_s))
-        return self._options[1], self._options[2]
+            from_files = http.reads_files()
+            auth = None if from_files else http.authorization_header()
+            if auth is not None:
+                headers["Authorization"] = auth
+            self._client_kw = {"ssl": http.ssl_context() or True, "server_hostname": http.server_hostname(),
+                               "proxy": http.proxy_url, "allow_redirects": http.follow_redirects}
+            self._options = (scheme, headers, aiohttp.ClientTimeout(total=timeout_s), http if from_files else None)
+        return self._options[1], self._options[2], self._options[3]
 
     def _work_ok(self, body: bytes, ctype: str, scrape_ts: int, fetch_s: float, _err: str) -> tuple[SampleBatch, str]:
         """(the scrape's batch for the group's append, "" or the error); ``scrape_duration_seconds`` is

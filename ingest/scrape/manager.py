@@ -48,9 +48,10 @@ class ScrapeManager:
 
     @classmethod
     def from_config(cls, raw: dict[str, Any], append: Callable, executor=None, *, self_url: str | None = None,
-                    self_interval_s: float = 15.0, group_window_s: float = DEFAULT_WINDOW_S) -> "ScrapeManager":
-        return cls(configs_from_raw(raw, self_url=self_url, self_interval_s=self_interval_s), append, executor,
-                   group_window_s=group_window_s)
+                    self_interval_s: float = 15.0, group_window_s: float = DEFAULT_WINDOW_S,
+                    base_dir: str | None = None) -> "ScrapeManager":
+        return cls(configs_from_raw(raw, self_url=self_url, self_interval_s=self_interval_s, base_dir=base_dir), append,
+                   executor, group_window_s=group_window_s)
 
     async def apply(self, configs: list[ScrapeConfig]) -> None:
         """Config reload: scrape ``configs`` from now on. Jobs that are gone stop (their targets' series get
@@ -163,8 +164,10 @@ class ScrapeManager:
         return {"targets": len(loops), "scrapes": sum(lp.scrapes for lp in loops), "missed": sum(lp.missed for lp in loops)}
 
 
-def configs_from_raw(raw: dict[str, Any] | None, *, self_url: str | None = None, self_interval_s: float = 15.0) -> list[ScrapeConfig]:
-    """The scrape configs of a server config, with the ``self_scrape`` job when it asks for one."""
+def configs_from_raw(raw: dict[str, Any] | None, *, self_url: str | None = None, self_interval_s: float = 15.0,
+                     base_dir: str | None = None) -> list[ScrapeConfig]:
+    """The scrape configs of a server config, with the ``self_scrape`` job when it asks for one
+    (``base_dir``: the config file's folder, which credential and TLS file names are relative to)."""
     raw = dict(raw or {})
     self_scrape = raw.get("self_scrape")
     if self_scrape and not raw.get("scrape_configs") and self_url:
@@ -172,7 +175,7 @@ def configs_from_raw(raw: dict[str, Any] | None, *, self_url: str | None = None,
         interval = self_scrape.get("scrape_interval") if isinstance(self_scrape, dict) else None
         raw["scrape_configs"] = [{"job_name": "turboprom", "scrape_interval": interval or f"{max(1, int(self_interval_s))}s",
                                   "static_configs": [{"targets": [self_url]}]}]
-    return parse_scrape_configs(raw)
+    return parse_scrape_configs(raw, base_dir)
 
 
 def _same(a: ScrapeConfig, b: ScrapeConfig) -> bool:

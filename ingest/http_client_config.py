@@ -35,8 +35,20 @@ HTTP_CLIENT_FIELDS: dict[str, Any] = {
     "proxy_url": "str",
     "follow_redirects": "bool", "enable_http2": "bool",
 }
+# Fields holding a secret value (Prometheus's config.Secret): shown as "<secret>" wherever the
+# configuration is shown back (GET /api/v1/status/config).
+SECRET_FIELDS = frozenset({"password", "credentials", "bearer_token", "client_secret"})
 _TLS_VERSIONS = {"TLS10": ssl.TLSVersion.TLSv1, "TLS11": ssl.TLSVersion.TLSv1_1, "TLS12": ssl.TLSVersion.TLSv1_2,
                  "TLS13": ssl.TLSVersion.TLSv1_3}
+
+
+def redact_secrets(tree: Any) -> Any:
+    """A copy of a config tree with every secret value replaced by ``<secret>``, as Prometheus shows it."""
+    if isinstance(tree, dict):
+        return {k: ("<secret>" if k in SECRET_FIELDS and v not in (None, "") else redact_secrets(v)) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [redact_secrets(v) for v in tree]
+    return tree
 
 
 class _FileText:

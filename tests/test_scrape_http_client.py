@@ -157,6 +157,10 @@ scrape_configs:
             assert errors["wrong"] == "server returned HTTP status 401 Unauthorized", errors
             assert "certificate" in errors["tls_no_name"].lower() or "hostname" in errors["tls_no_name"].lower(), errors
             assert all(errors[j] == "" for j in ("basic", "bearer", "tls")), errors
+            # the configuration shown back hides passwords and tokens, as Prometheus's does
+            st, b, _ = http_json(srv.url + "/api/v1/status/config")
+            assert st == 200 and "s3cret" not in b["data"]["yaml"] and "nope" not in b["data"]["yaml"], b
+            assert b["data"]["yaml"].count("<secret>") == 2 and "password_file: pw.txt" in b["data"]["yaml"], b
             # the exporter now wants a new token; the file changes on disk and the next scrapes send it
             targets.expected[ports["bearer"]] = "Bearer token-two"
             _wait(lambda: _up(srv.url)["bearer"] == 0.0, 15, "the old token refused")

@@ -32,6 +32,7 @@ import yaml
 from aiohttp import web
 
 import turboprom
+from ingest.http_client_config import redact_secrets
 from turboprom.api_errors import APIError, error_response
 from turboprom.api_common import api_handler, ok, run_off_loop, set_cors
 from turboprom.api_params import MAX_TIME_MS, MIN_TIME_MS, Params, invalid_param, parse_metric_selector
@@ -168,7 +169,7 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
         # only a caller who may act as any tenant reads it (403 otherwise).
         require_operator(request, ctx)
         raw = ctx.config.raw or {"global": {"scrape_interval": "1m", "scrape_timeout": "10s", "evaluation_interval": "1m"}}
-        return ok({"yaml": yaml.safe_dump(raw, sort_keys=False)})
+        return ok({"yaml": yaml.safe_dump(redact_secrets(raw), sort_keys=False)})  # passwords, tokens: <secret>
 
     @api_handler
     async def tsdb(request: web.Request, params: Params) -> web.Response:

@@ -51,6 +51,9 @@ def _add_cluster_flags(s: argparse.ArgumentParser) -> None:
                    help="URL queriers use to reach this ingester (default http://<listen>)")
     g.add_argument("--cluster.publish-timeout", dest="cluster_publish_timeout", type=_duration, default=5000,
                    help="a write JetStream has not acknowledged by then is answered 503 (default 5s)")
+    g.add_argument("--cluster.internal-client-config", dest="cluster_internal_client_config", default=None,
+                   help="YAML of Prometheus HTTP client settings (basic_auth, authorization, tls_config) a querier uses "
+                        "to call the ingesters, when they run with --web.config.file")
     g.add_argument("--cluster.pushdown", dest="cluster_pushdown", choices=["true", "false"], default="true",
                    help="a querier computes mergeable aggregations from the ingesters' partial states (default true)")
 
@@ -359,6 +362,13 @@ def _config_from_args(a: argparse.Namespace) -> ServerConfig:
         c.validate()
     except ValueError as e:
         raise CliError(str(e)) from None
+    if a.cluster_internal_client_config:
+        from turboprom.config import ConfigError, load_client_config
+
+        try:
+            c.internal_client = load_client_config(a.cluster_internal_client_config)
+        except ConfigError as e:
+            raise CliError(f"--cluster.internal-client-config: {e}") from None
     if a.notification_queue_capacity <= 0:
         raise CliError("--alertmanager.notification-queue-capacity must be positive")
     cfg.alert_resend_delay_s = a.alert_resend_delay / 1000.0

@@ -30,12 +30,15 @@ import re
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from storage.options import StorageOptions
 from turboprom.cluster.settings import ClusterSettings
+
+if TYPE_CHECKING:
+    from ingest.http_client_config import HTTPClientConfig
 
 DEFAULT_PORT = 9090
 
@@ -403,6 +406,23 @@ def load_config_file(path: str) -> dict[str, Any]:
     """Read and validate the server YAML; ConfigError names the file, line and field of a problem."""
     data, lines = parse_yaml(read_text(path), path)
     return validate(data, path, lines, str(Path(path).parent))
+
+
+def load_client_config(path: str) -> HTTPClientConfig:
+    """A file of Prometheus's HTTP client settings alone (``--cluster.internal-client-config``):
+    basic_auth, authorization, tls_config, ... checked as strictly as the server YAML."""
+    from ingest.http_client_config import HTTP_CLIENT_FIELDS, HTTPClientConfig
+
+    data, lines = parse_yaml(read_text(path), path)
+    data = data or {}
+    try:
+        check(HTTP_CLIENT_FIELDS, data, "")
+        return HTTPClientConfig.parse(data, "client config", str(Path(path).parent))
+    except _Problem as p:
+        line = _line_of(lines, p.key_path)
+        raise ConfigError(f"{path}:{line}: {p.message}" if line else f"{path}: {p.message}") from None
+    except ValueError as e:
+        raise ConfigError(f"{path}: {e}") from None
 
 
 def check_config_file(path: str) -> list[str]:

@@ -22,6 +22,7 @@ from typing import Any, Sequence
 import aiohttp
 import orjson
 
+from ingest.http_client_config import HTTPClientConfig
 from promql.errors import PromQLError
 from storage.labels import Labels
 from storage.matchers import Matcher
@@ -54,9 +55,10 @@ class Refused(Exception):
 
 
 class FanoutStorage:
-    def __init__(self, view: ClusterView, *, timeout_s: float = 120.0):
+    def __init__(self, view: ClusterView, *, timeout_s: float = 120.0, client: HTTPClientConfig | None = None):
         self.view = view
         self.timeout_s = timeout_s
+        self.client = client  # credentials and TLS for the ingesters (--cluster.internal-client-config)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: int | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -131,8 +133,15 @@ class FanoutStorage:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     async def _post(self, url: str, path: str, body: dict, refusals: bool = False) -> bytes:
-        async with self._session.post(url + PREFIX + path, data=orjson.dumps(body),
-                                      headers={"Content-Type": "application/json"}) as r:
+        headers = {"Content-Type": "application/json"}
+        kw: dict[str, Any] = {}
+        if self.client is not None:
+            auth = self.client.authorization_header()
+            if auth is not None:
+                headers["Authorization"] = auth
+            kw = {"ssl": self.client.ssl_context() or True, "server_hostname": self.client.server_hostname(),
+                  "proxy": self.client.proxy_url}
+        async with self._session.post(url + PREFIX + path, data=orjson.dumps(body), headers=headers, **kw) as r:
             data = await r.read()
             if refusals and 400 <= r.status < 500:
                 raise Refused(r.status, data[:300].decode(errors="replace"))

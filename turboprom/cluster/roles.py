@@ -70,7 +70,7 @@ def build_querier(config: ServerConfig) -> ServerContext:
     planner = config.raw.get("planner") if isinstance(config.raw.get("planner"), dict) else {}
     config.raw = {**config.raw, "planner": {**planner, "enabled": False}}
     view = ClusterView(config.cluster)
-    fanout = FanoutStorage(view, timeout_s=config.query_timeout_s + 5)
+    fanout = FanoutStorage(view, timeout_s=config.query_timeout_s + 5, client=config.cluster.internal_client)
     # mergeable aggregations are computed on the ingesters from their partitions (pushdown_hook.py)
     ctx = build_context(config, storage=fanout, node_hooks=(PushdownHook(fanout, config.cluster.pushdown),))
     # started before everything else in the context (their fields come first): queries need the

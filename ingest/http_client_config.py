@@ -11,9 +11,10 @@ Fields, as in Prometheus's configuration (strict: ``HTTP_CLIENT_FIELDS`` for tur
     proxy_url                                # an http:// proxy
     follow_redirects (default true), enable_http2 (accepted; requests use HTTP/1.1)
 
-At most one of basic_auth, authorization, bearer_token, bearer_token_file. Files are relative to
-the config file's folder and are read again when they change (rotated tokens and passwords apply
-without a reload), as Prometheus does.
+At most one of basic_auth, authorization, bearer_token, bearer_token_file. Credential files are
+relative to the config file's folder and are read at request time, again whenever they change
+(rotated tokens and passwords apply without a reload); a missing one fails the request, not the
+config load, as in Prometheus. TLS files are read at load.
 """
 from __future__ import annotations
 
@@ -61,13 +62,17 @@ class _FileText:
         self._lock = threading.Lock()
 
     def read(self) -> str:
-        st = os.stat(self.path)
-        stamp = (st.st_mtime_ns, st.st_size)
-        with self._lock:
-            if stamp != self._stamp:
-                self._text = Path(self.path).read_text().strip()
-                self._stamp = stamp
-            return self._text
+        """OSError naming the file when it cannot be read (the request fails, as in Prometheus)."""
+        try:
+            st = os.stat(self.path)
+            stamp = (st.st_mtime_ns, st.st_size)
+            with self._lock:
+                if stamp != self._stamp:
+                    self._text = Path(self.path).read_text().strip()
+                    self._stamp = stamp
+                return self._text
+        except OSError as e:
+            raise OSError(f"unable to read file {self.path}: {e.strerror or e}") from None
 
 
 @dataclass
@@ -127,9 +132,6 @@ class HTTPClientConfig:
         if proxy is not None and not proxy.startswith("http://"):
             raise ValueError(f"{where}.proxy_url: {proxy!r}: only http:// proxies are supported")
         cfg = cls(basic, authz, tls, proxy, bool(d.get("follow_redirects", True)))
-        for f in (*(basic[1::2] if basic else ()), *(authz[2:] if authz else ())):
-            if f and not os.path.isfile(f):
-                raise ValueError(f"{where}: file {f!r} does not exist")
         try:
             cfg.ssl_context()  # unreadable certificates refuse the config now, not at the first request
         except ValueError as e:

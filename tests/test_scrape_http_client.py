@@ -115,7 +115,7 @@ def test_scrape_auth_tls_and_rotated_token(tmp_path: Path) -> None:
     crt, key = _cert(conf, "target.test")
     server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     server_ctx.load_cert_chain(crt, key)
-    ports = {name: free_port() for name in ("basic", "bearer", "tls", "wrong", "tls_no_name")}
+    ports = {name: free_port() for name in ("basic", "bearer", "tls", "wrong", "tls_no_name", "no_file")}
     targets = Targets()
     try:
         targets.add(ports["basic"], _basic("prom", "s3cret"))
@@ -123,6 +123,7 @@ def test_scrape_auth_tls_and_rotated_token(tmp_path: Path) -> None:
         targets.add(ports["tls"], _basic("prom", "s3cret"), server_ctx)
         targets.add(ports["wrong"], _basic("prom", "s3cret"))
         targets.add(ports["tls_no_name"], None, server_ctx)
+        targets.add(ports["no_file"], None)
         cfg = conf / "turboprom.yml"  # credential and CA file names relative to the config's folder
         cfg.write_text(f"""
 scrape_configs:
@@ -149,14 +150,23 @@ scrape_configs:
     scheme: https
     tls_config: {{ca_file: target.crt}}
     static_configs: [{{targets: ["127.0.0.1:{ports['tls_no_name']}"]}}]
+  - job_name: no_file
+    scrape_interval: 1s
+    bearer_token_file: not-yet.txt
+    static_configs: [{{targets: ["127.0.0.1:{ports['no_file']}"]}}]
 """)
         with ServerProcess(tmp_path / "data", ["--config", str(cfg)]) as srv:
-            want = {"basic": 1.0, "bearer": 1.0, "tls": 1.0, "wrong": 0.0, "tls_no_name": 0.0}
+            want = {"basic": 1.0, "bearer": 1.0, "tls": 1.0, "wrong": 0.0, "tls_no_name": 0.0, "no_file": 0.0}
             _wait(lambda: _up(srv.url) == want, 30, f"up == {want}")
             errors = _errors(srv.url)
             assert errors["wrong"] == "server returned HTTP status 401 Unauthorized", errors
             assert "certificate" in errors["tls_no_name"].lower() or "hostname" in errors["tls_no_name"].lower(), errors
             assert all(errors[j] == "" for j in ("basic", "bearer", "tls")), errors
+            # a credential file that is missing fails the scrape (named), not the config; once it exists, it is used
+            assert "unable to read file" in errors["no_file"] and "not-yet.txt" in errors["no_file"], errors
+            (conf / "not-yet.txt").write_text("late-token\n")
+            _wait(lambda: _up(srv.url)["no_file"] == 1.0, 15, "the late token file used")
+            assert targets.seen[ports["no_file"]][-1] == "Bearer late-token"
             # the configuration shown back hides passwords and tokens, as Prometheus's does
             st, b, _ = http_json(srv.url + "/api/v1/status/config")
             assert st == 200 and "s3cret" not in b["data"]["yaml"] and "nope" not in b["data"]["yaml"], b
@@ -168,7 +178,7 @@ scrape_configs:
             _wait(lambda: _up(srv.url)["bearer"] == 1.0, 15, "the rotated token accepted")
             assert targets.seen[ports["bearer"]][-1] == "Bearer token-two"
             st, b, _ = http_json(srv.url + "/api/v1/query?" + urllib.parse.urlencode({"query": "count(guarded_metric)"}))
-            assert st == 200 and b["data"]["result"][0]["value"][1] == "3", b
+            assert st == 200 and b["data"]["result"][0]["value"][1] == "4", b
     finally:
         targets.close()
 
@@ -178,7 +188,6 @@ scrape_configs:
      "at most one of basic_auth, authorization, bearer_token and bearer_token_file"),
     ("basic_auth: {username: a, password: b, password_file: pw.txt}", "at most one of password and password_file"),
     ("authorization: {type: Basic, credentials: x}", '"Basic" is not allowed, use basic_auth instead'),
-    ("authorization: {credentials_file: missing.txt}", "does not exist"),
     ("tls_config: {ca_file: missing.crt}", "tls_config"),
     ("tls_config: {insecure_skip_verify: maybe}", "insecure_skip_verify"),
     ("proxy_url: socks5://127.0.0.1:1080", "only http:// proxies"),

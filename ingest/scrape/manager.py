@@ -59,8 +59,7 @@ class ScrapeManager:
         get stale markers); unchanged jobs keep running untouched."""
         if self._session is None:
             self._sync_lock = asyncio.Lock()
-            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=256, ttl_dns_cache=300),
-                                                  auto_decompress=True)
+            self._session = _scrape_session()
         old = {c.job_name: c for c in self.configs}
         new = {c.job_name: c for c in configs}
         for job in [j for j in old if j not in new]:
@@ -84,8 +83,7 @@ class ScrapeManager:
         if not self.configs:
             return
         self._sync_lock = asyncio.Lock()
-        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=256, ttl_dns_cache=300),
-                                              auto_decompress=True)
+        self._session = _scrape_session()
         await self.sync_all()
         if any(c.file_sd_configs for c in self.configs):
             self._watch = asyncio.get_running_loop().create_task(self._watch_files(), name="file_sd watch")
@@ -162,6 +160,14 @@ class ScrapeManager:
     def stats(self) -> dict[str, int]:
         loops = [lp for ls in self.loops.values() for lp in ls.values()]
         return {"targets": len(loops), "scrapes": sum(lp.scrapes for lp in loops), "missed": sum(lp.missed for lp in loops)}
+
+
+def _scrape_session() -> aiohttp.ClientSession:
+    """The scrapers' HTTP client: keep-alive connections to the targets, gzip bodies decoded, no
+    cookie jar (Prometheus's scrape client keeps no cookies between scrapes, and a jar costs a
+    filter and an update per request)."""
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=256, ttl_dns_cache=300), auto_decompress=True,
+                                 cookie_jar=aiohttp.DummyCookieJar())
 
 
 def configs_from_raw(raw: dict[str, Any] | None, *, self_url: str | None = None, self_interval_s: float = 15.0,

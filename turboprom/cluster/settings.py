@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+
+from ingest.http_client_config import HTTPClientConfig
 
 ROLES = ("all", "distributor", "ingester", "querier")
 DEFAULT_PARTITIONS = 64
@@ -24,9 +25,8 @@ class ClusterSettings:
     lease_ttl_s: int = 3  # etcd lease of an ingester's liveness key
     pushdown: bool = True  # a querier pushes mergeable aggregations down to the ingesters
     log_retention_s: float = 86400.0  # how long JetStream keeps a partition's messages (replay horizon); 0 = forever
-    # how a querier authenticates to the ingesters (ingest/http_client_config.HTTPClientConfig, from
-    # --cluster.internal-client-config): credentials, TLS; None = plain requests
-    internal_client: Any = None
+    # how a querier calls the ingesters (--cluster.internal-client-config): credentials, TLS; None = plain
+    internal_client: HTTPClientConfig | None = None
 
     def validate(self) -> None:
         if self.role not in ROLES:

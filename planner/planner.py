@@ -614,7 +614,7 @@ class Planner:
         # least twice the largest range
         history = min(self.config.history_ms * pane_ms // self.config.pane_ms, max(2 * ks.max_span_ms, 3_600_000))
         hist = min(max(history, 2 * ks.max_range_ms), self.config.max_history_ms)
-        used = sum(s.nbytes() for s in self.sds.values())
+        used = sum(s.nbytes() for s in list(self.sds.values()))  # a snapshot: other threads adopt and retire
         fields = self._exact_fields(c, ks) if ALGORITHMS[c.algorithm].selects_fields else None
         fold = self._fold_cost_per_sample()
         est = cost_model.estimate(
@@ -722,11 +722,11 @@ class Planner:
                 self.retire(s.id, f"no hits for {int(now - last)}s")
         for s in list(self.sds.values()):
             s.trim()
-        total = sum(s.nbytes() for s in self.sds.values())
+        total = sum(s.nbytes() for s in list(self.sds.values()))
         if total > self.config.budget_bytes:
-            for s in sorted((s for s in self.sds.values() if not s.pinned), key=lambda s: s.stats.hits):
+            for s in sorted((s for s in list(self.sds.values()) if not s.pinned), key=lambda s: s.stats.hits):
                 self.retire(s.id, f"storage budget {self.config.budget_bytes} B exceeded ({total} B)")
-                total = sum(x.nbytes() for x in self.sds.values())
+                total = sum(x.nbytes() for x in list(self.sds.values()))
                 if total <= self.config.budget_bytes:
                     break
         self.summarizer.drain()  # batches queued while ingest went quiet: their panes seal now

@@ -1,6 +1,7 @@
 """Shared test helpers: free loopback ports, a real TurboProm server subprocess, real peers."""
 from __future__ import annotations
 
+import base64
 import os
 import shutil
 import socket
@@ -140,3 +141,25 @@ def http_json(url: str, data: bytes | None = None, headers: dict | None = None, 
     except urllib.error.HTTPError as e:
         raw = e.read()
         return e.code, (json.loads(raw) if raw else {}), dict(e.headers)
+
+
+def bcrypt_hash(password: str) -> str:
+    """A web config's bcrypt hash of ``password`` (cheap rounds: tests only)."""
+    import bcrypt
+
+    return bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=4)).decode()
+
+
+def basic_auth(user: str, password: str) -> dict[str, str]:
+    """The ``Authorization`` header of HTTP basic auth."""
+    return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+
+
+def wait_until(pred, timeout: float, what: str, interval: float = 0.2) -> None:
+    """Poll ``pred`` until it is true; AssertionError naming ``what`` after ``timeout`` seconds."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if pred():
+            return
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")

@@ -3,30 +3,20 @@ ingesters with the credentials of ``--cluster.internal-client-config`` (a passwo
 querier without them gets nothing from the ingesters (real NATS JetStream and etcd)."""
 from __future__ import annotations
 
-import base64
 import subprocess
 import sys
 import time
 import urllib.parse
 import urllib.request
 
-import bcrypt
 import pytest
 
-from tests.helpers import http_json, load_bench, require_binary
+from tests.helpers import basic_auth, bcrypt_hash, http_json, load_bench, require_binary
 from turboprom.cluster.local_cluster import LocalCluster
 
 pytestmark = pytest.mark.peer
 
 T0 = (int(time.time()) - 1800) // 60 * 60 * 1000
-
-
-def _hash(pw: str) -> str:
-    return bcrypt.hashpw(pw.encode(), bcrypt.gensalt(rounds=4)).decode()
-
-
-def _basic(user: str, pw: str) -> dict[str, str]:
-    return {"Authorization": "Basic " + base64.b64encode(f"{user}:{pw}".encode()).decode()}
 
 
 def _count(url: str, headers: dict[str, str]) -> tuple[int, float | None]:
@@ -43,9 +33,9 @@ def test_querier_authenticates_to_ingesters(tmp_path):
     web = tmp_path / "web.yml"
     web.write_text(f"""
 basic_auth_users:
-  writer: {_hash('writer-pw')}
-  reader: {_hash('reader-pw')}
-  querier: {_hash('querier-pw')}
+  writer: {bcrypt_hash('writer-pw')}
+  reader: {bcrypt_hash('reader-pw')}
+  querier: {bcrypt_hash('querier-pw')}
 roles:
   writer: [write]
   reader: [read]
@@ -66,10 +56,10 @@ roles:
         dist = cluster.url("distributor-0")
         for b in bodies:
             req = urllib.request.Request(dist + "/api/v1/write", data=b, method="POST", headers={
-                "Content-Type": "application/x-protobuf", "Content-Encoding": "snappy", **_basic("writer", "writer-pw")})
+                "Content-Type": "application/x-protobuf", "Content-Encoding": "snappy", **basic_auth("writer", "writer-pw")})
             with urllib.request.urlopen(req, timeout=30) as r:
                 assert r.status == 204
-        reader = _basic("reader", "reader-pw")
+        reader = basic_auth("reader", "reader-pw")
         deadline = time.time() + 60
         got: tuple[int, float | None] = (0, None)
         while time.time() < deadline:

@@ -5,13 +5,11 @@ a CA file with ``tls_config.server_name``, and the failures a wrong credential o
 from __future__ import annotations
 
 import asyncio
-import base64
 import datetime
 import ssl
 import subprocess
 import sys
 import threading
-import time
 import urllib.parse
 from pathlib import Path
 
@@ -22,7 +20,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from tests.helpers import ServerProcess, free_port, http_json
+from tests.helpers import ServerProcess, basic_auth, free_port, http_json, wait_until
 
 
 def _cert(tmp: Path, dns: str) -> tuple[Path, Path]:
@@ -82,10 +80,6 @@ class Targets:
         self.loop.call_soon_threadsafe(self.loop.stop)
 
 
-def _basic(user: str, password: str) -> str:
-    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
-
-
 def _up(url: str) -> dict[str, float]:
     st, b, _ = http_json(url + "/api/v1/query?" + urllib.parse.urlencode({"query": "up"}))
     assert st == 200, b
@@ -96,15 +90,6 @@ def _errors(url: str) -> dict[str, str]:
     st, b, _ = http_json(url + "/api/v1/targets")
     assert st == 200, b
     return {t["labels"]["job"]: t["lastError"] for t in b["data"]["activeTargets"]}
-
-
-def _wait(pred, timeout: float, what: str) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if pred():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_scrape_auth_tls_and_rotated_token(tmp_path: Path) -> None:
@@ -118,10 +103,10 @@ def test_scrape_auth_tls_and_rotated_token(tmp_path: Path) -> None:
     ports = {name: free_port() for name in ("basic", "bearer", "tls", "wrong", "tls_no_name", "no_file")}
     targets = Targets()
     try:
-        targets.add(ports["basic"], _basic("prom", "s3cret"))
+        targets.add(ports["basic"], basic_auth("prom", "s3cret")["Authorization"])
         targets.add(ports["bearer"], "Bearer token-one")
-        targets.add(ports["tls"], _basic("prom", "s3cret"), server_ctx)
-        targets.add(ports["wrong"], _basic("prom", "s3cret"))
+        targets.add(ports["tls"], basic_auth("prom", "s3cret")["Authorization"], server_ctx)
+        targets.add(ports["wrong"], basic_auth("prom", "s3cret")["Authorization"])
         targets.add(ports["tls_no_name"], None, server_ctx)
         targets.add(ports["no_file"], None)
         cfg = conf / "turboprom.yml"  # credential and CA file names relative to the config's folder
@@ -157,7 +142,7 @@ scrape_configs:
 """)
         with ServerProcess(tmp_path / "data", ["--config", str(cfg)]) as srv:
             want = {"basic": 1.0, "bearer": 1.0, "tls": 1.0, "wrong": 0.0, "tls_no_name": 0.0, "no_file": 0.0}
-            _wait(lambda: _up(srv.url) == want, 30, f"up == {want}")
+            wait_until(lambda: _up(srv.url) == want, 30, f"up == {want}")
             errors = _errors(srv.url)
             assert errors["wrong"] == "server returned HTTP status 401 Unauthorized", errors
             assert "certificate" in errors["tls_no_name"].lower() or "hostname" in errors["tls_no_name"].lower(), errors
@@ -165,7 +150,7 @@ scrape_configs:
             # a credential file that is missing fails the scrape (named), not the config; once it exists, it is used
             assert "unable to read file" in errors["no_file"] and "not-yet.txt" in errors["no_file"], errors
             (conf / "not-yet.txt").write_text("late-token\n")
-            _wait(lambda: _up(srv.url)["no_file"] == 1.0, 15, "the late token file used")
+            wait_until(lambda: _up(srv.url)["no_file"] == 1.0, 15, "the late token file used")
             assert targets.seen[ports["no_file"]][-1] == "Bearer late-token"
             # the configuration shown back hides passwords and tokens, as Prometheus's does
             st, b, _ = http_json(srv.url + "/api/v1/status/config")
@@ -173,9 +158,9 @@ scrape_configs:
             assert b["data"]["yaml"].count("<secret>") == 2 and "password_file: pw.txt" in b["data"]["yaml"], b
             # the exporter now wants a new token; the file changes on disk and the next scrapes send it
             targets.expected[ports["bearer"]] = "Bearer token-two"
-            _wait(lambda: _up(srv.url)["bearer"] == 0.0, 15, "the old token refused")
+            wait_until(lambda: _up(srv.url)["bearer"] == 0.0, 15, "the old token refused")
             (conf / "token.txt").write_text("token-two\n")
-            _wait(lambda: _up(srv.url)["bearer"] == 1.0, 15, "the rotated token accepted")
+            wait_until(lambda: _up(srv.url)["bearer"] == 1.0, 15, "the rotated token accepted")
             assert targets.seen[ports["bearer"]][-1] == "Bearer token-two"
             st, b, _ = http_json(srv.url + "/api/v1/query?" + urllib.parse.urlencode({"query": "count(guarded_metric)"}))
             assert st == 200 and b["data"]["result"][0]["value"][1] == "4", b

@@ -11,31 +11,26 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-import bcrypt
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from tests.helpers import REPO, ServerProcess, free_port, wait_http
+from tests.helpers import REPO, ServerProcess, bcrypt_hash, free_port, wait_http
 
 TOKEN = "s3cret-grafana-token"
-
-
-def _hash(pw: str) -> str:
-    return bcrypt.hashpw(pw.encode(), bcrypt.gensalt(rounds=4)).decode()
 
 
 def _web_config(tmp: Path, extra: str = "") -> Path:
     p = tmp / "web.yml"
     p.write_text(f"""
 basic_auth_users:
-  alice: {_hash('alice-pw')}
-  wally: {_hash('wally-pw')}
-  rita: {_hash('rita-pw')}
+  alice: {bcrypt_hash('alice-pw')}
+  wally: {bcrypt_hash('wally-pw')}
+  rita: {bcrypt_hash('rita-pw')}
 bearer_tokens:
   - user: grafana
-    hash: {_hash(TOKEN)}
+    hash: {bcrypt_hash(TOKEN)}
 roles:
   alice: [admin]
   wally: [write]

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
+from operator import itemgetter
 
 import numpy as np
 
@@ -26,25 +28,22 @@ def parse_extra_labels(values: list[str]) -> list[tuple[str, str]]:
     return out
 
 
-class _Admitted:
-    """One tenant's series admitted under one admission: (series text, extra labels) -> (labels as
-    stored, reference). The object is also the references' space: storage maps them to series ids
-    (``storage.batch.SeriesRefColumn``), so a known series is appended without hashing its labels.
-    References are never reused (a refused request's are skipped), so one always names one series."""
+class _Sender:
+    """One sender's series under one admission: a tenant and its ``extra_label`` set, like a scrape
+    target. Its own table of series texts (``TextRefs``) gives each series a reference; the labels
+    as stored (tenant label, input limits checked) are kept by reference, and the object is the
+    references' space for storage (``storage.batch.SeriesRefColumn``), so a known series is looked
+    up and appended without Python per series. A series gets its labels here only once a request
+    carrying it was admitted (a refused request's series count against the limits again)."""
 
     def __init__(self, admission: Admission):
         self.admission = admission
-        self.known: dict[tuple[str, tuple], tuple[Labels, int]] = {}
-        self.next_ref = 0
-        self._lock = threading.Lock()
+        self.text = TextRefs()
+        self.by_ref: list[Labels | None] = []
+        self.lock = threading.Lock()
 
-    def take_ref(self) -> int:
-        with self._lock:
-            self.next_ref += 1
-            return self.next_ref - 1
 
-    def remember(self, new: dict[tuple[str, tuple], tuple[Labels, int]]) -> None:
-        self.known.update(new)
+MAX_SENDERS = 10_000  # (tenant, extra labels) spaces kept; the least recently used goes first
 
 
 class TextImporter:
@@ -54,9 +53,10 @@ class TextImporter:
     parsed without Python per line (their labels are then looked up once per distinct series and
     request); anything else, and the first sight of a series, goes through ``parse_text``.
 
-    With an ``admission`` (the HTTP import, as remote write), the labels as stored (tenant label,
-    input limits) are kept per series text too: a known series is checked once, when first seen,
-    and a request pays the tenant's active-series and rate limits once (``Admission.batch``)."""
+    With an ``admission`` (the HTTP import, as remote write), each sender (tenant and extra labels)
+    gets a table of its own, as a scrape target does (``_Sender``): its known series are checked
+    once, when first seen, their labels as stored are found by reference in one C call, and a
+    request pays the tenant's active-series and rate limits once (``Admission.batch``)."""
 
     def __init__(self, *, future_tolerance_ms: int = 10 * 60_000, max_cached_series: int = 1_000_000):
         self.future_tolerance_ms = future_tolerance_ms
@@ -64,10 +64,10 @@ class TextImporter:
         self._cache: dict[tuple[str, tuple], Labels] = {}  # (series text, extra labels) -> labels sent
         self._text = text_refs_default()  # None: the walk is not built or switched off
         self._text_lock = threading.Lock()  # the table is one writer at a time
-        # tenant -> its admitted series; a new admission (a reloaded Limits) starts afresh, so every
-        # series is checked under the new limits
-        self._admitted: dict[str, _Admitted] = {}
-        self._admitted_lock = threading.Lock()
+        # (tenant, extra labels) -> that sender's series; a new admission (a reloaded Limits) starts
+        # afresh, so every series is checked under the new limits
+        self._senders: OrderedDict[tuple[str, tuple], _Sender] = OrderedDict()
+        self._senders_lock = threading.Lock()
 
     def _parse(self, body: bytes, openmetrics: bool | None) -> ParsedText:
         if self._text is not None and not openmetrics:
@@ -103,30 +103,52 @@ class TextImporter:
             out.append(lbl)
         return out
 
-    def admitted_for(self, parsed: ParsedText, extra: tuple[tuple[str, str], ...], tenant: str,
-                     admission: Admission) -> tuple[list[Labels], SeriesRefColumn, _Admitted, dict]:
-        """The series as stored for ``tenant`` under ``admission``, their references, and those not
-        admitted before (remembered by ``_Admitted.remember`` only once the request's admission
-        accepted them: a refused request's series count against the active-series limit again)."""
-        with self._admitted_lock:
-            st = self._admitted.get(tenant)
-            if st is None or st.admission is not admission or st.next_ref >= self.max_cached_series:
-                st = self._admitted[tenant] = _Admitted(admission)
-        known = st.known
-        out: list[Labels] = []
-        refs: list[int] = []
-        new: dict[tuple[str, tuple], tuple[Labels, int]] = {}
-        plain: list[Labels] | None = None
-        for k_i, key in enumerate(parsed.keys):  # per distinct series
-            ck = (key, extra)
-            hit = known.get(ck)
-            if hit is None:
-                if plain is None:
-                    plain = self.labels_for(parsed, extra)
-                hit = new[ck] = (admission.series(plain[k_i]), st.take_ref())
-            out.append(hit[0])
-            refs.append(hit[1])
-        return out, SeriesRefColumn(st, np.array(refs, np.int64)), st, new
+    def _sender(self, tenant: str, extra: tuple, admission: Admission) -> _Sender:
+        key = (tenant, extra)
+        with self._senders_lock:
+            st = self._senders.get(key)
+            if st is None or st.admission is not admission or len(st.text) > self.max_cached_series:
+                st = self._senders[key] = _Sender(admission)
+                if len(self._senders) > MAX_SENDERS:
+                    self._senders.popitem(last=False)
+            else:
+                self._senders.move_to_end(key)
+            return st
+
+    def _decode_admitted(self, body: bytes, extra: tuple, tenant: str, admission: Admission,
+                         default_ts_ms: int | None) -> tuple[SampleBatch, list[Exemplar]] | None:
+        """The compiled walk's path with an admission: None when the body is not in the walk's plain
+        shape (the caller parses it with ``parse_text``)."""
+        st = self._sender(tenant, extra, admission)
+        with st.lock:
+            parsed = st.text.parse(body)
+            if parsed is None:
+                return None
+            by_ref = st.by_ref
+            if len(by_ref) < len(st.text):
+                by_ref.extend([None] * (len(st.text) - len(by_ref)))
+            refs = parsed.refs
+            n = len(refs)
+            series = [by_ref[int(refs[0])]] if n == 1 else list(itemgetter(*refs.tolist())(by_ref)) if n else []
+        new_at = [i for i, lbl in enumerate(series) if lbl is None] if None in series else []
+        if new_at:  # series not admitted yet: validated labels, tenant label and input limits, once
+            plain = self.labels_for(parsed, extra)
+            for i in new_at:
+                series[i] = admission.series(plain[i])
+        batch = self._batch(parsed, series, default_ts_ms, tenant)
+        batch.series_refs = SeriesRefColumn(st, refs)
+        admission.batch(batch, [series[i] for i in new_at])
+        if new_at:
+            with st.lock:
+                for i in new_at:
+                    st.by_ref[int(refs[i])] = series[i]
+        return batch, (exemplars_of(parsed, self.labels_for(parsed, extra), batch.timestamps) if parsed.exemplars else [])
+
+    def _batch(self, parsed: ParsedText, series: list[Labels], default_ts_ms: int | None, tenant: str) -> SampleBatch:
+        ts = parsed.timestamps.copy()
+        ts[~parsed.has_ts] = now_ms() if default_ts_ms is None else default_ts_ms
+        check_future(ts, parsed.series_index, series, self.future_tolerance_ms)
+        return SampleBatch(series, parsed.series_index, ts, parsed.values, metadata=parsed.metadata, tenant=tenant)
 
     def to_batch(self, body: bytes, *, default_ts_ms: int | None = None, extra_labels: list[tuple[str, str]] = (),
                  openmetrics: bool | None = None, tenant: str = "default") -> SampleBatch:
@@ -139,24 +161,20 @@ class TextImporter:
         """The samples as a batch, plus the OpenMetrics exemplars attached to them (their series as
         the client sent them). With ``admission``, the batch's series are as stored and the
         request has passed the tenant's limits (``IngestError`` otherwise)."""
-        parsed = self._parse(body, openmetrics)
         extra = tuple(extra_labels)
-        refs = st = new = None
-        if admission is None:
-            series = self.labels_for(parsed, extra)
-        else:
-            series, refs, st, new = self.admitted_for(parsed, extra, tenant, admission)
-        ts = parsed.timestamps.copy()
-        ts[~parsed.has_ts] = now_ms() if default_ts_ms is None else default_ts_ms
-        check_future(ts, parsed.series_index, series, self.future_tolerance_ms)
-        batch = SampleBatch(series, parsed.series_index, ts, parsed.values, metadata=parsed.metadata, tenant=tenant,
-                            series_refs=refs)
+        if admission is not None and self._text is not None and not openmetrics:
+            got = self._decode_admitted(body, extra, tenant, admission, default_ts_ms)
+            if got is not None:
+                return got
+        parsed = self._parse(body, openmetrics)
+        series = self.labels_for(parsed, extra)
+        plain = series
+        if admission is not None:  # the slow path (odd bodies): every series checked
+            series = [admission.series(lbl) for lbl in series]
+        batch = self._batch(parsed, series, default_ts_ms, tenant)
         if admission is not None:
-            admission.batch(batch, [lbl for lbl, _ in new.values()])
-            st.remember(new)
-        exemplars = exemplars_of(parsed, series if admission is None else self.labels_for(parsed, extra), ts) \
-            if parsed.exemplars else []
-        return batch, exemplars
+            admission.batch(batch, series)
+        return batch, exemplars_of(parsed, plain, batch.timestamps) if parsed.exemplars else []
 
 
 def exemplars_of(parsed: ParsedText, series: list[Labels], sample_ts: np.ndarray) -> list[Exemplar]:

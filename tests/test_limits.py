@@ -103,6 +103,13 @@ def test_import_admits_each_series_once_and_never_remembers_a_refused_one(tmp_pa
         assert _req(imp, "small", b's{k="1",__tenant__="other"} 5\n')[0] == 204
         st, b, _ = _req(srv.url + "/api/v1/query?" + urllib.parse.urlencode({"query": 's{k="1"}'}), "other")
         assert st == 200 and b["data"]["result"] == [], b
+        # two senders of the same text (extra labels set apart), twice each: every sample on its own series
+        for rnd in range(2):
+            for inst, v in (("a", 7), ("b", 8)):
+                assert _req(imp + f"?extra_label=instance={inst}", None, f'u{{k="1"}} {v + rnd}\n'.encode())[0] == 204
+        st, b, _ = _req(srv.url + "/api/v1/query?" + urllib.parse.urlencode({"query": "u"}))
+        assert st == 200 and sorted((r["metric"]["instance"], r["value"][1]) for r in b["data"]["result"]) == \
+            [("a", "8"), ("b", "9")], b
         # metadata: a repeated comment block is recorded once, a changed one again
         for help_text in ("first", "first", "second"):
             body = f"# HELP s {help_text}\n# TYPE s gauge\ns{{k=\"1\"}} 6\n".encode()

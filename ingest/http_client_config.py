@@ -52,7 +52,13 @@ def redact_secrets(tree: Any) -> Any:
     return tree
 
 
-class _FileText:
+def config_path(p: Any, base_dir: str | None) -> str:
+    """A file named in a config file: relative paths are relative to that file's folder ``base_dir``."""
+    text = str(p or "")
+    return str(Path(base_dir) / text) if text and base_dir and not Path(text).is_absolute() else text
+
+
+class SecretFile:
     """A secret file's text, stripped, read again when its modification time or size changes."""
 
     def __init__(self, path: str):
@@ -84,7 +90,7 @@ class HTTPClientConfig:
     tls: dict[str, Any] = field(default_factory=dict)
     proxy_url: str | None = None
     follow_redirects: bool = True
-    _files: dict[str, _FileText] = field(default_factory=dict, repr=False, compare=False)
+    _files: dict[str, SecretFile] = field(default_factory=dict, repr=False, compare=False)
     _ssl: ssl.SSLContext | None = field(default=None, repr=False, compare=False)
 
     @classmethod
@@ -94,8 +100,7 @@ class HTTPClientConfig:
         d = d or {}
 
         def path(p: Any) -> str:
-            text = str(p or "")
-            return str(Path(base_dir) / text) if text and base_dir and not Path(text).is_absolute() else text
+            return config_path(p, base_dir)
 
         auths = [k for k in ("basic_auth", "authorization", "bearer_token", "bearer_token_file") if d.get(k)]
         if len(auths) > 1:
@@ -141,7 +146,7 @@ class HTTPClientConfig:
     def _file(self, p: str) -> str:
         f = self._files.get(p)
         if f is None:
-            f = self._files[p] = _FileText(p)
+            f = self._files[p] = SecretFile(p)
         return f.read()
 
     def reads_files(self) -> bool:

@@ -163,3 +163,43 @@ def wait_until(pred, timeout: float, what: str, interval: float = 0.2) -> None:
             return
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+
+
+def tls_ca_files(folder: Path) -> dict[str, Path]:
+    """A test CA and two certificates it signs: ``server`` (127.0.0.1 and localhost; server and client
+    use, as etcd's gateway presents it to its own gRPC side) and ``client`` (no CommonName: etcd's
+    gateway refuses client certificates with one once its authentication is on). Keys: ca, server_crt,
+    server_key, client_crt, client_key."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "turboprom test CA")])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+          .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=1))
+          .not_valid_after(now + datetime.timedelta(days=1))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), True).sign(ca_key, hashes.SHA256()))
+    out = {"ca": folder / "ca.crt"}
+    out["ca"].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    usages = [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+    for name, cn, sans, eku in (("server", "backend-server", [x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+                                                              x509.DNSName("localhost")], usages),
+                                ("client", "", [x509.DNSName("turboprom-client")], usages[1:])):
+        key = ec.generate_private_key(ec.SECP256R1())
+        subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)] if cn else [])
+        cert = (x509.CertificateBuilder().subject_name(subject)
+                .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
+                .not_valid_before(now - datetime.timedelta(minutes=1)).not_valid_after(now + datetime.timedelta(days=1))
+                .add_extension(x509.SubjectAlternativeName(sans), False)
+                .add_extension(x509.ExtendedKeyUsage(eku), False).sign(ca_key, hashes.SHA256()))
+        out[f"{name}_crt"], out[f"{name}_key"] = folder / f"{name}.crt", folder / f"{name}.key"
+        out[f"{name}_crt"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        out[f"{name}_key"].write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                         serialization.NoEncryption()))
+    return out

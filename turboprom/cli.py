@@ -54,6 +54,9 @@ def _add_cluster_flags(s: argparse.ArgumentParser) -> None:
     g.add_argument("--cluster.internal-client-config", dest="cluster_internal_client_config", default=None,
                    help="YAML of Prometheus HTTP client settings (basic_auth, authorization, tls_config) a querier uses "
                         "to call the ingesters, when they run with --web.config.file")
+    g.add_argument("--cluster.backends-config", dest="cluster_backends_config", default=None,
+                   help="YAML of how the roles reach NATS and etcd when those require credentials or TLS "
+                        "(nats: user/password, token, nkey_seed_file, tls_config; etcd: username/password, tls_config)")
     g.add_argument("--cluster.pushdown", dest="cluster_pushdown", choices=["true", "false"], default="true",
                    help="a querier computes mergeable aggregations from the ingesters' partial states (default true)")
 
@@ -369,6 +372,13 @@ def _config_from_args(a: argparse.Namespace) -> ServerConfig:
             c.internal_client = load_client_config(a.cluster_internal_client_config)
         except ConfigError as e:
             raise CliError(f"--cluster.internal-client-config: {e}") from None
+    if a.cluster_backends_config:
+        from turboprom.config import ConfigError, load_backends_config
+
+        try:
+            c.backends = load_backends_config(a.cluster_backends_config)
+        except ConfigError as e:
+            raise CliError(f"--cluster.backends-config: {e}") from None
     if a.notification_queue_capacity <= 0:
         raise CliError("--alertmanager.notification-queue-capacity must be positive")
     cfg.alert_resend_delay_s = a.alert_resend_delay / 1000.0

@@ -28,6 +28,7 @@ import difflib
 import errno
 import re
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,6 +40,7 @@ from turboprom.cluster.settings import ClusterSettings
 
 if TYPE_CHECKING:
     from ingest.http_client_config import HTTPClientConfig
+    from turboprom.cluster.backend_clients import BackendClients
 
 DEFAULT_PORT = 9090
 
@@ -408,21 +410,35 @@ def load_config_file(path: str) -> dict[str, Any]:
     return validate(data, path, lines, str(Path(path).parent))
 
 
-def load_client_config(path: str) -> HTTPClientConfig:
-    """A file of Prometheus's HTTP client settings alone (``--cluster.internal-client-config``):
-    basic_auth, authorization, tls_config, ... checked as strictly as the server YAML."""
-    from ingest.http_client_config import HTTP_CLIENT_FIELDS, HTTPClientConfig
-
+def _load_strict(path: str, fields: dict[str, Any], parse: Callable[[dict[str, Any], str], Any]) -> Any:
+    """A YAML file of one settings shape, checked as strictly as the server YAML: ``parse(data, folder)``
+    of the checked mapping; ConfigError naming file:line."""
     data, lines = parse_yaml(read_text(path), path)
     data = data or {}
     try:
-        check(HTTP_CLIENT_FIELDS, data, "")
-        return HTTPClientConfig.parse(data, "client config", str(Path(path).parent))
+        check(fields, data, "")
+        return parse(data, str(Path(path).parent))
     except _Problem as p:
         line = _line_of(lines, p.key_path)
         raise ConfigError(f"{path}:{line}: {p.message}" if line else f"{path}: {p.message}") from None
     except ValueError as e:
         raise ConfigError(f"{path}: {e}") from None
+
+
+def load_client_config(path: str) -> HTTPClientConfig:
+    """A file of Prometheus's HTTP client settings alone (``--cluster.internal-client-config``):
+    basic_auth, authorization, tls_config, ... checked as strictly as the server YAML."""
+    from ingest.http_client_config import HTTP_CLIENT_FIELDS, HTTPClientConfig
+
+    return _load_strict(path, HTTP_CLIENT_FIELDS, lambda d, folder: HTTPClientConfig.parse(d, "client config", folder))
+
+
+def load_backends_config(path: str) -> BackendClients:
+    """``--cluster.backends-config``: how the roles reach NATS and etcd (credentials, TLS), checked as
+    strictly as the server YAML (turboprom/cluster/backend_clients.py)."""
+    from turboprom.cluster.backend_clients import BACKENDS_FIELDS, BackendClients
+
+    return _load_strict(path, BACKENDS_FIELDS, BackendClients.parse)
 
 
 def check_config_file(path: str) -> list[str]:

@@ -4,18 +4,30 @@ compare-and-swap), through etcd's JSON gateway over aiohttp.
 As the KedgeFlow ledger (scheduler_metrics/kedgeflow/ledger_etcd.py) explains, the maintained
 Python etcd clients either fail with current protobuf or pull in a gRPC stack; the gateway speaks
 the same linearizable KV API. Calls rotate over the endpoints, so one dead member is skipped.
+
+With etcd's authentication on, the configured user authenticates once (``/v3/auth/authenticate``)
+and sends the token with every call; a token etcd no longer knows (expired, or the member restarted)
+is replaced by authenticating again. ``https://`` endpoints use the configured ``tls_config``.
 """
 from __future__ import annotations
 
 import asyncio
 import base64
-from typing import Any, Sequence
+import json
+from typing import TYPE_CHECKING, Any, Sequence
 
 import aiohttp
+
+if TYPE_CHECKING:
+    from turboprom.cluster.backend_clients import EtcdClientConfig
 
 
 class EtcdUnavailable(Exception):
     pass
+
+
+class EtcdAuthFailed(EtcdUnavailable):
+    """etcd refused the configured user name or password (retrying does not help)."""
 
 
 def _b64(b: bytes | str) -> str:
@@ -26,28 +38,83 @@ def _prefix_end(prefix: bytes) -> bytes:
     return prefix[:-1] + bytes([prefix[-1] + 1])
 
 
+def _token_invalid(status: int, data: Any) -> bool:
+    """An answer saying the auth token is missing, expired or unknown (simple tokens live in one
+    member's memory: a restart or an expiry invalidates them): authenticate again."""
+    text = str(data.get("error") or data.get("message") or "") if isinstance(data, dict) else ""
+    return status == 401 or "invalid auth token" in text or "user name is empty" in text
+
+
 class EtcdGateway:
-    def __init__(self, endpoints: Sequence[str], *, timeout_s: float = 2.0):
+    def __init__(self, endpoints: Sequence[str], *, timeout_s: float = 2.0, client: EtcdClientConfig | None = None):
         if not endpoints:
             raise ValueError("etcd needs at least one endpoint URL (e.g. http://127.0.0.1:2379)")
         self.endpoints = [e.rstrip("/") for e in endpoints]
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self.client = client
         self._session: aiohttp.ClientSession | None = None
         self._next = 0
+        self._token: str | None = None
+        self._auth_lock = asyncio.Lock()
+
+    def _open(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            ctx = self.client.ssl_context() if self.client is not None else None
+            connector = aiohttp.TCPConnector(ssl=ctx) if ctx is not None else None
+            self._session = aiohttp.ClientSession(timeout=self.timeout, connector=connector)
+        return self._session
+
+    async def _post(self, ep: str, path: str, body: dict[str, Any], headers: dict[str, str]) -> tuple[int, Any]:
+        hostname = self.client.server_hostname() if self.client is not None else None
+        kw: dict[str, Any] = {"server_hostname": hostname} if hostname else {}
+        async with self._open().post(ep + path, json=body, headers=headers, **kw) as r:
+            text = await r.text()
+            try:
+                return r.status, json.loads(text)
+            except ValueError:  # the gateway's own refusals are plain text
+                return r.status, {"error": text.strip()}
+
+    async def _authenticate(self, ep: str, stale: str | None) -> str:
+        """A token for the configured user (one authentication at a time; ``stale``: the token that was
+        refused, so a caller that raced another's refresh reuses the new one)."""
+        async with self._auth_lock:
+            if self._token is not None and self._token != stale:
+                return self._token
+            assert self.client is not None
+            try:
+                password = self.client.password_text()
+            except OSError as e:
+                raise EtcdAuthFailed(f"etcd password: {e}") from None
+            status, data = await self._post(ep, "/v3/auth/authenticate",
+                                            {"name": self.client.username, "password": password}, {})
+            if status != 200 or not isinstance(data, dict) or not data.get("token"):
+                msg = data.get("error") or data.get("message") if isinstance(data, dict) else data
+                if status in (400, 401) or "authentication failed" in str(msg):
+                    raise EtcdAuthFailed(f"etcd at {ep} refused user {self.client.username!r}: {msg}"
+                                         " (check the etcd: section of --cluster.backends-config)")
+                raise EtcdUnavailable(f"etcd {ep}/v3/auth/authenticate answered {status}: {msg}")
+            self._token = str(data["token"])
+            return self._token
 
     async def call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(timeout=self.timeout)
         last: Exception | None = None
+        auth = self.client is not None and bool(self.client.username)
         for i in range(len(self.endpoints) * 2):
             ep = self.endpoints[(self._next + i) % len(self.endpoints)]
             try:
-                async with self._session.post(ep + path, json=body) as r:
-                    data = await r.json(content_type=None)
-                    if r.status != 200:
-                        raise EtcdUnavailable(f"etcd {ep}{path} answered {r.status}: {data}")
-                    self._next = (self._next + i) % len(self.endpoints)
-                    return data
+                headers: dict[str, str] = {}
+                if auth:
+                    headers["Authorization"] = self._token or await self._authenticate(ep, None)
+                status, data = await self._post(ep, path, body, headers)
+                if auth and _token_invalid(status, data):
+                    headers["Authorization"] = await self._authenticate(ep, headers["Authorization"])
+                    status, data = await self._post(ep, path, body, headers)
+                if status != 200:
+                    raise EtcdUnavailable(f"etcd {ep}{path} answered {status}: {data}")
+                self._next = (self._next + i) % len(self.endpoints)
+                return data
+            except EtcdAuthFailed:
+                raise
             except (aiohttp.ClientError, asyncio.TimeoutError, EtcdUnavailable, ValueError) as e:
                 last = e
                 await asyncio.sleep(0.05)

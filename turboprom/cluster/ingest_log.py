@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from dataclasses import dataclass
 from typing import Sequence
 
 import nats
+from nats.errors import AuthorizationError, SecureConnRequiredError
 from nats.errors import Error as NatsError
 from nats.js import api
 from nats.js.errors import Error as JetStreamError
@@ -31,6 +33,17 @@ log = logging.getLogger("turboprom.cluster")
 
 class LogUnavailable(Exception):
     """The log did not acknowledge a publish (or cannot be reached)."""
+
+
+def _refusal(e: BaseException) -> str | None:
+    """What a connection error says when NATS refused this client (credentials, certificate), else None."""
+    if isinstance(e, AuthorizationError) or "authorization violation" in str(e).lower():
+        return "refused this role's credentials (Authorization Violation)"
+    if isinstance(e, ssl.SSLCertVerificationError):
+        return f"presented a TLS certificate this role does not accept ({e.verify_message})"
+    if "tls required" in str(e).lower() or isinstance(e, SecureConnRequiredError):
+        return "requires TLS (set nats.tls_config)"
+    return None
 
 
 @dataclass
@@ -49,18 +62,40 @@ class IngestLog:
         self.js = None
 
     async def connect(self, *, attempts: int = 60) -> None:
+        """Connect (waiting for NATS to come up); LogUnavailable at once when NATS refuses this role's
+        credentials or certificate, which no retry mends."""
         last: Exception | None = None
+        backends = self.settings.backends
+        auth = backends.nats.connect_options() if backends is not None else {}
+        urls = ", ".join(self.settings.nats_urls)
         for _ in range(attempts):
+            refused: asyncio.Future = asyncio.get_running_loop().create_future()
+
+            async def on_error(e: Exception, refused: asyncio.Future = refused) -> None:
+                why = _refusal(e)
+                if why is not None and not refused.done():
+                    refused.set_result(why)
+                log.warning("NATS (%s): %s", urls, why or f"{type(e).__name__}: {e}")
+
+            task = asyncio.ensure_future(nats.connect(
+                servers=list(self.settings.nats_urls), name=self.client_name, connect_timeout=2, reconnect_time_wait=0.5,
+                max_reconnect_attempts=-1, ping_interval=5, max_outstanding_pings=2, error_cb=on_error, **auth))
+            await asyncio.wait({task, refused}, return_when=asyncio.FIRST_COMPLETED)
+            if not task.done():  # refused: nats-py would go on trying the same credentials forever
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                raise LogUnavailable(f"NATS at {urls} {refused.result()}: check the nats: section of --cluster.backends-config")
             try:
-                self.nc = await nats.connect(servers=list(self.settings.nats_urls), name=self.client_name,
-                                             connect_timeout=2, reconnect_time_wait=0.5, max_reconnect_attempts=-1,
-                                             ping_interval=5, max_outstanding_pings=2)
+                self.nc = task.result()
                 self.js = self.nc.jetstream(timeout=self.settings.publish_timeout_s)
                 return
             except (NatsError, OSError, asyncio.TimeoutError) as e:
+                why = _refusal(e)
+                if why is not None:
+                    raise LogUnavailable(f"NATS at {urls} {why}: check the nats: section of --cluster.backends-config") from None
                 last = e
                 await asyncio.sleep(0.5)
-        raise LogUnavailable(f"cannot connect to NATS at {', '.join(self.settings.nats_urls)}: {last}")
+        raise LogUnavailable(f"cannot connect to NATS at {urls}: {last}")
 
     async def ensure_stream(self, *, attempts: int = 60) -> None:
         """Create the ingest stream if it does not exist (idempotent; a cluster's first role does it)."""

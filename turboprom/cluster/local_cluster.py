@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import shutil
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -33,9 +34,9 @@ def binary(name: str) -> str:
     return path
 
 
-def _get(url: str, timeout: float = 1.0) -> tuple[int, bytes]:
+def _get(url: str, timeout: float = 1.0, context: ssl.SSLContext | None = None) -> tuple[int, bytes]:
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
+        with urllib.request.urlopen(url, timeout=timeout, context=context) as r:
             return r.status, r.read()
     except urllib.error.HTTPError as e:
         return e.code, e.read()
@@ -99,6 +100,10 @@ class LocalCluster:
     etcd_members: int = 1
     publish_timeout: str = "5s"
     extra_args: list[str] = field(default_factory=list)
+    nats_args: list[str] = field(default_factory=list)  # for every nats-server (e.g. ``-c`` a config with TLS and users)
+    # etcd serves https and wants client certificates signed by the CA: files ``ca``, ``server_crt``,
+    # ``server_key`` (etcd's), ``client_crt``, ``client_key`` (this object's health checks, ``etcd_call``)
+    etcd_tls: dict[str, Path] | None = None
     ports: dict[str, int] = field(default_factory=dict)  # fixed ports by process name (default: free ones)
     nats: list[Proc] = field(default_factory=list)
     etcds: list[Proc] = field(default_factory=list)  # the etcd cluster's members
@@ -113,22 +118,49 @@ class LocalCluster:
         return self.etcds[0]
 
     @property
+    def etcd_scheme(self) -> str:
+        return "https" if self.etcd_tls else "http"
+
+    @property
     def etcd_url(self) -> str:
         """The first member's client URL."""
-        return f"http://127.0.0.1:{self.etcd.port}"
+        return f"{self.etcd_scheme}://127.0.0.1:{self.etcd.port}"
 
     @property
     def etcd_urls(self) -> str:
         """Every member's client URL, as ``--cluster.etcd-endpoints`` takes them."""
-        return ",".join(f"http://127.0.0.1:{p.port}" for p in self.etcds)
+        return ",".join(f"{self.etcd_scheme}://127.0.0.1:{p.port}" for p in self.etcds)
+
+    def etcd_ssl(self) -> ssl.SSLContext | None:
+        if self.etcd_tls is None:
+            return None
+        t = self.etcd_tls
+        c = ssl.create_default_context(cafile=str(t["ca"]))
+        c.load_cert_chain(str(t["client_crt"]), str(t["client_key"]))
+        return c
+
+    def etcd_call(self, path: str, body: dict, token: str | None = None) -> dict:
+        """One call to etcd's JSON gateway on the first member (e.g. to set up users and auth)."""
+        req = urllib.request.Request(self.etcd_url + path, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json", **({"Authorization": token} if token else {})})
+        with urllib.request.urlopen(req, timeout=10, context=self.etcd_ssl()) as r:
+            return json.loads(r.read())
 
     def url(self, name: str) -> str:
         return f"http://127.0.0.1:{self.roles[name].port}"
 
-    def start(self, timeout: float = 90.0) -> "LocalCluster":
+    def start_backends(self) -> "LocalCluster":
+        """NATS and etcd only (a caller may set them up, e.g. etcd users, before adding roles)."""
         self.base.mkdir(parents=True, exist_ok=True)
         self._start_nats()
         self._start_etcd()
+        return self
+
+    def etcd_healthy(self, i: int = 0) -> bool:
+        return _get(f"{self.etcd_scheme}://127.0.0.1:{self.etcds[i].port}/health", context=self.etcd_ssl())[0] == 200
+
+    def start(self, timeout: float = 90.0) -> "LocalCluster":
+        self.start_backends()
         for i in range(self.ingesters):
             self.add_role("ingester", f"ingester-{i}")
         for i in range(self.distributors):
@@ -148,7 +180,8 @@ class LocalCluster:
             d = self.base / f"nats-{i}"
             d.mkdir(exist_ok=True)
             cmd = [exe, "-a", "127.0.0.1", "-p", str(client[i]), "-js", "-sd", str(d), "--server_name", f"n{i}",
-                   "--cluster_name", "turboprom", "--cluster", f"nats://127.0.0.1:{route[i]}", "--routes", routes]
+                   "--cluster_name", "turboprom", "--cluster", f"nats://127.0.0.1:{route[i]}", "--routes", routes,
+                   *self.nats_args]
             self.nats.append(Proc(f"nats-{i}", cmd, self.base / f"nats-{i}.log", client[i]).start())
 
     def restart_nats(self, i: int) -> None:
@@ -160,16 +193,22 @@ class LocalCluster:
         client = [free_port() for _ in range(n)]
         peer = [free_port() for _ in range(n)]
         initial = ",".join(f"e{i}=http://127.0.0.1:{peer[i]}" for i in range(n))
+        sc = self.etcd_scheme
+        tls = []
+        if self.etcd_tls is not None:
+            t = self.etcd_tls
+            tls = ["--cert-file", str(t["server_crt"]), "--key-file", str(t["server_key"]), "--client-cert-auth",
+                   "--trusted-ca-file", str(t["ca"])]
         for i in range(n):
             cmd = [binary("etcd"), "--name", f"e{i}", "--data-dir", str(self.base / ("etcd" if i == 0 else f"etcd-{i}")),
-                   "--listen-client-urls", f"http://127.0.0.1:{client[i]}", "--advertise-client-urls",
-                   f"http://127.0.0.1:{client[i]}", "--listen-peer-urls", f"http://127.0.0.1:{peer[i]}",
+                   "--listen-client-urls", f"{sc}://127.0.0.1:{client[i]}", "--advertise-client-urls",
+                   f"{sc}://127.0.0.1:{client[i]}", "--listen-peer-urls", f"http://127.0.0.1:{peer[i]}",
                    "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer[i]}", "--initial-cluster", initial,
-                   "--initial-cluster-token", "turboprom-local"]
+                   "--initial-cluster-token", "turboprom-local", *tls]
             name = "etcd" if n == 1 else f"etcd-{i}"
             self.etcds.append(Proc(name, cmd, self.base / f"{name}.log", client[i]).start())
-        for p in self.etcds:  # healthy once the members have elected a leader
-            wait_until(lambda: _get(f"http://127.0.0.1:{p.port}/health")[0] == 200, 30, f"{p.name} did not become healthy")
+        for i, p in enumerate(self.etcds):  # healthy once the members have elected a leader
+            wait_until(lambda i=i: self.etcd_healthy(i), 30, f"{p.name} did not become healthy")
 
     def restart_etcd(self, i: int) -> None:
         """Start member ``i`` again (same name, ports and data dir) after a kill."""

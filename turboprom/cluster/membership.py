@@ -21,7 +21,7 @@ from typing import Callable
 import orjson
 
 from turboprom.cluster.assignment import Assignment
-from turboprom.cluster.etcd_gateway import EtcdGateway, EtcdUnavailable
+from turboprom.cluster.etcd_gateway import EtcdAuthFailed, EtcdGateway, EtcdUnavailable
 from turboprom.cluster.settings import ClusterSettings
 
 log = logging.getLogger("turboprom.cluster")
@@ -39,7 +39,8 @@ class ClusterState:
 class ClusterView:
     def __init__(self, settings: ClusterSettings):
         self.settings = settings
-        self.etcd = EtcdGateway(settings.etcd_endpoints)
+        self.etcd = EtcdGateway(settings.etcd_endpoints,
+                                client=settings.backends.etcd if settings.backends is not None else None)
         self.state = ClusterState()
         self.loaded = asyncio.Event()
         self._task: asyncio.Task | None = None
@@ -78,6 +79,13 @@ class ClusterView:
         pass
 
     async def start(self) -> None:
+        try:  # credentials etcd refuses stop the start (one line naming them), not a warning a second
+            await self.refresh()
+        except EtcdAuthFailed:
+            await self.etcd.close()
+            raise
+        except EtcdUnavailable as e:  # etcd not up yet: the poll goes on trying
+            log.warning("cluster state not loaded yet: %s", e)
         self._task = asyncio.get_running_loop().create_task(self._poll(), name="cluster state poll")
 
     async def stop(self) -> None:
@@ -140,8 +148,9 @@ class Membership(ClusterView):
             try:
                 await self._register()
                 break
-            except EtcdUnavailable:
-                if attempt == 59:
+            except EtcdUnavailable as e:
+                if attempt == 59 or isinstance(e, EtcdAuthFailed):
+                    await self.etcd.close()
                     raise
                 await asyncio.sleep(0.5)
         await super().start()

@@ -2,8 +2,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ingest.http_client_config import HTTPClientConfig
+
+if TYPE_CHECKING:
+    from turboprom.cluster.backend_clients import BackendClients
 
 ROLES = ("all", "distributor", "ingester", "querier")
 DEFAULT_PARTITIONS = 64
@@ -27,6 +31,8 @@ class ClusterSettings:
     log_retention_s: float = 86400.0  # how long JetStream keeps a partition's messages (replay horizon); 0 = forever
     # how a querier calls the ingesters (--cluster.internal-client-config): credentials, TLS; None = plain
     internal_client: HTTPClientConfig | None = None
+    # how every role reaches NATS and etcd (--cluster.backends-config): credentials, TLS; None = plain
+    backends: BackendClients | None = None
 
     def validate(self) -> None:
         if self.role not in ROLES:

@@ -17,9 +17,9 @@ messages (one per tenant and partition of a group), samples and bytes per messag
 Query figures: each dashboard query as a range query over the written window (step 15 s), rotating
 single node / querier (aggregations pushed down to the ingesters, the default) / a second querier
 with ``--cluster.pushdown false`` (raw samples pulled and evaluated on the querier), ``--query-repeats``
-times, every target with ``exact=true`` (the raw path), and the single node once more with its
-defaults (its planner reuses the step answers of a range query repeated over unchanged data; a
-querier has no planner); medians, and ratios to the single node in the same run. Before timing,
+times, every target with ``exact=true`` (the raw path), and the single node and the querier once
+more with their defaults (both reuse the step answers of a range query repeated over unchanged data;
+a querier's are kept exact by its ingesters' write logs, turboprom/cluster/cluster_frontier.py); medians, and ratios to the single node in the same run. Before timing,
 every query's answer through each querier is checked against the single node's (same series,
 values within 1e-9 relative).
 
@@ -187,11 +187,12 @@ def main() -> None:
         # every target on the raw path (exact=true), and the single node with its defaults too, where
         # its planner reuses the step answers of a recurring range query over unchanged data
         targets["single-default"] = single.url
+        targets["querier-default"] = cluster.url("querier-0")  # reuses step answers too (cluster_frontier.py)
         lat: dict[str, dict[str, list[float]]] = {n: {} for n in targets}
         for q in QUERIES:
             for _ in range(a.query_repeats):
                 for name, url in targets.items():
-                    lat[name].setdefault(q, []).append(run_query(url, q, start_s, end_s, exact=name != "single-default"))
+                    lat[name].setdefault(q, []).append(run_query(url, q, start_s, end_s, exact=not name.endswith("-default")))
         print()
         med = {n: {k: statistics.median([r[k] for r in rs]) for k in ("samples_s", "samples_cpu_s", "lag_s")} for n, rs in rows.items()}
         print(f"ingest medians over {a.trials} trials ({a.series} series x {a.rounds} rounds each, 2000 series/request, {a.senders} senders):")
@@ -201,10 +202,12 @@ def main() -> None:
               f"per CPU-s {med['cluster']['samples_cpu_s'] / med['single']['samples_cpu_s']:.2f}x")
         steps = int(round((end_s - start_s) / 15)) + 1
         print(f"query latency medians over {a.query_repeats} runs (ms), range queries of {steps} steps: single (exact=true), "
-              "querier (pushdown), ratio, querier without pushdown, ratio; single with its defaults (planner), querier / that")
+              "querier (pushdown), ratio, querier without pushdown, ratio; both with their defaults (reused step "
+              "answers): single, querier, ratio")
         for q in QUERIES:
-            s_, c_, r_, d_ = (statistics.median(lat[n][q]) * 1000 for n in ("single", "querier", "querier-raw", "single-default"))
-            print(f"  {s_:8.1f} {c_:8.1f} {c_ / s_:5.2f}x {r_:8.1f} {r_ / s_:5.2f}x {d_:8.1f} {c_ / d_:5.2f}x  {q}")
+            s_, c_, r_, d_, qd = (statistics.median(lat[n][q]) * 1000
+                                  for n in ("single", "querier", "querier-raw", "single-default", "querier-default"))
+            print(f"  {s_:8.1f} {c_:8.1f} {c_ / s_:5.2f}x {r_:8.1f} {r_ / s_:5.2f}x {d_:8.1f} {qd:8.1f} {qd / d_:5.2f}x  {q}")
     finally:
         cluster.stop()
         single.stop()

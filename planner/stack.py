@@ -28,7 +28,11 @@ class PlannerStack:
     persistence: SDSPersistence | None
 
 
-def build(storage: Any, engine: Any, data_dir: str | Path | None, raw_config: dict[str, Any] | None) -> PlannerStack:
+def build(storage: Any, engine: Any, data_dir: str | Path | None, raw_config: dict[str, Any] | None,
+          step_frontier: WriteFrontier | None = None) -> PlannerStack:
+    """``step_frontier``: the write log step answers rely on when the writes are seen elsewhere (a
+    cluster querier's, turboprom/cluster/cluster_frontier.py); step answers are then kept even with
+    the planner's summaries off."""
     cfg = PlannerConfig.from_raw(raw_config)
     root = Path(data_dir) / "planner" if data_dir else None
     qlog = QueryLog(root / "planner.duckdb" if root else None)
@@ -37,7 +41,9 @@ def build(storage: Any, engine: Any, data_dir: str | Path | None, raw_config: di
     planner = Planner(cfg, summ, qlog, persistence, storage)
     canary = Canary(cfg.canary_fraction)
     hook = RewriteHook(RewriteContext(planner.find_sds, canary, cost_based=cfg.cost_based, find_group=planner.find_group_sds))
-    steps = StepAnswers(summ.frontier, cfg.step_cache_bytes, measured=cfg.cost_based) if cfg.step_cache_bytes > 0 and cfg.enabled else None
+    frontier = step_frontier if step_frontier is not None else summ.frontier
+    steps = (StepAnswers(frontier, cfg.step_cache_bytes, measured=cfg.cost_based)
+             if cfg.step_cache_bytes > 0 and (cfg.enabled or step_frontier is not None) else None)
     planned = PlannedEngine(engine, hook, qlog, planner, step_answers=steps) if engine is not None else None
     if persistence is not None:
         # restore SDSs and rebuild their open panes from raw storage before ingestion starts

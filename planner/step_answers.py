@@ -51,6 +51,7 @@ class WriteFrontier:
         self.max_ts: int | None = None
         self.seq = 0
         self._log: deque[tuple[int, int]] = deque()  # (seq, oldest timestamp of the write)
+        self._trimmed_to = 0  # entries up to this sequence were forgotten (``trim``)
         self.lock = threading.Lock()
 
     def sealed_ms(self) -> int:
@@ -74,13 +75,23 @@ class WriteFrontier:
 
     def invalidate_all(self) -> None:
         """Deleted series, restored or rebuilt data: no kept step stays valid."""
+        self.log_write(EVERYTHING)
+
+    def log_write(self, min_ts: int) -> None:
+        """A write reaching back to ``min_ts`` that kept steps from there on must not outlive (a
+        querier relays its ingesters' logs through this, turboprom/cluster/cluster_frontier.py)."""
         with self.lock:
             self.seq += 1
-            self._log.append((self.seq, EVERYTHING))
+            self._log.append((self.seq, int(min_ts)))
+            if len(self._log) > MAX_LOG:
+                self._collapse()
 
     def oldest_since(self, seq: int) -> int:
-        """Oldest timestamp written after ``seq`` at or below the frontier (``NEVER`` when none)."""
+        """Oldest timestamp written after ``seq`` at or below the frontier (``NEVER`` when none;
+        ``EVERYTHING`` when ``seq`` is older than what the log still holds)."""
         with self.lock:
+            if seq < self._trimmed_to:
+                return EVERYTHING
             out = NEVER
             for s, t in reversed(self._log):
                 if s <= seq:
@@ -94,6 +105,7 @@ class WriteFrontier:
         with self.lock:
             while self._log and self._log[0][0] <= oldest_seq:
                 self._log.popleft()
+            self._trimmed_to = max(self._trimmed_to, int(oldest_seq))
 
     def _collapse(self) -> None:
         # conservative: the older half becomes one write as late as its newest entry and as old as its oldest

@@ -20,10 +20,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("turboprom")
 
 
-def build_context(config: ServerConfig, storage: Any = None, node_hooks: tuple = ()) -> ServerContext:
+def build_context(config: ServerConfig, storage: Any = None, node_hooks: tuple = (), step_frontier: Any = None) -> ServerContext:
     """``storage``: what the stages read and write (default: the embedded TSDB in the data dir; a
     cluster querier passes its fan-out storage); ``node_hooks``: every query engine's own hooks (a
-    cluster querier's aggregation pushdown)."""
+    cluster querier's aggregation pushdown); ``step_frontier``: the write log reused step answers
+    rely on when this process sees no writes (a cluster querier's, planner/stack.py)."""
     local = storage is None
     if local:
         storage = TSDB(config.data_dir, config.storage)
@@ -72,7 +73,8 @@ def build_context(config: ServerConfig, storage: Any = None, node_hooks: tuple =
     # --- planner (query log, SDS summarizer as ingest sink, rewrite onto summaries, rules) ---
     from planner.stack import build as build_planner
 
-    plan = build_planner(default_view, ctx.components.engine, config.data_dir, config.raw.get("planner"))
+    plan = build_planner(default_view, ctx.components.engine, config.data_dir, config.raw.get("planner"),
+                         step_frontier=step_frontier)
     ctx.components.query_log = plan.query_log
     ctx.components.summarizer = plan.summarizer
     ctx.components.planner = plan.planner

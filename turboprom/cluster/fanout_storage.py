@@ -132,15 +132,15 @@ class FanoutStorage:
             raise RuntimeError("FanoutStorage reads block: call them from a worker thread, not the event loop")
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
-    async def _post(self, url: str, path: str, body: dict, refusals: bool = False) -> bytes:
+    async def _post(self, url: str, path: str, body: dict, refusals: bool = False, timeout_s: float | None = None) -> bytes:
         headers = {"Content-Type": "application/json"}
-        kw: dict[str, Any] = {}
+        kw: dict[str, Any] = {} if timeout_s is None else {"timeout": aiohttp.ClientTimeout(total=timeout_s)}
         if self.client is not None:
             auth = self.client.authorization_header()
             if auth is not None:
                 headers["Authorization"] = auth
-            kw = {"ssl": self.client.ssl_context() or True, "server_hostname": self.client.server_hostname(),
-                  "proxy": self.client.proxy_url}
+            kw.update(ssl=self.client.ssl_context() or True, server_hostname=self.client.server_hostname(),
+                      proxy=self.client.proxy_url)
         async with self._session.post(url + PREFIX + path, data=orjson.dumps(body), headers=headers, **kw) as r:
             data = await r.read()
             if refusals and 400 <= r.status < 500:
@@ -192,6 +192,22 @@ class FanoutStorage:
         """A pushed-down aggregation's partial states (``/aggregate``), one per owner chosen to
         cover every partition once (exactly one replica per partition, as for ``select``)."""
         return self._run(self._fan("/aggregate", body, per_partition=True, refusals=True))
+
+    FRONTIER_TIMEOUT_S = 2.0
+
+    def frontiers(self, since: dict[str, int]) -> dict[str, dict | BaseException]:
+        """Every live ingester's write log after its sequence ``since[node]`` (read_api ``/frontier``;
+        turboprom/cluster/cluster_frontier.py): node -> its answer, or the error asking it."""
+        alive = {n: v["url"] for n, v in self.view.state.alive.items()}
+
+        async def ask() -> dict[str, dict | BaseException]:
+            nodes = sorted(alive)
+            got = await asyncio.gather(*(self._post(alive[n], "/frontier", {"since": int(since.get(n, 0))},
+                                                    timeout_s=self.FRONTIER_TIMEOUT_S) for n in nodes),
+                                       return_exceptions=True)
+            return {n: (r if isinstance(r, BaseException) else orjson.loads(r)) for n, r in zip(nodes, got)}
+
+        return self._run(ask())
 
     # ------------------------------------------------------------------------- storage interface
     def select(self, matchers: Sequence[Matcher], mint: int, maxt: int) -> SeriesSet:

@@ -18,11 +18,16 @@ carry (columns_codec), so a second server framework and port would add nothing b
   Arrow IPC (columns_codec.encode_partial) of the aggregation's partial state over exactly those
   partitions, for the querier to merge (pushdown_hook.py); a PromQL error is answered 422 in the
   API's error envelope and the querier evaluates that aggregation itself;
+- ``POST /internal/cluster/v1/frontier`` ``{"since": seq}`` -> JSON ``{"epoch", "seq", "sealed",
+  "oldest"}``: this process's write log (planner/step_answers.py ``WriteFrontier``): its sequence,
+  the time up to which every live sample has arrived, and the oldest timestamp written at or below
+  that since ``since``; a querier's reused step answers rely on it (cluster_frontier.py);
 - ``GET /internal/cluster/v1/status`` -> the node's owned, caught-up and applied sequences; with
   ``?lag=1`` also each owned partition's messages on the log not yet applied.
 """
 from __future__ import annotations
 
+import uuid
 from typing import Any, Sequence
 
 import orjson
@@ -30,6 +35,7 @@ from aiohttp import web
 
 from prometheus_client import Counter
 
+from planner.step_answers import EVERYTHING
 from promql.errors import PromQLError
 from storage.matchers import Matcher
 from turboprom.api_common import run_off_loop
@@ -141,6 +147,21 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
                 st["lag_error"] = repr(e)
         return web.json_response(st)
 
+    epoch = uuid.uuid4().hex  # this process's write log: a querier seeing a new one forgets what it kept
+
+    async def frontier(request: web.Request) -> web.Response:
+        try:
+            since = int((await body(request))["since"])
+        except (KeyError, TypeError, ValueError) as e:
+            return error_response("bad_data", f"frontier: {e}")
+        summ = ctx.components.summarizer
+        if summ is None:  # no write log here: nothing a querier kept can be trusted
+            return web.json_response({"epoch": epoch, "seq": 0, "sealed": int(EVERYTHING), "oldest": int(EVERYTHING)})
+        seq, sealed = summ.frontier.arm()  # first: a write logged in between is reported again, never lost
+        oldest = summ.frontier.oldest_since(since)
+        return web.json_response({"epoch": epoch, "seq": int(seq), "sealed": int(sealed), "oldest": int(oldest)})
+
+    app.router.add_post(PREFIX + "/frontier", frontier)
     app.router.add_post(PREFIX + "/select", select)
     app.router.add_post(PREFIX + "/aggregate", aggregate)
     app.router.add_post(PREFIX + "/series", series)

@@ -60,19 +60,25 @@ def build_ingester(config: ServerConfig) -> ServerContext:
 
 def build_querier(config: ServerConfig) -> ServerContext:
     """The single node's whole query side over storage that reads partitions from the ingesters."""
+    from planner.planner import PlannerConfig
+    from turboprom.cluster.cluster_frontier import ClusterFrontier
     from turboprom.cluster.fanout_metadata import FanoutMetadata
     from turboprom.cluster.fanout_storage import FanoutStorage
     from turboprom.cluster.membership import ClusterView
     from turboprom.cluster.pushdown_hook import PushdownHook
     from turboprom.wiring import build_context
 
-    # summaries are filled at ingest, which a querier never sees: no plans may serve answers here
+    # summaries are filled at ingest, which a querier never sees: no plans may serve answers here (step
+    # answers stay on, below)
     planner = config.raw.get("planner") if isinstance(config.raw.get("planner"), dict) else {}
     config.raw = {**config.raw, "planner": {**planner, "enabled": False}}
     view = ClusterView(config.cluster)
     fanout = FanoutStorage(view, timeout_s=config.query_timeout_s + 5, client=config.cluster.internal_client)
-    # mergeable aggregations are computed on the ingesters from their partitions (pushdown_hook.py)
-    ctx = build_context(config, storage=fanout, node_hooks=(PushdownHook(fanout, config.cluster.pushdown),))
+    # mergeable aggregations are computed on the ingesters from their partitions (pushdown_hook.py);
+    # refreshes reuse the steps they answered before, kept exact by the ingesters' write logs
+    frontier = ClusterFrontier(fanout, PlannerConfig.from_raw(planner).seal_delay_ms)
+    ctx = build_context(config, storage=fanout, node_hooks=(PushdownHook(fanout, config.cluster.pushdown),),
+                        step_frontier=frontier)
     # started before everything else in the context (their fields come first): queries need the
     # cluster state first
     ctx.components.cluster_view = view

@@ -2,9 +2,11 @@
 nats-server nodes with mutual TLS and users (a password user and an NKey user), a real etcd serving
 https with client certificates and its authentication on. Writes go through, queries answer, an etcd
 restart (which forgets every auth token) is survived, and wrong or missing credentials stop a role
-at start with one line naming the cause."""
+at start with one line naming the cause. The KedgeFlow ledger works on the same etcd with the server
+YAML's ``kedgeflow.ledger.etcd`` user and TLS."""
 from __future__ import annotations
 
+import asyncio
 import base64
 import os
 import subprocess
@@ -15,7 +17,10 @@ import urllib.request
 
 import nkeys
 import pytest
+import yaml
 
+from scheduler_metrics.kedgeflow.ledger import LedgerUnavailable
+from scheduler_metrics.kedgeflow.ledger_etcd import EtcdLedger
 from tests.helpers import (
     http_json,
     load_bench,
@@ -24,6 +29,7 @@ from tests.helpers import (
     wait_until,
 )
 from turboprom.cluster.local_cluster import LocalCluster
+from turboprom.kedgeflow_wiring import ledger_etcd_client
 
 pytestmark = pytest.mark.peer
 
@@ -54,6 +60,10 @@ def _enable_etcd_auth(cluster: LocalCluster, password: str) -> None:
                                                                "range_end": _b64("/turboprom0")}})
     call("/v3/auth/user/add", {"name": "turboprom", "password": password})
     call("/v3/auth/user/grant", {"user": "turboprom", "role": "turboprom"})
+    call("/v3/auth/role/add", {"name": "kedgeflow"})  # the KedgeFlow ledger's keys, for the same user
+    call("/v3/auth/role/grant", {"name": "kedgeflow", "perm": {"permType": "READWRITE", "key": _b64("/kedgeflow/"),
+                                                               "range_end": _b64("/kedgeflow0")}})
+    call("/v3/auth/user/grant", {"user": "turboprom", "role": "kedgeflow"})
     call("/v3/auth/enable", {})
 
 
@@ -144,6 +154,29 @@ authorization {{
         line = _serve_fails(["--role", "distributor", "--cluster.nats-urls", cluster.nats_urls,
                              "--cluster.backends-config", str(no_nats_user)], tmp_path / "d-bad")
         assert "Authorization Violation" in line and "--cluster.backends-config" in line, line
+
+        # the KedgeFlow ledger on the same etcd, with the server YAML's kedgeflow.ledger.etcd settings
+        server_yml = tmp_path / "server.yml"
+        server_yml.write_text(f"kedgeflow:\n  ledger:\n    etcd:\n      endpoints: [{cluster.etcd_url}]\n"
+                              f"      username: turboprom\n      password_file: etcd.pass\n      tls_config: {client_tls}\n")
+        r = subprocess.run([sys.executable, "-m", "turboprom", "check", "config", str(server_yml)], capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr
+        kedgeflow = yaml.safe_load(server_yml.read_text())["kedgeflow"]
+
+        async def ledger_flow(client) -> list:
+            led = EtcdLedger(kedgeflow["ledger"]["etcd"]["endpoints"], timeout_s=3.0, client=client)
+            try:
+                await led.create("grant-1")
+                return [await led.consume("grant-1", "c1"), await led.consume("grant-1", "c2"), await led.state("grant-1")]
+            finally:
+                await led.close()
+
+        first, second, state = asyncio.run(ledger_flow(ledger_etcd_client(kedgeflow, str(tmp_path))))
+        assert first.won and not second.won and second.consumer == "c1" and state == "consumed", (first, second, state)
+        wrong = {"ledger": {"etcd": {**kedgeflow["ledger"]["etcd"], "password_file": "nats.pass"}}}
+        with pytest.raises(LedgerUnavailable, match="refused user 'turboprom'"):
+            asyncio.run(ledger_flow(ledger_etcd_client(wrong, str(tmp_path))))
     finally:
         cluster.stop()
 

@@ -20,7 +20,7 @@ import pytest
 
 from tests.helpers import http_json, load_bench, require_binary
 from tests.test_cluster_faults import T0, Writer, total_samples
-from turboprom.cluster.etcd_gateway import EtcdGateway
+from storage.etcd_gateway import EtcdGateway
 from turboprom.cluster.local_cluster import LocalCluster
 from turboprom.cluster.settings import ClusterSettings
 

@@ -145,6 +145,8 @@ def top_level_fields() -> dict[str, Any]:
     from planner.planner import PlannerConfig
     from scheduler_metrics.congestion.config import CongestionConfig
     from scheduler_metrics.kedgeflow.service import CONFIG_FIELDS as KEDGEFLOW_FIELDS
+    from scheduler_metrics.kedgeflow.service import LEDGER_ETCD_FIELDS
+    from turboprom.cluster.backend_clients import ETCD_FIELDS
     from turboprom.alert_notifier import ALERTING_FIELDS
     from turboprom.auth import AuthLimits
     from turboprom.limits import Limits
@@ -160,7 +162,8 @@ def top_level_fields() -> dict[str, Any]:
         "storage": STORAGE_FIELDS,
         "ingest": INGEST_FIELDS,
         "otlp": OtlpSettings.from_config,
-        "kedgeflow": KEDGEFLOW_FIELDS,
+        # the ledger on etcd takes the cluster's etcd client settings (username, password_file, tls_config)
+        "kedgeflow": {**KEDGEFLOW_FIELDS, "ledger": ("=embedded", {"etcd": {**LEDGER_ETCD_FIELDS, **ETCD_FIELDS}})},
         "planner": PlannerConfig.from_raw,
         "congestion": CongestionConfig.from_mapping,
         "limits": Limits.from_config,

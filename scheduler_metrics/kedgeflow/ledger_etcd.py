@@ -1,8 +1,5 @@
-"""Allowance ledger on etcd, through etcd's v3 JSON gateway (grpc-gateway) over aiohttp.
-
-The maintained Python etcd clients either fail with current protobuf (``etcd3``) or pull in gRPC
-stacks we do not otherwise need; the JSON gateway is part of every etcd >= 3.3 and speaks the same
-linearizable KV API, so this module talks to it directly.
+"""Allowance ledger on etcd, through etcd's v3 JSON gateway (storage/etcd_gateway.py: endpoint
+rotation, etcd users and TLS).
 
 Consumption is the paper's transaction: read the allowance key (value + mod_revision R), then
 ``Txn If(mod_revision(key) == R) Then(put "consumed:<consumer>") Else(range key)``. Exactly one
@@ -13,13 +10,11 @@ not lost, and a claim whose outcome cannot be learned raises LedgerUnavailable (
 """
 from __future__ import annotations
 
-import asyncio
 import base64
 from typing import Any, Sequence
 
-import aiohttp
-
 from scheduler_metrics.kedgeflow.ledger import AVAILABLE, CONSUMED, REVOKED, ClaimResult, LedgerUnavailable
+from storage.etcd_gateway import EtcdAuthFailed, EtcdCredentials, EtcdGateway, EtcdUnavailable
 
 PREFIX = "/kedgeflow/allowances/"
 
@@ -33,36 +28,24 @@ def _unb64(s: str) -> str:
 
 
 class EtcdLedger:
-    def __init__(self, endpoints: Sequence[str], *, timeout_s: float = 5.0, prefix: str = PREFIX, attempts: int = 6):
+    def __init__(self, endpoints: Sequence[str], *, timeout_s: float = 5.0, prefix: str = PREFIX, attempts: int = 6,
+                 client: EtcdCredentials | None = None):
+        """``client``: etcd user and TLS (``kedgeflow.ledger.etcd`` username, password_file, tls_config)."""
         if not endpoints:
             raise ValueError("EtcdLedger needs at least one endpoint URL (e.g. http://127.0.0.1:2379)")
-        self.endpoints = [e.rstrip("/") for e in endpoints]
         self.prefix = prefix
-        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
-        self.attempts = attempts
-        self._session: aiohttp.ClientSession | None = None
-        self._next = 0
+        self.gateway = EtcdGateway(endpoints, timeout_s=timeout_s, client=client, attempts=attempts)
 
     def _key(self, allowance_id: str) -> str:
         return _b64(self.prefix + allowance_id)
 
     async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(timeout=self.timeout)
-        last: Exception | None = None
-        for i in range(self.attempts):
-            ep = self.endpoints[(self._next + i) % len(self.endpoints)]
-            try:
-                async with self._session.post(ep + path, json=body) as r:
-                    data = await r.json(content_type=None)
-                    if r.status != 200:
-                        raise LedgerUnavailable(f"etcd {ep}{path} answered {r.status}: {data}")
-                    self._next = (self._next + i) % len(self.endpoints)
-                    return data
-            except (aiohttp.ClientError, asyncio.TimeoutError, LedgerUnavailable, ValueError) as e:  # ValueError: not JSON
-                last = e
-                await asyncio.sleep(0.05 * (i + 1))
-        raise LedgerUnavailable(f"etcd unreachable on all endpoints: {last}")
+        try:
+            return await self.gateway.call(path, body)
+        except EtcdAuthFailed as e:
+            raise LedgerUnavailable(f"{e} (kedgeflow.ledger.etcd username / password)") from None
+        except EtcdUnavailable as e:
+            raise LedgerUnavailable(str(e)) from None
 
     async def _range(self, allowance_id: str) -> tuple[str | None, int]:
         data = await self._post("/v3/kv/range", {"key": self._key(allowance_id)})
@@ -129,6 +112,4 @@ class EtcdLedger:
         return CONSUMED if value.startswith(CONSUMED) else value
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        await self.gateway.close()

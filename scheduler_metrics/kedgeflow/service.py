@@ -13,13 +13,16 @@ from scheduler_metrics.kedgeflow.ledger import Ledger, SQLiteLedger
 from scheduler_metrics.kedgeflow.ledger_etcd import EtcdLedger
 from scheduler_metrics.kedgeflow.policy import Decision, Policy, Principal, SignalsFn
 from scheduler_metrics.kedgeflow.targets import Target
+from storage.etcd_gateway import EtcdCredentials
 
 
 # Known fields of ``kedgeflow:`` in the server YAML (checked by turboprom/config.py). The request limits
 # (max_body_bytes, max_params_bytes, max_name_chars, rate_limit) are read by turboprom/routes/kedgeflow_api.py,
 # targets by turboprom/kedgeflow_wiring.py.
+LEDGER_ETCD_FIELDS: dict[str, Any] = {"endpoints": ["str"], "timeout_s": "number"}
 CONFIG_FIELDS: dict[str, Any] = {
-    "ledger": ("=embedded", {"etcd": {"endpoints": ["str"], "timeout_s": "number"}}),
+    # the etcd client's user and TLS fields are added by turboprom/config.py (the cluster's etcd settings)
+    "ledger": ("=embedded", {"etcd": LEDGER_ETCD_FIELDS}),
     "policy": [{"verbs": ["str"], "roles": ["str"], "max_congestion_price": "number", "grant_ttl_ms": "int"}],
     "dispatch_timeout_s": "number", "audit_head_every": "int", "audit_max_entry_bytes": "int",
     "max_body_bytes": "int", "max_params_bytes": "int", "max_name_chars": "int",
@@ -40,9 +43,10 @@ class KedgeFlowService:
 
     @classmethod
     def open(cls, data_dir: str | Path, config: dict[str, Any] | None = None, *, signals: SignalsFn | None = None,
-             targets: dict[str, Target] | None = None) -> "KedgeFlowService":
+             targets: dict[str, Target] | None = None, etcd_client: EtcdCredentials | None = None) -> "KedgeFlowService":
         """``config`` is the ``kedgeflow:`` section of the server config:
-        ``ledger: embedded`` (default) or ``ledger: {etcd: {endpoints: [http://127.0.0.1:2379, ...]}}``,
+        ``ledger: embedded`` (default) or ``ledger: {etcd: {endpoints: [http://127.0.0.1:2379, ...]}}``
+        (``etcd_client``: the etcd user and TLS of that section, read by the caller),
         ``policy: [{verbs: [...], roles: [...], max_congestion_price: 5.0, grant_ttl_ms: 30000}, ...]``,
         ``dispatch_timeout_s: 10``, ``audit_max_entry_bytes: 16384`` (what one audit entry records at
         most; larger values are kept as digest + preview). The HTTP layer's request limits
@@ -54,7 +58,8 @@ class KedgeFlowService:
         led_cfg = cfg.get("ledger", "embedded")
         ledger: Ledger
         if isinstance(led_cfg, dict) and "etcd" in led_cfg:
-            ledger = EtcdLedger(list(led_cfg["etcd"]["endpoints"]), timeout_s=float(led_cfg["etcd"].get("timeout_s", 5.0)))
+            ledger = EtcdLedger(list(led_cfg["etcd"]["endpoints"]), timeout_s=float(led_cfg["etcd"].get("timeout_s", 5.0)),
+                                client=etcd_client)
         else:
             ledger = SQLiteLedger(base / "ledger.sqlite")
         audit = AuditLog(base / "audit", key, head_every=int(cfg.get("audit_head_every", 64)),

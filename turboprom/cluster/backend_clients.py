@@ -1,5 +1,6 @@
 """How the cluster's roles reach NATS and etcd when those run with authentication and TLS
-(``--cluster.backends-config FILE``, docs/cluster.md).
+(``--cluster.backends-config FILE``, docs/cluster.md); the etcd part also for the KedgeFlow
+ledger on etcd (``kedgeflow.ledger.etcd`` in the server YAML).
 
 One YAML file, checked as strictly as the server config (unknown fields and wrong types refuse to
 start, naming file:line)::
@@ -110,13 +111,15 @@ class EtcdClientConfig:
     tls: HTTPClientConfig | None = None
 
     @classmethod
-    def parse(cls, d: dict[str, Any], base_dir: str | None) -> EtcdClientConfig:
-        password = _secret(d, "password", "etcd", base_dir)
+    def parse(cls, d: dict[str, Any], base_dir: str | None, where: str = "etcd") -> EtcdClientConfig:
+        """From ``username``, ``password``/``password_file`` and ``tls_config`` of ``d`` (other keys,
+        e.g. the KedgeFlow ledger's ``endpoints``, are left to their owner)."""
+        password = _secret(d, "password", where, base_dir)
         if password is not None and not d.get("username"):
-            raise ValueError("etcd: password needs username")
+            raise ValueError(f"{where}: password needs username")
         if d.get("username") and password is None:
-            raise ValueError("etcd: username needs password or password_file")
-        return cls(str(d.get("username") or ""), password, _tls(d, "etcd", base_dir))
+            raise ValueError(f"{where}: username needs password or password_file")
+        return cls(str(d.get("username") or ""), password, _tls(d, where, base_dir))
 
     def password_text(self) -> str:
         return _value(self.password)

@@ -21,7 +21,7 @@ from typing import Callable
 import orjson
 
 from turboprom.cluster.assignment import Assignment
-from turboprom.cluster.etcd_gateway import EtcdAuthFailed, EtcdGateway, EtcdUnavailable
+from storage.etcd_gateway import EtcdAuthFailed, EtcdGateway, EtcdUnavailable
 from turboprom.cluster.settings import ClusterSettings
 
 log = logging.getLogger("turboprom.cluster")
@@ -34,6 +34,10 @@ class ClusterState:
     alive: dict[str, dict] = field(default_factory=dict)
     assignment: Assignment | None = None
     assignment_revision: int = 0
+
+
+def _with_hint(e: EtcdAuthFailed) -> EtcdAuthFailed:
+    return EtcdAuthFailed(f"{e}: see the etcd: section of --cluster.backends-config")
 
 
 class ClusterView:
@@ -81,9 +85,9 @@ class ClusterView:
     async def start(self) -> None:
         try:  # credentials etcd refuses stop the start (one line naming them), not a warning a second
             await self.refresh()
-        except EtcdAuthFailed:
+        except EtcdAuthFailed as e:
             await self.etcd.close()
-            raise
+            raise _with_hint(e) from None
         except EtcdUnavailable as e:  # etcd not up yet: the poll goes on trying
             log.warning("cluster state not loaded yet: %s", e)
         self._task = asyncio.get_running_loop().create_task(self._poll(), name="cluster state poll")
@@ -151,7 +155,7 @@ class Membership(ClusterView):
             except EtcdUnavailable as e:
                 if attempt == 59 or isinstance(e, EtcdAuthFailed):
                     await self.etcd.close()
-                    raise
+                    raise _with_hint(e) if isinstance(e, EtcdAuthFailed) else e from None
                 await asyncio.sleep(0.5)
         await super().start()
         self._keep = asyncio.get_running_loop().create_task(self._keepalive(), name="etcd lease keep-alive")

@@ -1,25 +1,37 @@
-"""The few etcd v3 calls cluster membership needs (lease grant/keep-alive, put, prefix range,
-compare-and-swap), through etcd's JSON gateway over aiohttp.
+"""etcd's v3 KV API through its JSON gateway (grpc-gateway) over aiohttp: the store the cluster's
+membership (turboprom/cluster/membership.py) and the KedgeFlow ledger on etcd
+(scheduler_metrics/kedgeflow/ledger_etcd.py) keep their state in.
 
-As the KedgeFlow ledger (scheduler_metrics/kedgeflow/ledger_etcd.py) explains, the maintained
-Python etcd clients either fail with current protobuf or pull in a gRPC stack; the gateway speaks
-the same linearizable KV API. Calls rotate over the endpoints, so one dead member is skipped.
+The maintained Python etcd clients either fail with current protobuf (``etcd3``) or pull in a gRPC
+stack; the JSON gateway is part of every etcd >= 3.3 and speaks the same linearizable KV API. Calls
+rotate over the endpoints, so one dead member is skipped.
 
 With etcd's authentication on, the configured user authenticates once (``/v3/auth/authenticate``)
 and sends the token with every call; a token etcd no longer knows (expired, or the member restarted)
-is replaced by authenticating again. ``https://`` endpoints use the configured ``tls_config``.
+is replaced by authenticating again. ``https://`` endpoints use the configured TLS context. The
+credentials are any object with ``username``, ``password_text()``, ``ssl_context()`` and
+``server_hostname()`` (turboprom/cluster/backend_clients.py ``EtcdClientConfig`` reads them from
+the operator's YAML).
 """
 from __future__ import annotations
 
 import asyncio
 import base64
 import json
-from typing import TYPE_CHECKING, Any, Sequence
+import ssl
+from typing import Any, Protocol, Sequence
 
 import aiohttp
 
-if TYPE_CHECKING:
-    from turboprom.cluster.backend_clients import EtcdClientConfig
+
+class EtcdCredentials(Protocol):
+    username: str
+
+    def password_text(self) -> str: ...
+
+    def ssl_context(self) -> ssl.SSLContext | None: ...
+
+    def server_hostname(self) -> str | None: ...
 
 
 class EtcdUnavailable(Exception):
@@ -46,12 +58,15 @@ def _token_invalid(status: int, data: Any) -> bool:
 
 
 class EtcdGateway:
-    def __init__(self, endpoints: Sequence[str], *, timeout_s: float = 2.0, client: EtcdClientConfig | None = None):
+    def __init__(self, endpoints: Sequence[str], *, timeout_s: float = 2.0, client: EtcdCredentials | None = None,
+                 attempts: int | None = None):
+        """``attempts``: calls tried before giving up, rotating over the endpoints (default two rounds)."""
         if not endpoints:
             raise ValueError("etcd needs at least one endpoint URL (e.g. http://127.0.0.1:2379)")
         self.endpoints = [e.rstrip("/") for e in endpoints]
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
         self.client = client
+        self.attempts = attempts if attempts is not None else 2 * len(self.endpoints)
         self._session: aiohttp.ClientSession | None = None
         self._next = 0
         self._token: str | None = None
@@ -90,8 +105,7 @@ class EtcdGateway:
             if status != 200 or not isinstance(data, dict) or not data.get("token"):
                 msg = data.get("error") or data.get("message") if isinstance(data, dict) else data
                 if status in (400, 401) or "authentication failed" in str(msg):
-                    raise EtcdAuthFailed(f"etcd at {ep} refused user {self.client.username!r}: {msg}"
-                                         " (check the etcd: section of --cluster.backends-config)")
+                    raise EtcdAuthFailed(f"etcd at {ep} refused user {self.client.username!r}: {msg}")
                 raise EtcdUnavailable(f"etcd {ep}/v3/auth/authenticate answered {status}: {msg}")
             self._token = str(data["token"])
             return self._token
@@ -99,7 +113,7 @@ class EtcdGateway:
     async def call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         last: Exception | None = None
         auth = self.client is not None and bool(self.client.username)
-        for i in range(len(self.endpoints) * 2):
+        for i in range(self.attempts):
             ep = self.endpoints[(self._next + i) % len(self.endpoints)]
             try:
                 headers: dict[str, str] = {}
@@ -117,7 +131,7 @@ class EtcdGateway:
                 raise
             except (aiohttp.ClientError, asyncio.TimeoutError, EtcdUnavailable, ValueError) as e:
                 last = e
-                await asyncio.sleep(0.05)
+                await asyncio.sleep(0.05 * min(i + 1, 4))
         raise EtcdUnavailable(f"etcd unreachable on {', '.join(self.endpoints)}: {last}")
 
     async def grant(self, ttl_s: int) -> str:

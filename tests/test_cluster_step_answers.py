@@ -10,6 +10,7 @@ import math
 import threading
 import time
 import urllib.parse
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -117,6 +118,9 @@ def test_querier_reuses_steps_and_stays_exact(tmp_path):
             _check(querier, q)  # first load: nothing to reuse
         reused = [_check(querier, q)[0] for q in QUERIES for _ in range(2)]
         assert any(reused), "no refresh through the querier reused a step answer"
+        # a dashboard's panels refreshed at once share the querier's write-log requests
+        with ThreadPoolExecutor(8) as pool:
+            assert any(r for r, _ in pool.map(lambda q: _check(querier, q), QUERIES * 3))
 
         # a new series whose samples reach 15 minutes back, far below every ingester's sealed frontier:
         # the steps kept since then must be dropped, or the sums would miss it

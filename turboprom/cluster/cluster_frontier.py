@@ -34,14 +34,41 @@ class ClusterFrontier(WriteFrontier):
         self.fanout = fanout
         self._remote: dict[str, tuple[str, int]] = {}  # ingester -> (its log's epoch, last sequence relayed)
         self._members: tuple | None = None  # (assignment revision, live ingesters) at the last pull
-        self._pull_lock = threading.Lock()
+        # one pull at a time; callers that arrive while one runs share the next one (a dashboard's
+        # panels refreshed together cost one round of requests, not one each, in turn)
+        self._cond = threading.Condition()
+        self._pulling = False
+        self._started = 0  # pulls started so far (numbered 1, 2, ...)
+        self._done = 0  # the number of the last pull finished
+        self._result: tuple[int, int] = (0, EVERYTHING)  # its (sequence, sealed frontier)
 
     def arm(self) -> tuple[int, int]:
-        """(sequence, sealed frontier) before a read, after relaying what the ingesters logged."""
-        with self._pull_lock:
+        """(sequence, sealed frontier) before a read, after relaying what the ingesters logged: from a
+        pull that started after this call (one already running may have missed a write that came
+        before the call)."""
+        with self._cond:
+            want = self._started + 1
+            while self._done < want:
+                if not self._pulling:
+                    self._pulling = True
+                    self._started += 1
+                    mine = self._started
+                    break
+                self._cond.wait()
+            else:
+                return self._result
+        result = (0, EVERYTHING)
+        try:
             sealed = self._pull()
             with self.lock:
-                return self.seq, sealed
+                result = (self.seq, sealed)
+        finally:
+            with self._cond:
+                self._pulling = False
+                self._done = mine
+                self._result = result
+                self._cond.notify_all()
+        return result
 
     def sealed_ms(self) -> int:
         return self.arm()[1]

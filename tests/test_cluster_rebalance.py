@@ -18,9 +18,9 @@ import time
 
 import pytest
 
+from storage.etcd_gateway import EtcdGateway
 from tests.helpers import http_json, load_bench, require_binary
 from tests.test_cluster_faults import T0, Writer, total_samples
-from storage.etcd_gateway import EtcdGateway
 from turboprom.cluster.local_cluster import LocalCluster
 from turboprom.cluster.settings import ClusterSettings
 

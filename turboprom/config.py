@@ -146,9 +146,9 @@ def top_level_fields() -> dict[str, Any]:
     from scheduler_metrics.congestion.config import CongestionConfig
     from scheduler_metrics.kedgeflow.service import CONFIG_FIELDS as KEDGEFLOW_FIELDS
     from scheduler_metrics.kedgeflow.service import LEDGER_ETCD_FIELDS
-    from turboprom.cluster.backend_clients import ETCD_FIELDS
     from turboprom.alert_notifier import ALERTING_FIELDS
     from turboprom.auth import AuthLimits
+    from turboprom.cluster.backend_clients import ETCD_FIELDS
     from turboprom.limits import Limits
 
     return {

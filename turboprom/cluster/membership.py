@@ -20,8 +20,8 @@ from typing import Callable
 
 import orjson
 
-from turboprom.cluster.assignment import Assignment
 from storage.etcd_gateway import EtcdAuthFailed, EtcdGateway, EtcdUnavailable
+from turboprom.cluster.assignment import Assignment
 from turboprom.cluster.settings import ClusterSettings
 
 log = logging.getLogger("turboprom.cluster")

@@ -6,11 +6,7 @@ from typing import Any
 
 from scheduler_metrics.kedgeflow.action import Action
 from scheduler_metrics.kedgeflow.service import KedgeFlowService
-from scheduler_metrics.kedgeflow.targets import (
-    FunctionTarget,
-    HTTPTarget,
-    IdempotencyStore,
-)
+from scheduler_metrics.kedgeflow.targets import FunctionTarget, HTTPTarget, IdempotencyStore
 from turboprom.api_params import parse_matchers_param, parse_time
 from turboprom.cluster.backend_clients import EtcdClientConfig
 from turboprom.context import ServerContext

@@ -7,7 +7,7 @@ import numpy as np
 from promql import parser as promql_parser
 
 from planner.stack import build
-from planner.step_answers import cacheable
+from planner.step_answers import EVERYTHING, NEVER, WriteFrontier, cacheable
 from promql.engine import Engine
 from promql.memory_source import MemorySource
 from promql.query_opts import QueryOpts
@@ -232,3 +232,19 @@ def test_reuse_that_costs_more_than_evaluating_whole_is_bypassed_and_measured_ag
         assert d["entries"] == 0  # the bypassed key's kept steps were dropped
     finally:
         st.planner.stop()
+
+
+def test_write_log_answers_everything_for_a_sequence_it_no_longer_holds():
+    """A kept answer armed before a trim dropped the writes after its sequence must not be validated
+    as if none happened (a first evaluation running while another refresh trims the log; a cluster
+    querier asking an ingester with an old sequence)."""
+    f = WriteFrontier(seal_delay_ms=10_000)
+    f.observe(0, 100_000)  # live: nothing logged
+    armed, _ = f.arm()
+    f.observe(50_000, 100_000)  # late: at or below the sealed frontier (90 s)
+    late_seq = f.seq
+    f.observe(100_000, 101_000)
+    assert f.oldest_since(armed) == 50_000 and f.oldest_since(late_seq) == NEVER
+    f.trim(late_seq)  # every kept entry is valid from late_seq on: the late write is forgotten
+    assert f.oldest_since(late_seq) == NEVER
+    assert f.oldest_since(armed) == EVERYTHING  # older than the log holds: nothing kept may stand

@@ -48,7 +48,7 @@ demo: $(STAMP) $(NATIVE_ALL)
 
 # A local cluster on loopback (3 NATS JetStream nodes, 3 etcd members, distributor, 2 ingesters, querier; docs/cluster.md).
 cluster-demo: $(STAMP) $(NATIVE_ALL) peers
-	$(VPY) -m turboprom.cluster.local_cluster --dir $(DATA)-cluster
+	$(VPY) -m turboprom.cluster.demo --dir $(DATA)-cluster
 
 test: $(STAMP) $(NATIVE_ALL) peers
 	$(VPY) -m pytest -q -ra

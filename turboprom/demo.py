@@ -39,14 +39,22 @@ def demo_grant_key_pem(data_dir: str | Path) -> bytes:
     return key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
 
 
-def demo_config(listen: str, worker_targets: list[str], scheduler_target: str | None, control_url: str | None = None,
-                kv_events: list[dict[str, str]] | None = None) -> dict:
-    jobs = [{"job_name": "turboprom", "scrape_interval": "5s", "static_configs": [{"targets": [listen]}]}]
+def fleet_scrape_jobs(worker_targets: list[str], scheduler_target: str | None) -> list[dict]:
+    """The demo fleet's scrape jobs (its vLLM-like workers every second, its scheduler): the single
+    node scrapes them itself; the cluster demo's Prometheus agent scrapes them for the distributors."""
+    jobs: list[dict] = []
     if worker_targets:
         jobs.append({"job_name": "vllm-workers", "scrape_interval": "1s", "scrape_timeout": "1s", "honor_labels": True,
                      "static_configs": [{"targets": worker_targets, "labels": {"cluster": "demo"}}]})
     if scheduler_target:
         jobs.append({"job_name": "scheduler", "scrape_interval": "5s", "static_configs": [{"targets": [scheduler_target]}]})
+    return jobs
+
+
+def demo_config(listen: str, worker_targets: list[str], scheduler_target: str | None, control_url: str | None = None,
+                kv_events: list[dict[str, str]] | None = None) -> dict:
+    jobs = [{"job_name": "turboprom", "scrape_interval": "5s", "static_configs": [{"targets": [listen]}]},
+            *fleet_scrape_jobs(worker_targets, scheduler_target)]
     # the demo opts in to sketches (a plain server answers exactly by default); approx=false or
     # exact=true on a request turns them off again
     planner = {"min_count": 3, "period": "5m", "pane": "1m", "approximate": True}

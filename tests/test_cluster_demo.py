@@ -1,6 +1,6 @@
 """``make cluster-demo`` (turboprom/cluster/demo.py): the local cluster with the demo fleet writing into
-it through a Prometheus agent and the distributor; the fleet's live series and its history answer
-through the querier, and ^C stops every process it started."""
+it through a Prometheus agent and the distributor; the fleet's live series, its history and its
+congestion signals answer through the querier, and ^C stops every process it started."""
 from __future__ import annotations
 
 import re
@@ -46,6 +46,15 @@ def test_cluster_demo_fleet_writes_through_the_cluster(tmp_path):
         assert _value(querier, "sum(vllm:num_requests_running)") is not None
         # the remote-written history: samples three minutes back
         assert _value(querier, "count(vllm:num_requests_running)", at=time.time() - 180) == 2
+
+        # the congestion API through the querier: its tracker fed from the ingesters
+        def fresh_instances() -> list[dict]:
+            code, body, _ = http_json(f"{querier}/api/v1/congestion")
+            assert code == 200 and body["status"] == "success", body
+            return [d for d in body["data"]["instances"] if not d.get("stale")]
+
+        wait_until(lambda: len(fresh_instances()) == 2, 60, "both fleet workers in the querier's congestion signals")
+        assert all(d["model_name"] == "qwen2.5-7b" and d["queue_length"] is not None for d in fresh_instances())
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)

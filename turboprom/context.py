@@ -46,6 +46,7 @@ class Components:
     ingest: IngestPipeline | None = None
     scraper: ScrapeManager | None = None
     congestion: CongestionTracker | None = None
+    congestion_feed: Any = None  # querier: turboprom.cluster.congestion_feed.CongestionFeed (signals from the ingesters)
     congestion_poll_server: Any = None  # turboprom.congestion_poll_server.CongestionPollServer
     prefix_index: Any = None  # scheduler_metrics.congestion.prefix_index.PrefixIndex
     kv_events: Any = None  # ingest.kv_events.KVEventSubscriber

@@ -62,6 +62,7 @@ def build_querier(config: ServerConfig) -> ServerContext:
     """The single node's whole query side over storage that reads partitions from the ingesters."""
     from planner.planner import PlannerConfig
     from turboprom.cluster.cluster_frontier import ClusterFrontier
+    from turboprom.cluster.congestion_feed import CongestionFeed
     from turboprom.cluster.fanout_metadata import FanoutMetadata
     from turboprom.cluster.fanout_storage import FanoutStorage
     from turboprom.cluster.membership import ClusterView
@@ -84,6 +85,9 @@ def build_querier(config: ServerConfig) -> ServerContext:
     ctx.components.cluster_view = view
     ctx.components.fanout_storage = fanout
     ctx.components.metadata = FanoutMetadata(fanout)  # kept by the ingesters, which see the writes
+    # the congestion API and KedgeFlow's policy: the tracker fed from the ingesters, never written back
+    ctx.components.congestion.write = None
+    ctx.components.congestion_feed = CongestionFeed(ctx.components.default_view.select, ctx.components.congestion)
     return ctx
 
 

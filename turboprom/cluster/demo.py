@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from turboprom.cluster.local_cluster import REPO, LocalCluster, Proc, binary, free_port
+from turboprom.cluster.local_cluster import REPO, Proc, add_cluster_args, binary, cluster_from_args, free_port
 
 SHARED_TRACE = REPO.parent / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
 
@@ -33,12 +33,7 @@ def agent_config(distributor_url: str, worker_targets: list[str], scheduler_targ
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="a local TurboProm cluster on loopback with the demo fleet writing into it, until ^C")
-    ap.add_argument("--dir", default="./cluster-data")
-    ap.add_argument("--ingesters", type=int, default=2)
-    ap.add_argument("--partitions", type=int, default=64)
-    ap.add_argument("--etcd-members", type=int, default=3)
-    ap.add_argument("--distributor-port", type=int, default=9091)
-    ap.add_argument("--querier-port", type=int, default=9090)
+    add_cluster_args(ap)
     ap.add_argument("--trace", default=str(SHARED_TRACE))
     ap.add_argument("--instances", type=int, default=8)
     ap.add_argument("--load", type=float, default=0.7)
@@ -49,8 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     from turboprom.demo_workload import DashboardWorkload
 
     base = Path(a.dir)
-    c = LocalCluster(base, ingesters=a.ingesters, partitions=a.partitions, etcd_members=a.etcd_members,
-                     ports={"distributor-0": a.distributor_port, "querier-0": a.querier_port})
+    c = cluster_from_args(a)
     fleet: DemoFleet | None = None
     agent: Proc | None = None
     workload: DashboardWorkload | None = None

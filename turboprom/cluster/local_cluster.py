@@ -16,7 +16,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -264,20 +264,28 @@ class LocalCluster:
             p.stop()
 
 
-def main() -> None:
-    import argparse
-    import signal
-
-    ap = argparse.ArgumentParser(description="run a local TurboProm cluster on loopback until ^C")
+def add_cluster_args(ap: Any) -> None:
+    """The command-line shape of a local cluster (this module's ``main`` and the cluster demo's)."""
     ap.add_argument("--dir", default="./cluster-data")
     ap.add_argument("--ingesters", type=int, default=2)
     ap.add_argument("--partitions", type=int, default=64)
     ap.add_argument("--etcd-members", type=int, default=3)
     ap.add_argument("--distributor-port", type=int, default=9091)
     ap.add_argument("--querier-port", type=int, default=9090)
-    a = ap.parse_args()
-    c = LocalCluster(Path(a.dir), ingesters=a.ingesters, partitions=a.partitions, etcd_members=a.etcd_members,
-                     ports={"distributor-0": a.distributor_port, "querier-0": a.querier_port}).start()
+
+
+def cluster_from_args(a: Any) -> LocalCluster:
+    return LocalCluster(Path(a.dir), ingesters=a.ingesters, partitions=a.partitions, etcd_members=a.etcd_members,
+                        ports={"distributor-0": a.distributor_port, "querier-0": a.querier_port})
+
+
+def main() -> None:
+    import argparse
+    import signal
+
+    ap = argparse.ArgumentParser(description="run a local TurboProm cluster on loopback until ^C")
+    add_cluster_args(ap)
+    c = cluster_from_args(ap.parse_args()).start()
     try:
         for name, p in c.roles.items():
             print(f"{name:14s} pid {p.pid:7d}  {c.url(name)}", flush=True)

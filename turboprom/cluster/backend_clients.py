@@ -27,12 +27,7 @@ import ssl
 from dataclasses import dataclass, field
 from typing import Any
 
-from ingest.http_client_config import (
-    TLS_FIELDS,
-    HTTPClientConfig,
-    SecretFile,
-    config_path,
-)
+from ingest.http_client_config import TLS_FIELDS, HTTPClientConfig, SecretFile, config_path
 
 NATS_FIELDS: dict[str, Any] = {"user": "str", "password": "str", "password_file": "str", "token": "str",
                                "token_file": "str", "nkey_seed_file": "str", "tls_config": TLS_FIELDS}

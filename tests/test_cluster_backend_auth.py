@@ -1,8 +1,8 @@
 """A cluster whose NATS and etcd require credentials and TLS (``--cluster.backends-config``): real
 nats-server nodes with mutual TLS and users (a password user and an NKey user), a real etcd serving
 https with client certificates and its authentication on. Writes go through, queries answer, an etcd
-restart (which forgets every auth token) is survived, and wrong or missing credentials stop a role
-at start with one line naming the cause. The KedgeFlow ledger works on the same etcd with the server
+restart and a reset of every auth token (the roles authenticate again) are survived, and wrong or
+missing credentials stop a role at start with one line naming the cause. The KedgeFlow ledger works on the same etcd with the server
 YAML's ``kedgeflow.ledger.etcd`` user and TLS."""
 from __future__ import annotations
 
@@ -130,17 +130,35 @@ authorization {{
                 assert r.status == 204
         wait_until(lambda: _count(cluster.url("querier-0")) == N_SERIES, 60, f"{N_SERIES} series through the querier")
 
-        # an etcd restart forgets every auth token: the roles authenticate again, so the ingesters keep
-        # their liveness leases (3 s) and the querier keeps finding them
+        def live_ingesters() -> list[str]:
+            root = cluster.etcd_call("/v3/auth/authenticate", {"name": "root", "password": "root-pw"})["token"]
+            keys = cluster.etcd_call("/v3/kv/range", {"key": _b64("/turboprom/turboprom/alive/"),
+                                                      "range_end": _b64("/turboprom/turboprom/alive0")}, token=root)
+            return sorted(base64.b64decode(kv["key"]).decode().rsplit("/", 1)[1] for kv in keys.get("kvs", []))
+
+        # an etcd restart: the roles reconnect and keep their liveness leases (3 s)
         cluster.etcds[0].kill()
         cluster.restart_etcd(0)
         wait_until(cluster.etcd_healthy, 30, "etcd healthy again")
-        time.sleep(8)  # past the lease TTL: a role that could not authenticate again has lost its lease
-        alive = cluster.etcd_call("/v3/auth/authenticate", {"name": "root", "password": "root-pw"})["token"]
-        keys = cluster.etcd_call("/v3/kv/range", {"key": _b64("/turboprom/turboprom/alive/"),
-                                                  "range_end": _b64("/turboprom/turboprom/alive0")}, token=alive)
-        assert sorted(base64.b64decode(kv["key"]).decode().rsplit("/", 1)[1] for kv in keys.get("kvs", [])) == \
-            ["ingester-0", "ingester-1"], keys
+        time.sleep(5)  # past the lease TTL: a role that could not reach etcd again has lost its lease
+        assert live_ingesters() == ["ingester-0", "ingester-1"]
+        assert _count(cluster.url("querier-0")) == N_SERIES
+        # every auth token forgotten (authentication switched off and on again: etcd answers "invalid auth
+        # token" to the old ones): the roles authenticate again and keep their leases
+        logs = {name: p.log for name, p in cluster.roles.items()}
+        seen = {name: log.stat().st_size for name, log in logs.items()}
+        root = cluster.etcd_call("/v3/auth/authenticate", {"name": "root", "password": "root-pw"})["token"]
+        cluster.etcd_call("/v3/auth/disable", {}, token=root)
+        cluster.etcd_call("/v3/auth/enable", {})
+        with pytest.raises(urllib.error.HTTPError, match="401"):  # the old token is refused now
+            cluster.etcd_call("/v3/kv/range", {"key": _b64("/turboprom/")}, token=root)
+        time.sleep(5)  # several cluster-state polls (reads of the cluster's keys) by every role
+        for name, log in logs.items():
+            with open(log, "rb") as f:
+                f.seek(seen[name])
+                since = f.read().decode(errors="replace")
+            assert "invalid auth token" not in since, f"{name} after the token reset:\n{since[-2000:]}"
+        assert live_ingesters() == ["ingester-0", "ingester-1"]
         assert _count(cluster.url("querier-0")) == N_SERIES
 
         # wrong or missing credentials: one line at start naming the cause, no traceback

@@ -7,8 +7,8 @@ stack; the JSON gateway is part of every etcd >= 3.3 and speaks the same lineari
 rotate over the endpoints, so one dead member is skipped.
 
 With etcd's authentication on, the configured user authenticates once (``/v3/auth/authenticate``)
-and sends the token with every call; a token etcd no longer knows (expired, or the member restarted)
-is replaced by authenticating again. ``https://`` endpoints use the configured TLS context. The
+and sends the token with every call; a token etcd no longer knows (``invalid auth token``: expired,
+or authentication switched off and on) is replaced by authenticating again. ``https://`` endpoints use the configured TLS context. The
 credentials are any object with ``username``, ``password_text()``, ``ssl_context()`` and
 ``server_hostname()`` (turboprom/cluster/backend_clients.py ``EtcdClientConfig`` reads them from
 the operator's YAML).
@@ -52,7 +52,7 @@ def _prefix_end(prefix: bytes) -> bytes:
 
 def _token_invalid(status: int, data: Any) -> bool:
     """An answer saying the auth token is missing, expired or unknown (simple tokens live in one
-    member's memory: a restart or an expiry invalidates them): authenticate again."""
+    member's memory and expire): authenticate again."""
     text = str(data.get("error") or data.get("message") or "") if isinstance(data, dict) else ""
     return status == 401 or "invalid auth token" in text or "user name is empty" in text
 

@@ -17,8 +17,8 @@ start, naming file:line)::
       tls_config: {...}               # https:// endpoints; cert_file/key_file for --client-cert-auth
 
 Files are relative to the YAML's folder. Secrets in files are read when they are used: NATS reads
-them at every (re)connect and etcd at every authentication (a new token after an expiry or a member
-restart), so rotated passwords apply without a restart. The TLS settings are Prometheus's
+them at every (re)connect and etcd at every authentication (a new token once etcd no longer knows
+the old one), so rotated passwords apply without a restart. The TLS settings are Prometheus's
 ``tls_config``, read by the same code as scrape targets' (ingest/http_client_config.py).
 """
 from __future__ import annotations

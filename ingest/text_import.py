@@ -40,6 +40,8 @@ class _Sender:
         self.admission = admission
         self.text = TextRefs()
         self.by_ref: list[Labels | None] = []
+        # bodies the compiled walk does not take (OpenMetrics, escapes, ...): labels as sent -> as stored
+        self.by_labels: dict[Labels, Labels] = {}
         self.lock = threading.Lock()
 
 
@@ -167,13 +169,26 @@ class TextImporter:
             if got is not None:
                 return got
         parsed = self._parse(body, openmetrics)
-        series = self.labels_for(parsed, extra)
-        plain = series
-        if admission is not None:  # the slow path (odd bodies): every series checked
-            series = [admission.series(lbl) for lbl in series]
-        batch = self._batch(parsed, series, default_ts_ms, tenant)
-        if admission is not None:
-            admission.batch(batch, series)
+        plain = self.labels_for(parsed, extra)
+        if admission is None:
+            batch = self._batch(parsed, plain, default_ts_ms, tenant)
+        else:  # bodies the walk does not take: series admitted before are found by their labels
+            st = self._sender(tenant, extra, admission)
+            known = st.by_labels
+            series, new = [], []
+            for lbl in plain:  # per distinct series, as labels_for
+                got = known.get(lbl)
+                if got is None:
+                    got = admission.series(lbl)
+                    new.append((lbl, got))
+                series.append(got)
+            batch = self._batch(parsed, series, default_ts_ms, tenant)
+            admission.batch(batch, [got for _, got in new])
+            if new:  # only once admitted: a refused request's series count against the limits again
+                with st.lock:
+                    if len(known) + len(new) > self.max_cached_series:
+                        known.clear()
+                    known.update(new)
         return batch, exemplars_of(parsed, plain, batch.timestamps) if parsed.exemplars else []
 
 

@@ -24,6 +24,32 @@ def _req(url: str, tenant: str | None = None, data: bytes | None = None) -> tupl
     return http_json(url, data, {"X-Scope-OrgID": tenant} if tenant else {})
 
 
+def test_openmetrics_import_admits_each_series_once_and_never_remembers_a_refused_one(tmp_path: Path) -> None:
+    """The same admission for bodies the compiled text walk does not take (OpenMetrics): series found
+    by their labels once admitted, a refused request's series unknown again."""
+    cfg = tmp_path / "cfg.yml"
+    cfg.write_text(CFG)
+    om = {"X-Scope-OrgID": "small", "Content-Type": "application/openmetrics-text; version=1.0.0"}
+    with ServerProcess(tmp_path / "data", ["--config", str(cfg)]) as srv:
+        imp = srv.url + "/api/v1/import/prometheus"
+
+        def send(ks: str, v: int) -> tuple[int, dict]:
+            body = "".join(f's{{k="{k}"}} {v}\n' for k in ks) + "# EOF\n"
+            st, b, _ = http_json(imp, body.encode(), om)
+            return st, b
+
+        assert send("12", 1)[0] == 204
+        for _ in range(2):
+            st, b = send("34", 1)
+            assert st == 429 and "active series" in b["error"], b
+        assert send("3", 2)[0] == 204
+        assert send("4", 2)[0] == 429
+        assert send("123", 3)[0] == 204  # all known
+        st, b, _ = _req(srv.url + "/api/v1/query?" + urllib.parse.urlencode({"query": "s"}), "small")
+        assert st == 200 and sorted((r["metric"]["k"], r["value"][1]) for r in b["data"]["result"]) == \
+            [("1", "3"), ("2", "3"), ("3", "3")], b
+
+
 def test_input_and_tenant_limits(tmp_path: Path) -> None:
     cfg = tmp_path / "cfg.yml"
     cfg.write_text(CFG)

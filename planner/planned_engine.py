@@ -79,6 +79,22 @@ class PlannedEngine:
 
         return self._run("range", query, int(start_ms), int(end_ms), int(step_ms), opts, call)
 
+    def hooks_for(self, node: Any) -> tuple[list, tuple]:
+        """For a sub-tree evaluated outside this engine (a cluster ingester's share of a pushed-down
+        aggregation): its candidates (for ``learn``) and the node hooks that let exact plans answer
+        it (none when no plan exists for any of them)."""
+        if self.planner is None:
+            return [], ()
+        cands = candidates(node, self.planner.config.req_min_phi)
+        return cands, ((with_policy(self.hook, False),) if cands and self.planner.has_plans_for(cands) else ())
+
+    def learn(self, entry: LogEntry, cands: list | None) -> None:
+        """Log one evaluation and let the planner learn from it (``cands``: its candidate sub-trees)."""
+        if self.query_log is not None:
+            self.query_log.record(entry)
+        if self.planner is not None and not entry.error and cands is not None:
+            self.planner.observe(entry, list(cands))
+
     def _may_serve(self, query: str) -> bool:
         """Whether a plan exists for some candidate sub-tree of ``query`` (the rules that could answer
         a node are exactly those that name it a candidate). Without a planner to ask: always."""
@@ -123,7 +139,4 @@ class PlannedEngine:
                     result_points=points, exact=exact, approx=approximate, tenant=tenant, origin=origin or self.origin, error=err,
                     arrival_ms=arrival,
                 )
-                if self.query_log is not None:
-                    self.query_log.record(entry)
-                if self.planner is not None and not err and cands is not None:
-                    self.planner.observe(entry, list(cands))
+                self.learn(entry, cands)

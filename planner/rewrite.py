@@ -156,7 +156,7 @@ def raw_and_fill(node: Any, ectx: Any, d: Decision) -> Any:
     val = Evaluator(positions).eval(node, replace(ectx, hooks=()))
     try:
         if isinstance(val, VectorSteps):
-            fill_from_raw(sds, d.matchers, d.func, d.ends, d.range_ms, val, armed)
+            fill_from_raw(sds, d.matchers, d.func, d.ends, d.range_ms, val, armed, ectx.series_scope)
     except Exception:  # noqa: BLE001 - filling a cache must never fail the query
         log.exception("step cache fill from the raw path failed")
     return val

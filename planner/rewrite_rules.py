@@ -40,6 +40,7 @@ from planner.sketch_scans import scan_distinct, scan_topk
 from planner.summary_scan import ScanResult, cached_mask, scan_exact, scan_kll, window_plan
 from planner.window import WindowPlan, merge_intervals, plan_windows
 from promql.ast_walk import children
+from promql.eval_context import SeriesScope
 from promql.eval_selectors import duration_ms, effective_times, to_matchers
 from promql.query_guard import parse as guarded_parse
 from promql.types import VectorSteps
@@ -123,6 +124,8 @@ WHY_APPROX = "approximation off: sketch answers need planner.approximate or appr
 WHY_NO_SDS = "no plan covers it"
 WHY_SLOWER = "shadow runs of this shape measured the summary slower than the raw path"
 WHY_NO_PANE = "no whole covered pane inside any window"
+WHY_SCOPED = ("the evaluation sees only some of the stored series (a cluster ingester's asked partitions) and "
+              "this summary holds one payload for all of them")
 
 
 def edge_span(plan: WindowPlan) -> int:
@@ -150,16 +153,16 @@ def worth_it(func: str, plan: WindowPlan, range_ms: int, pane_ms: int) -> bool:
 
 
 def worth_it_cached(sds: SDS, matchers: list[Matcher], func: str, ends: np.ndarray, range_ms: int,
-                    plan: WindowPlan) -> bool:
+                    plan: WindowPlan, scope: SeriesScope | None = None) -> bool:
     """The cost check for a refresh: only the steps the exact SDS's step cache does not hold are
     computed, so compare their raw edges (not the whole query's) with the raw path's span."""
     if len(ends) < 2 or not sds.algorithm.exact or sds.algorithm.scope != "metric":
         return False
-    hit = cached_mask(sds, matchers, func, ends, range_ms)
+    hit = cached_mask(sds, matchers, func, ends, range_ms, scope)
     if not hit.any():
         return False
     lo, hi = sds.coverage()
-    rest = window_plan(sds, matchers, ends[~hit], range_ms, lo, hi)
+    rest = window_plan(sds, matchers, ends[~hit], range_ms, lo, hi, scope)
     span = int(plan.end.max() - plan.start.min()) if len(plan.end) else 0
     return edge_span(rest) <= MAX_EDGE_FRACTION * max(span, 1)
 
@@ -181,13 +184,13 @@ def _judge_windows(d: Decision, ectx: Any, rctx: RewriteContext, vs: Any, *, per
     if rctx.cost_based and sds.stats.verdict(shape_of(d.func, d.range_ms, len(d.ends))) == "slower":
         return d.raw(WHY_SLOWER)
     lo, hi = sds.coverage()
-    d.plan = window_plan(sds, d.matchers, d.ends, d.range_ms, lo, hi) if per_series else \
+    d.plan = window_plan(sds, d.matchers, d.ends, d.range_ms, lo, hi, ectx.series_scope) if per_series else \
         plan_windows(d.ends, d.range_ms, sds.spec.pane_ms, lo, hi)
     if d.plan.summary_panes == 0:
         return d.raw(WHY_NO_PANE)  # no whole covered pane in any window: raw is as cheap
     if cost_check and rctx.cost_based and not worth_it(d.func, d.plan, d.range_ms, sds.spec.pane_ms):
         # a refresh whose steps mostly come from the step cache pays even when the edges are wide
-        if not (per_series and worth_it_cached(sds, d.matchers, d.func, d.ends, d.range_ms, d.plan)):
+        if not (per_series and worth_it_cached(sds, d.matchers, d.func, d.ends, d.range_ms, d.plan, ectx.series_scope)):
             return d.raw(cost_why(d), fill=per_series and sds.algorithm.exact)
     d.served = True
     return d
@@ -229,12 +232,12 @@ def _decide_call(rule: str, algorithm: str, family: str) -> Callable[[Any, Any, 
 
 
 def _serve_exact(d: Decision, node: Any, ectx: Any) -> Served:
-    scan = scan_exact(d.sds, ectx.source, d.matchers, d.func, d.ends, d.range_ms)
+    scan = scan_exact(d.sds, ectx.source, d.matchers, d.func, d.ends, d.range_ms, ectx.series_scope)
     return Served(d.sds, d.func, _vector(d.func, scan), scan, node, d.ends, d.range_ms, None)
 
 
 def _serve_quantile(d: Decision, node: Any, ectx: Any) -> Served:
-    scan = scan_kll(d.sds, ectx.source, d.matchers, d.phi, d.ends, d.range_ms)
+    scan = scan_kll(d.sds, ectx.source, d.matchers, d.phi, d.ends, d.range_ms, ectx.series_scope)
     return Served(d.sds, d.func, _vector(d.func, scan), scan, node, d.ends, d.range_ms, d.phi)
 
 
@@ -258,6 +261,8 @@ def _decide_fixed(rule: str, algorithm: str, shape_of_node: Callable[[Any], tupl
                      shape=tuple(shape[:-2]))
         if not rctx.may_use(algorithm, ectx):
             return d.raw(WHY_APPROX)
+        if ectx.series_scope is not None:
+            return d.raw(WHY_SCOPED)
         labels = labels_of(shape)
         d.sds = rctx.find_group(vs.name, d.matchers, labels, algorithm)
         if d.sds is None:

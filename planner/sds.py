@@ -34,6 +34,7 @@ import numpy as np
 from planner.algorithm_registry import algorithm
 from planner.late_samples import fold_late_sketch, rebuild_exact
 from planner.served_functions import REQ_MIN_PHI
+from promql.eval_context import SeriesScope
 from storage.labels import Labels
 from storage.matchers import Matcher
 
@@ -124,16 +125,22 @@ class SeriesRegistry:
                     self.index[lbl] = s
         return s
 
-    def match(self, matchers: Sequence[Matcher]) -> np.ndarray:
-        """Local ids of registered series matching all matchers (cached per registry size)."""
-        key = tuple(matchers)
+    def match(self, matchers: Sequence[Matcher], scope: SeriesScope | None = None) -> np.ndarray:
+        """Local ids of registered series matching all matchers and kept by ``scope`` (the series an
+        evaluation is restricted to, e.g. a cluster ingester's asked partitions); cached per registry
+        size."""
+        key = (tuple(matchers), None if scope is None else scope.key)
         n = len(self.labels)
         hit = self._match_cache.get(key)
         if hit is not None and hit[0] == n:
             return hit[1]
-        out = [i for i, lbl in enumerate(self.labels[:n])
-               if all(m.matches(dict(lbl).get(m.name, "")) for m in matchers)]
-        arr = np.asarray(out, dtype=np.int64)
+        if scope is not None:
+            arr = self.match(matchers)
+            arr = arr[scope.keep(self.labels, arr)] if len(arr) else arr
+        else:
+            out = [i for i, lbl in enumerate(self.labels[:n])
+                   if all(m.matches(dict(lbl).get(m.name, "")) for m in matchers)]
+            arr = np.asarray(out, dtype=np.int64)
         self._match_cache[key] = (n, arr)
         return arr
 

@@ -30,6 +30,7 @@ from planner.raw_segments import RawPrefix, RawSamples
 from planner.served_functions import SERVED
 from planner.sds import SDS
 from planner.window import WindowPlan, coalesce_reads, plan_windows
+from promql.eval_context import SeriesScope
 from storage.labels import Labels
 from storage.matchers import Matcher
 from storage.stale import is_stale
@@ -56,7 +57,7 @@ def edge_density(sds: SDS) -> tuple[int, np.ndarray] | None:
 
 
 def _read_raw(sds: SDS, source: RawSource, matchers: Sequence[Matcher], plan: WindowPlan,
-              max_reads: int | None = None) -> tuple[np.ndarray, RawSamples]:
+              max_reads: int | None = None, scope: SeriesScope | None = None) -> tuple[np.ndarray, RawSamples]:
     """Read the raw edges (in the reads ``coalesce_reads`` picks, or <= max_reads), register their series.
 
     Returns (global ids of the selected series, raw samples keyed by position in that list). Each read
@@ -85,7 +86,7 @@ def _read_raw(sds: SDS, source: RawSource, matchers: Sequence[Matcher], plan: Wi
         ts_parts.append(ss.timestamps)
         val_parts.append(ss.values)
         base += len(ss.timestamps)
-    sel = sds.registry.match(matchers)  # includes series first seen in the reads
+    sel = sds.registry.match(matchers, scope)  # includes series first seen in the reads
     if not ts_parts:
         return sel, RawSamples(np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0), len(sel))
     local = np.full(len(sds.registry.labels), -1, np.int64)
@@ -219,12 +220,18 @@ def arm(sds: SDS) -> tuple[int, int, int, int]:
         return cov_lo, cov_hi, store.epoch, len(sds.registry.labels)
 
 
-def cached_mask(sds: SDS, matchers: Sequence[Matcher], func: str, ends: np.ndarray, range_ms: int) -> np.ndarray:
+def _key(func: str, matchers: Sequence[Matcher], range_ms: int, scope: SeriesScope | None) -> tuple:
+    """A step cache entry's key: its rows are the series of this selection."""
+    return (func, tuple(matchers), int(range_ms), None if scope is None else scope.key)
+
+
+def cached_mask(sds: SDS, matchers: Sequence[Matcher], func: str, ends: np.ndarray, range_ms: int,
+                scope: SeriesScope | None = None) -> np.ndarray:
     """Which of ``ends`` the step cache would answer now (for the rewrite's cost check)."""
     ends = np.asarray(ends, np.int64)
     cache = step_cache(sds.store)
     cov_lo, _ = sds.coverage()
-    e = cache.get((func, tuple(matchers), int(range_ms)), sds.store.epoch, cov_lo, len(sds.registry.labels))
+    e = cache.get(_key(func, matchers, range_ms, scope), sds.store.epoch, cov_lo, len(sds.registry.labels))
     if e is None or not len(e.ends):
         return np.zeros(len(ends), bool)
     pos = np.minimum(np.searchsorted(e.ends, ends), len(e.ends) - 1)
@@ -232,7 +239,7 @@ def cached_mask(sds: SDS, matchers: Sequence[Matcher], func: str, ends: np.ndarr
 
 
 def fill_from_raw(sds: SDS, matchers: Sequence[Matcher], func: str, ends: np.ndarray, range_ms: int, val: Any,
-                  armed: tuple[int, int, int, int]) -> int:
+                  armed: tuple[int, int, int, int], scope: SeriesScope | None = None) -> int:
     """Keep the sealed steps of a raw-path answer ``val`` (VectorSteps of ``func(sel[range])`` at
     ``ends``) in the step cache; returns the steps kept. ``armed`` = ``arm(sds)`` taken before the raw
     evaluation started. Skipped unless every answered series is one of the SDS's registered series in
@@ -246,7 +253,7 @@ def fill_from_raw(sds: SDS, matchers: Sequence[Matcher], func: str, ends: np.nda
     sealed = ends < cov_hi * sds.spec.pane_ms
     if not sealed.any():
         return 0
-    sel = sds.registry.match(matchers)
+    sel = sds.registry.match(matchers, scope)
     row = {int(g): i for i, g in enumerate(sel.tolist())}
     index = sds.registry.index
     rows = []
@@ -263,7 +270,7 @@ def fill_from_raw(sds: SDS, matchers: Sequence[Matcher], func: str, ends: np.nda
         ri = np.asarray(rows, np.int64)
         vals[ri] = val.values[:, sealed]
         present[ri] = val.present[:, sealed]
-    key = (func, tuple(matchers), int(range_ms))
+    key = _key(func, matchers, range_ms, scope)
     if store.epoch != epoch or len(sds.registry.labels) != nreg:
         return 0
     entry = cache.get(key, epoch, cov_lo, nreg)
@@ -277,11 +284,13 @@ def fill_from_raw(sds: SDS, matchers: Sequence[Matcher], func: str, ends: np.nda
 
 
 def scan_exact(sds: SDS, source: RawSource, matchers: Sequence[Matcher], func: str, ends: np.ndarray,
-               range_ms: int) -> ScanResult:
+               range_ms: int, scope: SeriesScope | None = None) -> ScanResult:
+    """``func(sel[range])`` at ``ends`` from the exact SDS, over the series ``matchers`` select and
+    ``scope`` keeps (``source`` must read only those)."""
     store = sds.store
     ends = np.asarray(ends, np.int64)
     cache = step_cache(store)
-    key = (func, tuple(matchers), int(range_ms))
+    key = _key(func, matchers, range_ms, scope)
     cov_lo, cov_hi, epoch, nreg = arm(sds)
     entry = cache.get(key, epoch, cov_lo, nreg)
     T = len(ends)
@@ -295,11 +304,11 @@ def scan_exact(sds: SDS, source: RawSource, matchers: Sequence[Matcher], func: s
         res = ScanResult([sds.registry.labels[i] for i in entry.sel], entry.vals[:, pos], entry.present[:, pos])
     else:
         miss = ~hit
-        part = _scan_exact(sds, source, matchers, func, ends[miss], range_ms, cov_lo, cov_hi)
+        part = _scan_exact(sds, source, matchers, func, ends[miss], range_ms, cov_lo, cov_hi, scope)
         if len(sds.registry.labels) != nreg or store.epoch != epoch:
             # series registered by the edge reads, or a write meanwhile: no reuse in this query
             if n_hit:
-                part = _scan_exact(sds, source, matchers, func, ends, range_ms, *sds.coverage())
+                part = _scan_exact(sds, source, matchers, func, ends, range_ms, *sds.coverage(), scope)
             part.info.pop("sel", None)
             part.info.update(cached_steps=0, steps=T)
             return part
@@ -326,7 +335,7 @@ def scan_exact(sds: SDS, source: RawSource, matchers: Sequence[Matcher], func: s
 
 
 def window_plan(sds: SDS, matchers: Sequence[Matcher], ends: np.ndarray, range_ms: int, cov_lo: int,
-                cov_hi: int) -> WindowPlan:
+                cov_hi: int, scope: SeriesScope | None = None) -> WindowPlan:
     """Which panes and raw edges answer each window: what the scan reads and the cost check weighs.
 
     The rewrite's cost check and the scan that follows ask for the same plan: the last one of each
@@ -334,13 +343,13 @@ def window_plan(sds: SDS, matchers: Sequence[Matcher], ends: np.ndarray, range_m
     and the store's epoch of sealed-pane writes)."""
     exact = sds.algorithm.exact  # per-series exact panes: aligned window bounds may take whole panes
     key = (id(sds.store), tuple(matchers), int(range_ms), int(cov_lo), int(cov_hi), len(sds.registry.labels),
-           sds.store.epoch if exact else 0)  # the store's identity: a re-adopted plan has the same id
+           sds.store.epoch if exact else 0, None if scope is None else scope.key)  # the store's identity: a re-adopted plan has the same id
     last = _last_plans.get(sds.id)
     if last is not None and last[0] == key and np.array_equal(last[1], ends):
         return last[2]
     plan = plan_windows(ends, range_ms, sds.spec.pane_ms, cov_lo, cov_hi)
     if exact:
-        plan = snap_aligned_edges(plan, sds.store, sds.registry.match(matchers), sds.spec.pane_ms, cov_lo, cov_hi)
+        plan = snap_aligned_edges(plan, sds.store, sds.registry.match(matchers, scope), sds.spec.pane_ms, cov_lo, cov_hi)
     _last_plans[sds.id] = (key, np.array(ends, np.int64), plan)
     return plan
 
@@ -381,9 +390,9 @@ def snap_aligned_edges(plan: WindowPlan, store: Any, sel: np.ndarray, pane_ms: i
 
 
 def _scan_exact(sds: SDS, source: RawSource, matchers: Sequence[Matcher], func: str, ends: np.ndarray,
-                range_ms: int, cov_lo: int, cov_hi: int) -> ScanResult:
-    plan = window_plan(sds, matchers, ends, range_ms, cov_lo, cov_hi)
-    sel, raw = _read_raw(sds, source, matchers, plan)
+                range_ms: int, cov_lo: int, cov_hi: int, scope: SeriesScope | None = None) -> ScanResult:
+    plan = window_plan(sds, matchers, ends, range_ms, cov_lo, cov_hi, scope)
+    sel, raw = _read_raw(sds, source, matchers, plan, scope=scope)
     S = len(sel)
     store = sds.store
     shift = np.nan_to_num(store.shift[sel], nan=0.0) if S else np.zeros(0)
@@ -414,7 +423,7 @@ def finish_exact(func: str, st: ex.SegStats, shift: np.ndarray, plan: WindowPlan
 
 
 def scan_kll(sds: SDS, source: RawSource, matchers: Sequence[Matcher], phi: float, ends: np.ndarray,
-             range_ms: int) -> ScanResult:
+             range_ms: int, scope: SeriesScope | None = None) -> ScanResult:
     """quantile_over_time(phi, sel[range]) per series and step from a quantile-sketch SDS of either kind
     (KLL, or REQ for tail quantiles): cached pane-range sketch + raw edges, in the store's encoding.
 
@@ -434,7 +443,7 @@ def scan_kll(sds: SDS, source: RawSource, matchers: Sequence[Matcher], phi: floa
     store = sds.store
     cache = store.results  # whole-window answers reused across dashboard refreshes (sealed windows only)
     ends_all = ends.tolist()
-    sel0 = sds.registry.match(matchers)
+    sel0 = sds.registry.match(matchers, scope)
     got: dict[tuple[int, int], tuple[float, float, float]] = {}
     need = np.ones(T, bool)
     if len(sel0):
@@ -450,7 +459,7 @@ def scan_kll(sds: SDS, source: RawSource, matchers: Sequence[Matcher], phi: floa
     sub = ends[idx]
     plan = plan_windows(sub, range_ms, sds.spec.pane_ms, cov_lo, cov_hi)
     if len(sub):
-        sel, raw = _read_raw(sds, source, matchers, plan)
+        sel, raw = _read_raw(sds, source, matchers, plan, scope=scope)
     else:
         sel, raw = sel0, RawSamples(np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0), len(sel0))
     S = len(sel)

@@ -216,6 +216,8 @@ class Engine:
             hooks=(*node_hooks, *self.node_hooks),
             query=query,
         )
+        if opts.exact:  # hooks that pass the query on (a cluster querier's pushdown) keep it raw there too
+            ctx.extra["exact"] = True
         try:
             positions = locate_all(expr, query)
         except Exception:  # positions are best effort

@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Hashable, Protocol, Sequence
 
 import numpy as np
 
@@ -21,6 +21,19 @@ from promql.types import Annotations, QueryStats
 
 # hook(node, eval_ctx) -> Value | None
 NodeHook = Callable[[Any, "EvalContext"], Any]
+
+
+class SeriesScope(Protocol):
+    """Which stored series an evaluation may see beyond its selectors' matchers (a cluster ingester
+    evaluating some of its partitions: turboprom/cluster/partition_eval.py). ``source`` already reads
+    only these; anything that finds series another way (the planner's summaries) applies ``keep``.
+    ``key`` identifies the scope in caches of answers per selection."""
+
+    key: Hashable
+
+    def keep(self, labels: Sequence[Any], ids: np.ndarray) -> np.ndarray:
+        """Bool mask over ``ids`` (positions in ``labels``, an append-only list of label sets)."""
+        ...
 
 
 # Estimated bytes one dense (series x steps) cell of an intermediate result costs: float64 value,
@@ -97,6 +110,9 @@ class EvalContext:
     * ``stats``           QueryStats (hooks append to ``stats.paths`` what served a sub-tree)
     * ``query``           the query text (for annotation positions)
     * ``subquery_depth``  0 at top level, +1 inside each subquery
+    * ``series_scope``    None, or the SeriesScope the stored series are restricted to beyond the
+      matchers (``source`` applies it to reads; summaries must apply it too)
+    * ``extra["exact"]``  set when the query asked for ``exact=true`` (raw path only)
     """
 
     step_times: np.ndarray
@@ -113,6 +129,7 @@ class EvalContext:
     query: str = ""
     subquery_depth: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    series_scope: SeriesScope | None = None
 
     @property
     def num_steps(self) -> int:

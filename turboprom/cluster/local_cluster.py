@@ -100,6 +100,7 @@ class LocalCluster:
     etcd_members: int = 1
     publish_timeout: str = "5s"
     extra_args: list[str] = field(default_factory=list)
+    ingester_args: list[str] = field(default_factory=list)  # for every ingester (e.g. ``--config`` with planner settings)
     nats_args: list[str] = field(default_factory=list)  # for every nats-server (e.g. ``-c`` a config with TLS and users)
     # etcd serves https and wants client certificates signed by the CA: files ``ca``, ``server_crt``,
     # ``server_key`` (etcd's), ``client_crt``, ``client_key`` (this object's health checks, ``etcd_call``)
@@ -162,7 +163,7 @@ class LocalCluster:
     def start(self, timeout: float = 90.0) -> "LocalCluster":
         self.start_backends()
         for i in range(self.ingesters):
-            self.add_role("ingester", f"ingester-{i}")
+            self.add_role("ingester", f"ingester-{i}", self.ingester_args)
         for i in range(self.distributors):
             self.add_role("distributor", f"distributor-{i}")
         for i in range(self.queriers):

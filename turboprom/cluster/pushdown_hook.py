@@ -59,7 +59,7 @@ class PushdownHook:
                 "query_start_ms": ctx.query_start_ms, "query_end_ms": ctx.query_end_ms,
                 "query_step_ms": ctx.query_step_ms, "lookback_delta_ms": ctx.lookback_delta_ms,
                 "subquery_depth": ctx.subquery_depth, "max_samples": budget.max_samples, "max_bytes": budget.max_bytes,
-                "timeout_s": max(0.001, budget.deadline - time.monotonic())}
+                "timeout_s": max(0.001, budget.deadline - time.monotonic()), "exact": bool(ctx.extra.get("exact"))}
         try:
             raw = self.fanout.partials(body)
         except Refused as e:

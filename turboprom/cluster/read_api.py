@@ -41,7 +41,7 @@ from storage.matchers import Matcher
 from turboprom.api_common import run_off_loop
 from turboprom.api_errors import error_response
 from turboprom.cluster import columns_codec
-from turboprom.cluster.partition_eval import PartialRequest, evaluate_partial, only_partitions
+from turboprom.cluster.partition_eval import PartialRequest, PartitionIndex, evaluate_partial, only_partitions
 from turboprom.context import ServerContext
 from turboprom.tenancy import validate_tenant
 
@@ -63,6 +63,8 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
     ingester = ctx.components.partition_ingester
     storage = ctx.storage
     total = ingester.settings.partitions
+    planned = ctx.components.planned_engine  # pushed sub-trees are learnt and answered from exact summaries
+    index = PartitionIndex(total)
 
     async def body(request: web.Request) -> dict:
         return orjson.loads(await request.read())
@@ -86,7 +88,7 @@ def setup(app: web.Application, ctx: ServerContext) -> None:
     async def aggregate(request: web.Request) -> web.Response:
         try:
             req = PartialRequest.from_json(await body(request))
-            out = await run_off_loop(ctx, evaluate_partial, storage, req, set(ingester.held), total)
+            out = await run_off_loop(ctx, evaluate_partial, storage, req, set(ingester.held), total, planned, index)
         except PromQLError as e:
             PUSHDOWN.labels("refused").inc()
             return error_response(e.error_type, str(e), 422)

@@ -153,6 +153,24 @@ class StepCache:
         self.hits = 0  # steps answered from the cache
         self.computed = 0  # steps computed (summary + raw edges)
         self.invalidations = 0
+        self._phases: OrderedDict[tuple, None] = OrderedDict()  # keys of grids off the step multiples, seen once
+
+    def admits(self, key: tuple, ends: np.ndarray) -> bool:
+        """Whether answers on this grid may be kept: range queries only (instants, i.e. rules, move on
+        every evaluation), and a grid off the step multiples (a client's ``end=now``) only once it has
+        been asked before (a repeated query): grids of a new phase each time would only cost copies."""
+        if len(ends) < 2:
+            return False
+        if not grid_phase(ends):
+            return True
+        with self.lock:
+            if key in self._phases:
+                self._phases.move_to_end(key)
+                return True
+            self._phases[key] = None
+            while len(self._phases) > 4 * self.max_keys:
+                self._phases.popitem(last=False)
+        return False
 
     def get(self, key: tuple, epoch: int, cov_lo: int, nreg: int) -> _Entry | None:
         with self.lock:
@@ -220,9 +238,19 @@ def arm(sds: SDS) -> tuple[int, int, int, int]:
         return cov_lo, cov_hi, store.epoch, len(sds.registry.labels)
 
 
-def _key(func: str, matchers: Sequence[Matcher], range_ms: int, scope: SeriesScope | None) -> tuple:
-    """A step cache entry's key: its rows are the series of this selection."""
-    return (func, tuple(matchers), int(range_ms), None if scope is None else scope.key)
+def _key(func: str, matchers: Sequence[Matcher], range_ms: int, scope: SeriesScope | None, ends: np.ndarray) -> tuple:
+    """A step cache entry's key: its rows are the series of this selection; steps on multiples of the
+    step (as Grafana aligns them) share one entry whatever the step, other grids have their own."""
+    return (func, tuple(matchers), int(range_ms), None if scope is None else scope.key, *grid_phase(ends))
+
+
+def grid_phase(ends: np.ndarray) -> tuple[int, ...]:
+    """``()`` for an instant or for a grid on multiples of its step, else ``(step, phase)``."""
+    if len(ends) < 2:
+        return ()
+    step = int(ends[1] - ends[0])
+    phase = int(ends[0]) % step if step > 0 else 0
+    return (step, phase) if phase else ()
 
 
 def cached_mask(sds: SDS, matchers: Sequence[Matcher], func: str, ends: np.ndarray, range_ms: int,
@@ -231,7 +259,7 @@ def cached_mask(sds: SDS, matchers: Sequence[Matcher], func: str, ends: np.ndarr
     ends = np.asarray(ends, np.int64)
     cache = step_cache(sds.store)
     cov_lo, _ = sds.coverage()
-    e = cache.get(_key(func, matchers, range_ms, scope), sds.store.epoch, cov_lo, len(sds.registry.labels))
+    e = cache.get(_key(func, matchers, range_ms, scope, ends), sds.store.epoch, cov_lo, len(sds.registry.labels))
     if e is None or not len(e.ends):
         return np.zeros(len(ends), bool)
     pos = np.minimum(np.searchsorted(e.ends, ends), len(e.ends) - 1)
@@ -251,7 +279,8 @@ def fill_from_raw(sds: SDS, matchers: Sequence[Matcher], func: str, ends: np.nda
     ends = np.asarray(ends, np.int64)
     cov_lo, cov_hi, epoch, nreg = armed
     sealed = ends < cov_hi * sds.spec.pane_ms
-    if not sealed.any():
+    key = _key(func, matchers, range_ms, scope, ends)
+    if not sealed.any() or not cache.admits(key, ends):
         return 0
     sel = sds.registry.match(matchers, scope)
     row = {int(g): i for i, g in enumerate(sel.tolist())}
@@ -270,7 +299,6 @@ def fill_from_raw(sds: SDS, matchers: Sequence[Matcher], func: str, ends: np.nda
         ri = np.asarray(rows, np.int64)
         vals[ri] = val.values[:, sealed]
         present[ri] = val.present[:, sealed]
-    key = _key(func, matchers, range_ms, scope)
     if store.epoch != epoch or len(sds.registry.labels) != nreg:
         return 0
     entry = cache.get(key, epoch, cov_lo, nreg)
@@ -290,7 +318,7 @@ def scan_exact(sds: SDS, source: RawSource, matchers: Sequence[Matcher], func: s
     store = sds.store
     ends = np.asarray(ends, np.int64)
     cache = step_cache(store)
-    key = _key(func, matchers, range_ms, scope)
+    key = _key(func, matchers, range_ms, scope, ends)
     cov_lo, cov_hi, epoch, nreg = arm(sds)
     entry = cache.get(key, epoch, cov_lo, nreg)
     T = len(ends)
@@ -323,7 +351,7 @@ def scan_exact(sds: SDS, source: RawSource, matchers: Sequence[Matcher], func: s
         else:
             res = part
         sealed = ends[miss] < cov_hi * sds.spec.pane_ms
-        if sealed.any() and T > 1:  # instant queries (rules) move on every evaluation: nothing to reuse
+        if sealed.any() and cache.admits(key, ends):  # instant queries (rules): nothing to reuse
             if store.epoch == epoch:  # nothing it relied on changed while it was computed
                 cache.put(key, entry, ends[miss][sealed], part.values[:, sealed], part.present[:, sealed], sel,
                           epoch, cov_lo, nreg)

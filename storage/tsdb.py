@@ -20,7 +20,7 @@ import threading
 import time
 from itertools import compress
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import orjson
@@ -62,6 +62,7 @@ class TSDB:
         self.unreadable_blocks: list[UnreadableBlock] = []
         self._closed = False
         self.min_valid_time = INT64_MIN
+        self._cut_hold: Callable[[], int | None] | None = None  # see hold_cuts
         self._maint_lock = threading.Lock()  # one maintenance pass at a time
         self._json_ids: dict[str, int] = {}
         self._label_orders: dict[bytes, tuple[np.ndarray | None, list[Labels]]] = {}  # see _label_order
@@ -545,12 +546,21 @@ class TSDB:
             self._update_gauges()
             return changed
 
+    def hold_cuts(self, hold: Callable[[], int | None]) -> None:
+        """Cut no head range reaching past ``hold()`` (ms; None: no limit) in maintenance. Cutting a
+        range makes appends older than its end "too old"; a writer whose sources advance unevenly (a
+        cluster ingester consuming many partitions, some hours behind the others while they catch up)
+        names the oldest time it may still append, so lagging data is not refused. ``flush_head`` is
+        not held."""
+        self._cut_hold = hold
+
     def _cut_due(self) -> bool:
         h = self.head
         return h.num_samples > 0 and h.maxt - h.mint > self.options.block_duration_ms * 3 // 2
 
     def _cut_oldest_range(self, force: bool) -> bool:
         bd = self.options.block_duration_ms
+        hold = self._cut_hold() if self._cut_hold is not None and not force else None
         with self._wlock:
             if self.head.num_samples == 0:
                 return False
@@ -558,6 +568,8 @@ class TSDB:
             b = a + bd
             if force:
                 b = min(b, self.head.maxt + 1)
+            if hold is not None and b > hold:
+                return False  # a writer may still append before b (hold_cuts)
             s, t, v = self.head.rows_in_range(INT64_MIN, b - 1)
             self.min_valid_time = max(self.min_valid_time, b)
         if len(s) == 0:

@@ -242,3 +242,29 @@ def test_reads_spanning_many_row_groups(tmp_path):
             for k, i in enumerate(pick):
                 t, v = ss.series(k)
                 assert t.tolist() == ts[m].tolist() and v.tolist() == vals[series[i]][m].tolist()
+
+
+def test_held_cuts_keep_lagging_appends_acceptable(tmp_path):
+    """A writer whose sources advance unevenly (a cluster ingester's partitions) holds head cuts back
+    to the oldest time it may still append: samples that far back are not refused as too old, and the
+    cut happens once the hold moves on."""
+    hold: list[int | None] = [NOW - 9 * HOUR_MS]
+    with TSDB(str(tmp_path), StorageOptions(), background=False) as db:
+        db.hold_cuts(lambda: hold[0])
+        ahead = make_labels({"__name__": "ahead", "p": "0"})
+        behind = make_labels({"__name__": "behind", "p": "1"})
+        ts = NOW - 10 * HOUR_MS + np.arange(10 * 60) * 60_000  # 10 h at 1 min: three block ranges due
+        assert db.append(SampleBatch.from_series([(ahead, ts, np.arange(len(ts), dtype=float))])).rejected_total == 0
+        assert db.append(SampleBatch.from_series([(behind, ts[:30], np.ones(30))])).rejected_total == 0
+        db.maintain()
+        assert db.stats()["blocks"] == [], "no range past the hold is cut"
+        # the lagging source goes on from where it was: nothing it appends is too old
+        r = db.append(SampleBatch.from_series([(behind, ts[30:300], np.ones(270))]))
+        assert r.rejected_total == 0, r
+        hold[0] = None
+        db.maintain()
+        assert db.stats()["blocks"], "cut once the hold lifts"
+        r = db.append(SampleBatch.from_series([(behind, ts[300:310], np.ones(10))]))
+        assert r.rejected_total == 10, "older than the cut ranges: too old, as without a hold"
+        ss = db.select([Matcher("__name__", "=", "behind")], 0, NOW + HOUR_MS)
+        assert len(ss.timestamps) == 300

@@ -13,6 +13,11 @@ The consumer is recreated to start right after the ack floor, so what an earlier
 delivered but never acknowledged comes first, in order; a gap in delivery sequences (a fetch answer
 lost while reconnecting) re-reads the partition from what was applied the same way.
 
+Partitions advance unevenly (a replay after a restart, a burst of old data on some of them): the
+node's storage cuts no head range past the oldest sample time a busy partition (fetched from in the
+last ``IDLE_S`` seconds, or not caught up yet) has applied (``cut_hold``; ``TSDB.hold_cuts``), so
+what a lagging partition still has to apply is never "too old" for the storage.
+
 ``cluster-node.json`` in the data dir names the node and the partitions whose data it holds; when
 it is missing (a new or wiped disk), the node's old consumers are deleted so its partitions replay
 from the start of the log. A partition counts as caught up once its applied sequence reaches the
@@ -24,6 +29,7 @@ import asyncio
 import json
 import logging
 import re
+import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -45,10 +51,31 @@ from turboprom.cluster.settings import ClusterSettings
 log = logging.getLogger("turboprom.cluster")
 FETCH_BATCH = 256
 MAX_DRAIN = 1024  # messages joined into one append at most
+IDLE_S = 30.0  # a caught-up partition with nothing fetched for this long holds no head cut back
 UNDEFINED = Counter("turboprom_cluster_undefined_series_samples", "Samples from the ingest log dropped because their "
                     "series' label key was neither in the log read nor in this node's storage (a replay that starts "
                     "after the series' last definition, e.g. at a log truncated by retention).")
+REFUSED = Counter("turboprom_cluster_refused_samples", "Samples from the ingest log this node's storage refused "
+                  "(out of order, too old, a different value at an existing timestamp: what a single node would "
+                  "have answered the sender with a 400; the distributor had already acknowledged them).")
 ALL_SERIES = [[Matcher("__name__", "=~", ".*")]]
+
+
+def cut_hold(owned: list[int], caught_up: set[int], inflight: dict[int, int], fetched_at: dict[int, float],
+             applied_ts: dict[int, int], now: float) -> int | None:
+    """The oldest sample time a partition may still append (None: no limit): the minimum over the busy
+    partitions (not caught up, with batches queued, or fetched from in the last ``IDLE_S`` seconds) of
+    the newest sample time each has applied; a busy partition that has applied nothing yet holds
+    everything back."""
+    hold = None
+    for p in owned:
+        if p in caught_up and not inflight.get(p) and now - fetched_at.get(p, now - IDLE_S) >= IDLE_S:
+            continue
+        ts = applied_ts.get(p)
+        if ts is None:
+            return -(1 << 63)
+        hold = ts if hold is None else min(hold, ts)
+    return hold
 
 
 class PartitionIngester:
@@ -71,6 +98,9 @@ class PartitionIngester:
         self.dictionary = SeriesDictionary(lambda: storage.series(ALL_SERIES, -(1 << 62), 1 << 62))
         self._reconcile_lock = asyncio.Lock()
         self._inflight: dict[int, int] = defaultdict(int)  # partition -> batches queued, not yet acknowledged
+        self.applied_ts: dict[int, int] = {}  # partition -> newest sample time appended from it
+        self._fetched_at: dict[int, float] = {}  # partition -> monotonic time of its last non-empty fetch
+        storage.hold_cuts(self.cut_hold)
 
     def durable(self, partition: int) -> str:
         return re.sub(r"[^A-Za-z0-9_-]", "_", f"{self.node_id}-p{partition:04d}")
@@ -157,6 +187,7 @@ class PartitionIngester:
                     keep.append(m)
                     last_sseq = int(seq.stream)
             if keep:
+                self._fetched_at[p] = time.monotonic()
                 self._inflight[p] += 1
                 await self._queue.put((p, keep))
             if gap:
@@ -165,6 +196,11 @@ class PartitionIngester:
                     await asyncio.sleep(0.05)
                 sub = await self._open(p)
                 last_cseq, last_sseq = 0, self.applied[p]
+
+    def cut_hold(self) -> int | None:
+        """``cut_hold`` of this node's owned partitions now (the storage's maintenance thread asks)."""
+        return cut_hold(list(self._loops), self.membership.caught_up, self._inflight, self._fetched_at,
+                        self.applied_ts, time.monotonic())
 
     def _check_caught_up(self, p: int) -> None:
         if self.applied.get(p, 0) >= self.targets.get(p, 1 << 62):
@@ -187,15 +223,21 @@ class PartitionIngester:
 
     def _append(self, items: list[tuple[int, list]]) -> None:
         by_tenant: dict[str, list[LogPart]] = defaultdict(list)
-        for _, msgs in items:
+        newest: dict[int, int] = {}
+        for p, msgs in items:
             for m in msgs:
                 part = columns_codec.decode_log_message(m.data)
                 by_tenant[part.tenant].append(part)
+                if len(part.timestamps):
+                    newest[p] = max(newest.get(p, -(1 << 63)), int(part.timestamps.max()))
         for parts in by_tenant.values():
             batch = self._batch_of(parts)
             res = self.pipeline.append_sync(batch)
             if res.rejected_total:
+                REFUSED.inc(res.rejected_total)
                 log.debug("ingest log: %d samples refused by storage: %s", res.rejected_total, "; ".join(res.errors[:3]))
+        for p, t in newest.items():
+            self.applied_ts[p] = max(self.applied_ts.get(p, t), t)
 
     async def _append_loop(self) -> None:
         loop = asyncio.get_running_loop()

@@ -63,16 +63,18 @@ from turboprom.cluster.local_cluster import LocalCluster  # noqa: E402
 
 TTFT = "sum by (le, model_name) (rate(vllm:time_to_first_token_seconds_bucket[{r}]))"
 E2E = "sum by (le) (rate(vllm:e2e_request_latency_seconds_bucket[{r}]))"
-PANELS = [  # (name, range s, PromQL): an hour at 5-minute rates, six hours at one-hour rates
+PANELS = [  # (name, range s, PromQL): an hour of 5-minute rates, six hours of one-hour rates, and gauges
     *[(f"TTFT p{round(q * 100)} [5m]", 3600, f"histogram_quantile({q}, {TTFT.format(r='5m')})") for q in (0.5, 0.9, 0.99)],
     ("e2e p99 [5m]", 3600, f"histogram_quantile(0.99, {E2E.format(r='5m')})"),
     ("generation tokens rate [5m]", 3600, "sum by (model_name) (rate(vllm:generation_tokens_total[5m]))"),
+    ("waiting max [10m]", 3600, "max by (model_name) (max_over_time(vllm:num_requests_waiting[10m]))"),
     *[(f"TTFT p{round(q * 100)} [1h]", 21600, f"histogram_quantile({q}, {TTFT.format(r='1h')})") for q in (0.5, 0.99)],
-    ("e2e p99 [1h]", 21600, f"histogram_quantile(0.99, {E2E.format(r='1h')})"),
+    ("KV usage avg [1h]", 21600, "avg by (model_name) (avg_over_time(vllm:kv_cache_usage_perc[1h]))"),
     ("success increase [1h]", 21600, "sum by (model_name) (increase(vllm:request_success_total[1h]))"),
 ]
 PINNED = ["vllm:time_to_first_token_seconds_bucket", "vllm:e2e_request_latency_seconds_bucket",
-          "vllm:generation_tokens_total", "vllm:request_success_total"]
+          "vllm:generation_tokens_total", "vllm:request_success_total", "vllm:num_requests_waiting",
+          "vllm:kv_cache_usage_perc"]
 PATHS = ("querier", "querier exact", "single", "single exact")
 
 

@@ -21,7 +21,8 @@ tests compare with ``exact=true`` under live, late and out-of-order writes). Mem
 (``planner.step_cache_bytes``, least recently used entries go first). Instant queries are not kept.
 
 Reuse is measured per key like summaries are: its CPU per refresh against evaluating the same steps
-whole (a refresh's fixed cost can exceed that on a cheap query). A key whose refreshes are not cheaper
+whole (a refresh's fixed cost can exceed that on a cheap query), counting the CPU other processes
+report for the query (``QueryStats.remote_cpu_seconds``: a cluster querier's ingesters). A key whose refreshes are not cheaper
 is evaluated whole for five minutes, then measured again (``planner.cost_based: false`` always reuses).
 """
 from __future__ import annotations
@@ -228,7 +229,7 @@ class StepAnswers:
                 self.stats.bypassed_queries += 1
         if bypass:
             res = compute(start, end)
-            cost.full_per_step.append((time.thread_time() - cpu0) / max(T, 1))
+            cost.full_per_step.append((time.thread_time() - cpu0 + res.stats.remote_cpu_seconds) / max(T, 1))
             return res
         seq, sealed = self.frontier.arm()
         with self.lock:
@@ -241,14 +242,15 @@ class StepAnswers:
             else:
                 have = np.zeros(T, bool)
         missing = np.flatnonzero(~have)
-        eval_cpu = 0.0
+        eval_cpu = remote_cpu = 0.0
         if len(missing) == 0:
             res = self._assemble(e, steps, None, np.zeros(0, np.int64))
         else:
             lo, hi = int(steps[missing[0]]), int(steps[missing[-1]])
             c_eval = time.thread_time()
             fresh = compute(lo, hi)
-            eval_cpu = time.thread_time() - c_eval
+            remote_cpu = fresh.stats.remote_cpu_seconds  # a querier's pushed-down work, done by its ingesters
+            eval_cpu = time.thread_time() - c_eval + remote_cpu
             if fresh.result_type != "matrix" or fresh.values is None or fresh.histograms is not None:
                 return fresh  # nothing step-shaped to keep (not expected from a range query)
             res = self._assemble(e, steps, fresh, np.arange(lo, hi + 1, step, dtype=np.int64)) if e is not None \
@@ -269,7 +271,7 @@ class StepAnswers:
         if reused:  # exact, so silent in the answer (as Prometheus would answer); stated in stats and the log
             res.stats.paths.append(f"steps:reused:{reused}/{T}")
         # a whole evaluation is measured by the evaluation alone; a refresh by all it cost
-        self._measure(key, cost, e is None, T, reused, eval_cpu if e is None else time.thread_time() - cpu0)
+        self._measure(key, cost, e is None, T, reused, eval_cpu if e is None else time.thread_time() - cpu0 + remote_cpu)
         return res
 
     def _measure(self, key: tuple, cost: _Cost, whole: bool, steps: int, reused: int, cpu_s: float) -> None:

@@ -337,6 +337,9 @@ class QueryStats:
     peak_samples: int = 0
     wall_seconds: float = 0.0
     cpu_seconds: float = 0.0
+    # CPU other processes spent on this query's behalf (a cluster querier's ingesters, for the parts
+    # pushed down to them): what a measured choice between two ways to answer must count too
+    remote_cpu_seconds: float = 0.0
     # Which path served each sub-tree (raw / summary:<sds id>), for the query log and `stats`.
     paths: list[str] = field(default_factory=list)
     # Prometheus's totalQueryableSamples: samples loaded summed

@@ -248,3 +248,29 @@ def test_write_log_answers_everything_for_a_sequence_it_no_longer_holds():
     f.trim(late_seq)  # every kept entry is valid from late_seq on: the late write is forgotten
     assert f.oldest_since(late_seq) == NEVER
     assert f.oldest_since(armed) == EVERYTHING  # older than the log holds: nothing kept may stand
+
+
+def test_reuse_is_measured_with_the_cpu_other_processes_spent():
+    """A cluster querier evaluates little itself: its ingesters do the pushed-down work and report
+    their CPU (``QueryStats.remote_cpu_seconds``). Reuse is weighed with it, so a querier keeps reusing
+    steps where evaluating them whole costs its ingesters more (it used to measure only its own
+    thread, found refreshes no cheaper and evaluated every refresh whole)."""
+    from planner.step_answers import StepAnswers
+    from promql.types import QueryResult, QueryStats
+
+    frontier = WriteFrontier(seal_delay_ms=10_000)
+    frontier.observe(T0, T0 + 3 * 3_600_000)  # everything up to 3 h after T0 has arrived (sealed)
+    sa = StepAnswers(frontier, measured=True)
+
+    def compute(s: int, e: int) -> QueryResult:
+        ts = np.arange(s, e + 1, STEP, dtype=np.int64)
+        stats = QueryStats(remote_cpu_seconds=1e-3 * len(ts))  # 1 ms of ingester CPU per step
+        return QueryResult("matrix", [make_labels({"job": "x"})], values=ts[None, :].astype(float),
+                           present=np.ones((1, len(ts)), bool), timestamps=ts, stats=stats)
+
+    for k in range(12):
+        end = T0 + 3_600_000 + k * STEP
+        res = sa.range_query(("default", "q", 300_000, False), end - 3_600_000, end, STEP, compute)
+        assert res.values[0].tolist() == np.arange(end - 3_600_000, end + 1, STEP).astype(float).tolist()
+    assert sa.describe()["bypassed_keys"] == 0
+    assert any(p.startswith("steps:reused:") for p in res.stats.paths)

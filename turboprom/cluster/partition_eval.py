@@ -199,6 +199,7 @@ def evaluate_partial(storage: Any, req: PartialRequest, held: set[int], total: i
     per_step = stats.samples_per_step[1].tolist() if stats.samples_per_step is not None else None
     header = {"warnings": ann.warnings, "infos": ann.infos,
               "stats": {"samples_scanned": stats.samples_scanned, "series_touched": stats.series_touched,
+                        "cpu_seconds": time.thread_time() - cpu0,
                         "peak_samples": stats.peak_samples, "total_queryable_samples": stats.total_queryable_samples,
                         "samples_per_step": per_step},
               "series": vec.num_series}

@@ -109,6 +109,7 @@ class PushdownHook:
             st.samples_scanned += int(s.get("samples_scanned", 0))
             st.series_touched += int(s.get("series_touched", 0))
             st.total_queryable_samples += int(s.get("total_queryable_samples", 0))
+            st.remote_cpu_seconds += float(s.get("cpu_seconds", 0.0))
             peak += int(s.get("peak_samples", 0))
             per_step = s.get("samples_per_step")
             if per_step is not None and ctx.subquery_depth == 0:

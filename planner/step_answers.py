@@ -22,8 +22,9 @@ tests compare with ``exact=true`` under live, late and out-of-order writes). Mem
 
 Reuse is measured per key like summaries are: its CPU per refresh against evaluating the same steps
 whole (a refresh's fixed cost can exceed that on a cheap query), counting the CPU other processes
-report for the query (``QueryStats.remote_cpu_seconds``: a cluster querier's ingesters). A key whose refreshes are not cheaper
-is evaluated whole for five minutes, then measured again (``planner.cost_based: false`` always reuses).
+report for the query (``QueryStats.remote_cpu_seconds``: a cluster querier's ingesters). A key whose
+refreshes are not cheaper is evaluated whole for five minutes, then measured again
+(``planner.cost_based: false`` always reuses).
 """
 from __future__ import annotations
 

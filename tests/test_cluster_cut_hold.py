@@ -2,7 +2,7 @@
 none reaching past the newest applied sample time of a partition that is still busy."""
 from __future__ import annotations
 
-from turboprom.cluster.ingester import IDLE_S, cut_hold
+from turboprom.cluster.ingester import IDLE_S, MAX_HOLD_MS, cut_hold
 
 NOW = 1000.0
 
@@ -20,7 +20,12 @@ def test_the_slowest_busy_partition_holds_the_cuts():
 
 
 def test_nothing_is_cut_while_a_busy_partition_has_applied_nothing():
-    assert cut_hold([0, 1], {1}, {}, {1: NOW}, {1: 9_000}, NOW) == -(1 << 63)
+    assert cut_hold([0, 1], {1}, {}, {1: NOW}, {}, NOW) == -(1 << 63)
+    # ... within a day of the newest sample the node applied: a stalled partition does not hold the
+    # head back without end
+    assert cut_hold([0, 1], {1}, {}, {1: NOW}, {1: 9_000}, NOW) == 9_000 - MAX_HOLD_MS
+    assert cut_hold([0, 1], {1}, {}, {1: NOW}, {0: 5_000, 1: 9_000}, NOW) == 5_000
+    assert cut_hold([0, 1], {1}, {}, {1: NOW}, {0: 5_000, 1: 5_000 + MAX_HOLD_MS + 1}, NOW) == 5_001
 
 
 def test_idle_partitions_hold_nothing():

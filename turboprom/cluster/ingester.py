@@ -52,6 +52,9 @@ log = logging.getLogger("turboprom.cluster")
 FETCH_BATCH = 256
 MAX_DRAIN = 1024  # messages joined into one append at most
 IDLE_S = 30.0  # a caught-up partition with nothing fetched for this long holds no head cut back
+# a partition this far behind the newest one this node applied holds cuts back no further (a partition
+# stalled for a day must not grow the head without end); what it applies older than that may be refused
+MAX_HOLD_MS = 24 * 3_600_000
 UNDEFINED = Counter("turboprom_cluster_undefined_series_samples", "Samples from the ingest log dropped because their "
                     "series' label key was neither in the log read nor in this node's storage (a replay that starts "
                     "after the series' last definition, e.g. at a log truncated by retention).")
@@ -66,15 +69,15 @@ def cut_hold(owned: list[int], caught_up: set[int], inflight: dict[int, int], fe
     """The oldest sample time a partition may still append (None: no limit): the minimum over the busy
     partitions (not caught up, with batches queued, or fetched from in the last ``IDLE_S`` seconds) of
     the newest sample time each has applied; a busy partition that has applied nothing yet holds
-    everything back."""
+    everything back. Never more than ``MAX_HOLD_MS`` behind the newest applied sample time."""
     hold = None
     for p in owned:
         if p in caught_up and not inflight.get(p) and now - fetched_at.get(p, now - IDLE_S) >= IDLE_S:
             continue
-        ts = applied_ts.get(p)
-        if ts is None:
-            return -(1 << 63)
+        ts = applied_ts.get(p, -(1 << 63))
         hold = ts if hold is None else min(hold, ts)
+    if hold is not None and applied_ts:
+        hold = max(hold, max(applied_ts.values()) - MAX_HOLD_MS)
     return hold
 
 

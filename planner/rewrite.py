@@ -137,7 +137,7 @@ def raw_and_fill(node: Any, ectx: Any, d: Decision) -> Any:
     """Evaluate ``node`` on raw data (exactly what the engine would do) and keep the answers of its
     sealed steps in the exact SDS's step cache (``d``: the rule's decision, raw on cost), so the next
     refresh of this panel computes only its new steps from the summary. The query itself is reported
-    as raw. Range queries only (a refresh repeats steps; ``StepCache.admits`` says which grids are kept)."""
+    as raw. Range queries only (a refresh repeats steps)."""
     if len(ectx.step_times) < 2 or ectx.subquery_depth:
         return None
     from dataclasses import replace

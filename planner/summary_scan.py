@@ -153,24 +153,6 @@ class StepCache:
         self.hits = 0  # steps answered from the cache
         self.computed = 0  # steps computed (summary + raw edges)
         self.invalidations = 0
-        self._phases: OrderedDict[tuple, None] = OrderedDict()  # keys of grids off the step multiples, seen once
-
-    def admits(self, key: tuple, ends: np.ndarray) -> bool:
-        """Whether answers on this grid may be kept: range queries only (instants, i.e. rules, move on
-        every evaluation), and a grid off the step multiples (a client's ``end=now``) only once it has
-        been asked before (a repeated query): grids of a new phase each time would only cost copies."""
-        if len(ends) < 2:
-            return False
-        if not grid_phase(ends):
-            return True
-        with self.lock:
-            if key in self._phases:
-                self._phases.move_to_end(key)
-                return True
-            self._phases[key] = None
-            while len(self._phases) > 4 * self.max_keys:
-                self._phases.popitem(last=False)
-        return False
 
     def get(self, key: tuple, epoch: int, cov_lo: int, nreg: int) -> _Entry | None:
         with self.lock:
@@ -240,7 +222,8 @@ def arm(sds: SDS) -> tuple[int, int, int, int]:
 
 def _key(func: str, matchers: Sequence[Matcher], range_ms: int, scope: SeriesScope | None, ends: np.ndarray) -> tuple:
     """A step cache entry's key: its rows are the series of this selection; steps on multiples of the
-    step (as Grafana aligns them) share one entry whatever the step, other grids have their own."""
+    step (as Grafana aligns them) share one entry whatever the step, so a 1 h panel at 15 s and a 24 h
+    one at 60 s meet each other's steps; every other grid has its own (its steps meet no other grid's)."""
     return (func, tuple(matchers), int(range_ms), None if scope is None else scope.key, *grid_phase(ends))
 
 
@@ -280,7 +263,7 @@ def fill_from_raw(sds: SDS, matchers: Sequence[Matcher], func: str, ends: np.nda
     cov_lo, cov_hi, epoch, nreg = armed
     sealed = ends < cov_hi * sds.spec.pane_ms
     key = _key(func, matchers, range_ms, scope, ends)
-    if not sealed.any() or not cache.admits(key, ends):
+    if not sealed.any() or len(ends) < 2:  # instant queries (rules) move on every evaluation
         return 0
     sel = sds.registry.match(matchers, scope)
     row = {int(g): i for i, g in enumerate(sel.tolist())}
@@ -351,7 +334,7 @@ def scan_exact(sds: SDS, source: RawSource, matchers: Sequence[Matcher], func: s
         else:
             res = part
         sealed = ends[miss] < cov_hi * sds.spec.pane_ms
-        if sealed.any() and cache.admits(key, ends):  # instant queries (rules): nothing to reuse
+        if sealed.any() and T > 1:  # instant queries (rules) move on every evaluation: nothing to reuse
             if store.epoch == epoch:  # nothing it relied on changed while it was computed
                 cache.put(key, entry, ends[miss][sealed], part.values[:, sealed], part.present[:, sealed], sel,
                           epoch, cov_lo, nreg)

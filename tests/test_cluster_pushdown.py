@@ -173,6 +173,8 @@ def test_pushed_down_shares_answered_from_the_ingesters_summaries(setup):
             assert_same(a, b, q, annotations=False)
             served = [i for i in b.get("infos", []) if "served from summary exact-" in i]
             assert served, (q, b.get("infos"))
+            # named in the querier's paths too: its step answers keep summary-served steps a seal delay later
+            assert any(p.startswith("summary:exact-") for p in b["data"]["stats"]["turboprom"]["paths"]), b["data"]["stats"]
             c = query(querier, q, instant=instant)
             assert_same(a, c, q)
             assert not any("served from summary" in i for i in c.get("infos", [])), q

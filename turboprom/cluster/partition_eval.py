@@ -200,6 +200,7 @@ def evaluate_partial(storage: Any, req: PartialRequest, held: set[int], total: i
     header = {"warnings": ann.warnings, "infos": ann.infos,
               "stats": {"samples_scanned": stats.samples_scanned, "series_touched": stats.series_touched,
                         "cpu_seconds": time.thread_time() - cpu0,
+                        "paths": [p for p in stats.paths if p.startswith("summary:")],
                         "peak_samples": stats.peak_samples, "total_queryable_samples": stats.total_queryable_samples,
                         "samples_per_step": per_step},
               "series": vec.num_series}

@@ -110,6 +110,9 @@ class PushdownHook:
             st.series_touched += int(s.get("series_touched", 0))
             st.total_queryable_samples += int(s.get("total_queryable_samples", 0))
             st.remote_cpu_seconds += float(s.get("cpu_seconds", 0.0))
+            # summaries that answered an ingester's share: the step answers keep such steps only a seal
+            # delay later, as for a summary answer on a single node (planner/step_answers.py)
+            st.paths.extend(p for p in s.get("paths", ()) if p not in st.paths)
             peak += int(s.get("peak_samples", 0))
             per_step = s.get("samples_per_step")
             if per_step is not None and ctx.subquery_depth == 0:

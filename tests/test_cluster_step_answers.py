@@ -2,7 +2,9 @@
 cluster (3 NATS JetStream nodes, etcd, one distributor, two ingesters, one querier): a refresh
 reuses the steps it answered before, and every answer equals the querier's own ``exact=true``
 answer while samples keep arriving, after a write reaching back below the sealed frontier (a new
-series with 15-minute-old samples) and after an ingester restart."""
+series with 15-minute-old samples) and after an ingester restart. Run twice: with the ingesters
+answering from raw samples, and with their shares of the pushed-down aggregations answered from
+exact summaries (pinned plans, served whenever they cover)."""
 from __future__ import annotations
 
 import json
@@ -86,10 +88,17 @@ def _check(url: str, q: str) -> tuple[bool, dict]:
     raise AssertionError(f"{q}: no two answers with the same end step")
 
 
-def test_querier_reuses_steps_and_stays_exact(tmp_path):
+@pytest.mark.parametrize("summaries", [False, True], ids=["raw", "summaries"])
+def test_querier_reuses_steps_and_stays_exact(tmp_path, summaries):
     require_binary("nats-server")
     require_binary("etcd")
-    cluster = LocalCluster(tmp_path / "c", ingesters=2, partitions=4, publish_timeout="5s")
+    args: list[str] = []
+    if summaries:
+        cfg = tmp_path / "ingester.yml"
+        cfg.write_text(json.dumps({"planner": {"cost_based": False, "pane": "15s", "pinned": [
+            {"metric": "tp_load", "algorithm": "exact"}, {"metric": "tp_requests_total", "algorithm": "exact"}]}}))
+        args = ["--config", str(cfg)]
+    cluster = LocalCluster(tmp_path / "c", ingesters=2, partitions=4, publish_timeout="5s", ingester_args=args)
     instances = [f"w{i}" for i in range(INSTANCES)]
     stop = threading.Event()
     errors: list[BaseException] = []
@@ -118,6 +127,10 @@ def test_querier_reuses_steps_and_stays_exact(tmp_path):
             _check(querier, q)  # first load: nothing to reuse
         reused = [_check(querier, q)[0] for q in QUERIES for _ in range(2)]
         assert any(reused), "no refresh through the querier reused a step answer"
+        if summaries:
+            served = _range(querier, QUERIES[2], exact=False)
+            assert any(p.startswith("summary:exact-") for p in served["data"]["stats"]["turboprom"]["paths"]), \
+                served["data"]["stats"]
         # a dashboard's panels refreshed at once share the querier's write-log requests
         with ThreadPoolExecutor(8) as pool:
             assert any(r for r, _ in pool.map(lambda q: _check(querier, q), QUERIES * 3))
@@ -137,7 +150,7 @@ def test_querier_reuses_steps_and_stays_exact(tmp_path):
 
         # an ingester restart: its write log starts again, so nothing kept before may be trusted
         cluster.roles["ingester-0"].kill()
-        cluster.add_role("ingester", "ingester-0")
+        cluster.add_role("ingester", "ingester-0", cluster.ingester_args)
         cluster.wait_ready("ingester-0")
         cluster.wait_caught_up(["ingester-0", "ingester-1"], timeout=90)
         for q in QUERIES:

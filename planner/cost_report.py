@@ -159,7 +159,7 @@ def build_report(query_log: Any, planner: Any = None, canary: Any = None, storag
             ingest_cpu += float(r.get("ingest_cpu_seconds") or 0.0)
             backfill_cpu += float(r.get("backfill_cpu_seconds") or 0.0)
     storage_info: dict[str, Any] = {}
-    if storage is not None and hasattr(storage, "stats"):
+    if storage is not None:
         st = storage.stats()
         storage_info = st if isinstance(st, dict) else json.loads(json.dumps(st, default=str))
     # Totals over every pattern in the window, not only the listed (top-``limit``) ones.

@@ -524,9 +524,7 @@ class Planner:
         ms = [Matcher("__name__", "=", c.metric)] + [Matcher(n, o, v) for n, o, v in c.matchers]
         hi = self.summarizer.max_ts if self.summarizer.max_ts is not None else int(time.time() * 1000)
         try:
-            if hasattr(self.storage, "series"):
-                return len(self.storage.series([ms], hi - max(range_ms, 1), hi))
-            return len(self.storage.select(ms, hi - max(range_ms, 1), hi).labels)
+            return len(self.storage.series([ms], hi - max(range_ms, 1), hi))
         except Exception:  # noqa: BLE001 - unknown cardinality: stay exact
             return 0
 

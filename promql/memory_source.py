@@ -130,6 +130,15 @@ class MemorySource:
             self._freeze()
             return int(self._off[-1])
 
+    def series(self, matcher_sets: Sequence[Sequence[Matcher]], mint: int, maxt: int) -> list[Labels]:
+        """Series with samples in [mint, maxt] matching any of the matcher sets (the Storage protocol's
+        ``series``), sorted by labels."""
+        found: set[Labels] = set()
+        for ms in matcher_sets:
+            ss = self.select(ms, mint, maxt)
+            found.update(lbl for lbl, n in zip(ss.labels, np.diff(ss.offsets).tolist()) if n)
+        return sorted(found)
+
     def select(self, matchers: Sequence[Matcher], mint: int, maxt: int) -> SeriesSet:
         with self._lock:
             return self._select(matchers, mint, maxt)

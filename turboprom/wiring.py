@@ -56,7 +56,8 @@ def build_context(config: ServerConfig, storage: Any = None, node_hooks: tuple =
     from scheduler_metrics.congestion import CongestionConfig, CongestionTracker
 
     congestion = CongestionTracker(CongestionConfig.from_mapping(config.raw.get("congestion")))
-    congestion.attach(ctx.components.ingest, storage)
+    if local:  # a process that stores what it ingests; a querier's tracker is fed from its ingesters
+        congestion.attach(ctx.components.ingest, storage)
     ctx.components.congestion = congestion
     from turboprom.kv_events_wiring import build_fast_signals
 

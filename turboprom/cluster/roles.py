@@ -85,8 +85,8 @@ def build_querier(config: ServerConfig) -> ServerContext:
     ctx.components.cluster_view = view
     ctx.components.fanout_storage = fanout
     ctx.components.metadata = FanoutMetadata(fanout)  # kept by the ingesters, which see the writes
-    # the congestion API and KedgeFlow's policy: the tracker fed from the ingesters, never written back
-    ctx.components.congestion.write = None
+    # the congestion API and KedgeFlow's policy: the tracker fed from the ingesters (build_context
+    # attaches it to no ingest and gives it nothing to write its signals back to)
     ctx.components.congestion_feed = CongestionFeed(ctx.components.default_view.select, ctx.components.congestion)
     return ctx
 

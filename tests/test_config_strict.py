@@ -58,6 +58,11 @@ TYPOS = [
     ("congestion:\n  stale_aftr: 1s\n", ["turboprom.yml:2: congestion: unknown setting 'stale_aftr'"]),
     ("kedgeflow:\n  ledger: sqlite\n", ["turboprom.yml:2: kedgeflow.ledger: must be 'embedded' or a mapping, got 'sqlite'"]),
     ("kedgeflow:\n  rate_limit: {requests_per_second: 1, burts: 5}\n", ['kedgeflow.rate_limit: unknown field "burts"']),
+    ("kedgeflow:\n  ledger:\n    etcd:\n      endpoints: ['http://127.0.0.1:2379']\n      username: u\n      password: x\n"
+     "      password_file: /dev/null\n",
+     ["turboprom.yml:6: kedgeflow.ledger.etcd: at most one of password and password_file must be configured"]),
+    ("kedgeflow:\n  ledger:\n    etcd:\n      endpoints: ['http://127.0.0.1:2379']\n      password: x\n",
+     ["turboprom.yml:5: kedgeflow.ledger.etcd: password needs username"]),
     ('web:\n  enable_admin_api: "true"\n', ["turboprom.yml:2: web.enable_admin_api: must be true or false, got 'true'"]),
     ("web:\n  read_header_timeout: soon\n", ["web.read_header_timeout: must be a duration"]),
     ("limits:\n  max_label_values: 3\n", ["turboprom.yml:2: limits: unknown setting(s) ['max_label_values']"]),

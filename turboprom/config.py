@@ -392,6 +392,12 @@ def validate(raw: Any, name: str = "config", lines: dict[str, int] | None = None
         except ValueError as e:
             m = re.match(r"alerting(\.alertmanagers\[\d+\](\.[a-z_]+)?|\.[a-z_]+)?", str(e))
             raise _Problem(m.group(0) if m else "alerting", str(e)) from None
+        from turboprom.kedgeflow_wiring import ledger_etcd_client
+
+        try:  # the ledger's etcd user and TLS (conflicts such as password and password_file, files)
+            ledger_etcd_client(raw.get("kedgeflow"), base_dir)
+        except ValueError as e:
+            raise _Problem("kedgeflow.ledger.etcd", str(e)) from None
     except _Problem as p:
         raise fail(p) from None
     _check_rule_files(raw, base_dir)

@@ -29,7 +29,7 @@ from tests.helpers import (
     wait_until,
 )
 from turboprom.cluster.local_cluster import LocalCluster
-from turboprom.kedgeflow_wiring import ledger_etcd_client
+from turboprom.cluster.backend_clients import ledger_etcd_client
 
 pytestmark = pytest.mark.peer
 

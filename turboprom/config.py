@@ -392,7 +392,7 @@ def validate(raw: Any, name: str = "config", lines: dict[str, int] | None = None
         except ValueError as e:
             m = re.match(r"alerting(\.alertmanagers\[\d+\](\.[a-z_]+)?|\.[a-z_]+)?", str(e))
             raise _Problem(m.group(0) if m else "alerting", str(e)) from None
-        from turboprom.kedgeflow_wiring import ledger_etcd_client
+        from turboprom.cluster.backend_clients import ledger_etcd_client
 
         try:  # the ledger's etcd user and TLS (conflicts such as password and password_file, files)
             ledger_etcd_client(raw.get("kedgeflow"), base_dir)

@@ -8,7 +8,7 @@ from scheduler_metrics.kedgeflow.action import Action
 from scheduler_metrics.kedgeflow.service import KedgeFlowService
 from scheduler_metrics.kedgeflow.targets import FunctionTarget, HTTPTarget, IdempotencyStore
 from turboprom.api_params import parse_matchers_param, parse_time
-from turboprom.cluster.backend_clients import EtcdClientConfig
+from turboprom.cluster.backend_clients import ledger_etcd_client
 from turboprom.context import ServerContext
 from turboprom.tenancy import TenantView, forget_deleted_summaries
 
@@ -73,15 +73,6 @@ def delete_series_target(ctx: ServerContext, store: IdempotencyStore) -> Functio
         return {"deleted_series": int(deleted) if deleted is not None else None}
 
     return FunctionTarget(store, apply)
-
-
-def ledger_etcd_client(kedgeflow: dict[str, Any] | None, config_dir: str | None) -> EtcdClientConfig | None:
-    """The etcd user and TLS of ``kedgeflow.ledger.etcd`` (the cluster's etcd client settings:
-    username, password / password_file, tls_config), or None for a ledger not on etcd."""
-    led = (kedgeflow or {}).get("ledger")
-    if not isinstance(led, dict) or not isinstance(led.get("etcd"), dict):
-        return None
-    return EtcdClientConfig.parse(led["etcd"], config_dir, "kedgeflow.ledger.etcd")
 
 
 def build_kedgeflow(ctx: ServerContext) -> KedgeFlowService:

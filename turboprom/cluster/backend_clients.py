@@ -136,3 +136,12 @@ class BackendClients:
         """From a mapping already shape-checked against ``BACKENDS_FIELDS``; ValueError naming the field."""
         return cls(NatsClientConfig.parse(d.get("nats") or {}, base_dir),
                    EtcdClientConfig.parse(d.get("etcd") or {}, base_dir))
+
+
+def ledger_etcd_client(kedgeflow: dict[str, Any] | None, config_dir: str | None) -> EtcdClientConfig | None:
+    """The etcd user and TLS of ``kedgeflow.ledger.etcd`` (the cluster's etcd client settings:
+    username, password / password_file, tls_config), or None for a ledger not on etcd."""
+    led = (kedgeflow or {}).get("ledger")
+    if not isinstance(led, dict) or not isinstance(led.get("etcd"), dict):
+        return None
+    return EtcdClientConfig.parse(led["etcd"], config_dir, "kedgeflow.ledger.etcd")

@@ -25,6 +25,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct free ports: each held until all are chosen (``free_port`` called n times may
+    give one port twice when nothing binds it in between)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            socks.append(s)
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
 def wait_http(url: str, timeout: float = 30.0, proc: subprocess.Popen | None = None) -> None:
     deadline = time.time() + timeout
     last: Exception | None = None

@@ -19,7 +19,7 @@ import pytest
 import zmq
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
-from tests.helpers import ServerProcess, free_port, http_json
+from tests.helpers import ServerProcess, free_port, free_ports, http_json
 
 BLOCK = 4  # tokens per KV block in these tests
 
@@ -138,7 +138,7 @@ class ReplayingPublisher(VLLMPublisher):
 def test_missed_kv_events_are_replayed(tmp_path: Path) -> None:
     """Batches published before the subscriber joined, and batches lost on the way, come back from the
     publisher's replay socket; only what its buffer no longer holds counts as missed."""
-    kv, replay, poll = free_port(), free_port(), free_port()
+    kv, replay, poll = free_ports(3)
     cfg = tmp_path / "turboprom.yml"
     cfg.write_text(f"congestion:\n  resolution: 0\n  poll_listen: '127.0.0.1:{poll}'\n  kv_events:\n    - {{endpoint: 'tcp://127.0.0.1:{kv}', "
                    f"replay_endpoint: 'tcp://127.0.0.1:{replay}', instance: r0, cluster: kv, model_name: m, "
@@ -195,7 +195,7 @@ def stored(hashes: list[int], parent: int | None, tokens: list[int], lora: int |
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     tmp: Path = tmp_path_factory.mktemp("congestion-fast")
-    kv_a, kv_b = free_port(), free_port()
+    kv_a, kv_b, *exporter_ports = free_ports(4)
     regs = []
     exporters = []
     for i in range(2):
@@ -204,7 +204,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         g.labels("llama", "fast").set(0)
         Gauge("vllm:num_requests_running", "running", ["model_name", "cluster"], registry=reg).labels("llama", "fast").set(1)
         Gauge("unrelated_big_family", "noise", ["k"], registry=reg).labels("x").set(1)
-        port = free_port()
+        port = exporter_ports[i]
         server, thread = start_http_server(port, addr="127.0.0.1", registry=reg)
         exporters.append((server, thread))
         regs.append((port, g))

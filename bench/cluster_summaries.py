@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import shutil
 import statistics
@@ -50,15 +49,13 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-import numpy as np
-
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 from cluster_ingest_query import answer_difference  # noqa: E402
 from live_dashboard import grafana_step  # noqa: E402
-from vllm_fleet import Encoder, Fleet  # noqa: E402
+from vllm_fleet import Encoder, Fleet, history_bodies  # noqa: E402
 from tests.helpers import ServerProcess  # noqa: E402
 from turboprom.cluster.local_cluster import LocalCluster  # noqa: E402
 
@@ -115,19 +112,15 @@ def post(url: str, body: bytes) -> None:
 
 
 def preload(fleet: Fleet, enc: Encoder, urls: list[str], hours: float, interval_s: int, per_request: int) -> int:
-    now = int(time.time() * 1000) // 1000 * 1000
-    grid = np.arange(now - int(hours * 3_600_000), now + 1, interval_s * 1000, dtype=np.int64)
-    chunks = np.array_split(grid, math.ceil(len(grid) * fleet.num_series / per_request))
     sent = 0
     t0 = time.time()
-    for i, ch in enumerate(chunks):
-        ts, vals = fleet.step(ch)
-        body = enc.body(ts, vals)
+    now = int(time.time() * 1000) // 1000 * 1000
+    for i, (body, n) in enumerate(history_bodies(fleet, enc, hours, interval_s, per_request, now)):
         for u in urls:
             post(u, body)
-        sent += vals.size
+        sent += n
         if i % 20 == 0:
-            print(f"[bench] preload {i + 1}/{len(chunks)}, {time.time() - t0:.0f}s", flush=True)
+            print(f"[bench] preload request {i + 1}, {time.time() - t0:.0f}s", flush=True)
     return sent
 
 

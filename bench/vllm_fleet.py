@@ -26,6 +26,7 @@ layout per sample (tests decode it with ``ingest.proto.messages.WriteRequest``; 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -277,3 +278,13 @@ def self_check(fleet: Fleet, enc: Encoder, ts: np.ndarray, vals: np.ndarray) -> 
         assert {lb.name: lb.value for lb in t.labels} == fleet.labels[i]
         assert [s.timestamp for s in t.samples] == ts[i].tolist()
         assert [s.value for s in t.samples] == vals[i].tolist()
+
+
+def history_bodies(fleet: Fleet, enc: Encoder, hours: float, interval_s: int, per_request: int,
+                   now_ms: int) -> Iterator[tuple[bytes, int]]:
+    """Remote-write bodies of ``hours`` of the fleet's history up to ``now_ms`` at ``interval_s``, in
+    time order, each about ``per_request`` samples: (snappy body, samples in it)."""
+    grid = np.arange(now_ms - int(hours * 3_600_000), now_ms + 1, interval_s * 1000, dtype=np.int64)
+    for chunk in np.array_split(grid, math.ceil(len(grid) * fleet.num_series / per_request)):
+        ts, vals = fleet.step(chunk)
+        yield enc.body(ts, vals), int(vals.size)

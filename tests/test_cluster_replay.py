@@ -11,12 +11,10 @@ test of ``hold_cuts`` run by default) both ingesters lost 6-24% of the samples.
 from __future__ import annotations
 
 import json
-import math
 import time
 import urllib.parse
 import urllib.request
 
-import numpy as np
 import pytest
 
 from tests.helpers import http_json, load_bench, require_binary
@@ -54,14 +52,11 @@ def test_an_ingester_replaying_hours_of_history_keeps_every_sample(tmp_path):
         fleet = fleet_mod.Fleet.for_series(SERIES, 7)
         enc = fleet_mod.Encoder(fleet.labels)
         now = int(time.time() * 1000) // 1000 * 1000
-        grid = np.arange(now - HOURS * 3_600_000, now + 1, INTERVAL_S * 1000, dtype=np.int64)
         written = 0
-        for chunk in np.array_split(grid, math.ceil(len(grid) * fleet.num_series / PER_REQUEST)):
-            ts, vals = fleet.step(chunk)
-            code, body, _ = http_json(cluster.url("distributor-0") + "/api/v1/write", data=enc.body(ts, vals),
-                                      headers=RW_HEADERS)
-            assert code == 204, (code, body)
-            written += vals.size
+        for body, n in fleet_mod.history_bodies(fleet, enc, HOURS, INTERVAL_S, PER_REQUEST, now):
+            code, resp, _ = http_json(cluster.url("distributor-0") + "/api/v1/write", data=body, headers=RW_HEADERS)
+            assert code == 204, (code, resp)
+            written += n
         cluster.add_role("ingester", "ingester-1")
         cluster.wait_ready("ingester-1")
         cluster.wait_applied(["ingester-0", "ingester-1"], timeout=180)

@@ -8,10 +8,10 @@ rotate over the endpoints, so one dead member is skipped.
 
 With etcd's authentication on, the configured user authenticates once (``/v3/auth/authenticate``)
 and sends the token with every call; a token etcd no longer knows (``invalid auth token``: expired,
-or authentication switched off and on) is replaced by authenticating again. ``https://`` endpoints use the configured TLS context. The
-credentials are any object with ``username``, ``password_text()``, ``ssl_context()`` and
-``server_hostname()`` (turboprom/cluster/backend_clients.py ``EtcdClientConfig`` reads them from
-the operator's YAML).
+or authentication switched off and on) is replaced by authenticating again. ``https://`` endpoints
+use the configured TLS context. The credentials are any object with ``username``,
+``password_text()``, ``ssl_context()`` and ``server_hostname()``
+(turboprom/cluster/backend_clients.py ``EtcdClientConfig`` reads them from the operator's YAML).
 """
 from __future__ import annotations
 

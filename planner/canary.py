@@ -98,7 +98,8 @@ class Canary:
         self.fraction = float(fraction)
         self.rng = random.Random(seed)
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="planner-canary")
-        self.pending = 0
+        self.pending = 0  # sampled accuracy checks in flight (bounded by MAX_PENDING)
+        self.probing: set[tuple[str, tuple]] = set()  # (sds id, shape) of measuring runs in flight
         self.lock = threading.Lock()
         self.results: list[dict[str, Any]] = []  # recent checks, for /api/v1/planner/canary and tests
         load_all()
@@ -110,23 +111,46 @@ class Canary:
 
     SHADOW_FIRST = 8  # every SDS's first served sub-trees are shadowed, and each new shape of use: the
     # rewrite skips a summary for shapes measured slower than raw, and the planner retires plans on these
+    MAX_PENDING = 4  # sampled checks in flight; more are skipped (the sample is a fraction anyway)
+    MAX_PROBING = 16  # measuring runs in flight, at most one per (SDS, shape of use)
 
     def __call__(self, served: Served, ectx: Any) -> None:
+        """Queue a shadow run of ``served`` when it measures the plan (its SDS's first runs, or a shape
+        of use without a verdict yet) or falls in the sampled fraction.
+
+        Measuring runs are admitted apart from the sample, one per (SDS, shape) at a time: a shape's
+        verdict needs ``SDSStats.SHAPE_MIN_RUNS`` of them, and until it has them the summary answers
+        that shape whether or not it is slower than raw. Sharing the sample's small bound let the
+        shadow runs of a dashboard's heavy panels (tens to hundreds of ms each on the one worker)
+        crowd out a cheap panel's probes load after load, so a plan slower than raw on that panel
+        kept serving it."""
         st = served.sds.stats
-        first = st.shadow_runs < self.SHADOW_FIRST or st.needs_probe(shape_of(served.func, served.range_ms, len(served.ends)))
-        if not first and (self.fraction <= 0 or self.rng.random() >= self.fraction):
+        shape = shape_of(served.func, served.range_ms, len(served.ends))
+        probe = (served.sds.id, shape) if st.shadow_runs < self.SHADOW_FIRST or st.needs_probe(shape) else None
+        if probe is None and (self.fraction <= 0 or self.rng.random() >= self.fraction):
             return
         with self.lock:
-            if self.pending >= 4:
-                return
-            self.pending += 1
-        served.sds.stats.shadow_runs += 1
-        self.pool.submit(self._check, served, ectx)
+            if probe is not None:
+                if probe in self.probing or len(self.probing) >= self.MAX_PROBING:
+                    return
+                self.probing.add(probe)
+            else:
+                if self.pending >= self.MAX_PENDING:
+                    return
+                self.pending += 1
+        st.shadow_runs += 1
+        self.pool.submit(self._check, served, ectx, True, probe)
+
+    def in_flight(self) -> int:
+        """Shadow runs queued or running (sampled checks and measuring runs)."""
+        with self.lock:
+            return self.pending + len(self.probing)
 
     def check_now(self, served: Served, ectx: Any) -> dict[str, Any]:
         return self._check(served, ectx, count_pending=False)
 
-    def _check(self, served: Served, ectx: Any, count_pending: bool = True) -> dict[str, Any]:
+    def _check(self, served: Served, ectx: Any, count_pending: bool = True,
+               probe: tuple[str, tuple] | None = None) -> dict[str, Any]:
         try:
             ctx = replace(ectx, stats=QueryStats(), annotations=Annotations(), hooks=(),
                           budget=QueryBudget(max_samples=ectx.budget.max_samples, deadline=time.monotonic() + 300,
@@ -218,7 +242,10 @@ class Canary:
         finally:
             if count_pending:
                 with self.lock:
-                    self.pending -= 1
+                    if probe is not None:
+                        self.probing.discard(probe)
+                    else:
+                        self.pending -= 1
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)

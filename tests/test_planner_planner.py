@@ -209,6 +209,57 @@ def test_explain_reports_path_and_cost_check():
     assert st.engine.range_query(q, tmax - 3_600_000, tmax, 15_000).stats.paths == ["raw"]
 
 
+def test_heavy_panels_shadow_runs_do_not_crowd_out_another_plans_probes():
+    """A shape of use is answered from its summary until SHAPE_MIN_RUNS shadow runs have measured it.
+    While the canary's worker is busy (a dashboard's heavy panels queue their shadow runs one after
+    another), a plan's measuring runs are still admitted, one per (SDS, shape): each plan's verdict
+    arrives within a few loads, whatever the other panels queue."""
+    import threading
+
+    from planner.sds import shape_of
+
+    items = random_series(seed=5)
+    src, batch = load(items)
+    tmax = int(batch.timestamps.max())
+    st = _stack(src, {"canary_fraction": 0.0, "cost_based": False})  # served on this tiny scope
+    feed(st.summarizer, batch)
+    span = (tmax - 6 * 3_600_000, tmax, 300_000)
+
+    def settle() -> None:
+        deadline = time.time() + 30
+        while st.canary.in_flight() and time.time() < deadline:
+            time.sleep(0.01)
+
+    heavy = ["sum by (job) (rate(x_total[30m]))", "sum by (job) (increase(x_total[1h]))",
+             "sum(rate(x_total[2h]))", "max by (job) (rate(x_total[45m]))", "sum by (job) (rate(x_total[90m]))"]
+    gq = "max by (job) (max_over_time(g[30m]))"
+    x_sds = st.planner.adopt(SDSSpec("x_total", "exact", 300_000), reason="test")
+    g_sds = st.planner.adopt(SDSSpec("g", "exact", 300_000), reason="test")
+    for q in (heavy[0], gq):
+        st.engine.range_query(q, *span)
+    settle()
+    g_shape = shape_of("max_over_time", 30 * 60_000, 73)
+    g_sds.stats.shapes.clear()  # the g panel's shape is unmeasured again
+    release = threading.Event()
+    st.canary.pool.submit(release.wait, 60)  # the one worker is busy: everything submitted now queues
+    try:
+        for q in heavy:  # five shapes of use of one plan, each queuing its probe
+            r = st.engine.range_query(q, *span)
+            assert f"summary:{x_sds.id}" in r.stats.paths, r.stats.paths
+        for _ in range(3):  # the same shape again while its first probe waits: one probe queued for it
+            r = st.engine.range_query(gq, *span)
+            assert f"summary:{g_sds.id}" in r.stats.paths, r.stats.paths
+        assert st.canary.in_flight() == len(heavy) + 1
+    finally:
+        release.set()
+    settle()
+    assert len(g_sds.stats.shapes[g_shape]) == 1  # measured although five heavier probes queued before it
+    for _ in range(3):  # later loads complete the measurement: a verdict for the shape
+        st.engine.range_query(gq, *span)
+        settle()
+    assert g_sds.stats.verdict(g_shape) in ("faster", "slower")
+
+
 def test_plan_slower_than_raw_in_shadow_runs_is_retired_and_not_readopted():
     """Never slower than raw: the canary shadows every new plan's first served sub-trees on the raw path;
     a plan whose measured p50 is not below raw's is retired with the measurement as its reason, listed
@@ -227,7 +278,7 @@ def test_plan_slower_than_raw_in_shadow_runs_is_retired_and_not_readopted():
         res = st.engine.range_query(q, tmax - 6 * 3_600_000, tmax, 300_000)
         served += any(p.startswith("summary:") for p in res.stats.paths)
         deadline = time.time() + 30
-        while st.canary.pending and time.time() < deadline:  # shadow runs are bounded in flight (4)
+        while st.canary.in_flight() and time.time() < deadline:
             time.sleep(0.01)
     assert served >= 1 and len(sds.stats.shadow) >= 1  # measured on the real raw path
     m = sds.stats.measured()

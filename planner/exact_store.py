@@ -151,14 +151,6 @@ class ExactPaneStore(SeriesShift, PaneStoreParts):
             self.version += 1
 
     # --- ingest ----------------------------------------------------------------------------
-    def _choose_shift(self, sid: np.ndarray, vals: np.ndarray) -> None:
-        fin = np.isfinite(vals)
-        if not fin.any():
-            return
-        u, first = np.unique(sid[fin], return_index=True)
-        unset = np.isnan(self.shift[u])
-        self.shift[u[unset]] = vals[fin][first[unset]]
-
     def ingest_sorted(self, sid: np.ndarray, ts: np.ndarray, vals: np.ndarray, *, live: bool = True) -> None:
         """Fold samples sorted by (sid, ts), strictly increasing per sid, stale markers removed.
 
@@ -169,7 +161,7 @@ class ExactPaneStore(SeriesShift, PaneStoreParts):
         if n == 0:
             return
         with self.lock:
-            self._choose_shift(sid, vals)
+            self.choose_shift(sid, vals)
             k = ts // self.pane_ms
             new = np.ones(n, bool)
             new[1:] = (sid[1:] != sid[:-1]) | (k[1:] != k[:-1])

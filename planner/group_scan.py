@@ -32,7 +32,7 @@ def _to_groups(arr: np.ndarray, gsel: np.ndarray, G: int, fn: np.ufunc, init: fl
 
 
 def scan_group(sds: SDS, source: RawSource, matchers: Sequence[Matcher], op: str, func: str, by: Sequence[str],
-               ends: np.ndarray, range_ms: int) -> ScanResult:
+               ends: np.ndarray, range_ms: int) -> ScanResult | None:
     """With an answer cache: steps whose whole window lies in sealed panes are kept per (query shape,
     step time) and reused while provably unchanged -- same store ``epoch`` (bumped by any write into a
     pane behind the newest one: backfill, late or lagging samples, restores), same coverage start and
@@ -51,6 +51,8 @@ def scan_group(sds: SDS, source: RawSource, matchers: Sequence[Matcher], op: str
                 cached[j] = hit[1]
     need = np.array([j for j in range(len(ends)) if j not in cached], np.int64)
     fresh = _scan_group(sds, source, matchers, op, func, by, ends[need], range_ms, cov) if len(need) else None
+    if len(need) and fresh is None:
+        return None  # not within the exactness bound (``_scan_group``)
     rows: dict = {}
     if fresh is not None:
         for i, lbl in enumerate(fresh.labels):
@@ -86,7 +88,7 @@ ANSWER_CACHE_ENTRIES = 50_000
 
 
 def _scan_group(sds: SDS, source: RawSource, matchers: Sequence[Matcher], op: str, func: str, by: Sequence[str],
-                ends: np.ndarray, range_ms: int, cov: tuple[int, int]) -> ScanResult:
+                ends: np.ndarray, range_ms: int, cov: tuple[int, int]) -> ScanResult | None:
     store = sds.store
     P = sds.spec.pane_ms
     cov_lo, cov_hi = cov
@@ -123,6 +125,9 @@ def _scan_group(sds: SDS, source: RawSource, matchers: Sequence[Matcher], op: st
                 tot.vmin = np.fmin(tot.vmin, mid.vmin)
             if "vmax" in fields:
                 tot.vmax = np.fmax(tot.vmax, mid.vmax)
+    check = SERVED_FUNCTIONS[func].precise
+    if check is not None and not check(tot):
+        return None  # group sums past the float range: the raw path answers
     present_g = tot.count > 0
     if func == "sum_over_time":
         val_g = ex.sum_values(tot, gshift[:, None])

@@ -28,7 +28,7 @@ from typing import Sequence
 import numpy as np
 
 from planner.pane_layout import grown_layout
-from planner.pane_store import PaneStoreParts
+from planner.pane_store import MAX_SHIFT, PaneStoreParts
 from storage.labels import Labels
 
 FIELDS = ("count", "nnan", "npinf", "nninf", "s1", "vmin", "vmax")
@@ -157,7 +157,8 @@ class GroupPaneStore(PaneStoreParts):
             if fin.any():
                 u, first = np.unique(g[fin], return_index=True)
                 unset = np.isnan(self.gshift[u])
-                self.gshift[u[unset]] = vals[fin][first[unset]]
+                c = vals[fin][first[unset]]
+                self.gshift[u[unset]] = np.where(np.abs(c) < MAX_SHIFT, c, 0.0)  # as SeriesShift.choose_shift
             k = ts // self.pane_ms
             if not live or int(k.min()) < self._newest:
                 self.epoch += 1

@@ -109,13 +109,9 @@ class KLLPaneStore(SeriesShift, PaneStoreParts):
     def decode(self, s: int, q: float) -> float:
         return q if self.kind != "req" else float(q) + float(np.nan_to_num(self.shift[s], nan=0.0))
 
-    def _choose_shift(self, sid: np.ndarray, vals: np.ndarray) -> None:
-        fin = np.isfinite(vals)
-        if self.kind != "req" or not fin.any():
-            return
-        u, first = np.unique(sid[fin], return_index=True)
-        unset = np.isnan(self.shift[u])
-        self.shift[u[unset]] = vals[fin][first[unset]]
+    def choose_shift(self, sid: np.ndarray, vals: np.ndarray) -> None:
+        if self.kind == "req":  # KLL keeps the values themselves
+            super().choose_shift(sid, vals)
 
     def ensure_series(self, n: int) -> None:
         if n > len(self.last_t):
@@ -167,7 +163,7 @@ class KLLPaneStore(SeriesShift, PaneStoreParts):
         keys = list(zip(sid[gs].tolist(), k[gs].tolist()))
         with self.lock:
             self.version += 1
-            self._choose_shift(sid, vals)
+            self.choose_shift(sid, vals)
             x = self.encode(sid, vals)
             # per (series, pane) group, not per sample: the sketch takes the whole array at once
             for key, a, b in zip(keys, gs.tolist(), ge.tolist()):

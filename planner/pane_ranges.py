@@ -4,6 +4,13 @@ Additive fields come from prefix sums over panes (int64 exact; float sums in ext
 difference of two long prefixes keeps the digits Prometheus's compensated sum keeps). Min/max come
 from a sparse table (O(1) per window), first/last from next/previous non-empty pane indexes, and the
 counter corrections from prefix sums of (inner + entry) corrections minus the entry of the first pane.
+
+A float prefix difference is only as precise as the prefixes are large: each of a window's pane sums
+is added to the running prefix at the prefix's magnitude, so one huge value (a gauge reporting 1e300,
+or 1.8e19 from an unsigned overflow, a counter reset from such a value) or a squared value past the
+float range would leave every later window's difference with no correct digit. Each window's error
+bound is checked against its own panes' magnitude (``_window_sums``); the windows it does not hold
+for are summed pane by pane, which costs their length instead of O(1).
 """
 from __future__ import annotations
 
@@ -18,6 +25,42 @@ _ADD_FLOAT = ("s1", "s2")
 def _prefix(a: np.ndarray, dtype: type) -> np.ndarray:
     out = np.zeros((a.shape[0], a.shape[1] + 1), dtype=dtype)
     np.cumsum(a.astype(dtype, copy=False), axis=1, out=out[:, 1:])
+    return out
+
+
+_EPS_LD = float(np.finfo(np.longdouble).eps)
+# a window's prefix difference is kept when its rounding bound is at most this share of the
+# magnitude of its own panes (float64 keeps ~1.1e-16 of that magnitude in the pane sums themselves)
+_PREFIX_TOL = 1e-13
+
+
+def _window_sums(a: np.ndarray, klo: np.ndarray, khi: np.ndarray) -> np.ndarray:
+    """Sum of ``a[:, klo_j:khi_j]`` for every series and window j, in extended precision.
+
+    From prefix sums where that is exact enough: a difference P[khi] - P[klo] is the rounded sum of
+    the window's own additions, each rounded at the running prefix's magnitude, so its error is at
+    most (khi - klo) * eps * max |P| over the window, and |P| there is at most the prefix of |a| at
+    khi. Windows whose bound exceeds ``_PREFIX_TOL`` of the magnitude of their own panes (or that
+    meet an infinity in the prefix) are summed directly over their panes."""
+    a = a.astype(np.longdouble, copy=False)
+    pre = _prefix(a, np.longdouble)
+    out = pre[:, khi] - pre[:, klo]
+    nonneg = not (a < 0).any()
+    mag = pre if nonneg else _prefix(np.abs(a), np.longdouble)
+    width = (khi - klo).astype(np.longdouble)
+    with np.errstate(invalid="ignore", over="ignore"):
+        bound = width[None, :] * _EPS_LD * mag[:, khi]
+        own = mag[:, khi] - mag[:, klo]
+        bad = ~(bound <= _PREFIX_TOL * own)  # NaN (an infinity in the prefix) is bad too
+    bad &= (khi > klo)[None, :]
+    if bad.any():
+        cols = np.flatnonzero(bad.any(axis=0))
+        padded = np.zeros((a.shape[0], a.shape[1] + 1), np.longdouble)  # index K closes the last window
+        padded[:, :-1] = a
+        idx = np.empty(2 * len(cols), np.int64)
+        idx[0::2], idx[1::2] = klo[cols], khi[cols]
+        direct = np.add.reduceat(padded, idx, axis=1)[:, 0::2]
+        out[:, cols] = np.where(bad[:, cols], direct, out[:, cols])
     return out
 
 
@@ -63,8 +106,8 @@ def range_stats(p: dict[str, np.ndarray], klo: np.ndarray, khi: np.ndarray, fiel
             setattr(out, f, pre[:, khi] - pre[:, klo])
     for f in _ADD_FLOAT:
         if want(f):
-            pre = _prefix(p[f], np.longdouble)
-            setattr(out, f, (pre[:, khi] - pre[:, klo]).astype(np.float64))
+            with np.errstate(over="ignore"):  # a sum past the float range is an infinity, as raw's
+                setattr(out, f, _window_sums(p[f], klo, khi).astype(np.float64))
     with np.errstate(invalid="ignore"):
         if want("vmin"):
             out.vmin = _sparse_query(p["vmin"], klo, khi, np.fmin)
@@ -93,8 +136,11 @@ def range_stats(p: dict[str, np.ndarray], klo: np.ndarray, khi: np.ndarray, fiel
                                   ("changes", "entry_changes", np.int64)):
             if not want(fld):
                 continue
-            pre = _prefix(p[fld] + p[entry], dtype)
-            tot = pre[:, khi] - pre[:, klo]
+            if dtype is np.longdouble:
+                tot = _window_sums(p[fld] + p[entry], klo, khi)
+            else:
+                pre = _prefix(p[fld] + p[entry], dtype)
+                tot = pre[:, khi] - pre[:, klo]
             tot = tot - np.where(has, np.take_along_axis(p[entry], fc, axis=1), 0)
             setattr(out, fld, tot.astype(np.float64 if fld == "corr" else np.int64))
     return out

@@ -70,11 +70,30 @@ class PaneStoreParts:
         return None
 
 
+# a first sample this large (beyond the integers a float holds exactly) is no shift: values of the
+# size the series usually has would keep none of their digits in ``v - c`` (one 1e300 or an unsigned
+# overflow's 1.8e19 as a series' first sample made every later sum of it 0); such series get c = 0
+MAX_SHIFT = float(2 ** 53)
+
+
 class SeriesShift:
-    """For stores with a per-series ``shift`` array (exact panes, REQ sketches)."""
+    """For stores with a per-series ``shift`` array (exact panes, REQ sketches): each series' values
+    are kept as ``v - c``, with ``c`` the series' first finite sample (``choose_shift``), so the sums
+    and squares of a series that sits far from zero keep their digits."""
 
     shift: np.ndarray
     lock: Any
+
+    def choose_shift(self, sid: np.ndarray, vals: np.ndarray) -> None:
+        """Set the shift of every series in ``sid`` that has none yet from its first finite sample in
+        ``vals`` (0 when that sample is beyond ``MAX_SHIFT``)."""
+        fin = np.isfinite(vals)
+        if not fin.any():
+            return
+        u, first = np.unique(sid[fin], return_index=True)
+        unset = np.isnan(self.shift[u])
+        c = vals[fin][first[unset]]
+        self.shift[u[unset]] = np.where(np.abs(c) < MAX_SHIFT, c, 0.0)
 
     def series_shift(self) -> np.ndarray:
         return self.shift

@@ -64,7 +64,8 @@ class RawPrefix:
                 x[:n][~np.isfinite(v)] = 0.0
             cols["s1"] = x
             if "s2" in fields:
-                cols["s2"] = x * x
+                with np.errstate(over="ignore"):  # squares past the float range: refused at read time
+                    cols["s2"] = x * x
         if "nnan" in fields:
             for k, m in (("nnan", np.isnan(v)), ("npinf", v == np.inf), ("nninf", v == -np.inf)):
                 a = pad(np.int64)

@@ -123,6 +123,8 @@ class Rule:
 WHY_APPROX = "approximation off: sketch answers need planner.approximate or approx=true"
 WHY_NO_SDS = "no plan covers it"
 WHY_SLOWER = "shadow runs of this shape measured the summary slower than the raw path"
+WHY_IMPRECISE = ("the summary's moment sums could not answer this shape within the exactness bound lately "
+                 "(values near the float range, or far from the series' first value for a variance)")
 WHY_NO_PANE = "no whole covered pane inside any window"
 WHY_SCOPED = ("the evaluation sees only some of the stored series (a cluster ingester's asked partitions) and "
               "this summary holds one payload for all of them")
@@ -181,7 +183,10 @@ def _judge_windows(d: Decision, ectx: Any, rctx: RewriteContext, vs: Any, *, per
         return d
     sds = d.sds
     d.ends = effective_times(vs, ectx)
-    if rctx.cost_based and sds.stats.verdict(shape_of(d.func, d.range_ms, len(d.ends))) == "slower":
+    shape = shape_of(d.func, d.range_ms, len(d.ends))
+    if sds.stats.refused(shape):
+        return d.raw(WHY_IMPRECISE)
+    if rctx.cost_based and sds.stats.verdict(shape) == "slower":
         return d.raw(WHY_SLOWER)
     lo, hi = sds.coverage()
     d.plan = window_plan(sds, d.matchers, d.ends, d.range_ms, lo, hi, ectx.series_scope) if per_series else \
@@ -231,8 +236,11 @@ def _decide_call(rule: str, algorithm: str, family: str) -> Callable[[Any, Any, 
     return decide
 
 
-def _serve_exact(d: Decision, node: Any, ectx: Any) -> Served:
+def _serve_exact(d: Decision, node: Any, ectx: Any) -> Served | None:
     scan = scan_exact(d.sds, ectx.source, d.matchers, d.func, d.ends, d.range_ms, ectx.series_scope)
+    if scan is None:  # not within the exactness bound: raw, and raw for this shape a while
+        d.sds.stats.refuse(shape_of(d.func, d.range_ms, len(d.ends)))
+        return None
     return Served(d.sds, d.func, _vector(d.func, scan), scan, node, d.ends, d.range_ms, None)
 
 
@@ -273,9 +281,12 @@ def _decide_fixed(rule: str, algorithm: str, shape_of_node: Callable[[Any], tupl
     return decide
 
 
-def _serve_group(d: Decision, node: Any, ectx: Any) -> Served:
+def _serve_group(d: Decision, node: Any, ectx: Any) -> Served | None:
     op, by = d.shape
     scan = scan_group(d.sds, ectx.source, d.matchers, op, d.func, by, d.ends, d.range_ms)
+    if scan is None:  # not within the exactness bound: raw, and raw for this shape a while
+        d.sds.stats.refuse(shape_of(d.func, d.range_ms, len(d.ends)))
+        return None
     val = VectorSteps(scan.labels, np.where(scan.present, scan.values, 0.0), scan.present, drop_name=np.zeros(len(scan.labels), bool))
     return Served(d.sds, d.func, val, scan, node, d.ends, d.range_ms, None)
 

@@ -169,8 +169,20 @@ class SDSStats:
     # shape measured slower is answered raw from then on and stops adding hits)
     shape_hits: dict = field(default_factory=dict)
 
+    # shapes of use whose last summary answer fell outside the exactness bound (moment sums out of the
+    # float range or cancelling): shape -> time; answered raw for SHAPE_TTL_S, then tried again
+    imprecise: dict = field(default_factory=dict)
+
     SHAPE_TTL_S = 900.0  # a shape's verdict is re-measured after this long (data and load change)
     SHAPE_MIN_RUNS = 3
+
+    def refuse(self, shape: tuple) -> None:
+        """The summary could not answer ``shape`` within the exactness bound just now."""
+        self.imprecise[shape] = time.time()
+
+    def refused(self, shape: tuple) -> bool:
+        t = self.imprecise.get(shape)
+        return t is not None and time.time() - t < self.SHAPE_TTL_S
 
     def hit(self, shape: tuple) -> None:
         """One sub-tree served from the summary in ``shape``."""

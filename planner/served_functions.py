@@ -9,7 +9,9 @@ An entry holds what the rewrite, the scans and the planner need to know of a fun
 * ``window_heavy``: raw evaluation costs O(samples in the window) per step (the others are O(samples)
   per query with prefix sums / first-last), which the per-sub-tree cost check uses;
 * ``finish(st, shift, plan)``: (values, present) from the merged segment statistics of each window
-  (present: a sample in the window; two for rate/increase/delta).
+  (present: a sample in the window; two for rate/increase/delta);
+* ``precise(st)``: whether ``finish`` is within the exactness bound on those statistics (moment sums
+  that left the float range or cancel too much: the raw path answers the sub-tree instead).
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ import numpy as np
 from planner.algorithms import exact as ex
 
 _ORDER = frozenset({"count", "first_t", "first_v", "last_t", "last_v"})
-_MOMENTS = frozenset({"count", "nnan", "npinf", "nninf", "s1"})
+_MOMENTS = frozenset({"count", "nnan", "npinf", "nninf", "s1", "vmin", "vmax"})  # min/max: constant windows
 REQ_MIN_PHI = 0.9  # quantile_over_time with a literal phi >= this is a REQ candidate (planner.req_min_phi)
 
 
@@ -33,6 +35,8 @@ class ServedFunction:
     keeps_name: bool = False
     window_heavy: bool = False
     finish: Callable[[ex.SegStats, np.ndarray, Any], tuple[np.ndarray, np.ndarray]] | None = None  # (values, present)
+    # whether ``finish`` is within the exactness bound on these merged stats (False: the raw path answers)
+    precise: Callable[[ex.SegStats], bool] | None = None
 
 
 def _rate_like(is_counter: bool, is_rate: bool) -> Callable[[ex.SegStats, np.ndarray, Any], tuple[np.ndarray, np.ndarray]]:
@@ -55,12 +59,14 @@ def _per_sample(value: Callable[[ex.SegStats, np.ndarray], np.ndarray]) -> Calla
 SERVED: dict[str, ServedFunction] = {f.name: f for f in (
     ServedFunction("count_over_time", "exact", frozenset({"count"}), finish=_per_sample(lambda st, c: _n(st))),
     ServedFunction("present_over_time", "exact", frozenset({"count"}), finish=_per_sample(lambda st, c: np.ones_like(_n(st)))),
-    ServedFunction("sum_over_time", "exact", _MOMENTS, window_heavy=True, finish=_per_sample(lambda st, c: ex.sum_values(st, c))),
+    ServedFunction("sum_over_time", "exact", _MOMENTS, window_heavy=True, finish=_per_sample(lambda st, c: ex.sum_values(st, c)),
+                   precise=ex.sums_in_range),
     ServedFunction("avg_over_time", "exact", _MOMENTS, window_heavy=True,
-                   finish=_per_sample(lambda st, c: ex.sum_values(st, c) / _n(st))),
-    ServedFunction("stdvar_over_time", "exact", _MOMENTS | {"s2"}, window_heavy=True, finish=_per_sample(lambda st, c: ex.variance(st))),
+                   finish=_per_sample(lambda st, c: ex.sum_values(st, c) / _n(st)), precise=ex.sums_in_range),
+    ServedFunction("stdvar_over_time", "exact", _MOMENTS | {"s2"}, window_heavy=True, finish=_per_sample(lambda st, c: ex.variance(st)),
+                   precise=ex.variance_precise),
     ServedFunction("stddev_over_time", "exact", _MOMENTS | {"s2"}, window_heavy=True,
-                   finish=_per_sample(lambda st, c: np.sqrt(ex.variance(st)))),
+                   finish=_per_sample(lambda st, c: np.sqrt(ex.variance(st))), precise=ex.variance_precise),
     ServedFunction("min_over_time", "exact", frozenset({"count", "vmin"}), window_heavy=True, finish=_per_sample(lambda st, c: st.vmin)),
     ServedFunction("max_over_time", "exact", frozenset({"count", "vmax"}), window_heavy=True, finish=_per_sample(lambda st, c: st.vmax)),
     ServedFunction("last_over_time", "exact", _ORDER, keeps_name=True, finish=_per_sample(lambda st, c: st.last_v)),

@@ -295,9 +295,10 @@ def fill_from_raw(sds: SDS, matchers: Sequence[Matcher], func: str, ends: np.nda
 
 
 def scan_exact(sds: SDS, source: RawSource, matchers: Sequence[Matcher], func: str, ends: np.ndarray,
-               range_ms: int, scope: SeriesScope | None = None) -> ScanResult:
+               range_ms: int, scope: SeriesScope | None = None) -> ScanResult | None:
     """``func(sel[range])`` at ``ends`` from the exact SDS, over the series ``matchers`` select and
-    ``scope`` keeps (``source`` must read only those)."""
+    ``scope`` keeps (``source`` must read only those). None where the merged statistics cannot give
+    an answer within the exactness bound (``SERVED[func].precise``): the raw path answers those."""
     store = sds.store
     ends = np.asarray(ends, np.int64)
     cache = step_cache(store)
@@ -316,10 +317,14 @@ def scan_exact(sds: SDS, source: RawSource, matchers: Sequence[Matcher], func: s
     else:
         miss = ~hit
         part = _scan_exact(sds, source, matchers, func, ends[miss], range_ms, cov_lo, cov_hi, scope)
+        if part is None:
+            return None
         if len(sds.registry.labels) != nreg or store.epoch != epoch:
             # series registered by the edge reads, or a write meanwhile: no reuse in this query
             if n_hit:
                 part = _scan_exact(sds, source, matchers, func, ends, range_ms, *sds.coverage(), scope)
+                if part is None:
+                    return None
             part.info.pop("sel", None)
             part.info.update(cached_steps=0, steps=T)
             return part
@@ -401,7 +406,7 @@ def snap_aligned_edges(plan: WindowPlan, store: Any, sel: np.ndarray, pane_ms: i
 
 
 def _scan_exact(sds: SDS, source: RawSource, matchers: Sequence[Matcher], func: str, ends: np.ndarray,
-                range_ms: int, cov_lo: int, cov_hi: int, scope: SeriesScope | None = None) -> ScanResult:
+                range_ms: int, cov_lo: int, cov_hi: int, scope: SeriesScope | None = None) -> ScanResult | None:
     plan = window_plan(sds, matchers, ends, range_ms, cov_lo, cov_hi, scope)
     sel, raw = _read_raw(sds, source, matchers, plan, scope=scope)
     S = len(sel)
@@ -420,6 +425,9 @@ def _scan_exact(sds: SDS, source: RawSource, matchers: Sequence[Matcher], func: 
         total = ex.combine(ex.combine(left, mid), right)
     else:
         total = ex.combine(left, right)
+    check = SERVED[func].precise
+    if check is not None and not check(total):
+        return None
     vals, present = finish_exact(func, total, shift[:, None], plan)
     return ScanResult([sds.registry.labels[i] for i in sel], vals, present,
                       raw_samples=len(raw.ts), summary_panes=plan.summary_panes, info={"sel": sel})
@@ -492,7 +500,7 @@ def scan_kll(sds: SDS, source: RawSource, matchers: Sequence[Matcher], phi: floa
     gsid = sel[raw.sid] if len(raw.sid) else np.zeros(0, np.int64)
     with store.lock:  # edge samples in the store's encoding (REQ: float32 of v - c of their series)
         store.ensure_series(len(sds.registry.labels))
-        store._choose_shift(gsid, raw.vals)  # noqa: SLF001 - a series first seen at the edges
+        store.choose_shift(gsid, raw.vals)  # a series first seen at the edges
         rv = store.encode(gsid, raw.vals)
     klo = plan.klo.tolist()
     khi = plan.khi.tolist()

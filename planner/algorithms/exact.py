@@ -125,6 +125,8 @@ def segments_from_sorted(
     has_prev = np.ones(n, bool)
     has_prev[group_start] = False  # first sample of a group has no in-group predecessor
     c, r, ch = boundary(prev, values, has_prev)
+    with np.errstate(over="ignore"):  # squares past the float range: infinities, refused at read time
+        x2 = x * x
     vmin = np.fmin.reduceat(values, group_start) if n else np.empty(0)
     vmax = np.fmax.reduceat(values, group_start) if n else np.empty(0)
     red = lambda arr: np.add.reduceat(arr, group_start) if n else np.empty(0, arr.dtype)  # noqa: E731
@@ -134,7 +136,7 @@ def segments_from_sorted(
         npinf=red(pos.astype(np.int64)),
         nninf=red(neg.astype(np.int64)),
         s1=red(x),
-        s2=red(x * x),
+        s2=red(x2),
         vmin=vmin,
         vmax=vmax,
         first_t=timestamps[group_start].astype(np.int64),
@@ -150,10 +152,17 @@ def segments_from_sorted(
 # --- final functions over merged window stats -------------------------------------------------
 
 
+def _constant(st: SegStats) -> np.ndarray:
+    """Windows whose finite samples all have one value (an idle gauge's zeros): their sum is n times
+    it and their variance 0, as the raw path's compensated sums give, where the shifted form
+    ``s1 + n * c`` leaves rounding residue of a non-integer ``c`` (1e-17 for an all-zero window)."""
+    return (st.vmin == st.vmax) & (st.count > 0)
+
+
 def sum_values(st: SegStats, shift: np.ndarray) -> np.ndarray:
     """Sum of the raw values with IEEE semantics for NaN/Inf (finite part = s1 + n_finite * c)."""
     nfin = st.count - st.nnan - st.npinf - st.nninf
-    finite = st.s1 + nfin * shift
+    finite = np.where(_constant(st), nfin * st.vmin, st.s1 + nfin * shift)
     out = finite.astype(np.float64)
     out = np.where(st.npinf > 0, np.inf, out)
     out = np.where(st.nninf > 0, -np.inf, out)
@@ -165,12 +174,43 @@ def variance(st: SegStats) -> np.ndarray:
     n = st.count.astype(np.float64)
     with np.errstate(invalid="ignore", divide="ignore"):
         var = (st.s2 - st.s1 * st.s1 / n) / n
-        # A constant (or single-sample) window has variance exactly 0 (Prometheus's Welford gives 0);
-        # the sum-of-squares form leaves rounding residue of order eps * mean((v - c)^2): drop it.
-        noise = 1e-13 * (st.s2 / n)
-    var = np.where((var <= noise) | (st.count <= 1), 0.0, var)
+    # A constant (or single-sample) window has variance exactly 0 (Prometheus's Welford gives 0);
+    # the sum-of-squares form leaves rounding residue of order eps * mean((v - c)^2): drop it.
+    var = np.where(_constant(st) | (st.count <= 1), 0.0, var)
     bad = (st.nnan + st.npinf + st.nninf) > 0
     return np.where(bad, np.nan, var)
+
+
+# The relative error exact answers must stay within (the raw path's own rounding is ~1e-16).
+PRECISION_TOL = 1e-10
+_EPS = float(np.finfo(np.float64).eps)
+
+
+def sums_in_range(st: SegStats) -> bool:
+    """Whether every window's sum of (v - c) stayed in the float range. Infinite and NaN samples are
+    counted apart and never enter it, so only sums near 1e308 leave it; the raw path's compensated
+    sum and running mean (``avg_over_time`` switches to one) answer those differently."""
+    return bool(np.isfinite(st.s1).all())
+
+
+def variance_precise(st: SegStats) -> bool:
+    """Whether ``variance`` is within ``PRECISION_TOL`` of the raw path in every window.
+
+    ``s2 - s1^2 / n`` cancels: its rounding error is about eps * sqrt(n) * mean((v - c)^2), which is
+    large next to the variance where the window's values sit far from the series' shift ``c`` (a
+    counter hours after its first sample) or squares left the float range (values near 1e154).
+    Constant windows are exact (0) whatever the shift."""
+    if not (sums_in_range(st) and np.isfinite(st.s2).all()):
+        return False
+    n = st.count.astype(np.float64)
+    live = (st.count > 1) & ~_constant(st) & ((st.nnan + st.npinf + st.nninf) == 0)
+    if not live.any():
+        return True
+    with np.errstate(invalid="ignore", divide="ignore"):
+        var = (st.s2 - st.s1 * st.s1 / n) / n
+        ratio = (st.s2 / n) / var  # mean((v - c)^2) per unit of variance; inf where var <= 0
+        err = 10 * _EPS * np.sqrt(n) * ratio
+    return bool(np.all(~live | ((var > 0) & (err <= PRECISION_TOL))))
 
 
 def extrapolated_rate(

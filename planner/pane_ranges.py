@@ -42,16 +42,14 @@ def _window_sums(a: np.ndarray, klo: np.ndarray, khi: np.ndarray) -> np.ndarray:
     most (khi - klo) * eps * max |P| over the window, and |P| there is at most the prefix of |a| at
     khi. Windows whose bound exceeds ``_PREFIX_TOL`` of the magnitude of their own panes (or that
     meet an infinity in the prefix) are summed directly over their panes."""
-    a = a.astype(np.longdouble, copy=False)
     pre = _prefix(a, np.longdouble)
     out = pre[:, khi] - pre[:, klo]
-    nonneg = not (a < 0).any()
-    mag = pre if nonneg else _prefix(np.abs(a), np.longdouble)
-    width = (khi - klo).astype(np.longdouble)
+    # the check in float64: its own rounding (eps64 * prefix) is far below the margin it tests
     with np.errstate(invalid="ignore", over="ignore"):
-        bound = width[None, :] * _EPS_LD * mag[:, khi]
-        own = mag[:, khi] - mag[:, klo]
-        bad = ~(bound <= _PREFIX_TOL * own)  # NaN (an infinity in the prefix) is bad too
+        mag = _prefix(np.abs(a), np.float64)
+        hi = mag[:, khi]
+        bound = (khi - klo).astype(np.float64)[None, :] * _EPS_LD * hi
+        bad = ~(bound <= _PREFIX_TOL * (hi - mag[:, klo]))  # NaN (an infinity in the prefix) is bad too
     bad &= (khi > klo)[None, :]
     if bad.any():
         cols = np.flatnonzero(bad.any(axis=0))

@@ -12,7 +12,10 @@ An aggregation over series split into disjoint sets (a cluster's partitions) is 
 * topk / bottomk: the part's candidate series: per step every series ranked within the top k of
   its group, ties with the k-th included; the merge runs topk / bottomk over the candidates. Where
   a single evaluation would replay Prometheus's heap to break ties at the k-th place (small groups),
-  the merge raises ``NotMergeable`` instead.
+  the merge raises ``NotMergeable`` instead, unless every part is *complete* (``COMPLETE_CELLS``:
+  a part small enough sends every present series, not only its candidates): the merge then holds
+  all of each group's series in a single evaluation's order and replays the heap itself. Gauges of
+  small integers (queue lengths: many series at 0) tie at the k-th place at nearly every step.
 
 Groups keep the labels of their first series, so the merge orders them as a single evaluation
 would (first appearance, series sorted by labels), and the input's delayed ``__name__`` removal
@@ -40,6 +43,9 @@ from storage.labels import Labels
 
 GROUP_OPS = frozenset({"sum", "count", "min", "max", "avg", "group"})
 SELECT_OPS = frozenset({"topk", "bottomk"})
+# a topk/bottomk part of at most this many (series x step) cells sends every present series (8 bytes
+# and a flag each), so ties at the k-th place merge exactly instead of failing the pushdown
+COMPLETE_CELLS = 250_000
 
 
 @dataclass
@@ -59,6 +65,7 @@ class Partial:
     drop: np.ndarray | None = None
     groups: list[Labels] = field(default_factory=list)  # topk/bottomk: every group, ``first`` aligned
     sizes: np.ndarray | None = None  # topk/bottomk: each group's series count
+    complete: bool = False  # topk/bottomk: every present series of the set, not only the candidates
 
     @property
     def num_steps(self) -> int:
@@ -69,7 +76,7 @@ def partial(op: str, vec: VectorSteps, names: list[str], without: bool, param: A
     """The state of ``op`` over ``vec`` (float samples only) to merge with other sets' states."""
     t = vec.num_steps
     if op in SELECT_OPS:
-        return _candidates(op, vec, names, without, param)
+        return _candidates(op, vec, names, without, param, complete=vec.num_series * t <= COMPLETE_CELLS)
     if op not in GROUP_OPS:
         raise ValueError(f"{op} has no partial state")
     if vec.num_series == 0:
@@ -112,25 +119,30 @@ def _scaled_sum_state(vec: VectorSteps, g: Groups, s: np.ndarray, c: np.ndarray)
     return s2, c2
 
 
-def _candidates(op: str, vec: VectorSteps, names: list[str], without: bool, param: Any) -> Partial:
+def _candidates(op: str, vec: VectorSteps, names: list[str], without: bool, param: Any,
+                complete: bool = False) -> Partial:
     t = vec.num_steps
     pv = param.values if isinstance(param, Scalar) else np.full(t, np.nan)
-    empty = Partial(op, [], np.zeros((0, t), bool), {"v": np.zeros((0, t))}, drop=np.zeros(0, bool))
+    empty = Partial(op, [], np.zeros((0, t), bool), {"v": np.zeros((0, t))}, drop=np.zeros(0, bool),
+                    complete=complete)
     if vec.num_series == 0 or np.isnan(pv).any() or pv.max() < 1:
         return empty  # the merge answers (or refuses) these from the parameter alone
     g = Groups(vec.labels, names, without)
     V, P = vec.values, vec.present
-    k = np.minimum(np.clip(np.trunc(pv), 0, None), vec.num_series).astype(np.int64)
-    key = _ordered_key(V, P, desc=(op == "topk"))
-    sel = P & _select_smallest(key, g, k)
-    worst = g.reduce(np.maximum, np.where(sel, key, np.uint64(0)))  # (G, T) k-th key (0: none)
-    cand = sel | (P & (key == worst[g.gid]) & (worst[g.gid] > 0))  # ties with the k-th come too
+    if complete:
+        cand = P
+    else:
+        k = np.minimum(np.clip(np.trunc(pv), 0, None), vec.num_series).astype(np.int64)
+        key = _ordered_key(V, P, desc=(op == "topk"))
+        sel = P & _select_smallest(key, g, k)
+        worst = g.reduce(np.maximum, np.where(sel, key, np.uint64(0)))  # (G, T) k-th key (0: none)
+        cand = sel | (P & (key == worst[g.gid]) & (worst[g.gid] > 0))  # ties with the k-th come too
     rows = np.flatnonzero(cand.any(axis=1))
     drop = np.zeros(len(rows), bool) if vec.drop_name is None else vec.drop_name[rows]
     # every group's first series, candidate or not: an instant output orders groups by it
     first = [vec.labels[int(i)] for i in g.order[g.starts].tolist()]
     return Partial(op, [vec.labels[i] for i in rows.tolist()], cand[rows], {"v": V[rows]}, first, drop=drop,
-                   groups=list(g.labels), sizes=g.sizes.copy())
+                   groups=list(g.labels), sizes=g.sizes.copy(), complete=complete)
 
 
 def _group_index(parts: Sequence[Partial]) -> tuple[list[Labels], list[np.ndarray]]:
@@ -274,8 +286,10 @@ def _merge_candidates(op: str, parts: Sequence[Partial], t: int, names: list[str
                       np.concatenate([p.arrays["v"] for p in parts])[idx],
                       np.concatenate([p.present for p in parts])[idx],
                       np.concatenate([p.drop for p in parts])[idx])
-    _check_no_heap_replay(op, vec, names, without, param, sum(size_of.values()), size_of)
-    out = select_k(op, vec, names, without, param, ann, pos, heap_ties=False)
+    complete = all(p.complete for p in parts)  # every group's series all here: replay the heap
+    if not complete:
+        _check_no_heap_replay(op, vec, names, without, param, sum(size_of.values()), size_of)
+    out = select_k(op, vec, names, without, param, ann, pos, heap_ties=complete)
     if t > 1 and out.num_series > 1:  # a range's rows in series order, as a single evaluation's
         o = np.array(sorted(range(out.num_series), key=out.labels.__getitem__), np.int64)
         out = VectorSteps([out.labels[i] for i in o.tolist()], out.values[o], out.present[o],

@@ -53,11 +53,16 @@ def same(a: VectorSteps, b: VectorSteps) -> None:
     assert (a.drop_name_mask() == b.drop_name_mask()).all()
 
 
-@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("op,whole", [(op, True) for op in OPS] + [("topk", False), ("bottomk", False)])
 @pytest.mark.parametrize("grouping", [([], False), (["job"], False), (["instance"], True), (["zone", "job"], False)])
 @pytest.mark.parametrize("t", [1, 7, 90])
 @pytest.mark.parametrize("special", [False, True])
-def test_merged_partials_equal_one_aggregation(op, grouping, t, special):
+def test_merged_partials_equal_one_aggregation(op, whole, grouping, t, special, monkeypatch):
+    """``whole`` False: topk/bottomk parts too large to send every series (only candidates)."""
+    import promql.partial_aggregate as pa
+
+    if not whole:
+        monkeypatch.setattr(pa, "COMPLETE_CELLS", 0)
     rng = np.random.default_rng(zlib.crc32(repr((op, t, special, grouping)).encode()))
     names, without = grouping
     select = op in ("topk", "bottomk")
@@ -74,9 +79,12 @@ def test_merged_partials_equal_one_aggregation(op, grouping, t, special):
 @pytest.mark.parametrize("grouping", [([], False), (["job"], False)])
 def test_top_k_ties_merge_exactly_or_refuse(op, grouping, monkeypatch):
     """Equal values at the k-th place: a single evaluation replays Prometheus's heap over all of a
-    group's series when that fits its work budget (the merge cannot: NotMergeable, the querier
-    evaluates raw), else breaks ties by series order, as the merge does (equal answers)."""
+    group's series when that fits its work budget. Parts small enough to send every series
+    (``COMPLETE_CELLS``) let the merge replay it too (equal answers); from candidates alone it cannot
+    (NotMergeable: the querier evaluates raw), unless a single evaluation would not replay either
+    and breaks ties by series order, as the merge does."""
     import promql.eval_aggregate as ea
+    import promql.partial_aggregate as pa
     from promql.partial_aggregate import NotMergeable
 
     rng = np.random.default_rng(3)
@@ -84,7 +92,15 @@ def test_top_k_ties_merge_exactly_or_refuse(op, grouping, monkeypatch):
     vec = fleet(rng, 150, 20, False)
     vec.values[:] = np.round(vec.values / 50)  # few distinct values: ties everywhere
     param = Scalar(np.full(20, 4.0))
-    states = [partial(op, p, names, without, param) for p in split(vec, 4, rng)]
+    parts = split(vec, 4, rng)
+    want = aggregate(op, vec, names, without, param, Annotations())
+    states = [partial(op, p, names, without, param) for p in parts]
+    assert all(s.complete for s in states)
+    same(want, merge(op, states, 20, names, without, param, Annotations()))
+    # one part too large to send whole: only candidates from it, and the heap cannot be replayed
+    monkeypatch.setattr(pa, "COMPLETE_CELLS", parts[0].num_series * 20 - 1)
+    states = [partial(op, p, names, without, param) for p in parts]
+    assert not all(s.complete for s in states)
     with pytest.raises(NotMergeable):
         merge(op, states, 20, names, without, param, Annotations())
     monkeypatch.setattr(ea, "_HEAP_SIM_BUDGET", 10)  # a single evaluation would not replay either
@@ -99,7 +115,7 @@ def test_codec_round_trip_keeps_every_state():
         p = partial(op, vec, ["job"], False, param)
         q, header = columns_codec.decode_partial(columns_codec.encode_partial(p, {"infos": ["x"]}))
         assert header == {"infos": ["x"]}
-        assert (q.op, q.labels, q.first, q.groups) == (p.op, p.labels, p.first, p.groups)
+        assert (q.op, q.labels, q.first, q.groups, q.complete) == (p.op, p.labels, p.first, p.groups, p.complete)
         assert (q.present == p.present).all()
         assert set(q.arrays) == set(p.arrays)
         for k in p.arrays:

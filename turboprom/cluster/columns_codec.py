@@ -210,6 +210,8 @@ def encode_partial(p: Any, header: dict) -> bytes:
     meta = {b"op": p.op.encode(), b"t": str(t).encode(), b"header": orjson.dumps(header)}
     if p.groups:  # topk/bottomk: the groups and their first series (not one per candidate row)
         meta[b"groups"] = orjson.dumps([p.groups, p.first, p.sizes.tolist() if p.sizes is not None else []])
+    if p.complete:
+        meta[b"complete"] = b"1"
     batch = pa.record_batch(list(cols.values()), schema=pa.schema([(k, v.type) for k, v in cols.items()], metadata=meta))
     return _ipc(batch)
 
@@ -234,6 +236,7 @@ def decode_partial(data: bytes) -> tuple[Any, dict]:
     if b"groups" in meta:
         groups, first, sizes = orjson.loads(meta[b"groups"])
         p.groups, p.first, p.sizes = _labels_of(groups), _labels_of(first), np.asarray(sizes, np.int64)
+    p.complete = meta.get(b"complete") == b"1"
     return p, orjson.loads(meta[b"header"])
 
 

@@ -261,7 +261,7 @@ def test_windows_of_one_repeated_value_are_exact():
     end = t0 + 959 * 15_000
     mid = t0 + 600 * 15_000  # inside the zeros
     for q in ("avg_over_time(g[5m])", "sum_over_time(g[10m])", "stdvar_over_time(g[10m])"):
-        a, b = _check(w, q, mid - 3600_000, mid, 60_000)
+        a, _ = _check(w, q, mid - 3600_000, mid, 60_000)
         assert (a.values[0][a.present[0]] == 0.0).all(), q
         _check(w, q, end - 3 * 3600_000, end, 60_000)
 

@@ -66,6 +66,7 @@ PANELS = [  # (name, range s, PromQL): an hour of 5-minute rates, six hours of o
     ("e2e p99 [5m]", 3600, f"histogram_quantile(0.99, {E2E.format(r='5m')})"),
     ("generation tokens rate [5m]", 3600, "sum by (model_name) (rate(vllm:generation_tokens_total[5m]))"),
     ("waiting max [10m]", 3600, "max by (model_name) (max_over_time(vllm:num_requests_waiting[10m]))"),
+    ("waiting top 5", 3600, "topk(5, vllm:num_requests_waiting)"),  # a queue gauge: ties at the 5th place
     *[(f"TTFT p{round(q * 100)} [1h]", 21600, f"histogram_quantile({q}, {TTFT.format(r='1h')})") for q in (0.5, 0.99)],
     ("KV usage avg [1h]", 21600, "avg by (model_name) (avg_over_time(vllm:kv_cache_usage_perc[1h]))"),
     ("success increase [1h]", 21600, "sum by (model_name) (increase(vllm:request_success_total[1h]))"),

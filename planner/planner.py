@@ -268,17 +268,15 @@ class Planner:
         if not self.config.enabled:
             return None
         have = {(m.name, m.op, m.value) for m in matchers}
-        best = None
+        best, widest = None, 0
         for s in self.summarizer.by_metric.get(metric, []):
             if s.spec.algorithm != algorithm or not set(s.spec.matchers) <= have:
                 continue
             if func is not None and not s.serves(func):
                 continue
             lo, hi = s.coverage()
-            if hi <= lo:
-                continue
-            if best is None or (hi - lo) > (best.coverage()[1] - best.coverage()[0]):
-                best = s
+            if hi - lo > widest:
+                best, widest = s, hi - lo
         return best
 
     def has_plans_for(self, cands: list[Candidate]) -> bool:

@@ -38,7 +38,7 @@ from planner.sds import SDS, shape_of
 from planner.served_functions import REQ_MIN_PHI, SERVED, algorithm_for
 from planner.sketch_scans import scan_distinct, scan_topk
 from planner.summary_scan import ScanResult, cached_mask, scan_exact, scan_kll, window_plan
-from planner.window import WindowPlan, merge_intervals, plan_windows
+from planner.window import WindowPlan, plan_windows
 from promql.ast_walk import children
 from promql.eval_context import SeriesScope
 from promql.eval_selectors import duration_ms, effective_times, to_matchers
@@ -130,20 +130,12 @@ WHY_SCOPED = ("the evaluation sees only some of the stored series (a cluster ing
               "this summary holds one payload for all of them")
 
 
-def edge_span(plan: WindowPlan) -> int:
-    """Milliseconds of raw data the summary path reads for ``plan`` (union of its edges)."""
-    iv = plan.raw_intervals()
-    if len(iv) == 0:
-        return 0
-    return int(sum(b - a + 1 for a, b in merge_intervals(iv, max_reads=len(iv))))
-
-
 def edge_fraction(plan: WindowPlan) -> float:
     """Share of the raw path's time span that the summary path still reads raw (union of edges)."""
     span = int(plan.end.max() - plan.start.min()) if len(plan.end) else 0
     if span <= 0:
         return 1.0
-    return edge_span(plan) / span
+    return plan.raw_span() / span
 
 
 def worth_it(func: str, plan: WindowPlan, range_ms: int, pane_ms: int) -> bool:
@@ -155,18 +147,18 @@ def worth_it(func: str, plan: WindowPlan, range_ms: int, pane_ms: int) -> bool:
 
 
 def worth_it_cached(sds: SDS, matchers: list[Matcher], func: str, ends: np.ndarray, range_ms: int,
-                    plan: WindowPlan, scope: SeriesScope | None = None) -> bool:
+                    plan: WindowPlan, scope: SeriesScope | None, coverage: tuple[int, int]) -> bool:
     """The cost check for a refresh: only the steps the exact SDS's step cache does not hold are
     computed, so compare their raw edges (not the whole query's) with the raw path's span."""
     if len(ends) < 2 or not sds.algorithm.exact or sds.algorithm.scope != "metric":
         return False
-    hit = cached_mask(sds, matchers, func, ends, range_ms, scope)
+    lo, hi = coverage
+    hit = cached_mask(sds, matchers, func, ends, range_ms, scope, cov_lo=lo)
     if not hit.any():
         return False
-    lo, hi = sds.coverage()
     rest = window_plan(sds, matchers, ends[~hit], range_ms, lo, hi, scope)
     span = int(plan.end.max() - plan.start.min()) if len(plan.end) else 0
-    return edge_span(rest) <= MAX_EDGE_FRACTION * max(span, 1)
+    return rest.raw_span() <= MAX_EDGE_FRACTION * max(span, 1)
 
 
 def cost_why(d: Decision) -> str:
@@ -195,7 +187,8 @@ def _judge_windows(d: Decision, ectx: Any, rctx: RewriteContext, vs: Any, *, per
         return d.raw(WHY_NO_PANE)  # no whole covered pane in any window: raw is as cheap
     if cost_check and rctx.cost_based and not worth_it(d.func, d.plan, d.range_ms, sds.spec.pane_ms):
         # a refresh whose steps mostly come from the step cache pays even when the edges are wide
-        if not (per_series and worth_it_cached(sds, d.matchers, d.func, d.ends, d.range_ms, d.plan, ectx.series_scope)):
+        if not (per_series and worth_it_cached(sds, d.matchers, d.func, d.ends, d.range_ms, d.plan, ectx.series_scope,
+                                               (lo, hi))):
             return d.raw(cost_why(d), fill=per_series and sds.algorithm.exact)
     d.served = True
     return d

@@ -196,6 +196,8 @@ def _kept_infos(infos: list[str]) -> list[str]:
 
 
 class StepAnswers:
+    TRIM_EVERY_S = 1.0  # the write log keeps at most this much more than the entries need
+
     def __init__(self, frontier: WriteFrontier, max_bytes: int = 256 << 20, measured: bool = True):
         self.frontier = frontier
         self.max_bytes = int(max_bytes)
@@ -205,6 +207,7 @@ class StepAnswers:
         self.lock = threading.Lock()
         self.stats = StepStats()
         self.costs: OrderedDict[tuple, _Cost] = OrderedDict()  # per key (bounded like the entries)
+        self._trimmed_at = 0.0  # when the write log was last trimmed to the oldest entry's sequence
 
     def clear(self) -> None:
         with self.lock:
@@ -388,7 +391,10 @@ class StepAnswers:
             while self.bytes > self.max_bytes and self.entries:
                 _, old = self.entries.popitem(last=False)
                 self.bytes -= old.nbytes
-            if self.entries:
+            now = time.monotonic()
+            if self.entries and now - self._trimmed_at >= self.TRIM_EVERY_S:
+                # a pass over every entry: not per query (one-off grids make thousands of entries)
+                self._trimmed_at = now
                 self.frontier.trim(min(x.seq for x in self.entries.values()))
 
     @staticmethod

@@ -237,11 +237,13 @@ def grid_phase(ends: np.ndarray) -> tuple[int, ...]:
 
 
 def cached_mask(sds: SDS, matchers: Sequence[Matcher], func: str, ends: np.ndarray, range_ms: int,
-                scope: SeriesScope | None = None) -> np.ndarray:
-    """Which of ``ends`` the step cache would answer now (for the rewrite's cost check)."""
+                scope: SeriesScope | None = None, cov_lo: int | None = None) -> np.ndarray:
+    """Which of ``ends`` the step cache would answer now (for the rewrite's cost check; ``cov_lo``:
+    the coverage start the caller just read)."""
     ends = np.asarray(ends, np.int64)
     cache = step_cache(sds.store)
-    cov_lo, _ = sds.coverage()
+    if cov_lo is None:
+        cov_lo, _ = sds.coverage()
     e = cache.get(_key(func, matchers, range_ms, scope, ends), sds.store.epoch, cov_lo, len(sds.registry.labels))
     if e is None or not len(e.ends):
         return np.zeros(len(ends), bool)
@@ -354,23 +356,33 @@ def window_plan(sds: SDS, matchers: Sequence[Matcher], ends: np.ndarray, range_m
                 cov_hi: int, scope: SeriesScope | None = None) -> WindowPlan:
     """Which panes and raw edges answer each window: what the scan reads and the cost check weighs.
 
-    The rewrite's cost check and the scan that follows ask for the same plan: the last one of each
-    SDS is kept, keyed by everything it depends on (the windows, the coverage, the selected series
-    and the store's epoch of sealed-pane writes)."""
+    The rewrite's cost check and the scan that follows ask for the same plans (the query's windows,
+    and a refresh's windows the step cache does not hold): the recent ones are kept, keyed by
+    everything they depend on (the windows, the coverage, the selected series and the store's epoch
+    of sealed-pane writes)."""
     exact = sds.algorithm.exact  # per-series exact panes: aligned window bounds may take whole panes
-    key = (id(sds.store), tuple(matchers), int(range_ms), int(cov_lo), int(cov_hi), len(sds.registry.labels),
-           sds.store.epoch if exact else 0, None if scope is None else scope.key)  # the store's identity: a re-adopted plan has the same id
-    last = _last_plans.get(sds.id)
-    if last is not None and last[0] == key and np.array_equal(last[1], ends):
-        return last[2]
+    ends = np.asarray(ends, np.int64)
+    key = (sds.id, id(sds.store), tuple(matchers), int(range_ms), int(cov_lo), int(cov_hi), len(sds.registry.labels),
+           sds.store.epoch if exact else 0, None if scope is None else scope.key,
+           ends.tobytes())  # the store's identity: a re-adopted plan has the same id
+    with _plans_lock:
+        plan = _recent_plans.get(key)
+        if plan is not None:
+            _recent_plans.move_to_end(key)
+            return plan
     plan = plan_windows(ends, range_ms, sds.spec.pane_ms, cov_lo, cov_hi)
     if exact:
         plan = snap_aligned_edges(plan, sds.store, sds.registry.match(matchers, scope), sds.spec.pane_ms, cov_lo, cov_hi)
-    _last_plans[sds.id] = (key, np.array(ends, np.int64), plan)
+    with _plans_lock:
+        _recent_plans[key] = plan
+        while len(_recent_plans) > _RECENT_PLANS:
+            _recent_plans.popitem(last=False)
     return plan
 
 
-_last_plans: dict[str, tuple[tuple, np.ndarray, WindowPlan]] = {}  # SDS id -> (key, ends, plan); one per plan ever adopted
+_RECENT_PLANS = 64
+_recent_plans: OrderedDict[tuple, WindowPlan] = OrderedDict()
+_plans_lock = threading.Lock()
 
 
 def snap_aligned_edges(plan: WindowPlan, store: Any, sel: np.ndarray, pane_ms: int, cov_lo: int,

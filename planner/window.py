@@ -7,7 +7,7 @@ runs come from raw samples, so exact algorithms are exact for any range and step
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -20,6 +20,13 @@ class WindowPlan:
     khi: np.ndarray  # (T,) one past the last (klo == khi: no summary part)
     left: tuple[np.ndarray, np.ndarray]  # inclusive [x, y] raw ranges (x > y: empty)
     right: tuple[np.ndarray, np.ndarray]
+    _span: int | None = field(default=None, repr=False, compare=False)
+
+    def raw_span(self) -> int:
+        """Milliseconds of raw data the summary path reads (the union of the edges), computed once."""
+        if self._span is None:
+            self._span = union_length(self.raw_intervals())
+        return self._span
 
     @property
     def summary_panes(self) -> int:
@@ -49,6 +56,21 @@ def plan_windows(ends: np.ndarray, range_ms: int, pane_ms: int, cov_lo: int, cov
     rx = np.where(none, end + 1, khi * P)
     ry = end
     return WindowPlan(start, end, klo, khi, (lx, ly), (rx, ry))
+
+
+def union_length(iv: np.ndarray) -> int:
+    """Points covered by the union of inclusive intervals ``iv`` (M, 2), vectorized (the rewrite's
+    cost check asks this of every query a plan could serve)."""
+    if len(iv) == 0:
+        return 0
+    order = np.argsort(iv[:, 0], kind="stable")
+    x = iv[order, 0]
+    y = np.maximum.accumulate(iv[order, 1])
+    prev = np.empty_like(y)
+    prev[0] = x[0] - 1
+    prev[1:] = y[:-1]
+    # each interval adds what reaches past everything before it
+    return int(np.maximum(y - np.maximum(x, prev + 1) + 1, 0).sum())
 
 
 def merge_intervals(iv: np.ndarray, max_reads: int = 8) -> list[tuple[int, int]]:

@@ -13,7 +13,11 @@ Prometheus with ``promtool tsdb create-blocks-from openmetrics`` and into TurboP
 Samples sit on whole seconds; the query window (10 minutes, step 10 s, like the tester) starts
 and ends on fractional seconds, as the tester's wall-clock times do.
 
-    .venv/bin/python bench/compliance.py [--json report.json] [--show-failures N] [--parallel 4]
+    .venv/bin/python bench/compliance.py [--json report.json] [--show-failures N] [--parallel 4] [--passes N]
+
+``--passes N`` runs the query set N times against the same servers: the patterns recur, the planner
+adopts plans during the first pass, and those answer the later ones (each pass's counts and the
+plans held at the end are printed).
 
 ``--live SECONDS`` instead runs the tester's own setup in miniature: three Python exporters
 (prometheus-client) expose the demo families, a real Prometheus scrapes them every second and
@@ -253,7 +257,18 @@ def _compare(case: Case, ref: tuple[int, bytes], tgt: tuple[int, bytes]) -> Outc
 # run
 
 
-def run(parallel: int = 4, keep_servers: bool = False) -> dict[str, Any]:
+def planner_plans(url: str) -> list[str]:
+    """The ids of the plans the server's planner holds now."""
+    code, _, body = http("GET", url + "/api/v1/planner/plans", {}, timeout=30)
+    if code != 200:
+        return []
+    return [p["id"] for p in json.loads(body)["data"]["plans"]]
+
+
+def run(parallel: int = 4, keep_servers: bool = False, passes: int = 1) -> dict[str, Any]:
+    """``passes``: the whole query set this many times against the same servers (the planner sees
+    the patterns recur and adopts plans, which then answer the later passes); the report is the
+    last pass's, with every pass's counts."""
     cases = expand_cases()
     text = generate_text()
     n_samples = text.count("\n")
@@ -279,13 +294,19 @@ def run(parallel: int = 4, keep_servers: bool = False) -> dict[str, Any]:
                 return compare(case, (ref[0], ref[2]), (tgt[0], tgt[2]))
 
             t1 = time.perf_counter()
-            with ThreadPoolExecutor(parallel) as pool:
-                outcomes = list(pool.map(one, cases))
+            per_pass = []
+            for _ in range(max(1, passes)):
+                with ThreadPoolExecutor(parallel) as pool:
+                    outcomes = list(pool.map(one, cases))
+                per_pass.append({s: sum(1 for o in outcomes if o.status == s) for s in {o.status for o in outcomes}})
             run_s = time.perf_counter() - t1
+            plans = planner_plans(tp.url)
     counts: dict[str, int] = {}
     for o in outcomes:
         counts[o.status] = counts.get(o.status, 0) + 1
     return {
+        "passes": per_pass,
+        "plans": plans,
         "cases": len(cases),
         "templates": len(yaml.safe_load(QUERIES_FILE.read_text())["test_cases"]),
         "samples": n_samples,
@@ -439,14 +460,19 @@ def main() -> int:
     ap.add_argument("--parallel", type=int, default=4)
     ap.add_argument("--live", type=float, default=0, help="seconds of live scraping + remote write instead of backfill")
     ap.add_argument("--exact", action="store_true", help="send exact=true to TurboProm (raw path only, no summaries)")
+    ap.add_argument("--passes", type=int, default=1, help="query passes over the same servers (backfill mode): "
+                    "the planner adopts plans for the recurring patterns, which answer the later passes")
     a = ap.parse_args()
     if a.exact:
         TARGET_EXTRA["exact"] = "true"
-    report = run_live(a.live, a.parallel) if a.live else run(a.parallel)
+    report = run_live(a.live, a.parallel) if a.live else run(a.parallel, passes=a.passes)
     print(f"templates {report['templates']}, expanded queries {report['cases']}, samples {report['samples']}, window {report['window']}")
     print(f"load {report['load_seconds']} s, queries {report['run_seconds']} s")
     print("counts:", json.dumps(report["counts"], sort_keys=True))
     print(f"passed {report['passed']}/{report['cases']}")
+    if "passes" in report:
+        print("per pass:", json.dumps(report["passes"], sort_keys=True), f"plans at the end: {len(report['plans'])}",
+              ", ".join(report["plans"]))
     bad = [o for o in report["outcomes"] if o["status"] != "passed"]
     for o in bad[: a.show_failures]:
         print(f"- [{o['status']}] {o['query']}\n    {o['detail'][:300]}")

@@ -88,6 +88,7 @@ class CPCPaneStore(DyadicPanes[cpc_sketch], SeriesItems, PaneStoreParts):
                 return
             self.version += 1
             kmin = int(k.min())
+            self.note_written(kmin)
             if not live or kmin < self._newest:
                 self.epoch += 1
             self._newest = max(self._newest, int(k.max()))

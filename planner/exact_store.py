@@ -176,6 +176,7 @@ class ExactPaneStore(SeriesShift, PaneStoreParts):
             has_prev = prev_same | ((self.last_t[g_sid] != np.iinfo(np.int64).min) if live else False)
             bc, br, bch = boundary(prev_v, seg.first_v, has_prev)
             self.ensure_panes(int(g_k.min()), int(g_k.max()))
+            self.note_written(int(g_k.min()))
             self.version += 1
             if int(g_k.min()) < self.seal_mark and int(g_k.max()) >= self.cache_floor:
                 if bool(((g_k >= self.cache_floor) & (g_k < self.seal_mark)).any()):
@@ -218,6 +219,7 @@ class ExactPaneStore(SeriesShift, PaneStoreParts):
                 return
             c0 = max(c0, 0)
             self.version += 1
+            self.note_written(c0 + self.k0)
             if from_pane > self.cache_floor:  # a cached range may start below the fixed pane
                 self.epoch += 1
             cnt = self.cols["count"][sid, c0 : self.nk] > 0

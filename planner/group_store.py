@@ -160,6 +160,7 @@ class GroupPaneStore(PaneStoreParts):
                 c = vals[fin][first[unset]]
                 self.gshift[u[unset]] = np.where(np.abs(c) < MAX_SHIFT, c, 0.0)  # as SeriesShift.choose_shift
             k = ts // self.pane_ms
+            self.note_written(int(k.min()))
             if not live or int(k.min()) < self._newest:
                 self.epoch += 1
             self._newest = max(self._newest, int(k.max()))

@@ -163,6 +163,7 @@ class KLLPaneStore(SeriesShift, PaneStoreParts):
         keys = list(zip(sid[gs].tolist(), k[gs].tolist()))
         with self.lock:
             self.version += 1
+            self.note_written(int(k.min()))
             self.choose_shift(sid, vals)
             x = self.encode(sid, vals)
             # per (series, pane) group, not per sample: the sketch takes the whole array at once

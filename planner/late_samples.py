@@ -106,6 +106,7 @@ def rebuild_exact(sds: Any, storage: Any, sid: np.ndarray, ts: np.ndarray, floor
             c0 = max(a0 // P - store.k0, 0)
             c1 = min(k1 - store.k0 + 1, store.nk)
             if c0 < c1:
+                store.note_written(c0 + store.k0)
                 for f in store.fields:
                     store.cols[f][s, c0:c1] = _blank(f, (1, c1 - c0))[0]
             prev = np.nonzero(store.cols["count"][s, :min(c0, store.nk)] > 0)[0]

@@ -46,10 +46,25 @@ class PaneStore(Protocol):
 
     def restore_chain(self) -> None: ...  # after a restore: continue each series from its persisted panes
 
+    def take_written_lo(self) -> int | None: ...  # lowest pane written since the last call (None: none)
+
 
 class PaneStoreParts:
     """Defaults for stores that keep no per-series shift, no metadata, no series assignment and no
-    chain to restore."""
+    chain to restore; and the record of the lowest pane written, which every store keeps (its
+    ``ingest_sorted`` calls ``note_written`` under its lock): persistence re-writes panes it had
+    already written when late or lagging samples changed them since (``SDSPersistence.flush``)."""
+
+    written_lo: int | None = None
+
+    def note_written(self, k: int) -> None:
+        if self.written_lo is None or k < self.written_lo:
+            self.written_lo = int(k)
+
+    def take_written_lo(self) -> int | None:
+        with self.lock:  # type: ignore[attr-defined]
+            k, self.written_lo = self.written_lo, None
+            return k
 
     def assign(self, ids: np.ndarray, labels: Sequence[Labels]) -> None:
         return None

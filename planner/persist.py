@@ -5,9 +5,12 @@ Layout under ``<data_dir>/planner/``::
     planner.duckdb                 query_log + sds_catalog tables
     sds/<id>/series.parquet        local id -> labels (JSON), shift constant
     sds/<id>/groups.parquet        group SDSs: group id -> grouping values (JSON), group shift constant
-    sds/<id>/panes-<lo>-<hi>.parquet   non-empty panes [lo, hi): one file per flush, merged into one
-                                   when more than ``MERGE_FILES`` pile up (a file whose range another
-                                   file holds is left over from an interrupted merge and is skipped)
+    sds/<id>/panes-<lo>-<hi>-<seq>.parquet   non-empty panes [lo, hi) written by flush number <seq>:
+                                   read in write order, so panes written again (changed by late or
+                                   lagging samples after a flush) replace their older rows; merged into
+                                   one when more than ``MERGE_FILES`` pile up (a file whose range a
+                                   later file holds is superseded, e.g. left over from an interrupted
+                                   merge, and is skipped)
 
 A flush writes only what changed: the panes sealed since the last one, the series file when series were
 added (or their shift constants chosen), the catalog row when one of its fields moved.
@@ -69,18 +72,24 @@ class SDSPersistence:
         return self.root / "sds" / sds_id
 
     def flush(self, sds: SDS) -> int:
-        """Write panes sealed since the last flush; returns panes written."""
+        """Write panes sealed since the last flush, and again those written before it that changed
+        since (late samples, a series lagging behind the others, rebuilds: the store's lowest pane
+        written since the last flush); returns panes written. The new file covers the older ones'
+        overlap and is read after them (``_pane_files``), so its panes win."""
         lo, hi = sds.coverage()
         if sds.cov_lo is None or hi <= lo:
             return 0
+        written = sds.store.take_written_lo()
         start = self.persisted_hi.get(sds.id, lo)
+        if written is not None and written < start:
+            start = max(written, lo)
         d = self.dir(sds.id)
         d.mkdir(parents=True, exist_ok=True)
         n = 0
         if hi > start:
             rows = sds.store.export_rows(start, hi)
             if len(rows["pane"]):
-                pq.write_table(pa.table(rows), d / f"panes-{start}-{hi}.parquet")
+                pq.write_table(pa.table(rows), d / f"panes-{start}-{hi}-{self._next_seq(d)}.parquet")
                 n = len(rows["pane"])
             self.persisted_hi[sds.id] = hi
             self._merge_pane_files(d, sds.cov_lo)
@@ -112,32 +121,41 @@ class SDSPersistence:
         files = self._pane_files(d)
         if len(files) <= self.MERGE_FILES:
             return
-        lo, hi = max(files[0][0], keep_from), files[-1][1]
-        tmp = d / f".panes-{lo}-{hi}.parquet.tmp"
+        lo, hi = max(min(a for a, _, _ in files), keep_from), max(b for _, b, _ in files)
+        seq = max(_seq_of(f) for _, _, f in files)  # files written after this merge still read after it
+        merged = d / f"panes-{lo}-{hi}-{seq}.parquet"
+        tmp = d / f".{merged.name}.tmp"
         # permissive: a column one flush wrote as int and another as float (all-empty panes) still merges
         tab = pa.concat_tables([pq.read_table(f) for _, _, f in files], promote_options="permissive")
-        pq.write_table(tab.filter(pc.greater_equal(tab["pane"], keep_from)), tmp)
-        tmp.replace(d / f"panes-{lo}-{hi}.parquet")
-        for a, b, f in files:
-            if (a, b) != (lo, hi):
+        tab = _last_rows(tab.filter(pc.greater_equal(tab["pane"], keep_from)))  # rows in read order: last wins
+        pq.write_table(tab, tmp)
+        tmp.replace(merged)
+        for _, _, f in files:
+            if f != merged:
                 f.unlink(missing_ok=True)
         self.merges += 1
 
     @staticmethod
+    def _next_seq(d: Path) -> int:
+        return 1 + max((_seq_of(f) for f in d.glob("panes-*.parquet")), default=0)
+
+    @staticmethod
     def _pane_files(d: Path) -> list[tuple[int, int, Path]]:
-        """Pane files by range, without those whose range another file holds."""
+        """Pane files in the order to read them (the order they were written: a later file's rows
+        replace an earlier one's), without those whose whole range a later file holds."""
         got = []
         for f in d.glob("panes-*.parquet"):
+            parts = f.stem.split("-")
             try:
-                _, a, b = f.stem.split("-")
-                got.append((int(a), int(b), f))
-            except ValueError:
+                a, b = int(parts[1]), int(parts[2])
+            except (IndexError, ValueError):
                 continue
-        got.sort(key=lambda x: (x[0], -x[1]))
+            got.append((_seq_of(f), a, b, f))
+        got.sort(key=lambda x: (x[0], x[1], -x[2]))
         out: list[tuple[int, int, Path]] = []
-        for a, b, f in got:
-            if out and b <= out[-1][1]:
-                continue  # inside the previous (wider or equal) range
+        for i, (_, a, b, f) in enumerate(got):
+            if any(a2 <= a and b <= b2 for _, a2, b2, _ in got[i + 1:]):
+                continue  # superseded: a file written later holds all of its range
             out.append((a, b, f))
         return out
 
@@ -217,3 +235,29 @@ class SDSPersistence:
         sds.max_ts = max(sds.max_ts, hi * P + sds.seal_delay_ms)  # restored panes stay covered
         sds.live_from = hi * P  # per-series last_t keeps the recovered samples from being counted twice
         return newest
+
+
+def _seq_of(f: Path) -> int:
+    """The flush number in a pane file's name (0: written before names carried one)."""
+    parts = f.stem.split("-")
+    try:
+        return int(parts[3]) if len(parts) > 3 else 0
+    except ValueError:
+        return 0
+
+
+def _last_rows(tab: pa.Table) -> pa.Table:
+    """One row per pane (per series or group where the store keeps them): the last, as reading the
+    files in order would leave it (a later file re-wrote panes that changed after an earlier one)."""
+    keys = [c for c in ("series", "group") if c in tab.column_names] + ["pane"]
+    if tab.num_rows == 0:
+        return tab
+    cols = [np.asarray(tab[c].to_numpy(zero_copy_only=False), np.int64) for c in keys]
+    order = np.lexsort(cols[::-1])  # stable: equal keys keep file order
+    sorted_keys = [c[order] for c in cols]
+    last = np.ones(len(order), bool)
+    same = np.ones(len(order) - 1, bool)
+    for c in sorted_keys:
+        same &= c[1:] == c[:-1]
+    last[:-1] = ~same
+    return tab.take(pa.array(np.sort(order[last])))

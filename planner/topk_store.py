@@ -75,6 +75,7 @@ class TopKPaneStore(DyadicPanes[frequent_strings_sketch], SeriesItems, PaneStore
             self.version += 1
             n_items = len(self.items)
             kmin = int(k.min())
+            self.note_written(kmin)
             u, cnt = np.unique((k - kmin) * n_items + it, return_counts=True)
             u_pane, u_item = u // n_items + kmin, u % n_items
             touched = set()

@@ -286,3 +286,30 @@ def test_group_panes_with_a_huge_first_sample_and_spike_equal_raw():
         a, b = w.both(q, end - 3 * 3600_000, end, 60_000)
         assert not difference(a, b), (q, difference(a, b))
         assert f"summary:{sds.id}" in a.stats.paths, (q, a.stats.paths)
+
+
+def test_panes_changed_after_they_were_persisted_are_persisted_again():
+    """A late sample (or a series lagging behind the others) can land in a pane after the pane was
+    written to disk; the next flush writes it again, so a restart restores it with that sample."""
+    labels = _series("g", 2)
+    src_dir = Path(tempfile.mkdtemp())
+    w = World(labels)
+    view = TenantView(w.src, DEFAULT_TENANT)
+    cfg = {"background_backfill": False, "cost_based": False, "canary_fraction": 0.0, "seal_delay": "0s"}
+    w.st = build(view, Engine(view), src_dir, cfg)
+    t0 = NOW - 4 * 3600_000
+    rng = np.random.default_rng(4)
+    _grid(w, 0, t0, 900, 15_000, rng.normal(10, 2, 900))
+    _grid(w, 1, t0 + 5_000, 900, 15_000, rng.normal(10, 2, 900))
+    (sds,) = w.adopt("g")
+    end = t0 + 899 * 15_000
+    w.st.planner.maintain()  # persisted up to the sealed panes
+    hi = w.st.persistence.persisted_hi[sds.id]
+    late_t = (hi - 30) * 60_000 + 7_001  # half an hour before the persisted end, between two samples
+    w.write([0], [late_t], [1000.0])
+    q = "sum_over_time(g[10m])"
+    _check(w, q, end - 3 * 3600_000, end, 60_000)
+    w.st.planner.stop()  # flushes again: the changed pane is written a second time
+    w.st = build(view, Engine(view), src_dir, cfg)  # a restart over the same raw data
+    a, _ = _check(w, q, end - 3 * 3600_000, end, 60_000)
+    assert any(p.startswith("summary:") for p in a.stats.paths)

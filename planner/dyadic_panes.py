@@ -128,6 +128,16 @@ class DyadicPanes(Generic[S]):
             self._nodes = {key: v for key, v in self._nodes.items() if key[1] << key[0] >= k}
             self.version += 1
 
+    def clear_from(self, k: int) -> None:
+        """Forget panes ``k`` and later and every cached node (a restart folds them again from raw)."""
+        k = int(k)
+        with self.lock:
+            for j in [j for j in self.panes if j >= k]:
+                del self.panes[j]
+            self._nodes.clear()
+            self.version += 1
+            self.on_import()
+
     # --- persistence ---------------------------------------------------------------------------
     def export_rows(self, k_lo: int, k_hi: int) -> dict[str, list]:
         with self.lock:

@@ -150,6 +150,17 @@ class ExactPaneStore(SeriesShift, PaneStoreParts):
             self._set_views()
             self.version += 1
 
+    def clear_from(self, k: int) -> None:
+        """Forget panes ``k`` and later (blanked), so a restart can fold them again from raw storage."""
+        with self.lock:
+            c = max(int(k) - self.k0, 0)
+            if c >= self.nk:
+                return
+            for f, a in self.cols.items():
+                a[:, c : self.nk] = _blank(f, (1, 1))[0, 0]
+            self.version += 1
+            self.epoch += 1
+
     # --- ingest ----------------------------------------------------------------------------
     def ingest_sorted(self, sid: np.ndarray, ts: np.ndarray, vals: np.ndarray, *, live: bool = True) -> None:
         """Fold samples sorted by (sid, ts), strictly increasing per sid, stale markers removed.

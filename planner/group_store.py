@@ -140,6 +140,17 @@ class GroupPaneStore(PaneStoreParts):
                 arr[:, self.k_lo - self.pk0 : k2 - self.pk0] = _blank(f, (1, 1))[0, 0]
             self.k_lo = k2
 
+    def clear_from(self, k: int) -> None:
+        """Forget panes ``k`` and later (blanked), so a restart can fold them again from raw storage."""
+        with self.lock:
+            k2 = max(int(k), self.k_lo)
+            if k2 >= self.k_hi:
+                return
+            for f, arr in self.a.items():
+                arr[:, k2 - self.pk0 : self.k_hi - self.pk0] = _blank(f, (1, 1))[0, 0]
+            self.answers.clear()
+            self.epoch += 1
+
     # --- ingest ----------------------------------------------------------------------------
     def ingest_sorted(self, sid: np.ndarray, ts: np.ndarray, vals: np.ndarray, *, live: bool = True) -> None:
         """Fold samples (any order; every sample once) into their (group, pane) cells in bulk."""

@@ -255,6 +255,18 @@ class KLLPaneStore(SeriesShift, PaneStoreParts):
                 del self._windows[key]
             self.version += 1
 
+    def clear_from(self, k: int) -> None:
+        """Forget panes ``k`` and later and every merged or answered window (a restart folds those
+        panes again from raw storage)."""
+        k = int(k)
+        with self.lock:
+            for key in [key for key in self.panes if key[1] >= k]:
+                del self.panes[key]
+            self._nodes.clear()
+            self._windows.clear()
+            self.results = ResultCache(self.results.capacity)
+            self.version += 1
+
     # --- persistence -------------------------------------------------------------------------
     def export_rows(self, k_lo: int, k_hi: int) -> dict[str, list]:
         with self.lock:

@@ -48,6 +48,8 @@ class PaneStore(Protocol):
 
     def take_written_lo(self) -> int | None: ...  # lowest pane written since the last call (None: none)
 
+    def clear_from(self, k: int) -> None: ...  # forget panes k and later (a restart rebuilds them from raw)
+
 
 class PaneStoreParts:
     """Defaults for stores that keep no per-series shift, no metadata, no series assignment and no

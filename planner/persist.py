@@ -208,8 +208,15 @@ class SDSPersistence:
                 log.exception("could not restore SDS %s; dropping it", sds_id)
         return out
 
-    def recover(self, sds: SDS, storage: Any) -> int | None:
-        """Rebuild the panes after the last flush from raw storage (open panes at the crash).
+    # samples of a series lagging behind the others (a long scrape interval, a slow sender) land this far
+    # behind the newest sample at most, in panes already written
+    LAG_MS = 10 * 60_000
+
+    def recover(self, sds: SDS, storage: Any, late_window_ms: int = 0) -> int | None:
+        """Rebuild from raw storage the panes after the last flush (open panes at the crash) and the
+        written ones that samples could still have reached after it: those within ``late_window_ms``
+        (storage's out-of-order window) plus ``LAG_MS`` of the newest restored sample. A flush
+        writes such changed panes again, but a crash before the next flush would lose them.
 
         Returns the newest sample time seen (or None). Runs before ingestion starts, so no race.
         """
@@ -218,8 +225,17 @@ class SDSPersistence:
         if hi is None or sds.cov_lo is None:
             return None
         store = sds.store
-        store.restore_chain()  # chain state = each series' last sample in the persisted panes
-        ss = storage.select(sds.spec.scope_matchers(), hi * P, np.iinfo(np.int64).max // 2)
+        reach = -(-(int(late_window_ms) + self.LAG_MS) // P)  # panes, rounded up
+        totals = store.pane_totals()  # (first pane, samples per restored pane); None: not kept
+        top = hi  # one past the newest restored pane holding a sample
+        if totals is not None:
+            filled = np.flatnonzero(np.asarray(totals[1]) > 0)
+            top = min(hi, int(totals[0]) + int(filled[-1]) + 1) if len(filled) else hi
+        redo = max(top - reach, sds.cov_lo)
+        if redo < hi:
+            store.clear_from(redo)
+        store.restore_chain()  # chain state = each series' last sample in the panes kept
+        ss = storage.select(sds.spec.scope_matchers(), redo * P, np.iinfo(np.int64).max // 2)
         newest = None
         if len(ss):
             ids = sds.register(ss.labels)

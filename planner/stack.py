@@ -29,10 +29,12 @@ class PlannerStack:
 
 
 def build(storage: Any, engine: Any, data_dir: str | Path | None, raw_config: dict[str, Any] | None,
-          step_frontier: WriteFrontier | None = None) -> PlannerStack:
+          step_frontier: WriteFrontier | None = None, late_window_ms: int = 0) -> PlannerStack:
     """``step_frontier``: the write log step answers rely on when the writes are seen elsewhere (a
     cluster querier's, turboprom/cluster/cluster_frontier.py); step answers are then kept even with
-    the planner's summaries off."""
+    the planner's summaries off. ``late_window_ms``: how old a sample storage still accepts (its
+    out-of-order window): after a restart, panes that recent are rebuilt from raw storage
+    (``SDSPersistence.recover``)."""
     cfg = PlannerConfig.from_raw(raw_config)
     root = Path(data_dir) / "planner" if data_dir else None
     qlog = QueryLog(root / "planner.duckdb" if root else None)
@@ -50,7 +52,7 @@ def build(storage: Any, engine: Any, data_dir: str | Path | None, raw_config: di
         newest = None
         for sds in persistence.load():
             sds.seal_delay_ms = cfg.seal_delay_ms
-            n = persistence.recover(sds, storage) if storage is not None else None
+            n = persistence.recover(sds, storage, late_window_ms) if storage is not None else None
             if n is not None:
                 newest = n if newest is None else max(newest, n)
             summ.add(sds)

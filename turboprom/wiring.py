@@ -75,7 +75,7 @@ def build_context(config: ServerConfig, storage: Any = None, node_hooks: tuple =
     from planner.stack import build as build_planner
 
     plan = build_planner(default_view, ctx.components.engine, config.data_dir, config.raw.get("planner"),
-                         step_frontier=step_frontier)
+                         step_frontier=step_frontier, late_window_ms=config.storage.out_of_order_window_ms)
     ctx.components.query_log = plan.query_log
     ctx.components.summarizer = plan.summarizer
     ctx.components.planner = plan.planner

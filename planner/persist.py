@@ -16,7 +16,9 @@ A flush writes only what changed: the panes sealed since the last one, the serie
 added (or their shift constants chosen), the catalog row when one of its fields moved.
 
 After a restart ``load`` restores every SDS from its files; panes after the last flush (the open panes
-at the time of the crash) are rebuilt from raw storage by ``recover`` before ingestion resumes.
+at the time of the crash), and the written ones late or lagging samples could have changed since
+(storage's out-of-order window plus ``LAG_MS`` before the newest restored sample), are rebuilt from
+raw storage by ``recover`` before ingestion resumes.
 """
 from __future__ import annotations
 

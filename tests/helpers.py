@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import shutil
 import socket
@@ -10,6 +11,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,6 +25,15 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def held_port() -> Iterator[int]:
+    """A free port kept bound until the block ends, so ports the kernel picks meanwhile (a demo
+    fleet's exporters) cannot be it; the process to serve on it binds after the block."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        yield s.getsockname()[1]
 
 
 def free_ports(n: int) -> list[int]:

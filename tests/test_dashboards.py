@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 
 from scheduler_metrics.sim.demo_fleet import DemoFleet
-from tests.helpers import SHARED, ServerProcess, free_port
+from tests.helpers import SHARED, ServerProcess, held_port
 from turboprom.dashboards import DASHBOARDS, grafana_json
 from turboprom.demo import demo_config, demo_grant_key_pem
 from turboprom.demo_workload import DashboardWorkload
@@ -28,11 +28,11 @@ def _query_range(url: str, expr: str, now: float) -> list:
 
 
 def test_every_dashboard_panel_returns_data(tmp_path: Path) -> None:
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    # the demo as `make demo` wires it, KedgeFlow control loop included
-    fleet = DemoFleet(base, str(SHARED / "traces" / "mooncake_conversation_trace.jsonl"), instances=4, load=0.8, speed=4.0, limit=1500,
-                      control_key_pem=demo_grant_key_pem(tmp_path / "data"))
+    with held_port() as port:  # the fleet's exporters get other ports
+        base = f"http://127.0.0.1:{port}"
+        # the demo as `make demo` wires it, KedgeFlow control loop included
+        fleet = DemoFleet(base, str(SHARED / "traces" / "mooncake_conversation_trace.jsonl"), instances=4, load=0.8, speed=4.0,
+                          limit=1500, control_key_pem=demo_grant_key_pem(tmp_path / "data"))
     cfg = tmp_path / "demo.yml"
     raw = demo_config(f"127.0.0.1:{port}", fleet.targets, f"127.0.0.1:{fleet.sched_port}", fleet.control_url)
     raw["scrape_configs"][0]["scrape_interval"] = "2s"
@@ -308,9 +308,10 @@ def test_demo_history_is_continued_by_the_live_scrape(tmp_path: Path) -> None:
     have an hour of data from the start."""
     from turboprom.demo_history import write_history
 
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    fleet = DemoFleet(base, str(SHARED / "traces" / "mooncake_conversation_trace.jsonl"), instances=2, load=0.8, speed=4.0, limit=300)
+    with held_port() as port:  # the fleet's exporters get other ports
+        base = f"http://127.0.0.1:{port}"
+        fleet = DemoFleet(base, str(SHARED / "traces" / "mooncake_conversation_trace.jsonl"), instances=2, load=0.8, speed=4.0,
+                          limit=300)
     cfg = tmp_path / "demo.yml"
     raw = demo_config(f"127.0.0.1:{port}", fleet.targets, f"127.0.0.1:{fleet.sched_port}")
     cfg.write_text(yaml.safe_dump(raw))

@@ -17,7 +17,7 @@ import zmq
 from scheduler_metrics.sim.demo_fleet import DemoFleet
 from scheduler_metrics.sim.kv_publisher import BLOCK_TOKENS, SessionKVPublisher, session_tokens
 from scheduler_metrics.sim.signals import instance_name
-from tests.helpers import SHARED, ServerProcess, free_port
+from tests.helpers import SHARED, ServerProcess, held_port
 from turboprom.demo import demo_config
 
 
@@ -39,10 +39,10 @@ def held(fleet: DemoFleet) -> list[tuple[int, int, int]]:
 
 
 def test_demo_fleet_publishes_kv_events(tmp_path: Path) -> None:
-    port, poll = free_port(), free_port()
-    base = f"http://127.0.0.1:{port}"
-    fleet = DemoFleet(base, str(SHARED / "traces" / "mooncake_conversation_trace.jsonl"), instances=4, load=0.8,
-                      speed=4.0, limit=300)
+    with held_port() as port, held_port() as poll:  # the fleet's exporters get other ports
+        base = f"http://127.0.0.1:{port}"
+        fleet = DemoFleet(base, str(SHARED / "traces" / "mooncake_conversation_trace.jsonl"), instances=4, load=0.8,
+                          speed=4.0, limit=300)
     raw = demo_config(f"127.0.0.1:{port}", fleet.targets, f"127.0.0.1:{fleet.sched_port}",
                       kv_events=fleet.kv_event_endpoints)
     raw["congestion"]["poll_listen"] = f"127.0.0.1:{poll}"

@@ -16,7 +16,7 @@ from pathlib import Path
 import yaml
 
 from scheduler_metrics.sim.demo_fleet import DemoFleet
-from tests.helpers import REPO, SHARED, ServerProcess, free_port, http_json
+from tests.helpers import REPO, SHARED, ServerProcess, held_port, http_json
 from tests.test_ui import Browser
 from turboprom.demo import demo_config, demo_grant_key_pem
 
@@ -63,11 +63,11 @@ def _audit_page_text(url: str, profile: Path) -> str:
 
 
 def test_demo_scheduler_migrates_kv_through_kedgeflow(tmp_path: Path) -> None:
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
     data = tmp_path / "data"
-    fleet = DemoFleet(base, str(TRACE), instances=4, load=0.6, speed=4.0, limit=1500,
-                      control_key_pem=demo_grant_key_pem(data), rebalance_period_s=1.0, rebalance_cooldown_s=5.0)
+    with held_port() as port:  # the fleet's exporters get other ports
+        base = f"http://127.0.0.1:{port}"
+        fleet = DemoFleet(base, str(TRACE), instances=4, load=0.6, speed=4.0, limit=1500,
+                          control_key_pem=demo_grant_key_pem(data), rebalance_period_s=1.0, rebalance_cooldown_s=5.0)
     raw = demo_config(f"127.0.0.1:{port}", fleet.targets, f"127.0.0.1:{fleet.sched_port}", fleet.control_url)
     cfg = tmp_path / "demo.yml"
     cfg.write_text(yaml.safe_dump(raw))

@@ -147,8 +147,9 @@ class DemoFleet:
         self.sched_metrics = SchedulerMetrics("vesta", cluster=cluster, instance="vesta-0")
         # ports are chosen now (the scrape config names them) and served from ``start``: until then a
         # scrape finds nothing, so history written before the fleet starts stays in time order
-        self.ports = [first_port + i if first_port else _free_port() for i in range(instances)]
-        self.sched_port = _free_port()
+        picked = _free_ports(instances + 2)  # distinct: held open together while the kernel picks them
+        self.ports = [first_port + i for i in range(instances)] if first_port else picked[:instances]
+        self.sched_port = picked[instances]
         # each engine's KV event publisher (vLLM's PUB + replay ROUTER), bound now on ports the kernel
         # picks: nothing is published before ``start``, and the server's subscribers connecting
         # meanwhile cannot take a port chosen but not yet bound
@@ -172,7 +173,7 @@ class DemoFleet:
         if control_key_pem is not None:
             self.control = SchedulerControl(VestaScheduler(instances), GrantVerifier.from_pem(control_key_pem),
                                             mover=self.migrations.submit)
-            self.control_server = ControlServer(self.control, _free_port())
+            self.control_server = ControlServer(self.control, picked[instances + 1])
             self.rebalancer = KVRebalancer(base_url, [instance_name(i) for i in range(instances)], self.held_sessions,
                                            lambda session: self.control.holder(session)[1],  # type: ignore[union-attr]
                                            cluster=cluster, model=self.model, period_s=rebalance_period_s,
@@ -294,7 +295,16 @@ class _Stop(Exception):
     pass
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _free_ports(n: int) -> list[int]:
+    """``n`` distinct loopback ports free now (picked one at a time, a port just released could be
+    handed out twice: two exporters of one fleet then failed to bind)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            socks.append(s)
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()

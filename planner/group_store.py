@@ -28,7 +28,7 @@ from typing import Sequence
 import numpy as np
 
 from planner.pane_layout import grown_layout
-from planner.pane_store import MAX_SHIFT, PaneStoreParts
+from planner.pane_store import PaneStoreParts, choose_shifts
 from storage.labels import Labels
 
 FIELDS = ("count", "nnan", "npinf", "nninf", "s1", "vmin", "vmax")
@@ -165,11 +165,7 @@ class GroupPaneStore(PaneStoreParts):
                 if not len(ts):
                     return
             fin = np.isfinite(vals)
-            if fin.any():
-                u, first = np.unique(g[fin], return_index=True)
-                unset = np.isnan(self.gshift[u])
-                c = vals[fin][first[unset]]
-                self.gshift[u[unset]] = np.where(np.abs(c) < MAX_SHIFT, c, 0.0)  # as SeriesShift.choose_shift
+            choose_shifts(self.gshift, g, vals)
             k = ts // self.pane_ms
             self.note_written(int(k.min()))
             if not live or int(k.min()) < self._newest:

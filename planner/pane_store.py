@@ -93,6 +93,19 @@ class PaneStoreParts:
 MAX_SHIFT = float(2 ** 53)
 
 
+def choose_shifts(shift: np.ndarray, ids: np.ndarray, vals: np.ndarray) -> None:
+    """Set ``shift[i]`` of every id in ``ids`` that has none yet (NaN) from its first finite sample in
+    ``vals`` (0 when that sample is beyond ``MAX_SHIFT``): per series for exact panes and REQ
+    sketches, per group for group panes."""
+    fin = np.isfinite(vals)
+    if not fin.any():
+        return
+    u, first = np.unique(ids[fin], return_index=True)
+    unset = np.isnan(shift[u])
+    c = vals[fin][first[unset]]
+    shift[u[unset]] = np.where(np.abs(c) < MAX_SHIFT, c, 0.0)
+
+
 class SeriesShift:
     """For stores with a per-series ``shift`` array (exact panes, REQ sketches): each series' values
     are kept as ``v - c``, with ``c`` the series' first finite sample (``choose_shift``), so the sums
@@ -102,15 +115,7 @@ class SeriesShift:
     lock: Any
 
     def choose_shift(self, sid: np.ndarray, vals: np.ndarray) -> None:
-        """Set the shift of every series in ``sid`` that has none yet from its first finite sample in
-        ``vals`` (0 when that sample is beyond ``MAX_SHIFT``)."""
-        fin = np.isfinite(vals)
-        if not fin.any():
-            return
-        u, first = np.unique(sid[fin], return_index=True)
-        unset = np.isnan(self.shift[u])
-        c = vals[fin][first[unset]]
-        self.shift[u[unset]] = np.where(np.abs(c) < MAX_SHIFT, c, 0.0)
+        choose_shifts(self.shift, sid, vals)
 
     def series_shift(self) -> np.ndarray:
         return self.shift

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from scheduler_metrics.loopback_ports import free_ports  # noqa: F401 - the tests' port picker too
+
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
@@ -34,21 +36,6 @@ def held_port() -> Iterator[int]:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         yield s.getsockname()[1]
-
-
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct free ports: each held until all are chosen (``free_port`` called n times may
-    give one port twice when nothing binds it in between)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            socks.append(s)
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def wait_http(url: str, timeout: float = 30.0, proc: subprocess.Popen | None = None) -> None:

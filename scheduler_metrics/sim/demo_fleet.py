@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import heapq
 import logging
-import socket
 import threading
 from dataclasses import dataclass, field
 from operator import itemgetter
@@ -28,6 +27,7 @@ import numpy as np
 
 from scheduler_metrics.instrumentation import SchedulerMetrics, WorkerMetrics
 from scheduler_metrics.kedgeflow.grant import GrantVerifier
+from scheduler_metrics.loopback_ports import free_ports
 from scheduler_metrics.schedulers.base import Decision
 from scheduler_metrics.schedulers.control import ControlServer, SchedulerControl
 from scheduler_metrics.schedulers.rebalance import KVRebalancer
@@ -147,7 +147,7 @@ class DemoFleet:
         self.sched_metrics = SchedulerMetrics("vesta", cluster=cluster, instance="vesta-0")
         # ports are chosen now (the scrape config names them) and served from ``start``: until then a
         # scrape finds nothing, so history written before the fleet starts stays in time order
-        picked = _free_ports(instances + 2)  # distinct: held open together while the kernel picks them
+        picked = free_ports(instances + 2)  # distinct: held open together while the kernel picks them
         self.ports = [first_port + i for i in range(instances)] if first_port else picked[:instances]
         self.sched_port = picked[instances]
         # each engine's KV event publisher (vLLM's PUB + replay ROUTER), bound now on ports the kernel
@@ -293,18 +293,3 @@ _ITL_SAMPLES = 8
 
 class _Stop(Exception):
     pass
-
-
-def _free_ports(n: int) -> list[int]:
-    """``n`` distinct loopback ports free now (picked one at a time, a port just released could be
-    handed out twice: two exporters of one fleet then failed to bind)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            socks.append(s)
-            s.bind(("127.0.0.1", 0))
-        return [int(s.getsockname()[1]) for s in socks]
-    finally:
-        for s in socks:
-            s.close()

@@ -6,6 +6,10 @@ the stated value interval of each window (``scan_kll``'s [low, high], in the val
 recorded as its relative distance from the interval; the observed normalized rank error against the
 stated rank bound (``SDS.rank_bound``) is reported beside it. CPC / frequent items: relative count error
 against the stated bound. Runs on its own worker thread, off the query.
+
+It also measures shapes of use the rewrite answers raw until measured (``trial``): there the reader got
+the raw answer, and the summary path of the same sub-tree runs here; the pair is timed and checked the
+same way.
 """
 from __future__ import annotations
 
@@ -20,7 +24,8 @@ from typing import Any
 import numpy as np
 from prometheus_client import Counter, Gauge, Histogram
 
-from planner.rewrite_rules import Served
+from planner.rewrite import timed
+from planner.rewrite_rules import Decision, Rule, Served
 from planner.sds import shape_of
 from promql.eval_context import QueryBudget
 from promql.eval_selectors import eval_matrix_selector
@@ -141,6 +146,34 @@ class Canary:
         st.shadow_runs += 1
         self.pool.submit(self._check, served, ectx, True, probe)
 
+    def trial(self, rule: Rule, d: Decision, node: Any, ectx: Any, raw: Any, raw_wall: float, raw_cpu: float) -> None:
+        """Measure the summary path of a sub-tree the rewrite just answered raw because its shape of use
+        has no verdict yet (``SDSStats.measuring``): the same rule serves the same node and steps on
+        the canary's worker, timed as the hook times a served answer, and the pair (summary, the raw
+        answer the reader got) is recorded and checked like a shadow run. Admitted as measuring runs
+        are (one per (SDS, shape) in flight); a load that finds its shape's run still going is raw
+        and unmeasured."""
+        probe = (d.sds.id, shape_of(d.func, d.range_ms, len(d.ends)))
+        with self.lock:
+            if probe in self.probing or len(self.probing) >= self.MAX_PROBING:
+                return
+            self.probing.add(probe)
+        self.pool.submit(self._trial, rule, d, node, ectx, (raw, raw_wall, raw_cpu), probe)
+
+    def _trial(self, rule: Rule, d: Decision, node: Any, ectx: Any, raw_run: tuple[Any, float, float],
+               probe: tuple[str, tuple]) -> None:
+        try:
+            ctx = _fresh(ectx)
+            served = timed(lambda: rule.serve(d, node, ctx))
+            if isinstance(served, Served):
+                d.sds.stats.shadow_runs += 1
+                self._check(served, ctx, count_pending=False, raw_run=raw_run)
+        except Exception:  # noqa: BLE001
+            log.exception("measuring the summary path failed")
+        finally:
+            with self.lock:
+                self.probing.discard(probe)
+
     def in_flight(self) -> int:
         """Shadow runs queued or running (sampled checks and measuring runs)."""
         with self.lock:
@@ -150,24 +183,27 @@ class Canary:
         return self._check(served, ectx, count_pending=False)
 
     def _check(self, served: Served, ectx: Any, count_pending: bool = True,
-               probe: tuple[str, tuple] | None = None) -> dict[str, Any]:
+               probe: tuple[str, tuple] | None = None,
+               raw_run: tuple[Any, float, float] | None = None) -> dict[str, Any]:
+        """Re-evaluate ``served`` on raw data (or take ``raw_run``: the raw answer and its wall and CPU
+        seconds, when the reader got the raw answer), record the pair's times and check the error."""
         try:
-            ctx = replace(ectx, stats=QueryStats(), annotations=Annotations(), hooks=(),
-                          budget=QueryBudget(max_samples=ectx.budget.max_samples, deadline=time.monotonic() + 300,
-                                             timeout_s=300))
-            w0, c0 = time.perf_counter(), time.thread_time()
-            if type(served.node).__name__ == "AggregateExpr":  # group SDS: the whole aggregate, raw
-                rw = None
-                raw = Evaluator().eval(served.node, ctx)
+            ctx = _fresh(ectx)
+            rw = None
+            if raw_run is not None:
+                raw, raw_wall, raw_cpu = raw_run
             else:
-                ms = served.node.args[-1]
-                rw = eval_matrix_selector(ctx, ms)
-                fctx = FunctionContext(step_times=ctx.step_times, annotations=ctx.annotations, node=served.node,
-                                       lookback_delta_ms=ctx.lookback_delta_ms, query_start_ms=ctx.query_start_ms,
-                                       query_end_ms=ctx.query_end_ms, query_step_ms=ctx.query_step_ms)
-                args = [Scalar(np.full(len(ctx.step_times), served.phi)), rw] if served.phi is not None else [rw]
-                raw = FUNCTIONS[served.func](fctx, args)
-            raw_wall, raw_cpu = time.perf_counter() - w0, time.thread_time() - c0
+                w0, c0 = time.perf_counter(), time.thread_time()
+                if type(served.node).__name__ == "AggregateExpr":  # group SDS: the whole aggregate, raw
+                    raw = Evaluator().eval(served.node, ctx)
+                else:
+                    rw = eval_matrix_selector(ctx, served.node.args[-1])
+                    fctx = FunctionContext(step_times=ctx.step_times, annotations=ctx.annotations, node=served.node,
+                                           lookback_delta_ms=ctx.lookback_delta_ms, query_start_ms=ctx.query_start_ms,
+                                           query_end_ms=ctx.query_end_ms, query_step_ms=ctx.query_step_ms)
+                    args = [Scalar(np.full(len(ctx.step_times), served.phi)), rw] if served.phi is not None else [rw]
+                    raw = FUNCTIONS[served.func](fctx, args)
+                raw_wall, raw_cpu = time.perf_counter() - w0, time.thread_time() - c0
             served.sds.stats.record(shape_of(served.func, served.range_ms, len(served.ends)),
                                     served.wall_s, served.cpu_s, raw_wall, raw_cpu)
             # align series by labels
@@ -203,6 +239,8 @@ class Canary:
                 err = max(errs) if errs else 0.0
             else:
                 # rank errors need the raw windows of the served series, in served order
+                if rw is None:
+                    rw = eval_matrix_selector(ctx, served.node.args[-1])
                 tol = None
                 rounding = served.sds.algorithm.payload_rounding
                 if rounding:  # values stored rounded around their series' shift c: |v - c| * rounding
@@ -251,6 +289,14 @@ class Canary:
         self.pool.shutdown(wait=False, cancel_futures=True)
 
     stop = close
+
+
+def _fresh(ectx: Any) -> Any:
+    """``ectx`` for a run on the canary's worker: its own stats and annotations, no hooks, and a budget
+    of its own (the query's deadline has passed or will)."""
+    return replace(ectx, stats=QueryStats(), annotations=Annotations(), hooks=(),
+                   budget=QueryBudget(max_samples=ectx.budget.max_samples, deadline=time.monotonic() + 300,
+                                      timeout_s=300))
 
 
 def _reorder_windows(rw: Any, labels: list) -> Any:

@@ -26,6 +26,8 @@ Config (``ctx.config.raw["planner"]``), all optional::
       seal_delay: 10s         # panes seal this long after the newest sample passes them
       canary_fraction: 0.05
       cost_based: true        # per sub-tree: use a summary only where it beats the raw path
+      measure_first: true     # a shape of use (function, range, steps) is answered raw until its summary path,
+                              # run beside it, has been measured faster (false: served while being measured)
       req_min_phi: 0.9        # quantile_over_time(phi >= this) adopts a REQ SDS (tail quantiles), else KLL
       cpc_min_series: 10000   # distinct-count patterns adopt a CPC SDS from this many series in scope
       group_min_series: 1000  # sum/max/min by (L) (..._over_time) adopt cross-series group panes from this many
@@ -142,6 +144,7 @@ class PlannerConfig:
     canary_fraction: float = 0.05
     background_backfill: bool = True
     cost_based: bool = True  # per sub-tree choice of summary vs raw (False: summary whenever it covers)
+    measure_first: bool = True  # new shapes of use answered raw until the summary is measured faster in them
     req_min_phi: float = REQ_MIN_PHI  # quantile_over_time phi from which REQ (tail quantiles) is adopted
     cpc_min_series: int = 10_000  # below this many series, exact per-series panes serve distinct counts exactly
     group_min_series: int = 1_000  # below this many series, per-series exact panes (shared) serve group sums
@@ -182,6 +185,7 @@ class PlannerConfig:
         c.canary_fraction = _number(d, "canary_fraction", c.canary_fraction, float)
         c.background_backfill = _bool(d, "background_backfill", True)
         c.cost_based = _bool(d, "cost_based", True)
+        c.measure_first = _bool(d, "measure_first", True)
         c.req_min_phi = _number(d, "req_min_phi", REQ_MIN_PHI, float)
         c.cpc_min_series = _number(d, "cpc_min_series", c.cpc_min_series, int)
         c.group_min_series = _number(d, "group_min_series", c.group_min_series, int)
@@ -199,7 +203,7 @@ PANE_CHOICES_MS = (60_000, 30_000, 20_000, 15_000, 10_000, 5_000)  # divisors of
 
 _KNOWN_KEYS = frozenset({
     "enabled", "approximate", "tenants", "min_count", "period", "pane", "history", "max_history", "budget",
-    "retire_after", "seal_delay", "canary_fraction", "background_backfill", "cost_based", "req_min_phi",
+    "retire_after", "seal_delay", "canary_fraction", "background_backfill", "cost_based", "measure_first", "req_min_phi",
     "cpc_min_series", "group_min_series", "fi_min_series", "pinned", "step_cache_bytes",
 })
 
@@ -253,6 +257,9 @@ class Planner:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.decisions: deque = deque(maxlen=200)
+        # the rewrite answers shapes of use without a verdict raw while measuring them (a canary is
+        # wired: ``planner.stack.build``); ``explain`` says so for them
+        self.measure_first = False
         self._scope_cache: dict[tuple[str, str], tuple[float, int]] = {}
         self.retired: dict[str, dict[str, Any]] = {}  # recently retired plans with their reasons (plan list, cost report)
         self._blocked: dict[str, tuple[float, str]] = {}  # spec id -> (time, reason): measured not to pay
@@ -783,7 +790,7 @@ class Planner:
         out: dict[str, Any] = {"query": query, "pattern": normalize(query, expr), "subtrees": []}
         approximate = self.config.approximate_for(DEFAULT_TENANT) if approx is None else bool(approx)
         rctx = RewriteContext(self.find_sds, cost_based=self.config.cost_based, approximate=approximate,
-                              find_group=self.find_group_sds)
+                              find_group=self.find_group_sds, measure_first=self.measure_first)
         if start_ms is None:
             times = None
             start_ms = end_ms = 0

@@ -71,8 +71,10 @@ class RewriteHook:
             except Exception:  # noqa: BLE001 - a summary problem must never fail the query: go raw
                 log.exception("summary rewrite (%s) failed; evaluating raw", rule.name)
                 return None
-            if isinstance(served, Decision):  # raw, and this raw answer may fill the step cache
-                fill = fill or served
+            if isinstance(served, Decision):
+                if served.trial:  # raw, and the summary path measured beside it
+                    return self._measure(rule, served, node, ectx)
+                fill = fill or served  # raw, and this raw answer may fill the step cache
                 continue
             if served is not None:
                 self._report(served, ectx)
@@ -86,8 +88,24 @@ class RewriteHook:
         if d is None:
             return None
         if not d.served:
-            return d if d.fill else None
+            return d if (d.fill or d.trial) else None
         return rule.serve(d, node, ectx)
+
+    def _measure(self, rule: Rule, d: Decision, node: Any, ectx: Any) -> Any:
+        """A shape of use still being measured (``SDSStats.measuring``): the reader gets the raw answer,
+        timed here, and the summary path of the same sub-tree and steps is run and timed beside it
+        (``rctx.on_trial``, the canary's worker), so a summary slower than raw in this shape is never
+        what a reader waits for. The raw answer does not fill the step cache: the summary run fills
+        it with what it computes, and is measured against the cache as a served refresh would find it."""
+        w0, c0 = time.perf_counter(), time.thread_time()
+        val = eval_raw(node, ectx)
+        raw_wall, raw_cpu = time.perf_counter() - w0, time.thread_time() - c0
+        if self.rctx.on_trial is not None and isinstance(val, VectorSteps):
+            try:
+                self.rctx.on_trial(rule, d, node, ectx, val, raw_wall, raw_cpu)
+            except Exception:  # noqa: BLE001 - measuring must never fail the query
+                log.exception("queueing the summary path's measuring run failed")
+        return val
 
     def _report(self, s: Served, ectx: Any) -> None:
         sds = s.sds
@@ -133,6 +151,22 @@ def value_bound_note(scan: ScanResult, value: VectorSteps) -> str:
             f"widest here {float(width[i]):.6g} wide ({float(np.nanmax(rel)):.2%} of its value at most)")
 
 
+def eval_raw(node: Any, ectx: Any) -> Any:
+    """``node`` evaluated on raw data, exactly as the engine would (no hooks below it), with the
+    engine's annotation positions (the first occurrence of the call in the query text)."""
+    from dataclasses import replace
+
+    from promql.evaluator import Evaluator
+
+    try:
+        from promql.eval_positions import locate_all
+
+        positions = locate_all(node, ectx.query) if ectx.query else {}
+    except Exception:  # noqa: BLE001 - positions are best effort, as in the engine
+        positions = {}
+    return Evaluator(positions).eval(node, replace(ectx, hooks=()))
+
+
 def raw_and_fill(node: Any, ectx: Any, d: Decision) -> Any:
     """Evaluate ``node`` on raw data (exactly what the engine would do) and keep the answers of its
     sealed steps in the exact SDS's step cache (``d``: the rule's decision, raw on cost), so the next
@@ -140,20 +174,11 @@ def raw_and_fill(node: Any, ectx: Any, d: Decision) -> Any:
     as raw. Range queries only (a refresh repeats steps)."""
     if len(ectx.step_times) < 2 or ectx.subquery_depth:
         return None
-    from dataclasses import replace
-
-    from promql.evaluator import Evaluator
     from planner.summary_scan import arm, fill_from_raw
 
     sds = d.sds
     armed = arm(sds)  # before the raw read: later writes invalidate
-    try:  # annotation positions as the engine gives them (first occurrence of the call in the text)
-        from promql.eval_positions import locate_all
-
-        positions = locate_all(node, ectx.query) if ectx.query else {}
-    except Exception:  # noqa: BLE001 - positions are best effort, as in the engine
-        positions = {}
-    val = Evaluator(positions).eval(node, replace(ectx, hooks=()))
+    val = eval_raw(node, ectx)
     try:
         if isinstance(val, VectorSteps):
             fill_from_raw(sds, d.matchers, d.func, d.ends, d.range_ms, val, armed, ectx.series_scope)

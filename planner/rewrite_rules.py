@@ -2,7 +2,8 @@
 
 A rule looks at one AST node. ``decide(node, ectx, rctx)`` returns ``None`` when the node is not of
 its shape, else a ``Decision``: served from a summary, or raw with the reason why (approximation off,
-no plan covers it, the shadow runs measured this shape slower, no whole covered pane in any window,
+no plan covers it, the shadow runs measured this shape slower, this shape is still being
+measured (answered raw while the summary path runs beside it), no whole covered pane in any window,
 the cost check). Deciding reads the catalog and the SDS's coverage and measurements; it changes no
 answer and no measurement (a coverage read may fold the summarizer's queued samples, as every read
 does, and the window plan is kept for the scan that follows). ``serve(decision, node, ectx)`` then
@@ -55,12 +56,19 @@ class RewriteContext:
 
     def __init__(self, find_sds: Callable[..., SDS | None], on_served: Callable[[Any, Any], None] | None = None,
                  cost_based: bool = True, approximate: bool = False,
-                 find_group: Callable[..., SDS | None] | None = None):
+                 find_group: Callable[..., SDS | None] | None = None,
+                 on_trial: Callable[..., None] | None = None, measure_first: bool | None = None):
         self.find_sds = find_sds  # (metric, algorithm, matchers, func) -> SDS
         self.find_group = find_group  # (metric, matchers, labels, algorithm) -> SDS of a fixed scope
         self.on_served = on_served
         self.cost_based = cost_based  # False: serve from the summary whenever it covers (tests)
         self.approximate = approximate  # for queries that do not say (``with_policy`` sets it per query)
+        # (rule, decision, node, ectx, raw value, raw wall s, raw CPU s): measure the summary path of a
+        # sub-tree just answered raw (the canary's ``trial``)
+        self.on_trial = on_trial
+        # shapes of use without a verdict are answered raw while the summary is measured beside them
+        # (``SDSStats.measuring``); None: whenever there is someone to measure (``on_trial``)
+        self.measure_first = (on_trial is not None) if measure_first is None else measure_first
 
     def may_use(self, algorithm: str, ectx: Any) -> bool:
         """Whether ``algorithm`` may answer in this query (exact ones always, others when approximation
@@ -87,6 +95,7 @@ class Decision:
     phi: float | None = None
     shape: tuple = ()  # rule-specific: (op, by) of a group aggregate, (k, items) of top-k, items of distinct
     fill: bool = False
+    trial: bool = False  # raw while the summary path of this shape of use is measured beside it
 
     def raw(self, why: str, **kw: Any) -> "Decision":
         self.served, self.why = False, why
@@ -125,6 +134,8 @@ WHY_NO_SDS = "no plan covers it"
 WHY_SLOWER = "shadow runs of this shape measured the summary slower than the raw path"
 WHY_IMPRECISE = ("the summary's moment sums could not answer this shape within the exactness bound lately "
                  "(values near the float range, or far from the series' first value for a variance)")
+WHY_MEASURING = ("measuring: this shape of use is answered raw until the summary path, run beside it, has been "
+                 "measured faster than raw")
 WHY_NO_PANE = "no whole covered pane inside any window"
 WHY_SCOPED = ("the evaluation sees only some of the stored series (a cluster ingester's asked partitions) and "
               "this summary holds one payload for all of them")
@@ -190,6 +201,8 @@ def _judge_windows(d: Decision, ectx: Any, rctx: RewriteContext, vs: Any, *, per
         if not (per_series and worth_it_cached(sds, d.matchers, d.func, d.ends, d.range_ms, d.plan, ectx.series_scope,
                                                (lo, hi))):
             return d.raw(cost_why(d), fill=per_series and sds.algorithm.exact)
+    if rctx.measure_first and rctx.cost_based and sds.stats.measuring(shape):
+        return d.raw(WHY_MEASURING, trial=True)
     d.served = True
     return d
 

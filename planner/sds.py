@@ -172,6 +172,9 @@ class SDSStats:
     # shapes of use whose last summary answer fell outside the exactness bound (moment sums out of the
     # float range or cancelling): shape -> time; answered raw for SHAPE_TTL_S, then tried again
     imprecise: dict = field(default_factory=dict)
+    # the last verdict each shape of use had (kept after its runs age out): a shape last measured faster
+    # keeps being served while it is measured again; any other is answered raw while it is measured
+    known: dict = field(default_factory=dict)
 
     SHAPE_TTL_S = 900.0  # a shape's verdict is re-measured after this long (data and load change)
     SHAPE_MIN_RUNS = 3
@@ -192,6 +195,9 @@ class SDSStats:
     def record(self, shape: tuple, served_wall: float, served_cpu: float, raw_wall: float, raw_cpu: float) -> None:
         self.shadow.append((served_wall, served_cpu, raw_wall, raw_cpu))
         self.shapes.setdefault(shape, deque(maxlen=16)).append((time.time(), served_wall, raw_wall, served_cpu, raw_cpu))
+        v = self.verdict(shape)
+        if v is not None:
+            self.known[shape] = v
 
     def _recent(self, shape: tuple) -> list[tuple[float, float, float]]:
         d = self.shapes.get(shape)
@@ -235,6 +241,13 @@ class SDSStats:
 
     def needs_probe(self, shape: tuple) -> bool:
         return len(self._recent(shape)) < self.SHAPE_MIN_RUNS
+
+    def measuring(self, shape: tuple) -> bool:
+        """Whether ``shape`` is answered raw while the summary path is measured beside it: its recent runs
+        are too few for a verdict and its last verdict (if it had one) was not "faster". A new shape of
+        use is never answered from the summary before the summary has been measured faster than raw in
+        it, so a plan slower than raw in some shape never makes a reader wait for the measurement."""
+        return self.needs_probe(shape) and self.known.get(shape) != "faster"
 
     def measured(self) -> dict[str, Any] | None:
         """Medians of the shadow runs (the summary path against the raw path, same sub-tree and steps),

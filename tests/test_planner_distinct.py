@@ -106,7 +106,8 @@ def test_cpc_adopted_only_at_high_cardinality_and_restored(tmp_path):
     q = "count(count by (model) (count_over_time(tokens[1h])))"
     tmax = T0 + HOURS * 3_600_000
     # step answers off: each refresh here must reach the summaries this test is about
-    cfg = {"background_backfill": False, "seal_delay": "0s", "canary_fraction": 0.0, "step_cache_bytes": 0}
+    cfg = {"background_backfill": False, "seal_delay": "0s", "canary_fraction": 0.0, "step_cache_bytes": 0,
+           "measure_first": False}  # served while measured: this test is about which plan serves
     st = build(src, Engine(src), None, cfg)  # default cpc_min_series: exact per-series panes instead
     feed(st.summarizer, batch)
     for _ in range(4):

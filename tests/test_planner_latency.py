@@ -280,8 +280,9 @@ def test_http_refresh_reuses_steps_reports_it_and_equals_exact(tmp_path):
     from tests.test_planner_http import _ingest_history, _matrix
 
     cfg = tmp_path / "tp.yml"
-    # whole-query step answers off: this test is about the summary's own step cache
-    cfg.write_text("planner:\n  min_count: 2\n  canary_fraction: 0\n  seal_delay: 0s\n  step_cache_bytes: 0\n")
+    # whole-query step answers off: this test is about the summary's own step cache (served while measured)
+    cfg.write_text("planner:\n  min_count: 2\n  canary_fraction: 0\n  seal_delay: 0s\n  step_cache_bytes: 0\n"
+                   "  measure_first: false\n")
     srv = ServerProcess(tmp_path / "data", ["--config", str(cfg), "--wal-fsync", "never"])
     srv.start()
     try:

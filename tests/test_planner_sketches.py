@@ -117,7 +117,8 @@ def test_planner_adopts_req_and_it_survives_a_restart(tmp_path):
     src, batch = load(items)
     tmax = int(batch.timestamps.max())
     # step answers off: every refresh here must reach the summary (that is what this test is about)
-    cfg = {"background_backfill": False, "seal_delay": "0s", "canary_fraction": 0.0, "step_cache_bytes": 0}
+    cfg = {"background_backfill": False, "seal_delay": "0s", "canary_fraction": 0.0, "step_cache_bytes": 0,
+           "measure_first": False}  # served while measured: this test is about the REQ plan's answers
     st = build(src, Engine(src), tmp_path, cfg)
     feed(st.summarizer, batch)
     q = "quantile_over_time(0.99, lat[1h])"

@@ -20,7 +20,8 @@ def ooo_server(tmp_path):
     cfg = tmp_path / "turboprom.yml"
     # group_min_series: this test's 3 series stand in for a high-cardinality scope (default 1000)
     cfg.write_text("planner:\n  approximate: true\n  seal_delay: 0s\n  canary_fraction: 1.0\n  group_min_series: 3\n"
-                   "  step_cache_bytes: 0\n")  # refreshes reach the summaries this test is about
+                   "  step_cache_bytes: 0\n"  # refreshes reach the summaries this test is about,
+                   "  measure_first: false\n")  # served while measured (test_planner_measure_first: the default)
     srv = ServerProcess(tmp_path / "data", ["--config", str(cfg), "--wal-fsync", "never", "--out-of-order-window", "3h"])
     yield srv, cfg
     srv.stop()

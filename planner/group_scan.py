@@ -126,8 +126,8 @@ def _scan_group(sds: SDS, source: RawSource, matchers: Sequence[Matcher], op: st
             if "vmax" in fields:
                 tot.vmax = np.fmax(tot.vmax, mid.vmax)
     check = SERVED_FUNCTIONS[func].precise
-    if check is not None and not check(tot):
-        return None  # group sums past the float range: the raw path answers
+    if check is not None and not check(tot, gshift[:, None]):
+        return None  # group sums past the float range or cancelling: the raw path answers
     present_g = tot.count > 0
     if func == "sum_over_time":
         val_g = ex.sum_values(tot, gshift[:, None])

@@ -10,7 +10,7 @@ An entry holds what the rewrite, the scans and the planner need to know of a fun
   per query with prefix sums / first-last), which the per-sub-tree cost check uses;
 * ``finish(st, shift, plan)``: (values, present) from the merged segment statistics of each window
   (present: a sample in the window; two for rate/increase/delta);
-* ``precise(st)``: whether ``finish`` is within the exactness bound on those statistics (moment sums
+* ``precise(st, shift)``: whether ``finish`` is within the exactness bound on those statistics (moment sums
   that left the float range or cancel too much: the raw path answers the sub-tree instead).
 """
 from __future__ import annotations
@@ -36,7 +36,7 @@ class ServedFunction:
     window_heavy: bool = False
     finish: Callable[[ex.SegStats, np.ndarray, Any], tuple[np.ndarray, np.ndarray]] | None = None  # (values, present)
     # whether ``finish`` is within the exactness bound on these merged stats (False: the raw path answers)
-    precise: Callable[[ex.SegStats], bool] | None = None
+    precise: Callable[[ex.SegStats, np.ndarray], bool] | None = None  # (merged stats, per-series shift)
 
 
 def _rate_like(is_counter: bool, is_rate: bool) -> Callable[[ex.SegStats, np.ndarray, Any], tuple[np.ndarray, np.ndarray]]:
@@ -60,9 +60,9 @@ SERVED: dict[str, ServedFunction] = {f.name: f for f in (
     ServedFunction("count_over_time", "exact", frozenset({"count"}), finish=_per_sample(lambda st, c: _n(st))),
     ServedFunction("present_over_time", "exact", frozenset({"count"}), finish=_per_sample(lambda st, c: np.ones_like(_n(st)))),
     ServedFunction("sum_over_time", "exact", _MOMENTS, window_heavy=True, finish=_per_sample(lambda st, c: ex.sum_values(st, c)),
-                   precise=ex.sums_in_range),
+                   precise=ex.sum_precise),
     ServedFunction("avg_over_time", "exact", _MOMENTS, window_heavy=True,
-                   finish=_per_sample(lambda st, c: ex.sum_values(st, c) / _n(st)), precise=ex.sums_in_range),
+                   finish=_per_sample(lambda st, c: ex.sum_values(st, c) / _n(st)), precise=ex.sum_precise),
     ServedFunction("stdvar_over_time", "exact", _MOMENTS | {"s2"}, window_heavy=True, finish=_per_sample(lambda st, c: ex.variance(st)),
                    precise=ex.variance_precise),
     ServedFunction("stddev_over_time", "exact", _MOMENTS | {"s2"}, window_heavy=True,

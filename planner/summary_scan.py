@@ -438,7 +438,7 @@ def _scan_exact(sds: SDS, source: RawSource, matchers: Sequence[Matcher], func: 
     else:
         total = ex.combine(left, right)
     check = SERVED[func].precise
-    if check is not None and not check(total):
+    if check is not None and not check(total, shift[:, None]):
         return None
     vals, present = finish_exact(func, total, shift[:, None], plan)
     return ScanResult([sds.registry.labels[i] for i in sel], vals, present,

@@ -780,6 +780,15 @@ class Bench:
             print(f"[bench] plans: {e}", flush=True)
             return None
 
+    def candidates(self) -> list | None:
+        """The planner-on server's candidate patterns with their last adoption decision."""
+        try:
+            status, body, _ = Client(self.servers["on"].port).request("GET", "/api/v1/planner/candidates", timeout=60)
+            return json.loads(body)["data"] if status == 200 else None
+        except Exception as e:  # noqa: BLE001
+            print(f"[bench] candidates: {e}", flush=True)
+            return None
+
     def run(self) -> dict[str, Any]:
         a = self.args
         res: dict[str, Any] = {"config": vars(a), "series": self.S, "instances": self.fleet.n_instances,
@@ -819,6 +828,7 @@ class Bench:
             res["timed_s"] = time.time() - t_start
             plans1 = self.plans()
             res["plans"] = plans1
+            res["candidates"] = self.candidates()
             if plans0 and plans1:
                 res["summarizer_cpu_s"] = plans1["summarizer"]["cpu_seconds"] - plans0["summarizer"]["cpu_seconds"]
             res["hwm_bytes"] = {n: proc_status_kb(s.pid, "VmHWM") * 1024 for n, s in self.servers.items()}
@@ -1035,6 +1045,8 @@ def render(res: dict[str, Any]) -> str:
                  + "; ".join(f"{sds} {act} x{n}" for (sds, act), n in sorted(counts.items())))
         for dcs in dec[-6:]:
             L.append(f"  decision {dcs['action']} {dcs['sds']}: {dcs['reason']}")
+    for c in res.get("candidates") or []:
+        L.append(f"  candidate {c['metric']} ({c['algorithm']}, {c['recent_queries']} recent queries): {c['last_decision']}")
     return "\n".join(L)
 
 

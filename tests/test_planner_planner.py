@@ -710,3 +710,40 @@ def test_one_refresh_does_not_set_a_panels_raw_cost():
         st.planner.observe(entry(0.0004, ["raw", "steps:reused:240/241"]))
         assert not st.planner.sds and ks.last_decision.startswith("no clear saving"), ks.last_decision
     st.query_log.close()
+
+
+def test_a_refreshed_day_long_panel_backfills_only_what_its_refreshes_read():
+    """A 24 h panel refreshed every minute computes its newest step or two (the step answers keep the
+    rest): a plan for it backfills a few of its windows, not the day its first load read, and the cost
+    of a small plan is not taken from a big one's measurements."""
+    from planner.normalize import Candidate
+    from planner.planner import KeyStats, _for_series
+
+    items = random_series(seed=12)
+    src, batch = load(items)
+    now = time.time()
+
+    def pattern(refreshes: bool) -> KeyStats:
+        ks = KeyStats(max_range_ms=3_600_000, max_span_ms=25 * 3_600_000, min_range_ms=3_600_000, series=6,
+                      sample_rate=1.0)
+        ks.arrivals.extend(now - 60 * k for k in range(10, 0, -1))
+        ks.raw_cpu.extend([0.08] * 10)  # whole evaluations of the day: 80 ms
+        ks.windows.extend([6 * 1441] * 10)
+        ks.refresh_cpu.extend([0.012] * 8)  # the newest step: 12 ms
+        ks.refresh_windows.extend([6] * 8)
+        ks.kinds.extend([False] + [refreshes] * 9)
+        ks.funcs.add("increase")
+        return ks
+
+    c = Candidate("x_total", (), "exact", "increase", 3_600_000)
+    for refreshes, most in ((True, 4 * 3_600_000), (False, 86_400_000)):
+        st = _stack(src, {"min_count": 2})
+        st.planner._consider(c, pattern(refreshes))
+        (sds,) = st.planner.sds.values()
+        assert sds.history_ms <= most and (refreshes or sds.history_ms == most), (refreshes, sds.history_ms)
+    # per-plan costs measured on a big plan, scaled to a small one (at least the cheapest measured or the prior)
+    assert _for_series([(0.011, 1449)], 75, 0.0005) == pytest.approx(0.011 * 75 / 1449)
+    assert _for_series([(0.011, 1449)], 1, 0.0005) == 0.0005
+    assert _for_series([(0.0003, 1449)], 1, 0.0005) == 0.0003
+    assert _for_series([(0.002, 25), (0.011, 1449)], 75, 0.0005) == pytest.approx(0.002)
+    assert _for_series([], 75, 0.0005) == 0.0005

@@ -707,7 +707,7 @@ class Planner:
 
     # --- maintenance -------------------------------------------------------------------------
     MIN_SHADOW_RUNS = 6  # shadow runs before a plan's measured cost decides
-    GRACE_S = 300.0  # a plan's summarization CPU is weighed against its savings after this long
+    GRACE_S = 300.0  # a plan's summarization CPU is weighed against its savings this long after it first served
 
     def measured_verdict(self, s: SDS, now: float) -> str | None:
         """Why a plan must go, from its shadow runs (same sub-tree and steps on the raw path): every shape
@@ -724,9 +724,17 @@ class Planner:
                                   for k, (a, b, c, d) in s.stats.shape_medians().items())
             return (f"every shape of use measured no faster from the summary than on the raw path (medians, "
                     f"summary vs raw: {per_shape}; {m['runs']} shadow runs)")
-        if now - s.stats.created > self.GRACE_S and m["cpu_saved_s"] < 0:
-            return (f"measured CPU savings are negative: {m['cpu_saved_s']:.4f} CPU-s ({s.stats.hits} hits; "
-                    f"{s.stats.ingest_cpu_s:.4f} s summarization)")
+        # weighed from when it first served: before, its shapes were measured on the raw path (a panel
+        # refreshed once a minute takes three minutes), and the fold CPU it paid meanwhile is sunk, as
+        # the backfill is; a plan that never served is weighed from its adoption once nothing is measured
+        st = s.stats
+        if not st.serving_since and st.shapes_in_measurement():
+            return None
+        start = st.serving_since or st.created
+        before = st.ingest_cpu_s * max(0.0, min(1.0, (start - st.created) / max(now - st.created, 1e-9)))
+        if now - start > self.GRACE_S and m["cpu_saved_s"] + before < 0:
+            return (f"measured CPU savings are negative: {m['cpu_saved_s'] + before:.4f} CPU-s since it first "
+                    f"served ({st.hits} hits; {st.ingest_cpu_s - before:.4f} s summarization since)")
         return None
 
     def maintain(self) -> None:

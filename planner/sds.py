@@ -163,6 +163,7 @@ class SDSStats:
     # shadow runs (the canary): (served wall s, served CPU s, raw wall s, raw CPU s) of the same sub-tree
     shadow: deque = field(default_factory=lambda: deque(maxlen=64))
     shadow_runs: int = 0
+    serving_since: float = 0.0  # when the summary first answered a reader (0: not yet)
     # the same per shape of use (function, range, steps bucket): (time, served wall s, raw wall s)
     shapes: dict = field(default_factory=dict)
     # served sub-trees per shape of use: the measured saving is each shape's own, times its hits (a
@@ -189,6 +190,8 @@ class SDSStats:
 
     def hit(self, shape: tuple) -> None:
         """One sub-tree served from the summary in ``shape``."""
+        if not self.hits:
+            self.serving_since = time.time()
         self.hits += 1
         self.shape_hits[shape] = self.shape_hits.get(shape, 0) + 1
 

@@ -747,3 +747,35 @@ def test_a_refreshed_day_long_panel_backfills_only_what_its_refreshes_read():
     assert _for_series([(0.0003, 1449)], 1, 0.0005) == 0.0003
     assert _for_series([(0.002, 25), (0.011, 1449)], 75, 0.0005) == pytest.approx(0.002)
     assert _for_series([], 75, 0.0005) == 0.0005
+
+
+def test_cpu_savings_are_weighed_from_when_the_plan_first_served():
+    """A plan's shapes are measured on the raw path before it serves (a panel refreshed once a minute
+    takes three minutes): its savings are weighed against the fold CPU from when it first served."""
+    from planner.sds import shape_of
+
+    src, batch = load(random_series(seed=13))
+    st = _stack(src, {"canary_fraction": 0.0})
+    sds = st.planner.adopt(SDSSpec("x_total", "exact", 60_000), reason="test")
+    now = time.time()
+    shape = shape_of("increase", 3_600_000, 1)
+    for _ in range(st.planner.MIN_SHADOW_RUNS):
+        sds.stats.record(shape, 0.002, 0.002, 0.012, 0.012)  # 10 ms CPU saved per hit
+    sds.stats.created = now - 700
+    sds.stats.ingest_cpu_s = 0.7  # 1 ms of fold CPU per second of its life
+    # never served, nothing left to measure, past the grace: its fold CPU buys nothing
+    assert "savings are negative" in st.planner.measured_verdict(sds, now)
+    # first served 100 s ago: not weighed yet
+    for _ in range(5):
+        sds.stats.hit(shape)
+    sds.stats.serving_since = now - 100
+    assert st.planner.measured_verdict(sds, now) is None
+    # first served 350 s ago, 40 hits since: 0.4 s saved against the 0.35 s folded since -- it stays,
+    # although the 0.7 s folded since its adoption would have retired it
+    for _ in range(35):
+        sds.stats.hit(shape)
+    sds.stats.serving_since = now - 350
+    assert st.planner.measured_verdict(sds, now) is None
+    sds.stats.ingest_cpu_s = 1.4  # 2 ms/s: 0.7 s since it first served, more than it saved
+    why = st.planner.measured_verdict(sds, now)
+    assert "since it first served (40 hits; 0.7000 s summarization since)" in why, why

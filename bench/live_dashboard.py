@@ -772,21 +772,14 @@ class Bench:
     def mark_cpu(self, phase: str) -> None:
         self.cpu_marks.append((time.time(), phase, {n: s.cpu_s() for n, s in self.servers.items()}))
 
-    def plans(self) -> dict | None:
+    def planner_api(self, what: str) -> Any:
+        """``data`` of the planner-on server's ``/api/v1/planner/<what>`` (plans; candidates with their
+        last adoption decision), or None."""
         try:
-            status, body, _ = Client(self.servers["on"].port).request("GET", "/api/v1/planner/plans", timeout=60)
+            status, body, _ = Client(self.servers["on"].port).request("GET", f"/api/v1/planner/{what}", timeout=60)
             return json.loads(body)["data"] if status == 200 else None
         except Exception as e:  # noqa: BLE001
-            print(f"[bench] plans: {e}", flush=True)
-            return None
-
-    def candidates(self) -> list | None:
-        """The planner-on server's candidate patterns with their last adoption decision."""
-        try:
-            status, body, _ = Client(self.servers["on"].port).request("GET", "/api/v1/planner/candidates", timeout=60)
-            return json.loads(body)["data"] if status == 200 else None
-        except Exception as e:  # noqa: BLE001
-            print(f"[bench] candidates: {e}", flush=True)
+            print(f"[bench] {what}: {e}", flush=True)
             return None
 
     def run(self) -> dict[str, Any]:
@@ -799,7 +792,7 @@ class Bench:
             self.start_servers()
             res["ports"] = {n: s.port for n, s in self.servers.items()}
             res["preload"] = self.preload()
-            plans0 = self.plans()
+            plans0 = self.planner_api("plans")
             t_start = time.time()
             # writes every 5 s, half an interval out of phase with the refreshes (which start on 10 s ticks)
             threads = [threading.Thread(target=self.writer, args=(t_start + WRITE_INTERVAL_S / 2,), name="writer", daemon=True),
@@ -826,9 +819,9 @@ class Bench:
             for t in threads:
                 t.join(15.0)
             res["timed_s"] = time.time() - t_start
-            plans1 = self.plans()
+            plans1 = self.planner_api("plans")
             res["plans"] = plans1
-            res["candidates"] = self.candidates()
+            res["candidates"] = self.planner_api("candidates")
             if plans0 and plans1:
                 res["summarizer_cpu_s"] = plans1["summarizer"]["cpu_seconds"] - plans0["summarizer"]["cpu_seconds"]
             res["hwm_bytes"] = {n: proc_status_kb(s.pid, "VmHWM") * 1024 for n, s in self.servers.items()}

@@ -169,11 +169,10 @@ def test_refused_regex_syntax_has_go_message(pattern, message):
     assert rx.regex_error(pattern) is not None
 
 
-def test_huge_compiled_programs_are_refused_quickly():
-    t0 = time.perf_counter()
+def test_huge_compiled_programs_are_refused():
+    """RE2's program-size limit refuses them before any matching (no backtracking to time out)."""
     with pytest.raises(RegexError, match="expression too large"):
         compile_regex("\\pL{1000}")
-    assert time.perf_counter() - t0 < 0.5
     compile_regex("\\pL{50}")  # realistic sizes compile
     huge = "|".join(f"host-{i}.example.com:9100" for i in range(20000))  # unescaped dots: a real program
     with pytest.raises(RegexError, match="expression too large") as e:
@@ -243,9 +242,8 @@ def test_grafana_multi_value_selectors_are_set_lookups():
     program at all, so even 20000 values are accepted at once (a compiled program that size would
     exceed the limit)."""
     hosts = [f"host-{i}.example.com:9100" for i in range(20000)]
-    t0 = time.perf_counter()
     m = Matcher("instance", "=~", "|".join(h.replace(".", "\\.") for h in hosts))
-    assert time.perf_counter() - t0 < 0.2
+    assert m._rx._kind == "set" and m._rx._bool is None  # a set look-up: no RE2 program was compiled
     assert m.matches("host-19999.example.com:9100") and not m.matches("host-19999xexample.com:9100")
     assert m.matches_values(hosts[:5] + ["nope"]).tolist() == [True] * 5 + [False]
 

@@ -129,10 +129,13 @@ def test_alertmanager_config_auth_relabel_and_reload(tmp_path):
         assert got[0]["annotations"] == {"summary": "value 1 in eu"}
         assert got[0]["status"]["state"] == "active"
         assert got[0]["generatorURL"] == f"{server.url}/graph?g0.expr=vector%281%29&g0.tab=1"
-        # The set with the wrong password: Alertmanager answers 401, counted per Alertmanager.
-        metrics = urllib.request.urlopen(server.url + "/metrics", timeout=10).read().decode()
-        errors = [ln for ln in metrics.splitlines() if ln.startswith("prometheus_notifications_errors_total{")]
-        assert errors and float(errors[0].rsplit(" ", 1)[1]) >= 1, errors
+        # The set with the wrong password: Alertmanager answers 401, counted per Alertmanager (each set
+        # sends on its own, so that send may land after the other set's alert was received)
+        def errors() -> list[str]:
+            metrics = urllib.request.urlopen(server.url + "/metrics", timeout=10).read().decode()
+            return [ln for ln in metrics.splitlines() if ln.startswith("prometheus_notifications_errors_total{")
+                    and float(ln.rsplit(" ", 1)[1]) >= 1]
+        _wait(errors, 15, "the refused send counted")
         # Reload: the new alert_relabel_configs apply to the next (re)send.
         cfg.write_text(_config(am_port, "reloaded"))
         code, _, _ = http_json(server.url + "/-/reload", data=b"")

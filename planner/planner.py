@@ -273,9 +273,6 @@ class Planner:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.decisions: deque = deque(maxlen=200)
-        # the rewrite answers shapes of use without a verdict raw while measuring them (a canary is
-        # wired: ``planner.stack.build``); ``explain`` says so for them
-        self.measure_first = False
         self._scope_cache: dict[tuple[str, str], tuple[float, int]] = {}
         self.retired: dict[str, dict[str, Any]] = {}  # recently retired plans with their reasons (plan list, cost report)
         self._blocked: dict[str, tuple[float, str]] = {}  # spec id -> (time, reason): measured not to pay
@@ -821,7 +818,8 @@ class Planner:
         out: dict[str, Any] = {"query": query, "pattern": normalize(query, expr), "subtrees": []}
         approximate = self.config.approximate_for(DEFAULT_TENANT) if approx is None else bool(approx)
         rctx = RewriteContext(self.find_sds, cost_based=self.config.cost_based, approximate=approximate,
-                              find_group=self.find_group_sds, measure_first=self.measure_first)
+                              find_group=self.find_group_sds,
+                              measure_first=self.config.measure_first)  # as the hook's (planner.stack.build)
         if start_ms is None:
             times = None
             start_ms = end_ms = 0

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduler_metrics.loopback_ports import free_ports  # noqa: F401 - the tests' port picker too
+from scheduler_metrics.loopback_ports import free_ports  # the tests' port picker too
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"
@@ -24,9 +24,7 @@ IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
 
 
 @contextlib.contextmanager

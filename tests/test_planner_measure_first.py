@@ -32,7 +32,7 @@ def test_new_shapes_are_answered_raw_until_measured_faster():
     tmax = int(batch.timestamps.max())
     st = build(src, Engine(src), None, {"background_backfill": False, "seal_delay": "0s", "canary_fraction": 0.0,
                                         "min_count": 1000, "step_cache_bytes": 0})
-    assert st.config.measure_first and st.planner.measure_first
+    assert st.config.measure_first and st.hook.rctx.measure_first
     feed(st.summarizer, batch)
     sds = st.planner.adopt(SDSSpec("x_total", "exact", 300_000), reason="test")
     end = tmax // 300_000 * 300_000  # windows on pane bounds, as Grafana aligns a 5m step

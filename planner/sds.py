@@ -179,6 +179,14 @@ class SDSStats:
 
     SHAPE_TTL_S = 900.0  # a shape's verdict is re-measured after this long (data and load change)
     SHAPE_MIN_RUNS = 3
+    # "faster" before SHAPE_MIN_RUNS runs when every run so far was faster by this factor in wall *and*
+    # CPU time: a 24 h panel refreshed once a minute otherwise waits three minutes (three raw answers)
+    # for a summary measured ten times faster on its first run; the remaining runs still come (the
+    # shape keeps being measured until it has SHAPE_MIN_RUNS) and the full medians decide from then on.
+    # Not "slower": a summary path's first run in a shape pays for cold caches (series matches, merged
+    # sketches) the raw path it is compared with does not, and a shape measured slower is not measured
+    # again before its runs age out
+    SHAPE_DECISIVE = 2.0
 
     def refuse(self, shape: tuple) -> None:
         """The summary could not answer ``shape`` within the exactness bound just now."""
@@ -210,8 +218,9 @@ class SDSStats:
         return [x for x in d if now - x[0] < self.SHAPE_TTL_S]
 
     def verdict(self, shape: tuple) -> str | None:
-        """"faster" / "slower" than raw for this shape of use (medians of its recent shadow runs), or None
-        while fewer than ``SHAPE_MIN_RUNS`` are known.
+        """"faster" / "slower" than raw for this shape of use (medians of its recent shadow runs), or,
+        while fewer than ``SHAPE_MIN_RUNS`` are known, "faster" if those are decisive (``_decisive``) or
+        None.
 
         "slower" needs the summary's median wall time *and* its median CPU time at or above the raw
         path's. The two halves of a shadow pair run at different moments (the served one on the query's
@@ -220,13 +229,21 @@ class SDSStats:
         the raw path is not retired on a wall-clock difference the load made, and one that does more
         work and is no faster goes."""
         r = self._recent(shape)
-        if len(r) < self.SHAPE_MIN_RUNS:
+        if not r:
             return None
+        if len(r) < self.SHAPE_MIN_RUNS:
+            return self._decisive(r)
         # statistics.median: on these few values it is ~100x cheaper than numpy's, and this runs on
         # every query the summary could serve
         slower_wall = statistics.median([x[1] for x in r]) >= statistics.median([x[2] for x in r])
         slower_cpu = statistics.median([x[3] for x in r]) >= statistics.median([x[4] for x in r])
         return "slower" if slower_wall and slower_cpu else "faster"
+
+    def _decisive(self, runs: list[tuple]) -> str | None:
+        """The verdict of fewer runs than a full one needs: "faster" when every run's summary path took
+        at most 1/SHAPE_DECISIVE of the raw path's wall and CPU time, else None."""
+        k = self.SHAPE_DECISIVE
+        return "faster" if all(x[1] * k <= x[2] and x[3] * k <= x[4] for x in runs) else None
 
     def shape_medians(self) -> dict[str, tuple[float, float, float, float]]:
         """Per shape of use with a verdict: medians of its recent runs (served wall s, raw wall s,

@@ -330,6 +330,34 @@ def test_slower_verdict_needs_both_wall_and_cpu():
     assert st.shape_medians()[shape_label_of(sh)] == (0.020, 0.015, 0.009, 0.008)
 
 
+def test_decisive_runs_decide_before_a_full_measurement():
+    """Fewer runs than a full verdict needs decide "faster" when every one of them is at least
+    SHAPE_DECISIVE times faster in wall and CPU time; closer, disagreeing or slower runs wait for the
+    full count, whose medians then decide (a first run pays for cold caches: not a reason to go raw)."""
+    from planner.sds import SDSStats, shape_of
+
+    sh = shape_of("increase", 3_600_000, 1441)
+    st = SDSStats()
+    assert st.verdict(sh) is None and st.measuring(sh)
+    st.record(sh, 0.004, 0.003, 0.080, 0.060)  # 20x faster on both
+    assert st.verdict(sh) == "faster" and st.known[sh] == "faster"
+    assert not st.measuring(sh) and st.needs_probe(sh)  # served, and still measured up to the full count
+    st.record(sh, 0.090, 0.070, 0.080, 0.060)  # the next run disagrees: no early verdict any more
+    assert st.verdict(sh) is None
+    st.record(sh, 0.005, 0.004, 0.080, 0.060)
+    assert st.verdict(sh) == "faster" and not st.needs_probe(sh)  # the medians of three
+
+    st = SDSStats()
+    st.record(sh, 0.006, 0.002, 0.010, 0.008)  # faster, but not by the factor in wall time
+    assert st.verdict(sh) is None and st.measuring(sh)
+    st = SDSStats()
+    st.record(sh, 0.030, 0.025, 0.010, 0.008)  # 3x slower on both: measured on
+    assert st.verdict(sh) is None and st.measuring(sh)
+    st = SDSStats()
+    st.record(sh, 0.030, 0.004, 0.010, 0.008)  # slower wall (the load), less CPU: undecided
+    assert st.verdict(sh) is None
+
+
 def test_not_retired_while_a_shape_of_use_is_still_being_measured():
     """A 1 h panel measured slower and a 24 h panel on the same plan with one shadow run so far: the plan
     waits for the second verdict instead of going on the first."""

@@ -53,8 +53,9 @@ class _Patterns:
 
 class PlannedEngine:
     def __init__(self, engine: Any, hook: RewriteHook, query_log: QueryLog | None = None, planner: Any = None,
-                 origin: str = "api", step_answers: StepAnswers | None = None):
+                 origin: str = "api", step_answers: StepAnswers | None = None, foreground: Any = None):
         self.engine = engine
+        self.foreground = foreground  # enter() / leave() around each query (planner.canary.Foreground)
         self.step_answers = step_answers
         self.hook = hook
         self.query_log = query_log
@@ -121,6 +122,8 @@ class PlannedEngine:
         hooks = () if exact or not self._may_serve(query) else (with_policy(self.hook, approximate),)
         err = ""
         res = None
+        if self.foreground is not None:
+            self.foreground.enter()
         try:
             res = call(replace(opts, node_hooks=(*opts.node_hooks, *hooks)) if hooks else opts)
             return res
@@ -128,6 +131,8 @@ class PlannedEngine:
             err = f"{type(e).__name__}: {e}"
             raise
         finally:
+            if self.foreground is not None:
+                self.foreground.leave()
             wall, cpu = time.perf_counter() - wall0, time.thread_time() - cpu0
             if self.query_log is not None or self.planner is not None:
                 series, points = _result_size(res) if res is not None else (0, 0)

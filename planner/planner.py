@@ -258,6 +258,16 @@ class KeyStats:
     patterns: set = field(default_factory=set)
     funcs: set = field(default_factory=set)  # the functions seen: what an exact plan's panes must serve
     last_decision: str = ""
+    # whether the pattern has recurred, not only arrived: a query text of it came again, or an arrival
+    # came BURST_S or more after the first. A dashboard's first load brings every panel on a metric at
+    # once (four CPU panels: four arrivals within a second), all whole evaluations; adopting on those
+    # took their cost for the pattern's, while its refreshes compute a step or two each
+    recurred: bool = False
+    # default-path query texts seen (bounded: past EXPRS_MAX every text counts as seen). A text's first
+    # evaluation is a panel's first load, with nothing to reuse: not a whole evaluation that says how
+    # the pattern recurs (a pan or a bypass of the step answers)
+    exprs: set = field(default_factory=set)
+    EXPRS_MAX = 256
 
 
 class Planner:
@@ -431,6 +441,13 @@ class Planner:
                 ks.arrivals.append(now)
                 while ks.arrivals and ks.arrivals[0] < now - self.config.period_ms / 1000:
                     ks.arrivals.popleft()
+                # (an exact=true query beside the same default one, as from a second datasource or a
+                # check, is the same load: texts count on the default path only)
+                seen = not entry.exact and (entry.expr in ks.exprs or len(ks.exprs) >= ks.EXPRS_MAX)
+                if not entry.exact and not seen:
+                    ks.exprs.add(entry.expr)
+                if not ks.recurred and (seen or now - ks.arrivals[0] >= self.BURST_S):
+                    ks.recurred = True
                 # a raw execution's cost, unless earlier answers stood in for some of its steps
                 served_raw = not any(p.startswith(("summary:", "steps:reused")) for p in entry.paths)
                 new_steps = refreshed_steps(entry.paths)
@@ -441,7 +458,7 @@ class Planner:
                     ks.refresh_windows.append(max(entry.result_series, 1) * new_steps)
                     ks.kinds.append(True)
                 if served_raw and not entry.exact:
-                    if ks.raw_cpu:  # a pattern's first arrival had nothing to reuse: it says nothing of the share
+                    if seen:  # a text's first evaluation had nothing to reuse: it says nothing of the share
                         ks.kinds.append(False)
                     ks.raw_cpu.append(raw_share)
                     data_ms = c.range_ms + max(entry.end_ms - entry.start_ms, 0)
@@ -458,7 +475,11 @@ class Planner:
                 if self._has_plan_for(c):
                     continue
                 if len(ks.arrivals) >= self.config.min_count and ks.raw_cpu:
-                    to_adopt.append((c, ks))
+                    if ks.recurred:
+                        to_adopt.append((c, ks))
+                    else:
+                        ks.last_decision = (f"waiting for it to recur: {len(ks.arrivals)} arrivals of "
+                                            f"different queries within {now - ks.arrivals[0]:.1f}s (one dashboard load)")
         for c, ks in to_adopt:
             self._consider(c, ks)
 
@@ -604,6 +625,7 @@ class Planner:
         return base
 
     MIN_REFRESHES = 2  # refreshes measured before their cost decides an adoption
+    BURST_S = 5.0  # arrivals of different queries within this long of the first are one load, not recurrences
 
     def _consider(self, c: Candidate, ks: KeyStats) -> None:
         raw_cpu = sum(ks.raw_cpu) / len(ks.raw_cpu)

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from planner.canary import Canary
+from planner.canary import Canary, Foreground
 from planner.persist import SDSPersistence
 from planner.planned_engine import PlannedEngine
 from planner.planner import Planner, PlannerConfig
@@ -41,13 +41,15 @@ def build(storage: Any, engine: Any, data_dir: str | Path | None, raw_config: di
     persistence = SDSPersistence(root, qlog.con, qlog.db_lock) if root else None
     summ = Summarizer(storage, WriteFrontier(cfg.seal_delay_ms))
     planner = Planner(cfg, summ, qlog, persistence, storage)
-    canary = Canary(cfg.canary_fraction)
+    foreground = Foreground()
+    canary = Canary(cfg.canary_fraction, foreground=foreground)
     hook = RewriteHook(RewriteContext(planner.find_sds, canary, cost_based=cfg.cost_based, find_group=planner.find_group_sds,
                                       on_trial=canary.trial, measure_first=cfg.measure_first))
     frontier = step_frontier if step_frontier is not None else summ.frontier
     steps = (StepAnswers(frontier, cfg.step_cache_bytes, measured=cfg.cost_based)
              if cfg.step_cache_bytes > 0 and (cfg.enabled or step_frontier is not None) else None)
-    planned = PlannedEngine(engine, hook, qlog, planner, step_answers=steps) if engine is not None else None
+    planned = (PlannedEngine(engine, hook, qlog, planner, step_answers=steps, foreground=foreground)
+               if engine is not None else None)
     if persistence is not None:
         # restore SDSs and rebuild their open panes from raw storage before ingestion starts
         newest = None

@@ -159,3 +159,40 @@ def test_over_http_with_default_settings(tmp_path):
         assert len(checks) >= 3 and all(c["max_error"] <= 1e-9 for c in checks), checks
     finally:
         srv.stop()
+
+
+def test_background_runs_wait_for_the_readers_query():
+    """Shadow and measuring runs wait while a query a reader waits for is in flight (and ``QUIET_S``
+    after it, for its answer's encoding), so they do not take turns with it on the interpreter's lock;
+    never longer than ``MAX_WAIT_S``. The planned engine enters and leaves around each query."""
+    import threading
+
+    from planner.canary import Foreground
+
+    fg = Foreground()
+    fg.QUIET_S = 0.01
+    started = threading.Event()
+    fg.enter()
+    t = threading.Thread(target=lambda: (fg.wait_quiet(), started.set()))
+    t.start()
+    assert not started.wait(0.3)  # the query is in flight: the run waits
+    fg.leave()
+    assert started.wait(10)
+    t.join()
+
+    busy = Foreground()
+    busy.MAX_WAIT_S = 0.05
+    busy.enter()  # a query that never ends: the run goes after MAX_WAIT_S
+    done = threading.Event()
+    threading.Thread(target=lambda: (busy.wait_quiet(), done.set())).start()
+    assert done.wait(10)
+
+    src, batch = load(random_series(seed=33))
+    st = build(src, Engine(src), None, {"background_backfill": False, "seal_delay": "0s"})
+    assert st.engine.foreground is st.canary.foreground
+    seen = []
+    orig = st.engine.engine.range_query
+    st.engine.engine.range_query = lambda *a, **k: (seen.append(st.canary.foreground._n), orig(*a, **k))[1]
+    tmax = int(batch.timestamps.max())
+    st.engine.range_query(Q, tmax - 3_600_000, tmax, 300_000)
+    assert seen == [1] and st.canary.foreground._n == 0

@@ -719,6 +719,46 @@ def test_arrivals_within_one_refresh_are_not_a_query_rate():
     st.query_log.close()
 
 
+def test_one_dashboard_load_is_not_a_recurrence():
+    """A dashboard's first load brings every panel on a metric at once: four panels' first loads (and an
+    exact=true twin of each, as from a second datasource) are not the pattern recurring. Adopting on them
+    took whole evaluations' cost for a pattern whose refreshes then compute a step or two each. It recurs
+    when one of its query texts comes again on the default path, or when its arrivals span
+    ``Planner.BURST_S``; a text's first evaluation says nothing of how the pattern recurs."""
+    from dataclasses import replace
+
+    src, batch, entry = _refreshed_panel()
+    texts = [f"{agg} (rate(x_total[5m]))" for agg in ("sum by (job)", "max by (job)", "sum", "avg by (job)")]
+
+    def panel(q: str, exact: bool = False):
+        return replace(entry(0.030, ["raw"]), expr=q, pattern=normalize(q), exact=exact)
+
+    st = _stack(src)
+    feed(st.summarizer, batch)
+    for q in texts:
+        st.planner.observe(panel(q))
+        st.planner.observe(panel(q, exact=True))
+    ks = st.planner.keys[("x_total", "exact")]
+    assert not st.planner.sds and not ks.recurred, ks.last_decision
+    assert ks.last_decision.startswith("waiting for it to recur"), ks.last_decision
+    assert not ks.kinds  # first loads: neither refreshes nor pans
+    st.planner.observe(panel(texts[0]))  # the first panel again (a pan: a whole evaluation)
+    assert ks.recurred and list(ks.kinds) == [False]
+    assert st.planner.sds, ks.last_decision
+    st.query_log.close()
+
+    st = _stack(src)  # arrivals of different texts spread over more than BURST_S do recur
+    feed(st.summarizer, batch)
+    st.planner.BURST_S = 0.05
+    for q in texts[:2]:
+        st.planner.observe(panel(q))
+    assert not st.planner.keys[("x_total", "exact")].recurred
+    time.sleep(0.06)
+    st.planner.observe(panel(texts[2]))
+    assert st.planner.keys[("x_total", "exact")].recurred
+    st.query_log.close()
+
+
 def test_one_refresh_does_not_set_a_panels_raw_cost():
     """The first refresh after a load (which also computes the steps not sealed then) is one noisy
     sample: a refreshed panel's raw cost is taken from at least MIN_REFRESHES refreshes (their low median),

@@ -16,7 +16,8 @@ All figures are per second of wall time over the observation period:
                   scrape batch, which dominates on small scrapes), plus the one-time backfill of the
                   plan's history (samples x measured backfill cost per sample) spread over
                   ``amortize_s`` (the planner's retire_after: a plan that stops paying goes then)
-* storage       = series x panes kept x bytes per pane; must fit the remaining budget.
+* storage       = series x panes kept (the history and the panes a plan holds past it until its next
+                  trim) x bytes per pane; must fit the remaining budget.
 
 Adopt when the summary path costs at most ``MAX_SUMMARY_SHARE`` of the raw path per query and
 raw - summary > ingest x safety; retire when hits stop or the saving turns negative.
@@ -80,6 +81,7 @@ def estimate(
     summary_fixed_s: float = DEFAULT_SUMMARY_FIXED_S,
     backfill_cost_s: float = DEFAULT_BACKFILL_COST_S,
     amortize_s: float = 3600.0,
+    slack_panes: int = 0,
 ) -> Estimate:
     rate = queries / max(period_s, 1e-9)
     edge_fraction = min(1.0, 2.0 * pane_ms / max(range_ms, 1))
@@ -89,7 +91,9 @@ def estimate(
     backfill = ingest_samples_per_s * history_ms / 1000 * backfill_cost_s  # one-time: the history's samples
     ingest = max(ingest_samples_per_s * fold_cost_s, plan_cpu_floor_per_s) + backfill / max(amortize_s, 1.0)
     per_pane = alg.bytes_per_pane if bytes_per_pane is None else bytes_per_pane  # a store keeping fewer fields
-    storage = int(max(series, 1) * (history_ms // max(pane_ms, 1) + 1) * per_pane)
+    # the panes kept: the history, and the newer ones a plan holds until its next trim (``slack_panes``;
+    # a plan estimated just under the budget went over it within minutes and was retired)
+    storage = int(max(series, 1) * (history_ms // max(pane_ms, 1) + 1 + slack_panes) * per_pane)
     if storage > budget_left_bytes:
         return Estimate(rate, raw_cpu_per_query, summary, ingest, storage, False,
                         f"storage {storage} B exceeds the remaining budget {budget_left_bytes} B")

@@ -671,7 +671,7 @@ class Planner:
             budget_left_bytes=self.config.budget_bytes - used, fold_cost_s=fold, plan_cpu_floor_per_s=self._plan_cpu_per_s(scope_series),
             bytes_per_pane=None if fields is None else 8 * len(fields),
             summary_fixed_s=self._summary_fixed_cpu_s(scope_series), backfill_cost_s=self._backfill_cost_per_sample(),
-            amortize_s=self.config.retire_after_ms / 1000,
+            amortize_s=self.config.retire_after_ms / 1000, slack_panes=SDS.TRIM_MIN_PANES,
         )
         ks.last_decision = est.reason
         if est.pays and self._blocked_reason(c) is not None:

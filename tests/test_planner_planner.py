@@ -148,6 +148,23 @@ def test_cost_model_counts_the_summary_paths_fixed_cost_and_the_backfill():
     assert not est.pays and "backfill" in est.reason
 
 
+def test_cost_model_counts_the_panes_kept_until_the_next_trim():
+    """A plan keeps its history and the newer panes until its next trim (``SDS.TRIM_MIN_PANES``): one
+    whose history alone just fits the storage budget went over it within minutes and was retired (6,400
+    node CPU series, 6 h of 15 s panes, against 512 MiB), so the estimate counts those panes too."""
+    from planner import cost_model
+    from planner.sds import SDS
+
+    base = dict(algorithm="exact", queries=30, period_s=300, raw_cpu_per_query=0.5, range_ms=3_600_000,
+                windows_per_query=60, series=6400, ingest_samples_per_s=100, pane_ms=15_000,
+                history_ms=6 * 3_600_000, bytes_per_pane=56)
+    fits = 6400 * (6 * 240 + 1) * 56
+    assert cost_model.estimate(**base, budget_left_bytes=fits).pays
+    est = cost_model.estimate(**base, budget_left_bytes=fits, slack_panes=SDS.TRIM_MIN_PANES)
+    assert not est.pays and "exceeds the remaining budget" in est.reason
+    assert est.storage_bytes == 6400 * (6 * 240 + 1 + SDS.TRIM_MIN_PANES) * 56
+
+
 def test_cost_model_wants_a_clear_margin_over_raw():
     """A summary path estimated at nearly the raw path's cost is not adopted however often the query
     recurs: both are estimates from a few millisecond-scale measurements, and such plans measured

@@ -157,9 +157,9 @@ def json_str(s: str) -> str:
     return go_html_escape(_dumps(s)).decode()
 
 
-# label set -> its JSON text: a dashboard's refreshes encode the same result series every few seconds,
-# and their label maps cost more than their points on a wide, short panel (63 series x 241 steps: 0.5
-# of 2.7 ms). Bounded: past the cap the table starts over.
+# label set -> its JSON text: a dashboard's refreshes encode the same result series every few seconds
+# (a 63-series x 241-step answer: 1.77 -> 1.51 ms per encode with the table). Bounded: past the cap
+# the table starts over.
 _LABELS_JSON: dict[Labels, str] = {}
 MAX_CACHED_LABELS = 1 << 15
 

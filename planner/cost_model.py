@@ -35,6 +35,15 @@ DEFAULT_PLAN_CPU_PER_S = 1e-4
 # the summary path's fixed CPU per served evaluation until shadow runs have measured it: ~1-2 ms was
 # measured for the newest steps of vLLM-fleet panels (63-96 series); half of it as the prior
 DEFAULT_SUMMARY_FIXED_S = 5e-4
+# ... and per series of the plan: its raw edges and pane reads are per series. Measured for a refresh's
+# newest steps: ~7.6 µs per series on the 1,449-series TTFT plan (11 ms), 8 µs on a 6,400-series node
+# CPU plan (52-55 ms on a slower box, against 10-12 ms raw); under half of it as the prior
+DEFAULT_SUMMARY_PER_SERIES_S = 3e-6
+
+
+def summary_prior_s(series: int) -> float:
+    """The summary path's fixed CPU per evaluation of a plan over ``series`` series, until measured."""
+    return DEFAULT_SUMMARY_FIXED_S + DEFAULT_SUMMARY_PER_SERIES_S * max(series, 0)
 # CPU per history sample read and folded by a backfill until one has been measured (0.2-0.4 µs measured
 # in remote-write-sized chunks, bench/planner_fold_bench.py)
 DEFAULT_BACKFILL_COST_S = 4e-7

@@ -583,11 +583,12 @@ class Planner:
     def _summary_fixed_cpu_s(self, series: int) -> float:
         """The summary path's CPU per served evaluation of a plan over ``series`` series beside its
         data-proportional part: the median served CPU of the shapes of use measured by shadow runs,
-        scaled to ``series`` (``_for_series``), or the prior while none is measured."""
+        scaled to ``series`` (``_for_series``), or the prior for that many series while none is measured
+        (a 6,400-series plan's newest steps cost ~50 ms, not the 0.5 ms of a few dozen series)."""
         with self.summarizer.lock:
             live = list(self.summarizer.sds.values())
         measured = [(m[2], len(s.registry.labels)) for s in live for m in s.stats.shape_medians().values() if m[2] > 0]
-        return _for_series(measured, series, cost_model.DEFAULT_SUMMARY_FIXED_S)
+        return _for_series(measured, series, cost_model.summary_prior_s(series))
 
     def _backfill_cost_per_sample(self) -> float:
         """CPU per history sample of the backfills done so far (live and retired plans), or the prior."""

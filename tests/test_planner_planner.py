@@ -832,6 +832,14 @@ def test_a_refreshed_day_long_panel_backfills_only_what_its_refreshes_read():
     assert _for_series([(0.0003, 1449)], 1, 0.0005) == 0.0003
     assert _for_series([(0.002, 25), (0.011, 1449)], 75, 0.0005) == pytest.approx(0.002)
     assert _for_series([], 75, 0.0005) == 0.0005
+    # with nothing measured, the prior grows with the plan's series (raw edges and panes are per series)
+    from planner import cost_model
+
+    st = _stack(src)
+    small, big = st.planner._summary_fixed_cpu_s(10), st.planner._summary_fixed_cpu_s(6400)
+    assert small == cost_model.summary_prior_s(10) and big == cost_model.summary_prior_s(6400)
+    assert big > 10 * small and big >= 0.015
+    st.query_log.close()
 
 
 def test_cpu_savings_are_weighed_from_when_the_plan_first_served():

@@ -20,8 +20,9 @@ default planner) and ``off`` (``planner: {enabled: false}``), fed the same remot
    A writer sends one sample per series every 15 s stamped with the wall clock; it and the refresher
    share a lock, so no write lands between the two answers of a compared pair. Each panel refreshes
    every 10 s (1 h panels) or 30 s (6 h panels) over [now - range, now], start and end floored to the
-   step as Grafana does (step: Grafana's interval for a ~1000 px panel, at least 15 s); 10% of the loads
-   are panned back by a random number of steps.
+   step and the step chosen as Grafana does for a ~1000 px panel with a 15 s min interval (15 s for
+   1 h, 20 s for 6 h: ``bench/live_dashboard.py``'s ``grafana_step`` / ``aligned_range``); 10% of the
+   loads are panned back by a random number of steps.
 
 Printed per panel: loads, mismatches, loads with a summary-served answer, median latency of ``on``
 (default) and of ``exact=true`` (check half) or ``off`` (clean half), and their ratio; then the CPU of
@@ -34,8 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import os
 import random
 import statistics
 import sys
@@ -53,6 +52,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.cluster_summaries import post  # noqa: E402
+from bench.live_dashboard import aligned_range, compare, grafana_step, proc_cpu_s, summary_info  # noqa: E402
 from bench.vllm_fleet import Encoder  # noqa: E402
 from tests.helpers import ServerProcess  # noqa: E402
 
@@ -161,19 +161,6 @@ class NodeFleet:
         return enc.body(ts, vals)
 
 
-def grafana_step(range_s: int) -> int:
-    """Grafana's interval for a ~1000 px panel, at least the 15 s scrape interval."""
-    for s in (15, 20, 30, 60, 120, 300, 600, 1800, 3600):
-        if range_s / 1000 <= s:
-            return s
-    return 3600
-
-
-def proc_cpu_s(pid: int) -> float:
-    f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def query(url: str, q: str, start: float, end: float, step: int, exact: bool) -> tuple[float, dict]:
     params = {"query": q, "start": start, "end": end, "step": step, "stats": "1"}
     if exact:
@@ -182,27 +169,6 @@ def query(url: str, q: str, start: float, end: float, step: int, exact: bool) ->
     with urllib.request.urlopen(f"{url}/api/v1/query_range?{urllib.parse.urlencode(params)}", timeout=120) as r:
         doc = json.loads(r.read())
     return time.perf_counter() - t0, doc
-
-
-def difference(a: dict, b: dict) -> str | None:
-    """Where two range-query answers differ (None: equal within 1e-9 relative, NaN = NaN)."""
-    def points(doc: dict) -> dict[str, dict]:
-        return {json.dumps(s["metric"], sort_keys=True): dict(s["values"]) for s in doc["data"]["result"]}
-
-    pa, pb = points(a), points(b)
-    if pa.keys() != pb.keys():
-        return f"series differ: {len(pa)} vs {len(pb)}, e.g. {sorted(set(pa) ^ set(pb))[:1]}"
-    for m, va in pa.items():
-        vb = pb[m]
-        if va.keys() != vb.keys():
-            return f"timestamps differ for {m}: {sorted(set(va) ^ set(vb))[:3]}"
-        for t, x in va.items():
-            fx, fy = float(x), float(vb[t])
-            if math.isnan(fx) and math.isnan(fy):
-                continue
-            if fx != fy and abs(fx - fy) > 1e-9 * max(abs(fx), abs(fy)):
-                return f"{m} at {t}: {x} vs {vb[t]}"
-    return None
 
 
 @dataclass
@@ -278,18 +244,19 @@ def main() -> int:
                     continue
                 due[name] += refresh_s
                 step = grafana_step(range_s)
-                end = time.time() // step * step
+                now = time.time()
                 if rnd.random() < 0.1:
-                    end -= rnd.randrange(1, 20) * step  # a panned load
+                    now -= rnd.randrange(1, 20) * step  # a panned load
+                start, end = aligned_range(now, range_s, step)
                 ref_url, ref_exact = (on.url, True) if phase == "check" else (off.url, False)
                 try:
                     with lock:
                         if rnd.random() < 0.5:
-                            on_s, a = query(on.url, q, end - range_s, end, step, False)
-                            ref_s, b = query(ref_url, q, end - range_s, end, step, ref_exact)
+                            on_s, a = query(on.url, q, start, end, step, False)
+                            ref_s, b = query(ref_url, q, start, end, step, ref_exact)
                         else:
-                            ref_s, b = query(ref_url, q, end - range_s, end, step, ref_exact)
-                            on_s, a = query(on.url, q, end - range_s, end, step, False)
+                            ref_s, b = query(ref_url, q, start, end, step, ref_exact)
+                            on_s, a = query(on.url, q, start, end, step, False)
                 except OSError as e:
                     failures.append(f"{name}: {e}")
                     continue
@@ -297,12 +264,11 @@ def main() -> int:
                 st.loads += 1
                 st.on_s[phase].append(on_s)
                 st.ref_s[phase].append(ref_s)
-                paths = a["data"].get("stats", {}).get("turboprom", {}).get("paths", [])
-                st.summary += any(p.startswith("summary:") for p in paths)
-                why = difference(a, b)
-                if why:
+                st.summary += summary_info(a)[0]
+                equal, why, _, _ = compare(a, b)
+                if not equal:
                     st.mismatches += 1
-                    st.first_mismatch = st.first_mismatch or f"t+{time.time() - start_t:.0f}s {paths}: {why[:300]}"
+                    st.first_mismatch = st.first_mismatch or f"t+{time.time() - start_t:.0f}s: {why[:300]}"
             time.sleep(0.2)
         cpu["end"] = (proc_cpu_s(on.proc.pid), proc_cpu_s(off.proc.pid))
         stop.set()

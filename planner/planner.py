@@ -3,8 +3,8 @@
 * ``observe(entry, candidates)`` is called for every evaluated query. Per SDS key (metric, algorithm)
   it keeps arrival times, raw CPU and shape; when the key arrives ``min_count`` times within
   ``period_s``, has recurred (a query text of it came again, or its arrivals span ``BURST_S``: one
-  dashboard load's panels are not recurrences) and the cost model says it pays, the SDS is adopted (live ingest + background backfill
-  of ``history`` from raw storage). One SDS per (metric, algorithm) serves every matcher subset,
+  dashboard load's panels are not recurrences) and the cost model says it pays, the SDS is adopted
+  (live ingest + background backfill of ``history`` from raw storage). One SDS per (metric, algorithm) serves every matcher subset,
   range, step, quantile and grouping.
 * Operators pin plans in config (``planner: {pinned: [{metric, algorithm, pane}]}``); pinned plans
   are never retired. Unpinned plans without hits for ``retire_after_s`` are retired, and the least

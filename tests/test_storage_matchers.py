@@ -189,11 +189,13 @@ def test_huge_compiled_programs_are_refused():
     ("(\\w+\\s?)+$", "word " * 1000 + "!"),
 ])
 def test_backtracking_bombs_match_in_linear_time(pattern, value):
+    """A backtracking engine takes minutes to years on these; RE2 milliseconds. The bound only tells
+    the two apart (a loaded 2-core CI box must not fail it), it measures no speed."""
     m = Matcher("l", "=~", pattern)
     t0 = time.perf_counter()
     m.matches(value)
     m.matches_values([value] * 300)
-    assert time.perf_counter() - t0 < 0.2, pattern
+    assert time.perf_counter() - t0 < 10.0, pattern
 
 
 def test_long_matches_release_the_gil():

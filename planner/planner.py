@@ -438,7 +438,9 @@ class Planner:
         to_adopt = []
         with self.lock:
             for c in cands:
-                ks = self.keys.setdefault(c.key, KeyStats())
+                ks = self.keys.get(c.key)
+                if ks is None:  # (not setdefault: a KeyStats is a dozen containers, built per call)
+                    ks = self.keys[c.key] = KeyStats()
                 ks.arrivals.append(now)
                 while ks.arrivals and ks.arrivals[0] < now - self.config.period_ms / 1000:
                     ks.arrivals.popleft()

@@ -14,7 +14,9 @@ write lands at or before ``t``. Two parts make that reuse exact:
   after the oldest write logged since the entry was last validated, reuses the rest, and evaluates
   the remaining steps as one range query (through the summaries where they serve). Only steps at or
   before the sealed frontier *taken before the evaluation read storage* are kept, so a write racing
-  with the read is either seen by it or logged after it.
+  with the read is either seen by it or logged after it. A key whose steps are not on multiples of
+  its step is kept only when it comes a second time (``planner/grid_admission.py``: a client sending
+  ``end=now`` never meets its own grid again).
 
 The merged answer equals a fresh evaluation of the whole range (each step is evaluated independently;
 tests compare with ``exact=true`` under live, late and out-of-order writes). Memory is bounded
@@ -37,6 +39,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from planner.grid_admission import GridAdmission
 from promql.ast_walk import walk
 from promql.types import Annotations, QueryResult, QueryStats
 
@@ -140,6 +143,7 @@ class StepStats:
     computed_steps: int = 0
     invalidated_steps: int = 0
     bypassed_queries: int = 0  # evaluated whole: reuse was measured not cheaper for their key
+    unkept_queries: int = 0  # evaluated whole and not kept: a grid off the step's multiples, first seen
 
 
 @dataclass
@@ -208,6 +212,7 @@ class StepAnswers:
         self.stats = StepStats()
         self.costs: OrderedDict[tuple, _Cost] = OrderedDict()  # per key (bounded like the entries)
         self._trimmed_at = 0.0  # when the write log was last trimmed to the oldest entry's sequence
+        self.admission = GridAdmission()
 
     def clear(self) -> None:
         with self.lock:
@@ -220,6 +225,12 @@ class StepAnswers:
         steps = np.arange(start, end + 1, step, dtype=np.int64)
         T = len(steps)
         key = key + (step, start % step)
+        with self.lock:
+            known = key in self.entries
+        if not known and not self.admission.admit(key, aligned=start % step == 0):
+            with self.lock:
+                self.stats.unkept_queries += 1
+            return compute(start, end)
         cpu0 = time.thread_time()
         with self.lock:
             cost = self.costs.get(key)
@@ -443,6 +454,6 @@ class StepAnswers:
             return {"entries": len(self.entries), "bytes": self.bytes, "max_bytes": self.max_bytes,
                     "queries": st.queries, "steps": st.steps, "reused_steps": st.reused_steps,
                     "computed_steps": st.computed_steps, "invalidated_steps": st.invalidated_steps,
-                    "bypassed_queries": st.bypassed_queries,
+                    "bypassed_queries": st.bypassed_queries, "unkept_queries": st.unkept_queries,
                     "bypassed_keys": sum(1 for c in self.costs.values() if c.bypass_until > time.monotonic()),
                     "reuse_ratio": round(st.reused_steps / st.steps, 4) if st.steps else 0.0}

@@ -18,13 +18,15 @@ query's infos (``rewrite.RewriteHook._report``) and in the plan's ``step_cache``
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
+import time
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
 import numpy as np
 
 from planner.algorithms import exact as ex
+from planner.grid_admission import GridAdmission
 from planner.pane_ranges import range_stats
 from planner.raw_segments import RawPrefix, RawSamples
 from planner.served_functions import SERVED
@@ -131,17 +133,22 @@ def _ranges(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
 
 
 class _Entry:
-    __slots__ = ("ends", "vals", "present", "sel", "epoch", "cov_lo", "nreg")
+    __slots__ = ("ends", "vals", "present", "sel", "epoch", "cov_lo", "nreg", "uses")
 
     def __init__(self, ends: np.ndarray, vals: np.ndarray, present: np.ndarray, sel: np.ndarray, epoch: int,
-                 cov_lo: int, nreg: int):
+                 cov_lo: int, nreg: int, uses: deque | None = None):
         self.ends, self.vals, self.present, self.sel = ends, vals, present, sel
         self.epoch, self.cov_lo, self.nreg = epoch, cov_lo, nreg
+        self.uses = uses if uses is not None else deque(maxlen=64)  # (monotonic s, first step asked)
 
 
 class StepCache:
-    """Per-SDS answers of sealed steps, keyed (function, matchers, range); LRU over keys, the newest
-    ``max_steps`` step times per key."""
+    """Per-SDS answers of sealed steps, keyed (function, matchers, range, grid); LRU over keys. A key
+    keeps the steps its recent uses ask for (from the earliest first step asked in the last
+    ``USE_WINDOW_S``), at most ``max_steps``; a key of a grid off its step's multiples is kept from
+    its second use on (``planner/grid_admission.py``; callers ask ``admits`` before ``put``)."""
+
+    USE_WINDOW_S = 600.0
 
     def __init__(self, max_keys: int = 128, max_steps: int = 4096, max_bytes: int = 64 << 20):
         self.max_keys = max_keys
@@ -150,6 +157,7 @@ class StepCache:
         self.nbytes = 0
         self.d: OrderedDict[tuple, _Entry] = OrderedDict()
         self.lock = threading.Lock()
+        self.admission = GridAdmission()
         self.hits = 0  # steps answered from the cache
         self.computed = 0  # steps computed (summary + raw edges)
         self.invalidations = 0
@@ -166,16 +174,32 @@ class StepCache:
             self.d.move_to_end(key)
             return e
 
+    def admits(self, key: tuple, entry: _Entry | None) -> bool:
+        """Whether answers for ``key`` (whose entry the caller read: ``entry``) are worth keeping; asked
+        once per query, before ``put``."""
+        return entry is not None or self.admission.admit(key, aligned=key[-1] == ())
+
+    def used(self, e: _Entry, first_end: int) -> None:
+        """A query asked ``e``'s key for steps from ``first_end`` on (what ``put`` keeps)."""
+        e.uses.append((time.monotonic(), int(first_end)))
+
     def put(self, key: tuple, old: _Entry | None, ends: np.ndarray, vals: np.ndarray, present: np.ndarray,
-            sel: np.ndarray, epoch: int, cov_lo: int, nreg: int) -> None:
+            sel: np.ndarray, epoch: int, cov_lo: int, nreg: int, first_end: int | None = None) -> None:
+        """Add the answers of ``ends`` to ``old`` (the key's entry the caller read, or None) and keep
+        the steps recent uses still ask for; ``first_end``: the first step this use asked for."""
         if len(ends) == 0:
             return
+        uses = old.uses if old is not None else deque(maxlen=64)
+        uses.append((time.monotonic(), int(ends[0] if first_end is None else first_end)))
         if old is not None:
             ends = np.concatenate([old.ends, ends])
             vals = np.concatenate([old.vals, vals], axis=1)
             present = np.concatenate([old.present, present], axis=1)
-        order = np.argsort(ends, kind="stable")[-self.max_steps:]
-        e = _Entry(ends[order], vals[:, order], present[:, order], sel, epoch, cov_lo, nreg)
+        recent = time.monotonic() - self.USE_WINDOW_S
+        floor = min(f for w, f in list(uses) if w >= recent)  # a snapshot: other readers append
+        order = np.argsort(ends, kind="stable")
+        order = order[ends[order] >= floor][-self.max_steps:]
+        e = _Entry(ends[order], vals[:, order], present[:, order], sel, epoch, cov_lo, nreg, uses)
         with self.lock:
             prev = self.d.pop(key, None)
             if prev is not None:
@@ -187,7 +211,7 @@ class StepCache:
 
     def describe(self) -> dict[str, Any]:
         return {"keys": len(self.d), "steps_reused": self.hits, "steps_computed": self.computed,
-                "invalidations": self.invalidations, "bytes": int(self.nbytes)}
+                "invalidations": self.invalidations, "bytes": int(self.nbytes), "unkept": self.admission.refused}
 
 
 def _size(e: _Entry) -> int:
@@ -223,8 +247,9 @@ def arm(sds: SDS) -> tuple[int, int, int, int]:
 def _key(func: str, matchers: Sequence[Matcher], range_ms: int, scope: SeriesScope | None, ends: np.ndarray) -> tuple:
     """A step cache entry's key: its rows are the series of this selection; steps on multiples of the
     step (as Grafana aligns them) share one entry whatever the step, so a 1 h panel at 15 s and a 24 h
-    one at 60 s meet each other's steps; every other grid has its own (its steps meet no other grid's)."""
-    return (func, tuple(matchers), int(range_ms), None if scope is None else scope.key, *grid_phase(ends))
+    one at 60 s meet each other's steps; every other grid has its own (its steps meet no other grid's),
+    named by its last element (``()`` for the shared one)."""
+    return (func, tuple(matchers), int(range_ms), None if scope is None else scope.key, grid_phase(ends))
 
 
 def grid_phase(ends: np.ndarray) -> tuple[int, ...]:
@@ -267,6 +292,9 @@ def fill_from_raw(sds: SDS, matchers: Sequence[Matcher], func: str, ends: np.nda
     key = _key(func, matchers, range_ms, scope, ends)
     if not sealed.any() or len(ends) < 2:  # instant queries (rules) move on every evaluation
         return 0
+    entry = cache.get(key, epoch, cov_lo, nreg)
+    if not cache.admits(key, entry):
+        return 0
     sel = sds.registry.match(matchers, scope)
     row = {int(g): i for i, g in enumerate(sel.tolist())}
     index = sds.registry.index
@@ -286,13 +314,12 @@ def fill_from_raw(sds: SDS, matchers: Sequence[Matcher], func: str, ends: np.nda
         present[ri] = val.present[:, sealed]
     if store.epoch != epoch or len(sds.registry.labels) != nreg:
         return 0
-    entry = cache.get(key, epoch, cov_lo, nreg)
     e_ends = ends[sealed]
     if entry is not None and len(entry.ends):  # keep only steps the entry does not hold yet
         pos = np.minimum(np.searchsorted(entry.ends, e_ends), len(entry.ends) - 1)
         new = entry.ends[pos] != e_ends
         e_ends, vals, present = e_ends[new], vals[:, new], present[:, new]
-    cache.put(key, entry, e_ends, vals, present, sel, epoch, cov_lo, nreg)
+    cache.put(key, entry, e_ends, vals, present, sel, epoch, cov_lo, nreg, first_end=int(ends[0]))
     return len(e_ends)
 
 
@@ -315,6 +342,7 @@ def scan_exact(sds: SDS, source: RawSource, matchers: Sequence[Matcher], func: s
         hit = entry.ends[pos] == ends
     n_hit = int(hit.sum())
     if n_hit == T:
+        cache.used(entry, int(ends[0]))
         res = ScanResult([sds.registry.labels[i] for i in entry.sel], entry.vals[:, pos], entry.present[:, pos])
     else:
         miss = ~hit
@@ -342,9 +370,9 @@ def scan_exact(sds: SDS, source: RawSource, matchers: Sequence[Matcher], func: s
             res = part
         sealed = ends[miss] < cov_hi * sds.spec.pane_ms
         if sealed.any() and T > 1:  # instant queries (rules) move on every evaluation: nothing to reuse
-            if store.epoch == epoch:  # nothing it relied on changed while it was computed
+            if store.epoch == epoch and cache.admits(key, entry):  # nothing it relied on changed meanwhile
                 cache.put(key, entry, ends[miss][sealed], part.values[:, sealed], part.present[:, sealed], sel,
-                          epoch, cov_lo, nreg)
+                          epoch, cov_lo, nreg, first_end=int(ends[0]))
     cache.hits += n_hit
     cache.computed += T - n_hit
     res.info["cached_steps"] = n_hit

@@ -114,6 +114,7 @@ def test_adopts_recurring_query_and_serves_it_exactly(planner_server):
     fast = _get(url, "/api/v1/query_range", **cold, stats="all")
     exact = _get(url, "/api/v1/query_range", **cold, exact="true")
     assert any("served from summary" in i for i in fast.get("infos", [])), fast.get("infos")
+    _get(url, "/api/v1/query_range", **cold)  # a grid off the step's multiples is kept from its second query
     again = _get(url, "/api/v1/query_range", **cold, stats="all")  # the refresh reuses those steps' answers
     assert any(p.startswith("steps:reused:") for p in again["data"]["stats"]["turboprom"]["paths"]), again["data"].get("stats")
     assert not again.get("infos"), again.get("infos")  # exact reuse: the body is what Prometheus would send

@@ -323,9 +323,37 @@ def test_step_cache_is_bounded_lru():
     c = StepCache(max_keys=3, max_bytes=10_000)
     sel = np.arange(10, dtype=np.int64)
     for k in range(5):
-        c.put(("f", k), None, np.arange(20, dtype=np.int64), np.zeros((10, 20)), np.ones((10, 20), bool), sel, 0, 0, 10)
-    assert len(c.d) <= 3 and c.nbytes <= 10_000 and ("f", 4) in c.d
+        c.put(("f", k, ()), None, np.arange(20, dtype=np.int64), np.zeros((10, 20)), np.ones((10, 20), bool), sel, 0, 0, 10)
+    assert len(c.d) <= 3 and c.nbytes <= 10_000 and ("f", 4, ()) in c.d
     big = np.arange(4000, dtype=np.int64)
-    c.put(("f", 9), None, big, np.zeros((10, 4000)), np.ones((10, 4000), bool), sel, 0, 0, 10)
-    assert list(c.d) == [("f", 9)]  # the newest entry stays even when alone over the budget
-    assert c.get(("f", 9), 1, 0, 10) is None and c.nbytes == 0 and c.invalidations == 1  # epoch moved
+    c.put(("f", 9, ()), None, big, np.zeros((10, 4000)), np.ones((10, 4000), bool), sel, 0, 0, 10)
+    assert list(c.d) == [("f", 9, ())]  # the newest entry stays even when alone over the budget
+    assert c.get(("f", 9, ()), 1, 0, 10) is None and c.nbytes == 0 and c.invalidations == 1  # epoch moved
+
+
+def test_step_cache_keeps_what_recent_uses_ask_for_and_unaligned_grids_from_their_second_use():
+    c = StepCache()
+    sel = np.arange(4, dtype=np.int64)
+
+    def add(key, ends, first):
+        e = c.d.get(key)
+        if c.admits(key, e):
+            c.put(key, e, ends, np.ones((4, len(ends))), np.ones((4, len(ends)), bool), sel, 0, 0, 4, first_end=first)
+
+    # a 1 h panel at 15 s refreshed for hours: only the steps its refreshes still ask for are kept
+    aligned = ("rate", (), 300_000, None, ())
+    step, t = 15_000, 10_000 * 15_000
+    add(aligned, np.arange(t - 3_600_000, t + 1, step, dtype=np.int64), t - 3_600_000)
+    for k in range(1, 400):
+        now = t + k * step
+        add(aligned, np.array([now], np.int64), now - 3_600_000)
+    assert c.d[aligned].ends[0] >= t + 399 * step - 3_600_000 - 600 * step  # not the first refresh's steps
+    assert len(c.d[aligned].ends) < 4096
+    assert c.d[aligned].ends[-1] == t + 399 * step
+    # a client sending end=now: a new grid each time, kept only when the same grid comes again
+    odd = ("rate", (), 300_000, None, (15_000, 1234))
+    ends = np.arange(t + 1234, t + 1234 + 10 * step, step, dtype=np.int64)
+    add(odd, ends, int(ends[0]))
+    assert odd not in c.d and c.describe()["unkept"] == 1
+    add(odd, ends, int(ends[0]))
+    assert odd in c.d

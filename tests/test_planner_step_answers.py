@@ -196,6 +196,37 @@ def test_lagging_senders_and_refreshes_at_any_phase_equal_raw():
         st.planner.stop()
 
 
+def test_refreshes_on_a_new_grid_each_time_are_not_kept():
+    """A client that sends end=now (no alignment to the step) never meets its own grid again: its
+    answers are evaluated whole and not kept (they would only push Grafana's panels out of the cache),
+    while an aligned panel's are kept from its first load."""
+    src, st, fleet, t = setup()
+    try:
+        q = PANELS[1]
+        sa = st.engine.step_answers
+        for k in range(6):
+            write(src, st, fleet.batch(t))
+            t += 5_000
+            now = t - 1_000 - 7 * k  # a new phase of the 15 s grid every time
+            served = st.engine.range_query(q, now - 3_600_000, now, STEP)
+            same(served, st.engine.range_query(q, now - 3_600_000, now, STEP, QueryOpts(exact=True)), q)
+            assert not any(p.startswith("steps:reused") for p in served.stats.paths)
+        d = sa.describe()
+        assert d["entries"] == 0 and d["unkept_queries"] == 6, d
+        start, end = grafana_range(t)
+        st.engine.range_query(q, start, end, STEP)
+        assert sa.describe()["entries"] == 1
+        # the same unaligned grid twice (a client repeating one exact range): kept from the second on
+        odd = t - 3_333
+        for _ in range(3):
+            st.engine.range_query(q, odd - 3_600_000, odd, STEP)
+        assert sa.describe()["entries"] == 2
+        again = st.engine.range_query(q, odd - 3_600_000, odd, STEP)
+        assert any(p.startswith("steps:reused") for p in again.stats.paths)
+    finally:
+        st.planner.stop()
+
+
 def test_reuse_that_costs_more_than_evaluating_whole_is_bypassed_and_measured_again():
     """A key whose refreshes cost no less CPU than evaluating their steps whole is evaluated whole (its
     kept steps dropped) for the bypass period, then measured again from a whole evaluation."""

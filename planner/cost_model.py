@@ -6,7 +6,8 @@ All figures are per second of wall time over the observation period:
                   raw path that would use this SDS; refreshes the step answers shortened count at
                   their own cost and share of the arrivals, ``Planner._consider``)
 * summary cost  = query rate x (raw cost x edge fraction (the two raw edge runs, <= 2 panes per
-                  window, relative to the window) + per-window merge cost + the summary path's fixed
+                  window, relative to the window, or the share of the span the pattern's step grid
+                  leaves raw when that is more) + per-window merge cost + the summary path's fixed
                   cost per evaluation (coverage, pane reads, raw-edge setup: measured over the plans'
                   shadow runs, ~1 ms; a query whose raw cost is about that, e.g. the newest step of a
                   refresh whose other steps come from the step cache, cannot be cheaper served))
@@ -91,9 +92,12 @@ def estimate(
     backfill_cost_s: float = DEFAULT_BACKFILL_COST_S,
     amortize_s: float = 3600.0,
     slack_panes: int = 0,
+    edge_fraction: float | None = None,
 ) -> Estimate:
     rate = queries / max(period_s, 1e-9)
-    edge_fraction = min(1.0, 2.0 * pane_ms / max(range_ms, 1))
+    # the raw edges' share: two panes per window, or what the pattern's own step grid leaves raw when
+    # that is more (``Planner._grid_edges``; 1.0 where the rewrite would answer the grid raw)
+    edge_fraction = max(min(1.0, 2.0 * pane_ms / max(range_ms, 1)), edge_fraction or 0.0)
     alg = ALGORITHMS[algorithm]
     per_window = alg.window_cost_s
     summary = raw_cpu_per_query * edge_fraction + per_window * windows_per_query + summary_fixed_s

@@ -56,10 +56,11 @@ from planner.algorithm_registry import ALGORITHMS, allowed
 from planner.exact_store import ALL_FIELDS, stored_fields
 from planner.normalize import Candidate, normalize
 from planner.query_log import LogEntry, QueryLog
-from planner.rewrite_rules import WHY_NO_SDS, Decision, RewriteContext, candidates, edge_fraction, rules_for
+from planner.rewrite_rules import WHY_NO_SDS, Decision, RewriteContext, candidates, edge_fraction, rules_for, worth_it
 from planner.sds import REQ_MIN_PHI, SDS, SDSSpec
 from planner.served_functions import SERVED, algorithm_for
 from planner.summarizer import Summarizer
+from planner.window import plan_windows
 from promql.ast_walk import children
 from promql.eval_context import EvalContext
 from promql.query_guard import parse as guarded_parse
@@ -269,6 +270,9 @@ class KeyStats:
     # the pattern recurs (a pan or a bypass of the step answers)
     exprs: set = field(default_factory=set)
     EXPRS_MAX = 256
+    # (start, end, step) ms of the latest default-path range query: the step grid the rewrite's cost
+    # check will judge a plan's raw edges on (``Planner._grid_edges``)
+    grid: tuple[int, int, int] | None = None
 
 
 class Planner:
@@ -467,6 +471,8 @@ class Planner:
                     data_ms = c.range_ms + max(entry.end_ms - entry.start_ms, 0)
                     if entry.samples and data_ms:
                         ks.sample_rate = max(ks.sample_rate, entry.samples / len(cands) / (data_ms / 1000))
+                if not entry.exact and entry.kind != "instant" and entry.step_ms > 0:
+                    ks.grid = (entry.start_ms, entry.end_ms, entry.step_ms)
                 ks.max_range_ms = max(ks.max_range_ms, c.range_ms)
                 ks.min_range_ms = c.range_ms if not ks.min_range_ms else min(ks.min_range_ms, c.range_ms)
                 ks.align_ms = math.gcd(ks.align_ms, int(c.range_ms), int(entry.end_ms), int(max(entry.step_ms, 0)))
@@ -665,6 +671,7 @@ class Planner:
         hist = min(max(history, 2 * ks.max_range_ms), self.config.max_history_ms)
         used = sum(s.nbytes() for s in list(self.sds.values()))  # a snapshot: other threads adopt and retire
         fields = self._exact_fields(c, ks) if ALGORITHMS[c.algorithm].selects_fields else None
+        edges = self._grid_edges(c, ks, pane_ms, refreshes=2 * share >= 1)
         fold = self._fold_cost_per_sample()
         est = cost_model.estimate(
             algorithm=c.algorithm, queries=max(len(ks.arrivals) - 1, 1), period_s=self._arrival_span_s(ks),
@@ -674,7 +681,7 @@ class Planner:
             budget_left_bytes=self.config.budget_bytes - used, fold_cost_s=fold, plan_cpu_floor_per_s=self._plan_cpu_per_s(scope_series),
             bytes_per_pane=None if fields is None else 8 * len(fields),
             summary_fixed_s=self._summary_fixed_cpu_s(scope_series), backfill_cost_s=self._backfill_cost_per_sample(),
-            amortize_s=self.config.retire_after_ms / 1000, slack_panes=SDS.TRIM_MIN_PANES,
+            amortize_s=self.config.retire_after_ms / 1000, slack_panes=SDS.TRIM_MIN_PANES, edge_fraction=edges,
         )
         ks.last_decision = est.reason
         if est.pays and self._blocked_reason(c) is not None:
@@ -692,6 +699,29 @@ class Planner:
             seen_s = ks.arrivals[-1] - ks.arrivals[0] if ks.arrivals else 0.0
             self.adopt(spec, reason=f"recurred {len(ks.arrivals)}x in {seen_s:.0f}s; {est.reason}",
                        history_ms=hist)
+
+    MAX_GRID_STEPS = 4096  # the newest steps of a grid judged (a week at 15 s would be 40k windows)
+
+    def _grid_edges(self, c: Candidate, ks: KeyStats, pane_ms: int, refreshes: bool) -> float | None:
+        """The share of the raw path's span a plan with ``pane_ms`` panes would still read raw on the
+        pattern's latest range query grid (``refreshes``: its newest two steps, what a refresh the step
+        answers shorten evaluates), judged as the rewrite's cost check judges it (``worth_it``): 1.0
+        when that check would answer the grid raw. A grid off the pane's multiples with steps shorter
+        than a pane (a client sending ``end=now``) has raw edges across its whole span, and a plan for
+        it would fold and keep panes no query reads. None for instant-only patterns and fixed-scope
+        plans (whose rules weigh their own costs)."""
+        if ks.grid is None or ALGORITHMS[c.algorithm].scope == "fixed" or c.func not in SERVED or c.range_ms <= 0:
+            return None
+        start, end, step = ks.grid
+        ends = np.arange(start, end + 1, step, dtype=np.int64)[-(2 if refreshes else self.MAX_GRID_STEPS):]
+        if not len(ends) or (c.range_ms % pane_ms == 0 and not (ends % pane_ms).any()):
+            return None  # windows of whole panes (the scan takes bound panes whole, ``snap_aligned_edges``)
+        # coverage of every pane the windows touch: what is left raw is the grid's own edges
+        plan = plan_windows(ends, c.range_ms, pane_ms, (int(ends[0]) - c.range_ms) // pane_ms - 1,
+                            int(ends[-1]) // pane_ms + 2)
+        if not worth_it(c.func, plan, c.range_ms, pane_ms):
+            return 1.0
+        return edge_fraction(plan)
 
     def _exact_fields(self, c: Candidate, ks: KeyStats) -> tuple[str, ...]:
         """The pane fields of a new exact plan: those of every function seen on the metric, and of the

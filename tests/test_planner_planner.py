@@ -680,11 +680,11 @@ def _refreshed_panel():
     from planner.query_log import LogEntry
 
     src, batch = load(random_series(seed=5))
-    tmax = int(batch.timestamps.max())
+    end = int(batch.timestamps.max()) // 15_000 * 15_000  # floored to the step, as Grafana sends it
     q = "sum by (job) (rate(x_total[5m]))"
 
-    def entry(cpu_s: float, paths: list[str]) -> LogEntry:
-        return LogEntry(expr=q, pattern=normalize(q), kind="range", start_ms=tmax - 3_600_000, end_ms=tmax,
+    def entry(cpu_s: float, paths: list[str], end_ms: int = end) -> LogEntry:
+        return LogEntry(expr=q, pattern=normalize(q), kind="range", start_ms=end_ms - 3_600_000, end_ms=end_ms,
                         step_ms=15_000, wall_s=cpu_s, cpu_s=cpu_s, samples=200_000, paths=paths, result_series=3)
     return src, batch, entry
 
@@ -715,6 +715,27 @@ def test_adoption_weighs_refreshes_at_what_the_step_answers_left_them():
         st.query_log.close()
     assert outcome["whole"][0], outcome
     assert not outcome["refresh"][0] and outcome["refresh"][1].startswith("no clear saving"), outcome
+
+
+def test_a_grid_whose_raw_edges_cover_its_span_is_not_adopted():
+    """A client that sends end=now (a script, the Prometheus UI) asks a new 15 s step grid each time:
+    no pane divides it, so the windows' raw edges, a step apart, cover the whole span and the rewrite
+    answers every such query raw. Its queries recur as a dashboard's do, but a plan would only fold and
+    keep panes; the same queries on Grafana's aligned grid are adopted."""
+    src, batch, entry = _refreshed_panel()
+    base = int(batch.timestamps.max()) // 15_000 * 15_000
+    outcome = {}
+    for kind, shift in (("unaligned", 1_234), ("aligned", 0)):
+        st = _stack(src)
+        feed(st.summarizer, batch)
+        for i in range(4):
+            time.sleep(0.01)
+            st.planner.observe(entry(0.030, ["raw"], end_ms=base - 15_000 * (3 - i) - (shift + 7 * i if shift else 0)))
+        ks = st.planner.keys[("x_total", "exact")]
+        outcome[kind] = (bool(st.planner.sds), ks.last_decision)
+        st.query_log.close()
+    assert outcome["aligned"][0], outcome
+    assert not outcome["unaligned"][0] and outcome["unaligned"][1].startswith("no clear saving"), outcome
 
 
 def test_arrivals_within_one_refresh_are_not_a_query_rate():

@@ -5,7 +5,9 @@ Shapes (vLLM-fleet sized: 63 engines, 5 s samples):
   newest step, an alert rule) and at 241 steps (an hour-long panel at 15 s);
 - ``sum by (model_name)`` / ``avg by (model_name)`` of 63 gauge series in 5 groups, at 1 and 241
   steps, and of 189 series in one large and three small groups at 2 steps (a 24 h panel's newest
-  steps).
+  steps);
+- ``sum by (le, model_name)`` of 1,449 histogram-bucket series with a vLLM engine's labels at 2 steps
+  (a TTFT panel's refresh: the per-series work is the grouping keys).
 
 Each shape is timed in a child process that imports ``promql`` from ``--repo`` (default: this
 checkout) and, with ``--baseline DIR`` (a worktree of an earlier commit, e.g. ``git worktree add
@@ -71,6 +73,12 @@ for T in (1, 241):
         cases[f"{op} by (model_name) 63 series / 5 groups x {T} steps"] = (lambda v=v, op=op: aggregate(op, v, ["model_name"], False, None, Annotations()))
 v = vec(189, 2, lambda i: 0 if i < 123 else 1 + i % 3)
 cases["sum by (model_name) 189 series / 123+22+22+22 x 2 steps"] = (lambda v=v: aggregate("sum", v, ["model_name"], False, None, Annotations()))
+# a TTFT histogram's buckets with a vLLM engine's labels: 63 engines x 23 buckets, by (le, model_name)
+blabels = [make_labels({"__name__": "vllm:time_to_first_token_seconds_bucket", "instance": f"10.0.0.{i}:8000",
+                        "model_name": f"model-{i % 7}", "engine": "0", "job": "vllm", "pod": f"vllm-{i}",
+                        "namespace": "serving", "le": str(b)}) for i in range(63) for b in range(23)]
+v = VectorSteps(blabels, rng.random((len(blabels), 2)), np.ones((len(blabels), 2), bool))
+cases["sum by (le, model_name) 1,449 bucket series / 161 groups x 2 steps"] = (lambda v=v: aggregate("sum", v, ["le", "model_name"], False, None, Annotations()))
 
 out = {}
 for name, fn in cases.items():

@@ -42,8 +42,9 @@ def match_signature(labels: Labels, on: bool, names: Sequence[str]) -> Labels:
     return tuple(p for p in labels if p[0] not in drop)
 
 
-_GROUPING_CAPACITY = 65_536  # label sets remembered per grouping (emptied when full)
+_GROUPING_CAPACITY = 65_536  # label sets remembered over all groupings (all emptied when full)
 _grouping_memo: dict[tuple[frozenset, bool], dict[Labels, Labels]] = {}
+_grouping_size = [0]  # entries over all groupings
 
 
 def grouping_keys(all_labels: Sequence[Labels], names: Iterable[str], without: bool) -> list[Labels]:
@@ -54,13 +55,15 @@ def grouping_keys(all_labels: Sequence[Labels], names: Iterable[str], without: b
     if not without and not names:
         return [()] * len(all_labels)
     memo = _grouping_memo.get((names, without))
-    if memo is None or len(memo) + len(all_labels) > _GROUPING_CAPACITY:
-        if len(_grouping_memo) >= 64:
-            _grouping_memo.clear()
+    if memo is None:
         memo = _grouping_memo[(names, without)] = {}
-    get = memo.get
-    out = list(map(get, all_labels))
+    out = list(map(memo.get, all_labels))
     if None in out:
+        if _grouping_size[0] + len(all_labels) > _GROUPING_CAPACITY:
+            _grouping_memo.clear()
+            _grouping_size[0] = 0
+            memo = _grouping_memo[(names, without)] = {}
+        _grouping_size[0] += out.count(None)
         if without:
             drop = set(names)
             drop.add(METRIC_NAME)

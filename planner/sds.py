@@ -569,7 +569,11 @@ class SDS:
         return self.algorithm.serves(self.store, func)
 
     def register(self, labels: list[Labels]) -> np.ndarray:
-        ids = np.fromiter((self.registry.sid(l) for l in labels), dtype=np.int64, count=len(labels))
+        found = list(map(self.registry.index.get, labels))  # known series (nearly all): one C-level pass
+        if None in found:
+            sid = self.registry.sid
+            found = [sid(l) if i is None else i for i, l in zip(found, labels)]
+        ids = np.array(found, dtype=np.int64) if found else np.zeros(0, np.int64)
         # under the store's lock: growing reallocates the per-series arrays, and a fold running in
         # another ingest thread (or the backfill) would write into the old ones and be lost
         with self.store.lock:

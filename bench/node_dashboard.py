@@ -161,6 +161,30 @@ class NodeFleet:
         return enc.body(ts, vals)
 
 
+def on_off_servers(prefix: str) -> tuple[ServerProcess, ServerProcess]:
+    """Two started servers in a new temporary directory: ``on`` (default planner) and ``off``
+    (``planner: {enabled: false}``), WAL without fsync (both alike)."""
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    (work / "off.yml").write_text("planner:\n  enabled: false\n")
+    on = ServerProcess(work / "on", ["--wal-fsync", "never"])
+    off = ServerProcess(work / "off", ["--wal-fsync", "never", "--config", str(work / "off.yml")])
+    on.start()
+    off.start()
+    return on, off
+
+
+def print_plans(url: str, step_caches: bool = False) -> dict:
+    """Print the server's live and retired plans; returns ``/api/v1/planner/plans``'s data."""
+    with urllib.request.urlopen(url + "/api/v1/planner/plans", timeout=30) as r:
+        plans = json.loads(r.read())["data"]
+    for p in plans["plans"]:
+        extra = f", step cache {p.get('step_cache')}" if step_caches else ""
+        print(f"plan {p['id']}: {p.get('series')} series, {p.get('hits')} hits, {p.get('bytes', 0) / 1e6:.1f} MB{extra}")
+    for p in plans.get("retired", []):
+        print(f"retired {p.get('id')}: {p.get('reason', '')[:240]}")
+    return plans
+
+
 def query(url: str, q: str, start: float, end: float, step: int, exact: bool) -> tuple[float, dict]:
     params = {"query": q, "start": start, "end": end, "step": step, "stats": "1"}
     if exact:
@@ -191,12 +215,7 @@ def main() -> int:
 
     fleet = NodeFleet(args.hosts, args.seed)
     enc = Encoder(fleet.labels)
-    work = Path(tempfile.mkdtemp(prefix="node-dashboard-"))
-    (work / "off.yml").write_text("planner:\n  enabled: false\n")
-    on = ServerProcess(work / "on", ["--wal-fsync", "never"])
-    off = ServerProcess(work / "off", ["--wal-fsync", "never", "--config", str(work / "off.yml")])
-    on.start()
-    off.start()
+    on, off = on_off_servers("node-dashboard-")
     lock = threading.Lock()
     stop = threading.Event()
     failures: list[str] = []
@@ -291,12 +310,7 @@ def main() -> int:
         c_on = cpu["end"][0] - cpu["start"][0]
         c_off = cpu["end"][1] - cpu["start"][1]
         print(f"\nserver CPU over the clean half: on {c_on:.1f} s, off {c_off:.1f} s, on/off {c_on / max(c_off, 1e-9):.2f}")
-        with urllib.request.urlopen(on.url + "/api/v1/planner/plans", timeout=30) as r:
-            plans = json.loads(r.read())["data"]
-        for p in plans["plans"]:
-            print(f"plan {p['id']}: {p.get('series')} series, {p.get('hits')} hits, {p.get('bytes', 0) / 1e6:.1f} MB")
-        for p in plans.get("retired", []):
-            print(f"retired {p.get('id')}: {p.get('reason', '')[:240]}")
+        print_plans(on.url)
         total = sum(st.mismatches for st in stats.values())
         print(f"\nmismatches: {total}; failed queries: {len(failures)} {failures[:3]}")
         return 1 if total or failures else 0

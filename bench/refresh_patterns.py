@@ -33,7 +33,6 @@ import json
 import random
 import statistics
 import sys
-import tempfile
 import threading
 import time
 import urllib.parse
@@ -48,8 +47,8 @@ sys.path.insert(0, str(REPO))
 
 from bench.cluster_summaries import post, preload  # noqa: E402
 from bench.live_dashboard import PANELS, aligned_range, compare, grafana_step, proc_cpu_s, summary_info  # noqa: E402
+from bench.node_dashboard import on_off_servers, print_plans  # noqa: E402
 from bench.vllm_fleet import Encoder, Fleet  # noqa: E402
-from tests.helpers import ServerProcess  # noqa: E402
 
 WRITE_S = 5
 RANGE_S = 3600
@@ -108,12 +107,7 @@ def main() -> int:
 
     fleet = Fleet.for_series(args.series, args.seed)
     enc = Encoder(fleet.labels)
-    work = Path(tempfile.mkdtemp(prefix="refresh-patterns-"))
-    (work / "off.yml").write_text("planner:\n  enabled: false\n")
-    on = ServerProcess(work / "on", ["--wal-fsync", "never"])
-    off = ServerProcess(work / "off", ["--wal-fsync", "never", "--config", str(work / "off.yml")])
-    on.start()
-    off.start()
+    on, off = on_off_servers("refresh-patterns-")
     lock = threading.Lock()
     stop = threading.Event()
     failures: list[str] = []
@@ -191,13 +185,7 @@ def main() -> int:
         for p, st in zip(patterns, stats):
             if st.first_mismatch:
                 print(f"first mismatch in {p}: {st.first_mismatch}")
-        with urllib.request.urlopen(on.url + "/api/v1/planner/plans", timeout=30) as r:
-            plans = json.loads(r.read())["data"]
-        for p in plans["plans"]:
-            print(f"plan {p['id']}: {p.get('series')} series, {p.get('hits')} hits, {p.get('bytes', 0) / 1e6:.1f} MB, "
-                  f"step cache {p.get('step_cache')}")
-        for p in plans.get("retired", []):
-            print(f"retired {p.get('id')}: {p.get('reason', '')[:240]}")
+        plans = print_plans(on.url, step_caches=True)
         print(f"step answers: {plans.get('step_answers')}")
         total = sum(st.mismatches for st in stats)
         print(f"\nmismatches: {total}; failed requests: {len(failures)} {failures[:3]}")

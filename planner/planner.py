@@ -638,10 +638,7 @@ class Planner:
     BURST_S = 5.0  # arrivals of different queries within this long of the first are one load, not recurrences
 
     def _consider(self, c: Candidate, ks: KeyStats) -> None:
-        # the median, not the mean: a pattern's first evaluations pay cold caches (an instant TTFT query
-        # over 1,449 series was adopted on a 17.6 ms mean of its first arrivals; its raw path then
-        # measured 9-12 ms, and the summary 1.2-1.6x that)
-        raw_cpu = statistics.median(ks.raw_cpu)
+        raw_cpu = sum(ks.raw_cpu) / len(ks.raw_cpu)
         windows = sum(ks.windows) / max(len(ks.windows), 1)
         share = 0.0  # of the recent arrivals, refreshes the step answers shortened
         if ks.refresh_cpu:

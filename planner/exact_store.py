@@ -27,6 +27,7 @@ import numpy as np
 
 from planner.algorithms.exact import FIELDS, INT_FIELDS, SegStats, boundary, combine, segments_from_sorted
 from planner.pane_layout import grown_layout
+from planner.pane_prefix import PanePrefix, window_stats
 from planner.pane_store import PaneStoreParts, SeriesShift
 
 ENTRY_FIELDS = ("entry_corr", "entry_resets", "entry_changes")
@@ -79,6 +80,11 @@ class ExactPaneStore(SeriesShift, PaneStoreParts):
         self.cache_floor = np.iinfo(np.int64).max  # set by result caches: lowest coverage start they relied on
         self._totals: tuple[int, int, np.ndarray] | None = None  # (version, k0, samples per pane)
         self.step_cache: object | None = None  # planner.summary_scan.StepCache, attached on first use
+        self.prefix = PanePrefix()  # running sums over the panes for window reads (planner/pane_prefix.py)
+
+    def note_written(self, k: int) -> None:
+        super().note_written(k)
+        self.prefix.invalidate_from(k)
 
     # --- capacity --------------------------------------------------------------------------
     # Physical arrays have slack on both sides; ``cols[f]`` is a view whose column 0 is pane ``k0``,
@@ -133,6 +139,9 @@ class ExactPaneStore(SeriesShift, PaneStoreParts):
         self._set_views()
 
     def nbytes(self) -> int:
+        return self.pane_nbytes() + self.prefix.nbytes()
+
+    def pane_nbytes(self) -> int:
         return int(sum(a[: self.ns, : self.nk].nbytes for a in self.cols.values()))
 
     def drop_before(self, k: int) -> None:
@@ -149,6 +158,7 @@ class ExactPaneStore(SeriesShift, PaneStoreParts):
             self.nk -= d
             self._set_views()
             self.version += 1
+            self.prefix.reset()  # rebuilt from the first pane read next (its older sums are no use)
 
     def clear_from(self, k: int) -> None:
         """Forget panes ``k`` and later (blanked), so a restart can fold them again from raw storage."""
@@ -160,6 +170,7 @@ class ExactPaneStore(SeriesShift, PaneStoreParts):
                 a[:, c : self.nk] = _blank(f, (1, 1))[0, 0]
             self.version += 1
             self.epoch += 1
+            self.prefix.invalidate_from(int(k))
 
     # --- ingest ----------------------------------------------------------------------------
     def ingest_sorted(self, sid: np.ndarray, ts: np.ndarray, vals: np.ndarray, *, live: bool = True) -> None:
@@ -278,6 +289,14 @@ class ExactPaneStore(SeriesShift, PaneStoreParts):
                 out[f] = res
             return out
 
+    def window_stats(self, sids: np.ndarray, klo: np.ndarray, khi: np.ndarray,
+                     fields: frozenset[str] | None = None) -> SegStats:
+        """Merged stats of panes [klo_j, khi_j) (absolute indexes; equal bounds: an empty window) of
+        each series in ``sids``: what ``range_stats`` gives on ``pane_arrays``, from kept running sums
+        (planner/pane_prefix.py), so a window costs O(1) per series whatever its length."""
+        with self.lock:
+            return window_stats(self, self.prefix, sids, klo, khi, fields)
+
     def first_times(self, sids: np.ndarray, ks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(first sample time, sample count) of each series in ``sids`` in each pane of ``ks``, both
         (len(sids), len(ks)); a pane the store does not hold has count 0."""
@@ -319,6 +338,7 @@ class ExactPaneStore(SeriesShift, PaneStoreParts):
                 self.cols[f][s, c] = rows[f]
             self.version += 1
             self.epoch += 1
+            self.prefix.invalidate_from(int(rows["pane"].min()))
 
     def pane_totals(self) -> tuple[int, np.ndarray]:
         """(first pane, samples per pane summed over all series): the raw-read cost model's density."""

@@ -27,7 +27,6 @@ import numpy as np
 
 from planner.algorithms import exact as ex
 from planner.grid_admission import GridAdmission
-from planner.pane_ranges import range_stats
 from planner.raw_segments import RawPrefix, RawSamples
 from planner.served_functions import SERVED
 from planner.sds import SDS
@@ -458,10 +457,7 @@ def _scan_exact(sds: SDS, source: RawSource, matchers: Sequence[Matcher], func: 
     right = pre.stats(*plan.right)
     has_mid = plan.khi > plan.klo
     if has_mid.any():
-        ka = int(plan.klo[has_mid].min())
-        kb = int(plan.khi[has_mid].max())
-        panes = store.pane_arrays(sel, ka, kb, fields)
-        mid = range_stats(panes, np.where(has_mid, plan.klo - ka, 0), np.where(has_mid, plan.khi - ka, 0), fields)
+        mid = store.window_stats(sel, np.where(has_mid, plan.klo, 0), np.where(has_mid, plan.khi, 0), fields)
         total = ex.combine(ex.combine(left, mid), right)
     else:
         total = ex.combine(left, right)

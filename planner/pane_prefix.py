@@ -1,0 +1,252 @@
+"""Running sums over an exact store's panes, kept between reads: a window's additive fields from two
+columns per series instead of a pass over every pane in the window.
+
+``range_stats`` (planner/pane_ranges.py) builds its prefix sums over the panes a read asks for, on
+every read. A refresh at the live tip or a rule's instant query evaluates one or a few windows, and
+rebuilding the sums of every pane in them costs about what reading the raw samples costs when a pane
+holds a few samples (15 s panes of a 5 s scrape), and far more for an hour or a day of panes. Here the
+sums of each additive field (the counts, ``s1``/``s2``, and the counter terms plus their entry pairs)
+persist beside the store's pane arrays: column ``j`` holds the sum of panes ``[k_lo, k_lo + j)`` for
+every series. A read extends them over the panes sealed since the last read (a pane or two per
+refresh); a write into a pane they cover (a late sample, a rebuild, restored rows) cuts them back to
+that pane, so they are recomputed from there on the next read. Reads and writes hold the store's lock.
+
+The first / last non-empty pane of each window (first and last sample, the entry pair to subtract)
+come from the count sums: the window's first pane where it holds a sample (the common case), else a
+binary search over the series' count sums, vectorized over the (series, window) pairs that need one.
+
+Float sums are as precise as ``range_stats``'s: kept in extended precision, and a window whose
+difference of two sums is not within ``_PREFIX_TOL`` of the magnitude of its own panes (a huge value
+earlier in the series, an infinity) is summed over its panes instead. A window with no non-zero term
+(counted exactly, in integers) sums to exactly zero: the counter correction of a window without a
+reset, however large the corrections before it.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from planner.algorithms.exact import SegStats
+from planner.pane_ranges import _EPS_LD, _PREFIX_TOL, _sparse_query
+
+# additive window fields -> the pane fields whose sum they are (the counter terms add the entry pair)
+_INT_TERMS = {"count": ("count",), "nnan": ("nnan",), "npinf": ("npinf",), "nninf": ("nninf",),
+              "resets": ("resets", "entry_resets"), "changes": ("changes", "entry_changes")}
+_FLOAT_TERMS = {"s1": ("s1",), "s2": ("s2",), "corr": ("corr", "entry_corr")}
+# fields read from the first / last non-empty pane of a window
+_EDGE_FIELDS = frozenset({"first_v", "corr", "resets", "changes"})
+
+
+class PanePrefix:
+    """The kept sums of one store (see the module docstring). ``sums[f]`` is (rows, capacity + 1):
+    int32 for integer fields (a series' samples over a history are far fewer than 2^31), extended
+    precision for float ones; float fields also keep the sums of |term| (float64, for the precision
+    check) and of term != 0 (int32). At most 4 + 28 bytes per series and pane for a ``rate`` plan
+    (whose panes take 56), over the panes reads asked for since the last trim."""
+
+    def __init__(self) -> None:
+        self.k_lo = 0  # pane of column 0
+        self.n = 0  # panes summed: columns 0..n are valid
+        self.rows = 0
+        self.sums: dict[str, np.ndarray] = {}
+        self.mags: dict[str, np.ndarray] = {}
+        self.nonzero: dict[str, np.ndarray] = {}
+
+    def reset(self) -> None:
+        self.sums, self.mags, self.nonzero = {}, {}, {}
+        self.n = self.rows = 0
+
+    def invalidate_from(self, k: int) -> None:
+        """A write into pane ``k``: sums of panes from ``k`` on are recomputed on the next read."""
+        if k < self.k_lo + self.n:
+            self.n = max(int(k) - self.k_lo, 0)
+
+    def nbytes(self) -> int:
+        """Bytes of the sums in use (as the store counts its panes: spare capacity left out)."""
+        return int(sum(a[:, : self.n + 1].nbytes for d in (self.sums, self.mags, self.nonzero) for a in d.values()))
+
+    def ensure(self, store: Any, names: set[str], k_from: int, k_to: int) -> None:
+        """Sums of ``names`` valid over panes [k_lo, k_to) with k_lo <= k_from (store lock held)."""
+        ns = store.ns
+        if self.rows != ns or k_from < self.k_lo or not names <= set(self.sums):
+            keep = names | set(self.sums)
+            self.reset()
+            self.k_lo, self.rows = int(k_from), ns
+            cap = max(k_to - k_from, 1) * 3 // 2 + 16
+            for f in keep:
+                self._alloc(f, cap)
+        cap = next(iter(self.sums.values())).shape[1] - 1
+        if k_to - self.k_lo > cap:
+            self._grow(max(k_to - self.k_lo, cap * 3 // 2 + 16))
+        if k_to > self.k_lo + self.n:
+            self._extend(store, k_to)
+
+    def _alloc(self, f: str, cap: int) -> None:
+        if f in _INT_TERMS:
+            self.sums[f] = np.zeros((self.rows, cap + 1), np.int32)
+        else:
+            self.sums[f] = np.zeros((self.rows, cap + 1), np.longdouble)
+            self.mags[f] = np.zeros((self.rows, cap + 1), np.float64)
+            self.nonzero[f] = np.zeros((self.rows, cap + 1), np.int32)
+
+    def _grow(self, cap: int) -> None:
+        for d in (self.sums, self.mags, self.nonzero):
+            for f, a in d.items():
+                b = np.zeros((a.shape[0], cap + 1), a.dtype)
+                b[:, : self.n + 1] = a[:, : self.n + 1]
+                d[f] = b
+
+    def _extend(self, store: Any, k_to: int) -> None:
+        a, w = self.n, k_to - self.k_lo - self.n
+        ca = self.k_lo + a - store.k0  # store column of the first pane to add
+        lo, hi = max(ca, 0), min(ca + w, store.nk)
+        for f, P in self.sums.items():
+            term = np.zeros((self.rows, w), np.int64 if f in _INT_TERMS else np.float64)
+            if hi > lo:
+                for src in _INT_TERMS.get(f) or _FLOAT_TERMS[f]:
+                    term[:, lo - ca : hi - ca] += store.cols[src][: self.rows, lo:hi]
+            if f in _INT_TERMS:
+                np.cumsum(term, axis=1, dtype=np.int32, out=P[:, a + 1 : a + 1 + w])
+                P[:, a + 1 : a + 1 + w] += P[:, a : a + 1]
+                continue
+            with np.errstate(over="ignore", invalid="ignore"):
+                np.cumsum(term.astype(np.longdouble), axis=1, out=P[:, a + 1 : a + 1 + w])
+                P[:, a + 1 : a + 1 + w] += P[:, a : a + 1]
+                M = self.mags[f]
+                np.cumsum(np.abs(term), axis=1, out=M[:, a + 1 : a + 1 + w])
+                M[:, a + 1 : a + 1 + w] += M[:, a : a + 1]
+            Z = self.nonzero[f]
+            np.cumsum(term != 0, axis=1, dtype=np.int32, out=Z[:, a + 1 : a + 1 + w])
+            Z[:, a + 1 : a + 1 + w] += Z[:, a : a + 1]
+        self.n = k_to - self.k_lo
+
+    # --- reads (relative columns: pane k is column k - k_lo) ---------------------------------------
+    def int_sums(self, f: str, sel: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+        P = self.sums[f]
+        return P[np.ix_(sel, hi)].astype(np.int64) - P[np.ix_(sel, lo)]
+
+    def float_sums(self, store: Any, f: str, sel: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+        """(S, T) sums of field ``f`` over columns [lo_j, hi_j), in extended precision."""
+        P, M, Z = self.sums[f], self.mags[f], self.nonzero[f]
+        ih, il = np.ix_(sel, hi), np.ix_(sel, lo)
+        with np.errstate(over="ignore", invalid="ignore"):
+            out = P[ih] - P[il]
+            mhi = M[ih]
+            bound = (hi - lo).astype(np.float64)[None, :] * _EPS_LD * mhi
+            bad = ~(bound <= _PREFIX_TOL * (mhi - M[il]))  # NaN (an infinity in the sums) is bad too
+        zero = (Z[ih] - Z[il]) == 0
+        out[zero] = 0
+        bad &= ~zero
+        if bad.any():
+            rows = np.flatnonzero(bad.any(axis=1))
+            cols = np.flatnonzero(bad.any(axis=0))
+            ka, kb = int(lo[cols].min()), int(hi[cols].max())
+            ca = self.k_lo + ka - store.k0
+            term = np.zeros((len(rows), kb - ka + 1), np.longdouble)  # the last column closes the last window
+            c0, c1 = max(ca, 0), min(ca + kb - ka, store.nk)
+            if c1 > c0:
+                for src in _FLOAT_TERMS[f]:
+                    term[:, c0 - ca : c1 - ca] += store.cols[src][sel[rows], c0:c1]
+            idx = np.empty(2 * len(cols), np.int64)
+            idx[0::2], idx[1::2] = lo[cols] - ka, hi[cols] - ka
+            direct = np.add.reduceat(term, idx, axis=1)[:, 0::2]
+            direct[:, (hi[cols] == lo[cols])] = 0
+            sub = out[np.ix_(rows, cols)]
+            out[np.ix_(rows, cols)] = np.where(bad[np.ix_(rows, cols)], direct, sub)
+        return out
+
+
+def _f64(a: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore", invalid="ignore"):  # a sum past the float range is an infinity, as raw's
+        return a.astype(np.float64)
+
+
+def _search(C: np.ndarray, rows: np.ndarray, lo: np.ndarray, hi: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """Smallest column c in [lo, hi] with C[rows, c] >= target, per element (C non-decreasing along
+    rows; C[rows, hi] >= target): a binary search run on every element at once."""
+    lo, hi = lo.copy(), hi.copy()
+    while True:
+        act = lo < hi
+        if not act.any():
+            return lo
+        mid = (lo + hi) // 2
+        ge = C[rows, mid] >= target
+        hi = np.where(act & ge, mid, hi)
+        lo = np.where(act & ~ge, mid + 1, lo)
+
+
+def window_stats(store: Any, prefix: PanePrefix, sids: np.ndarray, klo: np.ndarray, khi: np.ndarray,
+                 fields: frozenset[str] | None = None) -> SegStats:
+    """What ``range_stats(store.pane_arrays(sids, ...), ...)`` gives for panes [klo_j, khi_j) (absolute
+    pane indexes; klo_j == khi_j: an empty window), from the kept sums. Store lock held."""
+    sids = np.asarray(sids, np.int64)
+    klo = np.asarray(klo, np.int64)
+    khi = np.maximum(np.asarray(khi, np.int64), klo)
+    S, T = len(sids), len(klo)
+    out = SegStats.empty((S, T))
+    has_w = khi > klo
+    if not S or not has_w.any():
+        return out
+    want = (lambda f: True) if fields is None else (lambda f: f in fields)  # noqa: E731
+    edges = fields is None or bool(fields & _EDGE_FIELDS)
+    names = {"count"} | {f for f in _INT_TERMS if want(f) and f not in ("resets", "changes")}
+    names |= {f for f in ("s1", "s2") if want(f)}
+    if edges:
+        names |= {f for f in ("corr", "resets", "changes") if want(f)}
+    names &= set(_INT_TERMS) | set(_FLOAT_TERMS)
+    k_from, k_to = int(klo[has_w].min()), int(khi[has_w].max())
+    prefix.ensure(store, names, k_from, k_to)
+    lo = np.where(has_w, klo - prefix.k_lo, 0)
+    hi = np.where(has_w, khi - prefix.k_lo, 0)
+    for f in ("count", "nnan", "npinf", "nninf"):
+        if f in names:
+            setattr(out, f, prefix.int_sums(f, sids, lo, hi))
+    for f in ("s1", "s2"):
+        if f in names:
+            setattr(out, f, _f64(prefix.float_sums(store, f, sids, lo, hi)))
+    if want("vmin") or want("vmax"):
+        ka = k_from
+        p = store.pane_arrays(sids, ka, k_to, frozenset(f for f in ("vmin", "vmax") if want(f)))
+        a_lo, a_hi = np.where(has_w, klo - ka, 0), np.where(has_w, khi - ka, 0)
+        with np.errstate(invalid="ignore"):
+            for f, fn in (("vmin", np.fmin), ("vmax", np.fmax)):
+                if want(f):
+                    setattr(out, f, _sparse_query(p[f], a_lo, a_hi, fn))
+    if not edges:
+        return out
+    if not store.nk:
+        return out
+    C = prefix.sums["count"]
+    ci, ch = C[np.ix_(sids, lo)], C[np.ix_(sids, hi)]
+    has = ch > ci
+    # first non-empty pane: the window's first pane when it holds a sample, else searched
+    c1 = C[np.ix_(sids, np.minimum(lo + 1, hi))]
+    first = np.broadcast_to(lo, (S, T)).copy()
+    r, j = np.nonzero(has & (c1 <= ci))
+    if len(r):
+        first[r, j] = _search(C, sids[r], lo[j] + 1, hi[j], ci[r, j] + 1) - 1
+    # last non-empty pane: the window's last pane when it holds a sample, else searched
+    cl = C[np.ix_(sids, np.maximum(hi - 1, lo))]
+    last = np.broadcast_to(hi - 1, (S, T)).copy()
+    r, j = np.nonzero(has & (ch <= cl))
+    if len(r):
+        last[r, j] = _search(C, sids[r], lo[j] + 1, hi[j], ch[r, j]) - 1
+    shift = prefix.k_lo - store.k0  # relative column -> store column
+    rows = sids[:, None]
+    fc = np.where(has, first + shift, 0)
+    lc = np.where(has, last + shift, 0)
+    cols = store.cols
+    out.first_t = np.where(has, cols["first_t"][rows, fc], 0)
+    out.first_v = np.where(has, cols["first_v"][rows, fc], 0.0)
+    out.last_t = np.where(has, cols["last_t"][rows, lc], 0)
+    out.last_v = np.where(has, cols["last_v"][rows, lc], 0.0)
+    if "corr" in names:
+        tot = prefix.float_sums(store, "corr", sids, lo, hi)
+        with np.errstate(invalid="ignore"):  # inf - inf: NaN, as raw's
+            out.corr = _f64(tot - np.where(has, cols["entry_corr"][rows, fc], 0.0))
+    for f in ("resets", "changes"):
+        if f in names:
+            tot = prefix.int_sums(f, sids, lo, hi)
+            setattr(out, f, tot - np.where(has, cols["entry_" + f][rows, fc], 0))
+    return out

@@ -35,6 +35,7 @@ from typing import Any, Callable
 from planner.distinct_store import DEFAULT_LG_K, CPCPaneStore, rse
 from planner.exact_store import ExactPaneStore
 from planner.group_store import GroupPaneStore
+from planner.pane_prefix import bytes_per_pane as prefix_bytes_per_pane
 from planner.pane_store import PaneStore
 from planner.kll_store import DEFAULT_K, REQ_DEFAULT_K, KLLPaneStore, rank_error, req_rank_error
 from planner.served_functions import SERVED
@@ -105,7 +106,7 @@ def _cpc_bound(sds: Any, phi: float | None) -> str:
 ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (
     Algorithm("exact", exact=True, scope="metric", order_independent=False,
               make_store=lambda spec: ExactPaneStore(spec.pane_ms, exact_fields(spec)), bound=lambda sds, phi: "exact",
-              bytes_per_pane=15 * 8 + 3 * 8, window_cost_s=0.2e-6, canary="exact", serves=_exact_serves,
+              bytes_per_pane=15 * 8 + 3 * 8 + prefix_bytes_per_pane(None), window_cost_s=0.2e-6, canary="exact", serves=_exact_serves,
               selects_fields=True),
     Algorithm("group", exact=True, scope="fixed", order_independent=True,
               make_store=lambda spec: GroupPaneStore(spec.pane_ms, spec.grouping),

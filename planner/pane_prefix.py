@@ -38,6 +38,21 @@ _FLOAT_TERMS = {"s1": ("s1",), "s2": ("s2",), "corr": ("corr", "entry_corr")}
 _EDGE_FIELDS = frozenset({"first_v", "corr", "resets", "changes"})
 
 
+def _names(fields: frozenset[str] | None) -> set[str]:
+    """The sums a read of ``fields`` (None: every field) takes."""
+    want = (lambda f: True) if fields is None else (lambda f: f in fields)  # noqa: E731
+    names = {"count"} | {f for f in ("nnan", "npinf", "nninf", "s1", "s2") if want(f)}
+    if fields is None or fields & _EDGE_FIELDS:
+        names |= {f for f in ("corr", "resets", "changes") if want(f)}
+    return names
+
+
+def bytes_per_pane(fields: frozenset[str] | None) -> int:
+    """Bytes per series and pane of the sums kept for reads of ``fields`` (None: every field): the
+    cost model's storage figure beside the panes' own."""
+    return sum(4 if f in _INT_TERMS else 28 for f in _names(fields))
+
+
 class PanePrefix:
     """The kept sums of one store (see the module docstring). ``sums[f]`` is (rows, capacity + 1):
     int32 for integer fields (a series' samples over a history are far fewer than 2^31), extended
@@ -190,11 +205,7 @@ def window_stats(store: Any, prefix: PanePrefix, sids: np.ndarray, klo: np.ndarr
         return out
     want = (lambda f: True) if fields is None else (lambda f: f in fields)  # noqa: E731
     edges = fields is None or bool(fields & _EDGE_FIELDS)
-    names = {"count"} | {f for f in _INT_TERMS if want(f) and f not in ("resets", "changes")}
-    names |= {f for f in ("s1", "s2") if want(f)}
-    if edges:
-        names |= {f for f in ("corr", "resets", "changes") if want(f)}
-    names &= set(_INT_TERMS) | set(_FLOAT_TERMS)
+    names = _names(fields)
     k_from, k_to = int(klo[has_w].min()), int(khi[has_w].max())
     prefix.ensure(store, names, k_from, k_to)
     lo = np.where(has_w, klo - prefix.k_lo, 0)

@@ -51,7 +51,7 @@ from typing import Any
 
 import numpy as np
 
-from planner import cost_model
+from planner import cost_model, pane_prefix
 from planner.algorithm_registry import ALGORITHMS, allowed
 from planner.exact_store import ALL_FIELDS, stored_fields
 from planner.normalize import Candidate, normalize
@@ -679,7 +679,7 @@ class Planner:
             windows_per_query=windows, series=scope_series,
             ingest_samples_per_s=max(ks.sample_rate, self._recent_sample_rate(scope)), pane_ms=pane_ms, history_ms=hist,
             budget_left_bytes=self.config.budget_bytes - used, fold_cost_s=fold, plan_cpu_floor_per_s=self._plan_cpu_per_s(scope_series),
-            bytes_per_pane=None if fields is None else 8 * len(fields),
+            bytes_per_pane=None if fields is None else 8 * len(fields) + pane_prefix.bytes_per_pane(frozenset(fields)),
             summary_fixed_s=self._summary_fixed_cpu_s(scope_series), backfill_cost_s=self._backfill_cost_per_sample(),
             amortize_s=self.config.retire_after_ms / 1000, slack_panes=SDS.TRIM_MIN_PANES, edge_fraction=edges,
         )

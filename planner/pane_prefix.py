@@ -139,12 +139,12 @@ class PanePrefix:
     # --- reads (relative columns: pane k is column k - k_lo) ---------------------------------------
     def int_sums(self, f: str, sel: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
         P = self.sums[f]
-        return P[np.ix_(sel, hi)].astype(np.int64) - P[np.ix_(sel, lo)]
+        return P[_ix(sel, hi)].astype(np.int64) - P[_ix(sel, lo)]
 
     def float_sums(self, store: Any, f: str, sel: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
         """(S, T) sums of field ``f`` over columns [lo_j, hi_j), in extended precision."""
         P, M, Z = self.sums[f], self.mags[f], self.nonzero[f]
-        ih, il = np.ix_(sel, hi), np.ix_(sel, lo)
+        ih, il = _ix(sel, hi), _ix(sel, lo)
         with np.errstate(over="ignore", invalid="ignore"):
             out = P[ih] - P[il]
             mhi = M[ih]
@@ -167,14 +167,19 @@ class PanePrefix:
             idx[0::2], idx[1::2] = lo[cols] - ka, hi[cols] - ka
             direct = np.add.reduceat(term, idx, axis=1)[:, 0::2]
             direct[:, (hi[cols] == lo[cols])] = 0
-            sub = out[np.ix_(rows, cols)]
-            out[np.ix_(rows, cols)] = np.where(bad[np.ix_(rows, cols)], direct, sub)
+            sub = out[_ix(rows, cols)]
+            out[_ix(rows, cols)] = np.where(bad[_ix(rows, cols)], direct, sub)
         return out
 
 
 def _f64(a: np.ndarray) -> np.ndarray:
     with np.errstate(over="ignore", invalid="ignore"):  # a sum past the float range is an infinity, as raw's
         return a.astype(np.float64)
+
+
+def _ix(rows: np.ndarray, cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Index of the (rows x cols) cells (``np.ix_`` without its per-call checks)."""
+    return rows[:, None], cols[None, :]
 
 
 def _search(C: np.ndarray, rows: np.ndarray, lo: np.ndarray, hi: np.ndarray, target: np.ndarray) -> np.ndarray:
@@ -189,6 +194,30 @@ def _search(C: np.ndarray, rows: np.ndarray, lo: np.ndarray, hi: np.ndarray, tar
         ge = C[rows, mid] >= target
         hi = np.where(act & ge, mid, hi)
         lo = np.where(act & ~ge, mid + 1, lo)
+
+
+_DIRECT_WINDOWS = 8  # up to this many windows, min / max straight from the store's columns
+
+
+def extremes(store: Any, out: SegStats, sids: np.ndarray, klo: np.ndarray, khi: np.ndarray, has_w: np.ndarray,
+             want: Any) -> None:
+    """``vmin`` / ``vmax`` of each window: a few windows (a refresh's newest, a rule's one) reduced
+    straight from the store's columns, more from a sparse table over a copy of their panes."""
+    with np.errstate(invalid="ignore"):
+        if len(klo) <= _DIRECT_WINDOWS:
+            for j in np.flatnonzero(has_w):
+                a, b = max(int(klo[j]) - store.k0, 0), min(int(khi[j]) - store.k0, store.nk)
+                if b > a:
+                    for f, fn in (("vmin", np.fmin), ("vmax", np.fmax)):
+                        if want(f):
+                            getattr(out, f)[:, j] = fn.reduce(store.cols[f][sids, a:b], axis=1)
+            return
+        k_from, k_to = int(klo[has_w].min()), int(khi[has_w].max())
+        p = store.pane_arrays(sids, k_from, k_to, frozenset(f for f in ("vmin", "vmax") if want(f)))
+        a_lo, a_hi = np.where(has_w, klo - k_from, 0), np.where(has_w, khi - k_from, 0)
+        for f, fn in (("vmin", np.fmin), ("vmax", np.fmax)):
+            if want(f):
+                setattr(out, f, _sparse_query(p[f], a_lo, a_hi, fn))
 
 
 def window_stats(store: Any, prefix: PanePrefix, sids: np.ndarray, klo: np.ndarray, khi: np.ndarray,
@@ -217,28 +246,22 @@ def window_stats(store: Any, prefix: PanePrefix, sids: np.ndarray, klo: np.ndarr
         if f in names:
             setattr(out, f, _f64(prefix.float_sums(store, f, sids, lo, hi)))
     if want("vmin") or want("vmax"):
-        ka = k_from
-        p = store.pane_arrays(sids, ka, k_to, frozenset(f for f in ("vmin", "vmax") if want(f)))
-        a_lo, a_hi = np.where(has_w, klo - ka, 0), np.where(has_w, khi - ka, 0)
-        with np.errstate(invalid="ignore"):
-            for f, fn in (("vmin", np.fmin), ("vmax", np.fmax)):
-                if want(f):
-                    setattr(out, f, _sparse_query(p[f], a_lo, a_hi, fn))
+        extremes(store, out, sids, klo, khi, has_w, want)
     if not edges:
         return out
     if not store.nk:
         return out
     C = prefix.sums["count"]
-    ci, ch = C[np.ix_(sids, lo)], C[np.ix_(sids, hi)]
+    ci, ch = C[_ix(sids, lo)], C[_ix(sids, hi)]
     has = ch > ci
     # first non-empty pane: the window's first pane when it holds a sample, else searched
-    c1 = C[np.ix_(sids, np.minimum(lo + 1, hi))]
+    c1 = C[_ix(sids, np.minimum(lo + 1, hi))]
     first = np.broadcast_to(lo, (S, T)).copy()
     r, j = np.nonzero(has & (c1 <= ci))
     if len(r):
         first[r, j] = _search(C, sids[r], lo[j] + 1, hi[j], ci[r, j] + 1) - 1
     # last non-empty pane: the window's last pane when it holds a sample, else searched
-    cl = C[np.ix_(sids, np.maximum(hi - 1, lo))]
+    cl = C[_ix(sids, np.maximum(hi - 1, lo))]
     last = np.broadcast_to(hi - 1, (S, T)).copy()
     r, j = np.nonzero(has & (ch <= cl))
     if len(r):

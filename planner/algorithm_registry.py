@@ -22,7 +22,9 @@ the parameters a plan of it is adopted with; ``payload_rounding``: the relative 
 values around their series' shift (REQ keeps float32: 2^-24, stated as 2^-23 for safety);
 ``serves_phi(sds, phi)``: a quantile sketch's literal phi range (REQ: its tail); ``selects_fields``: the
 store keeps only the pane fields of its plan's functions (exact panes); ``may_decline``: its scan may
-decline a query (frequent items prove top-k sets only), so inner sub-trees keep their own plans.
+decline a query (frequent items prove top-k sets only), so inner sub-trees keep their own plans;
+``window_sums``: the store keeps running sums over its panes (``planner/pane_prefix.py``), so a
+window's cost does not grow with the panes in it, and a plan may take finer panes (smaller raw edges).
 
 A new algorithm is one store module plus one entry here (and its rule in ``planner/rewrite_rules.py``).
 """
@@ -62,6 +64,7 @@ class Algorithm:
     serves_phi: Callable[[Any, float], bool] = lambda sds, phi: True  # quantile sketches: which literal phi it answers
     selects_fields: bool = False  # the store keeps only the pane fields of the functions its plan serves
     may_decline: bool = False  # its scan may decline a query (raw then): the inner sub-trees keep their own plans
+    window_sums: bool = False  # running sums over the panes: a window costs the same whatever panes it holds
 
 
 def exact_fields(spec: Any) -> tuple[str, ...] | None:
@@ -107,7 +110,7 @@ ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (
     Algorithm("exact", exact=True, scope="metric", order_independent=False,
               make_store=lambda spec: ExactPaneStore(spec.pane_ms, exact_fields(spec)), bound=lambda sds, phi: "exact",
               bytes_per_pane=15 * 8 + 3 * 8 + prefix_bytes_per_pane(None), window_cost_s=0.2e-6, canary="exact", serves=_exact_serves,
-              selects_fields=True),
+              selects_fields=True, window_sums=True),
     Algorithm("group", exact=True, scope="fixed", order_independent=True,
               make_store=lambda spec: GroupPaneStore(spec.pane_ms, spec.grouping),
               bound=lambda sds, phi: f"exact (cross-series panes per group of {', '.join(sds.spec.grouping)})",

@@ -617,12 +617,20 @@ class Planner:
 
     MAX_SPAN_PANES = 500  # a finer pane for alignment only while the widest span read stays within this many
 
-    def pane_for(self, ks: KeyStats) -> int:
+    # a store with running sums (``Algorithm.window_sums``) reads a window at the same cost whatever
+    # panes it holds, so where bounds are not aligned a finer pane only shrinks the raw edges: its
+    # shortest window gets this many panes (down to ``FINE_PANE_MS``; a rule's rate[5m] at arbitrary
+    # milliseconds reads <= 15 s + the seal delay raw at each end instead of <= 60 s)
+    FINE_PANES_PER_WINDOW = 16
+    FINE_PANE_MS = 15_000
+
+    def pane_for(self, ks: KeyStats, window_sums: bool = False) -> int:
         """The pane of a new plan: the configured one, or a finer divisor of a minute when the pattern's
         shortest window would hold fewer than 4 whole panes (``rate(x[1m])`` with 1 m panes has none).
         Among those, the coarsest that divides the bounds of the windows seen (Grafana aligns a panel's
         steps to its step): its windows are whole panes, with no raw edge to read, as long as the widest
-        span read stays within ``MAX_SPAN_PANES`` panes."""
+        span read stays within ``MAX_SPAN_PANES`` panes. Otherwise, for a store with running sums, the
+        coarsest holding ``FINE_PANES_PER_WINDOW`` in the shortest window, within the same span limit."""
         pane = self.config.pane_ms
         base = pane
         if ks.min_range_ms and ks.min_range_ms < 4 * pane:
@@ -631,6 +639,11 @@ class Planner:
         if ks.align_ms and base in PANE_CHOICES_MS:
             for p in PANE_CHOICES_MS:
                 if p <= base and ks.align_ms % p == 0 and ks.max_span_ms <= self.MAX_SPAN_PANES * p:
+                    return p
+        if window_sums and ks.min_range_ms:
+            for p in PANE_CHOICES_MS:
+                if (self.FINE_PANE_MS <= p <= base and self.FINE_PANES_PER_WINDOW * p <= ks.min_range_ms
+                        and ks.max_span_ms <= self.MAX_SPAN_PANES * p):
                     return p
         return base
 
@@ -654,7 +667,7 @@ class Planner:
             share = sum(ks.kinds) / len(ks.kinds)
             raw_cpu = share * statistics.median_low(ks.refresh_cpu) + (1 - share) * raw_cpu
             windows = share * statistics.median_low(ks.refresh_windows) + (1 - share) * windows
-        pane_ms = self.pane_for(ks)
+        pane_ms = self.pane_for(ks, ALGORITHMS[c.algorithm].window_sums)
         # the payload holds every series in the plan's scope (a per-metric plan: all of the metric's
         # series), not the query's result series (e.g. sum by (le) leaves a dozen of 1,400)
         scope = c if ALGORITHMS[c.algorithm].scope == "fixed" else Candidate(c.metric, (), c.algorithm, c.func, c.range_ms)

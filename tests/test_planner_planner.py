@@ -543,8 +543,14 @@ def test_pane_of_a_new_plan_divides_the_windows_bounds_grafana_aligns():
     # a 25 h span at 15 s would be 6,000 panes: the configured pane (its windows keep raw edges)
     assert p.pane_for(KeyStats(min_range_ms=300_000, max_span_ms=90_000_000, align_ms=15_000)) == 60_000
     assert p.pane_for(KeyStats(min_range_ms=300_000, max_span_ms=4 * 3_600_000, align_ms=5_000)) == 60_000
-    # bounds at arbitrary milliseconds (rule evaluations): the configured pane
-    assert p.pane_for(KeyStats(min_range_ms=300_000, max_span_ms=300_000, align_ms=7)) == 60_000
+    # bounds at arbitrary milliseconds (rule evaluations): the configured pane ...
+    rule_5m = KeyStats(min_range_ms=300_000, max_span_ms=300_000, align_ms=7)
+    assert p.pane_for(rule_5m) == 60_000
+    # ... or, for a store with running sums (a window costs the same whatever panes it holds), one the
+    # window holds 16 times, so its raw edges shrink: 15 s for [5m]; an hour keeps the configured pane
+    assert p.pane_for(rule_5m, window_sums=True) == 15_000
+    assert p.pane_for(KeyStats(min_range_ms=3_600_000, max_span_ms=3_600_000, align_ms=7), window_sums=True) == 60_000
+    assert p.pane_for(KeyStats(min_range_ms=300_000, max_span_ms=90_000_000, align_ms=7), window_sums=True) == 60_000
     # a short window still gets a pane it holds 4 times, aligned when it can be
     assert p.pane_for(KeyStats(min_range_ms=60_000, max_span_ms=3_660_000, align_ms=10_000)) == 10_000
     assert p.pane_for(KeyStats(min_range_ms=60_000, max_span_ms=3_660_000, align_ms=0)) == 15_000

@@ -9,7 +9,9 @@ end floored to the step, so every refresh lands on the same step grid. Other cli
 * ``incremental``: Grafana's incremental querying (the Prometheus datasource option): after a first
   full load, each refresh asks only [previous end - 10 m, now], floored to the step;
 * ``instant``: ``/api/v1/query`` at the current millisecond every 15 s, as a rule evaluation or an
-  alerting check does.
+  alerting check does;
+* ``rules``: the same, on rule-shaped queries with longer windows instead of the panels (``RULES``:
+  SLO-style ratios and quantiles over [30m] and [1h], as recording and alerting rules evaluate them).
 
 Two servers on loopback ports, each with its own temporary data directory: ``on`` (``turboprom
 serve``, default planner) and ``off`` (``planner: {enabled: false}``), fed the same remote-write
@@ -24,7 +26,7 @@ median latency on / off and their ratio, and the server CPU (utime + stime from 
 the block. Only successful answers count; a failed query or a mismatch fails the run.
 
     .venv/bin/python bench/refresh_patterns.py [--series 5000] [--history-hours 1.5] [--block-s 120]
-        [--patterns grafana,unaligned,incremental,instant]
+        [--patterns grafana,unaligned,incremental,instant,rules]
 """
 from __future__ import annotations
 
@@ -53,8 +55,17 @@ from bench.vllm_fleet import Encoder, Fleet  # noqa: E402
 WRITE_S = 5
 RANGE_S = 3600
 OVERLAP_S = 600  # Grafana's default incremental query overlap window
-PATTERNS = ("grafana", "unaligned", "incremental", "instant")
-REFRESH_S = {"grafana": 10, "unaligned": 10, "incremental": 10, "instant": 15}
+PATTERNS = ("grafana", "unaligned", "incremental", "instant", "rules")
+REFRESH_S = {"grafana": 10, "unaligned": 10, "incremental": 10, "instant": 15, "rules": 15}
+# rule-shaped queries over longer windows (recording rules and SLO alerts on the vLLM fleet)
+RULES = [
+    ("success_1h", "sum by (model_name) (increase(vllm:request_success_total[1h]))"),
+    ("ttft_p99_1h", "histogram_quantile(0.99, sum by (le, model_name) (rate(vllm:time_to_first_token_seconds_bucket[1h])))"),
+    ("e2e_p95_30m", "histogram_quantile(0.95, sum by (le, model_name) (rate(vllm:e2e_request_latency_seconds_bucket[30m])))"),
+    ("gen_tokens_1h", "sum by (model_name) (rate(vllm:generation_tokens_total[1h]))"),
+    ("kv_avg_1h", "avg by (model_name) (avg_over_time(vllm:kv_cache_usage_perc[1h]))"),
+    ("waiting_max_30m", "max by (model_name) (max_over_time(vllm:num_requests_waiting[30m]))"),
+]
 
 
 @dataclass
@@ -78,7 +89,7 @@ def ask(url: str, path: str, params: dict) -> tuple[float, dict]:
 
 def request_of(pattern: str, q: str, now: float, last_end: dict[str, int], pid: str) -> tuple[str, dict]:
     step = grafana_step(RANGE_S)
-    if pattern == "instant":
+    if pattern in ("instant", "rules"):
         return "/api/v1/query", {"query": q, "time": f"{now:.3f}"}
     if pattern == "unaligned":
         return "/api/v1/query_range", {"query": q, "start": f"{now - RANGE_S:.3f}", "end": f"{now:.3f}", "step": step}
@@ -145,7 +156,7 @@ def main() -> int:
                     time.sleep(0.1)
                     continue
                 due += REFRESH_S[pattern]
-                for pid, q in panels:
+                for pid, q in (RULES if pattern == "rules" else panels):
                     now = time.time()
                     path, params = request_of(pattern, q, now, last_end, pid)
                     params["stats"] = "1"
@@ -174,7 +185,7 @@ def main() -> int:
         stop.set()
 
         print(f"\n{fleet.num_series:,} series, {args.history_hours:g} h history, {args.block_s:g} s per pattern, "
-              f"{len(panels)} panels\n")
+              f"{len(panels)} panels, {len(RULES)} rules\n")
         print("| pattern | answers | mismatches | summary-served | on ms | off ms | on/off | CPU on s | CPU off s | CPU on/off |")
         print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for p, st in zip(patterns, stats):

@@ -9,7 +9,8 @@ query, a refresh's newest steps, a whole 1 h panel):
 * ``kept sums``: the pane part of the windows from ``ExactPaneStore.window_stats`` (planner/pane_prefix.py),
 * ``rebuilt``: the same from ``pane_arrays`` + ``range_stats`` (sums rebuilt over the windows' panes on
   every read: the path before the kept sums), answers checked equal (1e-12 relative),
-* ``scan``: the whole exact scan (``summary_scan.scan_exact``: raw edges, panes, finish),
+* ``scan``: the whole exact scan (``summary_scan.scan_exact``: raw edges, panes, finish), every window
+  computed (the plan's step cache emptied before each read),
 * ``raw``: the raw engine's ``rate`` over the same windows (``promql.engine.Engine``, selection included).
 
 Medians of ``--repeats`` reads each, the variants interleaved.
@@ -104,7 +105,8 @@ def main() -> int:
                 np.testing.assert_allclose(getattr(x, f), getattr(y, f), rtol=1e-12, err_msg=f)
 
             def scan() -> object:
-                _recent_plans.clear()  # each read plans its windows, as a refresh moving on does
+                _recent_plans.clear()  # each read plans its windows, as a refresh moving on does ...
+                store.step_cache = None  # ... and computes them (no answers kept from the last read)
                 return scan_exact(sds, db, matchers, "rate", ends, range_ms)
 
             q = f"rate({metric}[{range_ms // 1000}s])"

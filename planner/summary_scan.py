@@ -453,20 +453,37 @@ def _scan_exact(sds: SDS, source: RawSource, matchers: Sequence[Matcher], func: 
     shift = np.nan_to_num(store.shift[sel], nan=0.0) if S else np.zeros(0)
     fields = SERVED[func].needs
     pre = RawPrefix(raw, shift, fields)
-    left = pre.stats(*plan.left)
-    right = pre.stats(*plan.right)
     has_mid = plan.khi > plan.klo
     if has_mid.any():
-        mid = store.window_stats(sel, np.where(has_mid, plan.klo, 0), np.where(has_mid, plan.khi, 0), fields)
-        total = ex.combine(ex.combine(left, mid), right)
+        total = store.window_stats(sel, np.where(has_mid, plan.klo, 0), np.where(has_mid, plan.khi, 0), fields)
     else:
-        total = ex.combine(left, right)
+        total = ex.SegStats.empty((S, len(ends)))
+    total = _merge_edge(total, pre, *plan.left, before=True)
+    total = _merge_edge(total, pre, *plan.right, before=False)
     check = SERVED[func].precise
     if check is not None and not check(total, shift[:, None]):
         return None
     vals, present = finish_exact(func, total, shift[:, None], plan)
     return ScanResult([sds.registry.labels[i] for i in sel], vals, present,
                       raw_samples=len(raw.ts), summary_panes=plan.summary_panes, info={"sel": sel})
+
+
+def _merge_edge(total: ex.SegStats, pre: RawPrefix, x: np.ndarray, y: np.ndarray, before: bool) -> ex.SegStats:
+    """``total`` with each window's raw edge run [x_j, y_j] merged in (before or after its panes), at the
+    windows that have one: Grafana-aligned windows mostly have none (``snap_aligned_edges``), and a
+    whole panel's windows then skip the per-window merge of 15 fields."""
+    cols = np.flatnonzero(x <= y)
+    if not len(cols):
+        return total
+    if len(cols) == len(x):
+        e = pre.stats(x, y)
+        return ex.combine(e, total) if before else ex.combine(total, e)
+    e = pre.stats(x[cols], y[cols])
+    sub = total.take((slice(None), cols))
+    merged = ex.combine(e, sub) if before else ex.combine(sub, e)
+    for f in ex.FIELDS:
+        getattr(total, f)[:, cols] = getattr(merged, f)
+    return total
 
 
 def finish_exact(func: str, st: ex.SegStats, shift: np.ndarray, plan: WindowPlan) -> tuple[np.ndarray, np.ndarray]:

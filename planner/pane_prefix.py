@@ -16,7 +16,7 @@ come from the count sums: the window's first pane where it holds a sample (the c
 binary search over the series' count sums, vectorized over the (series, window) pairs that need one.
 
 Float sums are as precise as ``range_stats``'s: kept in extended precision, and a window whose
-difference of two sums is not within ``_PREFIX_TOL`` of the magnitude of its own panes (a huge value
+difference of two sums is not within ``PREFIX_TOL`` of the magnitude of its own panes (a huge value
 earlier in the series, an infinity) is summed over its panes instead. A window with no non-zero term
 (counted exactly, in integers) sums to exactly zero: the counter correction of a window without a
 reset, however large the corrections before it.
@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from planner.algorithms.exact import SegStats
-from planner.pane_ranges import _EPS_LD, _PREFIX_TOL, _sparse_query
+from planner.pane_ranges import EPS_LD, PREFIX_TOL, sparse_query
 
 # additive window fields -> the pane fields whose sum they are (the counter terms add the entry pair)
 _INT_TERMS = {"count": ("count",), "nnan": ("nnan",), "npinf": ("npinf",), "nninf": ("nninf",),
@@ -148,8 +148,8 @@ class PanePrefix:
         with np.errstate(over="ignore", invalid="ignore"):
             out = rows_.at(P, hi) - rows_.at(P, lo)
             mhi = rows_.at(M, hi)
-            bound = (hi - lo).astype(np.float64)[None, :] * _EPS_LD * mhi
-            bad = ~(bound <= _PREFIX_TOL * (mhi - rows_.at(M, lo)))  # NaN (an infinity in the sums) is bad too
+            bound = (hi - lo).astype(np.float64)[None, :] * EPS_LD * mhi
+            bad = ~(bound <= PREFIX_TOL * (mhi - rows_.at(M, lo)))  # NaN (an infinity in the sums) is bad too
         zero = (rows_.at(Z, hi) - rows_.at(Z, lo)) == 0
         out[zero] = 0
         bad &= ~zero
@@ -242,7 +242,7 @@ def extremes(store: Any, out: SegStats, sids: np.ndarray, klo: np.ndarray, khi: 
         a_lo, a_hi = np.where(has_w, klo - k_from, 0), np.where(has_w, khi - k_from, 0)
         for f, fn in (("vmin", np.fmin), ("vmax", np.fmax)):
             if want(f):
-                setattr(out, f, _sparse_query(p[f], a_lo, a_hi, fn))
+                setattr(out, f, sparse_query(p[f], a_lo, a_hi, fn))
 
 
 def window_stats(store: Any, prefix: PanePrefix, sids: np.ndarray, klo: np.ndarray, khi: np.ndarray,

@@ -28,10 +28,10 @@ def _prefix(a: np.ndarray, dtype: type) -> np.ndarray:
     return out
 
 
-_EPS_LD = float(np.finfo(np.longdouble).eps)
+EPS_LD = float(np.finfo(np.longdouble).eps)
 # a window's prefix difference is kept when its rounding bound is at most this share of the
 # magnitude of its own panes (float64 keeps ~1.1e-16 of that magnitude in the pane sums themselves)
-_PREFIX_TOL = 1e-13
+PREFIX_TOL = 1e-13
 
 
 def _window_sums(a: np.ndarray, klo: np.ndarray, khi: np.ndarray) -> np.ndarray:
@@ -40,7 +40,7 @@ def _window_sums(a: np.ndarray, klo: np.ndarray, khi: np.ndarray) -> np.ndarray:
     From prefix sums where that is exact enough: a difference P[khi] - P[klo] is the rounded sum of
     the window's own additions, each rounded at the running prefix's magnitude, so its error is at
     most (khi - klo) * eps * max |P| over the window, and |P| there is at most the prefix of |a| at
-    khi. Windows whose bound exceeds ``_PREFIX_TOL`` of the magnitude of their own panes (or that
+    khi. Windows whose bound exceeds ``PREFIX_TOL`` of the magnitude of their own panes (or that
     meet an infinity in the prefix) are summed directly over their panes."""
     pre = _prefix(a, np.longdouble)
     out = pre[:, khi] - pre[:, klo]
@@ -48,8 +48,8 @@ def _window_sums(a: np.ndarray, klo: np.ndarray, khi: np.ndarray) -> np.ndarray:
     with np.errstate(invalid="ignore", over="ignore"):
         mag = _prefix(np.abs(a), np.float64)
         hi = mag[:, khi]
-        bound = (khi - klo).astype(np.float64)[None, :] * _EPS_LD * hi
-        bad = ~(bound <= _PREFIX_TOL * (hi - mag[:, klo]))  # NaN (an infinity in the prefix) is bad too
+        bound = (khi - klo).astype(np.float64)[None, :] * EPS_LD * hi
+        bad = ~(bound <= PREFIX_TOL * (hi - mag[:, klo]))  # NaN (an infinity in the prefix) is bad too
     bad &= (khi > klo)[None, :]
     if bad.any():
         cols = np.flatnonzero(bad.any(axis=0))
@@ -62,7 +62,7 @@ def _window_sums(a: np.ndarray, klo: np.ndarray, khi: np.ndarray) -> np.ndarray:
     return out
 
 
-def _sparse_query(a: np.ndarray, klo: np.ndarray, khi: np.ndarray, fn: np.ufunc) -> np.ndarray:
+def sparse_query(a: np.ndarray, klo: np.ndarray, khi: np.ndarray, fn: np.ufunc) -> np.ndarray:
     """fn-reduction of a[:, klo_j:khi_j] for every j (empty ranges give NaN)."""
     S, K = a.shape
     T = len(klo)
@@ -108,9 +108,9 @@ def range_stats(p: dict[str, np.ndarray], klo: np.ndarray, khi: np.ndarray, fiel
                 setattr(out, f, _window_sums(p[f], klo, khi).astype(np.float64))
     with np.errstate(invalid="ignore"):
         if want("vmin"):
-            out.vmin = _sparse_query(p["vmin"], klo, khi, np.fmin)
+            out.vmin = sparse_query(p["vmin"], klo, khi, np.fmin)
         if want("vmax"):
-            out.vmax = _sparse_query(p["vmax"], klo, khi, np.fmax)
+            out.vmax = sparse_query(p["vmax"], klo, khi, np.fmax)
     if fields is not None and not (fields & {"first_v", "corr", "resets", "changes"}):
         return out
     nonempty = count > 0

@@ -27,7 +27,7 @@ import numpy as np
 
 from planner.algorithms.exact import FIELDS, INT_FIELDS, SegStats, boundary, combine, segments_from_sorted
 from planner.pane_layout import grown_layout
-from planner.pane_prefix import PanePrefix, window_stats
+from planner.pane_prefix import PanePrefix, Rows, window_stats
 from planner.pane_store import PaneStoreParts, SeriesShift
 
 ENTRY_FIELDS = ("entry_corr", "entry_resets", "entry_changes")
@@ -297,20 +297,24 @@ class ExactPaneStore(SeriesShift, PaneStoreParts):
         with self.lock:
             return window_stats(self, self.prefix, sids, klo, khi, fields)
 
-    def first_times(self, sids: np.ndarray, ks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(first sample time, sample count) of each series in ``sids`` in each pane of ``ks``, both
-        (len(sids), len(ks)); a pane the store does not hold has count 0."""
+    def sample_at(self, sids: np.ndarray, ks: np.ndarray, times: np.ndarray) -> np.ndarray:
+        """Per j: whether some series of ``sids`` has a sample at exactly ``times[j]`` as the first of
+        pane ``ks[j]`` (a pane the store does not hold: no). Series in cache-sized blocks, a run of
+        consecutive series by slices."""
         with self.lock:
             idx = np.asarray(ks, np.int64) - self.k0
             held = (idx >= 0) & (idx < self.nk)
-            safe = np.where(held, idx, 0)
+            out = np.zeros(len(idx), bool)
             sids = np.asarray(sids, np.int64)
-            if not len(sids) or not self.nk:
-                z = np.zeros((len(sids), len(idx)), np.int64)
-                return z, z.copy()
-            first = self.cols["first_t"][np.ix_(sids, safe)]
-            count = np.where(held[None, :], self.cols["count"][np.ix_(sids, safe)], 0)
-            return first, count
+            if not len(sids) or not self.nk or not held.any():
+                return out
+            safe = np.where(held, idx, 0)
+            times = np.asarray(times, np.int64)[None, :]
+            step = max(16, (1 << 14) // max(len(idx), 1))
+            for a in range(0, len(sids), step):
+                rows = Rows(sids[a:a + step])
+                out |= ((rows.at(self.cols["first_t"], safe) == times) & (rows.at(self.cols["count"], safe) > 0)).any(axis=0)
+            return out & held
 
     # --- persistence ------------------------------------------------------------------------
     def export_rows(self, k_lo: int, k_hi: int) -> dict[str, np.ndarray]:

@@ -36,6 +36,8 @@ _INT_TERMS = {"count": ("count",), "nnan": ("nnan",), "npinf": ("npinf",), "nnin
 _FLOAT_TERMS = {"s1": ("s1",), "s2": ("s2",), "corr": ("corr", "entry_corr")}
 # fields read from the first / last non-empty pane of a window
 _EDGE_FIELDS = frozenset({"first_v", "corr", "resets", "changes"})
+# the store columns those are gathered from
+_GATHERED = frozenset({"first_t", "first_v", "last_t", "last_v", "entry_corr", "entry_resets", "entry_changes"})
 
 
 def _names(fields: frozenset[str] | None) -> set[str]:
@@ -141,18 +143,44 @@ class PanePrefix:
         P = self.sums[f]
         return rows.at(P, hi).astype(np.int64) - rows.at(P, lo)
 
-    def float_sums(self, store: Any, f: str, rows_: "Rows", lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-        """(S, T) sums of field ``f`` over columns [lo_j, hi_j), in extended precision."""
-        P, M, Z = self.sums[f], self.mags[f], self.nonzero[f]
+    def float_sums(self, store: Any, f: str, rows_: "Rows", lo: np.ndarray, hi: np.ndarray,
+                   minus: np.ndarray | None = None) -> np.ndarray:
+        """(S, T) float64 sums of field ``f`` over columns [lo_j, hi_j), less ``minus`` (S, T) where given,
+        computed in extended precision and rounded once. A window with no non-zero term is exactly
+        ``0 - minus``; the extended-precision work covers only the block of series and windows that
+        have one (a counter's correction: the few series and windows around a reset)."""
+        Z = self.nonzero[f]
+        nz = (rows_.at(Z, hi) - rows_.at(Z, lo)) != 0
+        out = np.zeros(nz.shape) if minus is None else np.negative(minus)
+        rr = np.flatnonzero(nz.any(axis=1))
+        if not len(rr):
+            return out
+        cc = np.flatnonzero(nz.any(axis=0))
+        if len(rr) == nz.shape[0] and len(cc) == nz.shape[1]:
+            tot = self._ld_sums(store, f, rows_, lo, hi, nz)
+            if minus is not None:
+                tot -= minus
+            out[nz] = _f64(tot[nz])
+            return out
+        cell = _ix(rr, cc)
+        tot = self._ld_sums(store, f, Rows(rows_.sel[rr]), lo[cc], hi[cc], nz[cell])
+        if minus is not None:
+            tot -= minus[cell]
+        out[cell] = np.where(nz[cell], _f64(tot), out[cell])
+        return out
+
+    def _ld_sums(self, store: Any, f: str, rows_: "Rows", lo: np.ndarray, hi: np.ndarray, nz: np.ndarray) -> np.ndarray:
+        """(S, T) extended-precision sums of ``f`` over columns [lo_j, hi_j): the difference of two kept
+        sums, or the window's own panes summed where that difference is not precise enough (only
+        where ``nz``: a window with a non-zero term)."""
+        P, M = self.sums[f], self.mags[f]
         sel = rows_.sel
         with np.errstate(over="ignore", invalid="ignore"):
             out = rows_.at(P, hi) - rows_.at(P, lo)
             mhi = rows_.at(M, hi)
             bound = (hi - lo).astype(np.float64)[None, :] * EPS_LD * mhi
             bad = ~(bound <= PREFIX_TOL * (mhi - rows_.at(M, lo)))  # NaN (an infinity in the sums) is bad too
-        zero = (rows_.at(Z, hi) - rows_.at(Z, lo)) == 0
-        out[zero] = 0
-        bad &= ~zero
+        bad &= nz
         if bad.any():
             rows = np.flatnonzero(bad.any(axis=1))
             cols = np.flatnonzero(bad.any(axis=0))
@@ -199,6 +227,11 @@ class Rows:
         if self.run is not None:
             return A[self.run].take(cols, axis=1)
         return A[self.sel[:, None], cols[None, :]]
+
+    def flat_index(self, width: int, cols: np.ndarray) -> np.ndarray:
+        """(S, T) flat indexes into a C-ordered matrix ``width`` wide: row i at the columns ``cols[i]``."""
+        idx = self.sel[:, None] * np.int64(width)
+        return idx + cols
 
     def along(self, A: np.ndarray, cols: np.ndarray) -> np.ndarray:
         """(S, T) cells of ``A``: row i at the columns ``cols[i]``."""
@@ -270,7 +303,7 @@ def window_stats(store: Any, prefix: PanePrefix, sids: np.ndarray, klo: np.ndarr
             setattr(out, f, prefix.int_sums(f, rows, lo, hi))
     for f in ("s1", "s2"):
         if f in names:
-            setattr(out, f, _f64(prefix.float_sums(store, f, rows, lo, hi)))
+            setattr(out, f, prefix.float_sums(store, f, rows, lo, hi))
     if want("vmin") or want("vmax"):
         extremes(store, out, sids, klo, khi, has_w, want)
     if not edges:
@@ -293,19 +326,33 @@ def window_stats(store: Any, prefix: PanePrefix, sids: np.ndarray, klo: np.ndarr
     if len(r):
         last[r, j] = _search(C, sids[r], lo[j] + 1, hi[j], ch[r, j]) - 1
     shift = prefix.k_lo - store.k0  # relative column -> store column
-    fc = np.where(has, first + shift, 0)
-    lc = np.where(has, last + shift, 0)
     cols = store.cols
-    out.first_t = np.where(has, rows.along(cols["first_t"], fc), 0)
-    out.first_v = np.where(has, rows.along(cols["first_v"], fc), 0.0)
-    out.last_t = np.where(has, rows.along(cols["last_t"], lc), 0)
-    out.last_v = np.where(has, rows.along(cols["last_v"], lc), 0.0)
+    fc, lc = first + shift, last + shift
+    dense = bool(has.all())
+    if not dense:  # windows without samples read column 0 and are masked below
+        fc[~has] = 0
+        lc[~has] = 0
+    # the first / last panes' fields by flat indexes into the store's columns (one index per side for
+    # every field; a row-wise gather rebuilds its index per field)
+    W = cols["first_t"].shape[1]
+    flat = all(a.ndim == 2 and a.shape[1] == W and a.flags.c_contiguous
+               for f, a in cols.items() if f in _GATHERED)
+    fi = rows.flat_index(W, fc) if flat else fc
+    li = rows.flat_index(W, lc) if flat else lc
+
+    def edge(a: np.ndarray, idx: np.ndarray, fill: Any) -> np.ndarray:
+        v = a.reshape(-1).take(idx) if flat else rows.along(a, idx)
+        return v if dense else np.where(has, v, fill)
+
+    out.first_t = edge(cols["first_t"], fi, 0)
+    out.first_v = edge(cols["first_v"], fi, 0.0)
+    out.last_t = edge(cols["last_t"], li, 0)
+    out.last_v = edge(cols["last_v"], li, 0.0)
     if "corr" in names:
-        tot = prefix.float_sums(store, "corr", rows, lo, hi)
         with np.errstate(invalid="ignore"):  # inf - inf: NaN, as raw's
-            out.corr = _f64(tot - np.where(has, rows.along(cols["entry_corr"], fc), 0.0))
+            out.corr = prefix.float_sums(store, "corr", rows, lo, hi, edge(cols["entry_corr"], fi, 0.0))
     for f in ("resets", "changes"):
         if f in names:
             tot = prefix.int_sums(f, rows, lo, hi)
-            setattr(out, f, tot - np.where(has, rows.along(cols["entry_" + f], fc), 0))
+            setattr(out, f, tot - edge(cols["entry_" + f], fi, 0))
     return out

@@ -429,56 +429,75 @@ def snap_aligned_edges(plan: WindowPlan, store: Any, sel: np.ndarray, pane_ms: i
     if not (left.any() or right.any()):
         return plan
     nl = int(left.sum())
-    first_t, count = store.first_times(sel, np.concatenate([k0[left], m[right]]))
+    on_edge = store.sample_at(sel, np.concatenate([k0[left], m[right]]),
+                              np.concatenate([plan.start[left], plan.end[right]]))
     klo = plan.klo.copy()
     (lx, ly), (rx, ry) = (plan.left[0].copy(), plan.left[1].copy()), (plan.right[0].copy(), plan.right[1])
     if nl:
-        on_edge = ((first_t[:, :nl] == plan.start[left][None, :]) & (count[:, :nl] > 0)).any(axis=0)
-        idx = np.flatnonzero(left)[~on_edge]
+        idx = np.flatnonzero(left)[~on_edge[:nl]]
         klo[idx] = k0[idx]
         lx[idx], ly[idx] = plan.start[idx] + 1, plan.start[idx]  # empty
     if right.any():
-        on_edge = ((first_t[:, nl:] == plan.end[right][None, :]) & (count[:, nl:] > 0)).any(axis=0)
-        idx = np.flatnonzero(right)[~on_edge]
+        idx = np.flatnonzero(right)[~on_edge[nl:]]
         rx[idx] = plan.end[idx] + 1  # empty
     return WindowPlan(plan.start, plan.end, klo, plan.khi, (lx, ly), (rx, ry))
+
+
+# Cells (series x windows) per block of the pane read and the finish: each of their ~40 elementwise
+# passes then runs over cache-resident arrays instead of streaming (series x windows)-sized ones
+# through memory (a whole 1 h panel of 1,449 series: 1.7-2x faster on the 2-vCPU box).
+_BLOCK_CELLS = 1 << 14
 
 
 def _scan_exact(sds: SDS, source: RawSource, matchers: Sequence[Matcher], func: str, ends: np.ndarray,
                 range_ms: int, cov_lo: int, cov_hi: int, scope: SeriesScope | None = None) -> ScanResult | None:
     plan = window_plan(sds, matchers, ends, range_ms, cov_lo, cov_hi, scope)
     sel, raw = _read_raw(sds, source, matchers, plan, scope=scope)
-    S = len(sel)
+    S, T = len(sel), len(ends)
     store = sds.store
     shift = np.nan_to_num(store.shift[sel], nan=0.0) if S else np.zeros(0)
     fields = SERVED[func].needs
     pre = RawPrefix(raw, shift, fields)
     has_mid = plan.khi > plan.klo
-    if has_mid.any():
-        total = store.window_stats(sel, np.where(has_mid, plan.klo, 0), np.where(has_mid, plan.khi, 0), fields)
-    else:
-        total = ex.SegStats.empty((S, len(ends)))
-    total = _merge_edge(total, pre, *plan.left, before=True)
-    total = _merge_edge(total, pre, *plan.right, before=False)
+    klo, khi = np.where(has_mid, plan.klo, 0), np.where(has_mid, plan.khi, 0)
+    left, right = _edge_stats(pre, *plan.left), _edge_stats(pre, *plan.right)
     check = SERVED[func].precise
-    if check is not None and not check(total, shift[:, None]):
-        return None
-    vals, present = finish_exact(func, total, shift[:, None], plan)
+    rows_per = max(16, _BLOCK_CELLS // max(T, 1))
+    vals, present = np.empty((S, T)), np.empty((S, T), bool)
+    for a in range(0, max(S, 1), rows_per):
+        b = min(a + rows_per, S)
+        if has_mid.any():
+            total = store.window_stats(sel[a:b], klo, khi, fields)
+        else:
+            total = ex.SegStats.empty((b - a, T))
+        total = _merge_edge(total, left, a, b, before=True)
+        total = _merge_edge(total, right, a, b, before=False)
+        if check is not None and not check(total, shift[a:b, None]):
+            return None
+        vals[a:b], present[a:b] = finish_exact(func, total, shift[a:b, None], plan)
     return ScanResult([sds.registry.labels[i] for i in sel], vals, present,
                       raw_samples=len(raw.ts), summary_panes=plan.summary_panes, info={"sel": sel})
 
 
-def _merge_edge(total: ex.SegStats, pre: RawPrefix, x: np.ndarray, y: np.ndarray, before: bool) -> ex.SegStats:
-    """``total`` with each window's raw edge run [x_j, y_j] merged in (before or after its panes), at the
-    windows that have one: Grafana-aligned windows mostly have none (``snap_aligned_edges``), and a
-    whole panel's windows then skip the per-window merge of 15 fields."""
+def _edge_stats(pre: RawPrefix, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, ex.SegStats] | None:
+    """The raw edge runs [x_j, y_j] of the windows that have one (their columns, and every series'
+    stats over them); None when none has: Grafana-aligned windows mostly have none
+    (``snap_aligned_edges``), and a whole panel's windows then skip the per-window merge."""
     cols = np.flatnonzero(x <= y)
     if not len(cols):
+        return None
+    return cols, pre.stats(x[cols], y[cols])
+
+
+def _merge_edge(total: ex.SegStats, edge: tuple[np.ndarray, ex.SegStats] | None, a: int, b: int,
+                before: bool) -> ex.SegStats:
+    """``total`` (series a..b) with each window's raw edge stats merged in, before or after its panes."""
+    if edge is None:
         return total
-    if len(cols) == len(x):
-        e = pre.stats(x, y)
+    cols, e = edge
+    e = e.take((slice(a, b), slice(None)))
+    if len(cols) == total.count.shape[1]:
         return ex.combine(e, total) if before else ex.combine(total, e)
-    e = pre.stats(x[cols], y[cols])
     sub = total.take((slice(None), cols))
     merged = ex.combine(e, sub) if before else ex.combine(sub, e)
     for f in ex.FIELDS:

@@ -378,3 +378,37 @@ def test_a_crash_before_the_next_flush_loses_no_late_sample(store_kind):
     else:  # the sketches of the windows holding the late sample hold it again: their minimum is it
         hit = b.present[0] & (b.values[0] == -1000.0)
         assert hit.any() and (a.values[0][hit] == -1000.0).all()
+
+
+@pytest.mark.parametrize("func,metric", [("rate", "c_total"), ("increase", "c_total"), ("resets", "c_total"),
+                                         ("avg_over_time", "g"), ("stddev_over_time", "g"), ("max_over_time", "g")])
+def test_a_whole_panel_over_many_series_is_read_in_blocks_and_equals_raw(func, metric):
+    """A cold 1 h panel (241 steps) over 150 series: the summary read runs in blocks of series (cache-
+    sized), with resets, scrape gaps, specials and a series that starts late in some blocks only."""
+    rng = np.random.default_rng(11)
+    n = 150
+    labels = _series(metric, n, job="j")
+    w = World(labels, pane_ms=15_000)
+    t0 = NOW - 3 * 3600_000
+    ts = np.arange(t0, NOW, 5_000, dtype=np.int64)
+    sids, tss, vals = [], [], []
+    state = np.zeros(n)
+    for t in ts:
+        live = np.flatnonzero(rng.random(n) > 0.02)
+        live = live[(live != 77) | (t > NOW - 1800_000)]  # series 77 starts half an hour before the end
+        jitter = rng.integers(0, 3_000, len(live))
+        if metric == "c_total":
+            state[live] += rng.exponential(5, len(live))
+            state[live[rng.random(len(live)) < 0.003]] = 0.0  # resets
+            v = state[live]
+        else:
+            v = rng.normal(50, 20, len(live))
+            v[rng.random(len(live)) < 0.01] = rng.choice(SPECIALS[:3])
+        sids += live.tolist()
+        tss += (t + jitter).tolist()
+        vals += v.tolist()
+    w.write(sids, tss, vals)
+    w.adopt(metric)
+    end = (NOW - 60_000) // 15_000 * 15_000
+    q = f"{func}({metric}[{'1h' if func == 'rate' else '5m'}])"
+    _check(w, q, end - 3600_000, end, 15_000)

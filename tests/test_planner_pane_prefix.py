@@ -134,3 +134,35 @@ def test_sums_follow_the_tip_without_rebuilding() -> None:
         _check(store, sids, np.array([k - 20 + step]), np.array([k + step]), frozenset({"count", "s1"}))
     assert {f: id(a) for f, a in store.prefix.sums.items()} == arrays
     assert store.prefix.n == k + 5 - store.prefix.k_lo
+
+
+def test_sparse_corrections_and_dense_windows() -> None:
+    """Counters where two series reset (the extended-precision work covers only their block of
+    series and windows), every series sampled in every window (no masking), and a pane whose
+    correction cancels its entry pair (negative values: the window's sum of terms is zero but its
+    correction is not)."""
+    fields = frozenset({"count", "corr", "first_t", "first_v", "last_t", "last_v"})
+    store = ExactPaneStore(P, fields)
+    t0 = 1_000 * P
+    ts = np.arange(t0, t0 + 3_600_000, 5_000, dtype=np.int64)
+    n = 40
+    store.ensure_series(n)
+    vals = np.cumsum(np.ones((n, len(ts))), axis=1) * 3.0
+    vals[7, 300:] -= 500.0  # one reset in series 7
+    vals[21, 100:] -= 200.0  # one in series 21
+    # series 30, pane k_c: the entry pair 3 -> 2 adds 3, inside it 2 -> -5 adds 2 and -5 -> -6 adds -5,
+    # so the pane's terms sum to zero while the correction of a window starting there is -3
+    k_c = int(ts[400] // P) + 1
+    i = int(np.searchsorted(ts, k_c * P))
+    vals[30, i - 1], vals[30, i:i + 3] = 3.0, [2.0, -5.0, -6.0]
+    vals[30, i + 3:] = -5.0 + np.arange(len(ts) - i - 3)
+    for j, t in enumerate(ts):
+        store.ingest_sorted(np.arange(n, dtype=np.int64), np.full(n, t, np.int64), vals[:, j])
+    sids = np.arange(n, dtype=np.int64)
+    k0 = t0 // P
+    for width in (1, 2, 20, 240):
+        klo = np.arange(k0, k0 + 240 - width + 1, dtype=np.int64)
+        _check(store, sids, klo, klo + width, fields)
+    one = store.window_stats(sids, np.array([k_c]), np.array([k_c + 1]), fields)
+    assert one.corr[30, 0] == -3.0  # 2 - 5 inside the pane; the entry pair's 3 belongs to the window before
+    assert (one.corr[np.arange(n) != 30, 0] == 0).all()

@@ -2,7 +2,8 @@
 
 In process, no HTTP. A TSDB and an exact SDS (15 s panes, ``rate`` fields) are fed the same
 scrape-shaped batches: ``--instances`` engines x 23 TTFT histogram buckets (vLLM's), one sample per
-series every 5 s with 0-3 s of jitter, ``--minutes`` of history, all folded live. Then, for windows of
+series every 5 s with 0-3 s of jitter, ``--minutes`` of history (130: the hour of windows of a whole
+1 h panel reach back two hours), all folded live. Then, for windows of
 5 minutes and of an hour ending at the newest 15 s step, for 1, 2, 4 and 241 steps (a rule's instant
 query, a refresh's newest steps, a whole 1 h panel):
 
@@ -15,7 +16,7 @@ query, a refresh's newest steps, a whole 1 h panel):
 
 Medians of ``--repeats`` reads each, the variants interleaved.
 
-    .venv/bin/python bench/planner_window_reads.py [--instances 63] [--minutes 70] [--repeats 200]
+    .venv/bin/python bench/planner_window_reads.py [--instances 63] [--minutes 130] [--repeats 200]
 """
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ FIELDS = frozenset({"count", "first_t", "first_v", "last_t", "last_v", "corr"})
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--instances", type=int, default=63)
-    ap.add_argument("--minutes", type=float, default=70.0)
+    ap.add_argument("--minutes", type=float, default=130.0)
     ap.add_argument("--repeats", type=int, default=200)
     a = ap.parse_args()
     metric = "vllm:time_to_first_token_seconds_bucket"

@@ -61,7 +61,9 @@ background work -- e.g. the planner's backfill -- also slows the other servers' 
 refresh, the compared requests (served / ``exact=true``, served / ``off``) swap order at every refresh
 of a panel: the first request after the refresher's idle gap pays the wake-up of an idle process
 (~1 ms here), the one right after it does not, and a fixed order would charge that to one path only.
-A refresh that
+A panel's first refresh (its cold row) also warms the data it reads for the second request (decoded
+block row groups, the head's runs): which path goes first there alternates across the panels (odd
+panels start with the reference), so the cold rows are not all charged to one path. A refresh that
 starts late (the previous one overran its interval) is counted. At every block boundary the refresh
 ticks move by ``--phase-shift-s`` (1.3 s; that interval is 11.3 s, still warm), so over a run the
 refreshes meet every phase of the 15 s step grid and of the 5 s writes -- where a refresh falls just
@@ -684,7 +686,8 @@ class Bench:
 
         # which of a compared pair goes first alternates per refresh of the panel: the first request
         # after the refresher's idle gap pays the wake-ups of both processes, the second one does not
-        flip = self.refresh_count.get(pid, 0) % 2 == 1
+        first_ref = [p for p, _, _ in PANELS].index(pid) % 2  # odd panels: the reference first on refresh 0
+        flip = (self.refresh_count.get(pid, 0) + first_ref) % 2 == 1
         self.refresh_count[pid] = self.refresh_count.get(pid, 0) + 1
         rec["served_first"] = not flip
         if phase == "check":

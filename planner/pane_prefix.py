@@ -19,7 +19,9 @@ Float sums are as precise as ``range_stats``'s: kept in extended precision, and 
 difference of two sums is not within ``PREFIX_TOL`` of the magnitude of its own panes (a huge value
 earlier in the series, an infinity) is summed over its panes instead. A window with no non-zero term
 (counted exactly, in integers) sums to exactly zero: the counter correction of a window without a
-reset, however large the corrections before it.
+reset, however large the corrections before it. The counter correction keeps only those counts: its
+terms are zero but at a reset, so the few windows holding one sum their own panes (in extended
+precision), and a ``rate`` plan's sums take 8 bytes per series and pane instead of 32.
 """
 from __future__ import annotations
 
@@ -34,6 +36,9 @@ from planner.pane_ranges import EPS_LD, PREFIX_TOL, sparse_query
 _INT_TERMS = {"count": ("count",), "nnan": ("nnan",), "npinf": ("npinf",), "nninf": ("nninf",),
               "resets": ("resets", "entry_resets"), "changes": ("changes", "entry_changes")}
 _FLOAT_TERMS = {"s1": ("s1",), "s2": ("s2",), "corr": ("corr", "entry_corr")}
+# float fields whose terms are mostly zero (a counter's correction: only at a reset): only their
+# non-zero counts are kept, and a window with a non-zero term sums its own panes
+_SPARSE = frozenset({"corr"})
 # fields read from the first / last non-empty pane of a window
 _EDGE_FIELDS = frozenset({"first_v", "corr", "resets", "changes"})
 # the store columns those are gathered from
@@ -52,15 +57,16 @@ def _names(fields: frozenset[str] | None) -> set[str]:
 def bytes_per_pane(fields: frozenset[str] | None) -> int:
     """Bytes per series and pane of the sums kept for reads of ``fields`` (None: every field): the
     cost model's storage figure beside the panes' own."""
-    return sum(4 if f in _INT_TERMS else 28 for f in _names(fields))
+    return sum(4 if f in _INT_TERMS or f in _SPARSE else 28 for f in _names(fields))
 
 
 class PanePrefix:
     """The kept sums of one store (see the module docstring). ``sums[f]`` is (rows, capacity + 1):
     int32 for integer fields (a series' samples over a history are far fewer than 2^31), extended
     precision for float ones; float fields also keep the sums of |term| (float64, for the precision
-    check) and of term != 0 (int32). At most 4 + 28 bytes per series and pane for a ``rate`` plan
-    (whose panes take 56), over the panes reads asked for since the last trim."""
+    check) and of term != 0 (int32); a sparse field (``corr``) keeps only the latter. 8 bytes per series
+    and pane for a ``rate`` plan (whose panes take 56), over the panes reads asked for since the last
+    trim."""
 
     def __init__(self) -> None:
         self.k_lo = 0  # pane of column 0
@@ -86,8 +92,8 @@ class PanePrefix:
     def ensure(self, store: Any, names: set[str], k_from: int, k_to: int) -> None:
         """Sums of ``names`` valid over panes [k_lo, k_to) with k_lo <= k_from (store lock held)."""
         ns = store.ns
-        if self.rows != ns or k_from < self.k_lo or not names <= set(self.sums):
-            keep = names | set(self.sums)
+        if self.rows != ns or k_from < self.k_lo or not names <= set(self.sums) | set(self.nonzero):
+            keep = names | set(self.sums) | set(self.nonzero)
             self.reset()
             self.k_lo, self.rows = int(k_from), ns
             cap = max(k_to - k_from, 1) * 3 // 2 + 16
@@ -102,10 +108,11 @@ class PanePrefix:
     def _alloc(self, f: str, cap: int) -> None:
         if f in _INT_TERMS:
             self.sums[f] = np.zeros((self.rows, cap + 1), np.int32)
-        else:
+            return
+        if f not in _SPARSE:
             self.sums[f] = np.zeros((self.rows, cap + 1), np.longdouble)
             self.mags[f] = np.zeros((self.rows, cap + 1), np.float64)
-            self.nonzero[f] = np.zeros((self.rows, cap + 1), np.int32)
+        self.nonzero[f] = np.zeros((self.rows, cap + 1), np.int32)
 
     def _grow(self, cap: int) -> None:
         for d in (self.sums, self.mags, self.nonzero):
@@ -118,21 +125,23 @@ class PanePrefix:
         a, w = self.n, k_to - self.k_lo - self.n
         ca = self.k_lo + a - store.k0  # store column of the first pane to add
         lo, hi = max(ca, 0), min(ca + w, store.nk)
-        for f, P in self.sums.items():
+        for f in [*self.sums, *(f for f in self.nonzero if f not in self.sums)]:
             term = np.zeros((self.rows, w), np.int64 if f in _INT_TERMS else np.float64)
             if hi > lo:
                 for src in _INT_TERMS.get(f) or _FLOAT_TERMS[f]:
                     term[:, lo - ca : hi - ca] += store.cols[src][: self.rows, lo:hi]
+            P = self.sums.get(f)
             if f in _INT_TERMS:
                 np.cumsum(term, axis=1, dtype=np.int32, out=P[:, a + 1 : a + 1 + w])
                 P[:, a + 1 : a + 1 + w] += P[:, a : a + 1]
                 continue
-            with np.errstate(over="ignore", invalid="ignore"):
-                np.cumsum(term.astype(np.longdouble), axis=1, out=P[:, a + 1 : a + 1 + w])
-                P[:, a + 1 : a + 1 + w] += P[:, a : a + 1]
-                M = self.mags[f]
-                np.cumsum(np.abs(term), axis=1, out=M[:, a + 1 : a + 1 + w])
-                M[:, a + 1 : a + 1 + w] += M[:, a : a + 1]
+            if P is not None:
+                with np.errstate(over="ignore", invalid="ignore"):
+                    np.cumsum(term.astype(np.longdouble), axis=1, out=P[:, a + 1 : a + 1 + w])
+                    P[:, a + 1 : a + 1 + w] += P[:, a : a + 1]
+                    M = self.mags[f]
+                    np.cumsum(np.abs(term), axis=1, out=M[:, a + 1 : a + 1 + w])
+                    M[:, a + 1 : a + 1 + w] += M[:, a : a + 1]
             Z = self.nonzero[f]
             np.cumsum(term != 0, axis=1, dtype=np.int32, out=Z[:, a + 1 : a + 1 + w])
             Z[:, a + 1 : a + 1 + w] += Z[:, a : a + 1]
@@ -156,6 +165,13 @@ class PanePrefix:
         if not len(rr):
             return out
         cc = np.flatnonzero(nz.any(axis=0))
+        if f not in self.sums:  # a sparse field: the windows with a non-zero term sum their own panes
+            cell = _ix(rr, cc)
+            tot = self._direct(store, f, rows_.sel[rr], lo[cc], hi[cc])
+            if minus is not None:
+                tot -= minus[cell]
+            out[cell] = np.where(nz[cell], _f64(tot), out[cell])
+            return out
         if len(rr) == nz.shape[0] and len(cc) == nz.shape[1]:
             tot = self._ld_sums(store, f, rows_, lo, hi, nz)
             if minus is not None:
@@ -184,20 +200,27 @@ class PanePrefix:
         if bad.any():
             rows = np.flatnonzero(bad.any(axis=1))
             cols = np.flatnonzero(bad.any(axis=0))
-            ka, kb = int(lo[cols].min()), int(hi[cols].max())
-            ca = self.k_lo + ka - store.k0
-            term = np.zeros((len(rows), kb - ka + 1), np.longdouble)  # the last column closes the last window
-            c0, c1 = max(ca, 0), min(ca + kb - ka, store.nk)
-            if c1 > c0:
-                for src in _FLOAT_TERMS[f]:
-                    term[:, c0 - ca : c1 - ca] += store.cols[src][sel[rows], c0:c1]
-            idx = np.empty(2 * len(cols), np.int64)
-            idx[0::2], idx[1::2] = lo[cols] - ka, hi[cols] - ka
-            direct = np.add.reduceat(term, idx, axis=1)[:, 0::2]
-            direct[:, (hi[cols] == lo[cols])] = 0
+            direct = self._direct(store, f, sel[rows], lo[cols], hi[cols])
             sub = out[_ix(rows, cols)]
             out[_ix(rows, cols)] = np.where(bad[_ix(rows, cols)], direct, sub)
         return out
+
+    def _direct(self, store: Any, f: str, sids: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+        """(len(sids), len(lo)) extended-precision sums of ``f``'s terms over each window's own panes
+        (columns [lo_j, hi_j)), from the store's columns."""
+        with np.errstate(over="ignore", invalid="ignore"):
+            ka, kb = int(lo.min()), int(hi.max())
+            ca = self.k_lo + ka - store.k0
+            term = np.zeros((len(sids), kb - ka + 1), np.longdouble)  # the last column closes the last window
+            c0, c1 = max(ca, 0), min(ca + kb - ka, store.nk)
+            if c1 > c0:
+                for src in _FLOAT_TERMS[f]:
+                    term[:, c0 - ca : c1 - ca] += store.cols[src][sids, c0:c1]
+            idx = np.empty(2 * len(lo), np.int64)
+            idx[0::2], idx[1::2] = lo - ka, hi - ka
+            direct = np.add.reduceat(term, idx, axis=1)[:, 0::2]
+        direct[:, hi == lo] = 0
+        return direct
 
 
 def _f64(a: np.ndarray) -> np.ndarray:

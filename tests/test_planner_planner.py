@@ -457,12 +457,12 @@ def test_exact_plan_keeps_the_fields_of_its_functions_and_widens_for_a_new_one(t
     assert any(p.startswith("summary:") for p in res.stats.paths)
     _same_answer(res, eng.range_query(rate_q, *args, QueryOpts(exact=True)))
     # the store holds 7 fields per series and pane: 56 of the 144 bytes a plan for every function takes;
-    # its running sums for window reads (count, and the counter term with its magnitude and non-zero
-    # count) 32 more over the panes reads asked for, and the plan's size counts them
+    # its running sums for window reads (count, and the counter term's non-zero count: a window with
+    # a reset sums its own panes) 8 more over the panes reads asked for, and the plan's size counts them
     cells = narrow.store.ns * narrow.store.nk
     assert narrow.store.pane_nbytes() / cells == 56
     pre = narrow.store.prefix
-    assert pre.n > 0 and pre.nbytes() == 32 * pre.rows * (pre.n + 1)
+    assert pre.n > 0 and pre.nbytes() == 8 * pre.rows * (pre.n + 1)
     assert narrow.nbytes() == narrow.store.pane_nbytes() + narrow.store.prefix.nbytes()
     res = eng.range_query(max_q, *args)
     assert res.stats.paths == ["raw"]  # the narrow plan keeps no max: never answered from blanks

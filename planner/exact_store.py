@@ -92,6 +92,12 @@ class ExactPaneStore(SeriesShift, PaneStoreParts):
     def _set_views(self) -> None:
         self.cols = {f: a[:, self._off :] for f, a in self._phys.items()}
 
+    def flat_columns(self) -> tuple[dict[str, np.ndarray], int, int]:
+        """The C-ordered arrays behind ``cols``, their width and the column of pane ``k0`` in them:
+        ``phys[f].reshape(-1)[row * width + offset + c]`` is ``cols[f][row, c]`` (a gather by flat
+        indexes, where ``cols``' views are not contiguous). Store lock held."""
+        return self._phys, self._phys["count"].shape[1], self._off
+
     def ensure_series(self, n: int) -> None:
         rows = self._phys["count"].shape[0]
         if n <= rows:

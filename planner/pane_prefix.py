@@ -41,8 +41,6 @@ _FLOAT_TERMS = {"s1": ("s1",), "s2": ("s2",), "corr": ("corr", "entry_corr")}
 _SPARSE = frozenset({"corr"})
 # fields read from the first / last non-empty pane of a window
 _EDGE_FIELDS = frozenset({"first_v", "corr", "resets", "changes"})
-# the store columns those are gathered from
-_GATHERED = frozenset({"first_t", "first_v", "last_t", "last_v", "entry_corr", "entry_resets", "entry_changes"})
 
 
 def _names(fields: frozenset[str] | None) -> set[str]:
@@ -248,19 +246,15 @@ class Rows:
     def at(self, A: np.ndarray, cols: np.ndarray) -> np.ndarray:
         """(S, T) cells of ``A``: each read row at the columns ``cols`` (T,)."""
         if self.run is not None:
-            return A[self.run].take(cols, axis=1)
+            B = A[self.run]
+            # take() copies a non-contiguous array whole first (a store's column views): index instead
+            return B.take(cols, axis=1) if B.flags.c_contiguous else B[:, cols]
         return A[self.sel[:, None], cols[None, :]]
 
     def flat_index(self, width: int, cols: np.ndarray) -> np.ndarray:
         """(S, T) flat indexes into a C-ordered matrix ``width`` wide: row i at the columns ``cols[i]``."""
         idx = self.sel[:, None] * np.int64(width)
         return idx + cols
-
-    def along(self, A: np.ndarray, cols: np.ndarray) -> np.ndarray:
-        """(S, T) cells of ``A``: row i at the columns ``cols[i]``."""
-        if self.run is not None:
-            return np.take_along_axis(A[self.run], cols, axis=1)
-        return A[self.sel[:, None], cols]
 
 
 def _search(C: np.ndarray, rows: np.ndarray, lo: np.ndarray, hi: np.ndarray, target: np.ndarray) -> np.ndarray:
@@ -349,22 +343,18 @@ def window_stats(store: Any, prefix: PanePrefix, sids: np.ndarray, klo: np.ndarr
     if len(r):
         last[r, j] = _search(C, sids[r], lo[j] + 1, hi[j], ch[r, j]) - 1
     shift = prefix.k_lo - store.k0  # relative column -> store column
-    cols = store.cols
-    fc, lc = first + shift, last + shift
+    cols, width, off = store.flat_columns()
+    fc, lc = first + (shift + off), last + (shift + off)
     dense = bool(has.all())
     if not dense:  # windows without samples read column 0 and are masked below
         fc[~has] = 0
         lc[~has] = 0
-    # the first / last panes' fields by flat indexes into the store's columns (one index per side for
+    # the first / last panes' fields by flat indexes into the store's arrays (one index per side for
     # every field; a row-wise gather rebuilds its index per field)
-    W = cols["first_t"].shape[1]
-    flat = all(a.ndim == 2 and a.shape[1] == W and a.flags.c_contiguous
-               for f, a in cols.items() if f in _GATHERED)
-    fi = rows.flat_index(W, fc) if flat else fc
-    li = rows.flat_index(W, lc) if flat else lc
+    fi, li = rows.flat_index(width, fc), rows.flat_index(width, lc)
 
     def edge(a: np.ndarray, idx: np.ndarray, fill: Any) -> np.ndarray:
-        v = a.reshape(-1).take(idx) if flat else rows.along(a, idx)
+        v = a.reshape(-1).take(idx)
         return v if dense else np.where(has, v, fill)
 
     out.first_t = edge(cols["first_t"], fi, 0)

@@ -291,6 +291,10 @@ class Planner:
         self._scope_cache: dict[tuple[str, str], tuple[float, int]] = {}
         self.retired: dict[str, dict[str, Any]] = {}  # recently retired plans with their reasons (plan list, cost report)
         self._blocked: dict[str, tuple[float, str]] = {}  # spec id -> (time, reason): measured not to pay
+        # (served CPU s, series) of the shapes of use measured on plans retired on measurement: what the
+        # summary path cost them stays known to the estimates for the next plans (a small plan measured
+        # at 2-3 ms per served refresh, against a prior of 0.7 ms, is not adopted again and again)
+        self._retired_costs: deque = deque(maxlen=64)
 
     # --- catalog lookups -------------------------------------------------------------------
     @property
@@ -392,6 +396,8 @@ class Planner:
             self.retired.pop(next(iter(self.retired)))
         if measured:
             self._blocked[sds.spec.id] = (now, reason)
+            n = len(sds.registry.labels)
+            self._retired_costs.extend((m[2], n) for m in sds.stats.shape_medians().values() if m[2] > 0)
         self.decisions.append((now, "retire", sds_id, reason))
         log.info("planner: retiring %s (%s)", sds_id, reason)
         if self.persistence is not None:
@@ -590,12 +596,14 @@ class Planner:
 
     def _summary_fixed_cpu_s(self, series: int) -> float:
         """The summary path's CPU per served evaluation of a plan over ``series`` series beside its
-        data-proportional part: the median served CPU of the shapes of use measured by shadow runs,
-        scaled to ``series`` (``_for_series``), or the prior for that many series while none is measured
-        (a 6,400-series plan's newest steps cost ~50 ms, not the 0.5 ms of a few dozen series)."""
+        data-proportional part: the median served CPU of the shapes of use measured by shadow runs (on
+        live plans and on plans retired on measurement), scaled to ``series`` (``_for_series``), or the
+        prior for that many series while none is measured (a 6,400-series plan's newest steps cost
+        ~50 ms, not the 0.5 ms of a few dozen series)."""
         with self.summarizer.lock:
             live = list(self.summarizer.sds.values())
         measured = [(m[2], len(s.registry.labels)) for s in live for m in s.stats.shape_medians().values() if m[2] > 0]
+        measured += list(self._retired_costs)
         return _for_series(measured, series, cost_model.summary_prior_s(series))
 
     def _backfill_cost_per_sample(self) -> float:
@@ -697,8 +705,9 @@ class Planner:
             amortize_s=self.config.retire_after_ms / 1000, slack_panes=SDS.TRIM_MIN_PANES, edge_fraction=edges,
         )
         ks.last_decision = est.reason
-        if est.pays and self._blocked_reason(c) is not None:
-            ks.last_decision = f"retired on measurement: {self._blocked_reason(c)}"
+        blocked = self._blocked_reason(c)
+        if blocked is not None:  # whatever the estimate (which now counts that plan's measured cost)
+            ks.last_decision = f"retired on measurement: {blocked}"
             return
         if est.pays:
             params: tuple = ALGORITHMS[c.algorithm].adopt_params(self.config)

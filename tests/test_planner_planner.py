@@ -328,6 +328,12 @@ def test_plan_slower_than_raw_in_shadow_runs_is_retired_and_not_readopted():
         st.engine.range_query(q, tmax - 6 * 3_600_000, tmax, 300_000)
     assert sds.id not in st.planner.sds  # measured not to pay: not adopted again for retire_after
     assert any("retired on measurement" in c["last_decision"] for c in st.planner.candidates_report())
+    # what the summary path cost it stays known: the next plan of that size is estimated at that cost,
+    # not at the prior (0.5 ms + 3 us per series)
+    from planner import cost_model
+
+    n = len(sds.registry.labels)
+    assert st.planner._summary_fixed_cpu_s(n) >= 0.003 > cost_model.summary_prior_s(n)
 
 
 def test_slower_verdict_needs_both_wall_and_cpu():

@@ -166,22 +166,36 @@ def _head_tables_empty() -> tuple[pa.Table, pa.Table]:
     return series, samples
 
 
+_SQL_ATTEMPTS = 5
+
+
 def run_sql(data_dir: str, query: str) -> str:
-    """Run one SQL statement against the catalog and blocks; the result as a text table."""
+    """Run one SQL statement against the catalog and blocks; the result as a text table. On the data
+    directory of a running server, a block can be replaced (compaction, retention) between the listing
+    of the blocks' files and their reading: the statement then runs again on a fresh listing."""
     if not Path(data_dir).is_dir():
         raise SystemExit(f"turboprom sql: data directory {data_dir!r} does not exist")
-    con = open_session(data_dir)
-    try:
+    for attempt in range(_SQL_ATTEMPTS):
+        con = open_session(data_dir)
         try:
             rel = con.sql(query)
-            if rel is None:
-                return "OK"
-            return _format(rel)
+            return "OK" if rel is None else _format(rel)
+        except duckdb.IOException as e:
+            if attempt + 1 < _SQL_ATTEMPTS and _block_vanished(e):
+                continue
+            raise SystemExit(f"turboprom sql: {e}") from e
         except duckdb.Error as e:
             # An operator command: a clear message and exit status 1, not a traceback.
             raise SystemExit(f"turboprom sql: {e}") from e
-    finally:
-        con.close()
+        finally:
+            con.close()
+    raise AssertionError("unreachable")
+
+
+def _block_vanished(e: duckdb.Error) -> bool:
+    """A block file listed for the statement was gone when read (a live server replaced the block)."""
+    text = str(e)
+    return "No files found that match the pattern" in text or "No such file or directory" in text
 
 
 def _format(rel: duckdb.DuckDBPyRelation) -> str:

@@ -246,3 +246,33 @@ def test_text_timestamps_units(tmp_path, fmt):
 
         ss = db.select([Matcher("__name__", "=", "u")], 0, 2**62)
         assert ss.timestamps.tolist() == [t * 1000]
+
+
+def test_sql_runs_again_when_a_block_is_replaced_while_it_reads(tmp_path, monkeypatch):
+    """A running server may replace a block (compaction, retention) between the listing of the blocks'
+    files and DuckDB reading them: ``turboprom sql`` runs the statement again on a fresh listing."""
+    from storage import catalog
+
+    ts, vals = history(3, int(time.time()) - 4 * 3600)
+    om = tmp_path / "history.om"
+    write_openmetrics(om, ts, vals)
+    data = tmp_path / "data"
+    r = run_cli("import", str(om), "--data-dir", str(data))
+    assert r.returncode == 0, r.stderr
+    block = next(p for p in (data / "blocks").iterdir() if (p / "data.parquet").exists())
+    away = tmp_path / "away.parquet"
+    real_open, opened = catalog.open_session, []
+
+    def open_then_lose_a_block(data_dir, head=True):
+        opened.append(1)
+        if len(opened) > 1 and away.exists():  # the replacement block is in place for the next listing
+            away.rename(block / "data.parquet")
+        con = real_open(data_dir, head)
+        if len(opened) == 1:  # the first listing still names the file; it is gone when read
+            (block / "data.parquet").rename(away)
+        return con
+
+    monkeypatch.setattr(catalog, "open_session", open_then_lose_a_block)
+    out = catalog.run_sql(str(data), "SELECT count(*) AS n FROM samples WHERE block_id <> 'head'")
+    assert len(opened) == 2
+    assert out.splitlines()[2].strip() == str(SERIES * len(ts)), out

@@ -89,16 +89,20 @@ def write_catalog(data_dir: str | Path, blocks: Sequence[object] = (), labels: S
     os.replace(tmp, data_dir / CATALOG_FILE)
 
 
+# how many times a read of a running server's data dir starts over when a file it listed is replaced
+_READ_ATTEMPTS = 5
+
+
 def _head_tables(data_dir: Path) -> tuple[pa.Table, pa.Table]:
     """(series, samples) of the head, replayed read-only from the WAL. A segment the server removes
     during the read (a head cut) makes the read start over."""
-    for attempt in range(5):
+    for attempt in range(_READ_ATTEMPTS):
         index, head = SeriesIndex(), Head()
         try:
             replay_head(data_dir / "wal", index, head, repair=False)
             break
         except FileNotFoundError:
-            if attempt == 4:
+            if attempt + 1 == _READ_ATTEMPTS:
                 raise
     s, t, v = head.rows_in_range(INT64_MIN, INT64_MAX)
     u, starts, ends = group_bounds(s)
@@ -166,22 +170,19 @@ def _head_tables_empty() -> tuple[pa.Table, pa.Table]:
     return series, samples
 
 
-_SQL_ATTEMPTS = 5
-
-
 def run_sql(data_dir: str, query: str) -> str:
     """Run one SQL statement against the catalog and blocks; the result as a text table. On the data
     directory of a running server, a block can be replaced (compaction, retention) between the listing
     of the blocks' files and their reading: the statement then runs again on a fresh listing."""
     if not Path(data_dir).is_dir():
         raise SystemExit(f"turboprom sql: data directory {data_dir!r} does not exist")
-    for attempt in range(_SQL_ATTEMPTS):
+    for attempt in range(_READ_ATTEMPTS):
         con = open_session(data_dir)
         try:
             rel = con.sql(query)
             return "OK" if rel is None else _format(rel)
         except duckdb.IOException as e:
-            if attempt + 1 < _SQL_ATTEMPTS and _block_vanished(e):
+            if attempt + 1 < _READ_ATTEMPTS and _block_vanished(e):
                 continue
             raise SystemExit(f"turboprom sql: {e}") from e
         except duckdb.Error as e:

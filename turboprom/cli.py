@@ -454,17 +454,24 @@ def _check(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _serve(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    cfg = _config_from_args(args)
-    _check_data_dir(cfg.data_dir)
-    _check_port_free(cfg.host, cfg.port, cfg.listen)
+def serve_preflight(data_dir: str, host: str, port: int, listen: str) -> None:
+    """What a server checks before it starts (``turboprom serve`` and the demo): the data dir is a
+    usable directory, the port is free, and no other process holds the data dir (the lock is kept
+    until the process ends). Each failure is a ``CliError`` naming the cause and the fix."""
+    _check_data_dir(data_dir)
+    _check_port_free(host, port, listen)
     from turboprom.data_lock import DataDirLocked, lock_data_dir
 
     try:
-        lock_data_dir(cfg.data_dir)  # held until the process ends
+        lock_data_dir(data_dir)
     except DataDirLocked as e:
         raise CliError(f"{e}: stop it, or choose another --data-dir") from None
+
+
+def _serve(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    cfg = _config_from_args(args)
+    serve_preflight(cfg.data_dir, cfg.host, cfg.port, cfg.listen)
     from turboprom.cluster.roles import serve_role
     from turboprom.server import StartupError
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import sys
 import threading
 import time
 import urllib.request
@@ -23,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from turboprom.config import ServerConfig
+from turboprom.config import ServerConfig, split_listen
 
 SHARED_TRACE = Path(__file__).resolve().parent.parent.parent / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
 
@@ -136,7 +137,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="hours of fleet history written before the live fleet starts (0: none)")
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    Path(a.data_dir).mkdir(parents=True, exist_ok=True)
+    from turboprom.cli import CliError, serve_preflight
+    from turboprom.server import StartupError
+
+    try:  # the server's own checks, before the fleet and the banner: one line, exit 1
+        serve_preflight(a.data_dir, *split_listen(a.listen), a.listen)
+    except CliError as e:
+        print(f"turboprom-demo: {e}", file=sys.stderr)
+        return 1
     base = f"http://{a.listen}"
     comps: list = []
     fleet = None
@@ -161,6 +169,11 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         asyncio.run(serve(cfg))
+    except StartupError as e:
+        print(f"turboprom-demo: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
     finally:
         for c in comps:
             c.stop()

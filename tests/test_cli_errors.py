@@ -155,3 +155,17 @@ def test_debug_shows_traceback(tmp_path: Path) -> None:
     one_line_failure(r, "turboprom replay: ", "--debug")
     r = run_cli("--debug", "replay", "--trace", str(tmp_path / "t.jsonl"), "--scheduler", "vesta", "--load", "0.5")
     assert r.returncode == 1 and "Traceback" in r.stderr
+
+
+def test_demo_refuses_a_taken_port_and_a_data_dir_in_use(server: ServerProcess, tmp_path: Path) -> None:
+    """`make demo` runs `python -m turboprom.demo`: the server's start-up checks come before the fleet
+    and the banner, and fail with one line (no fleet history written, nothing left running)."""
+    def demo(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "turboprom.demo", "--history-hours", "0", *args], cwd=REPO,
+                              capture_output=True, text=True, timeout=60)
+
+    r = demo("--data-dir", str(tmp_path / "d"), "--listen", f"127.0.0.1:{server.port}")
+    one_line_failure(r, f"turboprom-demo: cannot listen on 127.0.0.1:{server.port}: address already in use")
+    assert "TurboProm demo" not in r.stdout
+    r = demo("--data-dir", str(server.data_dir), "--listen", f"127.0.0.1:{free_port()}")
+    one_line_failure(r, "turboprom-demo: data dir", "in use by another TurboProm process", "--data-dir")

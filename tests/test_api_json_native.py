@@ -86,3 +86,16 @@ def test_inconsistent_arguments_are_refused_not_read_past() -> None:
         m.matrix_json(['{}'], np.array([1], np.int64), np.array([5], np.int64), ["1"], b"[1.0]", np.zeros(0, np.int64), [], True)
     with pytest.raises(ValueError):  # not a JSON array
         m.matrix_json(['{}'], np.array([1], np.int64), None, ["1"], b"1.0", np.zeros(0, np.int64), [], True)
+
+
+def test_timestamp_text_equals_the_fallback() -> None:
+    """``format_timestamps`` (compiled) against ``_format_timestamps_py``: negative times, millis with
+    leading zeros, whole seconds, the int64 extremes."""
+    rng = np.random.default_rng(11)
+    edge = np.array([0, 1, -1, 5, -5, 999, -999, 1000, -1000, 1001, -1001, 1010, 100_000, 1796651340000, 1796651340007,
+                     np.iinfo(np.int64).max, np.iinfo(np.int64).min, np.iinfo(np.int64).min + 1], np.int64)
+    for ts in (edge, rng.integers(-2**62, 2**62, 5000), rng.integers(-10**6, 10**6, 5000),
+               rng.integers(0, 2 * 10**9, 5000) * 1000, np.zeros(0, np.int64)):
+        assert api_json.format_timestamps(ts) == api_json._format_timestamps_py(np.ascontiguousarray(ts, np.int64))
+    assert api_json.format_timestamps(edge[:12]) == ["0", "0.001", "-0.001", "0.005", "-0.005", "0.999", "-0.999", "1",
+                                                     "-1", "1.001", "-1.001", "1.010"]

@@ -97,12 +97,20 @@ def _format_rare(x: float) -> str:
 
 
 def format_timestamps(ts_ms: np.ndarray) -> list[str]:
-    """int64 ms -> Prometheus's ``seconds[.mmm]`` text (millis always three digits)."""
+    """int64 ms -> Prometheus's ``seconds[.mmm]`` text (millis always three digits). Compiled when
+    the extension is built (``_json_native.format_timestamps``), else ``_format_timestamps_py``."""
     t = np.ascontiguousarray(ts_ms, dtype=np.int64).ravel()
+    if _json_native is not None:
+        return _json_native.format_timestamps(t)
+    return _format_timestamps_py(t)
+
+
+def _format_timestamps_py(t: np.ndarray) -> list[str]:
+    """``format_timestamps`` without the extension (the reference the compiled one is tested against)."""
     if t.shape[0] == 0:
         return []
     neg = t < 0
-    a = np.abs(t)
+    a = np.abs(t).view(np.uint64)  # |INT64_MIN| is 2**63: only unsigned holds it
     sec = a // 1000
     frac = a % 1000
     secs = list(map(str, sec.tolist()))

@@ -21,6 +21,11 @@
  * Returns the UTF-8 text of turboprom/api_json.py's _matrix_json for the same input (the fallback
  * there is the reference, and tests compare the two byte for byte). Trailing ".0" of integral
  * values is dropped as Go writes them.
+ *
+ * format_timestamps(ts) -> list[str]
+ *   ts       int64 buffer (T) of milliseconds
+ * Prometheus's "<s>[.<mmm>]" text of each (the millis always three digits, none when zero, a minus
+ * sign before a negative time's magnitude), as turboprom/api_json.py's _format_timestamps_py.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -159,12 +164,58 @@ done:
     return result;
 }
 
+static PyObject *format_timestamps(PyObject *self, PyObject *arg) {
+    Py_buffer b = {0};
+    if (PyObject_GetBuffer(arg, &b, PyBUF_SIMPLE) < 0) return NULL;
+    if (b.len % (Py_ssize_t)sizeof(int64_t)) {
+        PyBuffer_Release(&b);
+        PyErr_SetString(PyExc_ValueError, "expected an int64 buffer");
+        return NULL;
+    }
+    Py_ssize_t n = b.len / (Py_ssize_t)sizeof(int64_t);
+    const int64_t *t = (const int64_t *)b.buf;
+    PyObject *out = PyList_New(n);
+    if (!out) {
+        PyBuffer_Release(&b);
+        return NULL;
+    }
+    char buf[32];
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t x = t[i];
+        /* magnitude as unsigned: INT64_MIN has no positive int64 */
+        uint64_t a = x < 0 ? (uint64_t)0 - (uint64_t)x : (uint64_t)x;
+        uint64_t sec = a / 1000, frac = a % 1000;
+        char *e = buf + sizeof buf, *p = e;
+        if (frac) {
+            *--p = (char)('0' + frac % 10);
+            *--p = (char)('0' + frac / 10 % 10);
+            *--p = (char)('0' + frac / 100);
+            *--p = '.';
+        }
+        do {
+            *--p = (char)('0' + sec % 10);
+            sec /= 10;
+        } while (sec);
+        if (x < 0) *--p = '-';
+        PyObject *s = PyUnicode_FromStringAndSize(p, e - p);
+        if (!s) {
+            Py_DECREF(out);
+            PyBuffer_Release(&b);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, i, s);
+    }
+    PyBuffer_Release(&b);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"matrix_json", matrix_json, METH_VARARGS, "The series objects of a matrix result as JSON text (see the file header)."},
+    {"format_timestamps", format_timestamps, METH_O, "Prometheus's text of int64 millisecond timestamps (see the file header)."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "turboprom._json_native",
-                                    "Matrix JSON assembly for the HTTP API (turboprom/api_json.py).", -1, methods};
+                                    "Matrix JSON assembly and timestamp text for the HTTP API (turboprom/api_json.py).", -1, methods};
 
 PyMODINIT_FUNC PyInit__json_native(void) { return PyModule_Create(&module); }

@@ -839,13 +839,22 @@ class Planner:
                 if total <= self.config.budget_bytes:
                     break
         self.summarizer.drain()  # batches queued while ingest went quiet: their panes seal now
-        if self.persistence is not None:
-            for s in list(self.sds.values()):
-                if s.backfill_state in ("done", "restored"):
-                    try:
-                        self.persistence.flush(s)
-                    except Exception:  # noqa: BLE001
-                        log.exception("persisting %s failed", s.id)
+        self._persist()
+
+    def _persist(self) -> None:
+        """Write each finished plan's new panes, then the catalog rows that changed (one statement)."""
+        if self.persistence is None:
+            return
+        done = [s for s in list(self.sds.values()) if s.backfill_state in ("done", "restored")]
+        for s in done:
+            try:
+                self.persistence.flush(s)
+            except Exception:  # noqa: BLE001
+                log.exception("persisting %s failed", s.id)
+        try:
+            self.persistence.write_catalog(done)
+        except Exception:  # noqa: BLE001
+            log.exception("writing the plan catalog failed")
 
     def start(self) -> None:
         if self._thread is None:
@@ -864,13 +873,7 @@ class Planner:
         if self._thread is not None:
             self._thread.join(timeout=10)
         self.summarizer.drain()  # batches queued while ingest went quiet: their panes seal now
-        if self.persistence is not None:
-            for s in list(self.sds.values()):
-                if s.backfill_state in ("done", "restored"):
-                    try:
-                        self.persistence.flush(s)
-                    except Exception:  # noqa: BLE001
-                        log.exception("persisting %s failed", s.id)
+        self._persist()
 
     # --- introspection -----------------------------------------------------------------------
     def plans(self) -> list[dict[str, Any]]:

@@ -910,3 +910,34 @@ def test_cpu_savings_are_weighed_from_when_the_plan_first_served():
     sds.stats.ingest_cpu_s = 1.4  # 2 ms/s: 0.7 s since it first served, more than it saved
     why = st.planner.measured_verdict(sds, now)
     assert "since it first served (40 hits; 0.7000 s summarization since)" in why, why
+
+
+def test_the_plan_catalog_is_written_in_one_statement_with_only_changed_rows(tmp_path):
+    """A maintenance pass writes the catalog rows of finished plans that changed, together; an
+    unchanged plan is not written again; the rows name what a restart restores."""
+    items = random_series(seed=9)
+    src, batch = load(items)
+    st = _stack(src, data_dir=tmp_path)
+    feed(st.summarizer, batch)
+    a = st.planner.adopt(SDSSpec("x_total", "exact", 60_000), reason="test a")
+    b = st.planner.adopt(SDSSpec("x_total", "exact", 120_000), reason="test b")
+    st.planner.maintain()
+
+    def rows() -> dict:
+        with st.persistence.db_lock:
+            got = st.persistence.con.execute("SELECT id, reason, cov_lo, persisted_hi, series, bytes, hits FROM sds_catalog").fetchall()
+        return {r[0]: r[1:] for r in got}
+
+    first = rows()
+    assert set(first) == {a.id, b.id}
+    assert first[a.id][0] == "test a" and first[a.id][1] == a.cov_lo and first[a.id][3] == len(a.registry.labels)
+    assert first[a.id][2] == st.persistence.persisted_hi[a.id] and first[a.id][4] == a.nbytes()
+    assert st.persistence.write_catalog([a, b]) == 0, "nothing changed since the pass"
+    a.stats.hits += 3
+    assert st.persistence.write_catalog([a, b]) == 1
+    assert rows()[a.id][5] == first[a.id][5] + 3 and rows()[b.id] == first[b.id]
+    st.query_log.close()
+    st2 = _stack(src, {"cost_based": False}, data_dir=tmp_path)
+    assert set(st2.planner.sds) == {a.id, b.id}
+    assert st2.planner.sds[a.id].reason == "test a"
+    st2.query_log.close()

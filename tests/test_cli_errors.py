@@ -169,3 +169,5 @@ def test_demo_refuses_a_taken_port_and_a_data_dir_in_use(server: ServerProcess, 
     assert "TurboProm demo" not in r.stdout
     r = demo("--data-dir", str(server.data_dir), "--listen", f"127.0.0.1:{free_port()}")
     one_line_failure(r, "turboprom-demo: data dir", "in use by another TurboProm process", "--data-dir")
+    r = demo("--data-dir", str(tmp_path / "d"), "--listen", "[::1:9090")
+    one_line_failure(r, "turboprom-demo: invalid listen address '[::1:9090'")

@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from turboprom.config import ServerConfig, split_listen
+from turboprom.config import ConfigError, ServerConfig, split_listen
 
 SHARED_TRACE = Path(__file__).resolve().parent.parent.parent / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
 
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:  # the server's own checks, before the fleet and the banner: one line, exit 1
         serve_preflight(a.data_dir, *split_listen(a.listen), a.listen)
-    except CliError as e:
+    except (CliError, ConfigError) as e:
         print(f"turboprom-demo: {e}", file=sys.stderr)
         return 1
     base = f"http://{a.listen}"

@@ -55,9 +55,7 @@ def _valid_number(v: object, lo: float, hi: float) -> bool:
 EXCLUDED = [negative_data_rejection]
 
 
-@schema.parametrize()
-@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
-def test_openapi_conformance(case: schemathesis.Case, base_url: str) -> None:
+def _conformance(case: schemathesis.Case, base_url: str) -> None:
     if case.path.endswith("/stream"):
         # An event stream never ends by itself: valid limit/interval values are narrowed to one event
         # right away; invalid ones are left alone (the server must refuse them).
@@ -77,3 +75,35 @@ def test_openapi_conformance(case: schemathesis.Case, base_url: str) -> None:
         case.call_and_validate(base_url=base_url, timeout=10, excluded_checks=EXCLUDED + [positive_data_acceptance])
         return
     case.call_and_validate(base_url=base_url, timeout=10, excluded_checks=EXCLUDED)
+
+
+# One test function per API operation: ``schema.parametrize()`` over the whole schema names each
+# operation's item ``test_x[GET /path]`` but gives them all the node id ``test_x``, and pytest-xdist
+# (``make test`` runs two workers) then runs only one of them.
+OPERATIONS = {
+    "snapshot": ("GET", "/api/v1/congestion"),
+    "stream": ("GET", "/api/v1/congestion/stream"),
+    "push": ("POST", "/api/v1/congestion/push"),
+    "prefix": ("POST", "/api/v1/congestion/prefix"),
+    "model_server_metrics": ("GET", "/api/v1/congestion/model_server/{instance}/metrics"),
+}
+
+
+def _operation_test(method: str, path: str):
+    def test(case: schemathesis.Case, base_url: str) -> None:
+        _conformance(case, base_url)
+
+    return schema.include(method=method, path=path).parametrize()(
+        settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))(test))
+
+
+test_openapi_snapshot = _operation_test(*OPERATIONS["snapshot"])
+test_openapi_stream = _operation_test(*OPERATIONS["stream"])
+test_openapi_push = _operation_test(*OPERATIONS["push"])
+test_openapi_prefix = _operation_test(*OPERATIONS["prefix"])
+test_openapi_model_server_metrics = _operation_test(*OPERATIONS["model_server_metrics"])
+
+
+def test_every_operation_of_the_schema_has_its_test() -> None:
+    ops = {(o.ok().method.upper(), o.ok().path) for o in schema.get_all_operations()}
+    assert ops == set(OPERATIONS.values()), ops ^ set(OPERATIONS.values())

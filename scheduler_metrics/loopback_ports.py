@@ -1,8 +1,17 @@
 """Free loopback ports for processes started on this machine (the demo fleet's exporters, the tests'
-servers and peers)."""
+servers and peers).
+
+By default the kernel picks them (``bind`` to port 0). With ``TURBOPROM_PORT_RANGE=LO-HI`` in the
+environment they come from that range instead, scanned from a random point: processes that run side by
+side with disjoint ranges (the test suite's pytest-xdist workers) cannot be handed the same port, as
+they can from the kernel between one releasing a port and a server binding it."""
 from __future__ import annotations
 
+import os
+import random
 import socket
+
+_next: dict[tuple[int, int], int] = {}  # per range: where this process's next scan starts
 
 
 def free_ports(n: int) -> list[int]:
@@ -11,11 +20,32 @@ def free_ports(n: int) -> list[int]:
     fleet then failed to bind)."""
     socks: list[socket.socket] = []
     try:
-        for _ in range(n):
+        span = os.environ.get("TURBOPROM_PORT_RANGE", "")
+        if not span:
+            for _ in range(n):
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                socks.append(s)
+                s.bind(("127.0.0.1", 0))
+            return [int(s.getsockname()[1]) for s in socks]
+        lo, hi = (int(x) for x in span.split("-"))
+        port = _next.get((lo, hi)) or random.randrange(lo, hi)
+        ports: list[int] = []
+        for _ in range(hi - lo):
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            socks.append(s)
-            s.bind(("127.0.0.1", 0))
-        return [int(s.getsockname()[1]) for s in socks]
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                s.close()
+            else:
+                socks.append(s)
+                ports.append(port)
+            port = lo + (port + 1 - lo) % (hi - lo)
+            if len(ports) == n:
+                break
+        _next[(lo, hi)] = port
+        if len(ports) < n:
+            raise RuntimeError(f"no {n} free loopback ports in TURBOPROM_PORT_RANGE={span}")
+        return ports
     finally:
         for s in socks:
             s.close()

@@ -1,9 +1,18 @@
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 import pytest
+
+# pytest-xdist workers (``make test`` runs two) pick ports for their servers and peers from disjoint
+# ranges below the kernel's ephemeral ports (scheduler_metrics/loopback_ports.py): from the kernel, one
+# worker's etcd was handed a port another worker's process had just taken.
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+if _WORKER.startswith("gw") and _WORKER[2:].isdigit():
+    _lo = 20000 + 3000 * (int(_WORKER[2:]) % 4)
+    os.environ.setdefault("TURBOPROM_PORT_RANGE", f"{_lo}-{_lo + 3000}")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 

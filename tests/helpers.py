@@ -16,15 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from scheduler_metrics.loopback_ports import free_ports  # the tests' port picker too
+from scheduler_metrics.loopback_ports import free_port, free_ports  # the tests' port picker too
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-
-
-def free_port() -> int:
-    return free_ports(1)[0]
 
 
 @contextlib.contextmanager

@@ -17,13 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from scheduler_metrics.loopback_ports import free_ports
+from scheduler_metrics.loopback_ports import free_port, free_ports
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    return free_ports(1)[0]
 
 
 def binary(name: str) -> str:
@@ -173,8 +169,8 @@ class LocalCluster:
 
     def _start_nats(self) -> None:
         exe = binary("nats-server")
-        client = [free_port() for _ in range(self.nats_nodes)]
-        route = [free_port() for _ in range(self.nats_nodes)]
+        ports = free_ports(2 * self.nats_nodes)  # all at once: ports picked one at a time can repeat
+        client, route = ports[: self.nats_nodes], ports[self.nats_nodes:]
         routes = ",".join(f"nats://127.0.0.1:{p}" for p in route)
         for i in range(self.nats_nodes):
             d = self.base / f"nats-{i}"
@@ -190,8 +186,8 @@ class LocalCluster:
 
     def _start_etcd(self) -> None:
         n = self.etcd_members
-        client = [free_port() for _ in range(n)]
-        peer = [free_port() for _ in range(n)]
+        ports = free_ports(2 * n)
+        client, peer = ports[:n], ports[n:]
         initial = ",".join(f"e{i}=http://127.0.0.1:{peer[i]}" for i in range(n))
         sc = self.etcd_scheme
         tls = []

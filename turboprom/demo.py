@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
+import signal
 import sys
 import threading
 import time
@@ -102,7 +104,8 @@ def banner(listen: str, data_dir: str, fleet: bool) -> str:
     return "\n".join(lines)
 
 
-def _when_ready(url: str, then: list, fleet: Any = None, history_hours: float = 0.0, timeout: float = 120.0) -> None:
+def _when_ready(url: str, then: list, fleet: Any = None, history_hours: float = 0.0, timeout: float = 120.0,
+                fleet_config: tuple[Path, dict] | None = None) -> None:
     deadline = time.time() + timeout
     while time.time() < deadline:
         try:
@@ -123,6 +126,13 @@ def _when_ready(url: str, then: list, fleet: Any = None, history_hours: float = 
             print(f"demo: fleet history not written ({type(e).__name__}: {e}); the live fleet starts anyway", flush=True)
     for comp in then:
         comp.start()
+    if fleet_config is not None:
+        # the fleet's scrape jobs join the config only now that its exporters serve (scraped from the
+        # start, each worker would log a failed scrape while the history is written): the server
+        # reloads its config on SIGHUP, as an operator's edit would be picked up
+        path, raw = fleet_config
+        path.write_text(yaml.safe_dump(raw, sort_keys=False))
+        os.kill(os.getpid(), signal.SIGHUP)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -157,14 +167,16 @@ def main(argv: list[str] | None = None) -> int:
 
     comps.append(DashboardWorkload(base, history_s=a.history_hours * 3600 if fleet is not None else 0.0))
     cfg_path = Path(a.data_dir) / "demo-config.yml"
-    cfg_path.write_text(yaml.safe_dump(demo_config(a.listen, fleet.targets if fleet else [],
-                                                   f"127.0.0.1:{fleet.sched_port}" if fleet else None,
-                                                   fleet.control_url if fleet else None,
-                                                   fleet.kv_event_endpoints if fleet else None), sort_keys=False))
+    control, kv_events = (fleet.control_url, fleet.kv_event_endpoints) if fleet else (None, None)
+    # the server starts scraping itself only; the fleet's jobs are added by a reload once it serves
+    cfg_path.write_text(yaml.safe_dump(demo_config(a.listen, [], None, control, kv_events), sort_keys=False))
+    fleet_config = None if fleet is None else (
+        cfg_path, demo_config(a.listen, fleet.targets, f"127.0.0.1:{fleet.sched_port}", control, kv_events))
     cfg = ServerConfig(data_dir=a.data_dir, listen=a.listen, config_file=str(cfg_path))
     cfg.load_file()
     print(banner(a.listen, a.data_dir, fleet is not None), flush=True)
-    threading.Thread(target=_when_ready, args=(base, comps, fleet, a.history_hours), daemon=True).start()
+    threading.Thread(target=_when_ready, args=(base, comps, fleet, a.history_hours),
+                     kwargs={"fleet_config": fleet_config}, daemon=True).start()
     from turboprom.server import serve
 
     try:

@@ -32,7 +32,9 @@ answers only, medians):
   whose answer shows no step reuse) and warm ones (``infos`` say "N of T steps reused", or
   ``stats.turboprom.paths`` holds "steps:reused:N/T"). An answer is summary-served when one of its
   ``infos`` says "served from summary" (or a path is "summary:<sds>"); the fraction is reported per
-  panel. Every query carries ``stats=1`` (basic stats, no per-step stats), on all servers alike, so
+  panel, and the warm refreshes a summary answered get a row of their own ("warm, summary": what a
+  dashboard left open gets once its plan serves; the warm row also holds the refreshes before the
+  plan was adopted and measured). Every query carries ``stats=1`` (basic stats, no per-step stats), on all servers alike, so
   the paths can be read. Ratios are ratios of medians over the refreshes where both were measured.
 * exactness at every refresh: the served answer is compared value by value (same series, same
   timestamps, values within 1e-9 relative, NaN = NaN) with the ``exact=true`` answer of the same server,
@@ -858,7 +860,12 @@ class Bench:
                                  "skipped_off": sum(r.get("cmp_off") == "skipped" for r in recs),
                                  "max_rel_exact": max((r.get("maxrel_exact", 0.0) for r in recs), default=0.0),
                                  "max_rel_off": max((r.get("maxrel_off", 0.0) for r in recs), default=0.0)}
-            for cls, sel in (("all", recs), ("cold", [r for r in recs if r["cold"]]), ("warm", [r for r in recs if not r["cold"]])):
+            # "warm, summary": the warm refreshes a summary answered (a plan is adopted and measured
+            # only after a few refreshes, so the warm row of a short run mixes in the refreshes
+            # before it, answered from step answers and raw; this row is what a dashboard left open
+            # gets once the plan serves)
+            for cls, sel in (("all", recs), ("cold", [r for r in recs if r["cold"]]), ("warm", [r for r in recs if not r["cold"]]),
+                             ("warm, summary", [r for r in recs if not r["cold"] and r["served"]])):
                 d[cls] = {"n": len(sel), **{f"{p}_p50_ms": _p50(sel, p) for p in PATHS}}
                 for other in ("exact", "off", "prom"):
                     d[cls][f"served/{other}"] = _ratio(sel, "served", other)
@@ -947,8 +954,10 @@ def render(res: dict[str, Any]) -> str:
     L.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for p in res["panels"]:
         d = res["panel_results"][p["id"]]
-        for cls in ("cold", "warm"):
-            x = d[cls]
+        for cls in ("cold", "warm", "warm, summary"):
+            x = d.get(cls)
+            if x is None or (cls == "warm, summary" and not x["n"]):
+                continue
             L.append(f"| {p['id']} | {p['dashboard']}/{p['step_s']}s | {cls} | {x['n']} | "
                      f"{_pct(d['served_fraction'])} | {_pct(d['reuse_fraction'])} | "
                      f"{_f(x['served_p50_ms'])} | {_f(x['exact_p50_ms'])} | {_f(x['off_p50_ms'])} | {_f(x['prom_p50_ms'])} | "

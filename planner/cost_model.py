@@ -33,18 +33,23 @@ DEFAULT_FOLD_COST_S = 2e-6
 # a live plan's fold CPU per second until one has been measured for a minute: ~2e-4 was measured per
 # plan in `make demo` (13 plans, 8 workers scraped every second, 2-core machine); half of it as the prior
 DEFAULT_PLAN_CPU_PER_S = 1e-4
-# the summary path's fixed CPU per served evaluation until shadow runs have measured it: ~1-2 ms was
-# measured for the newest steps of vLLM-fleet panels (63-96 series); half of it as the prior
-DEFAULT_SUMMARY_FIXED_S = 5e-4
+# the summary path's fixed CPU per served evaluation (the whole served query: the engine's own fixed
+# cost, which the raw path pays too, and the summary read's) until shadow runs have measured it:
+# 1.9-3 ms was measured for the newest steps of vLLM-fleet panels over 8-96 series (`make demo`, the
+# live dashboard bench). A prior of a quarter of that (0.5 ms) had `make demo` adopt a dozen 8-16
+# series plans within its first minute that the shadow runs then found no faster (0 hits, their fold
+# and backfill a third of the summarization CPU); a little under the cheapest measurement instead
+DEFAULT_SUMMARY_FIXED_S = 1.5e-3
 # ... and per series of the plan: its raw edges and pane reads are per series. Measured for a refresh's
 # newest steps: ~7.6 µs per series on the 1,449-series TTFT plan (11 ms), 8 µs on a 6,400-series node
 # CPU plan (52-55 ms on a slower box, against 10-12 ms raw); under half of it as the prior
 DEFAULT_SUMMARY_PER_SERIES_S = 3e-6
 
 
-def summary_prior_s(series: int) -> float:
-    """The summary path's fixed CPU per evaluation of a plan over ``series`` series, until measured."""
-    return DEFAULT_SUMMARY_FIXED_S + DEFAULT_SUMMARY_PER_SERIES_S * max(series, 0)
+def summary_prior_s(series: int, fixed_s: float = DEFAULT_SUMMARY_FIXED_S) -> float:
+    """The summary path's CPU per evaluation of a plan over ``series`` series, until measured
+    (``fixed_s``: ``planner.summary_cost_prior``)."""
+    return fixed_s + DEFAULT_SUMMARY_PER_SERIES_S * max(series, 0)
 # CPU per history sample read and folded by a backfill until one has been measured (0.2-0.4 µs measured
 # in remote-write-sized chunks, bench/planner_fold_bench.py)
 DEFAULT_BACKFILL_COST_S = 4e-7

@@ -34,6 +34,8 @@ Config (``ctx.config.raw["planner"]``), all optional::
       group_min_series: 1000  # sum/max/min by (L) (..._over_time) adopt cross-series group panes from this many
       fi_min_series: 10000    # topk(k, sum by (L) (count_over_time)) adopts a frequent-items SDS from this many
       step_cache_bytes: 256MB # answers of sealed steps reused by refreshes (0: every step evaluated each time)
+      summary_cost_prior: 0.0015  # seconds (or a duration): a served query's CPU on a plan until shadow runs
+                              # measured one, plus 3 us per series of the plan; lower adopts small patterns sooner
       pinned: [{metric: foo_total, algorithm: exact}, {metric: lat, algorithm: kll, params: {k: 200}}]
 """
 from __future__ import annotations
@@ -96,6 +98,21 @@ def _dur(v: Any, default: int) -> int:
     return parse_duration_ms(str(v))
 
 
+def _seconds(v: Any, default: float, name: str) -> float:
+    """A time in seconds: a YAML number (``0.0015``) or a Prometheus duration (``2ms``); >= 0."""
+    if v is None:
+        return default
+    if isinstance(v, bool):
+        raise ValueError(f"planner.{name} must be a number of seconds or a duration, got {v!r}")
+    try:
+        x = float(v) if isinstance(v, (int, float)) else parse_duration_ms(str(v)) / 1000.0
+    except ValueError as e:
+        raise ValueError(f"planner.{name}: {e}") from None
+    if not x >= 0.0:
+        raise ValueError(f"planner.{name} must not be negative, got {v!r}")
+    return x
+
+
 def _bool(d: dict[str, Any], name: str, default: bool) -> bool:
     """A YAML boolean; anything else (``"false"`` quoted, ``maybe``, 1) is refused with a message
     naming the field, so a typo never leaves a feature in the state the operator did not ask for."""
@@ -152,6 +169,8 @@ class PlannerConfig:
     group_min_series: int = 1_000  # below this many series, per-series exact panes (shared) serve group sums
     fi_min_series: int = 10_000  # below this many series, top-k by count stays on group / per-series panes
     step_cache_bytes: int = 256 << 20  # answers of sealed steps kept for refreshes (planner/step_answers.py); 0: off
+    # the summary path's CPU per served query until shadow runs have measured one (cost_model.summary_prior_s)
+    summary_cost_prior_s: float = cost_model.DEFAULT_SUMMARY_FIXED_S
     pinned: list[dict[str, Any]] = field(default_factory=list)
 
     def approximate_for(self, tenant: str) -> bool:
@@ -193,6 +212,7 @@ class PlannerConfig:
         c.group_min_series = _number(d, "group_min_series", c.group_min_series, int)
         c.fi_min_series = _number(d, "fi_min_series", c.fi_min_series, int)
         c.step_cache_bytes = _size(d.get("step_cache_bytes"), c.step_cache_bytes)
+        c.summary_cost_prior_s = _seconds(d.get("summary_cost_prior"), c.summary_cost_prior_s, "summary_cost_prior")
         if not 0.0 < c.req_min_phi <= 1.0:
             raise ValueError(f"planner.req_min_phi must be in (0, 1], got {c.req_min_phi}")
         c.pinned = list(d.get("pinned", []) or [])
@@ -222,7 +242,7 @@ PANE_CHOICES_MS = (60_000, 30_000, 20_000, 15_000, 10_000, 5_000)  # divisors of
 _KNOWN_KEYS = frozenset({
     "enabled", "approximate", "tenants", "min_count", "period", "pane", "history", "max_history", "budget",
     "retire_after", "seal_delay", "canary_fraction", "background_backfill", "cost_based", "measure_first", "req_min_phi",
-    "cpc_min_series", "group_min_series", "fi_min_series", "pinned", "step_cache_bytes",
+    "cpc_min_series", "group_min_series", "fi_min_series", "pinned", "step_cache_bytes", "summary_cost_prior",
 })
 
 
@@ -273,6 +293,10 @@ class KeyStats:
     # (start, end, step) ms of the latest default-path range query: the step grid the rewrite's cost
     # check will judge a plan's raw edges on (``Planner._grid_edges``)
     grid: tuple[int, int, int] | None = None
+    # after an estimate refused the key on cost, arrivals do not estimate it again before this time
+    # (``Planner.RECONSIDER_S``) unless the arrivals have grown to ``reconsider_arrivals`` meanwhile
+    reconsider_at: float = 0.0
+    reconsider_arrivals: int = 0
 
 
 class Planner:
@@ -491,7 +515,8 @@ class Planner:
                     continue
                 if len(ks.arrivals) >= self.config.min_count and ks.raw_cpu:
                     if ks.recurred:
-                        to_adopt.append((c, ks))
+                        if now >= ks.reconsider_at or len(ks.arrivals) >= ks.reconsider_arrivals:
+                            to_adopt.append((c, ks))
                     else:
                         ks.last_decision = (f"waiting for it to recur: {len(ks.arrivals)} arrivals of "
                                             f"different queries within {now - ks.arrivals[0]:.1f}s (one dashboard load)")
@@ -604,7 +629,7 @@ class Planner:
             live = list(self.summarizer.sds.values())
         measured = [(m[2], len(s.registry.labels)) for s in live for m in s.stats.shape_medians().values() if m[2] > 0]
         measured += list(self._retired_costs)
-        return _for_series(measured, series, cost_model.summary_prior_s(series))
+        return _for_series(measured, series, cost_model.summary_prior_s(series, self.config.summary_cost_prior_s))
 
     def _backfill_cost_per_sample(self) -> float:
         """CPU per history sample of the backfills done so far (live and retired plans), or the prior."""
@@ -656,6 +681,14 @@ class Planner:
         return base
 
     MIN_REFRESHES = 2  # refreshes measured before their cost decides an adoption
+    # a candidate refused on cost is estimated again at its first arrival this long after, or once its
+    # arrivals in the period have grown by a quarter, not at every arrival: the estimate reads the
+    # grid's raw edges and every plan's measured costs (~0.3 ms), which a pattern queried many times a
+    # second (a scheduler polling PromQL, a one-off grid per request) paid per query, while at a steady
+    # rate its inputs (arrival rate, raw cost, the plans' costs) move over seconds. A pattern that has
+    # just started to recur (a new dashboard) gains rate with every arrival and is estimated at each
+    RECONSIDER_S = 1.0
+    RECONSIDER_GROWTH = 1.25
     BURST_S = 5.0  # arrivals of different queries within this long of the first are one load, not recurrences
 
     def _consider(self, c: Candidate, ks: KeyStats) -> None:
@@ -705,6 +738,9 @@ class Planner:
             amortize_s=self.config.retire_after_ms / 1000, slack_panes=SDS.TRIM_MIN_PANES, edge_fraction=edges,
         )
         ks.last_decision = est.reason
+        if not est.pays:
+            ks.reconsider_at = time.time() + self.RECONSIDER_S
+            ks.reconsider_arrivals = max(len(ks.arrivals) + 1, math.ceil(self.RECONSIDER_GROWTH * len(ks.arrivals)))
         blocked = self._blocked_reason(c)
         if blocked is not None:  # whatever the estimate (which now counts that plan's measured cost)
             ks.last_decision = f"retired on measurement: {blocked}"

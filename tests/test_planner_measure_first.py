@@ -121,7 +121,7 @@ def test_over_http_with_default_settings(tmp_path):
     from tests.test_planner_http import _get, _ingest_history, _matrix, _same
 
     cfg = tmp_path / "tp.yml"
-    cfg.write_text("planner:\n  min_count: 3\n  seal_delay: 0s\n")  # the rest: defaults (measure_first on)
+    cfg.write_text("planner:\n  min_count: 3\n  seal_delay: 0s\n  summary_cost_prior: 0.0005\n")  # the rest: defaults (measure_first on)
     srv = ServerProcess(tmp_path / "data", ["--config", str(cfg), "--wal-fsync", "never"])
     srv.start()
     try:

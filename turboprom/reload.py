@@ -11,7 +11,8 @@ config is then applied to:
   running queries, rate buckets) carries over, and remote write re-checks every series once;
 - ``planner`` settings read at each use (``PLANNER_RELOADABLE``): ``approximate`` and the per-tenant
   ``tenants.*.approximate``, ``min_count``, ``retire_after``, ``budget``, ``history``, ``max_history``,
-  ``background_backfill``; ``pinned``: new pins adopted, removed pins become ordinary plans (retired when unused);
+  ``background_backfill``, ``summary_cost_prior``; ``pinned``: new pins adopted, removed pins become ordinary plans
+  (retired when unused);
 - the document ``/api/v1/status/config`` shows.
 
 Everything else needs a restart: the listen address, data dir and storage flags, web/auth settings,
@@ -44,7 +45,8 @@ APPLIED = ("global", "scrape_configs", "self_scrape", "rule_files", "alerting", 
 # a structure at start-up); "pinned" is applied by _apply_pins.
 PLANNER_RELOADABLE = {"approximate": "approximate", "tenants": "tenant_approximate", "min_count": "min_count",
                       "retire_after": "retire_after_ms", "budget": "budget_bytes", "history": "history_ms",
-                      "max_history": "max_history_ms", "background_backfill": "background_backfill"}
+                      "max_history": "max_history_ms", "background_backfill": "background_backfill",
+                      "summary_cost_prior": "summary_cost_prior_s"}
 
 
 def mark_loaded(ctx: ServerContext) -> None:

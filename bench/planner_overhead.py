@@ -106,6 +106,8 @@ def main() -> int:
             p0, p1 = 1e3 * statistics.median(t_plain), 1e3 * statistics.median(t_planned)
             print(f"{q[:52]:52s} {steps:5d} {p0:9.3f} {p1:11.3f} {p1 - p0:+8.3f} ms {100 * (p1 / p0 - 1):+5.1f}%"
                   + (f" {served}/{a.reps}" if a.defaults else ""), flush=True)
+    if a.defaults:  # plans the planner adopted by itself meanwhile (their queries pay the rewrite hook)
+        print("plans at the end:", ", ".join(sorted(st.planner.sds)) or "none")
     st.planner.stop()
     st.query_log.close()
     db.close()

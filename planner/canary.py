@@ -205,6 +205,11 @@ class Canary:
             self.probing.add(probe)
         self.pool.submit(self._quietly, self._trial, rule, d, node, ectx, (raw, raw_wall, raw_cpu), probe)
 
+    def busy(self, sds_id: str, shape: tuple) -> bool:
+        """Whether ``trial`` would turn away a measuring run of ``shape`` on that SDS now."""
+        with self.lock:
+            return (sds_id, shape) in self.probing or len(self.probing) >= self.MAX_PROBING
+
     def _quietly(self, fn: Any, *args: Any) -> Any:
         self.foreground.wait_quiet()
         return fn(*args)

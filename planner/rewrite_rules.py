@@ -57,7 +57,8 @@ class RewriteContext:
     def __init__(self, find_sds: Callable[..., SDS | None], on_served: Callable[[Any, Any], None] | None = None,
                  cost_based: bool = True, approximate: bool = False,
                  find_group: Callable[..., SDS | None] | None = None,
-                 on_trial: Callable[..., None] | None = None, measure_first: bool | None = None):
+                 on_trial: Callable[..., None] | None = None, measure_first: bool | None = None,
+                 trial_busy: Callable[[str, tuple], bool] | None = None):
         self.find_sds = find_sds  # (metric, algorithm, matchers, func) -> SDS
         self.find_group = find_group  # (metric, matchers, labels, algorithm) -> SDS of a fixed scope
         self.on_served = on_served
@@ -66,6 +67,9 @@ class RewriteContext:
         # (rule, decision, node, ectx, raw value, raw wall s, raw CPU s): measure the summary path of a
         # sub-tree just answered raw (the canary's ``trial``)
         self.on_trial = on_trial
+        # (sds id, shape) -> whether ``on_trial`` would turn a new measuring run away now (one is in
+        # flight for that shape, or as many as it runs at once): the canary's ``busy``
+        self.trial_busy = trial_busy
         # shapes of use without a verdict are answered raw while the summary is measured beside them
         # (``SDSStats.measuring``); None: whenever there is someone to measure (``on_trial``)
         self.measure_first = (on_trial is not None) if measure_first is None else measure_first
@@ -191,6 +195,13 @@ def _judge_windows(d: Decision, ectx: Any, rctx: RewriteContext, vs: Any, *, per
         return d.raw(WHY_IMPRECISE)
     if rctx.cost_based and sds.stats.verdict(shape) == "slower":
         return d.raw(WHY_SLOWER)
+    measuring = rctx.measure_first and rctx.cost_based and sds.stats.measuring(shape)
+    if measuring and rctx.trial_busy is not None and rctx.trial_busy(sds.id, shape):
+        # that shape's measuring run is in flight: a query of it now is plain raw, before the windows are
+        # planned. The hook's own timed raw evaluation would be turned away by the canary anyway, and a
+        # client repeating the query back to back (a poller, a one-off grid per request) paid both on
+        # every query (+0.5-1.4 ms on 1-5 ms queries, bench/planner_overhead.py --defaults)
+        return d.raw(WHY_MEASURING)
     lo, hi = sds.coverage()
     d.plan = window_plan(sds, d.matchers, d.ends, d.range_ms, lo, hi, ectx.series_scope) if per_series else \
         plan_windows(d.ends, d.range_ms, sds.spec.pane_ms, lo, hi)
@@ -201,7 +212,7 @@ def _judge_windows(d: Decision, ectx: Any, rctx: RewriteContext, vs: Any, *, per
         if not (per_series and worth_it_cached(sds, d.matchers, d.func, d.ends, d.range_ms, d.plan, ectx.series_scope,
                                                (lo, hi))):
             return d.raw(cost_why(d), fill=per_series and sds.algorithm.exact)
-    if rctx.measure_first and rctx.cost_based and sds.stats.measuring(shape):
+    if measuring:
         return d.raw(WHY_MEASURING, trial=True)
     d.served = True
     return d

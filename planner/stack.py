@@ -44,7 +44,8 @@ def build(storage: Any, engine: Any, data_dir: str | Path | None, raw_config: di
     foreground = Foreground()
     canary = Canary(cfg.canary_fraction, foreground=foreground)
     hook = RewriteHook(RewriteContext(planner.find_sds, canary, cost_based=cfg.cost_based, find_group=planner.find_group_sds,
-                                      on_trial=canary.trial, measure_first=cfg.measure_first))
+                                      on_trial=canary.trial, measure_first=cfg.measure_first,
+                                      trial_busy=canary.busy))
     frontier = step_frontier if step_frontier is not None else summ.frontier
     steps = (StepAnswers(frontier, cfg.step_cache_bytes, measured=cfg.cost_based)
              if cfg.step_cache_bytes > 0 and (cfg.enabled or step_frontier is not None) else None)

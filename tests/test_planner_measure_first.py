@@ -196,3 +196,52 @@ def test_background_runs_wait_for_the_readers_query():
     tmax = int(batch.timestamps.max())
     st.engine.range_query(Q, tmax - 3_600_000, tmax, 300_000)
     assert seen == [1] and st.canary.foreground._n == 0
+
+
+def test_a_query_of_a_shape_whose_measuring_run_is_in_flight_is_plain_raw(monkeypatch):
+    """One measuring run per (plan, shape) at a time: a query of that shape arriving meanwhile cannot be
+    paired with one, so it is answered by the plain raw path, decided before the windows are planned,
+    with no raw evaluation of the hook's own (a client repeating the query back to back paid both on
+    every query). Once the run is done, the next query is measured again."""
+    import threading
+
+    from planner.canary import Canary
+
+    src, batch = load(random_series(seed=31, n_series=8))
+    tmax = int(batch.timestamps.max())
+    st = build(src, Engine(src), None, {"background_backfill": False, "seal_delay": "0s", "canary_fraction": 0.0,
+                                        "min_count": 1000, "step_cache_bytes": 0})
+    feed(st.summarizer, batch)
+    sds = st.planner.adopt(SDSSpec("x_total", "exact", 300_000), reason="test")
+    end = tmax // 300_000 * 300_000
+    start, step = end - 3 * 3_600_000, 300_000
+    shape = shape_of("rate", 2 * 3_600_000, len(range(start, end + 1, step)))
+    release = threading.Event()
+    real_quietly = Canary._quietly
+
+    def held(self, fn, *args):  # the measuring run waits until the test lets it go
+        release.wait(30)
+        return real_quietly(self, fn, *args)
+
+    monkeypatch.setattr(Canary, "_quietly", held)
+    own_raw = []
+    real_measure = type(st.hook)._measure
+    monkeypatch.setattr(type(st.hook), "_measure", lambda self, *a: own_raw.append(1) or real_measure(self, *a))
+    exact = st.engine.range_query(Q, start, end, step, QueryOpts(exact=True))
+    first = st.engine.range_query(Q, start, end, step)  # measured: the hook's timed raw answer, a run queued
+    assert own_raw == [1] and st.canary.in_flight() == 1
+    for _ in range(3):
+        res = st.engine.range_query(Q, start, end, step)
+        assert not _served(res) and res.stats.paths == ["raw"]
+        np.testing.assert_array_equal(res.values, exact.values)
+    assert own_raw == [1]  # no raw evaluation of the hook's own while the run was in flight
+    (item,) = st.planner.explain(Q, start, end, step)["subtrees"]
+    assert item["path"] == "raw" and item["why"] == WHY_MEASURING
+    np.testing.assert_array_equal(first.values, exact.values)
+    release.set()
+    _settle(st)
+    st.engine.range_query(Q, start, end, step)
+    if sds.stats.measuring(shape):  # (unless that one run was decisive: SDSStats.SHAPE_DECISIVE)
+        assert own_raw == [1, 1]  # the run done: the next query is measured again
+    _settle(st)
+    st.planner.stop()

@@ -107,10 +107,12 @@ def banner(listen: str, data_dir: str, fleet: bool) -> str:
 def _when_ready(url: str, then: list, fleet: Any = None, history_hours: float = 0.0, timeout: float = 120.0,
                 fleet_config: tuple[Path, dict] | None = None) -> None:
     deadline = time.time() + timeout
+    ready = False
     while time.time() < deadline:
         try:
             with urllib.request.urlopen(url + "/-/ready", timeout=2) as r:
                 if r.status == 200:
+                    ready = True
                     break
         except Exception:  # noqa: BLE001 - not up yet
             time.sleep(0.3)
@@ -132,7 +134,11 @@ def _when_ready(url: str, then: list, fleet: Any = None, history_hours: float = 
         # reloads its config on SIGHUP, as an operator's edit would be picked up
         path, raw = fleet_config
         path.write_text(yaml.safe_dump(raw, sort_keys=False))
-        os.kill(os.getpid(), signal.SIGHUP)
+        if ready:  # (its handler is installed once it serves; before that SIGHUP would end the process)
+            os.kill(os.getpid(), signal.SIGHUP)
+        else:
+            print("demo: the server was not ready in time; its fleet's scrape jobs take effect at its "
+                  f"next start or reload (kill -HUP {os.getpid()})", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,7 +17,7 @@ from promql.engine import Engine
 from promql.query_opts import QueryOpts
 from storage.batch import SampleBatch
 from tests.test_planner_exact import _compare
-from tests.test_planner_fixtures import feed, load, random_series
+from tests.test_planner_fixtures import SMALL_DATA_PRIOR_S, feed, load, random_series
 
 QUERIES = [
     "sum by (job) (sum_over_time(g[{r}]))", "sum(count_over_time(g[{r}]))", "max by (job) (max_over_time(g[{r}]))",
@@ -119,7 +119,7 @@ def test_few_series_keep_shared_per_series_panes():
     which serves it exactly and is shared with every other pattern on the metric."""
     src, batch = load(random_series(seed=44))
     tmax = int(batch.timestamps.max())
-    st = build(src, Engine(src), None, {"background_backfill": False, "seal_delay": "0s", "canary_fraction": 0.0, "summary_cost_prior": 0.0005,
+    st = build(src, Engine(src), None, {"background_backfill": False, "seal_delay": "0s", "canary_fraction": 0.0, "summary_cost_prior": SMALL_DATA_PRIOR_S,
                                         "measure_first": False,
                                         "step_cache_bytes": 0})  # every refresh reaches the summaries
     feed(st.summarizer, batch)
@@ -134,7 +134,7 @@ def test_few_series_keep_shared_per_series_panes():
 def test_planner_adopts_group_sds_and_restores_it(tmp_path):
     src, batch = load(random_series(seed=43))
     tmax = int(batch.timestamps.max())
-    cfg = {"background_backfill": False, "seal_delay": "0s", "canary_fraction": 0.0, "summary_cost_prior": 0.0005, "group_min_series": 4,
+    cfg = {"background_backfill": False, "seal_delay": "0s", "canary_fraction": 0.0, "summary_cost_prior": SMALL_DATA_PRIOR_S, "group_min_series": 4,
            "measure_first": False,
            "step_cache_bytes": 0}  # every refresh reaches the summaries
     st = build(src, Engine(src), tmp_path, cfg)

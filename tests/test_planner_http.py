@@ -17,6 +17,7 @@ import pytest
 from ingest.proto.messages import WriteRequest
 from ingest.snappy_block import compress
 from tests.helpers import REPO, ServerProcess
+from tests.test_planner_fixtures import SMALL_DATA_PRIOR_S
 
 STEP_MS = 15_000
 
@@ -80,9 +81,8 @@ def planner_server(tmp_path):
         "  - alert: AlwaysOn\n    expr: vector(1)\n")
     # served while measured: on these 4 series the summary path may measure slower than raw, and these
     # tests are about what serving looks like (test_planner_measure_first: the default, measured first)
-    # summary_cost_prior: this small data set's raw queries cost 1-3 ms, about the default prior
-    # (adoption would depend on the machine's speed; tests/test_planner_planner.py's _stack)
-    cfg.write_text("planner:\n  summary_cost_prior: 0.0005\n  min_count: 3\n  period: 10m\n  pane: 1m\n  seal_delay: 0s\n  history: 1d\n"
+    # summary_cost_prior: tests/test_planner_fixtures.py's SMALL_DATA_PRIOR_S
+    cfg.write_text(f"planner:\n  summary_cost_prior: {SMALL_DATA_PRIOR_S}\n  min_count: 3\n  period: 10m\n  pane: 1m\n  seal_delay: 0s\n  history: 1d\n"
                    "  canary_fraction: 1.0\n  measure_first: false\nrule_files: [rules.yml]\n")
     srv = ServerProcess(tmp_path / "data", ["--config", str(cfg), "--wal-fsync", "never"])
     yield srv, cfg
@@ -199,7 +199,7 @@ def test_deleted_series_never_answered_from_a_summary(tmp_path):
     """Admin delete_series retires the summaries that could hold the deleted series: afterwards the
     default path answers exactly like exact=true (without the deleted data); a pinned plan is rebuilt."""
     cfg = tmp_path / "turboprom.yml"
-    cfg.write_text("planner:\n  summary_cost_prior: 0.0005\n  min_count: 2\n  period: 10m\n  pane: 1m\n  seal_delay: 0s\n  history: 1d\n"
+    cfg.write_text(f"planner:\n  summary_cost_prior: {SMALL_DATA_PRIOR_S}\n  min_count: 2\n  period: 10m\n  pane: 1m\n  seal_delay: 0s\n  history: 1d\n"
                    "  canary_fraction: 0\n  cost_based: false\n"
                    "  pinned:\n  - {metric: req_total, algorithm: exact, pane: 1m, history: 1d}\n")
     end = (int(time.time() * 1000) // 60_000) * 60_000 - 60_000

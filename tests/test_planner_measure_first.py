@@ -12,7 +12,7 @@ from planner.rewrite_rules import WHY_MEASURING, WHY_SLOWER
 from planner.sds import SDSSpec, shape_of
 from planner.stack import build
 from promql.engine import Engine, QueryOpts
-from tests.test_planner_fixtures import feed, load, random_series
+from tests.test_planner_fixtures import SMALL_DATA_PRIOR_S, feed, load, random_series
 
 Q = "sum by (job) (rate(x_total[2h]))"
 
@@ -121,7 +121,7 @@ def test_over_http_with_default_settings(tmp_path):
     from tests.test_planner_http import _get, _ingest_history, _matrix, _same
 
     cfg = tmp_path / "tp.yml"
-    cfg.write_text("planner:\n  min_count: 3\n  seal_delay: 0s\n  summary_cost_prior: 0.0005\n")  # the rest: defaults (measure_first on)
+    cfg.write_text(f"planner:\n  min_count: 3\n  seal_delay: 0s\n  summary_cost_prior: {SMALL_DATA_PRIOR_S}\n")  # the rest: defaults (measure_first on)
     srv = ServerProcess(tmp_path / "data", ["--config", str(cfg), "--wal-fsync", "never"])
     srv.start()
     try:

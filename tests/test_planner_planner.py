@@ -18,14 +18,12 @@ from planner.stack import build
 from promql.engine import Engine
 from promql.query_opts import QueryOpts
 from storage.batch import SampleBatch
-from tests.test_planner_fixtures import feed, load, random_series
+from tests.test_planner_fixtures import SMALL_DATA_PRIOR_S, feed, load, random_series
 
 
 def _stack(src, raw_cfg=None, data_dir=None):
-    # refreshes reach the summaries (no step answers); the summary path's prior as these small data sets
-    # need to adopt at all (their raw queries cost 1-3 ms, about the default prior: adoption there
-    # would depend on the machine's speed; the default's own effect: test_the_default_prior_...)
-    cfg = {"background_backfill": False, "seal_delay": "0s", "step_cache_bytes": 0, "summary_cost_prior": 0.0005}
+    # refreshes reach the summaries (no step answers); the prior these small data sets need (SMALL_DATA_PRIOR_S)
+    cfg = {"background_backfill": False, "seal_delay": "0s", "step_cache_bytes": 0, "summary_cost_prior": SMALL_DATA_PRIOR_S}
     cfg.update(raw_cfg or {})
     return build(src, Engine(src), data_dir, cfg)
 
@@ -182,7 +180,7 @@ def test_the_default_prior_does_not_adopt_small_patterns_on_a_guess():
     small = dict(algorithm="exact", queries=30, period_s=297, raw_cpu_per_query=0.003607, range_ms=60_000,
                  windows_per_query=8, series=8, ingest_samples_per_s=8, pane_ms=15_000, history_ms=3 * 3_600_000,
                  budget_left_bytes=1 << 30, plan_cpu_floor_per_s=1e-4)
-    assert cost_model.estimate(**small, summary_fixed_s=cost_model.summary_prior_s(8, 0.0005)).pays
+    assert cost_model.estimate(**small, summary_fixed_s=cost_model.summary_prior_s(8, SMALL_DATA_PRIOR_S)).pays
     est = cost_model.estimate(**small, summary_fixed_s=cost_model.summary_prior_s(8, prior))
     assert not est.pays and "no clear saving" in est.reason, est.reason
     ttft = dict(small, queries=240, period_s=300, raw_cpu_per_query=0.01125, range_ms=3_600_000,

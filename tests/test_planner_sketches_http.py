@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from tests.helpers import ServerProcess
+from tests.test_planner_fixtures import SMALL_DATA_PRIOR_S
 from tests.test_planner_http import _get, _matrix, _same, _write
 
 STEP_MS = 15_000
@@ -19,9 +20,8 @@ STEP_MS = 15_000
 def ooo_server(tmp_path):
     cfg = tmp_path / "turboprom.yml"
     # group_min_series: this test's 3 series stand in for a high-cardinality scope (default 1000)
-    # summary_cost_prior: this small data set's raw queries cost 1-3 ms, about the default prior
-    # (adoption would depend on the machine's speed; tests/test_planner_planner.py's _stack)
-    cfg.write_text("planner:\n  summary_cost_prior: 0.0005\n  approximate: true\n  seal_delay: 0s\n  canary_fraction: 1.0\n  group_min_series: 3\n"
+    # summary_cost_prior: tests/test_planner_fixtures.py's SMALL_DATA_PRIOR_S
+    cfg.write_text(f"planner:\n  summary_cost_prior: {SMALL_DATA_PRIOR_S}\n  approximate: true\n  seal_delay: 0s\n  canary_fraction: 1.0\n  group_min_series: 3\n"
                    "  step_cache_bytes: 0\n"  # refreshes reach the summaries this test is about,
                    "  measure_first: false\n")  # served while measured (test_planner_measure_first: the default)
     srv = ServerProcess(tmp_path / "data", ["--config", str(cfg), "--wal-fsync", "never", "--out-of-order-window", "3h"])

@@ -16,7 +16,7 @@ from promql.engine import Engine
 from promql.query_opts import QueryOpts
 from storage.labels import make_labels
 from tests.test_planner_exact import _compare
-from tests.test_planner_fixtures import T0, feed, load, summarized
+from tests.test_planner_fixtures import SMALL_DATA_PRIOR_S, T0, feed, load, summarized
 
 HOURS = 4
 
@@ -114,7 +114,7 @@ def test_planner_adopts_fi_above_threshold_and_restores(tmp_path):
     tmax = T0 + HOURS * 3_600_000
     q = "topk(3, sum by (tenant) (count_over_time(reqs[1h])))"
     # step answers off: each refresh here must reach the summaries this test is about
-    cfg = {"background_backfill": False, "seal_delay": "0s", "canary_fraction": 0.0, "summary_cost_prior": 0.0005, "fi_min_series": 100,
+    cfg = {"background_backfill": False, "seal_delay": "0s", "canary_fraction": 0.0, "summary_cost_prior": SMALL_DATA_PRIOR_S, "fi_min_series": 100,
            "approximate": True, "step_cache_bytes": 0, "measure_first": False}  # served while measured
     st = build(src, Engine(src), tmp_path, cfg)
     feed(st.summarizer, batch)
@@ -141,7 +141,7 @@ def test_explain_names_the_aggregate_paths():
     # 10 s samples: the raw path's cost clearly above the sketch's, whatever the machine's load
     src, batch = load(_tenant_items(6, interval_ms=10_000))
     tmax = T0 + HOURS * 3_600_000
-    st = build(src, Engine(src), None, {"background_backfill": False, "seal_delay": "0s", "summary_cost_prior": 0.0005, "fi_min_series": 10,
+    st = build(src, Engine(src), None, {"background_backfill": False, "seal_delay": "0s", "summary_cost_prior": SMALL_DATA_PRIOR_S, "fi_min_series": 10,
                                         "group_min_series": 10, "approximate": True, "measure_first": False,
                                         "step_cache_bytes": 0})  # every refresh reaches the summaries
     feed(st.summarizer, batch)
